@@ -1,0 +1,1 @@
+"""Kernel AST -> linear uops: lowering movement ops to index arithmetic, then linearizing loops."""

@@ -1,0 +1,142 @@
+"""Lowering: a kernel AST over tensor-style ops becomes loops, index arithmetic and loads.
+
+An `INDEX(x, valid, *idx)` node means "the value of tensor node x at indices idx, where the access is only real if
+`valid`". The rules below push INDEX down through every op until only loads, constants and loop variables remain.
+"""
+from __future__ import annotations
+from kiln.dtype import dtypes
+from kiln.helpers import prod
+from kiln.uop.ops import UOp, Ops, GroupOp
+from kiln.uop.pattern import UPat, PatternMatcher, graph_rewrite
+from kiln.uop.symbolic import symbolic
+
+INT = dtypes.int32
+TRUE = UOp.const(dtypes.bool, True)
+
+def iconst(v: int) -> UOp: return UOp.const(INT, v)
+
+def linearize_index(idx: tuple[UOp, ...], shape: tuple[int, ...]) -> UOp:
+  """Row-major flat index of `idx` in `shape`."""
+  flat, stride = iconst(0), 1
+  for i, s in reversed(list(zip(idx, shape))):
+    if s != 1: flat = flat + i * stride
+    stride *= s
+  return flat
+
+def unflatten_index(flat: UOp, shape: tuple[int, ...]) -> tuple[UOp, ...]:
+  """Per-axis indices of the row-major flat index `flat` in `shape`."""
+  out, stride = [], 1
+  for s in reversed(shape):
+    out.append(iconst(0) if s == 1 else (flat // stride) % s)
+    stride *= s
+  return tuple(reversed(out))
+
+def index_of(x: UOp, valid: UOp, idx) -> UOp: return UOp(Ops.INDEX, x.dtype, (x, valid) + tuple(idx))
+
+def _strip_ones(shape): return [s for s in shape if s != 1]
+
+def index_reshape(x: UOp, valid: UOp, idx: tuple[UOp, ...], new_shape) -> UOp:
+  """INDEX(RESHAPE(x)) -> INDEX(x) at the unflattened index"""
+  if x.op is Ops.DEFINE_GLOBAL: return index_of(x, valid, (linearize_index(idx, new_shape),))
+  old_shape = x.shape
+  if _strip_ones(old_shape) == _strip_ones(new_shape):   # only size-1 axes added or removed
+    real = iter([i for i, s in zip(idx, new_shape) if s != 1])
+    return index_of(x, valid, [iconst(0) if s == 1 else next(real) for s in old_shape])
+  return index_of(x, valid, unflatten_index(linearize_index(idx, new_shape), old_shape))
+
+def push_through_elementwise(x: UOp, valid: UOp, idx) -> UOp:
+  """INDEX(alu(a, b)) -> alu(INDEX(a), INDEX(b))"""
+  return x.replace(src=tuple(index_of(s, valid, idx) for s in x.src))
+
+def index_permute(x: UOp, valid: UOp, idx, order) -> UOp:
+  """INDEX(PERMUTE(x)) -> INDEX(x) with the indices put back in x's order"""
+  src_idx = [None] * len(order)
+  for out_axis, src_axis in enumerate(order): src_idx[src_axis] = idx[out_axis]
+  return index_of(x, valid, src_idx)
+
+def index_expand(x: UOp, valid: UOp, idx, new_shape) -> UOp:
+  """INDEX(EXPAND(x)) -> INDEX(x) with broadcast axes at 0"""
+  return index_of(x, valid, [iconst(0) if s == 1 else i for i, s in zip(idx, x.shape)])
+
+def index_pad(x: UOp, valid: UOp, idx, pads) -> UOp:
+  """INDEX(PAD(x)) -> where(in_bounds, INDEX(x) at the shifted index, 0)"""
+  in_bounds = TRUE
+  new_idx = []
+  for i, s, (before, after) in zip(idx, x.shape, pads):
+    if before or after:
+      in_bounds = in_bounds & i.ge(before) & i.lt(before + s)
+      i = i - before
+    new_idx.append(i)
+  return in_bounds.where(index_of(x, valid & in_bounds, new_idx), UOp.const(x.dtype, 0))
+
+def index_shrink(x: UOp, valid: UOp, idx, bounds) -> UOp:
+  """INDEX(SHRINK(x)) -> INDEX(x) at the offset index"""
+  return index_of(x, valid, [i + start if start else i for i, (start, _) in zip(idx, bounds)])
+
+def index_flip(x: UOp, valid: UOp, idx, axes) -> UOp:
+  """INDEX(FLIP(x)) -> INDEX(x) at the mirrored index"""
+  return index_of(x, valid, [(s - 1) - i if axis in axes else i for axis, (i, s) in enumerate(zip(idx, x.shape))])
+
+def index_reduce(ctx: LowerContext, x: UOp, valid: UOp, idx, op: Ops, axes) -> UOp:
+  """INDEX(REDUCE_AXIS(x)) -> REDUCE over fresh loop ranges of INDEX(x)"""
+  new_ranges, src_idx = [], []
+  for axis, (i, s) in enumerate(zip(idx, x.shape)):
+    if axis in axes:
+      if s == 1: src_idx.append(iconst(0))
+      else:
+        rng = ctx.new_range(s)
+        new_ranges.append(rng)
+        src_idx.append(rng)
+    else: src_idx.append(i)
+  body = index_of(x, valid, src_idx)
+  if not new_ranges and prod(x.shape[a] for a in axes) != 0: return body
+  return UOp(Ops.REDUCE, x.dtype, (body,) + tuple(new_ranges), op)
+
+def index_buffer(buf: UOp, valid: UOp, idx) -> UOp:
+  """INDEX(DEFINE_GLOBAL, i) -> LOAD(buf, i) (gated when the access may be outside the tensor)"""
+  if valid.op is Ops.CONST and valid.arg is True: return UOp(Ops.LOAD, buf.dtype, (buf, idx[0]))
+  if valid.op is Ops.CONST and valid.arg is False: return UOp.const(buf.dtype, 0)
+  return UOp(Ops.LOAD, buf.dtype, (buf, idx[0], valid))
+
+class LowerContext:
+  """Hands out loop ranges with unique ids."""
+  def __init__(self): self.next_id = 0
+  def new_range(self, size: int) -> UOp:
+    rng = UOp(Ops.RANGE, INT, (iconst(size),), self.next_id)
+    self.next_id += 1
+    return rng
+
+def _lower_rule(op, fn):
+  def rule(ctx, node):
+    x, valid, idx = node.src[0], node.src[1], node.src[2:]
+    return fn(ctx, x, valid, idx)
+  return (UPat(Ops.INDEX, src=(UPat(op),), allow_any_len=True, name="node"), rule)
+
+lower_index = PatternMatcher([
+  _lower_rule(GroupOp.Elementwise, lambda ctx, x, v, idx: push_through_elementwise(x, v, idx)),
+  _lower_rule(Ops.CONST, lambda ctx, x, v, idx: x.replace(src=())),
+  _lower_rule(Ops.IOTA, lambda ctx, x, v, idx: idx[0]),
+  _lower_rule(Ops.BIND, lambda ctx, x, v, idx: x.src[0]),
+  _lower_rule(Ops.RESHAPE, lambda ctx, x, v, idx: index_reshape(x.src[0], v, idx, x.arg)),
+  _lower_rule(Ops.PERMUTE, lambda ctx, x, v, idx: index_permute(x.src[0], v, idx, x.arg)),
+  _lower_rule(Ops.EXPAND, lambda ctx, x, v, idx: index_expand(x.src[0], v, idx, x.arg)),
+  _lower_rule(Ops.PAD, lambda ctx, x, v, idx: index_pad(x.src[0], v, idx, x.arg)),
+  _lower_rule(Ops.SHRINK, lambda ctx, x, v, idx: index_shrink(x.src[0], v, idx, x.arg)),
+  _lower_rule(Ops.FLIP, lambda ctx, x, v, idx: index_flip(x.src[0], v, idx, x.arg)),
+  _lower_rule(Ops.REDUCE_AXIS, lambda ctx, x, v, idx: index_reduce(ctx, x.src[0], v, idx, *x.arg)),
+  _lower_rule(Ops.DEFINE_GLOBAL, lambda ctx, x, v, idx: index_buffer(x, v, idx)),
+  _lower_rule((Ops.CONTIGUOUS, Ops.DETACH, Ops.CONTIGUOUS_BACKWARD), lambda ctx, x, v, idx: index_of(x.src[0], v, idx)),
+])
+
+lowerer = lower_index + symbolic
+
+def lower_kernel(ast: UOp) -> UOp:
+  """Kernel AST `SINK(STORE(DEFINE_GLOBAL, value))` -> `SINK(STORE(buf, index, loaded value))` over loop ranges."""
+  ctx = LowerContext()
+  stores = []
+  for store in ast.src:
+    out_buf, value = store.src
+    out_ranges = [iconst(0) if s == 1 else ctx.new_range(s) for s in value.shape]
+    flat = linearize_index(tuple(out_ranges), value.shape)
+    stores.append(UOp(Ops.STORE, dtypes.void, (out_buf, flat, index_of(value, TRUE, out_ranges))))
+  return graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(stores)), lowerer, ctx, name="lower")

@@ -1,0 +1,281 @@
+"""Devices: the registry (`Device["CPU"]`), device memory (`Buffer`, allocators), compilers and the `Compiled` device.
+
+A device is one `Compiled` instance that bundles everything needed to run a kernel on it: an allocator for its memory,
+a renderer (uop list -> source), a compiler (source -> binary) and a runtime class (binary -> callable program).
+
+>>> from kiln.device import Device, Buffer
+>>> from kiln.dtype import dtypes
+>>> Device.canonicalize("cpu")
+'CPU'
+>>> Buffer("CPU", 3, dtypes.int32, initial_value=bytes(12)).numpy().tolist()
+[0, 0, 0]
+"""
+from __future__ import annotations
+import collections, hashlib, importlib, os, pathlib, tempfile
+from typing import Any, Callable
+from kiln.dtype import DType, dtypes, to_numpy_dtype
+from kiln.helpers import CACHELEVEL, DEBUG, GlobalCounters, cache_dir
+
+# ---------------- allocators ----------------
+
+class Allocator:
+  """Device memory management. Subclasses implement `_alloc`/`_free` and the two copies; handles are opaque."""
+  def alloc(self, nbytes: int) -> Any:
+    """A handle to `nbytes` bytes of device memory (contents undefined)."""
+    if nbytes < 0: raise ValueError(f"alloc: cannot allocate a negative number of bytes ({nbytes})")
+    return self._alloc(nbytes)
+  def free(self, handle: Any, nbytes: int) -> None:
+    """Give memory from `alloc(nbytes)` back."""
+    self._free(handle, nbytes)
+  def _alloc(self, nbytes: int) -> Any: raise NotImplementedError(f"{type(self).__name__} does not implement _alloc")
+  def _free(self, handle: Any, nbytes: int) -> None: pass
+  def copyin(self, handle: Any, src: memoryview) -> None:
+    """Copy host bytes `src` into device memory `handle`."""
+    raise NotImplementedError(f"{type(self).__name__} does not implement copyin")
+  def copyout(self, dest: memoryview, handle: Any) -> None:
+    """Copy device memory `handle` into host bytes `dest`."""
+    raise NotImplementedError(f"{type(self).__name__} does not implement copyout")
+  def as_memoryview(self, handle: Any) -> memoryview | None:
+    """A zero-copy byte view of `handle` when the memory is host memory, else None."""
+    return None
+
+class LRUAllocator(Allocator):
+  """An allocator that keeps freed handles, per size, and hands them out again before allocating new memory.
+
+  At most `max_cached_bytes` are kept; `free_cache()` releases them all.
+  """
+  def __init__(self, max_cached_bytes: int = 1 << 30):
+    self.cache: dict[int, list[Any]] = collections.defaultdict(list)
+    self.cached_bytes, self.max_cached_bytes = 0, max_cached_bytes
+  def alloc(self, nbytes: int) -> Any:
+    """A cached handle of exactly `nbytes` if there is one, else fresh memory (dropping the cache if memory ran out)."""
+    if nbytes < 0: raise ValueError(f"alloc: cannot allocate a negative number of bytes ({nbytes})")
+    if self.cache.get(nbytes):
+      self.cached_bytes -= nbytes
+      return self.cache[nbytes].pop()
+    try: return self._alloc(nbytes)
+    except MemoryError:
+      self.free_cache()
+      return self._alloc(nbytes)
+  def free(self, handle: Any, nbytes: int) -> None:
+    """Keep `handle` for reuse (or really free it when the cache is full)."""
+    if self.cached_bytes + nbytes <= self.max_cached_bytes:
+      self.cache[nbytes].append(handle)
+      self.cached_bytes += nbytes
+    else: self._free(handle, nbytes)
+  def free_cache(self) -> None:
+    """Really free every cached handle."""
+    for nbytes, handles in self.cache.items():
+      for handle in handles: self._free(handle, nbytes)
+    self.cache.clear()
+    self.cached_bytes = 0
+
+class HostAllocator(LRUAllocator):
+  """Host memory as numpy uint8 arrays (64-byte aligned). The address of a handle is `handle.ctypes.data`."""
+  ALIGNMENT = 64
+  def _alloc(self, nbytes: int) -> Any:
+    import numpy as np
+    raw = np.empty(nbytes + self.ALIGNMENT, dtype=np.uint8)
+    offset = -raw.ctypes.data % self.ALIGNMENT
+    return raw[offset:offset + nbytes]
+  def copyin(self, handle: Any, src: memoryview) -> None:
+    """Copy `src` bytes into the host array `handle`."""
+    memoryview(handle)[:] = _as_bytes_view(src)
+  def copyout(self, dest: memoryview, handle: Any) -> None:
+    """Copy the host array `handle` into `dest`."""
+    _as_bytes_view(dest)[:] = memoryview(handle)
+  def as_memoryview(self, handle: Any) -> memoryview:
+    """A writable byte view of the host array `handle`."""
+    return memoryview(handle)
+
+def _as_bytes_view(mv: memoryview | bytes | bytearray) -> memoryview:
+  """A flat unsigned-byte view of any contiguous buffer."""
+  view = mv if isinstance(mv, memoryview) else memoryview(mv)
+  if not view.c_contiguous: raise ValueError("expected a C-contiguous buffer for a device copy")
+  return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+# ---------------- Buffer ----------------
+
+class Buffer:
+  """`size` elements of `dtype` in the memory of `device`. Memory is allocated lazily by `allocate()`/`copyin()`
+  (or at once when `initial_value` bytes are given) and returned to the allocator when the Buffer is collected."""
+  def __init__(self, device: str, size: int, dtype: DType, initial_value: bytes | None = None):
+    if not isinstance(size, int) or size < 0: raise ValueError(f"Buffer: size must be a non-negative int, got {size!r}")
+    if dtype == dtypes.void: raise ValueError("Buffer: dtype void has no storage")
+    self.device, self.size, self.dtype = Device.canonicalize(device), size, dtype
+    self.nbytes = size * dtype.itemsize
+    self._allocator: Allocator | None = None
+    if initial_value is not None: self.copyin(memoryview(initial_value))
+
+  def allocate(self) -> Buffer:
+    """Allocate the device memory (once; later calls do nothing)."""
+    if self._allocator is None:
+      allocator = Device[self.device].allocator
+      self._buf = allocator.alloc(self.nbytes)
+      self._allocator = allocator
+      GlobalCounters.mem_used += self.nbytes
+    return self
+
+  def is_allocated(self) -> bool:
+    """Whether device memory has been allocated."""
+    return self._allocator is not None
+
+  def _check_size(self, mv: memoryview, what: str) -> memoryview:
+    view = _as_bytes_view(mv)
+    if view.nbytes != self.nbytes:
+      raise ValueError(f"Buffer.{what}: got {view.nbytes} bytes but the buffer holds {self.nbytes} "
+                       f"({self.size} x {self.dtype.name})")
+    return view
+
+  def copyin(self, mv: memoryview) -> Buffer:
+    """Copy host bytes (exactly `nbytes` of them) into the buffer, allocating it if needed."""
+    view = self._check_size(mv, "copyin")
+    self.allocate()
+    self._allocator.copyin(self._buf, view)
+    return self
+
+  def copyout(self, mv: memoryview) -> memoryview:
+    """Copy the buffer's contents into the host bytes `mv` (exactly `nbytes` of them) and return `mv`."""
+    view = self._check_size(mv, "copyout")
+    if not self.is_allocated(): raise RuntimeError(f"Buffer.copyout: {self!r} has not been allocated")
+    self._allocator.copyout(view, self._buf)
+    return mv
+
+  def copy_from(self, src: Buffer) -> Buffer:
+    """Copy the contents of `src` (same byte size, any device) into this buffer."""
+    if src.nbytes != self.nbytes: raise ValueError(f"Buffer.copy_from: {src!r} and {self!r} differ in byte size")
+    if not src.is_allocated(): raise RuntimeError(f"Buffer.copy_from: source {src!r} has not been allocated")
+    host_view = src._allocator.as_memoryview(src._buf)
+    return self.copyin(host_view if host_view is not None else src.copyout(memoryview(bytearray(src.nbytes))))
+
+  def as_bytes(self) -> bytes:
+    """The buffer's contents as bytes."""
+    return bytes(self.copyout(memoryview(bytearray(self.nbytes))))
+
+  def numpy(self):
+    """A numpy copy of shape (size,) in the matching numpy dtype (bfloat16 comes back as float32 values)."""
+    import numpy as np
+    out = np.empty(self.size, dtype=to_numpy_dtype(self.dtype))
+    if self.nbytes: self.copyout(memoryview(out.view(np.uint8)))
+    if self.dtype == dtypes.bfloat16: return (out.astype(np.uint32) << 16).view(np.float32)
+    return out
+
+  def __del__(self):
+    allocator = getattr(self, "_allocator", None)
+    if allocator is None: return
+    try:
+      GlobalCounters.mem_used -= self.nbytes
+      allocator.free(self._buf, self.nbytes)
+    except Exception: pass   # interpreter shutdown: modules may already be gone
+    self._allocator = None
+
+  def __repr__(self) -> str:
+    return f"<Buffer {self.device} {self.size} x {self.dtype.name}{'' if self.is_allocated() else ' (unallocated)'}>"
+
+# ---------------- compilers ----------------
+
+class CompileError(RuntimeError):
+  """A kernel's source did not compile; the message names the kernel and holds the compiler's output."""
+
+class Compiler:
+  """Turns kernel source into a binary. Subclasses implement `compile`; `compile_cached` adds the on-disk cache."""
+  disk_cache: bool = True   # False for compilers whose output is as cheap to remake as to read back
+
+  def compile(self, src: str) -> bytes:
+    """Compile `src` to bytes the device's runtime can load; raise CompileError on failure."""
+    raise NotImplementedError(f"{type(self).__name__} does not implement compile")
+
+  def cache_key(self) -> str:
+    """Everything besides the source that changes the output (class name and flags)."""
+    return type(self).__name__
+
+  def cache_path(self, src: str) -> pathlib.Path:
+    """Where the output of compiling `src` is cached on disk."""
+    digest = hashlib.sha256(f"{self.cache_key()}\0{src}".encode()).hexdigest()
+    return cache_dir() / "compile" / digest[:2] / digest
+
+  def compile_cached(self, src: str) -> bytes:
+    """`compile(src)`, read from / written to the on-disk cache when CACHELEVEL>=1 (safe with several processes)."""
+    if not self.disk_cache or CACHELEVEL < 1: return self.compile(src)
+    path = self.cache_path(src)
+    try: return path.read_bytes()
+    except FileNotFoundError: pass
+    lib = self.compile(src)
+    try:
+      path.parent.mkdir(parents=True, exist_ok=True)
+      with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
+        tmp.write(lib)
+      os.replace(tmp.name, path)   # atomic: readers see either no file or the whole file
+    except OSError as e:
+      if DEBUG >= 1: print(f"compile cache: could not write {path}: {e}")
+    return lib
+
+# ---------------- the device ----------------
+
+class Compiled:
+  """One device: its name, memory allocator, renderer, compiler and runtime (`runtime(name, lib) -> program`).
+
+  A program is called as `prg(*buffer_handles, vals=(ints...), wait=False)`; with `wait=True` it returns the
+  elapsed seconds once the kernel has finished, else None.
+  """
+  def __init__(self, device: str, allocator: Allocator, renderer, compiler: Compiler, runtime: Callable[[str, bytes], Any]):
+    self.device, self.allocator, self.renderer, self.compiler, self.runtime = device, allocator, renderer, compiler, runtime
+
+  def synchronize(self) -> None:
+    """Wait until all work sent to the device has finished (host devices run synchronously)."""
+
+  def __repr__(self) -> str: return f"<{type(self).__name__} {self.device}>"
+
+class _DeviceRegistry:
+  """The devices by name: `Device["CPU"]` is the one `Compiled` for CPU. `Device.DEFAULT` is where tensors go."""
+  def __init__(self):
+    self._opened: dict[str, Compiled] = {}
+    self._default = self.canonicalize(self._default_from_env())
+
+  @staticmethod
+  def _default_from_env() -> str:
+    if os.environ.get("DEV"): return os.environ["DEV"]
+    for name in ("PYTHON", "CPU"):
+      if os.environ.get(name, "0") not in ("", "0"): return name
+    return "CPU"
+
+  @property
+  def DEFAULT(self) -> str:
+    """The default device name (from DEV=..., CPU=1 or PYTHON=1; else CPU). Assignable."""
+    return self._default
+
+  @DEFAULT.setter
+  def DEFAULT(self, name: str) -> None:
+    self._default = self.canonicalize(name)
+
+  @staticmethod
+  def known() -> list[str]:
+    """Names of every device kiln has a runtime for."""
+    runtime_dir = pathlib.Path(__file__).parent / "runtime"
+    return sorted(p.stem[len("ops_"):].upper() for p in runtime_dir.glob("ops_*.py"))
+
+  @staticmethod
+  def canonicalize(name: str) -> str:
+    """'cpu' -> 'CPU', 'cpu:0' -> 'CPU', 'cpu:1' -> 'CPU:1'."""
+    if not isinstance(name, str) or not name: raise ValueError(f"a device name must be a non-empty string, got {name!r}")
+    base, _, index = name.partition(":")
+    base = base.upper()
+    return base if index in ("", "0") else f"{base}:{index}"
+
+  def __getitem__(self, name: str) -> Compiled:
+    canonical = self.canonicalize(name)
+    if (dev := self._opened.get(canonical)) is not None: return dev
+    base = canonical.partition(":")[0]
+    known = self.known()
+    if base not in known: raise ValueError(f"unknown device {name!r}; known devices: {', '.join(known)}")
+    module = importlib.import_module(f"kiln.runtime.ops_{base.lower()}")
+    classes = [v for k, v in vars(module).items() if isinstance(v, type) and issubclass(v, Compiled)
+               and k.lower() == f"{base.lower()}device"]
+    if not classes: raise ValueError(f"kiln.runtime.ops_{base.lower()} defines no {base}Device class")
+    dev = self._opened[canonical] = classes[0](canonical)
+    if DEBUG >= 1: print(f"opened device {canonical}")
+    return dev
+
+  def __repr__(self) -> str: return f"<Device default={self.DEFAULT} opened={sorted(self._opened)}>"
+
+Device = _DeviceRegistry()

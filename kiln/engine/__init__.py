@@ -1,0 +1,1 @@
+"""Running schedules: compiling kernels into runners, executing them, and the JIT."""

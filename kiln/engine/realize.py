@@ -1,0 +1,102 @@
+"""Turning schedule items into runnable programs and running them."""
+from __future__ import annotations
+import time
+from dataclasses import dataclass
+from kiln.dtype import dtypes
+from kiln.uop.spec import check_linear
+from kiln.helpers import SPEC, DEBUG, GlobalCounters, fmt_time, colored, prod
+from kiln.device import Device, Buffer
+from kiln.uop.ops import UOp, Ops, GroupOp
+from kiln.schedule.kernelize import ScheduleItem
+from kiln.codegen.lowerer import lower_kernel
+from kiln.codegen.linearizer import linearize
+
+@dataclass
+class CompiledRunner:
+  """A compiled kernel: its program, name and the work it does per launch."""
+  name: str
+  device: str
+  program: object
+  source: str
+  ops: int
+  vars: list[UOp]
+  def __call__(self, bufs: list[Buffer], var_vals: dict | None = None, wait: bool = False):
+    vals = tuple(var_vals[v] for v in self.vars) if self.vars else ()
+    return self.program(*[b._buf for b in bufs], vals=vals, wait=wait)
+
+def kernel_name(ast: UOp) -> str:
+  """'E_4_16' for an elementwise kernel over a 4x16 output, 'r_...' when it reduces."""
+  store = ast.src[0]
+  value = store.src[1]
+  reduces = any(u.op is Ops.REDUCE_AXIS for u in value.toposort())
+  return ("r_" if reduces else "E_") + "_".join(str(s) for s in value.shape) if value.shape else ("r" if reduces else "E")
+
+def count_ops(uops: list[UOp]) -> int:
+  """ALU operations the kernel executes, weighting each by the trip counts of the loops around it."""
+  total, trips = 0, 1
+  stack = []
+  for u in uops:
+    if u.op is Ops.RANGE:
+      n = u.src[0].arg if u.src[0].op is Ops.CONST else 1
+      stack.append(n)
+      trips *= n
+    elif u.op is Ops.ENDRANGE:
+      n = stack.pop()
+      trips = trips // n if n else prod(stack)
+    elif u.op in GroupOp.ALU: total += trips
+  return total
+
+_runner_cache: dict[tuple[str, UOp], CompiledRunner] = {}
+
+def get_runner(device: str, ast: UOp) -> CompiledRunner:
+  """The compiled program for `ast` on `device` (compiled once per distinct kernel)."""
+  key = (device, ast)
+  if (runner := _runner_cache.get(key)) is not None: return runner
+  dev = Device[device]
+  base_name = kernel_name(ast)
+  name = base_name
+  lowered = lower_kernel(ast)
+  uops = linearize(lowered)
+  if SPEC: check_linear(uops)
+  if DEBUG >= 6:
+    for i, u in enumerate(uops): print(f"{i:4d} {u.op.name:14s} {str(u.dtype):16s} {u.arg!r}")
+  source = dev.renderer.render(name, uops)
+  if DEBUG >= 4: print(source)
+  lib = dev.compiler.compile_cached(source)
+  program = dev.runtime(name, lib)
+  variables = sorted({u for u in uops if u.op is Ops.DEFINE_VAR}, key=lambda v: [x for x in uops].index(v))
+  runner = CompiledRunner(name, device, program, source, count_ops(uops), variables)
+  _runner_cache[key] = runner
+  return runner
+
+def run_copy(dst: Buffer, src: Buffer) -> None:
+  """Copy `src` into `dst` through host memory (devices may share it)."""
+  data = memoryview(bytearray(src.nbytes))
+  src.copyout(data)
+  dst.copyin(data)
+
+def run_schedule(items: list[ScheduleItem], var_vals: dict | None = None) -> None:
+  """Run each item in order, allocating its buffers first."""
+  for item in items:
+    for b in item.bufs: b.allocate()
+    if item.ast.op is Ops.COPY:
+      start = time.perf_counter()
+      run_copy(item.bufs[0], item.bufs[1])
+      elapsed = time.perf_counter() - start
+      GlobalCounters.global_mem += item.bufs[0].nbytes
+      if DEBUG >= 2: print(f"*** {item.bufs[0].device:7s} copy {item.bufs[0].nbytes:10d} bytes from {item.bufs[1].device}"
+                           f"  {fmt_time(elapsed)}")
+      continue
+    device = item.bufs[0].device
+    runner = get_runner(device, item.ast)
+    elapsed = runner(item.bufs, var_vals or item.var_vals, wait=DEBUG >= 2)
+    mem = sum(b.nbytes for b in item.bufs)
+    GlobalCounters.kernel_count += 1
+    GlobalCounters.global_ops += runner.ops
+    GlobalCounters.global_mem += mem
+    if elapsed is not None: GlobalCounters.time_sum_s += elapsed
+    if DEBUG >= 2:
+      t = elapsed or 1e-9
+      where = f"  {', '.join(item.metadata[:3])}" if item.metadata else ""
+      print(f"*** {device:7s} {GlobalCounters.kernel_count:4d} {colored(runner.name, 'cyan'):30s} {fmt_time(t)} "
+            f"{runner.ops / t / 1e9:9.2f} GFLOP/s {mem / t / 1e9:8.2f} GB/s{where}")

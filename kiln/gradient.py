@@ -1,0 +1,89 @@
+"""Autograd as rewrite rules: each rule maps (node, gradient of its output) to the gradients of its sources."""
+from __future__ import annotations
+import math
+from kiln.dtype import dtypes
+from kiln.helpers import argsort
+from kiln.uop.ops import UOp, Ops, toposort
+from kiln.uop.pattern import UPat, PatternMatcher
+
+def _reduce_to(grad: UOp, shape: tuple[int, ...]) -> UOp:
+  """Sum the broadcast axes of `grad` back down to `shape`."""
+  axes = tuple(i for i, (g, s) in enumerate(zip(grad.shape, shape)) if s == 1 and g != 1)
+  return grad.r(Ops.ADD, axes)
+
+def grad_max(g: UOp, a: UOp, b: UOp):
+  """max(a, b): the larger input gets the gradient; ties split it evenly"""
+  a_wins, tie = b.alu(Ops.CMPLT, a), a.alu(Ops.CMPEQ, b)
+  share_a = a_wins.where(g.full_like(1.0), tie.where(g.full_like(0.5), g.full_like(0.0)))
+  return g * share_a, g * (g.full_like(1.0) - share_a)
+
+def grad_reduce_max(g: UOp, x: UOp, ret: UOp):
+  """max over axes: the gradient goes to the maxima, shared among ties"""
+  axes = ret.arg[1]
+  is_max = x.alu(Ops.CMPEQ, ret.expand(x.shape))
+  mask = is_max.where(x.full_like(1.0), x.full_like(0.0))
+  count = mask.r(Ops.ADD, axes)
+  return ((mask * (g / count).expand(x.shape)),)
+
+def grad_pow(g: UOp, a: UOp, b: UOp, ret: UOp):
+  """a**b: d/da = b*a**(b-1), d/db = a**b*ln(a) (0 where a <= 0)"""
+  da = g * b * a.alu(Ops.POW, b - b.full_like(1.0))
+  positive = a.full_like(0.0).alu(Ops.CMPLT, a)
+  log_a = positive.where(a, a.full_like(1.0)).alu(Ops.LOG2) * a.full_like(math.log(2))
+  db = g * ret * log_a
+  return da, db
+
+gradient_rules = PatternMatcher([
+  (UPat(Ops.ADD, src=(UPat.var("a"), UPat.var("b"))), lambda ctx, a, b: (ctx, ctx)),
+  (UPat(Ops.SUB, src=(UPat.var("a"), UPat.var("b"))), lambda ctx, a, b: (ctx, ctx.alu(Ops.NEG))),
+  (UPat(Ops.MUL, src=(UPat.var("a"), UPat.var("b"))), lambda ctx, a, b: (ctx * b, ctx * a)),
+  (UPat(Ops.FDIV, src=(UPat.var("a"), UPat.var("b"))), lambda ctx, a, b: (ctx / b, (ctx * a).alu(Ops.NEG) / (b * b))),
+  (UPat(Ops.NEG, src=(UPat.var("x"),)), lambda ctx, x: (ctx.alu(Ops.NEG),)),
+  (UPat(Ops.RECIP, src=(UPat.var("x"),), name="ret"), lambda ctx, x, ret: ((ctx * ret * ret).alu(Ops.NEG),)),
+  (UPat(Ops.SQRT, src=(UPat.var("x"),), name="ret"), lambda ctx, x, ret: (ctx / (ret * ret.full_like(2.0)),)),
+  (UPat(Ops.EXP2, src=(UPat.var("x"),), name="ret"), lambda ctx, x, ret: (ctx * ret * ret.full_like(math.log(2)),)),
+  (UPat(Ops.LOG2, src=(UPat.var("x"),)), lambda ctx, x: (ctx / (x * x.full_like(math.log(2))),)),
+  (UPat(Ops.SIN, src=(UPat.var("x"),)), lambda ctx, x: (ctx * (x.full_like(math.pi / 2) - x).alu(Ops.SIN),)),
+  (UPat(Ops.MAX, src=(UPat.var("a"), UPat.var("b"))), lambda ctx, a, b: grad_max(ctx, a, b)),
+  (UPat(Ops.POW, src=(UPat.var("a"), UPat.var("b")), name="ret"), lambda ctx, a, b, ret: grad_pow(ctx, a, b, ret)),
+  (UPat(Ops.WHERE, src=(UPat.var("c"), UPat.var("a"), UPat.var("b"))),
+   lambda ctx, c, a, b: (None, c.where(ctx, ctx.full_like(0.0)), c.where(ctx.full_like(0.0), ctx))),
+  (UPat(Ops.CAST, src=(UPat.var("x"),)), lambda ctx, x: (ctx.cast(x.dtype),)),
+  (UPat(Ops.RESHAPE, src=(UPat.var("x"),)), lambda ctx, x: (ctx.reshape(x.shape),)),
+  (UPat(Ops.PERMUTE, src=(UPat.var("x"),), name="ret"), lambda ctx, x, ret: (ctx.permute(tuple(argsort(ret.arg))),)),
+  (UPat(Ops.EXPAND, src=(UPat.var("x"),)), lambda ctx, x: (_reduce_to(ctx, x.shape),)),
+  (UPat(Ops.PAD, src=(UPat.var("x"),), name="ret"),
+   lambda ctx, x, ret: (ctx.shrink(tuple((b, b + s) for (b, _), s in zip(ret.arg, x.shape))),)),
+  (UPat(Ops.SHRINK, src=(UPat.var("x"),), name="ret"),
+   lambda ctx, x, ret: (ctx.pad(tuple((b, s - e) for (b, e), s in zip(ret.arg, x.shape))),)),
+  (UPat(Ops.FLIP, src=(UPat.var("x"),), name="ret"), lambda ctx, x, ret: (ctx.flip(ret.arg),)),
+  (UPat(Ops.REDUCE_AXIS, src=(UPat.var("x"),), name="ret"),
+   lambda ctx, x, ret: (ctx.expand(x.shape),) if ret.arg[0] is Ops.ADD else
+   grad_reduce_max(ctx, x, ret) if ret.arg[0] is Ops.MAX else ((ctx * ret).expand(x.shape) / x,)),
+  (UPat((Ops.CONTIGUOUS, Ops.ASSIGN), name="ret"), lambda ctx, ret: (ctx,) + (None,) * (len(ret.src) - 1)),
+  (UPat(Ops.CONTIGUOUS_BACKWARD), lambda ctx: (UOp(Ops.CONTIGUOUS, ctx.dtype, (ctx,)),)),
+  (UPat(Ops.COPY, src=(UPat.var("x"),)), lambda ctx, x: (ctx.copy_to(x.device),)),
+])
+
+# ops whose output does not depend differentiably on their inputs
+NO_GRADIENT = frozenset({Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.IDIV, Ops.MOD, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR,
+                         Ops.TRUNC, Ops.DETACH, Ops.BITCAST, Ops.IOTA, Ops.CONST, Ops.BUFFER, Ops.BIND})
+
+def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
+  """Gradients of `root` with respect to every node in `targets`, as new graph nodes (reverse mode, iterative)."""
+  # only nodes on a path from root to a target matter
+  order = toposort([root], stop=lambda u: u.op in NO_GRADIENT)
+  on_path: set[UOp] = set()
+  for node in order:
+    if node in targets or any(s in on_path for s in node.src): on_path.add(node)
+  grads: dict[UOp, UOp] = {root: root_grad}
+  for node in reversed(order):
+    if node not in grads or node.op in NO_GRADIENT or not node.src: continue
+    if not any(s in on_path for s in node.src): continue
+    src_grads = gradient_rules.rewrite(node, grads[node])
+    if src_grads is None: raise RuntimeError(f"backward: no gradient rule for {node.op}")
+    for src, g in zip(node.src, src_grads):
+      if g is None or src not in on_path: continue
+      if g.dtype != src.dtype and dtypes.is_float(src.dtype): g = g.cast(src.dtype)
+      grads[src] = grads[src] + g if src in grads else g
+  return {t: grads[t] for t in targets if t in grads}

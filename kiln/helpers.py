@@ -1,0 +1,214 @@
+"""Small shared helpers: settings (getenv, ContextVar, Context), GlobalCounters, caches, and source locations."""
+from __future__ import annotations
+import contextlib, functools, math, os, sys, pathlib
+from typing import Any, Callable, Iterable, TypeVar
+
+T = TypeVar("T")
+
+def prod(xs: Iterable, start=1):
+  """The product of `xs` (works on ints and UOps)."""
+  for x in xs: start = start * x
+  return start
+
+def all_same(xs) -> bool: return all(x == xs[0] for x in xs)
+def flatten(xss: Iterable[Iterable[T]]) -> list[T]: return [x for xs in xss for x in xs]
+def argsort(xs) -> list[int]: return sorted(range(len(xs)), key=xs.__getitem__)
+def dedup(xs: Iterable[T]) -> list[T]: return list(dict.fromkeys(xs))
+def round_up(x: int, multiple: int) -> int: return (x + multiple - 1) // multiple * multiple
+def ceildiv(a, b): return -(-a // b)
+
+@functools.cache
+def getenv(key: str, default: Any = 0) -> Any:
+  """Read an environment variable, converted to the type of `default`. `getenv("DEBUG")` -> 0 when unset."""
+  return type(default)(os.environ.get(key, default))
+
+# ---- settings: declared once, readable as ContextVar values, overridable with Context ----
+
+class ContextVar:
+  """A named integer/string setting. Its initial value comes from the environment; `Context` overrides it."""
+  registry: dict[str, ContextVar] = {}
+  def __init__(self, key: str, default: Any, doc: str):
+    self.key, self.default, self.doc = key, default, doc
+    self.value = type(default)(os.environ.get(key, default))
+    ContextVar.registry[key] = self
+  def __bool__(self) -> bool: return bool(self.value)
+  def __ge__(self, x) -> bool: return self.value >= x
+  def __gt__(self, x) -> bool: return self.value > x
+  def __lt__(self, x) -> bool: return self.value < x
+  def __le__(self, x) -> bool: return self.value <= x
+  def __eq__(self, x) -> bool: return self.value == x
+  def __hash__(self) -> int: return hash(self.key)
+  def __int__(self) -> int: return int(self.value)
+  def __repr__(self) -> str: return f"{self.key}={self.value!r}"
+
+class Context(contextlib.ContextDecorator):
+  """Temporarily set settings: `with Context(DEBUG=2): ...` or `@Context(DEBUG=2)` on a function.
+
+  >>> from kiln.helpers import Context, DEBUG
+  >>> with Context(DEBUG=3): int(DEBUG)
+  3
+  """
+  def __init__(self, **kwargs):
+    unknown = [k for k in kwargs if k not in ContextVar.registry]
+    if unknown: raise ValueError(f"Context: unknown setting(s) {unknown}; known: {sorted(ContextVar.registry)}")
+    self.kwargs = kwargs
+  def __enter__(self):
+    self.saved = {k: ContextVar.registry[k].value for k in self.kwargs}
+    for k, v in self.kwargs.items(): ContextVar.registry[k].value = v
+    return self
+  def __exit__(self, *exc):
+    for k, v in self.saved.items(): ContextVar.registry[k].value = v
+
+DEBUG = ContextVar("DEBUG", 0, "1: devices; 2: one line per kernel run (time, GFLOP/s, GB/s); 3: buffers; 4: kernel source; "
+                   "5: kernel IR; 6: linearized uops")
+SPEC = ContextVar("SPEC", 0, "1: check every graph against kiln/uop/spec.py after each stage (on in tests)")
+NOOPT = ContextVar("NOOPT", 0, "1: turn off kernel optimizations")
+CACHELEVEL = ContextVar("CACHELEVEL", 2, "0: no on-disk compile cache; 2: cache compiled kernels on disk")
+TRACEBACK_SOURCE = ContextVar("TRACEBACK_SOURCE", 1, "1: record the user's file:line on each Tensor op (for errors)")
+CC = ContextVar("CC", "", "C compiler for the CPU device (default: clang if on PATH, else gcc, else cc)")
+CFLAGS = ContextVar("CFLAGS", "-O2", "flags for the CPU device's C compiler")
+JIT = ContextVar("JIT", 1, "0: TinyJit runs the function eagerly every call")
+
+def settings_markdown() -> str:
+  """The table of every declared setting, as written to docs/env_vars.md."""
+  lines = ["# Settings (environment variables)", "",
+           "Each setting is read from the environment at import and can be changed with `Context(NAME=value)`.", "",
+           "| name | default | meaning |", "| --- | --- | --- |"]
+  for var in sorted(ContextVar.registry.values(), key=lambda v: v.key):
+    lines.append(f"| `{var.key}` | `{var.default!r}` | {var.doc} |")
+  lines += ["", "Device selection (read once): `DEV=CPU|PYTHON`, or `CPU=1` / `PYTHON=1`.", ""]
+  return "\n".join(lines)
+
+class GlobalCounters:
+  """Counts work done by realized kernels: kernels launched, ops, bytes moved, memory in use, time."""
+  global_ops: int = 0
+  global_mem: int = 0
+  time_sum_s: float = 0.0
+  kernel_count: int = 0
+  mem_used: int = 0
+  @staticmethod
+  def reset() -> None:
+    GlobalCounters.global_ops, GlobalCounters.global_mem, GlobalCounters.time_sum_s, GlobalCounters.kernel_count = 0, 0, 0.0, 0
+
+def cache_dir() -> pathlib.Path:
+  """Where compiled kernels are cached (XDG_CACHE_HOME/kiln or ~/.cache/kiln)."""
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  path = pathlib.Path(base) / "kiln"
+  path.mkdir(parents=True, exist_ok=True)
+  return path
+
+# ---- where the user called us from ----
+
+_KILN_DIR = os.path.dirname(os.path.abspath(__file__))
+
+def user_frame_location() -> str:
+  """'file.py:LINE' of the innermost caller outside the kiln package ('' if none)."""
+  frame = sys._getframe(1)
+  while frame is not None:
+    filename = frame.f_code.co_filename
+    if not filename.startswith(_KILN_DIR) and not filename.startswith("<frozen"):
+      return f"{os.path.basename(filename)}:{frame.f_lineno}"
+    frame = frame.f_back
+  return ""
+
+def fmt_time(seconds: float) -> str:
+  return f"{seconds*1e6:8.2f} us" if seconds < 1e-3 else f"{seconds*1e3:8.2f} ms" if seconds < 1 else f"{seconds:8.2f} s "
+
+def colored(text: str, color: str) -> str:
+  codes = {"red": 31, "green": 32, "yellow": 33, "blue": 34, "magenta": 35, "cyan": 36}
+  return f"\033[{codes[color]}m{text}\033[0m" if sys.stdout.isatty() else text
+
+def to_function_name(name: str) -> str: return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+
+def is_int_like(x) -> bool: return isinstance(x, int) and not isinstance(x, bool)
+
+def unwrap(x: T | None) -> T:
+  if x is None: raise RuntimeError("unexpected None")
+  return x
+
+def nan_safe(x: float) -> float: return x if not math.isnan(x) else 0.0
+
+# ---- a dependency-free progress bar ----
+
+import time  # noqa: E402  (only the progress bar needs it)
+
+class tqdm:
+  """A minimal progress bar on stderr: `for x in tqdm(items, desc="train"): ...` or `bar.update(n)` by hand.
+
+  Shows count, percent, rate and ETA, redrawn in place with '\\r' at most every `min_interval` seconds.
+  `bar.set_description(f"loss {loss:.3f}")` changes the text in front of the bar.
+  """
+  def __init__(self, iterable: Iterable | None = None, total: int | None = None, desc: str = "", disable: bool = False,
+               unit: str = "it", width: int = 24, min_interval: float = 0.1):
+    if total is None and iterable is not None and hasattr(iterable, "__len__"): total = len(iterable)  # type: ignore[arg-type]
+    self.iterable, self.total, self.desc, self.disable, self.unit = iterable, total, desc, disable, unit
+    self.width, self.min_interval = width, min_interval
+    self.count, self.start_time, self.last_draw, self.closed = 0, time.perf_counter(), -math.inf, False
+    self.drawn_count, self.drawn_width = -1, 0
+
+  def __iter__(self):
+    if self.iterable is None: raise TypeError("tqdm: no iterable given; use update() instead")
+    try:
+      for item in self.iterable:
+        yield item
+        self.update(1)
+    finally:
+      self.close()
+
+  def __len__(self) -> int: return self.total if self.total is not None else 0
+  def __enter__(self) -> tqdm: return self
+  def __exit__(self, *exc) -> None: self.close()
+
+  def set_description(self, desc: str) -> None:
+    """Change the text shown before the bar (redrawn at the next update)."""
+    self.desc = desc
+
+  def update(self, n: int = 1) -> None:
+    """Advance by `n` items and redraw if enough time passed (or when finished)."""
+    self.count += n
+    now = time.perf_counter()
+    if now - self.last_draw >= self.min_interval or (self.total is not None and self.count >= self.total):
+      self.last_draw = now
+      self._draw(now)
+
+  def close(self) -> None:
+    """Draw the final state and end the line."""
+    if self.closed: return
+    self.closed = True
+    if not self.disable:
+      if self.drawn_count != self.count: self._draw(time.perf_counter())
+      sys.stderr.write("\n")
+      sys.stderr.flush()
+
+  def format(self, now: float) -> str:
+    """The bar's text at time `now` (perf_counter seconds)."""
+    elapsed = now - self.start_time
+    rate = self.count / elapsed if elapsed > 0 else 0.0
+    prefix = f"{self.desc}: " if self.desc else ""
+    speed = f"{rate:.2f} {self.unit}/s" if rate < 100 else f"{rate:.0f} {self.unit}/s"
+    if not self.total: return f"{prefix}{self.count} {self.unit} [{_fmt_clock(elapsed)}, {speed}]"
+    fraction = min(self.count / self.total, 1.0)
+    filled = int(fraction * self.width)
+    bar = "#" * filled + "." * (self.width - filled)
+    eta = (self.total - self.count) / rate if rate > 0 else math.inf
+    return (f"{prefix}{fraction*100:3.0f}%|{bar}| {self.count}/{self.total} "
+            f"[{_fmt_clock(elapsed)}<{_fmt_clock(eta)}, {speed}]")
+
+  def _draw(self, now: float) -> None:
+    if self.disable: return
+    text = self.format(now)
+    # pad with spaces so a shorter line fully covers the previous one
+    sys.stderr.write("\r" + text.ljust(self.drawn_width))
+    sys.stderr.flush()
+    self.drawn_count, self.drawn_width = self.count, len(text)
+
+def trange(n: int, desc: str = "", **kwargs) -> tqdm:
+  """`tqdm(range(n))`: a progress bar over 0..n-1."""
+  return tqdm(range(n), desc=desc, **kwargs)
+
+def _fmt_clock(seconds: float) -> str:
+  """Seconds as 'MM:SS' (or 'H:MM:SS'); '?' when unknown."""
+  if math.isinf(seconds) or math.isnan(seconds): return "?"
+  minutes, secs = divmod(int(seconds), 60)
+  hours, minutes = divmod(minutes, 60)
+  return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"

@@ -1,0 +1,36 @@
+"""Renderers: a linearized kernel (docs/ir.md, stage 4) becomes source code for one device."""
+from __future__ import annotations
+from kiln.dtype import DType
+from kiln.uop.ops import UOp, Ops
+
+class Renderer:
+  """Base class of renderers. `render(name, uops)` returns the source of one kernel function called `name`.
+
+  Attributes describe the target so lowering can adapt: `device` (the device name it renders for), `has_local`
+  (whether it has workgroup-local memory and local ids; host targets do not), `supported_dtypes` (None: all).
+  """
+  device: str = ""
+  has_local: bool = False
+  supported_dtypes: frozenset[DType] | None = None
+
+  def render(self, name: str, uops: list[UOp]) -> str:
+    """The source of a function `name` that runs the kernel described by `uops`."""
+    raise NotImplementedError(f"{type(self).__name__} does not implement render")
+
+def kernel_signature(uops: list[UOp]) -> tuple[list[UOp], list[UOp]]:
+  """The kernel's parameters: its DEFINE_GLOBALs sorted by parameter number, then its DEFINE_VARs in first-use order."""
+  globals_by_arg: dict[int, UOp] = {}
+  variables: dict[UOp, None] = {}
+  for entry in uops:
+    for u in (*entry.src, entry):   # a parameter used only as a source may have no entry of its own in the list
+      if u.op is Ops.DEFINE_GLOBAL:
+        if globals_by_arg.setdefault(u.arg, u) is not u:
+          raise ValueError(f"kernel has two different DEFINE_GLOBALs with parameter number {u.arg}")
+      elif u.op is Ops.DEFINE_VAR: variables.setdefault(u)
+  return [globals_by_arg[k] for k in sorted(globals_by_arg)], list(variables)
+
+def kernel_function_name(name: str) -> str:
+  """`name` made into a valid C/Python identifier (renderers and runtimes both use it, so they agree)."""
+  if not isinstance(name, str) or not name: raise ValueError(f"a kernel name must be a non-empty string, got {name!r}")
+  ident = "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_" for c in name)
+  return ident if not ident[0].isdigit() else f"k_{ident}"

@@ -1,0 +1,264 @@
+"""CRenderer: a linearized kernel (docs/ir.md, stage 4) becomes one C function for the CPU device.
+
+Semantics (shared with the PythonRenderer, which is the reference):
+- integer IDIV/MOD truncate toward zero; a zero divisor gives 0 (and `MIN // -1` wraps) instead of trapping;
+- signed integer arithmetic wraps (compiled with -fwrapv); results narrower than int are truncated on assignment;
+- float16 math is done in float and rounded to half after every op; bfloat16 is stored as its 16 bits and its math is
+  done in float, rounded to bfloat16 (nearest-even, NaN kept) after every op; every conversion to bfloat16 goes
+  through float32 first;
+- MAX returns NaN when either float operand is NaN; comparisons give bool; CAST to bool is `!= 0`;
+- a gated LOAD `(buf, idx, gate)` reads `buf[idx]` only when `gate` holds, else gives 0.
+"""
+from __future__ import annotations
+import math
+from typing import Callable
+from kiln.dtype import DType, dtypes, truncate
+from kiln.renderer import Renderer, kernel_signature, kernel_function_name
+from kiln.uop.ops import UOp, Ops, GroupOp
+
+# the C type a value of each dtype lives in while computing, and the type it is stored as in a buffer
+VALUE_TYPES: dict[DType, str] = {
+  dtypes.bool: "_Bool", dtypes.int8: "signed char", dtypes.uint8: "unsigned char", dtypes.int16: "short",
+  dtypes.uint16: "unsigned short", dtypes.int32: "int", dtypes.uint32: "unsigned int", dtypes.int64: "long long",
+  dtypes.uint64: "unsigned long long", dtypes.float16: "_Float16", dtypes.bfloat16: "float", dtypes.float32: "float",
+  dtypes.float64: "double"}
+STORAGE_TYPES: dict[DType, str] = {**VALUE_TYPES, dtypes.bool: "unsigned char", dtypes.bfloat16: "unsigned short"}
+
+BF16_HELPERS = """\
+static inline float kiln_bf16_to_f(unsigned short bits) {
+  unsigned int wide = ((unsigned int)bits) << 16; float value; __builtin_memcpy(&value, &wide, 4); return value;
+}
+static inline unsigned short kiln_f_to_bf16(float value) {
+  unsigned int bits; __builtin_memcpy(&bits, &value, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((bits >> 16) | 0x40u);  /* NaN: stays a quiet NaN */
+  bits += 0x7fffu + ((bits >> 16) & 1u);  /* round to nearest, ties to even */
+  return (unsigned short)(bits >> 16);
+}
+static inline float kiln_bf16_round(float value) { return kiln_bf16_to_f(kiln_f_to_bf16(value)); }
+"""
+
+# ops whose float result is exactly representable in the operands' type (no rounding needed)
+EXACT_FLOAT_OPS = frozenset({Ops.NEG, Ops.MAX, Ops.WHERE, Ops.TRUNC})
+
+_INT_LIMITS = {dtypes.int32: ("(-2147483647-1)", ""), dtypes.int64: ("(-9223372036854775807ll-1)", "ll"),
+               dtypes.uint32: (None, "u"), dtypes.uint64: (None, "ull")}
+
+def render_c_const(value, dtype: DType) -> str:
+  """A C literal (or constant expression) for `value` rounded to `dtype`, e.g. `1.5f`, `(-3)`, `__builtin_inff()`."""
+  value = truncate(dtype, value)
+  if dtype == dtypes.bool: return "1" if value else "0"
+  if dtypes.is_int(dtype):
+    min_literal, suffix = _INT_LIMITS.get(dtype, (None, ""))
+    if min_literal is not None and value == dtypes.min(dtype): return min_literal
+    return f"({value}{suffix})" if value < 0 else f"{value}{suffix}"
+  if dtype not in (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64):
+    raise TypeError(f"CRenderer: cannot render a constant of dtype {dtype}")
+  suffix = "" if dtype == dtypes.float64 else "f"
+  if math.isnan(value): text = f'__builtin_nan{suffix}("")'
+  elif math.isinf(value): text = f"{'-' if value < 0 else ''}__builtin_inf{suffix}()"
+  else: text = f"{value!r}{suffix}"
+  if dtype == dtypes.float16: return f"((_Float16){text})"
+  return f"({text})" if text.startswith("-") else text
+
+def _libm(name: str) -> Callable[[UOp, list[str]], str]:
+  """A libm call in the precision of the operands (double for float64, float otherwise)."""
+  def render(u: UOp, a: list[str]) -> str:
+    suffix = "" if u.src[0].dtype == dtypes.float64 else "f"
+    return f"__builtin_{name}{suffix}({', '.join(a)})"
+  return render
+
+def _infix(symbol: str) -> Callable[[UOp, list[str]], str]:
+  return lambda u, a: f"({a[0]}{symbol}{a[1]})"
+
+def _traps_on_minus_one(dtype: DType) -> bool:
+  """Whether `MIN / -1` traps for this type in C (types narrower than int are promoted and do not)."""
+  return dtype in (dtypes.int32, dtypes.int64)
+
+def _is_safe_divisor(u: UOp) -> bool:
+  """A constant divisor that can neither be 0 nor -1, so the division needs no guard."""
+  return u.op is Ops.CONST and u.arg not in (0, -1)
+
+def _c_idiv(u: UOp, a: list[str]) -> str:
+  if _is_safe_divisor(u.src[1]): return f"({a[0]}/{a[1]})"
+  if _traps_on_minus_one(u.dtype): return f"(({a[1]})==0?0:({a[1]})==-1?-({a[0]}):({a[0]})/({a[1]}))"
+  return f"(({a[1]})==0?0:({a[0]})/({a[1]}))"
+
+def _c_mod(u: UOp, a: list[str]) -> str:
+  if dtypes.is_float(u.dtype): return _libm("fmod")(u, a)
+  if _is_safe_divisor(u.src[1]): return f"({a[0]}%{a[1]})"
+  if _traps_on_minus_one(u.dtype): return f"((({a[1]})==0||({a[1]})==-1)?0:({a[0]})%({a[1]}))"
+  return f"(({a[1]})==0?0:({a[0]})%({a[1]}))"
+
+def _c_max(u: UOp, a: list[str]) -> str:
+  if dtypes.is_float(u.dtype): return f"((({a[0]})!=({a[0]})||({a[0]})>({a[1]}))?({a[0]}):({a[1]}))"
+  return f"((({a[0]})>({a[1]}))?({a[0]}):({a[1]}))"
+
+def _c_recip(u: UOp, a: list[str]) -> str:
+  return f"(1.0/{a[0]})" if u.dtype == dtypes.float64 else f"(1.0f/{a[0]})"
+
+def _c_cast(u: UOp, a: list[str]) -> str:
+  src, dst, x = u.src[0].dtype, u.dtype, a[0]
+  if dst == dtypes.bool: return f"(({x})!=0)"
+  if dst == dtypes.bfloat16:
+    if src == dtypes.bool: return f"((float){x})"
+    if src == dtypes.float32: return f"kiln_bf16_round({x})"
+    return f"kiln_bf16_round((float)({x}))"   # every conversion to bfloat16 goes through float32
+  return f"(({VALUE_TYPES[dst]})({x}))"
+
+def _c_bitcast(u: UOp, a: list[str]) -> str:
+  src, dst = u.src[0].dtype, u.dtype
+  if dtypes.bool in (src, dst) or src.itemsize != dst.itemsize:
+    raise TypeError(f"CRenderer: cannot BITCAST {src} to {dst} (sizes must match and bool is not allowed)")
+  bits = f"kiln_f_to_bf16({a[0]})" if src == dtypes.bfloat16 else a[0]
+  result = "kiln_bf16_to_f(bitcast_out)" if dst == dtypes.bfloat16 else "bitcast_out"
+  return (f"({{ {STORAGE_TYPES[src]} bitcast_in = {bits}; {STORAGE_TYPES[dst]} bitcast_out; "
+          f"__builtin_memcpy(&bitcast_out, &bitcast_in, sizeof(bitcast_out)); {result}; }})")
+
+def _c_trunc(u: UOp, a: list[str]) -> str:
+  return _libm("trunc")(u, a) if dtypes.is_float(u.dtype) else a[0]
+
+# Op -> C expression for a value computed from operand expressions (half operands arrive already widened to float)
+C_EXPRESSIONS: dict[Ops, Callable[[UOp, list[str]], str]] = {
+  Ops.ADD: _infix("+"), Ops.SUB: _infix("-"), Ops.MUL: _infix("*"), Ops.FDIV: _infix("/"), Ops.IDIV: _c_idiv,
+  Ops.MOD: _c_mod, Ops.MAX: _c_max, Ops.CMPLT: _infix("<"), Ops.CMPNE: _infix("!="), Ops.CMPEQ: _infix("=="),
+  Ops.AND: _infix("&"), Ops.OR: _infix("|"), Ops.XOR: _infix("^"), Ops.SHL: _infix("<<"), Ops.SHR: _infix(">>"),
+  Ops.POW: _libm("pow"), Ops.EXP2: _libm("exp2"), Ops.LOG2: _libm("log2"), Ops.SIN: _libm("sin"),
+  Ops.SQRT: _libm("sqrt"), Ops.RECIP: _c_recip, Ops.NEG: lambda u, a: f"(-{a[0]})", Ops.TRUNC: _c_trunc,
+  Ops.WHERE: lambda u, a: f"({a[0]}?{a[1]}:{a[2]})", Ops.CAST: _c_cast, Ops.BITCAST: _c_bitcast,
+}
+FLOAT_ONLY_OPS = frozenset({Ops.FDIV, Ops.POW, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP})
+INT_ONLY_OPS = frozenset({Ops.IDIV, Ops.SHL, Ops.SHR})
+_VALUE_PREFIX = {Ops.LOAD: "val", Ops.CAST: "cast", Ops.BITCAST: "cast", Ops.DEFINE_ACC: "acc"}
+
+def check_alu_dtypes(renderer: str, u: UOp) -> None:
+  """Raise TypeError for an ALU op applied to a dtype it is not defined on (e.g. SQRT on ints)."""
+  operand = u.src[-1].dtype
+  if u.op in FLOAT_ONLY_OPS and not dtypes.is_float(operand):
+    raise TypeError(f"{renderer}: {u.op.name} needs float operands, got {operand}")
+  if u.op in INT_ONLY_OPS and not dtypes.is_int(operand):
+    raise TypeError(f"{renderer}: {u.op.name} needs integer operands, got {operand}")
+  if u.op in (Ops.AND, Ops.OR, Ops.XOR) and dtypes.is_float(operand):
+    raise TypeError(f"{renderer}: {u.op.name} needs integer or bool operands, got {operand}")
+
+class CRenderer(Renderer):
+  """Renders a linearized kernel as `void name(T* restrict data0, ..., int var0, ...)` in GNU C."""
+  device = "CPU"
+  has_local = False
+
+  def render(self, name: str, uops: list[UOp]) -> str:
+    """The C source of function `name` (see the module docstring for the semantics)."""
+    return _CKernelWriter(kernel_function_name(name), uops).write()
+
+class _CKernelWriter:
+  """Walks one uop list, naming values and emitting lines."""
+  def __init__(self, name: str, uops: list[UOp]):
+    self.name, self.uops = name, uops
+    self.names: dict[UOp, str] = {}
+    self.lines: list[str] = []
+    self.depth = 1
+    self.counter = 0
+    self.uses_bf16 = False
+    self.statements: dict[Ops, Callable[[UOp], None]] = {
+      Ops.RANGE: self._range, Ops.ENDRANGE: self._endrange, Ops.LOAD: self._load, Ops.STORE: self._store,
+      Ops.DEFINE_ACC: self._define_acc, Ops.ASSIGN: self._assign,
+      Ops.CONST: self._nothing, Ops.DEFINE_GLOBAL: self._nothing, Ops.DEFINE_VAR: self._nothing, Ops.SINK: self._nothing}
+
+  # ---- names of values ----
+  def expr(self, u: UOp) -> str:
+    """The C expression that reads the value of `u` at this point of the kernel."""
+    if u.op is Ops.CONST: return render_c_const(u.arg, u.dtype)
+    if u.op is Ops.DEFINE_GLOBAL: return f"data{u.arg}"
+    if u.op is Ops.DEFINE_VAR:
+      name = self.var_names[u]
+      return name if u.dtype == dtypes.int32 else f"(({VALUE_TYPES[u.dtype]}){name})"
+    if u not in self.names: raise ValueError(f"CRenderer: {u.op.name} is used before it is computed in kernel {self.name}")
+    return self.names[u]
+
+  def operand(self, u: UOp) -> str:
+    """`expr(u)`, widened to float when it is a half (all half math is done in float)."""
+    return f"(float){self.expr(u)}" if u.dtype == dtypes.float16 else self.expr(u)
+
+  def fresh_name(self, prefix: str) -> str:
+    self.counter += 1
+    return f"{prefix}{self.counter - 1}"
+
+  def emit(self, line: str) -> None: self.lines.append("  " * self.depth + line)
+
+  def note_dtype(self, dtype: DType) -> None:
+    if dtype not in VALUE_TYPES: raise TypeError(f"CRenderer: dtype {dtype} is not supported in kernel {self.name}")
+    if dtype == dtypes.bfloat16: self.uses_bf16 = True
+
+  # ---- statements ----
+  def _nothing(self, u: UOp) -> None: pass
+
+  def _range(self, u: UOp) -> None:
+    name = f"ridx{u.arg}" if isinstance(u.arg, int) and u.arg >= 0 else self.fresh_name("ridx_")
+    ctype = VALUE_TYPES[u.dtype]
+    self.emit(f"for ({ctype} {name} = 0; {name} < {self.expr(u.src[0])}; {name}++) {{")
+    self.names[u] = name
+    self.depth += 1
+
+  def _endrange(self, u: UOp) -> None:
+    if self.depth <= 1: raise ValueError(f"CRenderer: ENDRANGE without an open RANGE in kernel {self.name}")
+    self.depth -= 1
+    self.emit("}")
+
+  def _load(self, u: UOp) -> None:
+    buf, index = u.src[0], u.src[1]
+    self.note_dtype(u.dtype)
+    read = f"{self.expr(buf)}[{self.expr(index)}]"
+    if u.dtype == dtypes.bfloat16: read = f"kiln_bf16_to_f({read})"
+    elif u.dtype == dtypes.bool: read = f"(_Bool){read}"
+    if len(u.src) == 3: read = f"({self.expr(u.src[2])}?{read}:{render_c_const(0, u.dtype)})"
+    name = self.fresh_name("val")
+    self.emit(f"const {VALUE_TYPES[u.dtype]} {name} = {read};")
+    self.names[u] = name
+
+  def _store(self, u: UOp) -> None:
+    buf, index, value = u.src[:3]
+    self.note_dtype(value.dtype)
+    written = self.expr(value)
+    if value.dtype == dtypes.bfloat16: written = f"kiln_f_to_bf16({written})"
+    elif value.dtype == dtypes.bool: written = f"(unsigned char){written}"
+    line = f"{self.expr(buf)}[{self.expr(index)}] = {written};"
+    self.emit(f"if ({self.expr(u.src[3])}) {line}" if len(u.src) == 4 else line)
+
+  def _define_acc(self, u: UOp) -> None:
+    self.note_dtype(u.dtype)
+    name = self.fresh_name("acc")
+    self.emit(f"{VALUE_TYPES[u.dtype]} {name} = {self.expr(u.src[0])};")
+    self.names[u] = name
+
+  def _assign(self, u: UOp) -> None:
+    target, value = u.src
+    if target.op is not Ops.DEFINE_ACC: raise ValueError(f"CRenderer: ASSIGN must target a DEFINE_ACC, got {target.op}")
+    self.emit(f"{self.expr(target)} = {self.expr(value)};")
+    self.names[u] = self.expr(target)
+
+  def _value(self, u: UOp) -> None:
+    """An ALU/CAST/BITCAST value: one `const T name = expr;` line."""
+    for dtype in (u.dtype, *(s.dtype for s in u.src)): self.note_dtype(dtype)
+    if u.op in GroupOp.ALU: check_alu_dtypes("CRenderer", u)
+    widen = u.op is not Ops.BITCAST   # BITCAST needs the operand in its own type
+    text = C_EXPRESSIONS[u.op](u, [self.operand(s) if widen else self.expr(s) for s in u.src])
+    if u.dtype == dtypes.float16 and u.op is not Ops.BITCAST: text = f"((_Float16)({text}))"
+    elif u.dtype == dtypes.bfloat16 and u.op in GroupOp.ALU and u.op not in EXACT_FLOAT_OPS:
+      text = f"kiln_bf16_round({text})"
+    name = self.fresh_name(_VALUE_PREFIX.get(u.op, "alu"))
+    self.emit(f"const {VALUE_TYPES[u.dtype]} {name} = {text};")
+    self.names[u] = name
+
+  def write(self) -> str:
+    """The whole C source: helpers, signature and body."""
+    buffers, variables = kernel_signature(self.uops)
+    self.var_names = {v: f"var{i}" for i, v in enumerate(variables)}
+    for u in self.uops:
+      handler = self.statements.get(u.op)
+      if handler is not None: handler(u)
+      elif u.op in C_EXPRESSIONS: self._value(u)
+      else: raise NotImplementedError(f"CRenderer: cannot render {u.op} (kernel {self.name}); see docs/ir.md stage 4")
+    if self.depth != 1: raise ValueError(f"CRenderer: kernel {self.name} leaves {self.depth - 1} RANGE(s) unclosed")
+    for b in buffers: self.note_dtype(b.dtype)
+    params = [f"{STORAGE_TYPES[b.dtype]}* restrict data{b.arg}" for b in buffers] + [f"int {self.var_names[v]}" for v in variables]
+    head = [BF16_HELPERS] if self.uses_bf16 else []
+    return "\n".join(head + [f"void {self.name}({', '.join(params)}) {{", *self.lines, "}", ""])

@@ -1,0 +1,367 @@
+"""PythonRenderer: a linearized kernel (docs/ir.md, stage 4) becomes a plain Python function, for the PYTHON device.
+
+The PYTHON device is the reference every other backend is tested against, so the generated code follows the C
+semantics exactly (see kiln/renderer/cstyle.py): integers wrap to their dtype after every op, IDIV/MOD truncate toward
+zero (a zero divisor gives 0), float32/float16/bfloat16 results are rounded to their type after every op (math is
+done on Python floats, i.e. doubles, which rounds +,-,*,/,sqrt correctly), MAX propagates NaN, casts are C casts.
+
+The generated function takes one byte memoryview per buffer (DEFINE_GLOBAL order), then the DEFINE_VAR values, and
+views each buffer with its element format. float16 and bfloat16 buffers are viewed as their 16-bit patterns.
+"""
+from __future__ import annotations
+import math, struct
+from typing import Callable
+from kiln.dtype import DType, dtypes, truncate
+from kiln.renderer import Renderer, kernel_signature, kernel_function_name
+from kiln.renderer.cstyle import EXACT_FLOAT_OPS, check_alu_dtypes
+from kiln.uop.ops import UOp, Ops, GroupOp
+
+# ---------------- runtime helpers used by the generated code ----------------
+
+inf, nan = math.inf, math.nan
+_F32, _F16, _U16, _U32 = struct.Struct("<f"), struct.Struct("<e"), struct.Struct("<H"), struct.Struct("<I")
+
+def _r32(x: float) -> float:
+  """`x` rounded to float32 (nearest-even; overflow gives inf)."""
+  try: return _F32.unpack(_F32.pack(x))[0]
+  except OverflowError: return math.copysign(inf, x)
+
+def _r16(x: float) -> float:
+  """`x` rounded to float16 (nearest-even; overflow gives inf)."""
+  try: return _F16.unpack(_F16.pack(x))[0]
+  except OverflowError: return math.copysign(inf, x)
+
+def _f16_bits(x: float) -> int:
+  """The bit pattern of a float16 value."""
+  try: return _U16.unpack(_F16.pack(x))[0]
+  except OverflowError: return 0x7C00 if x > 0 else 0xFC00
+
+def _bf16_bits(x: float) -> int:
+  """The bfloat16 bit pattern of `x`, rounded through float32 (nearest-even; NaN stays a quiet NaN)."""
+  try: bits = _U32.unpack(_F32.pack(x))[0]
+  except OverflowError: bits = 0x7F800000 if x > 0 else 0xFF800000
+  if bits & 0x7FFFFFFF > 0x7F800000: return (bits >> 16) | 0x40
+  return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+
+def _build_tables() -> tuple[list[float], list[float]]:
+  import numpy as np
+  patterns = np.arange(65536, dtype=np.uint32)
+  with np.errstate(invalid="ignore"):   # signaling NaN patterns become quiet NaNs
+    half = patterns.astype(np.uint16).view(np.float16).astype(np.float64).tolist()
+    bfloat = (patterns << 16).view(np.float32).astype(np.float64).tolist()
+  return half, bfloat
+
+_H2F, _BF2F = _build_tables()   # float16 / bfloat16 bit pattern -> value
+
+def _rbf16(x: float) -> float:
+  """`x` rounded to bfloat16 through float32 (as the C code does)."""
+  return _BF2F[_bf16_bits(x)]
+
+def _i2f32(x: int) -> float:
+  """A (64-bit) integer rounded once to float32; float(x) alone would round twice for |x| > 2**53."""
+  if -(1 << 53) <= x <= (1 << 53): return _r32(float(x))
+  magnitude = abs(x)
+  shift = magnitude.bit_length() - 26    # keep 24 bits, a guard bit and a sticky bit
+  kept = (magnitude >> shift) | (1 if magnitude & ((1 << shift) - 1) else 0)
+  return _r32(math.copysign(float(kept) * 2.0 ** shift, x))
+
+def _f2i(x: float, bits: int, signed: bool) -> int:
+  """C float -> integer conversion as x86-64 code from gcc does it: truncation, wrapped to `bits`; values that are
+  out of range of the conversion instruction (undefined behavior in C) give its 'integer indefinite' value."""
+  wide = 64 if bits == 64 or (bits == 32 and not signed) else 32
+  if math.isfinite(x) and -(1 << (wide - 1)) <= (t := math.trunc(x)) < (1 << (wide - 1)): value = t
+  elif bits == 64 and not signed and math.isfinite(x) and 0 <= x < 2.0 ** 64: value = math.trunc(x)
+  else: value = -(1 << (wide - 1))
+  value &= (1 << bits) - 1
+  return value - (1 << bits) if signed and value >= 1 << (bits - 1) else value
+
+def _fdiv0(a: float, b: float) -> float:
+  """IEEE float division when the divisor is zero."""
+  if a != a or a == 0: return nan
+  return math.copysign(inf, a) * math.copysign(1.0, b)
+
+def _fmod(a: float, b: float) -> float:
+  """C fmod (NaN where Python's math.fmod raises)."""
+  try: return math.fmod(a, b)
+  except ValueError: return nan
+
+def _idiv(a: int, b: int) -> int:
+  """Integer division truncating toward zero; 0 for a zero divisor."""
+  if b == 0: return 0
+  q = abs(a) // abs(b)
+  return q if (a < 0) == (b < 0) else -q
+
+def _imod(a: int, b: int) -> int:
+  """The remainder of truncating division (sign of `a`); 0 for a zero divisor."""
+  if b == 0: return 0
+  r = abs(a) % abs(b)
+  return -r if a < 0 else r
+
+def _exp2(x: float) -> float:
+  try: return math.exp2(x)
+  except OverflowError: return inf
+
+def _log2(x: float) -> float:
+  if x > 0: return math.log2(x)
+  return -inf if x == 0 else nan
+
+def _sin(x: float) -> float:
+  try: return math.sin(x)
+  except ValueError: return nan
+
+def _sqrt(x: float) -> float:
+  return math.sqrt(x) if x >= 0 else nan
+
+def _is_odd_integer(y: float) -> bool: return math.isfinite(y) and y == math.floor(y) and math.fmod(y, 2.0) != 0
+
+def _pow(x: float, y: float) -> float:
+  """C pow: IEEE results where Python's math.pow raises."""
+  try: return math.pow(x, y)
+  except OverflowError: return -inf if x < 0 and _is_odd_integer(y) else inf
+  except ValueError:
+    if x == 0: return math.copysign(inf, x) if _is_odd_integer(y) else inf
+    return nan
+
+def _trunc(x: float) -> float:
+  return math.copysign(float(math.trunc(x)), x) if math.isfinite(x) else x
+
+def _check_index(i: int) -> int:
+  """An index that must not be negative (Python would silently read from the end)."""
+  if i < 0: raise IndexError(f"kernel read/wrote index {i} (negative)")
+  return i
+
+def _bitcast(bits, src_format: str, dst_format: str):
+  return struct.unpack(dst_format, struct.pack(src_format, bits))[0]
+
+EMULATOR_HELPERS = ("inf", "nan", "_r32", "_r16", "_rbf16", "_f16_bits", "_bf16_bits", "_H2F", "_BF2F", "_i2f32", "_f2i",
+                    "_fdiv0", "_fmod", "_idiv", "_imod", "_exp2", "_log2", "_sin", "_sqrt", "_pow", "_trunc",
+                    "_check_index", "_bitcast")
+
+# ---------------- rendering ----------------
+
+# memoryview/struct format of each dtype's storage (float16/bfloat16 as their bits)
+PY_FORMATS: dict[DType, str] = {
+  dtypes.bool: "?", dtypes.int8: "b", dtypes.uint8: "B", dtypes.int16: "h", dtypes.uint16: "H", dtypes.int32: "i",
+  dtypes.uint32: "I", dtypes.int64: "q", dtypes.uint64: "Q", dtypes.float16: "H", dtypes.bfloat16: "H",
+  dtypes.float32: "f", dtypes.float64: "d"}
+_FLOAT_ROUNDING = {dtypes.float32: "_r32", dtypes.float16: "_r16", dtypes.bfloat16: "_rbf16"}
+_TRANSCENDENTAL = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.POW})
+# integer ops whose result always fits the dtype (no wraparound needed)
+_INT_IN_RANGE_OPS = frozenset({Ops.AND, Ops.OR, Ops.XOR, Ops.SHR, Ops.MAX, Ops.WHERE, Ops.MOD, Ops.TRUNC}) | GroupOp.Comparison
+# integer ops whose value range the IR proves (kiln.uop.ops.compute_min_max) so wraparound can be skipped
+_RANGE_PROVEN_OPS = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.NEG, Ops.CAST})
+
+def render_py_const(value, dtype: DType) -> str:
+  """A Python literal for `value` rounded to `dtype`."""
+  value = truncate(dtype, value)
+  if dtype == dtypes.bool: return "True" if value else "False"
+  if dtypes.is_int(dtype): return f"({value})" if value < 0 else str(value)
+  if math.isnan(value): return "nan"
+  if math.isinf(value): return "inf" if value > 0 else "(-inf)"
+  return f"({value!r})" if math.copysign(1.0, value) < 0 else repr(value)
+
+def wrap_int(dtype: DType, text: str) -> str:
+  """`text` wrapped around to the range of the integer `dtype`."""
+  mask = (1 << dtype.bitsize) - 1
+  if dtypes.is_unsigned(dtype): return f"(({text})&{mask})"
+  half = 1 << (dtype.bitsize - 1)
+  return f"(((({text})+{half})&{mask})-{half})"
+
+def _range_is_proven(u: UOp) -> bool:
+  lo, hi = dtypes.min(u.dtype), dtypes.max(u.dtype)
+  try: vmin, vmax = u.vmin, u.vmax
+  except Exception: return False
+  return lo <= vmin <= vmax <= hi and (vmin > lo or vmax < hi)
+
+def _infix(symbol: str) -> Callable[[UOp, list[str]], str]:
+  return lambda u, a: f"({a[0]}{symbol}{a[1]})"
+
+def _call(function: str) -> Callable[[UOp, list[str]], str]:
+  return lambda u, a: f"{function}({', '.join(a)})"
+
+def _py_fdiv(u: UOp, a: list[str]) -> str: return f"({a[0]}/{a[1]} if {a[1]} else _fdiv0({a[0]}, {a[1]}))"
+def _py_recip(u: UOp, a: list[str]) -> str: return f"(1.0/{a[0]} if {a[0]} else _fdiv0(1.0, {a[0]}))"
+
+def _nonnegative_by_positive_const(u: UOp) -> bool:
+  try: return u.src[1].op is Ops.CONST and u.src[1].arg > 0 and u.src[0].vmin >= 0
+  except Exception: return False
+
+def _py_idiv(u: UOp, a: list[str]) -> str:
+  return f"({a[0]}//{a[1]})" if _nonnegative_by_positive_const(u) else f"_idiv({a[0]}, {a[1]})"
+
+def _py_mod(u: UOp, a: list[str]) -> str:
+  if dtypes.is_float(u.dtype): return f"_fmod({a[0]}, {a[1]})"
+  return f"({a[0]}%{a[1]})" if _nonnegative_by_positive_const(u) else f"_imod({a[0]}, {a[1]})"
+
+def _py_max(u: UOp, a: list[str]) -> str:
+  if dtypes.is_float(u.dtype): return f"({a[0]} if ({a[0]} != {a[0]} or {a[0]} > {a[1]}) else {a[1]})"
+  return f"({a[0]} if {a[0]} > {a[1]} else {a[1]})"
+
+def _py_cast(u: UOp, a: list[str]) -> str:
+  src, dst, x = u.src[0].dtype, u.dtype, a[0]
+  if src == dst: return x
+  if dst == dtypes.bool: return f"({x} != 0)"
+  if dtypes.is_int(dst):
+    if src == dtypes.bool: return f"int({x})"
+    if dtypes.is_int(src): return x if _range_is_proven(u) else wrap_int(dst, x)
+    return f"_f2i({x}, {dst.bitsize}, {not dtypes.is_unsigned(dst)})"
+  if src == dtypes.bool: return f"float({x})"
+  if dtypes.is_int(src):
+    as_float = f"_i2f32({x})" if src.itemsize == 8 and dst in (dtypes.float32, dtypes.bfloat16) else f"float({x})"
+    return as_float if dst == dtypes.float64 else f"{_FLOAT_ROUNDING[dst]}({as_float})"
+  # float -> float: widening is exact; narrowing rounds (to bfloat16 always through float32, inside _rbf16)
+  if dst == dtypes.float64 or (dst == dtypes.float32 and src != dtypes.float64): return x
+  return f"{_FLOAT_ROUNDING[dst]}({x})"
+
+def _py_bitcast(u: UOp, a: list[str]) -> str:
+  src, dst = u.src[0].dtype, u.dtype
+  if dtypes.bool in (src, dst) or src.itemsize != dst.itemsize:
+    raise TypeError(f"PythonRenderer: cannot BITCAST {src} to {dst} (sizes must match and bool is not allowed)")
+  bits = {dtypes.float16: f"_f16_bits({a[0]})", dtypes.bfloat16: f"_bf16_bits({a[0]})"}.get(src, a[0])
+  text = f"_bitcast({bits}, '<{PY_FORMATS[src]}', '<{PY_FORMATS[dst]}')"
+  return {dtypes.float16: f"_H2F[{text}]", dtypes.bfloat16: f"_BF2F[{text}]"}.get(dst, text)
+
+def _py_trunc(u: UOp, a: list[str]) -> str: return f"_trunc({a[0]})" if dtypes.is_float(u.dtype) else a[0]
+
+# Op -> Python expression from operand expressions (before rounding/wrapping to the result dtype)
+PY_EXPRESSIONS: dict[Ops, Callable[[UOp, list[str]], str]] = {
+  Ops.ADD: _infix("+"), Ops.SUB: _infix("-"), Ops.MUL: _infix("*"), Ops.FDIV: _py_fdiv, Ops.IDIV: _py_idiv,
+  Ops.MOD: _py_mod, Ops.MAX: _py_max, Ops.CMPLT: _infix("<"), Ops.CMPNE: _infix("!="), Ops.CMPEQ: _infix("=="),
+  Ops.AND: _infix("&"), Ops.OR: _infix("|"), Ops.XOR: _infix("^"), Ops.SHL: _infix("<<"), Ops.SHR: _infix(">>"),
+  Ops.POW: _call("_pow"), Ops.EXP2: _call("_exp2"), Ops.LOG2: _call("_log2"), Ops.SIN: _call("_sin"),
+  Ops.SQRT: _call("_sqrt"), Ops.RECIP: _py_recip, Ops.NEG: lambda u, a: f"(-{a[0]})", Ops.TRUNC: _py_trunc,
+  Ops.WHERE: lambda u, a: f"({a[1]} if {a[0]} else {a[2]})", Ops.CAST: _py_cast, Ops.BITCAST: _py_bitcast,
+}
+_VALUE_PREFIX = {Ops.LOAD: "val", Ops.CAST: "cast", Ops.BITCAST: "cast", Ops.DEFINE_ACC: "acc"}
+
+def round_to_dtype(u: UOp, text: str) -> str:
+  """The ALU result `text` of `u` brought into its dtype (rounded, wrapped or made bool) as the C code does."""
+  dtype = u.dtype
+  if dtype == dtypes.bool:
+    return text if u.op in GroupOp.Comparison or u.op in (Ops.AND, Ops.OR, Ops.XOR, Ops.MAX, Ops.WHERE) else f"bool({text})"
+  if dtypes.is_int(dtype):
+    if u.op in _INT_IN_RANGE_OPS or (u.op in _RANGE_PROVEN_OPS and _range_is_proven(u)): return text
+    return wrap_int(dtype, text)
+  if dtype == dtypes.float64 or u.op in EXACT_FLOAT_OPS: return text
+  if dtype == dtypes.float16 and u.op in _TRANSCENDENTAL: text = f"_r32({text})"   # C computes these in float
+  return f"{_FLOAT_ROUNDING[dtype]}({text})"
+
+class PythonRenderer(Renderer):
+  """Renders a linearized kernel as the source of a Python function (plain `for` loops over memoryviews)."""
+  device = "PYTHON"
+  has_local = False
+
+  def render(self, name: str, uops: list[UOp]) -> str:
+    """The Python source of function `name`; see the module docstring for its arguments."""
+    return _PyKernelWriter(kernel_function_name(name), uops).write()
+
+class _PyKernelWriter:
+  """Walks one uop list, naming values and emitting lines."""
+  def __init__(self, name: str, uops: list[UOp]):
+    self.name, self.uops = name, uops
+    self.names: dict[UOp, str] = {}
+    self.lines: list[str] = []
+    self.block_sizes: list[int] = [0]   # statements emitted in each open block (an empty loop body needs `pass`)
+    self.counter = 0
+    self.statements: dict[Ops, Callable[[UOp], None]] = {
+      Ops.RANGE: self._range, Ops.ENDRANGE: self._endrange, Ops.LOAD: self._load, Ops.STORE: self._store,
+      Ops.DEFINE_ACC: self._define_acc, Ops.ASSIGN: self._assign,
+      Ops.CONST: self._nothing, Ops.DEFINE_GLOBAL: self._nothing, Ops.DEFINE_VAR: self._nothing, Ops.SINK: self._nothing}
+
+  def expr(self, u: UOp) -> str:
+    """The Python expression that reads the value of `u` at this point of the kernel."""
+    if u.op is Ops.CONST: return render_py_const(u.arg, u.dtype)
+    if u.op is Ops.DEFINE_GLOBAL: return f"data{u.arg}"
+    if u.op is Ops.DEFINE_VAR: return self.var_names[u]
+    if u not in self.names:
+      raise ValueError(f"PythonRenderer: {u.op.name} is used before it is computed in kernel {self.name}")
+    return self.names[u]
+
+  def index_expr(self, index: UOp) -> str:
+    """The index of a LOAD/STORE, checked against going negative unless the IR proves it cannot."""
+    try: proven = index.vmin >= 0
+    except Exception: proven = False
+    return self.expr(index) if proven else f"_check_index({self.expr(index)})"
+
+  def fresh_name(self, prefix: str) -> str:
+    self.counter += 1
+    return f"{prefix}{self.counter - 1}"
+
+  def emit(self, line: str) -> None:
+    self.lines.append("  " * len(self.block_sizes) + line)
+    self.block_sizes[-1] += 1
+
+  @staticmethod
+  def check_dtype(dtype: DType) -> None:
+    if dtype not in PY_FORMATS: raise TypeError(f"PythonRenderer: dtype {dtype} is not supported")
+
+  def _nothing(self, u: UOp) -> None: pass
+
+  def _range(self, u: UOp) -> None:
+    name = f"ridx{u.arg}" if isinstance(u.arg, int) and u.arg >= 0 else self.fresh_name("ridx_")
+    self.emit(f"for {name} in range({self.expr(u.src[0])}):")
+    self.names[u] = name
+    self.block_sizes.append(0)
+
+  def _endrange(self, u: UOp) -> None:
+    if len(self.block_sizes) <= 1: raise ValueError(f"PythonRenderer: ENDRANGE without an open RANGE in kernel {self.name}")
+    if self.block_sizes[-1] == 0: self.emit("pass")
+    self.block_sizes.pop()
+
+  def _load(self, u: UOp) -> None:
+    self.check_dtype(u.dtype)
+    read = f"{self.expr(u.src[0])}[{self.index_expr(u.src[1])}]"
+    if u.dtype == dtypes.float16: read = f"_H2F[{read}]"
+    elif u.dtype == dtypes.bfloat16: read = f"_BF2F[{read}]"
+    if len(u.src) == 3: read = f"({read} if {self.expr(u.src[2])} else {render_py_const(0, u.dtype)})"
+    name = self.names[u] = self.fresh_name("val")
+    self.emit(f"{name} = {read}")
+
+  def _store(self, u: UOp) -> None:
+    buf, index, value = u.src[:3]
+    self.check_dtype(value.dtype)
+    written = self.expr(value)
+    if value.dtype == dtypes.float16: written = f"_f16_bits({written})"
+    elif value.dtype == dtypes.bfloat16: written = f"_bf16_bits({written})"
+    line = f"{self.expr(buf)}[{self.index_expr(index)}] = {written}"
+    self.emit(f"if {self.expr(u.src[3])}: {line}" if len(u.src) == 4 else line)
+
+  def _define_acc(self, u: UOp) -> None:
+    self.check_dtype(u.dtype)
+    name = self.names[u] = self.fresh_name("acc")
+    self.emit(f"{name} = {self.expr(u.src[0])}")
+
+  def _assign(self, u: UOp) -> None:
+    target, value = u.src
+    if target.op is not Ops.DEFINE_ACC:
+      raise ValueError(f"PythonRenderer: ASSIGN must target a DEFINE_ACC, got {target.op}")
+    self.emit(f"{self.expr(target)} = {self.expr(value)}")
+    self.names[u] = self.expr(target)
+
+  def _value(self, u: UOp) -> None:
+    for dtype in (u.dtype, *(s.dtype for s in u.src)): self.check_dtype(dtype)
+    text = PY_EXPRESSIONS[u.op](u, [self.expr(s) for s in u.src])
+    if u.op in GroupOp.ALU:
+      check_alu_dtypes("PythonRenderer", u)
+      text = round_to_dtype(u, text)
+    name = self.names[u] = self.fresh_name(_VALUE_PREFIX.get(u.op, "alu"))
+    self.emit(f"{name} = {text}")
+
+  def write(self) -> str:
+    """The whole source: helper import, signature, buffer views and body."""
+    buffers, variables = kernel_signature(self.uops)
+    self.var_names = {v: f"var{i}" for i, v in enumerate(variables)}
+    for b in buffers:
+      self.check_dtype(b.dtype)
+      self.emit(f"data{b.arg} = buf{b.arg}.cast('{PY_FORMATS[b.dtype]}')")
+    for u in self.uops:
+      handler = self.statements.get(u.op)
+      if handler is not None: handler(u)
+      elif u.op in PY_EXPRESSIONS: self._value(u)
+      else: raise NotImplementedError(f"PythonRenderer: cannot render {u.op} (kernel {self.name}); see docs/ir.md stage 4")
+    if len(self.block_sizes) != 1:
+      raise ValueError(f"PythonRenderer: kernel {self.name} leaves {len(self.block_sizes) - 1} RANGE(s) unclosed")
+    if self.block_sizes[0] == 0: self.emit("pass")
+    params = [f"buf{b.arg}" for b in buffers] + [self.var_names[v] for v in variables]
+    header = f"from kiln.renderer.python import {', '.join(EMULATOR_HELPERS)}"
+    return "\n".join([header, "", f"def {self.name}({', '.join(params)}):", *self.lines, ""])

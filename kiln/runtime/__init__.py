@@ -1,0 +1,1 @@
+"""Device runtimes: one `ops_<name>.py` module per device, each defining a `<NAME>Device(Compiled)` class."""

@@ -1,0 +1,78 @@
+"""The CPU device: kernels rendered to C, compiled to a shared library with clang/gcc, run through ctypes."""
+from __future__ import annotations
+import ctypes, functools, os, platform, re, shlex, shutil, subprocess, tempfile, time
+from kiln.device import Compiled, Compiler, CompileError, HostAllocator
+from kiln.helpers import CC, CFLAGS
+from kiln.renderer import kernel_function_name
+from kiln.renderer.cstyle import CRenderer
+
+# always on: no FMA contraction (results must match the reference bit for bit), no errno from libm, wrapping signed ints
+BASE_FLAGS = ("-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno", "-fwrapv", "-fno-strict-aliasing", "-march=native")
+
+def find_c_compiler() -> str:
+  """The C compiler to use: the CC setting if set, else clang if on PATH, else gcc, else cc."""
+  if CC.value: return CC.value
+  for candidate in ("clang", "gcc", "cc"):
+    if shutil.which(candidate): return candidate
+  raise CompileError("no C compiler found: install clang or gcc, or set CC=/path/to/compiler")
+
+@functools.cache
+def _host_cpu_id() -> str:
+  """What -march=native depends on, for the cache key (a cache dir may be shared between machines)."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      lines = [line for line in f if line.startswith(("model name", "flags"))]
+    return platform.machine() + "".join(sorted(set(lines)))
+  except OSError: return platform.machine() + platform.processor()
+
+class ClangCompiler(Compiler):
+  """C source -> shared library bytes, with `CC` (see find_c_compiler) and `CFLAGS` + BASE_FLAGS."""
+  def command(self) -> list[str]:
+    """The compiler and flags (without file names), read from the current settings."""
+    return [find_c_compiler(), *shlex.split(str(CFLAGS.value)), *BASE_FLAGS, "-lm"]
+
+  def cache_key(self) -> str:
+    """Class name, compiler command and host CPU (because of -march=native)."""
+    return f"{type(self).__name__} {' '.join(self.command())} {_host_cpu_id()}"
+
+  def compile(self, src: str) -> bytes:
+    """Compile `src` to the bytes of a shared library; CompileError (naming the kernel) on failure."""
+    match = re.search(r"\bvoid\s+(\w+)\s*\(", src)
+    kernel = match.group(1) if match else "<unnamed kernel>"
+    command = self.command()
+    with tempfile.TemporaryDirectory(prefix="kiln_cc_") as tmp:
+      src_path, lib_path = os.path.join(tmp, f"{kernel}.c"), os.path.join(tmp, f"{kernel}.so")
+      with open(src_path, "w") as f: f.write(src)
+      try: result = subprocess.run([*command, "-o", lib_path, src_path], capture_output=True, text=True)
+      except OSError as e: raise CompileError(f"compiling kernel {kernel}: could not run {command[0]!r}: {e}") from None
+      if result.returncode != 0:
+        raise CompileError(f"compiling kernel {kernel} failed ({' '.join(command)}, exit code {result.returncode}):\n"
+                           f"{result.stderr.strip()}")
+      with open(lib_path, "rb") as f: return f.read()
+
+class CPUProgram:
+  """A compiled kernel loaded from shared-library bytes. Call as `prg(*buffer_handles, vals=(...), wait=False)`."""
+  def __init__(self, name: str, lib: bytes):
+    self.name = kernel_function_name(name)
+    with tempfile.NamedTemporaryFile(prefix=f"kiln_{self.name}_", suffix=".so", delete=False) as f:
+      f.write(lib)
+    try: self.lib = ctypes.CDLL(f.name)
+    finally: os.unlink(f.name)   # the mapping stays valid after the file is gone
+    try: self.fxn = getattr(self.lib, self.name)
+    except AttributeError: raise RuntimeError(f"the compiled library has no function {self.name!r}") from None
+    self.fxn.restype = None
+    self._arg_counts: tuple[int, int] | None = None
+
+  def __call__(self, *bufs, vals: tuple[int, ...] = (), wait: bool = False) -> float | None:
+    """Run the kernel on host buffers `bufs` with integer arguments `vals`; with wait=True return elapsed seconds."""
+    if self._arg_counts != (len(bufs), len(vals)):
+      self.fxn.argtypes = [ctypes.c_void_p] * len(bufs) + [ctypes.c_int] * len(vals)
+      self._arg_counts = (len(bufs), len(vals))
+    start = time.perf_counter() if wait else 0.0
+    self.fxn(*[b.ctypes.data for b in bufs], *vals)
+    return time.perf_counter() - start if wait else None
+
+class CPUDevice(Compiled):
+  """Host memory, C kernels compiled by clang/gcc."""
+  def __init__(self, device: str = "CPU"):
+    super().__init__(device, HostAllocator(), CRenderer(), ClangCompiler(), CPUProgram)

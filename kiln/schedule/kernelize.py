@@ -1,0 +1,208 @@
+"""The scheduler: cuts a tensor graph into kernels.
+
+Buffers are materialized at the realized roots, `contiguous()`, `assign`, device copies, and at reductions whose
+result is broadcast, shared, or fed into another reduction. Everything else is fused: elementwise chains into one
+kernel, elementwise producers into the reduction that consumes them, and a reduction into its elementwise
+consumer when the consumer only reshapes or permutes the reduced result.
+"""
+from __future__ import annotations
+from dataclasses import dataclass, field
+from kiln.dtype import DType, dtypes
+from kiln.device import Buffer
+from kiln.helpers import SPEC
+from kiln.uop.spec import check_tensor_graph
+from kiln.schedule.memory import plan_memory
+from kiln.uop.ops import UOp, Ops, GroupOp, toposort
+from kiln.uop.pattern import substitute
+
+# movement ops that visit every element exactly once: a reduction seen through them can stay in registers
+BIJECTIVE = frozenset({Ops.RESHAPE, Ops.PERMUTE, Ops.FLIP})
+PASS_THROUGH = frozenset({Ops.DETACH, Ops.CONTIGUOUS_BACKWARD})
+
+@dataclass
+class ScheduleItem:
+  """One unit of work: a kernel (`ast` is a SINK of STOREs) or a copy (`ast` is a COPY), over `bufs` (output first)."""
+  ast: UOp
+  bufs: list[Buffer]
+  metadata: tuple[str, ...] = ()
+  var_vals: dict = field(default_factory=dict)
+
+def resolve(u: UOp) -> UOp:
+  """Follow a node that was realized earlier to the view of its buffer."""
+  while u.forward is not None: u = u.forward
+  return u
+
+def buffer_view(buf_uop: UOp, shape: tuple[int, ...]) -> UOp:
+  """The tensor-level node reading a contiguous buffer as `shape`."""
+  return UOp(Ops.RESHAPE, buf_uop.dtype, (buf_uop,), tuple(shape))
+
+def is_realized_view(u: UOp) -> bool:
+  """Movement ops over a realized BUFFER: reading it needs no kernel."""
+  return u.base.op is Ops.BUFFER
+
+def _consumers(nodes: list[UOp]) -> dict[UOp, list[UOp]]:
+  users: dict[UOp, list[UOp]] = {n: [] for n in nodes}
+  for n in nodes:
+    for s in n.src:
+      if n not in users[s]: users[s].append(n)
+  return users
+
+def _reduce_fuses_upward(reduce: UOp, users: dict[UOp, list[UOp]], outputs: set[UOp]) -> bool:
+  """A reduction stays inside its consumer's kernel when every path from it runs through elementwise ops and
+  bijective movement ops into one and the same kernel output (a plain elementwise or reshaped store)."""
+  reached: set[UOp] = set()
+  stack, seen = [reduce], {reduce}
+  while stack:
+    node = stack.pop()
+    if node in outputs and node is not reduce:
+      reached.add(node)
+      continue
+    if node is not reduce and not (node.op in GroupOp.Elementwise or node.op in BIJECTIVE): return False
+    if not users[node] and node not in outputs: return False
+    for user in users[node]:
+      if user not in seen:
+        seen.add(user)
+        stack.append(user)
+  if len(reached) != 1: return False
+  target = next(iter(reached))
+  return target.op in GroupOp.Elementwise or target.op in BIJECTIVE or target.op in (Ops.CONTIGUOUS, Ops.ASSIGN)
+
+def _prepare(roots: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp]]:
+  """Replace realized nodes by their buffers and drop DETACH/CONTIGUOUS_BACKWARD."""
+  mapping: dict[UOp, UOp] = {}
+  for node in toposort(roots, stop=lambda u: u.forward is not None):
+    if node.forward is not None: mapping[node] = resolve(node)
+    elif node.op in PASS_THROUGH: mapping[node] = mapping.get(node.src[0], node.src[0])
+  if not mapping: return roots, {}
+  sink = substitute(UOp(Ops.SINK, dtypes.void, tuple(roots)), _transitive(mapping))
+  return list(sink.src), mapping
+
+def _transitive(mapping: dict[UOp, UOp]) -> dict[UOp, UOp]:
+  out = {}
+  for k, v in mapping.items():
+    while v in mapping and mapping[v] is not v: v = mapping[v]
+    out[k] = v
+  return out
+
+def create_schedule(roots: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
+  """Kernels that realize `roots`, in run order, and a map from each root to the node that now holds its value."""
+  original_roots = roots
+  roots, _ = _prepare(roots)
+  if SPEC: check_tensor_graph(roots)
+  nodes = toposort(roots)
+  users = _consumers(nodes)
+
+  # 1. where buffers are materialized
+  outputs: set[UOp] = set()
+  for r in roots:
+    if not is_realized_view(r): outputs.add(r)
+  for n in nodes:
+    if n.op in (Ops.CONTIGUOUS, Ops.ASSIGN, Ops.COPY): outputs.add(n)
+    if n.op is Ops.COPY and not is_realized_view(n.src[0]): outputs.add(n.src[0])
+    if n.op is Ops.BUFFER and n.buffer is None: raise RuntimeError(f"schedule: buffer {n.arg} has no storage")
+  for n in nodes:
+    if n.op is Ops.ASSIGN:
+      target_buf = n.src[0].base
+      reads_target_elsewhere = any(m.op is Ops.BUFFER and m is target_buf for m in _inputs_excluding(n.src[1], n.src[0]))
+      if reads_target_elsewhere and n.src[1] not in outputs and not is_realized_view(n.src[1]): outputs.add(n.src[1])
+  # a reduction that cannot stay in its consumer's registers gets its own buffer
+  for n in nodes:
+    if n.op is Ops.REDUCE_AXIS and n not in outputs and not _reduce_fuses_upward(n, users, outputs): outputs.add(n)
+
+  # 2. a buffer for every output; assign writes into its target's buffer
+  buffer_of: dict[UOp, UOp] = {}
+  for n in nodes:
+    if n not in outputs: continue
+    if n.op is Ops.ASSIGN: buffer_of[n] = n.src[0].base
+    else:
+      device = n.device
+      buffer_of[n] = UOp.new_buffer(device, n.size, n.dtype)
+      buffer_of[n].buffer = Buffer(device, n.size, n.dtype)
+
+  # 3. one kernel (or copy) per output, reading other outputs through views of their buffers
+  views = {n: buffer_view(buffer_of[n], n.shape) for n in outputs}
+  items: list[tuple[UOp, ScheduleItem]] = []
+  for n in nodes:
+    if n not in outputs: continue
+    out_buf = buffer_of[n]
+    if n.op is Ops.COPY:
+      src = views.get(n.src[0], n.src[0])
+      items.append((n, ScheduleItem(UOp(Ops.COPY, n.dtype, (), n.arg), [out_buf.buffer, src.base.buffer])))
+      continue
+    value = n.src[1] if n.op is Ops.ASSIGN else (n.src[0] if n.op is Ops.CONTIGUOUS else n)
+    inner_views = {o: v for o, v in views.items() if o is not n}
+    value = substitute(value, inner_views) if inner_views else value
+    if n.op is Ops.ASSIGN and value.op is Ops.RESHAPE and value.src[0] is out_buf: continue   # x.assign(x)
+    if n.size == 0: continue
+    items.append((n, _make_kernel(out_buf, value, n)))
+
+  ordered = _order(items, buffer_of)
+  root_set = set(roots)
+  intermediates = {id(buffer_of[n].buffer) for n in outputs if n not in root_set and n.op is not Ops.ASSIGN}
+  plan_memory(ordered, intermediates)
+  result_map = {orig: _result_node(r, buffer_of) for orig, r in zip(original_roots, roots)}
+  return ordered, result_map
+
+def _inputs_excluding(value: UOp, target_view: UOp) -> list[UOp]:
+  """Nodes read by `value`, not counting reads through exactly `target_view` (which an in-place update may do)."""
+  return toposort([value], stop=lambda u: u is target_view)[:-1] if value is not target_view else []
+
+def _result_node(root: UOp, buffer_of: dict[UOp, UOp]) -> UOp:
+  if root in buffer_of:
+    buf = buffer_of[root]
+    if root.op is Ops.ASSIGN:
+      # a new identity for the updated buffer, so nodes built on the old contents never look realized
+      fresh = UOp.new_buffer(buf.arg[1], buf.arg[2], buf.dtype)
+      fresh.buffer = buf.buffer
+      return substitute(root.src[0], {buf: fresh})
+    return buffer_view(buf, root.shape)
+  return root
+
+def _make_kernel(out_buf: UOp, value: UOp, node: UOp) -> ScheduleItem:
+  """A kernel AST whose buffers are numbered parameters, so equal computations share one compiled program."""
+  params: dict[UOp, UOp] = {out_buf: UOp(Ops.DEFINE_GLOBAL, out_buf.dtype, (), 0)}
+  bufs = [out_buf.buffer]
+  metadata: list[str] = []
+  for m in toposort([value]):
+    if m.op is Ops.BUFFER and m not in params:
+      # the RESHAPE keeps the (size,) shape a BUFFER has and a DEFINE_GLOBAL lacks
+      params[m] = UOp(Ops.RESHAPE, m.dtype, (UOp(Ops.DEFINE_GLOBAL, m.dtype, (), len(bufs)),), (m.arg[2],))
+      bufs.append(m.buffer)
+    if m.meta and m.meta not in metadata: metadata.append(m.meta)
+  # a buffer that appears as both output and input (in-place assign) keeps parameter 0
+  out_param = params.pop(out_buf)
+  if out_buf in _buffers_read(value): params[out_buf] = UOp(Ops.RESHAPE, out_buf.dtype, (out_param,), (out_buf.arg[2],))
+  value = substitute(value, params)
+  if value.dtype != out_buf.dtype: value = value.cast(out_buf.dtype)
+  ast = UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (out_param, value)),))
+  return ScheduleItem(ast, bufs, tuple(metadata))
+
+def _buffers_read(value: UOp) -> set[UOp]: return {m for m in toposort([value]) if m.op is Ops.BUFFER}
+
+def _order(items: list[tuple[UOp, ScheduleItem]], buffer_of: dict[UOp, UOp]) -> list[ScheduleItem]:
+  """Run order: producers before consumers, and every read of a buffer before an assign overwrites it."""
+  writer_of = {}
+  for i, (node, item) in enumerate(items): writer_of.setdefault(id(item.bufs[0]), []).append(i)
+  deps: list[set[int]] = [set() for _ in items]
+  for i, (node, item) in enumerate(items):
+    for b in item.bufs[1:]:
+      for w in writer_of.get(id(b), []):
+        if w == i: continue
+        if items[w][0].op is Ops.ASSIGN and not _depends_on(node, items[w][0]): deps[w].add(i)   # read old, then assign
+        else: deps[i].add(w)
+  order, state = [], [0] * len(items)
+  for start in range(len(items)):
+    stack = [(start, False)]
+    while stack:
+      i, done = stack.pop()
+      if done:
+        if state[i] != 2: state[i] = 2; order.append(items[i][1])
+        continue
+      if state[i]: continue
+      state[i] = 1
+      stack.append((i, True))
+      stack.extend((d, False) for d in deps[i] if not state[d])
+  return order
+
+def _depends_on(node: UOp, other: UOp) -> bool:
+  return other in set(toposort([node]))

@@ -1,0 +1,941 @@
+"""Tensor: the lazy, PyTorch-like front end. Every op builds UOps; work happens at realize()."""
+from __future__ import annotations
+import math, weakref, itertools
+from contextlib import contextmanager
+from typing import Any, Iterable, Sequence
+import numpy as np
+from kiln.dtype import DType, dtypes, least_upper_dtype, to_dtype, to_numpy_dtype, from_numpy_dtype
+from kiln.helpers import prod, argsort, user_frame_location, TRACEBACK_SOURCE, all_same
+from kiln.uop.ops import UOp, Ops
+from kiln.device import Device, Buffer
+from kiln.gradient import compute_gradient
+
+class TensorIndexError(IndexError, ValueError):
+  """An index outside a tensor's shape (both an IndexError and a ValueError)."""
+
+def _where() -> str:
+  loc = user_frame_location()
+  return f" (at {loc})" if loc else ""
+
+def _fmt(shape) -> str: return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+
+def _canonical_device(device: str | None) -> str:
+  return Device.canonicalize(device) if device is not None else Device.DEFAULT
+
+def _broadcast_shape(op: str, *shapes: tuple[int, ...]) -> tuple[int, ...]:
+  ndim = max(len(s) for s in shapes)
+  padded = [(1,) * (ndim - len(s)) + tuple(s) for s in shapes]
+  out = []
+  for sizes in zip(*padded):
+    non_one = {s for s in sizes if s != 1}
+    if len(non_one) > 1:
+      raise ValueError(f"{op}: shapes {' and '.join(_fmt(s) for s in shapes)} cannot be broadcast together{_where()}")
+    out.append(non_one.pop() if non_one else 1)
+  return tuple(out)
+
+_requires_grad_tensors: weakref.WeakSet = weakref.WeakSet()
+_all_tensors: weakref.WeakSet = weakref.WeakSet()
+
+class Tensor:
+  """A lazy n-dimensional array with autograd.
+
+  >>> from kiln import Tensor
+  >>> (Tensor([1.0, 2.0, 3.0]) * 2).tolist()
+  [2.0, 4.0, 6.0]
+  """
+  __slots__ = ("uop", "_requires_grad", "grad", "__weakref__")
+  training: bool = False
+  no_grad: bool = False
+  _seed: int = 0
+  _rng_counter: int = 0
+
+  def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None, requires_grad: bool | None = None):
+    dtype = to_dtype(dtype) if dtype is not None else None
+    self.grad: Tensor | None = None
+    self._requires_grad = None
+    if isinstance(data, UOp):
+      uop = data
+    elif isinstance(data, Tensor):
+      uop = data.uop
+    else:
+      device = _canonical_device(device)
+      if isinstance(data, (bool, int, float)) and not isinstance(data, np.generic):
+        dt = dtype or dtypes.from_py(data)
+        uop = UOp.const(dt, data, device)
+      else:
+        if isinstance(data, (bytes, bytearray, memoryview)): arr = np.frombuffer(bytes(data), np.uint8)
+        elif isinstance(data, np.ndarray) or isinstance(data, np.generic): arr = np.asarray(data)
+        elif isinstance(data, (list, tuple)): arr = _array_from_list(data, dtype)
+        else: raise TypeError(f"Tensor: cannot make a tensor from {type(data).__name__}{_where()}")
+        uop = _uop_from_numpy(arr, device, dtype)
+    if device is not None and isinstance(data, (UOp, Tensor)) and uop.device != _canonical_device(device):
+      uop = uop.copy_to(_canonical_device(device))
+    if dtype is not None and uop.dtype != dtype: uop = uop.cast(dtype)
+    self.uop = uop
+    if requires_grad is not None: self.requires_grad = requires_grad
+    _all_tensors.add(self)
+
+  @staticmethod
+  def _wrap(uop: UOp, name: str = "") -> Tensor:
+    """A Tensor around a freshly built node, recording the user's source line on it."""
+    t = Tensor.__new__(Tensor)
+    t.uop, t.grad, t._requires_grad = uop, None, None
+    if TRACEBACK_SOURCE and uop.meta is None: uop.meta = f"{name} {user_frame_location()}".strip()
+    return t
+
+  # ---------------- properties ----------------
+  @property
+  def shape(self) -> tuple[int, ...]: return self.uop.shape
+  @property
+  def dtype(self) -> DType: return self.uop.dtype
+  @property
+  def device(self) -> str: return self.uop.device
+  @property
+  def ndim(self) -> int: return len(self.shape)
+  def numel(self) -> int: return prod(self.shape)
+  def element_size(self) -> int: return self.dtype.itemsize
+  def nbytes(self) -> int: return self.numel() * self.element_size()
+  def __len__(self) -> int:
+    if not self.shape: raise TypeError("len() of a 0-d tensor")
+    return self.shape[0]
+  @property
+  def requires_grad(self) -> bool | None: return self._requires_grad
+  @requires_grad.setter
+  def requires_grad(self, value: bool | None) -> None:
+    self._requires_grad = value
+    if value: _requires_grad_tensors.add(self)
+    else: _requires_grad_tensors.discard(self)
+  def requires_grad_(self, value: bool = True) -> Tensor:
+    self.requires_grad = value
+    return self
+  def __repr__(self) -> str:
+    return f"<Tensor shape={self.shape} dtype={self.dtype} device={self.device!r}{' realized' if self.uop.base.op is Ops.BUFFER else ''}>"
+  def __hash__(self) -> int: return id(self)
+  def __bool__(self) -> bool:
+    if self.numel() != 1: raise RuntimeError(f"bool: a tensor of shape {_fmt(self.shape)} has no single truth value{_where()}")
+    return bool(self.item())
+
+  # ---------------- realizing ----------------
+  def realize(self, *others: Tensor) -> Tensor:
+    """Run the pending computation of this tensor (and `others`) now. Returns self."""
+    Tensor.realize_all([self, *others])
+    return self
+
+  @staticmethod
+  def realize_all(tensors: Sequence[Tensor]) -> None:
+    from kiln.schedule.kernelize import create_schedule
+    from kiln.engine.realize import run_schedule
+    todo = [t for t in tensors if not t.uop.base.op is Ops.BUFFER]
+    if not todo: return
+    items, results = create_schedule([t.uop for t in todo])
+    run_schedule(items)
+    for t in todo:
+      old, new = t.uop, results[t.uop]
+      if new is not old:
+        if old.op is not Ops.ASSIGN: old.forward = new
+        t.uop = new
+
+  def schedule(self, *others: Tensor) -> list:
+    """The kernels that realizing this tensor would run (nothing runs)."""
+    from kiln.schedule.kernelize import create_schedule
+    return create_schedule([t.uop for t in (self, *others)])[0]
+
+  def _buffer(self) -> Buffer:
+    """The realized buffer holding exactly this tensor's elements in row-major order."""
+    self.realize()
+    uop = self.uop
+    if not (uop.op is Ops.RESHAPE and uop.src[0].op is Ops.BUFFER or uop.op is Ops.BUFFER) or uop.base.size != self.numel():
+      uop = self.contiguous().realize().uop
+    buf = uop.base.buffer
+    return buf.allocate()
+
+  def numpy(self) -> np.ndarray:
+    """The values as a NumPy array (realizes). bfloat16 comes back as float32."""
+    if self.numel() == 0:
+      return np.zeros(self.shape, dtype=np.float32 if self.dtype == dtypes.bfloat16 else to_numpy_dtype(self.dtype))
+    return self._buffer().numpy().reshape(self.shape)
+
+  def data(self) -> memoryview:
+    """The raw values as a typed memoryview (realizes)."""
+    return memoryview(self.numpy())
+
+  def item(self) -> int | float | bool:
+    """The single value of a one-element tensor."""
+    if self.numel() != 1: raise ValueError(f"item: a tensor of shape {_fmt(self.shape)} has {self.numel()} elements, not 1{_where()}")
+    return self.numpy().reshape(()).item()
+
+  def tolist(self) -> Any:
+    """The values as nested Python lists (a scalar for a 0-d tensor)."""
+    return self.numpy().tolist()
+
+  # ---------------- creation ----------------
+  @staticmethod
+  def empty(*shape, device: str | None = None, dtype: DType | str | None = None, **kwargs) -> Tensor:
+    """An uninitialized tensor."""
+    shape, dtype, device = _shape_arg(shape), to_dtype(dtype or dtypes.default_float), _canonical_device(device)
+    buf = UOp.new_buffer(device, prod(shape), dtype)
+    buf.buffer = Buffer(device, prod(shape), dtype)
+    return Tensor(buf.reshape(shape), **kwargs)
+
+  @staticmethod
+  def full(shape, fill_value, device: str | None = None, dtype: DType | str | None = None, **kwargs) -> Tensor:
+    """A tensor of `shape` filled with `fill_value`."""
+    shape = _shape_arg((shape,) if isinstance(shape, int) else tuple(shape))
+    dtype = to_dtype(dtype) if dtype is not None else dtypes.from_py(fill_value)
+    const = UOp.const(dtype, fill_value, _canonical_device(device))
+    return Tensor(const.reshape((1,) * len(shape)).expand(shape), **kwargs)
+
+  @staticmethod
+  def zeros(*shape, **kwargs) -> Tensor:
+    """A tensor of zeros."""
+    return Tensor.full(_shape_arg(shape), 0.0, **{"dtype": dtypes.default_float, **kwargs})
+
+  @staticmethod
+  def ones(*shape, **kwargs) -> Tensor:
+    """A tensor of ones."""
+    return Tensor.full(_shape_arg(shape), 1.0, **{"dtype": dtypes.default_float, **kwargs})
+
+  def full_like(self, fill_value, **kwargs) -> Tensor:
+    return Tensor.full(self.shape, fill_value, **{"dtype": self.dtype, "device": self.device, **kwargs})
+  def zeros_like(self, **kwargs) -> Tensor: return self.full_like(0, **kwargs)
+  def ones_like(self, **kwargs) -> Tensor: return self.full_like(1, **kwargs)
+
+  @staticmethod
+  def arange(start, stop=None, step=1, device: str | None = None, dtype: DType | str | None = None, **kwargs) -> Tensor:
+    """Values from `start` up to (not including) `stop` by `step`, like torch.arange."""
+    if stop is None: start, stop = 0, start
+    if step == 0: raise ValueError(f"arange: step must not be 0{_where()}")
+    count = max(0, math.ceil((stop - start) / step))
+    dtype = to_dtype(dtype) if dtype is not None else dtypes.from_py([start, stop, step])
+    iota = Tensor(UOp(Ops.IOTA, dtypes.int32, (UOp(Ops.DEVICE, arg=_canonical_device(device)),), count))
+    return Tensor((iota.cast(dtype) * step + start).cast(dtype).uop, **kwargs)
+
+  @staticmethod
+  def linspace(start, stop, steps: int, **kwargs) -> Tensor:
+    """`steps` evenly spaced values from `start` to `stop` inclusive."""
+    if steps == 1: return Tensor.full((1,), float(start), **kwargs)
+    dtype = to_dtype(kwargs.pop("dtype", dtypes.default_float))
+    return (Tensor.arange(steps, **kwargs).cast(dtypes.float32) * ((stop - start) / (steps - 1)) + start).cast(dtype)
+
+  @staticmethod
+  def eye(n: int, m: int | None = None, **kwargs) -> Tensor:
+    """An n x m identity matrix."""
+    m = n if m is None else m
+    dtype = kwargs.pop("dtype", dtypes.default_float)
+    rows, cols = Tensor.arange(n, **kwargs).reshape(n, 1), Tensor.arange(m, **kwargs).reshape(1, m)
+    return (rows == cols).cast(dtype)
+
+  @staticmethod
+  def manual_seed(seed: int = 0) -> None:
+    """Make the random functions reproducible: the same seed gives the same numbers on every device."""
+    Tensor._seed, Tensor._rng_counter = int(seed), 0
+
+  @staticmethod
+  def _random_bits(count: int, device: str) -> Tensor:
+    """`count` pseudo-random uint32 values from a counter-based hash of (seed, counter, position)."""
+    offset = Tensor._rng_counter
+    Tensor._rng_counter += count
+    key = _mix32((Tensor._seed * 0x9E3779B9 + 0x7F4A7C15) & 0xFFFFFFFF)
+    pos = Tensor(UOp(Ops.IOTA, dtypes.int32, (UOp(Ops.DEVICE, arg=device),), count)).cast(dtypes.uint32)
+    x = (pos + (offset & 0xFFFFFFFF)) ^ key
+    for _ in range(2):
+      x = x ^ (x >> 16)
+      x = x * 0x7FEB352D
+      x = x ^ (x >> 15)
+      x = x * 0x846CA68B
+      x = x ^ (x >> 16)
+    return x
+
+  @staticmethod
+  def rand(*shape, device: str | None = None, dtype: DType | str | None = None, **kwargs) -> Tensor:
+    """Uniform random values in [0, 1)."""
+    shape, device = _shape_arg(shape), _canonical_device(device)
+    dtype = to_dtype(dtype or dtypes.default_float)
+    bits = Tensor._random_bits(prod(shape), device)
+    values = (bits >> 8).cast(dtypes.float32) * (1.0 / (1 << 24))
+    return Tensor(values.reshape(shape).cast(dtype).uop, **kwargs)
+
+  @staticmethod
+  def randn(*shape, dtype: DType | str | None = None, **kwargs) -> Tensor:
+    """Standard normal random values (Box-Muller)."""
+    shape = _shape_arg(shape)
+    requires_grad = kwargs.pop("requires_grad", None)
+    u = Tensor.rand(2, *shape, **kwargs)
+    radius = (-2.0 * (1.0 - u[0]).log()).sqrt()
+    out = (radius * (u[1] * (2 * math.pi)).cos()).cast(to_dtype(dtype or dtypes.default_float))
+    return Tensor(out.uop, requires_grad=requires_grad)
+
+  @staticmethod
+  def uniform(*shape, low=0.0, high=1.0, **kwargs) -> Tensor:
+    """Uniform random values in [low, high)."""
+    dtype, requires_grad = kwargs.pop("dtype", dtypes.default_float), kwargs.pop("requires_grad", None)
+    out = (Tensor.rand(*shape, **kwargs) * (high - low) + low).cast(dtype)
+    return Tensor(out.uop, requires_grad=requires_grad)
+
+  @staticmethod
+  def normal(*shape, mean=0.0, std=1.0, **kwargs) -> Tensor:
+    """Normal random values with `mean` and `std`."""
+    requires_grad = kwargs.pop("requires_grad", None)
+    return Tensor((Tensor.randn(*shape, **kwargs) * std + mean).uop, requires_grad=requires_grad)
+
+  @staticmethod
+  def scaled_uniform(*shape, **kwargs) -> Tensor:
+    """Uniform in [-1, 1) scaled by 1/sqrt(numel)."""
+    shape = _shape_arg(shape)
+    return Tensor.uniform(*shape, low=-1.0, high=1.0, **kwargs) * (prod(shape) ** -0.5)
+
+  @staticmethod
+  def glorot_uniform(*shape, **kwargs) -> Tensor:
+    """Glorot/Xavier uniform initialization."""
+    shape = _shape_arg(shape)
+    bound = math.sqrt(6 / (shape[0] + prod(shape[1:])))
+    return Tensor.uniform(*shape, low=-bound, high=bound, **kwargs)
+
+  @staticmethod
+  def kaiming_uniform(*shape, a: float = 0.01, **kwargs) -> Tensor:
+    """Kaiming/He uniform initialization (fan-in mode)."""
+    shape = _shape_arg(shape)
+    bound = math.sqrt(3.0) * math.sqrt(2.0 / (1 + a ** 2)) / math.sqrt(prod(shape[1:]))
+    return Tensor.uniform(*shape, low=-bound, high=bound, **kwargs)
+
+  @staticmethod
+  def kaiming_normal(*shape, a: float = 0.01, **kwargs) -> Tensor:
+    """Kaiming/He normal initialization (fan-in mode)."""
+    shape = _shape_arg(shape)
+    std = math.sqrt(2.0 / (1 + a ** 2)) / math.sqrt(prod(shape[1:]))
+    return Tensor.normal(*shape, mean=0.0, std=std, **kwargs)
+
+  def rand_like(self, **kwargs) -> Tensor: return Tensor.rand(*self.shape, **{"device": self.device, "dtype": self.dtype, **kwargs})
+  def randn_like(self, **kwargs) -> Tensor: return Tensor.randn(*self.shape, **{"device": self.device, "dtype": self.dtype, **kwargs})
+
+  # ---------------- conversion ----------------
+  def cast(self, dtype: DType | str) -> Tensor:
+    """The values converted to `dtype` (floats to ints truncate toward zero)."""
+    dtype = to_dtype(dtype)
+    return self if self.dtype == dtype else Tensor._wrap(self.uop.cast(dtype), "cast")
+  def bitcast(self, dtype: DType | str) -> Tensor:
+    """The same bits read as `dtype` (same item size)."""
+    dtype = to_dtype(dtype)
+    if dtype.itemsize != self.dtype.itemsize:
+      raise ValueError(f"bitcast: {self.dtype} and {dtype} differ in size{_where()}")
+    return Tensor._wrap(UOp(Ops.BITCAST, dtype, (self.uop,)), "bitcast")
+  def float(self) -> Tensor: return self.cast(dtypes.float32)
+  def half(self) -> Tensor: return self.cast(dtypes.float16)
+  def double(self) -> Tensor: return self.cast(dtypes.float64)
+  def bfloat16(self) -> Tensor: return self.cast(dtypes.bfloat16)
+  def int(self) -> Tensor: return self.cast(dtypes.int32)
+  def long(self) -> Tensor: return self.cast(dtypes.int64)
+  def short(self) -> Tensor: return self.cast(dtypes.int16)
+  def bool(self) -> Tensor: return self.cast(dtypes.bool)
+
+  def to(self, device: str | None) -> Tensor:
+    """This tensor on `device` (a lazy copy; the same tensor if already there)."""
+    device = _canonical_device(device)
+    if device == self.device: return self
+    out = Tensor._wrap(self.uop.copy_to(device), "to")
+    out._requires_grad = self._requires_grad
+    return out
+  def to_(self, device: str | None) -> Tensor:
+    """Move this tensor to `device` in place."""
+    self.uop = self.to(device).uop
+    return self
+
+  def contiguous(self) -> Tensor:
+    """Materialize this tensor in its own buffer when realized."""
+    return Tensor._wrap(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)), "contiguous")
+  def contiguous_backward(self) -> Tensor:
+    """Materialize the gradient flowing back through this point."""
+    return Tensor._wrap(UOp(Ops.CONTIGUOUS_BACKWARD, self.dtype, (self.uop,)), "contiguous_backward")
+  def detach(self) -> Tensor:
+    """The same values, cut off from autograd."""
+    return Tensor._wrap(UOp(Ops.DETACH, self.dtype, (self.uop,)), "detach")
+  def clone(self) -> Tensor:
+    """A copy in a new buffer."""
+    return self.contiguous()
+
+  def assign(self, value: Tensor | Any) -> Tensor:
+    """Overwrite this tensor's values with `value` (same shape; cast to this dtype). Lazy, like every op."""
+    if not isinstance(value, Tensor): value = Tensor.full(self.shape, value, device=self.device, dtype=self.dtype)
+    if value.shape != self.shape:
+      raise ValueError(f"assign: shape {_fmt(value.shape)} does not match the target's {_fmt(self.shape)}{_where()}")
+    if value.device != self.device:
+      raise RuntimeError(f"assign: value on {value.device} but the target is on {self.device}{_where()}")
+    if value.dtype != self.dtype: value = value.cast(self.dtype)
+    target = self.uop
+    if target.base.op is not Ops.BUFFER:
+      self.uop = value.uop   # not realized yet: nothing to overwrite, just take the new value
+      return self
+    self.uop = UOp(Ops.ASSIGN, self.dtype, (target, value.uop))
+    return self
+
+  def replace(self, other: Tensor) -> Tensor:
+    """Make this tensor hold `other`'s graph (same shape)."""
+    if other.shape != self.shape: raise ValueError(f"replace: shape {_fmt(other.shape)} != {_fmt(self.shape)}{_where()}")
+    self.uop = other.uop
+    return self
+
+  # ---------------- movement ----------------
+  def reshape(self, *shape) -> Tensor:
+    """The same elements in a new shape; one axis may be -1 (inferred)."""
+    shape = tuple(s if s is not None else self.shape[i] for i, s in enumerate(_shape_arg(shape, allow_negative=True)))
+    if shape.count(-1) > 1: raise ValueError(f"reshape: only one axis can be -1, got {_fmt(shape)}{_where()}")
+    if -1 in shape:
+      known = prod(s for s in shape if s != -1)
+      if known == 0 or self.numel() % known:
+        raise ValueError(f"reshape: cannot reshape {_fmt(self.shape)} ({self.numel()} elements) to {_fmt(shape)}{_where()}")
+      shape = tuple(self.numel() // known if s == -1 else s for s in shape)
+    if any(s < 0 for s in shape): raise ValueError(f"reshape: negative size in {_fmt(shape)}{_where()}")
+    if prod(shape) != self.numel():
+      raise ValueError(f"reshape: cannot reshape {_fmt(self.shape)} ({self.numel()} elements) to {_fmt(shape)} "
+                       f"({prod(shape)} elements){_where()}")
+    return self if shape == self.shape else Tensor._wrap(self.uop.reshape(shape), "reshape")
+  def view(self, *shape) -> Tensor: return self.reshape(*shape)
+
+  def expand(self, *shape) -> Tensor:
+    """Broadcast size-1 axes to `shape` (-1 keeps an axis); new axes may be added in front."""
+    shape = _shape_arg(shape, allow_negative=True)
+    if len(shape) < self.ndim:
+      raise ValueError(f"expand: cannot expand {_fmt(self.shape)} to fewer dimensions {_fmt(shape)}{_where()}")
+    src = (1,) * (len(shape) - self.ndim) + self.shape
+    new = tuple(s if t == -1 else t for s, t in zip(src, shape))
+    for s, t in zip(src, new):
+      if s != t and s != 1: raise ValueError(f"expand: cannot expand {_fmt(self.shape)} to {_fmt(shape)}{_where()}")
+    return self._broadcast_to(new)
+
+  def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
+    if self.shape == shape: return self
+    uop = self.uop.reshape((1,) * (len(shape) - self.ndim) + self.shape)
+    return Tensor._wrap(uop.expand(shape), "expand")
+
+  def permute(self, *order) -> Tensor:
+    """Reorder the axes: `order[i]` is the source axis of output axis i."""
+    order = _shape_arg(order, allow_negative=True)
+    resolved = tuple(self._axis(a, "permute") for a in order)
+    if sorted(resolved) != list(range(self.ndim)):
+      raise ValueError(f"permute: {order} is not a permutation of the {self.ndim} axes of {_fmt(self.shape)}{_where()}")
+    return Tensor._wrap(self.uop.permute(resolved), "permute")
+
+  def transpose(self, dim0: int = 1, dim1: int = 0) -> Tensor:
+    """Swap two axes."""
+    order = list(range(self.ndim))
+    a, b = self._axis(dim0, "transpose"), self._axis(dim1, "transpose")
+    order[a], order[b] = order[b], order[a]
+    return self.permute(order)
+  @property
+  def T(self) -> Tensor: return self.permute(tuple(reversed(range(self.ndim))))
+
+  def flip(self, axis) -> Tensor:
+    """Reverse the order of elements along `axis` (an int or a tuple)."""
+    axes = tuple(self._axis(a, "flip") for a in (axis if isinstance(axis, (tuple, list)) else (axis,)))
+    if len(set(axes)) != len(axes): raise ValueError(f"flip: repeated axis in {axis}{_where()}")
+    return Tensor._wrap(self.uop.flip(axes), "flip")
+
+  def shrink(self, arg: Sequence[tuple[int, int] | None]) -> Tensor:
+    """Keep `[start, end)` of each axis (None keeps the whole axis)."""
+    if len(arg) != self.ndim: raise ValueError(f"shrink: {len(arg)} bounds for a {self.ndim}-d tensor {_fmt(self.shape)}{_where()}")
+    bounds = tuple((0, s) if b is None else (int(b[0]), int(b[1])) for b, s in zip(arg, self.shape))
+    for (b, e), s in zip(bounds, self.shape):
+      if not 0 <= b <= e <= s: raise ValueError(f"shrink: bounds {bounds} do not fit shape {_fmt(self.shape)}{_where()}")
+    return Tensor._wrap(self.uop.shrink(bounds), "shrink")
+
+  def pad(self, padding, mode: str = "constant", value: float = 0.0) -> Tensor:
+    """Pad with `value`. `padding` is ((before, after), ...) per axis, or flat PyTorch-style (last axis first)."""
+    if mode != "constant": raise NotImplementedError(f"pad: mode {mode!r} is not supported yet (only 'constant')")
+    padding = tuple(padding)
+    if padding and all(isinstance(p, int) for p in padding):
+      if len(padding) % 2 or len(padding) // 2 > self.ndim:
+        raise ValueError(f"pad: flat padding {padding} needs an even length up to 2*{self.ndim}{_where()}")
+      pairs = [(padding[i], padding[i + 1]) for i in range(0, len(padding), 2)]
+      padding = tuple([(0, 0)] * (self.ndim - len(pairs)) + list(reversed(pairs)))
+    padding = tuple((0, 0) if p is None else (int(p[0]), int(p[1])) for p in padding)
+    if len(padding) != self.ndim: raise ValueError(f"pad: {len(padding)} pairs for a {self.ndim}-d tensor{_where()}")
+    x = self
+    if any(b < 0 or a < 0 for b, a in padding):   # negative padding crops
+      x = x.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(padding, x.shape)))
+      padding = tuple((max(b, 0), max(a, 0)) for b, a in padding)
+    out = Tensor._wrap(x.uop.pad(padding), "pad")
+    if value == 0: return out
+    inside = Tensor._wrap(Tensor.full(x.shape, True, device=x.device).uop.pad(padding), "pad")
+    return inside.where(out, value)
+
+  def squeeze(self, dim: int | None = None) -> Tensor:
+    """Remove size-1 axes (all, or just `dim`)."""
+    if dim is None: return self.reshape(tuple(s for s in self.shape if s != 1))
+    axis = self._axis(dim, "squeeze")
+    return self if self.shape[axis] != 1 else self.reshape(self.shape[:axis] + self.shape[axis + 1:])
+  def unsqueeze(self, dim: int) -> Tensor:
+    """Insert a size-1 axis at `dim`."""
+    axis = dim + self.ndim + 1 if dim < 0 else dim
+    if not 0 <= axis <= self.ndim: raise ValueError(f"unsqueeze: dim {dim} out of range for {_fmt(self.shape)}{_where()}")
+    return self.reshape(self.shape[:axis] + (1,) + self.shape[axis:])
+  def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    """Merge axes start_dim..end_dim into one."""
+    if self.ndim == 0: return self.reshape(1)
+    a, b = self._axis(start_dim, "flatten"), self._axis(end_dim, "flatten")
+    return self.reshape(self.shape[:a] + (prod(self.shape[a:b + 1]),) + self.shape[b + 1:])
+
+  def _axis(self, axis: int, op: str) -> int:
+    ndim = max(self.ndim, 1)
+    if not isinstance(axis, int) or not -ndim <= axis < ndim:
+      raise TensorIndexError(f"{op}: axis {axis} is out of range for shape {_fmt(self.shape)}{_where()}")
+    return axis + ndim if axis < 0 else axis
+
+  def __getitem__(self, index) -> Tensor:
+    """Basic indexing: ints, slices (any step), None and Ellipsis."""
+    index = index if isinstance(index, tuple) else (index,)
+    if any(isinstance(i, (Tensor, list)) for i in index):
+      return self._fancy_getitem(index)
+    n_real = sum(1 for i in index if i is not None and i is not Ellipsis)
+    if sum(1 for i in index if i is Ellipsis) > 1: raise TensorIndexError(f"getitem: more than one Ellipsis{_where()}")
+    if n_real > self.ndim:
+      raise TensorIndexError(f"getitem: too many indices ({n_real}) for a tensor of shape {_fmt(self.shape)}{_where()}")
+    if Ellipsis in index:
+      at = index.index(Ellipsis)
+      index = index[:at] + (slice(None),) * (self.ndim - n_real) + index[at + 1:]
+    else: index = index + (slice(None),) * (self.ndim - n_real)
+    x, axis, out_shape = self, 0, []
+    bounds, flips, strides, keep = [], [], [], []
+    for i in index:
+      if i is None:
+        out_shape.append(1)
+        continue
+      size = self.shape[axis]
+      if isinstance(i, (int, np.integer)) and not isinstance(i, bool):
+        i = int(i)
+        if not -size <= i < size:
+          raise TensorIndexError(f"getitem: index {i} is out of range for axis {axis} of size {size} "
+                                 f"(shape {_fmt(self.shape)}){_where()}")
+        i = i + size if i < 0 else i
+        bounds.append((i, i + 1)); flips.append(False); strides.append(1); keep.append(False)
+      elif isinstance(i, slice):
+        start, stop, step = i.indices(size)
+        if step > 0: count = max(0, -(-(stop - start) // step)); lo = start
+        else: count = max(0, -(-(start - stop) // -step)); lo = start + (count - 1) * step if count else 0
+        span = (count - 1) * abs(step) + 1 if count else 0
+        bounds.append((lo, lo + span)); flips.append(step < 0); strides.append(abs(step)); keep.append(True)
+        out_shape.append(count)
+      else:
+        raise TypeError(f"getitem: unsupported index {i!r} of type {type(i).__name__}{_where()}")
+      axis += 1
+    x = x.shrink(bounds)
+    if any(flips): x = x.flip(tuple(a for a, f in enumerate(flips) if f))
+    if any(s > 1 for s in strides):
+      # take every s-th element: pad each strided axis to a multiple of s, split it, keep the first of each group
+      padded = x.pad(tuple((0, (-n) % s if n else 0) for n, s in zip(x.shape, strides)))
+      split_shape = []
+      for n, s in zip(padded.shape, strides): split_shape += [n // s, s]
+      x = padded.reshape(split_shape).shrink(tuple(b for n, s in zip(padded.shape, strides) for b in ((0, n // s), (0, 1))))
+    return x.reshape(tuple(out_shape))
+
+  def _fancy_getitem(self, index) -> Tensor:
+    """Integer-tensor indexing on one axis: `t[idx]`, `t[:, idx]` (via one-hot sums)."""
+    positions = [k for k, i in enumerate(index) if isinstance(i, (Tensor, list))]
+    if len(positions) != 1 or any(i is None or i is Ellipsis for i in index):
+      raise NotImplementedError("getitem: only one tensor/list index together with slices is supported so far")
+    axis = positions[0]
+    idx = index[axis] if isinstance(index[axis], Tensor) else Tensor(index[axis], device=self.device, dtype=dtypes.int32)
+    rest = self[tuple(slice(None) if k == axis else i for k, i in enumerate(index))]
+    size = rest.shape[axis]
+    idx = (idx < 0).where(idx + size, idx)
+    one_hot = idx.unsqueeze(-1) == Tensor.arange(size, device=self.device)                 # idx.shape + (size,)
+    moved = rest.permute((axis,) + tuple(a for a in range(rest.ndim) if a != axis))        # (size, *others)
+    expanded = moved.reshape((1,) * idx.ndim + moved.shape)
+    weights = one_hot.reshape(one_hot.shape + (1,) * (moved.ndim - 1))
+    picked = (weights.where(expanded, 0)).sum(idx.ndim)
+    order = list(range(idx.ndim, picked.ndim))
+    out = picked.permute(order[:axis] + list(range(idx.ndim)) + order[axis:])
+    return out.cast(self.dtype)
+
+  # ---------------- elementwise ----------------
+  def _const_like(self, value) -> Tensor:
+    dtype = self.dtype
+    if isinstance(value, float) and not dtypes.is_float(dtype): dtype = dtypes.default_float
+    elif isinstance(value, int) and not isinstance(value, bool) and dtype == dtypes.bool: dtype = dtypes.default_int
+    return Tensor.full(self.shape if False else (), value, device=self.device, dtype=dtype)
+
+  def _broadcasted(self, other, op: str, reverse: bool = False) -> tuple[Tensor, Tensor]:
+    """Both operands as tensors of one dtype and one shape (PyTorch promotion and broadcasting)."""
+    x = self
+    if isinstance(other, Tensor):
+      y = other
+      if y.device != x.device:
+        raise RuntimeError(f"{op}: operands are on different devices, {x.device} and {y.device}{_where()}")
+    elif isinstance(other, (int, float, bool, np.integer, np.floating)): y = x._const_like(other.item() if isinstance(other, np.generic) else other)
+    else: raise TypeError(f"{op}: unsupported operand type {type(other).__name__}{_where()}")
+    if reverse: x, y = y, x
+    if x.dtype != y.dtype:
+      out_dtype = least_upper_dtype(x.dtype, y.dtype)
+      x, y = x.cast(out_dtype), y.cast(out_dtype)
+    if x.shape != y.shape:
+      shape = _broadcast_shape(op, x.shape, y.shape)
+      x, y = x._broadcast_to(shape), y._broadcast_to(shape)
+    return x, y
+
+  def _binary(self, op: Ops, other, name: str, reverse: bool = False) -> Tensor:
+    x, y = self._broadcasted(other, name, reverse)
+    return Tensor._wrap(x.uop.alu(op, y.uop), name)
+  def _unary(self, op: Ops, name: str) -> Tensor: return Tensor._wrap(self.uop.alu(op), name)
+  def _float_unary(self, op: Ops, name: str) -> Tensor:
+    x = self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
+    return Tensor._wrap(x.uop.alu(op), name)
+
+  def add(self, other, reverse: bool = False) -> Tensor: return self._binary(Ops.ADD, other, "add", reverse)
+  def sub(self, other, reverse: bool = False) -> Tensor:
+    if self.dtype == dtypes.bool and (not isinstance(other, Tensor) or other.dtype == dtypes.bool) and isinstance(other, (bool, Tensor)):
+      raise TypeError(f"sub: subtraction of bool tensors is not supported, use logical_xor{_where()}")
+    return self._binary(Ops.SUB, other, "sub", reverse)
+  def mul(self, other, reverse: bool = False) -> Tensor: return self._binary(Ops.MUL, other, "mul", reverse)
+  def div(self, other, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
+    """True division (ints become floats); rounding_mode 'trunc' or 'floor' as in PyTorch."""
+    x, y = self._broadcasted(other, "div", reverse)
+    if rounding_mode == "trunc":
+      return Tensor._wrap(x.uop.alu(Ops.IDIV, y.uop), "div") if dtypes.is_int(x.dtype) else (x / y).trunc()
+    if rounding_mode == "floor": return x // y
+    if not dtypes.is_float(x.dtype): x, y = x.cast(dtypes.default_float), y.cast(dtypes.default_float)
+    return Tensor._wrap(x.uop.alu(Ops.FDIV, y.uop), "div")
+  def floordiv(self, other, reverse: bool = False) -> Tensor:
+    """Division rounded toward negative infinity (Python and PyTorch `//`)."""
+    x, y = self._broadcasted(other, "floordiv", reverse)
+    if not dtypes.is_int(x.dtype): return (x / y).floor()
+    q = Tensor._wrap(x.uop.alu(Ops.IDIV, y.uop), "floordiv")
+    r = Tensor._wrap(x.uop.alu(Ops.MOD, y.uop), "floordiv")
+    needs_fix = (r != 0) & ((r < 0) != (y < 0))
+    return needs_fix.where(q - 1, q)
+  def mod(self, other, reverse: bool = False) -> Tensor:
+    """Remainder with the sign of the divisor (Python and PyTorch `%`)."""
+    x, y = self._broadcasted(other, "mod", reverse)
+    if not dtypes.is_int(x.dtype): return x - (x / y).floor() * y
+    r = Tensor._wrap(x.uop.alu(Ops.MOD, y.uop), "mod")
+    return ((r != 0) & ((r < 0) != (y < 0))).where(r + y, r)
+  def pow(self, exponent, reverse: bool = False) -> Tensor:
+    """Elementwise power."""
+    x, y = self._broadcasted(exponent, "pow", reverse)
+    if not dtypes.is_float(x.dtype):
+      out_dtype = x.dtype
+      return Tensor._wrap(x.cast(dtypes.float64).uop.alu(Ops.POW, y.cast(dtypes.float64).uop), "pow").round().cast(out_dtype)
+    return Tensor._wrap(x.uop.alu(Ops.POW, y.uop), "pow")
+  def maximum(self, other) -> Tensor:
+    """Elementwise maximum (NaN propagates)."""
+    return self._binary(Ops.MAX, other, "maximum")
+  def minimum(self, other) -> Tensor:
+    """Elementwise minimum (NaN propagates)."""
+    x, y = self._broadcasted(other, "minimum")
+    return x._inverse()._binary(Ops.MAX, y._inverse(), "minimum")._inverse()
+  def _inverse(self) -> Tensor:
+    """An order-reversing bijection: -x for floats, ~x for ints and bools (no overflow)."""
+    return -self if dtypes.is_float(self.dtype) else ~self
+
+  def __neg__(self) -> Tensor:
+    if self.dtype == dtypes.bool: raise TypeError(f"neg: negation of a bool tensor is not supported, use ~{_where()}")
+    return self._unary(Ops.NEG, "neg") if dtypes.is_float(self.dtype) else self * -1
+  def neg(self) -> Tensor: return -self
+  def __invert__(self) -> Tensor:
+    if dtypes.is_float(self.dtype): raise TypeError(f"invert: ~ needs an int or bool tensor, got {self.dtype}{_where()}")
+    return self._binary(Ops.XOR, True if self.dtype == dtypes.bool else -1, "invert")
+  def bitwise_not(self) -> Tensor: return ~self
+  def logical_not(self) -> Tensor: return self.cast(dtypes.bool) != True  # noqa: E712
+  def _bitwise(self, op: Ops, other, name: str, reverse: bool = False) -> Tensor:
+    x, y = self._broadcasted(other, name, reverse)
+    if dtypes.is_float(x.dtype): raise TypeError(f"{name}: needs int or bool tensors, got {x.dtype}{_where()}")
+    return Tensor._wrap(x.uop.alu(op, y.uop), name)
+  def bitwise_and(self, other, reverse=False) -> Tensor: return self._bitwise(Ops.AND, other, "bitwise_and", reverse)
+  def bitwise_or(self, other, reverse=False) -> Tensor: return self._bitwise(Ops.OR, other, "bitwise_or", reverse)
+  def bitwise_xor(self, other, reverse=False) -> Tensor: return self._bitwise(Ops.XOR, other, "bitwise_xor", reverse)
+  def lshift(self, other, reverse=False) -> Tensor: return self._bitwise(Ops.SHL, other, "lshift", reverse)
+  def rshift(self, other, reverse=False) -> Tensor: return self._bitwise(Ops.SHR, other, "rshift", reverse)
+
+  __add__ = lambda self, x: self.add(x); __radd__ = lambda self, x: self.add(x, True)  # noqa: E731,E702
+  __sub__ = lambda self, x: self.sub(x); __rsub__ = lambda self, x: self.sub(x, True)  # noqa: E731,E702
+  __mul__ = lambda self, x: self.mul(x); __rmul__ = lambda self, x: self.mul(x, True)  # noqa: E731,E702
+  __truediv__ = lambda self, x: self.div(x); __rtruediv__ = lambda self, x: self.div(x, True)  # noqa: E731,E702
+  __floordiv__ = lambda self, x: self.floordiv(x); __rfloordiv__ = lambda self, x: self.floordiv(x, True)  # noqa: E731,E702
+  __mod__ = lambda self, x: self.mod(x); __rmod__ = lambda self, x: self.mod(x, True)  # noqa: E731,E702
+  __pow__ = lambda self, x: self.pow(x); __rpow__ = lambda self, x: self.pow(x, True)  # noqa: E731,E702
+  __and__ = lambda self, x: self.bitwise_and(x); __rand__ = lambda self, x: self.bitwise_and(x, True)  # noqa: E731,E702
+  __or__ = lambda self, x: self.bitwise_or(x); __ror__ = lambda self, x: self.bitwise_or(x, True)  # noqa: E731,E702
+  __xor__ = lambda self, x: self.bitwise_xor(x); __rxor__ = lambda self, x: self.bitwise_xor(x, True)  # noqa: E731,E702
+  __lshift__ = lambda self, x: self.lshift(x); __rshift__ = lambda self, x: self.rshift(x)  # noqa: E731,E702
+  __matmul__ = lambda self, x: self.matmul(x); __rmatmul__ = lambda self, x: Tensor(x).matmul(self) if not isinstance(x, Tensor) else x.matmul(self)  # noqa: E731,E501,E702
+
+  def __iadd__(self, x): return self.assign(self + x)
+  def __isub__(self, x): return self.assign(self - x)
+  def __imul__(self, x): return self.assign(self * x)
+  def __itruediv__(self, x): return self.assign(self / x)
+
+  def __lt__(self, x) -> Tensor: return self._binary(Ops.CMPLT, x, "lt")
+  def __gt__(self, x) -> Tensor: return self._binary(Ops.CMPLT, x, "gt", reverse=True)
+  def __ge__(self, x) -> Tensor: return (self < x).logical_not()
+  def __le__(self, x) -> Tensor: return (self > x).logical_not()
+  def __eq__(self, x) -> Tensor: return self._binary(Ops.CMPEQ, x, "eq")  # type: ignore[override]
+  def __ne__(self, x) -> Tensor: return self._binary(Ops.CMPNE, x, "ne")  # type: ignore[override]
+  def eq(self, x) -> Tensor: return self == x
+  def ne(self, x) -> Tensor: return self != x
+
+  def where(self, x, y) -> Tensor:
+    """Select `x` where this (bool) tensor is true, else `y`, with broadcasting."""
+    cond = self.cast(dtypes.bool)
+    if isinstance(x, Tensor): x, y = x._broadcasted(y, "where")
+    elif isinstance(y, Tensor): y, x = y._broadcasted(x, "where")
+    else:
+      dtype = least_upper_dtype(dtypes.from_py(x), dtypes.from_py(y))
+      x, y = Tensor.full((), x, device=self.device, dtype=dtype), Tensor.full((), y, device=self.device, dtype=dtype)
+    if x.device != cond.device: raise RuntimeError(f"where: condition on {cond.device}, values on {x.device}{_where()}")
+    shape = _broadcast_shape("where", cond.shape, x.shape, y.shape)
+    cond, x, y = cond._broadcast_to(shape), x._broadcast_to(shape), y._broadcast_to(shape)
+    return Tensor._wrap(cond.uop.alu(Ops.WHERE, x.uop, y.uop), "where")
+  def masked_fill(self, mask: Tensor, value) -> Tensor: return mask.where(value, self)
+
+  # unary math
+  def exp(self) -> Tensor: return (self._as_float() * (1 / math.log(2)))._unary(Ops.EXP2, "exp")
+  def exp2(self) -> Tensor: return self._float_unary(Ops.EXP2, "exp2")
+  def log(self) -> Tensor: return self._float_unary(Ops.LOG2, "log") * math.log(2)
+  def log2(self) -> Tensor: return self._float_unary(Ops.LOG2, "log2")
+  def sqrt(self) -> Tensor: return self._float_unary(Ops.SQRT, "sqrt")
+  def rsqrt(self) -> Tensor: return self.sqrt().reciprocal()
+  def reciprocal(self) -> Tensor: return self._float_unary(Ops.RECIP, "reciprocal")
+  def sin(self) -> Tensor: return self._float_unary(Ops.SIN, "sin")
+  def cos(self) -> Tensor: return (math.pi / 2 - self._as_float()).sin()
+  def tan(self) -> Tensor: return self.sin() / self.cos()
+  def trunc(self) -> Tensor: return self._unary(Ops.TRUNC, "trunc") if dtypes.is_float(self.dtype) else self
+  def floor(self) -> Tensor:
+    if not dtypes.is_float(self.dtype): return self
+    t = self.trunc()
+    return (self < t).where(t - 1, t)
+  def ceil(self) -> Tensor:
+    if not dtypes.is_float(self.dtype): return self
+    t = self.trunc()
+    return (self > t).where(t + 1, t)
+  def round(self) -> Tensor:
+    """Round half to even, like PyTorch."""
+    if not dtypes.is_float(self.dtype): return self
+    down = self.floor()
+    diff = self - down
+    up_wins = (diff > 0.5) | ((diff == 0.5) & ((down * 0.5).floor() * 2 != down))
+    return up_wins.where(down + 1, down)
+  def _as_float(self) -> Tensor: return self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
+  def square(self) -> Tensor: return self * self
+  def abs(self) -> Tensor: return self * self.sign() if dtypes.is_float(self.dtype) else (self < 0).where(-self, self)
+  def sign(self) -> Tensor: return (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype) if self.dtype != dtypes.bool else self
+  def clip(self, min_=None, max_=None) -> Tensor:
+    """Limit values to [min_, max_]."""
+    if min_ is None and max_ is None: raise ValueError(f"clip: at least one of min_ and max_ must be given{_where()}")
+    x = self if min_ is None else self.maximum(min_)
+    return x if max_ is None else x.minimum(max_)
+  clamp = clip
+  def isnan(self) -> Tensor: return self != self
+  def isinf(self, detect_positive: bool = True, detect_negative: bool = True) -> Tensor:
+    return (self == math.inf) * detect_positive + (self == -math.inf) * detect_negative if dtypes.is_float(self.dtype) \
+      else self.full_like(False, dtype=dtypes.bool)
+  def lerp(self, end: Tensor, weight) -> Tensor: return self + (end - self) * weight
+
+  # activations
+  def relu(self) -> Tensor: return (self > 0).where(self, 0)
+  def sigmoid(self) -> Tensor: return (1 + (-self._as_float()).exp()).reciprocal()
+  def tanh(self) -> Tensor: return 2.0 * (2.0 * self._as_float()).sigmoid() - 1.0
+  def gelu(self) -> Tensor: return 0.5 * self * (1 + (math.sqrt(2 / math.pi) * (self + 0.044715 * self * self * self)).tanh())
+  def quick_gelu(self) -> Tensor: return self * (self * 1.702).sigmoid()
+  def silu(self) -> Tensor: return self * self.sigmoid()
+  swish = silu
+  def leaky_relu(self, neg_slope: float = 0.01) -> Tensor: return (self < 0).where(self * neg_slope, self)
+  def elu(self, alpha: float = 1.0) -> Tensor: return self.relu() - alpha * (1 - self.exp()).relu()
+  def softplus(self, beta: float = 1.0) -> Tensor: return (1 + (self * beta).exp()).log() * (1 / beta)
+  def relu6(self) -> Tensor: return self.relu() - (self - 6).relu()
+  def hardtanh(self, min_val=-1, max_val=1) -> Tensor: return self.clip(min_val, max_val)
+
+  # ---------------- reductions ----------------
+  def _reduce_axes(self, axis, op: str) -> tuple[int, ...]:
+    if axis is None: return tuple(range(self.ndim))
+    axes = axis if isinstance(axis, (tuple, list)) else (axis,)
+    return tuple(sorted({self._axis(a, op) for a in axes}))
+
+  def _reduce(self, op: Ops, axis, keepdim: bool, name: str) -> Tensor:
+    axes = self._reduce_axes(axis, name)
+    out = Tensor._wrap(self.uop.r(op, axes), name)
+    if keepdim: return out
+    return out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+
+  def sum(self, axis=None, keepdim: bool = False, dtype: DType | None = None) -> Tensor:
+    """Sum over `axis` (all axes by default). Small ints and bools accumulate in int32; half floats in float32."""
+    acc = to_dtype(dtype) if dtype is not None else _sum_dtype(self.dtype)
+    x = self.cast(acc) if acc != self.dtype else self
+    out = x._reduce(Ops.ADD, axis, keepdim, "sum")
+    return out.cast(self.dtype) if dtype is None and dtypes.is_float(self.dtype) and out.dtype != self.dtype else out
+  def prod(self, axis=None, keepdim: bool = False) -> Tensor:
+    """Product over `axis`."""
+    return self.cast(_sum_dtype(self.dtype))._reduce(Ops.MUL, axis, keepdim, "prod")
+  def max(self, axis=None, keepdim: bool = False) -> Tensor:
+    """Maximum over `axis` (NaN propagates)."""
+    return self._reduce(Ops.MAX, axis, keepdim, "max")
+  def min(self, axis=None, keepdim: bool = False) -> Tensor:
+    """Minimum over `axis`."""
+    return self._inverse()._reduce(Ops.MAX, axis, keepdim, "min")._inverse()
+  def mean(self, axis=None, keepdim: bool = False) -> Tensor:
+    """Mean over `axis` (ints give floats)."""
+    x = self._as_float()
+    count = prod(self.shape[a] for a in self._reduce_axes(axis, "mean"))
+    total = x.sum(axis, keepdim)
+    return total / count if count else total * math.nan
+  def var(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor:
+    """Variance over `axis` with Bessel's `correction`."""
+    count = prod(self.shape[a] for a in self._reduce_axes(axis, "var"))
+    centered = self._as_float() - self._as_float().mean(axis, keepdim=True)
+    return centered.square().sum(axis, keepdim) / max(count - correction, 0)
+  def std(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor: return self.var(axis, keepdim, correction).sqrt()
+  def any(self, axis=None, keepdim: bool = False) -> Tensor: return self.cast(dtypes.bool).max(axis, keepdim)
+  def all(self, axis=None, keepdim: bool = False) -> Tensor: return self.logical_not().any(axis, keepdim).logical_not()
+
+  def argmax(self, axis=None, keepdim: bool = False) -> Tensor:
+    """Index of the first maximum along `axis` (of the flattened tensor when axis is None)."""
+    if axis is None: return self.flatten().argmax(0)
+    axis = self._axis(axis, "argmax")
+    n = self.shape[axis]
+    is_max = self == self.max(axis, keepdim=True)
+    countdown = Tensor.arange(n, 0, -1, device=self.device).reshape((n,) + (1,) * (self.ndim - axis - 1))
+    return (n - (is_max.where(countdown, 0)).max(axis, keepdim)).cast(dtypes.int32)
+  def argmin(self, axis=None, keepdim: bool = False) -> Tensor: return self._inverse().argmax(axis, keepdim)
+
+  def logsumexp(self, axis=None, keepdim: bool = False) -> Tensor:
+    """log(sum(exp(x))) computed stably."""
+    m = self.max(axis, keepdim=True).detach()
+    m = m.isinf().where(0, m)
+    out = (self - m).exp().sum(axis, keepdim=True).log() + m
+    return out if keepdim else out.squeeze_axes(self._reduce_axes(axis, "logsumexp"))
+  def squeeze_axes(self, axes) -> Tensor: return self.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+  def softmax(self, axis: int = -1) -> Tensor:
+    """exp(x) / sum(exp(x)) along `axis`."""
+    x = self._as_float()
+    e = (x - x.max(axis, keepdim=True).detach()).exp()
+    return e / e.sum(axis, keepdim=True)
+  def log_softmax(self, axis: int = -1) -> Tensor:
+    """log(softmax(x)) along `axis`, computed stably."""
+    x = self._as_float()
+    shifted = x - x.max(axis, keepdim=True).detach()
+    return shifted - shifted.exp().sum(axis, keepdim=True).log()
+
+  # ---------------- linear algebra ----------------
+  def dot(self, w: Tensor) -> Tensor:
+    """Matrix product with PyTorch's rules for 1-d, 2-d and batched operands."""
+    if not isinstance(w, Tensor): raise TypeError(f"matmul: expected a Tensor, got {type(w).__name__}{_where()}")
+    if self.ndim == 0 or w.ndim == 0:
+      raise ValueError(f"matmul: both operands need at least one dimension, got {_fmt(self.shape)} @ {_fmt(w.shape)}{_where()}")
+    if w.device != self.device: raise RuntimeError(f"matmul: operands on {self.device} and {w.device}{_where()}")
+    k_self = self.shape[-1]
+    k_w = w.shape[-2] if w.ndim > 1 else w.shape[0]
+    if k_self != k_w:
+      raise ValueError(f"matmul: inner dimensions differ, {_fmt(self.shape)} @ {_fmt(w.shape)} ({k_self} != {k_w}){_where()}")
+    x = self.reshape(*self.shape[:-1], *[1] * min(self.ndim - 1, w.ndim - 1, 1), k_self)
+    wt = w.transpose(-1, -2) if w.ndim > 1 else w
+    wt = wt.reshape(*wt.shape[:-2], *[1] * min(self.ndim - 1, w.ndim - 1, 1), *wt.shape[-min(w.ndim, 2):])
+    x, wt = x._broadcasted(wt, "matmul")
+    return (x * wt).sum(-1)
+  matmul = dot
+  def linear(self, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x @ weight + bias (weight is (in, out), as in tinygrad)."""
+    out = self @ weight
+    return out + bias if bias is not None else out
+  def sequential(self, layers) -> Tensor:
+    x = self
+    for layer in layers: x = layer(x)
+    return x
+
+  # ---------------- losses ----------------
+  def sparse_categorical_crossentropy(self, Y: Tensor, ignore_index: int = -1, label_smoothing: float = 0.0) -> Tensor:
+    """Cross-entropy of logits `self` (N, C) against integer class labels `Y` (N,)."""
+    log_probs = self.log_softmax(-1)
+    classes = Tensor.arange(self.shape[-1], device=self.device)
+    target = (Y.unsqueeze(-1) == classes)
+    keep = (Y != ignore_index).unsqueeze(-1)
+    smooth = label_smoothing / self.shape[-1]
+    weights = target.where(1.0 - label_smoothing + smooth, smooth) * keep
+    return -(log_probs * weights).sum() / keep.sum().maximum(1)
+  def cross_entropy(self, Y: Tensor, reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
+    """Cross-entropy with class-index or probability targets."""
+    if Y.ndim == self.ndim - 1: return self.sparse_categorical_crossentropy(Y, label_smoothing=label_smoothing)
+    loss = -(self.log_softmax(-1) * Y).sum(-1)
+    return loss.mean() if reduction == "mean" else loss.sum() if reduction == "sum" else loss
+
+  # ---------------- autograd ----------------
+  def gradient(self, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:
+    """Gradients of this (scalar) tensor with respect to `targets`, as lazy tensors."""
+    if gradient is None:
+      if self.numel() != 1:
+        raise RuntimeError(f"gradient: a non-scalar output of shape {_fmt(self.shape)} needs an explicit gradient{_where()}")
+      gradient = Tensor.full(self.shape, 1.0, device=self.device, dtype=self.dtype)
+    grads = compute_gradient(self.uop, gradient.uop, {t.uop for t in targets})
+    out = []
+    for t in targets:
+      g = grads.get(t.uop)
+      out.append(Tensor._wrap(g, "gradient") if g is not None else t.zeros_like())
+    return out
+
+  def backward(self, gradient: Tensor | None = None) -> Tensor:
+    """Accumulate d(self)/d(t) into `t.grad` for every tensor t with requires_grad that this depends on."""
+    graph = set(self.uop.toposort())
+    targets = [t for t in list(_requires_grad_tensors) if t.uop in graph]
+    if not targets: raise RuntimeError(f"backward: nothing in this graph requires a gradient{_where()}")
+    grads = self.gradient(*targets, gradient=gradient)
+    for t, g in zip(targets, grads):
+      if g.shape != t.shape: raise RuntimeError(f"backward: gradient shape {g.shape} != tensor shape {t.shape}")
+      t.grad = g if t.grad is None else t.grad + g
+    return self
+
+  @staticmethod
+  @contextmanager
+  def train(mode: bool = True):
+    """Context in which Tensor.training is `mode`."""
+    previous, Tensor.training = Tensor.training, mode
+    try: yield
+    finally: Tensor.training = previous
+  @staticmethod
+  @contextmanager
+  def test(mode: bool = True):
+    previous, Tensor.training = Tensor.training, not mode
+    try: yield
+    finally: Tensor.training = previous
+
+  def dropout(self, p: float = 0.5) -> Tensor:
+    """Zero each element with probability p while training (scaling the rest by 1/(1-p))."""
+    if not Tensor.training or p == 0: return self
+    keep = Tensor.rand(*self.shape, device=self.device) >= p
+    return keep.where(self, 0) * (1 / (1 - p))
+
+def _sum_dtype(dt: DType) -> DType:
+  if dt == dtypes.bool or (dtypes.is_int(dt) and dt.itemsize < 4): return dtypes.uint32 if dtypes.is_unsigned(dt) else dtypes.int32
+  if dt in (dtypes.float16, dtypes.bfloat16): return dtypes.float32
+  return dt
+
+def _mix32(x: int) -> int:
+  x ^= x >> 16; x = (x * 0x7FEB352D) & 0xFFFFFFFF; x ^= x >> 15; x = (x * 0x846CA68B) & 0xFFFFFFFF; x ^= x >> 16  # noqa: E702
+  return x
+
+def _shape_arg(shape, allow_negative: bool = False) -> tuple[int, ...]:
+  if len(shape) == 1 and isinstance(shape[0], (tuple, list)): shape = tuple(shape[0])
+  out = []
+  for s in shape:
+    if s is None and allow_negative: out.append(None); continue
+    if not isinstance(s, (int, np.integer)) or isinstance(s, bool):
+      raise TypeError(f"shape entries must be ints, got {s!r} in {shape}{_where()}")
+    if s < 0 and not (allow_negative and s == -1): raise ValueError(f"negative size {s} in shape {tuple(shape)}{_where()}")
+    out.append(int(s))
+  return tuple(out)
+
+def _array_from_list(data, dtype: DType | None) -> np.ndarray:
+  try:
+    arr = np.array(data)
+  except ValueError as e:
+    raise ValueError(f"Tensor: ragged nested lists cannot form a tensor ({e}){_where()}") from None
+  if arr.dtype == object: raise TypeError(f"Tensor: cannot make a tensor from a list of {type(data[0]).__name__}{_where()}")
+  if dtype is None:
+    inferred = dtypes.from_py(data.tolist() if isinstance(data, np.ndarray) else list(data)) if arr.size else dtypes.default_float
+    dtype = inferred
+  return arr.astype(np.float32) if dtype == dtypes.bfloat16 else arr.astype(to_numpy_dtype(dtype))
+
+def _uop_from_numpy(arr: np.ndarray, device: str, dtype: DType | None) -> UOp:
+  if arr.dtype.kind not in "biuf": raise TypeError(f"Tensor: numpy dtype {arr.dtype} is not supported{_where()}")
+  src_dtype = from_numpy_dtype(arr.dtype)
+  arr = np.ascontiguousarray(arr)
+  buf = UOp.new_buffer(device, arr.size, src_dtype)
+  buf.buffer = Buffer(device, arr.size, src_dtype)
+  if arr.size: buf.buffer.copyin(memoryview(arr.reshape(-1).view(np.uint8)))
+  out = buf.reshape(arr.shape)
+  return out.cast(dtype) if dtype is not None and dtype != src_dtype else out

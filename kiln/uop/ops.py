@@ -1,0 +1,376 @@
+"""Ops and UOp: the one immutable, hash-consed graph node used from Tensor ops down to kernel code."""
+from __future__ import annotations
+import enum, math, weakref, itertools
+from typing import Any, Iterator
+from kiln.dtype import DType, dtypes, truncate
+from kiln.helpers import prod
+
+class Ops(enum.Enum):
+  # tensor level: data and identity
+  SINK = enum.auto(); DEVICE = enum.auto(); BUFFER = enum.auto(); CONST = enum.auto(); IOTA = enum.auto()
+  COPY = enum.auto(); CONTIGUOUS = enum.auto(); CONTIGUOUS_BACKWARD = enum.auto(); DETACH = enum.auto()
+  ASSIGN = enum.auto(); REDUCE_AXIS = enum.auto(); BIND = enum.auto()
+  # movement (never copy; lowered to index arithmetic)
+  RESHAPE = enum.auto(); PERMUTE = enum.auto(); EXPAND = enum.auto(); PAD = enum.auto(); SHRINK = enum.auto(); FLIP = enum.auto()
+  # type changes
+  CAST = enum.auto(); BITCAST = enum.auto()
+  # unary ALU
+  EXP2 = enum.auto(); LOG2 = enum.auto(); SIN = enum.auto(); SQRT = enum.auto(); RECIP = enum.auto(); NEG = enum.auto()
+  TRUNC = enum.auto()
+  # binary ALU
+  ADD = enum.auto(); SUB = enum.auto(); MUL = enum.auto(); FDIV = enum.auto(); IDIV = enum.auto(); MOD = enum.auto()
+  MAX = enum.auto(); CMPLT = enum.auto(); CMPNE = enum.auto(); CMPEQ = enum.auto()
+  AND = enum.auto(); OR = enum.auto(); XOR = enum.auto(); SHL = enum.auto(); SHR = enum.auto(); POW = enum.auto()
+  # ternary ALU
+  WHERE = enum.auto()
+  # kernel level
+  INDEX = enum.auto(); DEFINE_GLOBAL = enum.auto(); DEFINE_VAR = enum.auto(); RANGE = enum.auto(); ENDRANGE = enum.auto()
+  LOAD = enum.auto(); STORE = enum.auto(); REDUCE = enum.auto(); DEFINE_ACC = enum.auto(); KERNEL = enum.auto()
+  def __repr__(self) -> str: return f"Ops.{self.name}"
+
+class GroupOp:
+  Unary = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.NEG, Ops.TRUNC})
+  Binary = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ,
+                      Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.POW})
+  Ternary = frozenset({Ops.WHERE})
+  ALU = Unary | Binary | Ternary
+  Comparison = frozenset({Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ})
+  Commutative = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR})
+  Movement = frozenset({Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP})
+  Elementwise = ALU | frozenset({Ops.CAST, Ops.BITCAST})
+  Irreducible = frozenset({Ops.CONST, Ops.DEFINE_VAR, Ops.RANGE})
+
+REDUCE_IDENTITY = {Ops.ADD: 0, Ops.MUL: 1, Ops.MAX: -math.inf}
+
+def identity_element(op: Ops, dtype: DType):
+  """The starting value of a reduction with `op` over `dtype` (MAX starts at the smallest value)."""
+  if op is Ops.MAX: return dtypes.min(dtype)
+  return truncate(dtype, REDUCE_IDENTITY[op])
+
+_uop_cache: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_buffer_ids = itertools.count()
+
+def _cache_key_arg(arg):
+  # 0.0 == -0.0 and 1 == 1.0 == True in Python; constants of different bits must stay different nodes
+  if type(arg) is float: return (float, arg.hex())
+  return arg
+
+class UOp:
+  """An immutable graph node `(op, dtype, src, arg)`. Building an equal node returns the same object, so `is` is equality.
+
+  >>> from kiln.uop.ops import UOp, Ops
+  >>> from kiln.dtype import dtypes
+  >>> UOp.const(dtypes.int32, 3) is UOp.const(dtypes.int32, 3)
+  True
+  """
+  __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "_shape", "_minmax", "meta", "buffer", "forward")
+  op: Ops
+  dtype: DType
+  src: tuple[UOp, ...]
+  arg: Any
+
+  def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
+    key = (op, dtype, src, _cache_key_arg(arg))
+    try:
+      cached = _uop_cache.get(key)
+    except TypeError:
+      raise TypeError(f"UOp arg must be hashable, got {arg!r} for {op}") from None
+    if cached is not None: return cached
+    self = object.__new__(cls)
+    self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
+    self._shape = self._minmax = self.meta = self.buffer = self.forward = None
+    _uop_cache[key] = self
+    return self
+
+  def __reduce__(self): return UOp, (self.op, self.dtype, self.src, self.arg)
+  def replace(self, **kwargs) -> UOp:
+    """A node like this one with some of op/dtype/src/arg changed."""
+    return UOp(kwargs.get("op", self.op), kwargs.get("dtype", self.dtype), kwargs.get("src", self.src), kwargs.get("arg", self.arg))
+
+  def __repr__(self) -> str:
+    return pretty_print(self)
+
+  # ---------------- construction ----------------
+  @staticmethod
+  def const(dtype: DType, value, device: str | None = None) -> UOp:
+    """A scalar constant (tensor-level when `device` is given)."""
+    value = const_value(dtype, value)
+    return UOp(Ops.CONST, dtype, (UOp(Ops.DEVICE, arg=device),) if device is not None else (), value)
+
+  @staticmethod
+  def new_buffer(device: str, size: int, dtype: DType) -> UOp:
+    """A fresh BUFFER node of `size` elements; every call gives a new identity."""
+    return UOp(Ops.BUFFER, dtype, (), (next(_buffer_ids), device, size))
+
+  @staticmethod
+  def variable(name: str, min_val: int, max_val: int, dtype: DType = dtypes.int32) -> UOp:
+    """A symbolic integer `name` known to lie in [min_val, max_val]."""
+    return UOp(Ops.DEFINE_VAR, dtype, (), (name, min_val, max_val))
+
+  def alu(self, op: Ops, *src: UOp) -> UOp:
+    out_dtype = dtypes.bool if op in GroupOp.Comparison else (src[-1].dtype if op is Ops.WHERE else self.dtype)
+    return UOp(op, out_dtype, (self,) + src)
+
+  def const_like(self, value) -> UOp:
+    return UOp.const(self.dtype, value)
+
+  def _ufix(self, x) -> UOp: return x if isinstance(x, UOp) else self.const_like(x)
+  def __add__(self, x) -> UOp: return self.alu(Ops.ADD, self._ufix(x))
+  def __radd__(self, x) -> UOp: return self._ufix(x).alu(Ops.ADD, self)
+  def __sub__(self, x) -> UOp: return self.alu(Ops.ADD, self._ufix(x) * -1) if dtypes.is_int(self.dtype) else self.alu(Ops.SUB, self._ufix(x))
+  def __rsub__(self, x) -> UOp: return self._ufix(x) - self
+  def __mul__(self, x) -> UOp: return self.alu(Ops.MUL, self._ufix(x))
+  def __rmul__(self, x) -> UOp: return self._ufix(x).alu(Ops.MUL, self)
+  def __truediv__(self, x) -> UOp: return self.alu(Ops.FDIV, self._ufix(x))
+  def __floordiv__(self, x) -> UOp: return self.alu(Ops.IDIV, self._ufix(x))
+  def __mod__(self, x) -> UOp: return self.alu(Ops.MOD, self._ufix(x))
+  def __neg__(self) -> UOp: return self * -1 if dtypes.is_int(self.dtype) else self.alu(Ops.NEG)
+  def __and__(self, x) -> UOp: return self.alu(Ops.AND, self._ufix(x))
+  def __or__(self, x) -> UOp: return self.alu(Ops.OR, self._ufix(x))
+  def lt(self, x) -> UOp: return self.alu(Ops.CMPLT, self._ufix(x))
+  def ge(self, x) -> UOp: return self.lt(x).logical_not()
+  def ne(self, x) -> UOp: return self.alu(Ops.CMPNE, self._ufix(x))
+  def eq(self, x) -> UOp: return self.alu(Ops.CMPEQ, self._ufix(x))
+  def logical_not(self) -> UOp: return self.alu(Ops.CMPNE, UOp.const(dtypes.bool, True))
+  def maximum(self, x) -> UOp: return self.alu(Ops.MAX, self._ufix(x))
+  def where(self, a, b) -> UOp:
+    a = a if isinstance(a, UOp) else (b.const_like(a) if isinstance(b, UOp) else UOp.const(dtypes.from_py(a), a))
+    return self.alu(Ops.WHERE, a, a._ufix(b))
+  def cast(self, dtype: DType) -> UOp: return self if self.dtype == dtype else UOp(Ops.CAST, dtype, (self,))
+  def bind(self, value: int) -> UOp:
+    """Bind a Variable to a value: `Variable("n", 1, 10).bind(4)`."""
+    if self.op is not Ops.DEFINE_VAR: raise TypeError(f"bind: only a Variable can be bound, not {self.op}")
+    name, lo, hi = self.arg
+    if not lo <= value <= hi: raise ValueError(f"bind: {name}={value} is outside [{lo}, {hi}]")
+    return UOp(Ops.BIND, self.dtype, (self, self.const_like(value)))
+  def unbind(self) -> tuple[UOp, int]:
+    if self.op is not Ops.BIND: raise TypeError(f"unbind: {self.op} is not a bound Variable")
+    return self.src[0], self.src[1].arg
+
+  # ---------------- graph helpers ----------------
+  def toposort(self) -> list[UOp]:
+    """Every node this one depends on, sources before users (iterative: any depth)."""
+    return toposort([self])
+
+  def sparents(self) -> set[UOp]: return set(self.toposort())
+
+  @property
+  def base(self) -> UOp:
+    """This node with movement ops peeled off."""
+    node = self
+    while node.op in GroupOp.Movement: node = node.src[0]
+    return node
+
+  @property
+  def device(self) -> str | None:
+    """The device a tensor-level node lives on."""
+    node = self
+    while True:
+      if node.op is Ops.BUFFER: return node.arg[1]
+      if node.op is Ops.DEVICE: return node.arg
+      if node.op is Ops.COPY: return node.arg
+      if not node.src: return None
+      node = node.src[0] if node.op is not Ops.WHERE else node.src[1]
+
+  @property
+  def shape(self) -> tuple[int, ...] | None:
+    """The shape of a tensor-level node (None for kernel-level nodes)."""
+    if self._shape is None: self._shape = (_compute_shape(self),)
+    return self._shape[0]
+
+  @property
+  def size(self) -> int: return prod(self.shape) if self.shape is not None else 0
+
+  @property
+  def is_realized(self) -> bool: return self.op is Ops.BUFFER and self.buffer is not None and self.buffer.is_allocated()
+
+  # ---------------- value ranges (for symbolic simplification) ----------------
+  @property
+  def vmin(self): return self._min_max()[0]
+  @property
+  def vmax(self): return self._min_max()[1]
+  def _min_max(self):
+    if self._minmax is None:
+      # sources first, iteratively: a deep graph must not hit Python's recursion limit
+      for node in toposort([self], stop=lambda n: n._minmax is not None):
+        if node._minmax is None: node._minmax = compute_min_max(node)
+    return self._minmax
+
+  def simplify(self) -> UOp:
+    from kiln.uop.symbolic import symbolic
+    from kiln.uop.pattern import graph_rewrite
+    return graph_rewrite(self, symbolic, name="simplify")
+
+  def render(self) -> str:
+    """A short infix string of an integer expression, e.g. '((ridx0*4)+ridx1)'."""
+    return render_expr(self)
+
+  # ---------------- tensor-level construction (shapes are checked by Tensor before these are called) ----------------
+  def reshape(self, shape: tuple[int, ...]) -> UOp:
+    return self if self.shape == tuple(shape) else UOp(Ops.RESHAPE, self.dtype, (self,), tuple(shape))
+  def expand(self, shape: tuple[int, ...]) -> UOp:
+    return self if self.shape == tuple(shape) else UOp(Ops.EXPAND, self.dtype, (self,), tuple(shape))
+  def permute(self, order: tuple[int, ...]) -> UOp:
+    return self if tuple(order) == tuple(range(len(order))) else UOp(Ops.PERMUTE, self.dtype, (self,), tuple(order))
+  def pad(self, padding: tuple[tuple[int, int], ...]) -> UOp:
+    return self if all(b == 0 and a == 0 for b, a in padding) else UOp(Ops.PAD, self.dtype, (self,), tuple(padding))
+  def shrink(self, bounds: tuple[tuple[int, int], ...]) -> UOp:
+    if all(b == 0 and e == s for (b, e), s in zip(bounds, self.shape)): return self
+    return UOp(Ops.SHRINK, self.dtype, (self,), tuple(bounds))
+  def flip(self, axes: tuple[int, ...]) -> UOp:
+    axes = tuple(a for a in axes if self.shape[a] > 1)
+    return UOp(Ops.FLIP, self.dtype, (self,), axes) if axes else self
+  def r(self, op: Ops, axes: tuple[int, ...]) -> UOp:
+    """Reduce over `axes` with `op` (ADD, MUL or MAX); the reduced axes keep size 1."""
+    axes = tuple(sorted(a for a in axes))
+    return UOp(Ops.REDUCE_AXIS, self.dtype, (self,), (op, axes)) if axes else self
+  def full_like(self, value) -> UOp:
+    """A tensor-level constant with this node's shape, dtype and device."""
+    c = UOp.const(self.dtype, value, self.device)
+    return c.reshape((1,) * len(self.shape)).expand(self.shape)
+  def copy_to(self, device: str) -> UOp: return UOp(Ops.COPY, self.dtype, (self,), device)
+
+
+def Variable(name: str, min_val: int, max_val: int, dtype: DType = dtypes.int32) -> UOp:
+  """A symbolic integer for sizes that change between calls. `Variable("start_pos", 0, 1024).bind(5)`."""
+  return UOp.variable(name, min_val, max_val, dtype)
+
+def const_value(dtype: DType, value):
+  """A Python value converted to what `dtype` holds (bool/int/float), so equal constants share one node."""
+  if isinstance(value, UOp): raise TypeError("const_value: expected a Python scalar, got a UOp")
+  if dtype == dtypes.bool: return bool(value)
+  if dtypes.is_int(dtype):
+    if isinstance(value, float):
+      if math.isnan(value) or math.isinf(value): return dtypes.min(dtype) if value < 0 else (dtypes.max(dtype) if value > 0 else 0)
+      value = int(value)
+    return truncate(dtype, int(value))
+  return float(value)
+
+def toposort(roots: list[UOp], stop=None) -> list[UOp]:
+  """All nodes reachable from `roots`, each after its sources. `stop(u)` True leaves u's sources out."""
+  visited: set[UOp] = set()
+  order: list[UOp] = []
+  stack: list[tuple[UOp, bool]] = [(r, False) for r in reversed(roots)]
+  while stack:
+    node, expanded = stack.pop()
+    if expanded:
+      order.append(node)
+      continue
+    if node in visited: continue
+    visited.add(node)
+    stack.append((node, True))
+    if stop is not None and stop(node): continue
+    for s in reversed(node.src):
+      if s not in visited: stack.append((s, False))
+  return order
+
+# ---------------- shapes ----------------
+
+def _compute_shape(u: UOp):
+  op = u.op
+  if op is Ops.BUFFER: return (u.arg[2],)
+  if op is Ops.CONST: return () if u.src else None
+  if op is Ops.IOTA: return (u.arg,)
+  if op is Ops.BIND: return ()
+  if op in (Ops.RESHAPE, Ops.EXPAND): return tuple(u.arg)
+  if op is Ops.PERMUTE:
+    shape = u.src[0].shape
+    return tuple(shape[i] for i in u.arg)
+  if op is Ops.PAD: return tuple(s + b + a for s, (b, a) in zip(u.src[0].shape, u.arg))
+  if op is Ops.SHRINK: return tuple(e - b for b, e in u.arg)
+  if op is Ops.REDUCE_AXIS:
+    shape = u.src[0].shape
+    return tuple(1 if i in u.arg[1] else s for i, s in enumerate(shape))
+  if op in (Ops.SINK, Ops.DEVICE, Ops.KERNEL): return None
+  if op in GroupOp.Elementwise or op in (Ops.FLIP, Ops.COPY, Ops.CONTIGUOUS, Ops.CONTIGUOUS_BACKWARD, Ops.DETACH, Ops.ASSIGN):
+    for s in u.src:
+      if s.shape is not None: return s.shape
+    return None
+  return None
+
+# ---------------- value ranges ----------------
+
+def _safe_div(a, b):
+  """C's truncating division, exact for big ints (a float quotient loses digits past 2**53)."""
+  if b == 0: return 0
+  q = abs(a) // abs(b)
+  return q if (a >= 0) == (b > 0) else -q
+
+def compute_min_max(u: UOp) -> tuple:
+  """The smallest and largest value an integer/bool node can take, from its sources' ranges."""
+  dt = u.dtype
+  lo_dt, hi_dt = dtypes.min(dt) if dt != dtypes.void else -math.inf, dtypes.max(dt) if dt != dtypes.void else math.inf
+  op = u.op
+  if op is Ops.CONST: return u.arg, u.arg
+  if op is Ops.DEFINE_VAR: return u.arg[1], u.arg[2]
+  if op is Ops.BIND: return u.src[0].vmin, u.src[0].vmax
+  if op is Ops.RANGE: return 0, max(0, u.src[0].vmax - 1)
+  if op is Ops.CAST and dtypes.is_int(dt) and (dtypes.is_int(u.src[0].dtype) or u.src[0].dtype == dtypes.bool):
+    lo, hi = u.src[0].vmin, u.src[0].vmax
+    if lo_dt <= lo and hi <= hi_dt: return lo, hi
+    return lo_dt, hi_dt
+  if op in GroupOp.ALU and not dtypes.is_float(dt):
+    s = u.src
+    if op is Ops.ADD: return _clamp(s[0].vmin + s[1].vmin, s[0].vmax + s[1].vmax, lo_dt, hi_dt)
+    if op is Ops.SUB: return _clamp(s[0].vmin - s[1].vmax, s[0].vmax - s[1].vmin, lo_dt, hi_dt)
+    if op is Ops.MUL:
+      vals = [a * b for a in (s[0].vmin, s[0].vmax) for b in (s[1].vmin, s[1].vmax)]
+      return _clamp(min(vals), max(vals), lo_dt, hi_dt)
+    if op is Ops.NEG: return _clamp(-s[0].vmax, -s[0].vmin, lo_dt, hi_dt)
+    if op is Ops.MAX: return max(s[0].vmin, s[1].vmin), max(s[0].vmax, s[1].vmax)
+    if op is Ops.IDIV and s[1].op is Ops.CONST and s[1].arg != 0:
+      c = s[1].arg
+      vals = [_safe_div(s[0].vmin, c), _safe_div(s[0].vmax, c)]
+      return _clamp(min(vals), max(vals), lo_dt, hi_dt)   # INT_MIN // -1 wraps
+    if op is Ops.MOD and s[1].op is Ops.CONST and s[1].arg > 0:
+      c = s[1].arg
+      if s[0].vmin >= 0: return (s[0].vmin, s[0].vmax) if s[0].vmax < c else (0, c - 1)
+      return -(c - 1) if s[0].vmin < 0 else 0, c - 1 if s[0].vmax > 0 else 0
+    if op is Ops.CMPLT:
+      if s[0].vmax < s[1].vmin: return True, True
+      if s[0].vmin >= s[1].vmax: return False, False
+      return False, True
+    if op is Ops.CMPNE:
+      if s[0].vmax < s[1].vmin or s[0].vmin > s[1].vmax: return True, True
+      if s[0].vmin == s[0].vmax == s[1].vmin == s[1].vmax: return False, False
+      return False, True
+    if op is Ops.CMPEQ:
+      if s[0].vmax < s[1].vmin or s[0].vmin > s[1].vmax: return False, False
+      if s[0].vmin == s[0].vmax == s[1].vmin == s[1].vmax: return True, True
+      return False, True
+    if op is Ops.AND and dt == dtypes.bool: return s[0].vmin and s[1].vmin, s[0].vmax and s[1].vmax
+    if op is Ops.OR and dt == dtypes.bool: return s[0].vmin or s[1].vmin, s[0].vmax or s[1].vmax
+    if op is Ops.AND and s[0].vmin >= 0 and s[1].vmin >= 0: return 0, min(s[0].vmax, s[1].vmax)
+    if op is Ops.WHERE: return min(s[1].vmin, s[2].vmin), max(s[1].vmax, s[2].vmax)
+  return lo_dt, hi_dt
+
+def _clamp(lo, hi, lo_dt, hi_dt):
+  if lo < lo_dt or hi > hi_dt: return lo_dt, hi_dt   # may overflow: no knowledge
+  return lo, hi
+
+# ---------------- printing ----------------
+
+_INFIX = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.IDIV: "//", Ops.MOD: "%", Ops.CMPLT: "<", Ops.CMPNE: "!=",
+          Ops.CMPEQ: "==", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^", Ops.FDIV: "/"}
+
+def render_expr(u: UOp) -> str:
+  """Infix rendering of a small expression (iterative)."""
+  out: dict[UOp, str] = {}
+  for node in u.toposort():
+    if node.op is Ops.CONST: out[node] = str(node.arg)
+    elif node.op is Ops.DEFINE_VAR: out[node] = node.arg[0]
+    elif node.op is Ops.RANGE: out[node] = f"ridx{node.arg}"
+    elif node.op in _INFIX: out[node] = f"({out[node.src[0]]}{_INFIX[node.op]}{out[node.src[1]]})"
+    elif node.op is Ops.MAX: out[node] = f"max({out[node.src[0]]}, {out[node.src[1]]})"
+    elif node.op is Ops.WHERE: out[node] = f"({out[node.src[0]]}?{out[node.src[1]]}:{out[node.src[2]]})"
+    elif node.op is Ops.NEG: out[node] = f"(-{out[node.src[0]]})"
+    else: out[node] = f"{node.op.name}({', '.join(out[s] for s in node.src)})"
+  return out[u]
+
+def pretty_print(u: UOp, limit: int = 60) -> str:
+  """A numbered listing of the graph under `u` (the last line is `u`)."""
+  nodes = u.toposort()
+  if len(nodes) > limit: return f"UOp({u.op}, {u.dtype}, arg={u.arg!r}, <{len(nodes)} nodes>)"
+  names = {n: f"%{i}" for i, n in enumerate(nodes)}
+  lines = [f"{names[n]} = {n.op.name} {n.dtype} ({', '.join(names[s] for s in n.src)}) arg={n.arg!r}" for n in nodes]
+  return "\n".join(lines)

@@ -1,0 +1,153 @@
+"""UPat, PatternMatcher and graph_rewrite: the one tool that transforms graphs at every stage."""
+from __future__ import annotations
+import inspect, itertools
+from typing import Any, Callable
+from kiln.dtype import DType
+from kiln.uop.ops import UOp, Ops, GroupOp
+
+class UPat:
+  """A pattern over UOps. `src` as a tuple matches in order; as a list it matches in any order (commutative ops).
+
+  >>> from kiln.uop.pattern import UPat
+  >>> from kiln.uop.ops import Ops
+  >>> p = UPat(Ops.ADD, src=[UPat.var("x"), UPat.cvar("c")])
+  """
+  __slots__ = ("ops", "dtypes", "src", "arg", "name", "allow_any_len", "permutable")
+  def __init__(self, op: Ops | tuple[Ops, ...] | frozenset | None = None, dtype: DType | tuple[DType, ...] | None = None,
+               src: tuple[UPat, ...] | list[UPat] | UPat | None = None, arg: Any = None, name: str | None = None,
+               allow_any_len: bool = False):
+    self.ops = None if op is None else (frozenset((op,)) if isinstance(op, Ops) else frozenset(op))
+    self.dtypes = None if dtype is None else (frozenset((dtype,)) if isinstance(dtype, DType) else frozenset(dtype))
+    self.permutable = isinstance(src, list)
+    self.src = None if src is None else (tuple(src) if isinstance(src, (list, tuple)) else (src,))
+    self.arg, self.name, self.allow_any_len = arg, name, allow_any_len
+
+  @staticmethod
+  def var(name: str | None = None, dtype=None) -> UPat: return UPat(dtype=dtype, name=name)
+  @staticmethod
+  def cvar(name: str | None = None, dtype=None) -> UPat: return UPat(Ops.CONST, dtype=dtype, name=name, src=())
+  @staticmethod
+  def const(dtype, value) -> UPat: return UPat(Ops.CONST, dtype=dtype, arg=value, src=())
+
+  # building patterns with operators; ADD and MUL patterns match either operand order
+  def _bin(self, op: Ops, other, commutative: bool) -> UPat:
+    other = other if isinstance(other, UPat) else UPat(Ops.CONST, arg=other, src=())
+    return UPat(op, src=[self, other] if commutative else (self, other))
+  def __add__(self, other) -> UPat: return self._bin(Ops.ADD, other, True)
+  def __mul__(self, other) -> UPat: return self._bin(Ops.MUL, other, True)
+  def __floordiv__(self, other) -> UPat: return self._bin(Ops.IDIV, other, False)
+  def __mod__(self, other) -> UPat: return self._bin(Ops.MOD, other, False)
+  def lt(self, other) -> UPat: return self._bin(Ops.CMPLT, other, False)
+  def ne(self, other) -> UPat: return self._bin(Ops.CMPNE, other, True)
+
+  def match(self, u: UOp, store: dict) -> list[dict]:
+    """All binding dicts under which `u` matches (empty list: no match)."""
+    if self.ops is not None and u.op not in self.ops: return []
+    if self.dtypes is not None and u.dtype not in self.dtypes: return []
+    if self.arg is not None and not (u.arg == self.arg and type(u.arg) is type(self.arg) or
+                                     isinstance(self.arg, (int, float)) and u.arg == self.arg and not isinstance(u.arg, bool)):
+      return []
+    if self.name is not None:
+      if self.name in store and store[self.name] is not u: return []
+      store = {**store, self.name: u}
+    if self.src is None: return [store]
+    if len(u.src) != len(self.src) and not (self.allow_any_len and len(u.src) >= len(self.src)): return []
+    orders = itertools.permutations(self.src) if self.permutable else (self.src,)
+    results: list[dict] = []
+    for pats in orders:
+      stores = [store]
+      for pat, s in zip(pats, u.src):
+        stores = [new for st in stores for new in pat.match(s, st)]
+        if not stores: break
+      results.extend(stores)
+    return results
+
+  def __repr__(self) -> str:
+    ops = "|".join(sorted(o.name for o in self.ops)) if self.ops else "any"
+    return f"UPat({ops}{', name=' + self.name if self.name else ''})"
+
+RuleFn = Callable[..., UOp | None]
+
+class PatternMatcher:
+  """An ordered list of `(UPat, fn)` rules. `rewrite(u)` returns the first non-None `fn(**bindings)` (or None).
+
+  A rule function may take `ctx` as its first argument to receive the context passed to graph_rewrite.
+  Rules are dispatched on the node's op first, so only rules that can match are tried.
+  """
+  def __init__(self, rules: list[tuple[UPat, RuleFn]]):
+    self.rules = rules
+    self.by_op: dict[Ops, list[tuple[UPat, RuleFn, bool]]] = {}
+    generic: list[tuple[UPat, RuleFn, bool]] = []
+    for pat, fn in rules:
+      wants_ctx = "ctx" in inspect.signature(fn).parameters
+      entry = (pat, fn, wants_ctx)
+      if pat.ops is None: generic.append(entry)
+      else:
+        for op in pat.ops: self.by_op.setdefault(op, []).append(entry)
+    # rules without an op apply to every op, after the specific ones in their original order
+    if generic:
+      order = {id(fn): i for i, (_, fn) in enumerate(rules)}
+      for op in Ops: self.by_op[op] = sorted(self.by_op.get(op, []) + generic, key=lambda e: order[id(e[1])])
+
+  def __add__(self, other: PatternMatcher) -> PatternMatcher: return PatternMatcher(self.rules + other.rules)
+
+  def rewrite(self, u: UOp, ctx=None) -> UOp | None:
+    for pat, fn, wants_ctx in self.by_op.get(u.op, ()):
+      for bindings in pat.match(u, {}):
+        ret = fn(ctx, **bindings) if wants_ctx else fn(**bindings)
+        if ret is not None and ret is not u: return ret
+    return None
+
+def graph_rewrite(root: UOp, pm: PatternMatcher, ctx=None, bottom_up: bool = False, name: str | None = None) -> UOp:
+  """Rewrite every node under `root` with `pm` until no rule applies (iterative and memoized; any graph depth).
+
+  Top-down (default) tries the rules on a node before its sources; bottom-up rewrites the sources first. Either way
+  a node rebuilt from rewritten sources, and every rule's result, is rewritten again.
+  """
+  memo: dict[UOp, UOp] = {}
+  # stack entries: (original node, stage, current node)
+  stack: list[tuple[UOp, int, UOp]] = [(root, 0, root)]
+  while stack:
+    orig, stage, cur = stack.pop()
+    if stage == 0:
+      if orig in memo: continue
+      if not bottom_up:
+        steps = 0
+        while (new := pm.rewrite(cur, ctx)) is not None:
+          cur = new
+          steps += 1
+          if steps > 1000: raise RuntimeError(f"graph_rewrite{' ' + name if name else ''}: rules do not reach a fixed point at {cur.op}")
+        if cur is not orig and cur in memo:
+          memo[orig] = memo[cur]
+          continue
+      stack.append((orig, 1, cur))
+      for s in reversed(cur.src):
+        if s not in memo: stack.append((s, 0, s))
+    elif stage == 1:
+      new_src = tuple(memo[s] for s in cur.src)
+      changed = any(a is not b for a, b in zip(new_src, cur.src))
+      rebuilt = cur.replace(src=new_src) if changed else cur
+      new = pm.rewrite(rebuilt, ctx) if (bottom_up or changed) else None
+      if new is None: memo[orig] = rebuilt
+      else:
+        stack.append((orig, 2, new))
+        stack.append((new, 0, new))
+    else:
+      memo[orig] = memo[cur]
+  return memo[root]
+
+def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
+  """`root` with every node in `mapping` replaced (sources of replaced nodes are not visited)."""
+  pm = PatternMatcher([(UPat(), lambda ctx, **kw: None)])
+  memo: dict[UOp, UOp] = {}
+  for node in _toposort_stop(root, mapping):
+    if node in mapping: memo[node] = mapping[node]
+    else:
+      new_src = tuple(memo[s] for s in node.src)
+      memo[node] = node if all(a is b for a, b in zip(new_src, node.src)) else node.replace(src=new_src)
+  del pm
+  return memo[root]
+
+def _toposort_stop(root: UOp, mapping: dict) -> list[UOp]:
+  from kiln.uop.ops import toposort
+  return toposort([root], stop=lambda u: u in mapping)

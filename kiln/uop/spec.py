@@ -1,0 +1,52 @@
+"""What a well-formed graph looks like after each stage; `SPEC=1` (on in tests) checks every graph as it is made."""
+from __future__ import annotations
+from kiln.dtype import dtypes
+from kiln.uop.ops import UOp, Ops, GroupOp, toposort
+
+class SpecError(RuntimeError):
+  """A graph broke the rules of its stage: a bug in kiln, not in the user's code."""
+
+def _fail(stage: str, node: UOp, why: str):
+  raise SpecError(f"{stage} spec: {node.op.name} {node.dtype} arg={node.arg!r}: {why}")
+
+def check_tensor_graph(roots: list[UOp]) -> None:
+  """Tensor-level nodes: every node has a shape, ALU operands share it, movement args fit their source."""
+  for node in toposort(roots):
+    if node.op in (Ops.DEVICE, Ops.SINK): continue
+    if node.op is Ops.CONST and not node.src: _fail("tensor", node, "constant without a device")
+    if node.shape is None: _fail("tensor", node, "has no shape")
+    if node.op in GroupOp.ALU:
+      shapes = {s.shape for s in node.src}
+      if len(shapes) != 1: _fail("tensor", node, f"operand shapes differ: {shapes}")
+      operand_dtypes = {s.dtype for s in (node.src[1:] if node.op is Ops.WHERE else node.src)}
+      if len(operand_dtypes) != 1 and node.op not in (Ops.SHL, Ops.SHR): _fail("tensor", node, f"operand dtypes differ: {operand_dtypes}")
+      if node.op is Ops.WHERE and node.src[0].dtype != dtypes.bool: _fail("tensor", node, "condition is not bool")
+    if node.op in (Ops.RESHAPE, Ops.EXPAND) and len(node.src) != 1: _fail("tensor", node, "needs one source")
+    if node.op is Ops.RESHAPE:
+      from kiln.helpers import prod
+      if prod(node.arg) != prod(node.src[0].shape): _fail("tensor", node, f"size changes from {node.src[0].shape}")
+    if node.op is Ops.EXPAND:
+      if len(node.arg) != len(node.src[0].shape) or any(s != t and s != 1 for s, t in zip(node.src[0].shape, node.arg)):
+        _fail("tensor", node, f"cannot expand {node.src[0].shape}")
+    if node.op is Ops.PERMUTE and sorted(node.arg) != list(range(len(node.src[0].shape))): _fail("tensor", node, "bad order")
+    if node.op is Ops.REDUCE_AXIS and node.arg[0] not in (Ops.ADD, Ops.MUL, Ops.MAX): _fail("tensor", node, "bad reduce op")
+
+LINEAR_OPS = GroupOp.ALU | {Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CONST, Ops.RANGE, Ops.ENDRANGE, Ops.LOAD, Ops.STORE,
+                            Ops.DEFINE_ACC, Ops.ASSIGN, Ops.CAST, Ops.BITCAST}
+
+def check_linear(uops: list[UOp]) -> None:
+  """Linearized kernels: only stage-4 ops, each node after its sources, loops properly nested."""
+  seen: set[UOp] = set()
+  open_loops: list[UOp] = []
+  for u in uops:
+    if u.op not in LINEAR_OPS: _fail("linear", u, "op not allowed after linearizing")
+    for s in u.src:
+      if s not in seen: _fail("linear", u, f"source {s.op.name} comes later or not at all")
+    if u.op is Ops.RANGE: open_loops.append(u)
+    if u.op is Ops.ENDRANGE:
+      if not open_loops or open_loops[-1] is not u.src[0]: _fail("linear", u, "closes a loop that is not the innermost")
+      open_loops.pop()
+    if u.op in (Ops.LOAD, Ops.STORE) and u.src[0].op is not Ops.DEFINE_GLOBAL: _fail("linear", u, "not on a buffer")
+    if u.op is Ops.ASSIGN and u.src[0].op is not Ops.DEFINE_ACC: _fail("linear", u, "assigns to a non-accumulator")
+    seen.add(u)
+  if open_loops: _fail("linear", open_loops[-1], "loop never closed")

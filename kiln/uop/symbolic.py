@@ -1,0 +1,601 @@
+"""Symbolic simplification: rewrite rules that fold constants and keep integer index arithmetic small and canonical.
+
+Three matchers, each a superset of the one before:
+- `constant_folding`: an ALU op or CAST whose operands are all constants becomes one constant, computed as the device
+  would (C semantics: ints wrap, integer division and modulo truncate toward zero, floats round to their dtype).
+- `symbolic_simple`: plus identities that hold for every value of every operand (`x*1`, `x+0` on ints, `-(-x)`, ...).
+- `symbolic`: plus rules that use value ranges (`vmin`/`vmax`) and canonical sums. This is what `UOp.simplify()` and
+  the codegen lowerer use. It is meant for kernel-level graphs (index math over RANGE/DEFINE_VAR, loads, ALU).
+
+Integer sums are kept in one canonical form, so equal expressions built in different orders become the same node:
+a left-nested chain of terms `t` or `t*c` (each term at most once, sorted by `term_order_key`), then one constant.
+`ADD`, `SUB`, `NEG` and multiplication by constants are exact in wrapping int arithmetic (a ring), so collecting
+terms is always valid. Division, modulo and comparisons are not: those rules first check, from the operands' value
+ranges, that the sum cannot wrap, and then only apply where C's truncation toward zero agrees with the math.
+
+>>> from kiln.uop.ops import UOp, Ops
+>>> from kiln.dtype import dtypes
+>>> r0 = UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 8),), arg=0)
+>>> r1 = UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 4),), arg=1)
+>>> ((r0*4 + r1) // 4).simplify().render()
+'ridx0'
+"""
+from __future__ import annotations
+import math, weakref, zlib
+from typing import Any
+import numpy as np
+from kiln.dtype import DType, dtypes, truncate, to_numpy_dtype, INTS, FLOATS
+from kiln.uop.ops import UOp, Ops, GroupOp, toposort
+from kiln.uop.pattern import UPat, PatternMatcher
+
+INT_DTYPES = frozenset(INTS)
+FLOAT_DTYPES = frozenset(FLOATS)
+
+# ---------------------------------------------------------------------------------------------------------------------
+# evaluating one op on constants, as the device does
+
+def _c_div(a: int, b: int) -> int:
+  """Integer division truncating toward zero, exactly (no float rounding for big ints)."""
+  q = abs(a) // abs(b)
+  return q if (a >= 0) == (b > 0) else -q
+
+def _c_mod(a: int, b: int) -> int:
+  """C's `a % b`: the remainder takes the sign of `a`."""
+  return a - b * _c_div(a, b)
+
+def _int_alu(op: Ops, dtype: DType, xs: list) -> Any:
+  """`op` on Python ints (or bools) in int/bool `dtype`; None where C leaves the result undefined."""
+  bits = dtype.bitsize
+  if op is Ops.NEG: return -xs[0]
+  if op is Ops.TRUNC: return xs[0]
+  if op is Ops.ADD: return xs[0] + xs[1]
+  if op is Ops.SUB: return xs[0] - xs[1]
+  if op is Ops.MUL: return xs[0] * xs[1]
+  if op in (Ops.IDIV, Ops.MOD):
+    if xs[1] == 0: return None
+    out = _c_div(xs[0], xs[1]) if op is Ops.IDIV else _c_mod(xs[0], xs[1])
+    return out if dtypes.min(dtype) <= out <= dtypes.max(dtype) else None   # INT_MIN // -1 traps
+  if op is Ops.MAX: return max(xs[0], xs[1])
+  if op is Ops.AND: return xs[0] & xs[1]
+  if op is Ops.OR: return xs[0] | xs[1]
+  if op is Ops.XOR: return xs[0] ^ xs[1]
+  if op in (Ops.SHL, Ops.SHR):
+    if not 0 <= xs[1] < max(bits, 1): return None
+    return xs[0] << xs[1] if op is Ops.SHL else xs[0] >> xs[1]
+  if op is Ops.POW:
+    if xs[1] < 0: return None
+    return pow(int(xs[0]), int(xs[1]), 1 << max(bits, 1)) if dtype != dtypes.bool else bool(xs[0] or xs[1] == 0)
+  return None   # EXP2, LOG2, SIN, SQRT, RECIP, FDIV have no integer version
+
+def _float_alu(op: Ops, dtype: DType, xs: list) -> Any:
+  """`op` on Python floats, computed in `dtype`'s precision (bfloat16 in float32, then rounded)."""
+  np_type = np.float32 if dtype == dtypes.bfloat16 else to_numpy_dtype(dtype).type
+  a = [np_type(x) for x in xs]
+  with np.errstate(all="ignore"):
+    if op is Ops.NEG: out = -a[0]
+    elif op is Ops.TRUNC: out = np.trunc(a[0])
+    elif op is Ops.EXP2: out = np.exp2(a[0])
+    elif op is Ops.LOG2: out = np.log2(a[0])
+    elif op is Ops.SIN: out = np.sin(a[0])
+    elif op is Ops.SQRT: out = np.sqrt(a[0])
+    elif op is Ops.RECIP: out = np_type(1) / a[0]
+    elif op is Ops.ADD: out = a[0] + a[1]
+    elif op is Ops.SUB: out = a[0] - a[1]
+    elif op is Ops.MUL: out = a[0] * a[1]
+    elif op is Ops.FDIV: out = a[0] / a[1]
+    elif op is Ops.POW: out = np.power(a[0], a[1])
+    elif op is Ops.MAX:
+      if math.isnan(xs[0]) or math.isnan(xs[1]): return None   # fmax and `a>b?a:b` disagree on NaN
+      out = np.maximum(a[0], a[1])
+    else: return None
+  return float(out)
+
+def exec_alu(op: Ops, dtype: DType, operands: tuple, operand_dtype: DType | None = None) -> Any:
+  """The value of ALU `op` on constant `operands` with result `dtype`, or None when it must not be folded.
+
+  `operand_dtype` (default: `dtype`) is the operands' dtype; it differs for comparisons, whose result is bool.
+
+  >>> exec_alu(Ops.IDIV, dtypes.int32, (-7, 2)), exec_alu(Ops.MOD, dtypes.int32, (-7, 2))
+  (-3, -1)
+  >>> exec_alu(Ops.ADD, dtypes.int8, (127, 1))
+  -128
+  """
+  operand_dtype = operand_dtype or dtype
+  xs = [truncate(operand_dtype, x) for x in operands]
+  if op in GroupOp.Comparison:
+    if op is Ops.CMPLT: return xs[0] < xs[1]
+    return (xs[0] != xs[1]) if op is Ops.CMPNE else (xs[0] == xs[1])
+  if dtypes.is_float(operand_dtype): out = _float_alu(op, operand_dtype, xs)
+  else: out = _int_alu(op, dtype, [int(x) for x in xs])
+  return None if out is None else truncate(dtype, out)
+
+def cast_value(value, from_dtype: DType, to_dtype: DType) -> Any:
+  """A constant converted as a C cast does, or None where C leaves it undefined (float out of an int's range)."""
+  if to_dtype == dtypes.bool: return bool(value)
+  if dtypes.is_int(to_dtype):
+    if dtypes.is_float(from_dtype):
+      if math.isnan(value) or math.isinf(value): return None
+      value = int(value)   # truncates toward zero
+      return value if dtypes.min(to_dtype) <= value <= dtypes.max(to_dtype) else None
+    return truncate(to_dtype, int(value))
+  if dtypes.is_float(to_dtype): return truncate(to_dtype, float(value))
+  return None
+
+# ---------------------------------------------------------------------------------------------------------------------
+# a deterministic order on terms, so that sums built in any order come out the same
+
+_order_keys: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_NO_LEAF = (3, 0, "")
+
+def _compute_order_key(u: UOp) -> tuple:
+  child_keys = [_order_keys[s] for s in u.src]
+  if u.op is Ops.RANGE and isinstance(u.arg, int): leaf = (0, u.arg, "")
+  elif u.op is Ops.DEFINE_VAR: leaf = (1, 0, str(u.arg[0]))
+  else: leaf = min((k[0] for k in child_keys), default=_NO_LEAF)
+  depth = 1 + max((k[1] for k in child_keys), default=0)
+  # a structural digest that is the same in every run (str hashes are salted per process, ints and tuples are not)
+  digest = hash((u.op.value, zlib.crc32(f"{u.dtype.name}|{u.arg!r}".encode())) + tuple(k[2] for k in child_keys))
+  return (leaf, depth, digest)
+
+def term_order_key(u: UOp) -> tuple:
+  """Sort key of a term in a canonical sum: by the first loop variable / Variable it uses, then size, then structure.
+
+  Equal nodes get equal keys, and keys do not depend on construction order or the process, so canonical sums are
+  reproducible (e.g. `ridx0*4 + ridx1`, never `ridx1 + ridx0*4`).
+  """
+  key = _order_keys.get(u)
+  if key is None:
+    for node in toposort([u], stop=lambda n: n in _order_keys):
+      if node not in _order_keys: _order_keys[node] = _compute_order_key(node)
+    key = _order_keys[u]
+  return key
+
+# ---------------------------------------------------------------------------------------------------------------------
+# linear forms of integer expressions
+
+MAX_LINEAR_NODES = 64   # sums bigger than this are left alone (keeps rewriting linear time on huge unrolled sums)
+
+def linear_form(u: UOp) -> tuple[dict[UOp, int], int] | None:
+  """`u` as ({term: coefficient}, constant), looking through ADD, SUB, NEG and multiplication by constants.
+
+  Coefficients and the constant are wrapped to `u.dtype` like the device wraps them; a term whose coefficient wraps
+  to 0 is dropped. None when `u` is not an int, is too big, or holds tensor-level constants.
+  """
+  dtype = u.dtype
+  if dtype not in INT_DTYPES: return None
+  terms: dict[UOp, int] = {}
+  const = 0
+  stack: list[tuple[UOp, int]] = [(u, 1)]
+  visited = 0
+  while stack:
+    node, coef = stack.pop()
+    visited += 1
+    if visited > MAX_LINEAR_NODES or node.dtype != dtype: return None
+    op = node.op
+    if op is Ops.CONST:
+      if node.src: return None   # a tensor-level constant: not index math
+      const += coef * node.arg
+    elif op is Ops.ADD or op is Ops.SUB:
+      stack.append((node.src[1], coef if op is Ops.ADD else -coef))
+      stack.append((node.src[0], coef))
+    elif op is Ops.NEG: stack.append((node.src[0], -coef))
+    elif op is Ops.MUL and node.src[1].op is Ops.CONST and not node.src[1].src:
+      stack.append((node.src[0], coef * node.src[1].arg))
+    elif op is Ops.MUL and node.src[0].op is Ops.CONST and not node.src[0].src:
+      stack.append((node.src[1], coef * node.src[0].arg))
+    else: terms[node] = terms.get(node, 0) + coef
+  wrapped = {t: truncate(dtype, a) for t, a in terms.items()}
+  return {t: a for t, a in wrapped.items() if a != 0}, truncate(dtype, const)
+
+def build_sum(dtype: DType, terms: dict[UOp, int], const: int = 0) -> UOp:
+  """The canonical node for `sum(t*a for t, a in terms) + const`: sorted terms, `t*a` for a != 1, constant last."""
+  out: UOp | None = None
+  for term in sorted(terms, key=term_order_key):
+    coef = truncate(dtype, terms[term])
+    if coef == 0: continue
+    part = term if coef == 1 else term.alu(Ops.MUL, UOp.const(dtype, coef))
+    out = part if out is None else out.alu(Ops.ADD, part)
+  const = truncate(dtype, const)
+  if out is None: return UOp.const(dtype, const)
+  return out if const == 0 else out.alu(Ops.ADD, UOp.const(dtype, const))
+
+def linear_bounds(terms: dict[UOp, int], const: int) -> tuple[int, int]:
+  """The mathematical (unwrapped) range of `sum(t*a) + const` from the terms' vmin/vmax."""
+  lo = hi = const
+  for term, coef in terms.items():
+    ends = (coef * term.vmin, coef * term.vmax)
+    lo, hi = lo + min(ends), hi + max(ends)
+  return lo, hi
+
+def fits(dtype: DType, lo: int, hi: int) -> bool:
+  """Whether every value in [lo, hi] is representable in `dtype` (so no wraparound happened computing it)."""
+  return dtypes.min(dtype) <= lo and hi <= dtypes.max(dtype)
+
+def _exact_linear(x: UOp) -> tuple[dict[UOp, int], int, int, int] | None:
+  """The linear form of `x` and its range, when `x`'s value is certainly its unwrapped mathematical value."""
+  form = linear_form(x)
+  if form is None: return None
+  terms, const = form
+  lo, hi = linear_bounds(terms, const)
+  return (terms, const, lo, hi) if fits(x.dtype, lo, hi) else None
+
+# ---------------------------------------------------------------------------------------------------------------------
+# constant folding rules
+
+def _kernel_const(u: UOp) -> bool: return u.op is Ops.CONST and not u.src
+
+def fold_unary(u: UOp, a: UOp) -> UOp | None:
+  """op(c) -> c'"""
+  value = exec_alu(u.op, u.dtype, (a.arg,), a.dtype)
+  return None if value is None else UOp.const(u.dtype, value)
+
+def fold_binary(u: UOp, a: UOp, b: UOp) -> UOp | None:
+  """c1 op c2 -> c"""
+  if a.dtype != b.dtype: return None
+  value = exec_alu(u.op, u.dtype, (a.arg, b.arg), a.dtype)
+  return None if value is None else UOp.const(u.dtype, value)
+
+def fold_where_const(c: UOp, a: UOp, b: UOp) -> UOp:
+  """where(True, a, b) -> a; where(False, a, b) -> b"""
+  return a if c.arg else b
+
+def fold_cast(u: UOp, c: UOp) -> UOp | None:
+  """cast(c) -> c'"""
+  value = cast_value(c.arg, c.dtype, u.dtype)
+  return None if value is None else UOp.const(u.dtype, value)
+
+constant_folding = PatternMatcher([
+  (UPat(GroupOp.Unary, src=(UPat.cvar("a"),), name="u"), fold_unary),
+  (UPat(GroupOp.Binary, src=(UPat.cvar("a"), UPat.cvar("b")), name="u"), fold_binary),
+  (UPat(Ops.WHERE, src=(UPat.cvar("c"), UPat.var("a"), UPat.var("b"))), fold_where_const),
+  (UPat(Ops.CAST, src=(UPat.cvar("c"),), name="u"), fold_cast),
+])
+
+# ---------------------------------------------------------------------------------------------------------------------
+# identities that hold for every value
+
+def _is_neg_zero(c: UOp) -> bool: return isinstance(c.arg, float) and c.arg == 0 and math.copysign(1.0, c.arg) < 0
+def _all_ones(dtype: DType): return True if dtype == dtypes.bool else (dtypes.max(dtype) if dtypes.is_unsigned(dtype) else -1)
+
+def add_zero(x: UOp) -> UOp:
+  """x+0 -> x (ints)"""
+  return x
+
+def float_add_neg_zero(x: UOp, c: UOp) -> UOp | None:
+  """x+(-0.0) -> x (floats; x+0.0 is not x when x is -0.0)"""
+  return x if _is_neg_zero(c) else None
+
+def float_sub_zero(x: UOp, c: UOp) -> UOp | None:
+  """x-0.0 -> x (floats)"""
+  return x if c.arg == 0 and not _is_neg_zero(c) else None
+
+def mul_one(x: UOp) -> UOp:
+  """x*1 -> x"""
+  return x
+
+def mul_zero(u: UOp) -> UOp:
+  """x*0 -> 0 (ints only: NaN*0 and inf*0 are NaN)"""
+  return UOp.const(u.dtype, 0)
+
+def div_one(x: UOp) -> UOp:
+  """x//1 -> x, x/1.0 -> x"""
+  return x
+
+def idiv_neg(x: UOp, c: UOp) -> UOp | None:
+  """x//(-c) -> (x//c)*-1 (C division truncates, so it is odd in the divisor)"""
+  if c.arg >= 0 or c.arg == dtypes.min(c.dtype): return None
+  return x.alu(Ops.IDIV, c.const_like(-c.arg)).alu(Ops.MUL, c.const_like(-1))
+
+def mod_neg(x: UOp, c: UOp) -> UOp | None:
+  """x%(-c) -> x%c (C's remainder takes the sign of x only)"""
+  if c.arg >= 0 or c.arg == dtypes.min(c.dtype): return None
+  return x.alu(Ops.MOD, c.const_like(-c.arg))
+
+def mod_one(u: UOp) -> UOp:
+  """x%1 -> 0"""
+  return UOp.const(u.dtype, 0)
+
+def sub_self(u: UOp, x: UOp) -> UOp:
+  """x-x -> 0 (ints only: inf-inf is NaN)"""
+  return UOp.const(u.dtype, 0)
+
+def double_neg(x: UOp) -> UOp:
+  """-(-x) -> x"""
+  return x
+
+def int_sub_to_add(x: UOp, y: UOp) -> UOp:
+  """x-y -> x+y*-1 (ints, exact with wraparound; the form UOp.__sub__ builds)"""
+  return x.alu(Ops.ADD, y.alu(Ops.MUL, y.const_like(-1)))
+
+def int_neg_to_mul(x: UOp) -> UOp:
+  """-x -> x*-1 (ints)"""
+  return x.alu(Ops.MUL, x.const_like(-1))
+
+def const_to_right(u: UOp, c: UOp, x: UOp) -> UOp | None:
+  """c op x -> x op c (commutative ops)"""
+  return None if _kernel_const(x) else u.replace(src=(x, c))
+
+def where_same(x: UOp) -> UOp:
+  """where(c, x, x) -> x"""
+  return x
+
+def where_bool(c: UOp, a: UOp, b: UOp) -> UOp | None:
+  """where(c, True, False) -> c; where(c, False, True) -> !c"""
+  if c.dtype != dtypes.bool or a.dtype != dtypes.bool or a.arg == b.arg: return None
+  return c if a.arg else c.logical_not()
+
+def where_not(c: UOp, a: UOp, b: UOp) -> UOp | None:
+  """where(!c, a, b) -> where(c, b, a)"""
+  return c.alu(Ops.WHERE, b, a) if c.dtype == dtypes.bool else None
+
+def idempotent(x: UOp) -> UOp:
+  """x&x -> x, x|x -> x, max(x, x) -> x"""
+  return x
+
+def and_const(u: UOp, x: UOp, c: UOp) -> UOp | None:
+  """x&0 -> 0, x&~0 -> x (bool: x&False -> False, x&True -> x)"""
+  if not c.arg: return UOp.const(u.dtype, 0)
+  return x if c.arg == _all_ones(u.dtype) else None
+
+def or_const(u: UOp, x: UOp, c: UOp) -> UOp | None:
+  """x|0 -> x, x|~0 -> ~0 (bool: x|False -> x, x|True -> True)"""
+  if not c.arg: return x
+  return UOp.const(u.dtype, c.arg) if c.arg == _all_ones(u.dtype) else None
+
+def xor_zero(x: UOp, c: UOp) -> UOp | None:
+  """x^0 -> x"""
+  return x if not c.arg else None
+
+def bool_ne_false(x: UOp) -> UOp | None:
+  """x!=False -> x, x==True -> x (x bool)"""
+  return x if x.dtype == dtypes.bool else None
+
+def bool_eq_false(x: UOp) -> UOp | None:
+  """x==False -> !x (x bool)"""
+  return x.logical_not() if x.dtype == dtypes.bool else None
+
+def not_not(x: UOp) -> UOp | None:
+  """!!x -> x (x bool)"""
+  return x if x.dtype == dtypes.bool else None
+
+def lt_self(u: UOp, x: UOp) -> UOp:
+  """x<x -> False"""
+  return UOp.const(dtypes.bool, False)
+
+def int_cmp_self(u: UOp, x: UOp) -> UOp | None:
+  """x!=x -> False, x==x -> True (not floats: NaN!=NaN)"""
+  if x.dtype not in INT_DTYPES and x.dtype != dtypes.bool: return None
+  return UOp.const(dtypes.bool, u.op is Ops.CMPEQ)
+
+def cast_noop(u: UOp, x: UOp) -> UOp | None:
+  """cast(x: T, T) -> x"""
+  return x if x.dtype == u.dtype else None
+
+_TRUE, _FALSE = UPat.const(dtypes.bool, True), UPat.const(dtypes.bool, False)
+_INT = tuple(INT_DTYPES)
+
+symbolic_simple = constant_folding + PatternMatcher([
+  (UPat(GroupOp.Commutative, src=(UPat.cvar("c"), UPat.var("x")), name="u"), const_to_right),
+  (UPat(Ops.ADD, dtype=_INT, src=(UPat.var("x"), UPat.const(None, 0))), add_zero),
+  (UPat(Ops.ADD, dtype=tuple(FLOAT_DTYPES), src=(UPat.var("x"), UPat.cvar("c"))), float_add_neg_zero),
+  (UPat(Ops.SUB, dtype=tuple(FLOAT_DTYPES), src=(UPat.var("x"), UPat.cvar("c"))), float_sub_zero),
+  (UPat(Ops.MUL, src=(UPat.var("x"), UPat.const(None, 1))), mul_one),
+  (UPat(Ops.MUL, dtype=_INT, src=(UPat.var(), UPat.const(None, 0)), name="u"), mul_zero),
+  (UPat((Ops.IDIV, Ops.FDIV), src=(UPat.var("x"), UPat.const(None, 1))), div_one),
+  (UPat(Ops.MOD, dtype=_INT, src=(UPat.var(), UPat.const(None, 1)), name="u"), mod_one),
+  (UPat(Ops.IDIV, dtype=_INT, src=(UPat.var("x"), UPat.cvar("c"))), idiv_neg),
+  (UPat(Ops.MOD, dtype=_INT, src=(UPat.var("x"), UPat.cvar("c"))), mod_neg),
+  (UPat(Ops.SUB, dtype=_INT, src=(UPat.var("x"), UPat.var("x")), name="u"), sub_self),
+  (UPat(Ops.SUB, dtype=_INT, src=(UPat.var("x"), UPat.var("y"))), int_sub_to_add),
+  (UPat(Ops.NEG, src=(UPat(Ops.NEG, src=(UPat.var("x"),)),)), double_neg),
+  (UPat(Ops.NEG, dtype=_INT, src=(UPat.var("x"),)), int_neg_to_mul),
+  (UPat(Ops.WHERE, src=(UPat.var(), UPat.var("x"), UPat.var("x"))), where_same),
+  (UPat(Ops.WHERE, src=(UPat.var("c"), UPat.cvar("a"), UPat.cvar("b"))), where_bool),
+  (UPat(Ops.WHERE, src=(UPat(Ops.CMPNE, src=(UPat.var("c"), _TRUE)), UPat.var("a"), UPat.var("b"))), where_not),
+  (UPat((Ops.AND, Ops.OR, Ops.MAX), src=(UPat.var("x"), UPat.var("x"))), idempotent),
+  (UPat(Ops.AND, src=(UPat.var("x"), UPat.cvar("c")), name="u"), and_const),
+  (UPat(Ops.OR, src=(UPat.var("x"), UPat.cvar("c")), name="u"), or_const),
+  (UPat(Ops.XOR, src=(UPat.var("x"), UPat.cvar("c"))), xor_zero),
+  (UPat(Ops.CMPNE, src=(UPat(Ops.CMPNE, src=(UPat.var("x"), _TRUE)), _TRUE)), not_not),
+  (UPat(Ops.CMPNE, src=(UPat.var("x"), _FALSE)), bool_ne_false),
+  (UPat(Ops.CMPEQ, src=(UPat.var("x"), _TRUE)), bool_ne_false),
+  (UPat(Ops.CMPEQ, src=(UPat.var("x"), _FALSE)), bool_eq_false),
+  (UPat(Ops.CMPLT, src=(UPat.var("x"), UPat.var("x")), name="u"), lt_self),
+  (UPat((Ops.CMPNE, Ops.CMPEQ), src=(UPat.var("x"), UPat.var("x")), name="u"), int_cmp_self),
+  (UPat(Ops.CAST, src=(UPat.var("x"),), name="u"), cast_noop),
+])
+
+# ---------------------------------------------------------------------------------------------------------------------
+# rules that use value ranges and canonical sums (integers)
+
+_RANGE_FOLDABLE = GroupOp.ALU | {Ops.CAST}
+
+def fold_by_range(u: UOp) -> UOp | None:
+  """x -> c when vmin == vmax (int and bool results, e.g. comparisons decided by the operands' ranges)"""
+  if u.dtype not in INT_DTYPES and u.dtype != dtypes.bool: return None
+  if any(s.op is Ops.CONST and s.src for s in u.src): return None   # tensor-level graph: leave to the scheduler
+  lo, hi = u.vmin, u.vmax
+  return UOp.const(u.dtype, lo) if lo == hi else None
+
+def max_by_range(x: UOp, y: UOp) -> UOp | None:
+  """max(x, y) -> x when x >= y for every value in their ranges"""
+  if x.dtype in FLOAT_DTYPES: return None
+  return x if x.vmin >= y.vmax else None
+
+def canonical_sum(u: UOp) -> UOp | None:
+  """x*c1 + x*c2 -> x*(c1+c2), (x+c1)+c2 -> x+(c1+c2), (x*c1)*c2 -> x*(c1*c2), (a+b)*c -> a*c+b*c; sorted terms"""
+  form = linear_form(u)
+  return None if form is None else build_sum(u.dtype, *form)
+
+def order_mul_operands(u: UOp, x: UOp, y: UOp) -> UOp | None:
+  """y*x -> x*y in term order (ints, neither a constant)"""
+  if _kernel_const(x) or _kernel_const(y) or term_order_key(x) <= term_order_key(y): return None
+  return u.replace(src=(y, x))
+
+def mod_in_range(x: UOp, c: UOp) -> UOp | None:
+  """x%c -> x when -c < x < c"""
+  return x if c.arg > 0 and -c.arg < x.vmin and x.vmax < c.arg else None
+
+def div_div(x: UOp, c1: UOp, c2: UOp) -> UOp | None:
+  """(x//c1)//c2 -> x//(c1*c2)"""
+  if c1.arg <= 0 or c2.arg <= 0 or c1.arg * c2.arg > dtypes.max(x.dtype): return None
+  return x.alu(Ops.IDIV, x.const_like(c1.arg * c2.arg))
+
+def mod_mod(x: UOp, c1: UOp, c2: UOp) -> UOp | None:
+  """(x%c1)%c2 -> x%c2 when c2 divides c1"""
+  if c1.arg <= 0 or c2.arg <= 0 or c1.arg % c2.arg != 0: return None
+  return x.alu(Ops.MOD, c2)
+
+def mod_div(x: UOp, c1: UOp, c2: UOp) -> UOp | None:
+  """(x%c1)//c2 -> (x//c2)%(c1//c2) when c2 divides c1"""
+  if c1.arg <= 0 or c2.arg <= 0 or c1.arg % c2.arg != 0: return None
+  return x.alu(Ops.IDIV, c2).alu(Ops.MOD, x.const_like(c1.arg // c2.arg))
+
+def _div_mod_linear(x: UOp, c: int, is_div: bool) -> UOp | None:
+  exact = _exact_linear(x)
+  if exact is None or c <= 0: return None
+  terms, const, lo, hi = exact
+  dtype = x.dtype
+  # a common factor of the divisor and every part of the sum cancels exactly, for any sign
+  g = math.gcd(c, const, *terms.values())
+  if g > 1:
+    reduced = build_sum(dtype, {t: a // g for t, a in terms.items()}, const // g)
+    if is_div: return reduced.alu(Ops.IDIV, x.const_like(c // g))
+    return reduced.alu(Ops.MOD, x.const_like(c // g)).alu(Ops.MUL, x.const_like(g))
+  # x = c*quotient + rest; truncation is floor for x >= 0 (rest must be >= 0) and ceil for x <= 0 (rest <= 0)
+  if lo >= 0: const_quotient = const // c
+  elif hi <= 0: const_quotient = -((-const) // c)
+  else: return None
+  quotient = {t: a // c for t, a in terms.items() if a % c == 0}
+  rest = {t: a for t, a in terms.items() if a % c != 0}
+  rest_const = const - const_quotient * c
+  rest_lo, rest_hi = linear_bounds(rest, rest_const)
+  if (lo >= 0 and rest_lo < 0) or (lo < 0 and rest_hi > 0) or not fits(dtype, rest_lo, rest_hi): return None
+  rest_expr = build_sum(dtype, rest, rest_const)
+  rest_small = -c < rest_lo and rest_hi < c
+  if not is_div: return rest_expr if rest_small else rest_expr.alu(Ops.MOD, x.const_like(c))
+  if not quotient and const_quotient == 0 and not rest_small: return None   # nothing to take out of the division
+  quotient_expr = build_sum(dtype, quotient, const_quotient)
+  return quotient_expr if rest_small else quotient_expr.alu(Ops.ADD, rest_expr.alu(Ops.IDIV, x.const_like(c)))
+
+def div_linear(x: UOp, c: UOp) -> UOp | None:
+  """(a*c + b)//c -> a + b//c when the sum cannot wrap and b has x's sign; (x*g)//(c*g) -> x//c"""
+  return _div_mod_linear(x, c.arg, True)
+
+def mod_linear(x: UOp, c: UOp) -> UOp | None:
+  """(a*c + b)%c -> b%c when the sum cannot wrap and b has x's sign; (x*g)%(c*g) -> (x%c)*g"""
+  return _div_mod_linear(x, c.arg, False)
+
+def div_mod_recombine(u: UOp) -> UOp | None:
+  """(x//c)*c + x%c -> x (any sign: C guarantees it) inside a sum"""
+  form = linear_form(u)
+  if form is None: return None
+  terms, const = form
+  changed, recombined = True, False
+  while changed:
+    changed = False
+    for m, coef in list(terms.items()):
+      if m.op is not Ops.MOD or not _kernel_const(m.src[1]) or m.src[1].arg <= 0 or m not in terms: continue
+      x, c = m.src[0], m.src[1].arg
+      candidates = [x.alu(Ops.IDIV, m.src[1])]
+      if x.op is Ops.IDIV and _kernel_const(x.src[1]) and x.src[1].arg > 0:   # ((y//d)%c, (y//(d*c))) pairs too
+        candidates.append(x.src[0].alu(Ops.IDIV, x.const_like(x.src[1].arg * c)))
+      for q in candidates:
+        if terms.get(q) == truncate(u.dtype, coef * c):
+          del terms[m], terms[q]
+          terms[x] = truncate(u.dtype, terms.get(x, 0) + coef)
+          if terms[x] == 0: del terms[x]
+          changed = True
+          break
+      if changed:
+        recombined = True
+        break
+  return build_sum(u.dtype, terms, const) if recombined else None
+
+def lt_linear(x: UOp, c: UOp) -> UOp | None:
+  """(x+c1) < c2 -> x < c2-c1, (x*g) < c -> x < ceil(c/g) when the sum cannot wrap"""
+  exact = _exact_linear(x)
+  if exact is None or not exact[0]: return None
+  terms, const, _, _ = exact
+  g = math.gcd(*terms.values())
+  bound = -((const - c.arg) // g)   # ceil((c - const) / g)
+  reduced = {t: a // g for t, a in terms.items()}
+  if not fits(x.dtype, *linear_bounds(reduced, 0)) or not fits(x.dtype, bound, bound): return None
+  return build_sum(x.dtype, reduced).alu(Ops.CMPLT, x.const_like(bound))
+
+def const_lt_linear(c: UOp, x: UOp) -> UOp | None:
+  """c2 < (x+c1) -> c2-c1 < x, c < (x*g) -> floor(c/g) < x when the sum cannot wrap"""
+  exact = _exact_linear(x)
+  if exact is None or not exact[0]: return None
+  terms, const, _, _ = exact
+  g = math.gcd(*terms.values())
+  bound = (c.arg - const) // g
+  reduced = {t: a // g for t, a in terms.items()}
+  if not fits(x.dtype, *linear_bounds(reduced, 0)) or not fits(x.dtype, bound, bound): return None
+  return x.const_like(bound).alu(Ops.CMPLT, build_sum(x.dtype, reduced))
+
+def div_lt(x: UOp, d: UOp, c: UOp) -> UOp | None:
+  """x//d < c -> x < c*d (d > 0; c > 0 or x >= 0)"""
+  if d.arg <= 0 or not (c.arg > 0 or x.vmin >= 0) or not fits(x.dtype, c.arg * d.arg, c.arg * d.arg): return None
+  return x.alu(Ops.CMPLT, x.const_like(c.arg * d.arg))
+
+def const_lt_div(c: UOp, x: UOp, d: UOp) -> UOp | None:
+  """c < x//d -> (c+1)*d-1 < x (d > 0; c >= 0 or x >= 0)"""
+  bound = (c.arg + 1) * d.arg - 1
+  if d.arg <= 0 or not (c.arg >= 0 or x.vmin >= 0) or not fits(x.dtype, bound, bound): return None
+  return x.const_like(bound).alu(Ops.CMPLT, x)
+
+def eq_linear(u: UOp, x: UOp, c: UOp) -> UOp | None:
+  """(x+c1) != c2 -> x != c2-c1 (exact with wraparound); (x*g) == c -> x == c/g, or decided when g doesn't divide c"""
+  form = linear_form(x)
+  if form is None or not form[0]: return None
+  terms, const = form
+  target = truncate(x.dtype, c.arg - const)
+  g = math.gcd(*terms.values())
+  if g > 1 and fits(x.dtype, *linear_bounds(terms, 0)):   # no wraparound: divisibility decides
+    if target % g != 0: return UOp.const(dtypes.bool, u.op is Ops.CMPNE)
+    terms, target = {t: a // g for t, a in terms.items()}, target // g
+  return build_sum(x.dtype, terms).alu(u.op, x.const_like(target))
+
+def cmp_difference(u: UOp, x: UOp, y: UOp) -> UOp | None:
+  """x+a < x+b -> a < b, x+a == x+b -> a == b: cancel terms both sides share (== and != are exact with wraparound)"""
+  if _kernel_const(x) or _kernel_const(y): return None
+  left, right = linear_form(x), linear_form(y)
+  if left is None or right is None or not (left[0].keys() & right[0].keys()): return None
+  if u.op is Ops.CMPLT and (not fits(x.dtype, *linear_bounds(*left)) or not fits(y.dtype, *linear_bounds(*right))): return None
+  diff = {t: left[0].get(t, 0) - right[0].get(t, 0) for t in left[0].keys() | right[0].keys()}
+  diff = {t: a for t, a in diff.items() if a != 0}
+  const = right[1] - left[1]
+  # left - right < 0 becomes sum(positive terms) < sum(negated negative terms) + const, keeping coefficients positive
+  pos, neg = {t: a for t, a in diff.items() if a > 0}, {t: -a for t, a in diff.items() if a < 0}
+  if u.op is Ops.CMPLT:
+    if not fits(x.dtype, *linear_bounds(pos, 0)) or not fits(x.dtype, *linear_bounds(neg, const)): return None
+    return build_sum(x.dtype, pos).alu(Ops.CMPLT, build_sum(x.dtype, neg, const))
+  return build_sum(x.dtype, pos).alu(u.op, build_sum(x.dtype, neg, const))
+
+_CINT = UPat.cvar("c", dtype=_INT)
+_XINT = UPat.var("x", dtype=_INT)
+
+symbolic = symbolic_simple + PatternMatcher([
+  (UPat(_RANGE_FOLDABLE, name="u"), fold_by_range),
+  (UPat(Ops.MAX, src=[UPat.var("x"), UPat.var("y")]), max_by_range),
+  # division and modulo by positive constants
+  (UPat(Ops.MOD, src=(_XINT, _CINT)), mod_in_range),
+  (UPat(Ops.IDIV, src=(UPat(Ops.IDIV, src=(_XINT, UPat.cvar("c1"))), UPat.cvar("c2"))), div_div),
+  (UPat(Ops.MOD, src=(UPat(Ops.MOD, src=(_XINT, UPat.cvar("c1"))), UPat.cvar("c2"))), mod_mod),
+  (UPat(Ops.IDIV, src=(UPat(Ops.MOD, src=(_XINT, UPat.cvar("c1"))), UPat.cvar("c2"))), mod_div),
+  (UPat(Ops.IDIV, src=(_XINT, _CINT)), div_linear),
+  (UPat(Ops.MOD, src=(_XINT, _CINT)), mod_linear),
+  # comparisons of sums with constants
+  (UPat(Ops.CMPLT, src=(UPat(Ops.IDIV, src=(_XINT, UPat.cvar("d"))), _CINT)), div_lt),
+  (UPat(Ops.CMPLT, src=(_CINT, UPat(Ops.IDIV, src=(_XINT, UPat.cvar("d"))))), const_lt_div),
+  (UPat(Ops.CMPLT, src=(_XINT, _CINT)), lt_linear),
+  (UPat(Ops.CMPLT, src=(_CINT, _XINT)), const_lt_linear),
+  (UPat((Ops.CMPNE, Ops.CMPEQ), src=(_XINT, _CINT), name="u"), eq_linear),
+  (UPat((Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ), src=(_XINT, UPat.var("y")), name="u"), cmp_difference),
+  # canonical sums last: the rules above see (and return) sums in canonical form
+  (UPat(Ops.ADD, dtype=_INT, name="u"), div_mod_recombine),
+  (UPat((Ops.ADD, Ops.SUB, Ops.NEG), dtype=_INT, name="u"), canonical_sum),
+  (UPat(Ops.MUL, dtype=_INT, src=(UPat.var(), UPat.cvar()), name="u"), canonical_sum),
+  (UPat(Ops.MUL, dtype=_INT, src=(UPat.var("x"), UPat.var("y")), name="u"), order_mul_operands),
+])
