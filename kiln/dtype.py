@@ -3,14 +3,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 import math
 
-@dataclass(frozen=True, eq=True)
+@dataclass(frozen=True, eq=False)
 class DType:
   """A scalar element type. `priority` orders types for promotion; `fmt` is the struct/numpy format char."""
   priority: int
   itemsize: int
   name: str
   fmt: str | None
+  # every DType is a module-level singleton: equality is identity (fast), and unpickling returns the singleton
   def __repr__(self) -> str: return f"dtypes.{self.name}"
+  def __reduce__(self): return _dtype_by_name, (self.name,)
   def __lt__(self, other: DType) -> bool: return (self.priority, self.itemsize, self.name) < (other.priority, other.itemsize, other.name)
   @property
   def bitsize(self) -> int: return self.itemsize * 8
@@ -96,6 +98,9 @@ def _ancestors(dt: DType) -> set[DType]:
   return seen
 
 _ANCESTORS = {dt: _ancestors(dt) for dt in _PARENTS}
+
+def _dtype_by_name(name: str) -> DType:
+  return next(v for v in vars(dtypes).values() if isinstance(v, DType) and v.name == name)
 
 def least_upper_dtype(*ds: DType) -> DType:
   """The smallest dtype that every dtype in `ds` promotes to, e.g. int32 and float16 -> float16."""

@@ -236,8 +236,10 @@ class Tensor:
     offset = Tensor._rng_counter
     Tensor._rng_counter += count
     key = _mix32((Tensor._seed * 0x9E3779B9 + 0x7F4A7C15) & 0xFFFFFFFF)
+    # offset and key travel in a buffer, not as constants, so every call reuses one compiled kernel
+    params = Tensor(np.array([offset & 0xFFFFFFFF, key], dtype=np.uint32), device=device)
     pos = Tensor(UOp(Ops.IOTA, dtypes.int32, (UOp(Ops.DEVICE, arg=device),), count)).cast(dtypes.uint32)
-    x = (pos + (offset & 0xFFFFFFFF)) ^ key
+    x = (pos + params[0]) ^ params[1]
     for _ in range(2):
       x = x ^ (x >> 16)
       x = x * 0x7FEB352D

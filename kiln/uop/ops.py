@@ -63,7 +63,7 @@ class UOp:
   >>> UOp.const(dtypes.int32, 3) is UOp.const(dtypes.int32, 3)
   True
   """
-  __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "_shape", "_minmax", "meta", "buffer", "forward")
+  __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "_shape", "_minmax", "meta", "buffer", "forward", "_device")
   op: Ops
   dtype: DType
   src: tuple[UOp, ...]
@@ -78,7 +78,7 @@ class UOp:
     if cached is not None: return cached
     self = object.__new__(cls)
     self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
-    self._shape = self._minmax = self.meta = self.buffer = self.forward = None
+    self._shape = self._minmax = self.meta = self.buffer = self.forward = self._device = None
     _uop_cache[key] = self
     return self
 
@@ -163,14 +163,19 @@ class UOp:
 
   @property
   def device(self) -> str | None:
-    """The device a tensor-level node lives on."""
-    node = self
+    """The device a tensor-level node lives on (cached; found by walking to the node's first source)."""
+    if self._device is not None: return self._device
+    path, node = [], self
     while True:
-      if node.op is Ops.BUFFER: return node.arg[1]
-      if node.op is Ops.DEVICE: return node.arg
-      if node.op is Ops.COPY: return node.arg
-      if not node.src: return None
+      if node._device is not None: found = node._device; break
+      if node.op is Ops.BUFFER: found = node.arg[1]; break
+      if node.op in (Ops.DEVICE, Ops.COPY): found = node.arg; break
+      if not node.src: found = None; break
+      path.append(node)
       node = node.src[0] if node.op is not Ops.WHERE else node.src[1]
+    if found is not None:
+      for n in path: n._device = found
+    return found
 
   @property
   def shape(self) -> tuple[int, ...] | None:

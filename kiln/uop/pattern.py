@@ -138,14 +138,12 @@ def graph_rewrite(root: UOp, pm: PatternMatcher, ctx=None, bottom_up: bool = Fal
 
 def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
   """`root` with every node in `mapping` replaced (sources of replaced nodes are not visited)."""
-  pm = PatternMatcher([(UPat(), lambda ctx, **kw: None)])
   memo: dict[UOp, UOp] = {}
   for node in _toposort_stop(root, mapping):
     if node in mapping: memo[node] = mapping[node]
     else:
       new_src = tuple(memo[s] for s in node.src)
       memo[node] = node if all(a is b for a, b in zip(new_src, node.src)) else node.replace(src=new_src)
-  del pm
   return memo[root]
 
 def _toposort_stop(root: UOp, mapping: dict) -> list[UOp]:

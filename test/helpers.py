@@ -1,0 +1,77 @@
+"""check(): run a kiln function and a torch function on the same random inputs and compare values and gradients."""
+from __future__ import annotations
+import numpy as np
+import torch
+from kiln import Tensor
+
+def make_input(shape, dtype, rng: np.random.Generator, low=-2.0, high=2.0) -> np.ndarray:
+  """Random values of `shape`: uniform floats in [low, high), ints in [low, high), fair bools."""
+  dt = np.dtype(dtype)
+  if dt == np.bool_: return rng.random(shape) < 0.5
+  if dt.kind in "iu": return rng.integers(int(np.floor(low)), max(int(np.ceil(high)), int(np.floor(low)) + 1), shape).astype(dt)
+  return rng.uniform(low, high, shape).astype(dt)
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+  t = t.detach()
+  return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+
+def default_tols(dtype) -> tuple[float, float]:
+  name = str(dtype).replace("torch.", "")
+  return {"float16": (2e-2, 1e-2), "bfloat16": (5e-2, 2e-2), "float64": (1e-10, 1e-10)}.get(name, (1e-5, 1e-4))
+
+def assert_close(got, want, what: str, atol: float = 1e-5, rtol: float = 1e-4) -> None:
+  """Shapes equal and |got - want| <= atol + rtol*|want| everywhere (NaNs must match); names the worst element."""
+  got, want = np.asarray(got), np.asarray(want)
+  assert got.shape == want.shape, f"{what}: shape {got.shape} != expected {want.shape}"
+  if got.dtype == np.bool_ or want.dtype == np.bool_ or got.dtype.kind in "iu" and want.dtype.kind in "iu":
+    bad = got != want
+    if bad.any():
+      i = tuple(int(v) for v in np.argwhere(bad)[0])
+      raise AssertionError(f"{what} (shape {got.shape}): {int(bad.sum())} elements differ, first at {i}: got {got[i]}, expected {want[i]}")
+    return
+  g, w = got.astype(np.float64), want.astype(np.float64)
+  with np.errstate(invalid="ignore"):
+    diff = np.where(np.isnan(g) & np.isnan(w), 0.0, np.abs(g - w))
+    diff = np.where((g == w), 0.0, diff)   # equal infinities
+    bad = ~(diff <= atol + rtol * np.abs(w))
+  if bad.any():
+    i = np.unravel_index(np.argmax(np.where(bad, np.nan_to_num(diff, nan=np.inf), -1)), diff.shape)
+    raise AssertionError(f"{what} (shape {got.shape}): {int(bad.sum())} elements out of tolerance, worst difference "
+                         f"{diff[i]:.4g} at {tuple(int(v) for v in i)}: got {g[i]!r}, expected {w[i]!r} (atol={atol}, rtol={rtol})")
+
+def check(kiln_fn, torch_fn, shapes, dtype="float32", grad=True, device="CPU", atol=None, rtol=None, low=-2.0, high=2.0,
+          seed=0, check_dtype=True):
+  """Compare kiln_fn(*tensors) with torch_fn(*tensors) on the same random inputs, forward and (if `grad`) backward.
+
+  `shapes` holds one entry per input: a shape tuple, or a numpy array used as is. `dtype` is one name for all inputs or a
+  list. Gradients are those of (out * W).sum() for a fixed random W, with respect to every float input.
+  """
+  rng = np.random.default_rng(seed)
+  dts = list(dtype) if isinstance(dtype, (list, tuple)) else [dtype] * len(shapes)
+  arrays = [s if isinstance(s, np.ndarray) else make_input(s, d, rng, low, high) for s, d in zip(shapes, dts)]
+  diff_in = [grad and a.dtype.kind == "f" for a in arrays]
+  kx = [Tensor(a, device=device, requires_grad=True if g else None) for a, g in zip(arrays, diff_in)]
+  tx = [torch.tensor(a, requires_grad=g) for a, g in zip(arrays, diff_in)]
+  desc = f"inputs {', '.join(f'{a.shape} {a.dtype}' for a in arrays)} on {device}"
+  kout, tout = kiln_fn(*kx), torch_fn(*tx)
+  assert kout.shape == tuple(tout.shape), f"{desc}: output shape {kout.shape} != torch {tuple(tout.shape)}"
+  tdt = str(tout.dtype).replace("torch.", "")
+  if check_dtype: assert kout.dtype.name == _kiln_name(tdt), f"{desc}: output dtype {kout.dtype} != torch {tout.dtype}"
+  d_atol, d_rtol = default_tols(tdt)
+  atol, rtol = d_atol if atol is None else atol, d_rtol if rtol is None else rtol
+  assert_close(kout.numpy(), to_numpy(tout), f"forward, {desc}", atol, rtol)
+  if not (grad and tout.requires_grad): return kout
+  weight = rng.standard_normal(tout.shape).astype(np.float32)
+  (tout * torch.tensor(weight).to(tout.dtype)).sum().backward()
+  (kout * Tensor(weight, device=device).cast(kout.dtype)).sum().backward()
+  for i, (k, t) in enumerate(zip(kx, tx)):
+    if not diff_in[i]: continue
+    want = to_numpy(t.grad) if t.grad is not None else np.zeros(t.shape, arrays[i].dtype)
+    got = k.grad.numpy() if k.grad is not None else np.zeros(k.shape, arrays[i].dtype)
+    assert_close(got, want, f"grad of input {i}, {desc}", atol, rtol)
+  return kout
+
+def _kiln_name(torch_name: str) -> str:
+  """kiln's DType.name for a torch dtype name."""
+  return {"float32": "float", "float64": "double", "float16": "half", "int8": "char", "uint8": "uchar", "int16": "short",
+          "uint16": "ushort", "int32": "int", "uint32": "uint", "int64": "long", "uint64": "ulong"}.get(torch_name, torch_name)
