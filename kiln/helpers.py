@@ -140,7 +140,8 @@ class tqdm:
   """
   def __init__(self, iterable: Iterable | None = None, total: int | None = None, desc: str = "", disable: bool = False,
                unit: str = "it", width: int = 24, min_interval: float = 0.1):
-    if total is None and iterable is not None and hasattr(iterable, "__len__"): total = len(iterable)  # type: ignore[arg-type]
+    if total is None and iterable is not None and hasattr(iterable, "__len__"):
+      total = len(iterable)  # type: ignore[arg-type]
     self.iterable, self.total, self.desc, self.disable, self.unit = iterable, total, desc, disable, unit
     self.width, self.min_interval = width, min_interval
     self.count, self.start_time, self.last_draw, self.closed = 0, time.perf_counter(), -math.inf, False

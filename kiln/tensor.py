@@ -127,7 +127,7 @@ class Tensor:
     from kiln.engine.realize import run_schedule
     todo = [t for t in tensors if not t.uop.base.op is Ops.BUFFER]
     if not todo: return
-    items, results = create_schedule([t.uop for t in todo])
+    items, results = create_schedule(list(dict.fromkeys(t.uop for t in todo)))
     run_schedule(items)
     for t in todo:
       old, new = t.uop, results[t.uop]

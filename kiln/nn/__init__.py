@@ -26,4 +26,5 @@ class Linear:
     return out + self.bias if self.bias is not None else out
 
   def __repr__(self) -> str:
-    return f"Linear(in_features={self.weight.shape[1]}, out_features={self.weight.shape[0]}, bias={self.bias is not None})"
+    out_features, in_features = self.weight.shape
+    return f"Linear(in_features={in_features}, out_features={out_features}, bias={self.bias is not None})"

@@ -72,14 +72,15 @@ class SGD(Optimizer):
     self.momentum_buffers = [_state_like(p) for p in self.params] if momentum else []
 
   def _step(self, params: list[Tensor], grads: list[Tensor]) -> list[Tensor]:
+    lr = self.lr.reshape(())  # a 0-d view, so 0-d parameters keep their shape
     for i, (param, grad) in enumerate(zip(params, grads)):
       update = grad + self.weight_decay * param.detach() if self.weight_decay else grad
-      if not self.classic: update = update * self.lr
+      if not self.classic: update = update * lr
       if self.momentum:
         buffer = self.momentum_buffers[i]
         buffer.assign(self.momentum * buffer + update)
         update = update + self.momentum * buffer if self.nesterov else buffer
-      if self.classic: update = update * self.lr
+      if self.classic: update = update * lr
       param.assign((param.detach() - update).cast(param.dtype))
     return self.momentum_buffers
 
@@ -101,21 +102,23 @@ class LAMB(Optimizer):
   def _step(self, params: list[Tensor], grads: list[Tensor]) -> list[Tensor]:
     self.b1_power.assign(self.b1_power * self.b1)
     self.b2_power.assign(self.b2_power * self.b2)
+    # 0-d views, so 0-d parameters keep their shape
+    lr, b1_power, b2_power = self.lr.reshape(()), self.b1_power.reshape(()), self.b2_power.reshape(())
     for param, grad, m, v in zip(params, grads, self.first_moments, self.second_moments):
       m.assign(self.b1 * m + (1.0 - self.b1) * grad)
       v.assign(self.b2 * v + (1.0 - self.b2) * (grad * grad))
-      m_hat = m / (1.0 - self.b1_power)
-      v_hat = v / (1.0 - self.b2_power)
+      m_hat = m / (1.0 - b1_power)
+      v_hat = v / (1.0 - b2_power)
       update = m_hat / (v_hat.sqrt() + self.eps)
       if self.weight_decay: update = update + self.weight_decay * param.detach()
       if self.adam:
-        param.assign((param.detach() - self.lr * update).cast(param.dtype))
+        param.assign((param.detach() - lr * update).cast(param.dtype))
         continue
       weight_norm = (param.detach() * param.detach()).sum().sqrt()
       update_norm = (update * update).sum().sqrt()
       # trust ratio ||w|| / ||update||, or 1 when either norm is zero
       ratio = (weight_norm > 0).where((update_norm > 0).where(weight_norm / update_norm, 1.0), 1.0)
-      param.assign((param.detach() - self.lr * ratio * update).cast(param.dtype))
+      param.assign((param.detach() - lr * ratio * update).cast(param.dtype))
     return [self.b1_power, self.b2_power] + self.first_moments + self.second_moments
 
 class AdamW(LAMB):

@@ -67,6 +67,28 @@ def _reduce_fuses_upward(reduce: UOp, users: dict[UOp, list[UOp]], outputs: set[
   target = next(iter(reached))
   return target.op in GroupOp.Elementwise or target.op in BIJECTIVE or target.op in (Ops.CONTIGUOUS, Ops.ASSIGN)
 
+# an elementwise value with more ALU ops than this is materialized rather than recomputed under a broadcast
+RECOMPUTE_LIMIT = 4
+
+def _strip_movement(u: UOp) -> UOp:
+  while u.op in GroupOp.Movement: u = u.src[0]
+  return u
+
+def _costly(value: UOp, outputs: set[UOp]) -> bool:
+  """More than RECOMPUTE_LIMIT ALU ops (or any reduction) go into `value` within its kernel."""
+  count, stack, seen = 0, [value], {value}
+  while stack:
+    node = stack.pop()
+    if node.op is Ops.REDUCE_AXIS: return True
+    if node.op in GroupOp.ALU:
+      count += 1
+      if count > RECOMPUTE_LIMIT: return True
+    for s in node.src:
+      if s not in seen and s not in outputs and s.op is not Ops.BUFFER:
+        seen.add(s)
+        stack.append(s)
+  return False
+
 def _prepare(roots: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp]]:
   """Replace realized nodes by their buffers and drop DETACH/CONTIGUOUS_BACKWARD."""
   mapping: dict[UOp, UOp] = {}
@@ -105,6 +127,11 @@ def create_schedule(roots: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp
       target_buf = n.src[0].base
       reads_target_elsewhere = any(m.op is Ops.BUFFER and m is target_buf for m in _inputs_excluding(n.src[1], n.src[0]))
       if reads_target_elsewhere and n.src[1] not in outputs and not is_realized_view(n.src[1]): outputs.add(n.src[1])
+  # an expensive elementwise value that is broadcast would be recomputed for every copy: compute it once
+  for n in nodes:
+    if n.op is Ops.EXPAND:
+      src = _strip_movement(n.src[0])
+      if src.op in GroupOp.Elementwise and src not in outputs and _costly(src, outputs): outputs.add(src)
   # a reduction that cannot stay in its consumer's registers gets its own buffer
   for n in nodes:
     if n.op is Ops.REDUCE_AXIS and n not in outputs and not _reduce_fuses_upward(n, users, outputs): outputs.add(n)

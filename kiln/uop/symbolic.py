@@ -443,6 +443,7 @@ def div_div(x: UOp, c1: UOp, c2: UOp) -> UOp | None:
 
 def mod_mod(x: UOp, c1: UOp, c2: UOp) -> UOp | None:
   """(x%c1)%c2 -> x%c2 when c2 divides c1"""
+  if c1.arg <= 0 or c2.arg <= 0 or c1.arg % c2.arg != 0: return None
   return x.alu(Ops.MOD, c2)
 
 def mod_div(x: UOp, c1: UOp, c2: UOp) -> UOp | None:

@@ -51,7 +51,7 @@ def test_linear_init_bounds():
   for name, t, shape in [("weight", layer.weight, (8, 16)), ("bias", layer.bias, (8,))]:
     values = t.numpy()
     assert values.shape == shape, f"{name}: shape {values.shape} != {shape}"
-    assert np.all(np.abs(values) <= bound), f"{name}: values outside [-{bound}, {bound}]: max |v| {np.abs(values).max()}"
+    assert np.all(np.abs(values) <= bound), f"{name}: values outside ±{bound}: max |v| {np.abs(values).max()}"
     assert np.std(values) > 0, f"{name}: all values equal"
 
 def test_linear_rejects_wrong_input_size():
@@ -108,6 +108,22 @@ def test_optimizer_matches_torch(case: str):
   assert not np.allclose(w_torch, w0), "test problem: torch did not move the weights"
   assert_close(w_kiln, w_torch, f"{case}: weight after 3 steps", atol=1e-5, rtol=1e-4)
   assert_close(b_kiln, b_torch, f"{case}: bias after 3 steps", atol=1e-5, rtol=1e-4)
+
+@pytest.mark.parametrize("case", ["sgd_momentum", "adam"])
+def test_optimizer_keeps_0d_parameter_shape(case: str):
+  make_kiln, make_torch = OPTIMIZER_CASES[case]
+  w, w_torch = Tensor(2.0, requires_grad=True), torch.tensor(2.0, requires_grad=True)
+  optimizer, optimizer_torch = make_kiln([w]), make_torch([w_torch])
+  with Tensor.train():
+    for _ in range(2):
+      optimizer.zero_grad()
+      (w * w).backward()
+      optimizer.step()
+      optimizer_torch.zero_grad()
+      (w_torch * w_torch).backward()
+      optimizer_torch.step()
+  assert w.shape == ()
+  assert_close(w.numpy(), w_torch.detach().numpy(), f"{case}: 0-d parameter after 2 steps")
 
 def test_optimizer_skips_frozen_params_and_dedups():
   trainable, frozen = Tensor.ones(2, requires_grad=True), Tensor.ones(2, requires_grad=False)
