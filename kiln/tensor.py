@@ -125,12 +125,12 @@ class Tensor:
   def realize_all(tensors: Sequence[Tensor]) -> None:
     from kiln.schedule.kernelize import create_schedule
     from kiln.engine.realize import run_schedule
-    todo = [t for t in tensors if not t.uop.base.op is Ops.BUFFER]
+    todo = [(t, t.uop) for t in dict.fromkeys(tensors) if not t.uop.base.op is Ops.BUFFER]
     if not todo: return
-    items, results = create_schedule(list(dict.fromkeys(t.uop for t in todo)))
+    items, results = create_schedule(list(dict.fromkeys(uop for _, uop in todo)))
     run_schedule(items)
-    for t in todo:
-      old, new = t.uop, results[t.uop]
+    for t, old in todo:
+      new = results[old]
       if new is not old:
         if old.op is not Ops.ASSIGN: old.forward = new
         t.uop = new
