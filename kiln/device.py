@@ -218,8 +218,10 @@ class Compiled:
   A program is called as `prg(*buffer_handles, vals=(ints...), wait=False)`; with `wait=True` it returns the
   elapsed seconds once the kernel has finished, else None.
   """
-  def __init__(self, device: str, allocator: Allocator, renderer, compiler: Compiler, runtime: Callable[[str, bytes], Any]):
-    self.device, self.allocator, self.renderer, self.compiler, self.runtime = device, allocator, renderer, compiler, runtime
+  def __init__(self, device: str, allocator: Allocator, renderer, compiler: Compiler,
+               runtime: Callable[[str, bytes], Any]):
+    self.device, self.allocator, self.renderer = device, allocator, renderer
+    self.compiler, self.runtime = compiler, runtime
 
   def synchronize(self) -> None:
     """Wait until all work sent to the device has finished (host devices run synchronously)."""
@@ -257,7 +259,8 @@ class _DeviceRegistry:
   @staticmethod
   def canonicalize(name: str) -> str:
     """'cpu' -> 'CPU', 'cpu:0' -> 'CPU', 'cpu:1' -> 'CPU:1'."""
-    if not isinstance(name, str) or not name: raise ValueError(f"a device name must be a non-empty string, got {name!r}")
+    if not isinstance(name, str) or not name:
+      raise ValueError(f"a device name must be a non-empty string, got {name!r}")
     base, _, index = name.partition(":")
     base = base.upper()
     return base if index in ("", "0") else f"{base}:{index}"

@@ -25,6 +25,16 @@ def grad_reduce_max(g: UOp, x: UOp, ret: UOp):
   count = mask.r(Ops.ADD, axes)
   return ((mask * (g / count).expand(x.shape)),)
 
+def grad_reduce_prod(g: UOp, x: UOp, ret: UOp):
+  """prod over axes: d/dx_i is the product of the others (ret/x_i, computed without dividing by zero)"""
+  axes = ret.arg[1]
+  zero = x.alu(Ops.CMPEQ, x.full_like(0.0))
+  nonzero_prod = zero.where(x.full_like(1.0), x).r(Ops.MUL, axes).expand(x.shape)
+  zero_count = zero.where(x.full_like(1.0), x.full_like(0.0)).r(Ops.ADD, axes).expand(x.shape)
+  only_zero = zero_count.alu(Ops.CMPEQ, x.full_like(1.0))
+  others = zero.where(only_zero.where(nonzero_prod, x.full_like(0.0)), ret.expand(x.shape) / zero.where(x.full_like(1.0), x))
+  return (g.expand(x.shape) * others,)
+
 def grad_pow(g: UOp, a: UOp, b: UOp, ret: UOp):
   """a**b: d/da = b*a**(b-1), d/db = a**b*ln(a) (0 where a <= 0)"""
   da = g * b * a.alu(Ops.POW, b - b.full_like(1.0))
@@ -59,7 +69,7 @@ gradient_rules = PatternMatcher([
   (UPat(Ops.FLIP, src=(UPat.var("x"),), name="ret"), lambda ctx, x, ret: (ctx.flip(ret.arg),)),
   (UPat(Ops.REDUCE_AXIS, src=(UPat.var("x"),), name="ret"),
    lambda ctx, x, ret: (ctx.expand(x.shape),) if ret.arg[0] is Ops.ADD else
-   grad_reduce_max(ctx, x, ret) if ret.arg[0] is Ops.MAX else ((ctx * ret).expand(x.shape) / x,)),
+   grad_reduce_max(ctx, x, ret) if ret.arg[0] is Ops.MAX else grad_reduce_prod(ctx, x, ret)),
   (UPat((Ops.CONTIGUOUS, Ops.ASSIGN), name="ret"), lambda ctx, ret: (ctx,) + (None,) * (len(ret.src) - 1)),
   (UPat(Ops.CONTIGUOUS_BACKWARD), lambda ctx: (UOp(Ops.CONTIGUOUS, ctx.dtype, (ctx,)),)),
   (UPat(Ops.COPY, src=(UPat.var("x"),)), lambda ctx, x: (ctx.copy_to(x.device),)),

@@ -364,9 +364,13 @@ class Tensor:
       raise RuntimeError(f"assign: value on {value.device} but the target is on {self.device}{_where()}")
     if value.dtype != self.dtype: value = value.cast(self.dtype)
     target = self.uop
-    if target.base.op is not Ops.BUFFER:
+    if target.op is Ops.ASSIGN: target = target.src[0]   # a second pending update of the same buffer
+    elif target.base.op is not Ops.BUFFER:
       self.uop = value.uop   # not realized yet: nothing to overwrite, just take the new value
       return self
+    if not (target.op is Ops.BUFFER or target.op is Ops.RESHAPE and target.src[0].op is Ops.BUFFER):
+      raise NotImplementedError(f"assign: assigning into a view (shape {_fmt(self.shape)} of a buffer of "
+                                f"{target.base.size} elements) is not supported yet{_where()}")
     self.uop = UOp(Ops.ASSIGN, self.dtype, (target, value.uop))
     return self
 
@@ -411,7 +415,7 @@ class Tensor:
 
   def permute(self, *order) -> Tensor:
     """Reorder the axes: `order[i]` is the source axis of output axis i."""
-    order = _shape_arg(order, allow_negative=True)
+    order = tuple(order[0]) if len(order) == 1 and isinstance(order[0], (tuple, list)) else tuple(order)
     resolved = tuple(self._axis(a, "permute") for a in order)
     if sorted(resolved) != list(range(self.ndim)):
       raise ValueError(f"permute: {order} is not a permutation of the {self.ndim} axes of {_fmt(self.shape)}{_where()}")
@@ -666,8 +670,8 @@ class Tensor:
 
   def __lt__(self, x) -> Tensor: return self._binary(Ops.CMPLT, x, "lt")
   def __gt__(self, x) -> Tensor: return self._binary(Ops.CMPLT, x, "gt", reverse=True)
-  def __ge__(self, x) -> Tensor: return (self < x).logical_not()
-  def __le__(self, x) -> Tensor: return (self > x).logical_not()
+  def __ge__(self, x) -> Tensor: return (self > x) | (self == x)   # not(<) would make NaN >= x true
+  def __le__(self, x) -> Tensor: return (self < x) | (self == x)
   def __eq__(self, x) -> Tensor: return self._binary(Ops.CMPEQ, x, "eq")  # type: ignore[override]
   def __ne__(self, x) -> Tensor: return self._binary(Ops.CMPNE, x, "ne")  # type: ignore[override]
   def eq(self, x) -> Tensor: return self == x
@@ -719,10 +723,10 @@ class Tensor:
   def abs(self) -> Tensor: return self * self.sign() if dtypes.is_float(self.dtype) else (self < 0).where(-self, self)
   def sign(self) -> Tensor: return (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype) if self.dtype != dtypes.bool else self
   def clip(self, min_=None, max_=None) -> Tensor:
-    """Limit values to [min_, max_]."""
+    """Limit values to [min_, max_] (NaN stays NaN; the gradient passes at the bounds, as in torch.clamp)."""
     if min_ is None and max_ is None: raise ValueError(f"clip: at least one of min_ and max_ must be given{_where()}")
-    x = self if min_ is None else self.maximum(min_)
-    return x if max_ is None else x.minimum(max_)
+    x = self if min_ is None else (self < min_).where(min_, self)
+    return x if max_ is None else (x > max_).where(max_, x)
   clamp = clip
   def isnan(self) -> Tensor: return self != self
   def isinf(self, detect_positive: bool = True, detect_negative: bool = True) -> Tensor:
@@ -731,7 +735,9 @@ class Tensor:
   def lerp(self, end: Tensor, weight) -> Tensor: return self + (end - self) * weight
 
   # activations
-  def relu(self) -> Tensor: return (self > 0).where(self, 0)
+  def relu(self) -> Tensor:
+    """max(x, 0) with NaN kept and a zero gradient at 0, as in PyTorch."""
+    return ((self < 0) | (self == 0)).where(0, self)
   def sigmoid(self) -> Tensor: return (1 + (-self._as_float()).exp()).reciprocal()
   def tanh(self) -> Tensor: return 2.0 * (2.0 * self._as_float()).sigmoid() - 1.0
   def gelu(self) -> Tensor: return 0.5 * self * (1 + (math.sqrt(2 / math.pi) * (self + 0.044715 * self * self * self)).tanh())
@@ -741,8 +747,10 @@ class Tensor:
   def leaky_relu(self, neg_slope: float = 0.01) -> Tensor: return (self < 0).where(self * neg_slope, self)
   def elu(self, alpha: float = 1.0) -> Tensor: return self.relu() - alpha * (1 - self.exp()).relu()
   def softplus(self, beta: float = 1.0) -> Tensor: return (1 + (self * beta).exp()).log() * (1 / beta)
-  def relu6(self) -> Tensor: return self.relu() - (self - 6).relu()
-  def hardtanh(self, min_val=-1, max_val=1) -> Tensor: return self.clip(min_val, max_val)
+  def relu6(self) -> Tensor: return self.hardtanh(0, 6)
+  def hardtanh(self, min_val=-1, max_val=1) -> Tensor:
+    """Clip to [min_val, max_val] with a zero gradient at and beyond the bounds, as in PyTorch."""
+    return (self <= min_val).where(min_val, (self >= max_val).where(max_val, self))
 
   # ---------------- reductions ----------------
   def _reduce_axes(self, axis, op: str) -> tuple[int, ...]:
@@ -764,7 +772,8 @@ class Tensor:
     return out.cast(self.dtype) if dtype is None and dtypes.is_float(self.dtype) and out.dtype != self.dtype else out
   def prod(self, axis=None, keepdim: bool = False) -> Tensor:
     """Product over `axis`."""
-    return self.cast(_sum_dtype(self.dtype))._reduce(Ops.MUL, axis, keepdim, "prod")
+    out = self.cast(_sum_dtype(self.dtype))._reduce(Ops.MUL, axis, keepdim, "prod")
+    return out.cast(self.dtype) if dtypes.is_float(self.dtype) else out
   def max(self, axis=None, keepdim: bool = False) -> Tensor:
     """Maximum over `axis` (NaN propagates)."""
     return self._reduce(Ops.MAX, axis, keepdim, "max")
@@ -935,7 +944,7 @@ def _array_from_list(data, dtype: DType | None) -> np.ndarray:
 def _uop_from_numpy(arr: np.ndarray, device: str, dtype: DType | None) -> UOp:
   if arr.dtype.kind not in "biuf": raise TypeError(f"Tensor: numpy dtype {arr.dtype} is not supported{_where()}")
   src_dtype = from_numpy_dtype(arr.dtype)
-  arr = np.ascontiguousarray(arr)
+  arr = np.asarray(arr, order="C")   # keeps 0-d arrays 0-d, unlike ascontiguousarray
   buf = UOp.new_buffer(device, arr.size, src_dtype)
   buf.buffer = Buffer(device, arr.size, src_dtype)
   if arr.size: buf.buffer.copyin(memoryview(arr.reshape(-1).view(np.uint8)))

@@ -3,9 +3,10 @@
 Semantics (shared with the PythonRenderer, which is the reference):
 - integer IDIV/MOD truncate toward zero; a zero divisor gives 0 (and `MIN // -1` wraps) instead of trapping;
 - signed integer arithmetic wraps (compiled with -fwrapv); results narrower than int are truncated on assignment;
-- float16 math is done in float and rounded to half after every op; bfloat16 is stored as its 16 bits and its math is
-  done in float, rounded to bfloat16 (nearest-even, NaN kept) after every op; every conversion to bfloat16 goes
-  through float32 first;
+- float16 and bfloat16 are stored as their 16 bits; their values live in `float` and every op's result is rounded to
+  the type (nearest-even). float16 conversions use `_Float16` where the compiler has it (gcc 12; clang >= 15 on
+  x86-64) and exact bit manipulation otherwise (clang 14), so any C compiler gives the same bits. Conversion to
+  float16 from float64 and integers is direct; every conversion to bfloat16 goes through float32 first;
 - MAX returns NaN when either float operand is NaN; comparisons give bool; CAST to bool is `!= 0`;
 - a gated LOAD `(buf, idx, gate)` reads `buf[idx]` only when `gate` holds, else gives 0.
 """
@@ -20,9 +21,47 @@ from kiln.uop.ops import UOp, Ops, GroupOp
 VALUE_TYPES: dict[DType, str] = {
   dtypes.bool: "_Bool", dtypes.int8: "signed char", dtypes.uint8: "unsigned char", dtypes.int16: "short",
   dtypes.uint16: "unsigned short", dtypes.int32: "int", dtypes.uint32: "unsigned int", dtypes.int64: "long long",
-  dtypes.uint64: "unsigned long long", dtypes.float16: "_Float16", dtypes.bfloat16: "float", dtypes.float32: "float",
+  dtypes.uint64: "unsigned long long", dtypes.float16: "float", dtypes.bfloat16: "float", dtypes.float32: "float",
   dtypes.float64: "double"}
-STORAGE_TYPES: dict[DType, str] = {**VALUE_TYPES, dtypes.bool: "unsigned char", dtypes.bfloat16: "unsigned short"}
+STORAGE_TYPES: dict[DType, str] = {**VALUE_TYPES, dtypes.bool: "unsigned char", dtypes.float16: "unsigned short",
+                                   dtypes.bfloat16: "unsigned short"}
+
+HALF_HELPERS = """\
+#if defined(__FLT16_MAX__) && !defined(KILN_SOFT_HALF)
+static inline float kiln_half_to_f(unsigned short bits) { _Float16 h; __builtin_memcpy(&h, &bits, 2); return (float)h; }
+static inline unsigned short kiln_half_bits(double value) {
+  _Float16 h = (_Float16)value; unsigned short bits; __builtin_memcpy(&bits, &h, 2); return bits;
+}
+static inline float kiln_half_round_f(float value) { return (float)(_Float16)value; }
+static inline float kiln_half_round_d(double value) { return (float)(_Float16)value; }
+#else  /* no _Float16 in this compiler: the same conversions, bit by bit */
+static inline float kiln_half_to_f(unsigned short bits) {
+  unsigned int sign = ((unsigned int)bits & 0x8000u) << 16, exponent = (bits >> 10) & 0x1fu, mantissa = bits & 0x3ffu;
+  unsigned int wide;
+  if (exponent == 0x1fu) wide = sign | 0x7f800000u | (mantissa << 13);             /* inf, NaN */
+  else if (exponent != 0) wide = sign | ((exponent + 112u) << 23) | (mantissa << 13);
+  else { float tiny = (float)mantissa * 5.9604644775390625e-08f; return sign ? -tiny : tiny; }  /* subnormal, 0 */
+  float value; __builtin_memcpy(&value, &wide, 4); return value;
+}
+static inline unsigned short kiln_half_bits(double value) {  /* round to nearest, ties to even, straight from double */
+  unsigned long long bits; __builtin_memcpy(&bits, &value, 8);
+  unsigned short sign = (unsigned short)((bits >> 48) & 0x8000u);
+  unsigned long long magnitude = bits & 0x7fffffffffffffffull;
+  if (magnitude > 0x7ff0000000000000ull) return sign | 0x7e00u | (unsigned short)((magnitude >> 42) & 0x3ffu);
+  if (magnitude >= 0x40effe0000000000ull) return sign | 0x7c00u;                      /* >= 65520: inf */
+  int exponent = (int)(magnitude >> 52) - 1023;
+  if (exponent < -25) return sign;                                                    /* < 2**-25: 0 */
+  unsigned long long mantissa = (magnitude & 0xfffffffffffffull) | 0x10000000000000ull;
+  int shift = exponent >= -14 ? 42 : 28 - exponent;                                   /* keep 11 bits, or fewer */
+  unsigned long long kept = mantissa >> shift, rest = mantissa & ((1ull << shift) - 1), halfway = 1ull << (shift - 1);
+  if (rest > halfway || (rest == halfway && (kept & 1u))) kept++;
+  if (exponent < -14) return sign | (unsigned short)kept;                             /* subnormal (or min normal) */
+  return sign | (unsigned short)(((unsigned long long)(exponent + 15) << 10) + kept - 0x400u);
+}
+static inline float kiln_half_round_d(double value) { return kiln_half_to_f(kiln_half_bits(value)); }
+static inline float kiln_half_round_f(float value) { return kiln_half_round_d((double)value); }
+#endif
+"""
 
 BF16_HELPERS = """\
 static inline float kiln_bf16_to_f(unsigned short bits) {
@@ -57,7 +96,6 @@ def render_c_const(value, dtype: DType) -> str:
   if math.isnan(value): text = f'__builtin_nan{suffix}("")'
   elif math.isinf(value): text = f"{'-' if value < 0 else ''}__builtin_inf{suffix}()"
   else: text = f"{value!r}{suffix}"
-  if dtype == dtypes.float16: return f"((_Float16){text})"
   return f"({text})" if text.startswith("-") else text
 
 def _libm(name: str) -> Callable[[UOp, list[str]], str]:
@@ -99,25 +137,29 @@ def _c_recip(u: UOp, a: list[str]) -> str:
 def _c_cast(u: UOp, a: list[str]) -> str:
   src, dst, x = u.src[0].dtype, u.dtype, a[0]
   if dst == dtypes.bool: return f"(({x})!=0)"
+  if dst in (dtypes.float16, dtypes.bfloat16) and src == dtypes.bool: return f"((float){x})"
   if dst == dtypes.bfloat16:
-    if src == dtypes.bool: return f"((float){x})"
-    if src == dtypes.float32: return f"kiln_bf16_round({x})"
+    if src in (dtypes.float32, dtypes.float16): return f"kiln_bf16_round({x})"
     return f"kiln_bf16_round((float)({x}))"   # every conversion to bfloat16 goes through float32
+  if dst == dtypes.float16:
+    if src in (dtypes.float32, dtypes.bfloat16): return f"kiln_half_round_f({x})"
+    return f"kiln_half_round_d((double)({x}))"
   return f"(({VALUE_TYPES[dst]})({x}))"
 
 def _c_bitcast(u: UOp, a: list[str]) -> str:
   src, dst = u.src[0].dtype, u.dtype
   if dtypes.bool in (src, dst) or src.itemsize != dst.itemsize:
     raise TypeError(f"CRenderer: cannot BITCAST {src} to {dst} (sizes must match and bool is not allowed)")
-  bits = f"kiln_f_to_bf16({a[0]})" if src == dtypes.bfloat16 else a[0]
-  result = "kiln_bf16_to_f(bitcast_out)" if dst == dtypes.bfloat16 else "bitcast_out"
+  bits = {dtypes.bfloat16: f"kiln_f_to_bf16({a[0]})", dtypes.float16: f"kiln_half_bits({a[0]})"}.get(src, a[0])
+  result = {dtypes.bfloat16: "kiln_bf16_to_f(bitcast_out)", dtypes.float16: "kiln_half_to_f(bitcast_out)"}.get(dst,
+                                                                                                     "bitcast_out")
   return (f"({{ {STORAGE_TYPES[src]} bitcast_in = {bits}; {STORAGE_TYPES[dst]} bitcast_out; "
           f"__builtin_memcpy(&bitcast_out, &bitcast_in, sizeof(bitcast_out)); {result}; }})")
 
 def _c_trunc(u: UOp, a: list[str]) -> str:
   return _libm("trunc")(u, a) if dtypes.is_float(u.dtype) else a[0]
 
-# Op -> C expression for a value computed from operand expressions (half operands arrive already widened to float)
+# Op -> C expression for a value computed from operand expressions (float16/bfloat16 operands are floats)
 C_EXPRESSIONS: dict[Ops, Callable[[UOp, list[str]], str]] = {
   Ops.ADD: _infix("+"), Ops.SUB: _infix("-"), Ops.MUL: _infix("*"), Ops.FDIV: _infix("/"), Ops.IDIV: _c_idiv,
   Ops.MOD: _c_mod, Ops.MAX: _c_max, Ops.CMPLT: _infix("<"), Ops.CMPNE: _infix("!="), Ops.CMPEQ: _infix("=="),
@@ -156,12 +198,13 @@ class _CKernelWriter:
     self.names: dict[UOp, str] = {}
     self.lines: list[str] = []
     self.depth = 1
+    self.open_ranges: list[str] = []
     self.counter = 0
-    self.uses_bf16 = False
+    self.uses_bf16 = self.uses_half = False
     self.statements: dict[Ops, Callable[[UOp], None]] = {
       Ops.RANGE: self._range, Ops.ENDRANGE: self._endrange, Ops.LOAD: self._load, Ops.STORE: self._store,
       Ops.DEFINE_ACC: self._define_acc, Ops.ASSIGN: self._assign,
-      Ops.CONST: self._nothing, Ops.DEFINE_GLOBAL: self._nothing, Ops.DEFINE_VAR: self._nothing, Ops.SINK: self._nothing}
+      **{op: self._nothing for op in (Ops.CONST, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.SINK)}}
 
   # ---- names of values ----
   def expr(self, u: UOp) -> str:
@@ -171,28 +214,32 @@ class _CKernelWriter:
     if u.op is Ops.DEFINE_VAR:
       name = self.var_names[u]
       return name if u.dtype == dtypes.int32 else f"(({VALUE_TYPES[u.dtype]}){name})"
-    if u not in self.names: raise ValueError(f"CRenderer: {u.op.name} is used before it is computed in kernel {self.name}")
+    if u not in self.names:
+      raise ValueError(f"CRenderer: {u.op.name} is used before it is computed in kernel {self.name}")
     return self.names[u]
 
-  def operand(self, u: UOp) -> str:
-    """`expr(u)`, widened to float when it is a half (all half math is done in float)."""
-    return f"(float){self.expr(u)}" if u.dtype == dtypes.float16 else self.expr(u)
-
   def fresh_name(self, prefix: str) -> str:
+    """A new variable name, unique in this kernel."""
     self.counter += 1
     return f"{prefix}{self.counter - 1}"
 
-  def emit(self, line: str) -> None: self.lines.append("  " * self.depth + line)
+  def emit(self, line: str) -> None:
+    """Add one line at the current loop depth."""
+    self.lines.append("  " * self.depth + line)
 
   def note_dtype(self, dtype: DType) -> None:
+    """Check that `dtype` is supported and remember whether the 16-bit float helpers are needed."""
     if dtype not in VALUE_TYPES: raise TypeError(f"CRenderer: dtype {dtype} is not supported in kernel {self.name}")
     if dtype == dtypes.bfloat16: self.uses_bf16 = True
+    if dtype == dtypes.float16: self.uses_half = True
 
   # ---- statements ----
   def _nothing(self, u: UOp) -> None: pass
 
   def _range(self, u: UOp) -> None:
     name = f"ridx{u.arg}" if isinstance(u.arg, int) and u.arg >= 0 else self.fresh_name("ridx_")
+    if name in self.open_ranges: name = self.fresh_name(f"{name}_")   # never shadow an enclosing loop variable
+    self.open_ranges.append(name)
     ctype = VALUE_TYPES[u.dtype]
     self.emit(f"for ({ctype} {name} = 0; {name} < {self.expr(u.src[0])}; {name}++) {{")
     self.names[u] = name
@@ -201,6 +248,7 @@ class _CKernelWriter:
   def _endrange(self, u: UOp) -> None:
     if self.depth <= 1: raise ValueError(f"CRenderer: ENDRANGE without an open RANGE in kernel {self.name}")
     self.depth -= 1
+    self.open_ranges.pop()
     self.emit("}")
 
   def _load(self, u: UOp) -> None:
@@ -208,6 +256,7 @@ class _CKernelWriter:
     self.note_dtype(u.dtype)
     read = f"{self.expr(buf)}[{self.expr(index)}]"
     if u.dtype == dtypes.bfloat16: read = f"kiln_bf16_to_f({read})"
+    elif u.dtype == dtypes.float16: read = f"kiln_half_to_f({read})"
     elif u.dtype == dtypes.bool: read = f"(_Bool){read}"
     if len(u.src) == 3: read = f"({self.expr(u.src[2])}?{read}:{render_c_const(0, u.dtype)})"
     name = self.fresh_name("val")
@@ -219,6 +268,7 @@ class _CKernelWriter:
     self.note_dtype(value.dtype)
     written = self.expr(value)
     if value.dtype == dtypes.bfloat16: written = f"kiln_f_to_bf16({written})"
+    elif value.dtype == dtypes.float16: written = f"kiln_half_bits({written})"
     elif value.dtype == dtypes.bool: written = f"(unsigned char){written}"
     line = f"{self.expr(buf)}[{self.expr(index)}] = {written};"
     self.emit(f"if ({self.expr(u.src[3])}) {line}" if len(u.src) == 4 else line)
@@ -239,11 +289,10 @@ class _CKernelWriter:
     """An ALU/CAST/BITCAST value: one `const T name = expr;` line."""
     for dtype in (u.dtype, *(s.dtype for s in u.src)): self.note_dtype(dtype)
     if u.op in GroupOp.ALU: check_alu_dtypes("CRenderer", u)
-    widen = u.op is not Ops.BITCAST   # BITCAST needs the operand in its own type
-    text = C_EXPRESSIONS[u.op](u, [self.operand(s) if widen else self.expr(s) for s in u.src])
-    if u.dtype == dtypes.float16 and u.op is not Ops.BITCAST: text = f"((_Float16)({text}))"
-    elif u.dtype == dtypes.bfloat16 and u.op in GroupOp.ALU and u.op not in EXACT_FLOAT_OPS:
-      text = f"kiln_bf16_round({text})"
+    text = C_EXPRESSIONS[u.op](u, [self.expr(s) for s in u.src])
+    if u.op in GroupOp.ALU and u.op not in EXACT_FLOAT_OPS:   # 16-bit floats: computed in float, rounded per op
+      if u.dtype == dtypes.float16: text = f"kiln_half_round_f({text})"
+      elif u.dtype == dtypes.bfloat16: text = f"kiln_bf16_round({text})"
     name = self.fresh_name(_VALUE_PREFIX.get(u.op, "alu"))
     self.emit(f"const {VALUE_TYPES[u.dtype]} {name} = {text};")
     self.names[u] = name
@@ -259,6 +308,7 @@ class _CKernelWriter:
       else: raise NotImplementedError(f"CRenderer: cannot render {u.op} (kernel {self.name}); see docs/ir.md stage 4")
     if self.depth != 1: raise ValueError(f"CRenderer: kernel {self.name} leaves {self.depth - 1} RANGE(s) unclosed")
     for b in buffers: self.note_dtype(b.dtype)
-    params = [f"{STORAGE_TYPES[b.dtype]}* restrict data{b.arg}" for b in buffers] + [f"int {self.var_names[v]}" for v in variables]
-    head = [BF16_HELPERS] if self.uses_bf16 else []
+    params = [f"{STORAGE_TYPES[b.dtype]}* restrict data{b.arg}" for b in buffers]
+    params += [f"int {self.var_names[v]}" for v in variables]
+    head = ([HALF_HELPERS] if self.uses_half else []) + ([BF16_HELPERS] if self.uses_bf16 else [])
     return "\n".join(head + [f"void {self.name}({', '.join(params)}) {{", *self.lines, "}", ""])

@@ -133,8 +133,8 @@ def _check_index(i: int) -> int:
 def _bitcast(bits, src_format: str, dst_format: str):
   return struct.unpack(dst_format, struct.pack(src_format, bits))[0]
 
-EMULATOR_HELPERS = ("inf", "nan", "_r32", "_r16", "_rbf16", "_f16_bits", "_bf16_bits", "_H2F", "_BF2F", "_i2f32", "_f2i",
-                    "_fdiv0", "_fmod", "_idiv", "_imod", "_exp2", "_log2", "_sin", "_sqrt", "_pow", "_trunc",
+EMULATOR_HELPERS = ("inf", "nan", "_r32", "_r16", "_rbf16", "_f16_bits", "_bf16_bits", "_H2F", "_BF2F", "_i2f32",
+                    "_f2i", "_fdiv0", "_fmod", "_idiv", "_imod", "_exp2", "_log2", "_sin", "_sqrt", "_pow", "_trunc",
                     "_check_index", "_bitcast")
 
 # ---------------- rendering ----------------
@@ -147,7 +147,9 @@ PY_FORMATS: dict[DType, str] = {
 _FLOAT_ROUNDING = {dtypes.float32: "_r32", dtypes.float16: "_r16", dtypes.bfloat16: "_rbf16"}
 _TRANSCENDENTAL = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.POW})
 # integer ops whose result always fits the dtype (no wraparound needed)
-_INT_IN_RANGE_OPS = frozenset({Ops.AND, Ops.OR, Ops.XOR, Ops.SHR, Ops.MAX, Ops.WHERE, Ops.MOD, Ops.TRUNC}) | GroupOp.Comparison
+_INT_IN_RANGE_OPS = frozenset({Ops.AND, Ops.OR, Ops.XOR, Ops.SHR, Ops.MAX, Ops.WHERE, Ops.MOD, Ops.TRUNC})
+# ops on bools whose result is a bool already
+_BOOL_CLOSED_OPS = frozenset({Ops.AND, Ops.OR, Ops.XOR, Ops.MAX, Ops.WHERE})
 # integer ops whose value range the IR proves (kiln.uop.ops.compute_min_max) so wraparound can be skipped
 _RANGE_PROVEN_OPS = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.NEG, Ops.CAST})
 
@@ -238,7 +240,7 @@ def round_to_dtype(u: UOp, text: str) -> str:
   """The ALU result `text` of `u` brought into its dtype (rounded, wrapped or made bool) as the C code does."""
   dtype = u.dtype
   if dtype == dtypes.bool:
-    return text if u.op in GroupOp.Comparison or u.op in (Ops.AND, Ops.OR, Ops.XOR, Ops.MAX, Ops.WHERE) else f"bool({text})"
+    return text if u.op in GroupOp.Comparison | _BOOL_CLOSED_OPS else f"bool({text})"
   if dtypes.is_int(dtype):
     if u.op in _INT_IN_RANGE_OPS or (u.op in _RANGE_PROVEN_OPS and _range_is_proven(u)): return text
     return wrap_int(dtype, text)
@@ -263,10 +265,11 @@ class _PyKernelWriter:
     self.lines: list[str] = []
     self.block_sizes: list[int] = [0]   # statements emitted in each open block (an empty loop body needs `pass`)
     self.counter = 0
+    self.open_ranges: list[str] = []
     self.statements: dict[Ops, Callable[[UOp], None]] = {
       Ops.RANGE: self._range, Ops.ENDRANGE: self._endrange, Ops.LOAD: self._load, Ops.STORE: self._store,
       Ops.DEFINE_ACC: self._define_acc, Ops.ASSIGN: self._assign,
-      Ops.CONST: self._nothing, Ops.DEFINE_GLOBAL: self._nothing, Ops.DEFINE_VAR: self._nothing, Ops.SINK: self._nothing}
+      **{op: self._nothing for op in (Ops.CONST, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.SINK)}}
 
   def expr(self, u: UOp) -> str:
     """The Python expression that reads the value of `u` at this point of the kernel."""
@@ -284,29 +287,36 @@ class _PyKernelWriter:
     return self.expr(index) if proven else f"_check_index({self.expr(index)})"
 
   def fresh_name(self, prefix: str) -> str:
+    """A new variable name, unique in this kernel."""
     self.counter += 1
     return f"{prefix}{self.counter - 1}"
 
   def emit(self, line: str) -> None:
+    """Add one line in the innermost open block."""
     self.lines.append("  " * len(self.block_sizes) + line)
     self.block_sizes[-1] += 1
 
   @staticmethod
   def check_dtype(dtype: DType) -> None:
+    """Raise TypeError for a dtype the emulator has no storage format for."""
     if dtype not in PY_FORMATS: raise TypeError(f"PythonRenderer: dtype {dtype} is not supported")
 
   def _nothing(self, u: UOp) -> None: pass
 
   def _range(self, u: UOp) -> None:
     name = f"ridx{u.arg}" if isinstance(u.arg, int) and u.arg >= 0 else self.fresh_name("ridx_")
+    if name in self.open_ranges: name = self.fresh_name(f"{name}_")   # never shadow an enclosing loop variable
+    self.open_ranges.append(name)
     self.emit(f"for {name} in range({self.expr(u.src[0])}):")
     self.names[u] = name
     self.block_sizes.append(0)
 
   def _endrange(self, u: UOp) -> None:
-    if len(self.block_sizes) <= 1: raise ValueError(f"PythonRenderer: ENDRANGE without an open RANGE in kernel {self.name}")
+    if len(self.block_sizes) <= 1:
+      raise ValueError(f"PythonRenderer: ENDRANGE without an open RANGE in kernel {self.name}")
     if self.block_sizes[-1] == 0: self.emit("pass")
     self.block_sizes.pop()
+    self.open_ranges.pop()
 
   def _load(self, u: UOp) -> None:
     self.check_dtype(u.dtype)
@@ -358,7 +368,8 @@ class _PyKernelWriter:
       handler = self.statements.get(u.op)
       if handler is not None: handler(u)
       elif u.op in PY_EXPRESSIONS: self._value(u)
-      else: raise NotImplementedError(f"PythonRenderer: cannot render {u.op} (kernel {self.name}); see docs/ir.md stage 4")
+      else:
+        raise NotImplementedError(f"PythonRenderer: cannot render {u.op} (kernel {self.name}); see docs/ir.md stage 4")
     if len(self.block_sizes) != 1:
       raise ValueError(f"PythonRenderer: kernel {self.name} leaves {len(self.block_sizes) - 1} RANGE(s) unclosed")
     if self.block_sizes[0] == 0: self.emit("pass")

@@ -7,7 +7,8 @@ from kiln.renderer import kernel_function_name
 from kiln.renderer.cstyle import CRenderer
 
 # always on: no FMA contraction (results must match the reference bit for bit), no errno from libm, wrapping signed ints
-BASE_FLAGS = ("-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno", "-fwrapv", "-fno-strict-aliasing", "-march=native")
+BASE_FLAGS = ("-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno", "-fwrapv", "-fno-strict-aliasing",
+              "-march=native")
 
 def find_c_compiler() -> str:
   """The C compiler to use: the CC setting if set, else clang if on PATH, else gcc, else cc."""

@@ -40,6 +40,10 @@ def is_realized_view(u: UOp) -> bool:
   """Movement ops over a realized BUFFER: reading it needs no kernel."""
   return u.base.op is Ops.BUFFER
 
+def is_contiguous_buffer(u: UOp) -> bool:
+  """A whole realized buffer in row-major order: its bytes can be copied as they are."""
+  return u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER)
+
 def _consumers(nodes: list[UOp]) -> dict[UOp, list[UOp]]:
   users: dict[UOp, list[UOp]] = {n: [] for n in nodes}
   for n in nodes:
@@ -120,13 +124,11 @@ def create_schedule(roots: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp
     if not is_realized_view(r): outputs.add(r)
   for n in nodes:
     if n.op in (Ops.CONTIGUOUS, Ops.ASSIGN, Ops.COPY): outputs.add(n)
-    if n.op is Ops.COPY and not is_realized_view(n.src[0]): outputs.add(n.src[0])
+    if n.op is Ops.COPY and not is_contiguous_buffer(n.src[0]): outputs.add(n.src[0])
     if n.op is Ops.BUFFER and n.buffer is None: raise RuntimeError(f"schedule: buffer {n.arg} has no storage")
   for n in nodes:
-    if n.op is Ops.ASSIGN:
-      target_buf = n.src[0].base
-      reads_target_elsewhere = any(m.op is Ops.BUFFER and m is target_buf for m in _inputs_excluding(n.src[1], n.src[0]))
-      if reads_target_elsewhere and n.src[1] not in outputs and not is_realized_view(n.src[1]): outputs.add(n.src[1])
+    if n.op is Ops.ASSIGN and not _safe_in_place(n.src[1], n.src[0]):
+      outputs.add(n.src[1])   # computed into a temporary first, then copied over the target
   # an expensive elementwise value that is broadcast would be recomputed for every copy: compute it once
   for n in nodes:
     if n.op is Ops.EXPAND:
@@ -170,9 +172,20 @@ def create_schedule(roots: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp
   result_map = {orig: _result_node(r, buffer_of) for orig, r in zip(original_roots, roots)}
   return ordered, result_map
 
-def _inputs_excluding(value: UOp, target_view: UOp) -> list[UOp]:
-  """Nodes read by `value`, not counting reads through exactly `target_view` (which an in-place update may do)."""
-  return toposort([value], stop=lambda u: u is target_view)[:-1] if value is not target_view else []
+def _safe_in_place(value: UOp, target_view: UOp) -> bool:
+  """`value` can be stored straight into the target's buffer: it reads that buffer only through `target_view` itself,
+  reached by elementwise ops alone, so each element is read at the index it is written to."""
+  target_buf = target_view.base
+  aligned, stack = set(), [value]
+  while stack:
+    node = stack.pop()
+    if node in aligned: continue
+    aligned.add(node)
+    if node.op in GroupOp.Elementwise: stack.extend(node.src)
+  for node in aligned:
+    if node is target_view or node.op in GroupOp.Elementwise: continue
+    if any(m is target_buf for m in toposort([node])): return False
+  return True
 
 def _result_node(root: UOp, buffer_of: dict[UOp, UOp]) -> UOp:
   if root in buffer_of:

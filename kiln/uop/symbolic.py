@@ -536,7 +536,7 @@ def const_lt_linear(c: UOp, x: UOp) -> UOp | None:
 
 def div_lt(x: UOp, d: UOp, c: UOp) -> UOp | None:
   """x//d < c -> x < c*d (d > 0; c > 0 or x >= 0)"""
-  if d.arg <= 0 or not (c.arg > 0 or x.vmin >= 0) or not fits(x.dtype, c.arg * d.arg, c.arg * d.arg): return None
+  if d.arg <= 0 or not fits(x.dtype, c.arg * d.arg, c.arg * d.arg): return None
   return x.alu(Ops.CMPLT, x.const_like(c.arg * d.arg))
 
 def const_lt_div(c: UOp, x: UOp, d: UOp) -> UOp | None:

@@ -1,6 +1,6 @@
 """Devices end to end: hand-built stage-4 uop lists (docs/ir.md) rendered, compiled and run on CPU and PYTHON,
 compared with NumPy; plus Buffer, the compile cache, compile errors and the Device registry."""
-import gc, math, os, pathlib, subprocess, sys
+import gc, math, os, pathlib, shutil, subprocess, sys
 import numpy as np
 import pytest
 from kiln.device import Buffer, Device, Compiled, CompileError, LRUAllocator, HostAllocator
@@ -155,7 +155,8 @@ def test_integer_wraparound_and_bit_ops(device):
       return result + [store(outs[-1], r, UOp(Ops.NEG, dtype, (va,)))]
     got = run(device, one_loop_kernel(4, stores), [(dtype, a), (dtype, b), (dtype, shift)] + [zeros(dtype, 4)] * 10)[3:]
     with np.errstate(over="ignore"):
-      expected = [a + b, a - b, a * b, a & b, a | b, a ^ b, np.maximum(a, b), a << shift, a >> shift, (0 - a).astype(npdt)]
+      expected = [a + b, a - b, a * b, a & b, a | b, a ^ b, np.maximum(a, b), a << shift, a >> shift,
+                  (0 - a).astype(npdt)]
     for op, g, e in zip(ops + [Ops.NEG], got, expected): np.testing.assert_array_equal(g, e, err_msg=f"{dtype} {op}")
 
 CAST_SAFE_FLOATS = [0.0, 1.0, 1.5, 2.75, 100.25, 127.5, 3.0, 0.5, 99.0]   # in range for every integer dtype
@@ -199,6 +200,39 @@ def test_load_store_cast_round_trip(src):
       got = run(device, uops, [(src, raw)] + [zeros(dst, n) for dst in ALL_DTYPES])[1:]
       for dst, g in zip(ALL_DTYPES, got):
         if dst in checked: np.testing.assert_array_equal(g, expected_cast(vals, dst), err_msg=f"{device} {src}->{dst}")
+
+def half_conversion_inputs() -> tuple[np.ndarray, np.ndarray]:
+  """Every float16 bit pattern, and doubles around every float16 value: the values, the midpoints between
+  neighbours (ties), and just above/below each midpoint; plus values past the ends of the range."""
+  patterns = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+  halves = np.sort(patterns.view(np.float16)[np.isfinite(patterns.view(np.float16))].astype(np.float64))
+  mids = (halves[1:] + halves[:-1]) / 2
+  doubles = np.concatenate([halves, mids, np.nextafter(mids, np.inf), np.nextafter(mids, -np.inf),
+                            [65519.99, 65520.0, 1e5, 1e300, -1e300, 2.0**-25, 2.0**-26, 1e-300, 5e-324, np.inf, np.nan]])
+  return patterns, doubles
+
+def test_float16_conversions_are_exact_with_and_without_compiler_support():
+  """float16 <-> float32/float64 conversions, through _Float16 where the C compiler has it and through the
+  bit-by-bit fallback (forced with -DKILN_SOFT_HALF), for every C compiler on PATH, and on PYTHON."""
+  patterns, doubles = half_conversion_inputs()
+  half_in, f32_out = glob(0, dtypes.float16), glob(1, F32)
+  double_in, half_out = glob(2, dtypes.float64), glob(3, dtypes.float16)
+  to_float = one_loop_kernel(len(patterns), lambda r: [store(f32_out, r, cast(load(half_in, r), F32))])
+  to_half = one_loop_kernel(len(doubles), lambda r: [store(half_out, r, cast(load(double_in, r), dtypes.float16))])
+  with np.errstate(over="ignore"): want_half = doubles.astype(np.float16)
+  want_float = patterns.view(np.float16).astype(np.float32)
+  found = {os.path.realpath(path): cc for cc in ("cc", "clang", "gcc") if (path := shutil.which(cc))}
+  compilers = sorted(found.values())
+  assert compilers, "no C compiler on PATH"
+  setups = [("PYTHON", None, "")] + [("CPU", cc, flags) for cc in compilers for flags in ("", " -DKILN_SOFT_HALF")]
+  for device, cc, flags in setups:
+    with Context(CC=cc or "", CFLAGS="-O2" + flags):
+      got_float = run(device, to_float, [(dtypes.float16, patterns), zeros(F32, len(patterns))])[1]
+      got_half = run(device, to_half, [(dtypes.float64, doubles), zeros(dtypes.float16, len(doubles))])[1]
+    where = f"{device} {cc} {flags}"
+    np.testing.assert_array_equal(got_float, want_float, err_msg=where)
+    np.testing.assert_array_equal(got_half.view(np.uint16)[:-1], want_half.view(np.uint16)[:-1], err_msg=where)
+    assert np.isnan(got_half[-1]), where
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_half_and_bfloat16_arithmetic_rounds_every_op(device):
@@ -328,7 +362,8 @@ def test_comparisons_where_and_bool_ops(device):
     return [store(lt, r, c_lt), store(ne, r, c_ne), store(eq, r, c_eq), store(both, r, alu(Ops.AND, c_lt, c_ne)),
             store(either, r, alu(Ops.OR, c_lt, c_eq)), store(one, r, alu(Ops.XOR, c_ne, c_eq)),
             store(pick, r, alu(Ops.WHERE, c_lt, va, vb))]
-  got = run(device, one_loop_kernel(5, stores), [(F32, a), (F32, b)] + [zeros(dtypes.bool, 5)] * 6 + [zeros(F32, 5)])[2:]
+  buffers = [(F32, a), (F32, b)] + [zeros(dtypes.bool, 5)] * 6 + [zeros(F32, 5)]
+  got = run(device, one_loop_kernel(5, stores), buffers)[2:]
   expected = [a < b, a != b, a == b, (a < b) & (a != b), (a < b) | (a == b), (a != b) ^ (a == b), np.where(a < b, a, b)]
   for g, e in zip(got, expected): np.testing.assert_array_equal(g, e)
 
@@ -348,7 +383,8 @@ def test_bitcast(device):
   def stores(r):
     as_bf16 = UOp(Ops.BITCAST, dtypes.bfloat16, (load(x, r),))
     return [store(mid, r, as_bf16), store(out, r, UOp(Ops.BITCAST, dtypes.uint16, (as_bf16,)))]
-  got = run(device, one_loop_kernel(4, stores), [(dtypes.uint16, bits), zeros(dtypes.bfloat16, 4), zeros(dtypes.uint16, 4)])
+  buffers = [(dtypes.uint16, bits), zeros(dtypes.bfloat16, 4), zeros(dtypes.uint16, 4)]
+  got = run(device, one_loop_kernel(4, stores), buffers)
   np.testing.assert_array_equal(got[1], (bits.astype(np.uint32) << 16).view(np.float32))
   np.testing.assert_array_equal(got[2], bits)
 
@@ -380,6 +416,16 @@ def test_empty_loop_and_gated_store(device):
   got = run(device, uops, [(I32, np.full(3, -1, np.int32)), (I32, np.array([4, 5, 6], np.int32))])[0]
   np.testing.assert_array_equal(got, [4, -1, 6])
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_nested_ranges_with_the_same_loop_id_do_not_shadow(device):
+  out = glob(0, I32)
+  outer, inner = UOp(Ops.RANGE, I32, (const(3),), 0), UOp(Ops.RANGE, I32, (const(2),), 0)
+  index = alu(Ops.ADD, alu(Ops.MUL, outer, const(2)), inner)
+  value = alu(Ops.ADD, alu(Ops.MUL, outer, const(10)), inner)
+  uops = [out, outer, inner, index.src[0], index, value.src[0], value, store(out, index, value),
+          UOp(Ops.ENDRANGE, dtypes.void, (inner,)), UOp(Ops.ENDRANGE, dtypes.void, (outer,))]
+  np.testing.assert_array_equal(run(device, uops, [zeros(I32, 6)])[0], [0, 1, 10, 11, 20, 21])
+
 # ---------------- programs, renderers, compilers ----------------
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -388,7 +434,8 @@ def test_program_wait_returns_elapsed_time(device):
   uops = one_loop_kernel(4, lambda r: [store(out, r, load(a, r))])
   dev = Device[device]
   program = dev.runtime("copy_kernel", dev.compiler.compile_cached(dev.renderer.render("copy_kernel", uops)))
-  bufs = [Buffer(device, 4, F32).allocate(), Buffer(device, 4, F32, initial_value=np.arange(4, dtype=np.float32).tobytes())]
+  initial = np.arange(4, dtype=np.float32).tobytes()
+  bufs = [Buffer(device, 4, F32).allocate(), Buffer(device, 4, F32, initial_value=initial)]
   elapsed = program(*[b._buf for b in bufs], wait=True)
   assert isinstance(elapsed, float) and elapsed >= 0
   np.testing.assert_array_equal(bufs[0].numpy(), np.arange(4))

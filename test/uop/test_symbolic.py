@@ -91,47 +91,97 @@ def check_same_value(expr: UOp, rand: random.Random, count: int = 30):
 
 def leaf_pool(dtype: DType) -> list[UOp]:
   lo, hi = dtypes.min(dtype), dtypes.max(dtype)
-  pool = [rng(4, 0, dtype), rng(3, 1, dtype), rng(16, 2, dtype), rng(1, 3, dtype),
+  pool = [rng(4, 0, dtype), rng(3, 1, dtype), rng(16, 2, dtype), rng(1, 3, dtype), rng(6, 4, dtype),
           UOp.variable("a", 0, 10, dtype), UOp.variable("n", 1, 100, dtype), UOp.variable("full", lo, hi, dtype),
           UOp.variable("top", max(lo, hi - 40), hi, dtype)]
   if not dtypes.is_unsigned(dtype):
-    pool += [UOp.variable("b", -8, 8, dtype), UOp.variable("neg", -30, -1, dtype), UOp.variable("bottom", lo, lo + 40, dtype)]
+    pool += [UOp.variable("b", -8, 8, dtype), UOp.variable("s", -4, 3, dtype), UOp.variable("m", -16, 15, dtype),
+             UOp.variable("neg", -30, -1, dtype), UOp.variable("bottom", lo, lo + 40, dtype)]
   return pool
+
+SMALL_DIVISORS = [2, 3, 4, 6, 8, 12, 16]
 
 def int_consts(dtype: DType) -> st.SearchStrategy:
   lo, hi = dtypes.min(dtype), dtypes.max(dtype)
   return st.one_of(st.integers(-20, 20), st.sampled_from([lo, hi, lo + 1, hi - 1, 2 ** (dtype.bitsize // 2), 64, 1000]))
 
-def divisors(dtype: DType) -> st.SearchStrategy:
-  return st.one_of(st.integers(1, 13), st.integers(-13, -1), st.sampled_from([16, 64, 3 * 2 ** (dtype.bitsize // 2 - 2)]))
+def coefficients(dtype: DType) -> st.SearchStrategy:
+  """Mostly coefficients that share factors with the divisors, so division rules get exercised."""
+  return st.one_of(st.sampled_from([1, 1, 2, 3, 4, 6, 8, 12, 16, 24, 48, -1, -2, -4, -12]), int_consts(dtype))
 
-def int_exprs(dtype: DType) -> st.SearchStrategy:
+def divisors(dtype: DType) -> st.SearchStrategy:
+  return st.one_of(st.sampled_from(SMALL_DIVISORS), st.integers(1, 13), st.integers(-13, -1),
+                   st.sampled_from([64, 3 * 2 ** (dtype.bitsize // 2 - 2)]))
+
+def linear_sums(children: st.SearchStrategy, dtype: DType) -> st.SearchStrategy:
+  """sum(child * coefficient) + constant, in random order: the shape of index arithmetic."""
+  def build(parts):
+    terms, const = parts
+    out = c(const, dtype)
+    for child, coef in terms: out = out + (child if coef == 1 else child * coef)
+    return out
+  return st.tuples(st.lists(st.tuples(children, coefficients(dtype)), min_size=1, max_size=4), st.integers(-30, 30)).map(build)
+
+def divided_sums(children: st.SearchStrategy, dtype: DType) -> st.SearchStrategy:
+  """(sum of terms with coefficients near multiples of d, plus a constant) // d or % d: the division rules' territory."""
+  @st.composite
+  def build(draw):
+    d = draw(st.sampled_from(SMALL_DIVISORS))
+    out = c(draw(st.integers(-3 * d, 3 * d)), dtype)
+    for _ in range(draw(st.integers(1, 3))):
+      coef = d * draw(st.integers(-3, 3)) + draw(st.sampled_from([0, 0, 0, 1, -1, 2]))
+      out = out + draw(children) * coef
+    return out // d if draw(st.booleans()) else out % d
+  return build()
+
+def nested_div_mod(children: st.SearchStrategy) -> st.SearchStrategy:
+  """(x op c1) op c2 for op in // and %."""
+  def build(t):
+    x, first, c1, second, c2 = t
+    inner = x // c1 if first else x % c1
+    return inner // c2 if second else inner % c2
+  return st.tuples(children, st.booleans(), st.sampled_from(SMALL_DIVISORS), st.booleans(),
+                   st.sampled_from(SMALL_DIVISORS)).map(build)
+
+def recombined(children: st.SearchStrategy) -> st.SearchStrategy:
+  """(x//d)*(k*d) + (x%d)*k, sometimes with a coefficient that does not match."""
+  def build(t):
+    x, d, k, mismatch = t
+    return (x // d) * (k * d + mismatch) + (x % d) * k
+  return st.tuples(children, st.sampled_from(SMALL_DIVISORS), st.sampled_from([1, 1, 2, -1]),
+                   st.sampled_from([0, 0, 0, 1, -1])).map(build)
+
+def comparisons(ints: st.SearchStrategy, dtype: DType) -> st.SearchStrategy:
+  near = st.integers(-40, 60).map(lambda v: c(v, dtype))
+  ops = st.sampled_from([Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ])
+  quotient = st.tuples(ints, st.sampled_from(SMALL_DIVISORS)).map(lambda t: t[0] // t[1])
+  shared = st.tuples(ints, ints, ints, st.sampled_from([1, 2, -1])).map(lambda t: (t[0] * t[3] + t[1], t[0] * t[3] + t[2]))
+  return st.one_of(st.tuples(ops, ints, st.one_of(ints, near)), st.tuples(ops, near, ints),
+                   st.tuples(ops, quotient, near), st.tuples(ops, near, quotient),
+                   st.tuples(ops, shared).map(lambda t: (t[0],) + t[1])).map(lambda t: UOp(t[0], dtypes.bool, (t[1], t[2])))
+
+def int_exprs(dtype: DType, max_leaves: int = 10) -> st.SearchStrategy:
   leaf = st.one_of(st.sampled_from(leaf_pool(dtype)), int_consts(dtype).map(lambda v: c(v, dtype)))
   def extend(children: st.SearchStrategy) -> st.SearchStrategy:
     pair = st.tuples(children, children)
-    bools = st.tuples(st.sampled_from([Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ]), children, children).map(
-      lambda t: UOp(t[0], dtypes.bool, (t[1], t[2])))
+    summed = st.one_of(children, linear_sums(children, dtype))
     return st.one_of(
-      pair.map(lambda t: t[0] + t[1]), pair.map(lambda t: t[0] - t[1]), pair.map(lambda t: t[0] * t[1]),
-      pair.map(lambda t: UOp(Ops.SUB, dtype, t)), children.map(lambda x: -x), children.map(lambda x: UOp(Ops.NEG, dtype, (x,))),
-      st.tuples(children, int_consts(dtype)).map(lambda t: t[0] * t[1]),
-      st.tuples(children, int_consts(dtype)).map(lambda t: t[0] + t[1]),
-      st.tuples(children, divisors(dtype)).map(lambda t: t[0] // t[1]),
-      st.tuples(children, divisors(dtype)).map(lambda t: t[0] % t[1]),
-      pair.map(lambda t: t[0].maximum(t[1])),
-      st.tuples(bools, children, children).map(lambda t: t[0].where(t[1], t[2])),
-      bools.map(lambda b: b.cast(dtype)),
-      st.tuples(children, int_consts(dtype)).map(lambda t: c(t[1], dtype).lt(t[0]).where(t[0], c(t[1], dtype))))
-  return st.recursive(leaf, extend, max_leaves=12)
+      linear_sums(children, dtype), divided_sums(children, dtype), divided_sums(children, dtype),
+      nested_div_mod(summed), recombined(summed),
+      st.tuples(summed, divisors(dtype)).map(lambda t: t[0] // t[1]),
+      st.tuples(summed, divisors(dtype)).map(lambda t: t[0] % t[1]),
+      pair.map(lambda t: t[0] - t[1]), pair.map(lambda t: t[0] * t[1]), pair.map(lambda t: UOp(Ops.SUB, dtype, t)),
+      children.map(lambda x: UOp(Ops.NEG, dtype, (x,))), pair.map(lambda t: t[0].maximum(t[1])),
+      st.tuples(comparisons(children, dtype), children, children).map(lambda t: t[0].where(t[1], t[2])),
+      comparisons(children, dtype).map(lambda b: b.cast(dtype)))
+  return st.recursive(leaf, extend, max_leaves=max_leaves)
 
 def bool_exprs(dtype: DType) -> st.SearchStrategy:
-  ints = int_exprs(dtype)
-  cmp = st.tuples(st.sampled_from([Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ]), ints, st.one_of(ints, int_consts(dtype).map(lambda v: c(v, dtype))))
-  atom = cmp.map(lambda t: UOp(t[0], dtypes.bool, (t[1], t[2])))
+  atom = comparisons(int_exprs(dtype, 8), dtype)
   return st.one_of(atom, st.tuples(atom, atom).map(lambda t: t[0] & t[1]), st.tuples(atom, atom).map(lambda t: t[0] | t[1]),
-                   atom.map(lambda b: b.logical_not()))
+                   atom.map(lambda b: b.logical_not()), st.tuples(atom, atom, atom).map(lambda t: t[0].where(t[1], t[2])))
 
-FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 @FUZZ
 @given(int_exprs(I32), st.randoms(use_true_random=False))
@@ -145,8 +195,8 @@ def test_fuzz_int32_comparisons(expr: UOp, rand: random.Random):
 
 @pytest.mark.parametrize("dtype", [dtypes.int8, dtypes.uint8, dtypes.uint32, dtypes.int64])
 def test_fuzz_wrapping_dtypes(dtype: DType):
-  @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-  @given(int_exprs(dtype), st.randoms(use_true_random=False))
+  @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+  @given(st.one_of(int_exprs(dtype), bool_exprs(dtype)), st.randoms(use_true_random=False))
   def check(expr: UOp, rand: random.Random): check_same_value(expr, rand)
   check()
 
