@@ -175,7 +175,7 @@ def create_schedule(roots: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp
 def _safe_in_place(value: UOp, target_view: UOp) -> bool:
   """`value` can be stored straight into the target's buffer: it reads that buffer only through `target_view` itself,
   reached by elementwise ops alone, so each element is read at the index it is written to."""
-  target_buf = target_view.base
+  target_buf = target_view.base.buffer
   aligned, stack = set(), [value]
   while stack:
     node = stack.pop()
@@ -184,7 +184,7 @@ def _safe_in_place(value: UOp, target_view: UOp) -> bool:
     if node.op in GroupOp.Elementwise: stack.extend(node.src)
   for node in aligned:
     if node is target_view or node.op in GroupOp.Elementwise: continue
-    if any(m is target_buf for m in toposort([node])): return False
+    if any(m.op is Ops.BUFFER and m.buffer is target_buf for m in toposort([node])): return False
   return True
 
 def _result_node(root: UOp, buffer_of: dict[UOp, UOp]) -> UOp:
@@ -199,25 +199,28 @@ def _result_node(root: UOp, buffer_of: dict[UOp, UOp]) -> UOp:
   return root
 
 def _make_kernel(out_buf: UOp, value: UOp, node: UOp) -> ScheduleItem:
-  """A kernel AST whose buffers are numbered parameters, so equal computations share one compiled program."""
-  params: dict[UOp, UOp] = {out_buf: UOp(Ops.DEFINE_GLOBAL, out_buf.dtype, (), 0)}
+  """A kernel AST whose buffers are numbered parameters, so equal computations share one compiled program.
+
+  Parameters are given per Buffer object, not per BUFFER node: two nodes over one Buffer (an assigned tensor and
+  an older reference to it) share one parameter, so no kernel receives the same memory twice.
+  """
+  out_param = UOp(Ops.DEFINE_GLOBAL, out_buf.dtype, (), 0)
+  param_of_buffer: dict[int, UOp] = {id(out_buf.buffer): out_param}
   bufs = [out_buf.buffer]
+  params: dict[UOp, UOp] = {}
   metadata: list[str] = []
   for m in toposort([value]):
     if m.op is Ops.BUFFER and m not in params:
+      if id(m.buffer) not in param_of_buffer:
+        param_of_buffer[id(m.buffer)] = UOp(Ops.DEFINE_GLOBAL, m.dtype, (), len(bufs))
+        bufs.append(m.buffer)
       # the RESHAPE keeps the (size,) shape a BUFFER has and a DEFINE_GLOBAL lacks
-      params[m] = UOp(Ops.RESHAPE, m.dtype, (UOp(Ops.DEFINE_GLOBAL, m.dtype, (), len(bufs)),), (m.arg[2],))
-      bufs.append(m.buffer)
+      params[m] = UOp(Ops.RESHAPE, m.dtype, (param_of_buffer[id(m.buffer)],), (m.arg[2],))
     if m.meta and m.meta not in metadata: metadata.append(m.meta)
-  # a buffer that appears as both output and input (in-place assign) keeps parameter 0
-  out_param = params.pop(out_buf)
-  if out_buf in _buffers_read(value): params[out_buf] = UOp(Ops.RESHAPE, out_buf.dtype, (out_param,), (out_buf.arg[2],))
   value = substitute(value, params)
   if value.dtype != out_buf.dtype: value = value.cast(out_buf.dtype)
   ast = UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (out_param, value)),))
   return ScheduleItem(ast, bufs, tuple(metadata))
-
-def _buffers_read(value: UOp) -> set[UOp]: return {m for m in toposort([value]) if m.op is Ops.BUFFER}
 
 def _order(items: list[tuple[UOp, ScheduleItem]], buffer_of: dict[UOp, UOp]) -> list[ScheduleItem]:
   """Run order: producers before consumers, and every read of a buffer before an assign overwrites it."""
