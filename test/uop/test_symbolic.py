@@ -152,7 +152,7 @@ def recombined(children: st.SearchStrategy) -> st.SearchStrategy:
                    st.sampled_from([0, 0, 0, 1, -1])).map(build)
 
 def comparisons(ints: st.SearchStrategy, dtype: DType) -> st.SearchStrategy:
-  near = st.integers(-40, 60).map(lambda v: c(v, dtype))
+  near = st.one_of(st.integers(-6, 10), st.integers(-40, 60)).map(lambda v: c(v, dtype))
   ops = st.sampled_from([Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ])
   quotient = st.tuples(ints, st.sampled_from(SMALL_DIVISORS)).map(lambda t: t[0] // t[1])
   shared = st.tuples(ints, ints, ints, st.sampled_from([1, 2, -1])).map(lambda t: (t[0] * t[3] + t[1], t[0] * t[3] + t[2]))
@@ -199,6 +199,34 @@ def test_fuzz_wrapping_dtypes(dtype: DType):
   @given(st.one_of(int_exprs(dtype), bool_exprs(dtype)), st.randoms(use_true_random=False))
   def check(expr: UOp, rand: random.Random): check_same_value(expr, rand)
   check()
+
+def exhaustive_check(expr: UOp):
+  """The simplified `expr` equals `expr` for every assignment of its (small-ranged) leaves."""
+  import itertools
+  simplified = expr.simplify()
+  ls = leaves(expr)
+  spans = [range(u.arg[1], u.arg[2] + 1) if u.op is Ops.DEFINE_VAR else range(u.src[0].arg) for u in ls]
+  for values in itertools.product(*spans):
+    env = dict(zip(ls, values))
+    before, after = evaluate(expr, env), evaluate(simplified, env)
+    assert before[expr] == after[simplified], f"{expr.render()} != {simplified.render()} at {values}"
+    check_ranges(expr, before)
+    check_ranges(simplified, after)
+
+_s, _m, _b = UOp.variable("s", -4, 3), UOp.variable("m", -16, 15), UOp.variable("b", -8, 8)
+_neg, _n, _r0, _r2 = UOp.variable("neg", -30, -1), UOp.variable("n", 1, 40), rng(4, 0), rng(16, 2)
+
+@pytest.mark.parametrize("expr", [
+  _s % 4, _s % 5, _m % 16, _m % 17, _b // 8, _b // 9, _s // -4, _s % -4, (_s % 4) % 2, (_m % 12) // 4, (_m // 4) // 2,
+  c(-1).lt(_s // 4), c(0).lt(_s // 4), c(-2).lt(_m // 4), (_s // 4).lt(0), (_s // 4).lt(1), (_m // 4).lt(-1),
+  c(-1).lt(_s * 2 + 1), (_s * 2 + 1).lt(0), (_s * 3 - 2).lt(-4), (_m * 2).eq(-6), (_m * 2 + 1).ne(-6),
+  (_neg * 4 - _n + 1) // 4, (_neg * 4 - _r0 - 5) // 4, (_neg * 4 - _r0 - 5) % 4, (_neg * 4 + _r0) // 4, (_neg * 4 + _r0) % 4,
+  (_s * 4 + _r0) // 4, (_s * 4 + _r0) % 4, (_s * 6 + _r0 * 2) // 4, (_s * 6 + _r0 * 2) % 4, (_m * 8 + _s * 2) % 4,
+  (_m // 4) * 4 + _m % 4, (_m // 4) * 8 + _m % 4, (_m // 4) * 4 + (_m % 4) * 2, (_m // 12) * 12 + (_m // 4) % 3 * 4 + _m % 4,
+  (_m + _s).lt(_m + 2), (_m * 2 + _s).lt(_m + _r0), (_m + 3).eq(_m + _s), _m.maximum(_s), _s.maximum(_m - 20),
+])
+def test_exhaustive_edge_cases(expr: UOp):
+  exhaustive_check(expr)
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.integers(-6, 6), st.sampled_from([0, 1, 2])), min_size=1, max_size=6), st.integers(-20, 20),
