@@ -126,9 +126,6 @@ def create_schedule(roots: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp
     if n.op in (Ops.CONTIGUOUS, Ops.ASSIGN, Ops.COPY): outputs.add(n)
     if n.op is Ops.COPY and not is_contiguous_buffer(n.src[0]): outputs.add(n.src[0])
     if n.op is Ops.BUFFER and n.buffer is None: raise RuntimeError(f"schedule: buffer {n.arg} has no storage")
-  for n in nodes:
-    if n.op is Ops.ASSIGN and not _safe_in_place(n.src[1], n.src[0]):
-      outputs.add(n.src[1])   # computed into a temporary first, then copied over the target
   # an expensive elementwise value that is broadcast would be recomputed for every copy: compute it once
   for n in nodes:
     if n.op is Ops.EXPAND:
@@ -137,6 +134,10 @@ def create_schedule(roots: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp
   # a reduction that cannot stay in its consumer's registers gets its own buffer
   for n in nodes:
     if n.op is Ops.REDUCE_AXIS and n not in outputs and not _reduce_fuses_upward(n, users, outputs): outputs.add(n)
+  # an assign whose value reads its target at other indices is computed into a temporary, then copied over
+  for n in nodes:
+    if n.op is Ops.ASSIGN and n.src[1] not in outputs and not _safe_in_place(n.src[1], n.src[0], outputs):
+      outputs.add(n.src[1])
 
   # 2. a buffer for every output; assign writes into its target's buffer
   buffer_of: dict[UOp, UOp] = {}
@@ -172,9 +173,10 @@ def create_schedule(roots: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp
   result_map = {orig: _result_node(r, buffer_of) for orig, r in zip(original_roots, roots)}
   return ordered, result_map
 
-def _safe_in_place(value: UOp, target_view: UOp) -> bool:
-  """`value` can be stored straight into the target's buffer: it reads that buffer only through `target_view` itself,
-  reached by elementwise ops alone, so each element is read at the index it is written to."""
+def _safe_in_place(value: UOp, target_view: UOp, outputs: set[UOp]) -> bool:
+  """`value` can be stored straight into the target's buffer: within its kernel (down to other materialized
+  outputs, which run first) it reads that buffer only through `target_view` itself, reached by elementwise ops
+  alone, so each element is read at the index it is written to."""
   target_buf = target_view.base.buffer
   aligned, stack = set(), [value]
   while stack:
@@ -184,7 +186,8 @@ def _safe_in_place(value: UOp, target_view: UOp) -> bool:
     if node.op in GroupOp.Elementwise: stack.extend(node.src)
   for node in aligned:
     if node is target_view or node.op in GroupOp.Elementwise: continue
-    if any(m.op is Ops.BUFFER and m.buffer is target_buf for m in toposort([node])): return False
+    inside_kernel = toposort([node], stop=lambda u: u in outputs and u is not node)
+    if any(m.op is Ops.BUFFER and m.buffer is target_buf for m in inside_kernel): return False
   return True
 
 def _result_node(root: UOp, buffer_of: dict[UOp, UOp]) -> UOp:
@@ -224,14 +227,23 @@ def _make_kernel(out_buf: UOp, value: UOp, node: UOp) -> ScheduleItem:
 
 def _order(items: list[tuple[UOp, ScheduleItem]], buffer_of: dict[UOp, UOp]) -> list[ScheduleItem]:
   """Run order: producers before consumers, and every read of a buffer before an assign overwrites it."""
-  writer_of = {}
+  assign_bit = {node: 1 << i for i, (node, _) in enumerate(items) if node.op is Ops.ASSIGN}
+  # which assigns each node depends on, as a bitmask (one pass over the graph)
+  after_assigns: dict[UOp, int] = {}
+  if assign_bit:
+    for n in toposort([node for node, _ in items]):
+      mask = assign_bit.get(n, 0)
+      for src in n.src: mask |= after_assigns[src]
+      after_assigns[n] = mask
+  writer_of: dict[int, list[int]] = {}
   for i, (node, item) in enumerate(items): writer_of.setdefault(id(item.bufs[0]), []).append(i)
   deps: list[set[int]] = [set() for _ in items]
   for i, (node, item) in enumerate(items):
     for b in item.bufs[1:]:
       for w in writer_of.get(id(b), []):
         if w == i: continue
-        if items[w][0].op is Ops.ASSIGN and not _depends_on(node, items[w][0]): deps[w].add(i)   # read old, then assign
+        writer = items[w][0]
+        if writer.op is Ops.ASSIGN and not after_assigns[node] & assign_bit[writer]: deps[w].add(i)   # read old first
         else: deps[i].add(w)
   order, state = [], [0] * len(items)
   for start in range(len(items)):
@@ -239,13 +251,12 @@ def _order(items: list[tuple[UOp, ScheduleItem]], buffer_of: dict[UOp, UOp]) -> 
     while stack:
       i, done = stack.pop()
       if done:
-        if state[i] != 2: state[i] = 2; order.append(items[i][1])
+        if state[i] != 2:
+          state[i] = 2
+          order.append(items[i][1])
         continue
       if state[i]: continue
       state[i] = 1
       stack.append((i, True))
       stack.extend((d, False) for d in deps[i] if not state[d])
   return order
-
-def _depends_on(node: UOp, other: UOp) -> bool:
-  return other in set(toposort([node]))

@@ -536,7 +536,7 @@ def const_lt_linear(c: UOp, x: UOp) -> UOp | None:
 
 def div_lt(x: UOp, d: UOp, c: UOp) -> UOp | None:
   """x//d < c -> x < c*d (d > 0; c > 0 or x >= 0)"""
-  if d.arg <= 0 or not (c.arg > 0 or x.vmin >= 0) or not fits(x.dtype, c.arg * d.arg, c.arg * d.arg): return None
+  if d.arg <= 0 or not fits(x.dtype, c.arg * d.arg, c.arg * d.arg): return None
   return x.alu(Ops.CMPLT, x.const_like(c.arg * d.arg))
 
 def const_lt_div(c: UOp, x: UOp, d: UOp) -> UOp | None:
@@ -552,7 +552,7 @@ def eq_linear(u: UOp, x: UOp, c: UOp) -> UOp | None:
   terms, const = form
   target = truncate(x.dtype, c.arg - const)
   g = math.gcd(*terms.values())
-  if g > 1:   # no wraparound: divisibility decides
+  if g > 1 and fits(x.dtype, *linear_bounds(terms, 0)):   # no wraparound: divisibility decides
     if target % g != 0: return UOp.const(dtypes.bool, u.op is Ops.CMPNE)
     terms, target = {t: a // g for t, a in terms.items()}, target // g
   return build_sum(x.dtype, terms).alu(u.op, x.const_like(target))
