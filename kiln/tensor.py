@@ -17,6 +17,11 @@ def _where() -> str:
   loc = user_frame_location()
   return f" (at {loc})" if loc else ""
 
+def _dtype_arg(dtype, op: str) -> DType:
+  """`dtype` as a DType, or a TypeError naming the op and the user's line."""
+  try: return to_dtype(dtype)
+  except TypeError as e: raise TypeError(f"{op}: {e}{_where()}") from None
+
 def _fmt(shape) -> str: return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
 
 def _canonical_device(device: str | None) -> str:
@@ -50,7 +55,7 @@ class Tensor:
   _rng_counter: int = 0
 
   def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None, requires_grad: bool | None = None):
-    dtype = to_dtype(dtype) if dtype is not None else None
+    dtype = _dtype_arg(dtype, "Tensor") if dtype is not None else None
     self.grad: Tensor | None = None
     self._requires_grad = None
     if isinstance(data, UOp):
@@ -172,7 +177,7 @@ class Tensor:
   @staticmethod
   def empty(*shape, device: str | None = None, dtype: DType | str | None = None, **kwargs) -> Tensor:
     """An uninitialized tensor."""
-    shape, dtype, device = _shape_arg(shape), to_dtype(dtype or dtypes.default_float), _canonical_device(device)
+    shape, dtype, device = _shape_arg(shape), _dtype_arg(dtype or dtypes.default_float, "empty"), _canonical_device(device)
     buf = UOp.new_buffer(device, prod(shape), dtype)
     buf.buffer = Buffer(device, prod(shape), dtype)
     return Tensor(buf.reshape(shape), **kwargs)
@@ -181,7 +186,7 @@ class Tensor:
   def full(shape, fill_value, device: str | None = None, dtype: DType | str | None = None, **kwargs) -> Tensor:
     """A tensor of `shape` filled with `fill_value`."""
     shape = _shape_arg((shape,) if isinstance(shape, int) else tuple(shape))
-    dtype = to_dtype(dtype) if dtype is not None else dtypes.from_py(fill_value)
+    dtype = _dtype_arg(dtype, "full") if dtype is not None else dtypes.from_py(fill_value)
     const = UOp.const(dtype, fill_value, _canonical_device(device))
     return Tensor(const.reshape((1,) * len(shape)).expand(shape), **kwargs)
 
@@ -206,7 +211,7 @@ class Tensor:
     if stop is None: start, stop = 0, start
     if step == 0: raise ValueError(f"arange: step must not be 0{_where()}")
     count = max(0, math.ceil((stop - start) / step))
-    dtype = to_dtype(dtype) if dtype is not None else dtypes.from_py([start, stop, step])
+    dtype = _dtype_arg(dtype, "arange") if dtype is not None else dtypes.from_py([start, stop, step])
     iota = Tensor(UOp(Ops.IOTA, dtypes.int32, (UOp(Ops.DEVICE, arg=_canonical_device(device)),), count))
     return Tensor((iota.cast(dtype) * step + start).cast(dtype).uop, **kwargs)
 
@@ -214,7 +219,7 @@ class Tensor:
   def linspace(start, stop, steps: int, **kwargs) -> Tensor:
     """`steps` evenly spaced values from `start` to `stop` inclusive."""
     if steps == 1: return Tensor.full((1,), float(start), **kwargs)
-    dtype = to_dtype(kwargs.pop("dtype", dtypes.default_float))
+    dtype = _dtype_arg(kwargs.pop("dtype", dtypes.default_float), "linspace")
     return (Tensor.arange(steps, **kwargs).cast(dtypes.float32) * ((stop - start) / (steps - 1)) + start).cast(dtype)
 
   @staticmethod
@@ -252,7 +257,7 @@ class Tensor:
   def rand(*shape, device: str | None = None, dtype: DType | str | None = None, **kwargs) -> Tensor:
     """Uniform random values in [0, 1)."""
     shape, device = _shape_arg(shape), _canonical_device(device)
-    dtype = to_dtype(dtype or dtypes.default_float)
+    dtype = _dtype_arg(dtype or dtypes.default_float, "rand")
     bits = Tensor._random_bits(prod(shape), device)
     values = (bits >> 8).cast(dtypes.float32) * (1.0 / (1 << 24))
     return Tensor(values.reshape(shape).cast(dtype).uop, **kwargs)
@@ -264,7 +269,7 @@ class Tensor:
     requires_grad = kwargs.pop("requires_grad", None)
     u = Tensor.rand(2, *shape, **kwargs)
     radius = (-2.0 * (1.0 - u[0]).log()).sqrt()
-    out = (radius * (u[1] * (2 * math.pi)).cos()).cast(to_dtype(dtype or dtypes.default_float))
+    out = (radius * (u[1] * (2 * math.pi)).cos()).cast(_dtype_arg(dtype or dtypes.default_float, "randn"))
     return Tensor(out.uop, requires_grad=requires_grad)
 
   @staticmethod
@@ -313,11 +318,11 @@ class Tensor:
   # ---------------- conversion ----------------
   def cast(self, dtype: DType | str) -> Tensor:
     """The values converted to `dtype` (floats to ints truncate toward zero)."""
-    dtype = to_dtype(dtype)
+    dtype = _dtype_arg(dtype, "cast")
     return self if self.dtype == dtype else Tensor._wrap(self.uop.cast(dtype), "cast")
   def bitcast(self, dtype: DType | str) -> Tensor:
     """The same bits read as `dtype` (same item size)."""
-    dtype = to_dtype(dtype)
+    dtype = _dtype_arg(dtype, "bitcast")
     if dtype.itemsize != self.dtype.itemsize:
       raise ValueError(f"bitcast: {self.dtype} and {dtype} differ in size{_where()}")
     return Tensor._wrap(UOp(Ops.BITCAST, dtype, (self.uop,)), "bitcast")
@@ -557,7 +562,7 @@ class Tensor:
     dtype = self.dtype
     if isinstance(value, float) and not dtypes.is_float(dtype): dtype = dtypes.default_float
     elif isinstance(value, int) and not isinstance(value, bool) and dtype == dtypes.bool: dtype = dtypes.default_int
-    return Tensor.full(self.shape if False else (), value, device=self.device, dtype=dtype)
+    return Tensor.full((), value, device=self.device, dtype=dtype)
 
   def _broadcasted(self, other, op: str, reverse: bool = False) -> tuple[Tensor, Tensor]:
     """Both operands as tensors of one dtype and one shape (PyTorch promotion and broadcasting)."""
@@ -650,18 +655,30 @@ class Tensor:
   def lshift(self, other, reverse=False) -> Tensor: return self._bitwise(Ops.SHL, other, "lshift", reverse)
   def rshift(self, other, reverse=False) -> Tensor: return self._bitwise(Ops.SHR, other, "rshift", reverse)
 
-  __add__ = lambda self, x: self.add(x); __radd__ = lambda self, x: self.add(x, True)  # noqa: E731,E702
-  __sub__ = lambda self, x: self.sub(x); __rsub__ = lambda self, x: self.sub(x, True)  # noqa: E731,E702
-  __mul__ = lambda self, x: self.mul(x); __rmul__ = lambda self, x: self.mul(x, True)  # noqa: E731,E702
-  __truediv__ = lambda self, x: self.div(x); __rtruediv__ = lambda self, x: self.div(x, True)  # noqa: E731,E702
-  __floordiv__ = lambda self, x: self.floordiv(x); __rfloordiv__ = lambda self, x: self.floordiv(x, True)  # noqa: E731,E702
-  __mod__ = lambda self, x: self.mod(x); __rmod__ = lambda self, x: self.mod(x, True)  # noqa: E731,E702
-  __pow__ = lambda self, x: self.pow(x); __rpow__ = lambda self, x: self.pow(x, True)  # noqa: E731,E702
-  __and__ = lambda self, x: self.bitwise_and(x); __rand__ = lambda self, x: self.bitwise_and(x, True)  # noqa: E731,E702
-  __or__ = lambda self, x: self.bitwise_or(x); __ror__ = lambda self, x: self.bitwise_or(x, True)  # noqa: E731,E702
-  __xor__ = lambda self, x: self.bitwise_xor(x); __rxor__ = lambda self, x: self.bitwise_xor(x, True)  # noqa: E731,E702
-  __lshift__ = lambda self, x: self.lshift(x); __rshift__ = lambda self, x: self.rshift(x)  # noqa: E731,E702
-  __matmul__ = lambda self, x: self.matmul(x); __rmatmul__ = lambda self, x: Tensor(x).matmul(self) if not isinstance(x, Tensor) else x.matmul(self)  # noqa: E731,E501,E702
+  def __add__(self, x) -> Tensor: return self.add(x)
+  def __radd__(self, x) -> Tensor: return self.add(x, True)
+  def __sub__(self, x) -> Tensor: return self.sub(x)
+  def __rsub__(self, x) -> Tensor: return self.sub(x, True)
+  def __mul__(self, x) -> Tensor: return self.mul(x)
+  def __rmul__(self, x) -> Tensor: return self.mul(x, True)
+  def __truediv__(self, x) -> Tensor: return self.div(x)
+  def __rtruediv__(self, x) -> Tensor: return self.div(x, True)
+  def __floordiv__(self, x) -> Tensor: return self.floordiv(x)
+  def __rfloordiv__(self, x) -> Tensor: return self.floordiv(x, True)
+  def __mod__(self, x) -> Tensor: return self.mod(x)
+  def __rmod__(self, x) -> Tensor: return self.mod(x, True)
+  def __pow__(self, x) -> Tensor: return self.pow(x)
+  def __rpow__(self, x) -> Tensor: return self.pow(x, True)
+  def __and__(self, x) -> Tensor: return self.bitwise_and(x)
+  def __rand__(self, x) -> Tensor: return self.bitwise_and(x, True)
+  def __or__(self, x) -> Tensor: return self.bitwise_or(x)
+  def __ror__(self, x) -> Tensor: return self.bitwise_or(x, True)
+  def __xor__(self, x) -> Tensor: return self.bitwise_xor(x)
+  def __rxor__(self, x) -> Tensor: return self.bitwise_xor(x, True)
+  def __lshift__(self, x) -> Tensor: return self.lshift(x)
+  def __rshift__(self, x) -> Tensor: return self.rshift(x)
+  def __matmul__(self, x) -> Tensor: return self.matmul(x)
+  def __rmatmul__(self, x) -> Tensor: return (x if isinstance(x, Tensor) else Tensor(x, device=self.device)).matmul(self)
 
   def __iadd__(self, x): return self.assign(self + x)
   def __isub__(self, x): return self.assign(self - x)
@@ -766,7 +783,7 @@ class Tensor:
 
   def sum(self, axis=None, keepdim: bool = False, dtype: DType | None = None) -> Tensor:
     """Sum over `axis` (all axes by default). Small ints and bools accumulate in int32; half floats in float32."""
-    acc = to_dtype(dtype) if dtype is not None else _sum_dtype(self.dtype)
+    acc = _dtype_arg(dtype, "sum") if dtype is not None else _sum_dtype(self.dtype)
     x = self.cast(acc) if acc != self.dtype else self
     out = x._reduce(Ops.ADD, axis, keepdim, "sum")
     return out.cast(self.dtype) if dtype is None and dtypes.is_float(self.dtype) and out.dtype != self.dtype else out
