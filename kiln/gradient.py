@@ -79,21 +79,47 @@ gradient_rules = PatternMatcher([
 NO_GRADIENT = frozenset({Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.IDIV, Ops.MOD, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR,
                          Ops.TRUNC, Ops.DETACH, Ops.BITCAST, Ops.IOTA, Ops.CONST, Ops.BUFFER, Ops.BIND})
 
+def gradient_graph(root: UOp, whole: bool = False) -> list[UOp]:
+  """Nodes under `root`, sources first, following a realized node to the graph it came from (`origin`).
+  Unless `whole`, the sources of ops without gradients are left out."""
+  visited: set[UOp] = set()
+  order: list[UOp] = []
+  stack: list[tuple[UOp, bool]] = [(root, False)]
+  while stack:
+    node, expanded = stack.pop()
+    if expanded:
+      order.append(node)
+      continue
+    if node in visited: continue
+    visited.add(node)
+    stack.append((node, True))
+    if node.op in NO_GRADIENT and node.origin is None and not whole: continue
+    for s in ((node.origin,) if node.origin is not None else reversed(node.src)):
+      if s not in visited: stack.append((s, False))
+  return order
+
 def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
   """Gradients of `root` with respect to every node in `targets`, as new graph nodes (reverse mode, iterative)."""
+  order = gradient_graph(root)
   # only nodes on a path from root to a target matter
-  order = toposort([root], stop=lambda u: u.op in NO_GRADIENT)
   on_path: set[UOp] = set()
   for node in order:
-    if node in targets or any(s in on_path for s in node.src): on_path.add(node)
+    inputs = (node.origin,) if node.origin is not None else node.src
+    if node in targets or any(s in on_path for s in inputs): on_path.add(node)
   grads: dict[UOp, UOp] = {root: root_grad}
   for node in reversed(order):
-    if node not in grads or node.op in NO_GRADIENT or not node.src: continue
-    if not any(s in on_path for s in node.src): continue
+    if node not in grads: continue
+    if node.origin is not None:   # a realized value: its gradient flows on into the graph it was computed by
+      if node.origin in on_path: _accumulate(grads, node.origin, grads[node])
+      continue
+    if node.op in NO_GRADIENT or not node.src or not any(s in on_path for s in node.src): continue
     src_grads = gradient_rules.rewrite(node, grads[node])
     if src_grads is None: raise RuntimeError(f"backward: no gradient rule for {node.op}")
     for src, g in zip(node.src, src_grads):
       if g is None or src not in on_path: continue
       if g.dtype != src.dtype and dtypes.is_float(src.dtype): g = g.cast(src.dtype)
-      grads[src] = grads[src] + g if src in grads else g
+      _accumulate(grads, src, g)
   return {t: grads[t] for t in targets if t in grads}
+
+def _accumulate(grads: dict[UOp, UOp], node: UOp, g: UOp) -> None:
+  grads[node] = grads[node] + g if node in grads else g

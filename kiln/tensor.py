@@ -8,7 +8,7 @@ from kiln.dtype import DType, dtypes, least_upper_dtype, to_dtype, to_numpy_dtyp
 from kiln.helpers import prod, argsort, user_frame_location, TRACEBACK_SOURCE, all_same
 from kiln.uop.ops import UOp, Ops
 from kiln.device import Device, Buffer
-from kiln.gradient import compute_gradient
+from kiln.gradient import compute_gradient, gradient_graph
 
 class TensorIndexError(IndexError, ValueError):
   """An index outside a tensor's shape (both an IndexError and a ValueError)."""
@@ -132,12 +132,17 @@ class Tensor:
     from kiln.engine.realize import run_schedule
     todo = [(t, t.uop) for t in dict.fromkeys(tensors) if not t.uop.base.op is Ops.BUFFER]
     if not todo: return
-    items, results = create_schedule(list(dict.fromkeys(uop for _, uop in todo)))
+    roots = list(dict.fromkeys(uop for _, uop in todo))
+    items, results = create_schedule(roots)
     run_schedule(items)
+    differentiable = _graphs_needing_gradients(roots)
     for t, old in todo:
       new = results[old]
       if new is not old:
-        if old.op is not Ops.ASSIGN: old.forward = new
+        if old.op is not Ops.ASSIGN:
+          old.forward = new
+          # the realized node remembers its graph, so backward() still reaches the parameters behind it
+          if old in differentiable and new.origin is None: new.origin = old
         t.uop = new
 
   def schedule(self, *others: Tensor) -> list:
@@ -889,17 +894,23 @@ class Tensor:
       if self.numel() != 1:
         raise RuntimeError(f"gradient: a non-scalar output of shape {_fmt(self.shape)} needs an explicit gradient{_where()}")
       gradient = Tensor.full(self.shape, 1.0, device=self.device, dtype=self.dtype)
-    grads = compute_gradient(self.uop, gradient.uop, {t.uop for t in targets})
+    grads = compute_gradient(self.uop, gradient.uop, {t._grad_identity() for t in targets})
     out = []
     for t in targets:
-      g = grads.get(t.uop)
+      g = grads.get(t._grad_identity())
       out.append(Tensor._wrap(g, "gradient") if g is not None else t.zeros_like())
     return out
 
+  def _grad_identity(self) -> UOp:
+    """The node gradients accumulate at: the graph this tensor was realized from, if it remembers one."""
+    node = self.uop
+    while node.origin is not None: node = node.origin
+    return node
+
   def backward(self, gradient: Tensor | None = None) -> Tensor:
     """Accumulate d(self)/d(t) into `t.grad` for every tensor t with requires_grad that this depends on."""
-    graph = set(self.uop.toposort())
-    targets = [t for t in list(_requires_grad_tensors) if t.uop in graph]
+    graph = set(gradient_graph(self.uop, whole=True))
+    targets = [t for t in list(_requires_grad_tensors) if t._grad_identity() in graph]
     if not targets: raise RuntimeError(f"backward: nothing in this graph requires a gradient{_where()}")
     grads = self.gradient(*targets, gradient=gradient)
     for t, g in zip(targets, grads):
@@ -926,6 +937,12 @@ class Tensor:
     if not Tensor.training or p == 0: return self
     keep = Tensor.rand(*self.shape, device=self.device) >= p
     return keep.where(self, 0) * (1 / (1 - p))
+
+def _graphs_needing_gradients(roots: list[UOp]) -> set[UOp]:
+  """The roots whose graphs contain a tensor that requires a gradient (empty when no tensor does)."""
+  if not _requires_grad_tensors: return set()
+  wanted = {t._grad_identity() for t in list(_requires_grad_tensors)}
+  return {r for r in roots if any(n in wanted for n in gradient_graph(r, whole=True))}
 
 def _sum_dtype(dt: DType) -> DType:
   if dt == dtypes.bool or (dtypes.is_int(dt) and dt.itemsize < 4): return dtypes.uint32 if dtypes.is_unsigned(dt) else dtypes.int32

@@ -53,6 +53,7 @@ _buffer_ids = itertools.count()
 def _cache_key_arg(arg):
   # 0.0 == -0.0 and 1 == 1.0 == True in Python; constants of different bits must stay different nodes
   if type(arg) is float: return (float, arg.hex())
+  if type(arg) is bool: return (bool, arg)
   return arg
 
 class UOp:
@@ -63,7 +64,7 @@ class UOp:
   >>> UOp.const(dtypes.int32, 3) is UOp.const(dtypes.int32, 3)
   True
   """
-  __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "_shape", "_minmax", "meta", "buffer", "forward", "_device")
+  __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "_shape", "_minmax", "meta", "buffer", "forward", "_device", "origin")
   op: Ops
   dtype: DType
   src: tuple[UOp, ...]
@@ -78,7 +79,7 @@ class UOp:
     if cached is not None: return cached
     self = object.__new__(cls)
     self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
-    self._shape = self._minmax = self.meta = self.buffer = self.forward = self._device = None
+    self._shape = self._minmax = self.meta = self.buffer = self.forward = self._device = self.origin = None
     _uop_cache[key] = self
     return self
 

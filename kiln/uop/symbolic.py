@@ -153,6 +153,13 @@ def term_order_key(u: UOp) -> tuple:
 # ---------------------------------------------------------------------------------------------------------------------
 # linear forms of integer expressions
 
+_INT_LIMITS = {dt: (dtypes.min(dt), dtypes.max(dt)) for dt in INTS}
+
+def _wrap(dtype: DType, value: int) -> int:
+  """`value` wrapped into int `dtype` (fast when it already fits)."""
+  lo, hi = _INT_LIMITS[dtype]
+  return value if lo <= value <= hi else truncate(dtype, value)
+
 MAX_LINEAR_NODES = 64   # sums bigger than this are left alone (keeps rewriting linear time on huge unrolled sums)
 
 def linear_form(u: UOp) -> tuple[dict[UOp, int], int] | None:
@@ -184,18 +191,18 @@ def linear_form(u: UOp) -> tuple[dict[UOp, int], int] | None:
     elif op is Ops.MUL and node.src[0].op is Ops.CONST and not node.src[0].src:
       stack.append((node.src[1], coef * node.src[0].arg))
     else: terms[node] = terms.get(node, 0) + coef
-  wrapped = {t: truncate(dtype, a) for t, a in terms.items()}
-  return {t: a for t, a in wrapped.items() if a != 0}, truncate(dtype, const)
+  wrapped = {t: _wrap(dtype, a) for t, a in terms.items()}
+  return {t: a for t, a in wrapped.items() if a != 0}, _wrap(dtype, const)
 
 def build_sum(dtype: DType, terms: dict[UOp, int], const: int = 0) -> UOp:
   """The canonical node for `sum(t*a for t, a in terms) + const`: sorted terms, `t*a` for a != 1, constant last."""
   out: UOp | None = None
   for term in sorted(terms, key=term_order_key):
-    coef = truncate(dtype, terms[term])
+    coef = _wrap(dtype, terms[term])
     if coef == 0: continue
     part = term if coef == 1 else term.alu(Ops.MUL, UOp.const(dtype, coef))
     out = part if out is None else out.alu(Ops.ADD, part)
-  const = truncate(dtype, const)
+  const = _wrap(dtype, const)
   if out is None: return UOp.const(dtype, const)
   return out if const == 0 else out.alu(Ops.ADD, UOp.const(dtype, const))
 
@@ -422,10 +429,37 @@ def max_by_range(x: UOp, y: UOp) -> UOp | None:
   if x.dtype in FLOAT_DTYPES: return None
   return x if x.vmin >= y.vmax else None
 
+def recombine_div_mod(dtype: DType, terms: dict[UOp, int]) -> None:
+  """(x//c)*c*k + (x%c)*k -> x*k in a sum's terms (any sign: C guarantees x == (x//c)*c + x%c); also for x=y//d"""
+  changed = True
+  while changed:
+    changed = False
+    for mod, coef in terms.items():
+      if mod.op is not Ops.MOD or not _kernel_const(mod.src[1]) or mod.src[1].arg <= 0: continue
+      x, c = mod.src[0], mod.src[1].arg
+      quotients = [x.alu(Ops.IDIV, mod.src[1])]
+      if x.op is Ops.IDIV and _kernel_const(x.src[1]) and 0 < x.src[1].arg * c <= dtypes.max(dtype):
+        quotients.append(x.src[0].alu(Ops.IDIV, x.const_like(x.src[1].arg * c)))   # (y//d)%c pairs with y//(d*c)
+      quotient = next((q for q in quotients if terms.get(q) == _wrap(dtype, coef * c)), None)
+      if quotient is None: continue
+      del terms[mod], terms[quotient]
+      terms[x] = _wrap(dtype, terms.get(x, 0) + coef)
+      if terms[x] == 0: del terms[x]
+      changed = True
+      break
+
+_canonical_sums: weakref.WeakSet = weakref.WeakSet()
+
 def canonical_sum(u: UOp) -> UOp | None:
   """x*c1 + x*c2 -> x*(c1+c2), (x+c1)+c2 -> x+(c1+c2), (x*c1)*c2 -> x*(c1*c2), (a+b)*c -> a*c+b*c; sorted terms"""
+  if u in _canonical_sums: return None
   form = linear_form(u)
-  return None if form is None else build_sum(u.dtype, *form)
+  if form is None: return None
+  terms, const = form
+  if any(t.op is Ops.MOD for t in terms): recombine_div_mod(u.dtype, terms)
+  out = build_sum(u.dtype, terms, const)
+  _canonical_sums.add(out)   # canonical forms are fixed points: remember them instead of rebuilding them
+  return out
 
 def order_mul_operands(u: UOp, x: UOp, y: UOp) -> UOp | None:
   """y*x -> x*y in term order (ints, neither a constant)"""
@@ -486,32 +520,6 @@ def mod_linear(x: UOp, c: UOp) -> UOp | None:
   """(a*c + b)%c -> b%c when the sum cannot wrap and b has x's sign; (x*g)%(c*g) -> (x%c)*g"""
   return _div_mod_linear(x, c.arg, False)
 
-def div_mod_recombine(u: UOp) -> UOp | None:
-  """(x//c)*c + x%c -> x (any sign: C guarantees it) inside a sum"""
-  form = linear_form(u)
-  if form is None: return None
-  terms, const = form
-  changed, recombined = True, False
-  while changed:
-    changed = False
-    for m, coef in list(terms.items()):
-      if m.op is not Ops.MOD or not _kernel_const(m.src[1]) or m.src[1].arg <= 0 or m not in terms: continue
-      x, c = m.src[0], m.src[1].arg
-      candidates = [x.alu(Ops.IDIV, m.src[1])]
-      if x.op is Ops.IDIV and _kernel_const(x.src[1]) and x.src[1].arg > 0:   # ((y//d)%c, (y//(d*c))) pairs too
-        candidates.append(x.src[0].alu(Ops.IDIV, x.const_like(x.src[1].arg * c)))
-      for q in candidates:
-        if terms.get(q) == truncate(u.dtype, coef * c):
-          del terms[m], terms[q]
-          terms[x] = truncate(u.dtype, terms.get(x, 0) + coef)
-          if terms[x] == 0: del terms[x]
-          changed = True
-          break
-      if changed:
-        recombined = True
-        break
-  return build_sum(u.dtype, terms, const) if recombined else None
-
 def lt_linear(x: UOp, c: UOp) -> UOp | None:
   """(x+c1) < c2 -> x < c2-c1, (x*g) < c -> x < ceil(c/g) when the sum cannot wrap"""
   exact = _exact_linear(x)
@@ -536,7 +544,7 @@ def const_lt_linear(c: UOp, x: UOp) -> UOp | None:
 
 def div_lt(x: UOp, d: UOp, c: UOp) -> UOp | None:
   """x//d < c -> x < c*d (d > 0; c > 0 or x >= 0)"""
-  if d.arg <= 0 or not fits(x.dtype, c.arg * d.arg, c.arg * d.arg): return None
+  if d.arg <= 0 or not (c.arg > 0 or x.vmin >= 0) or not fits(x.dtype, c.arg * d.arg, c.arg * d.arg): return None
   return x.alu(Ops.CMPLT, x.const_like(c.arg * d.arg))
 
 def const_lt_div(c: UOp, x: UOp, d: UOp) -> UOp | None:
@@ -594,7 +602,6 @@ symbolic = symbolic_simple + PatternMatcher([
   (UPat((Ops.CMPNE, Ops.CMPEQ), src=(_XINT, _CINT), name="u"), eq_linear),
   (UPat((Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ), src=(_XINT, UPat.var("y")), name="u"), cmp_difference),
   # canonical sums last: the rules above see (and return) sums in canonical form
-  (UPat(Ops.ADD, dtype=_INT, name="u"), div_mod_recombine),
   (UPat((Ops.ADD, Ops.SUB, Ops.NEG), dtype=_INT, name="u"), canonical_sum),
   (UPat(Ops.MUL, dtype=_INT, src=(UPat.var(), UPat.cvar()), name="u"), canonical_sum),
   (UPat(Ops.MUL, dtype=_INT, src=(UPat.var("x"), UPat.var("y")), name="u"), order_mul_operands),

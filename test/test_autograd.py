@@ -1,0 +1,39 @@
+"""Autograd across realize(): gradients still reach parameters behind realized values, as in PyTorch."""
+import numpy as np
+import torch
+from kiln import Tensor
+
+W = np.array([[1.0, -2.0], [3.0, 4.0]], np.float32)
+X = np.array([[1.0, 0.5], [-1.0, 2.0]], np.float32)
+
+def torch_grad(fn):
+  w = torch.tensor(W, requires_grad=True)
+  fn(torch.tensor(X), w).backward()
+  return w.grad.numpy()
+
+def test_backward_after_loss_is_realized():
+  w = Tensor(W, requires_grad=True)
+  loss = (Tensor(X) @ w).relu().sum()
+  assert loss.item() == float((X @ W).clip(0).sum())   # realizes the loss before backward
+  loss.backward()
+  np.testing.assert_allclose(w.grad.numpy(), torch_grad(lambda x, w: (x @ w).relu().sum()))
+
+def test_backward_through_realized_intermediate():
+  w = Tensor(W, requires_grad=True)
+  hidden = (Tensor(X) @ w).realize()          # built into later graphs as a buffer
+  loss = (hidden * hidden).sum()
+  loss.backward()
+  np.testing.assert_allclose(w.grad.numpy(), torch_grad(lambda x, w: ((x @ w) * (x @ w)).sum()))
+
+def test_gradients_of_two_dependent_targets():
+  x = Tensor(X, requires_grad=True)
+  y = (x * 2).requires_grad_()
+  (y * y).sum().backward()
+  np.testing.assert_allclose(y.grad.numpy(), 2 * (2 * X))
+  np.testing.assert_allclose(x.grad.numpy(), 8 * X)
+
+def test_no_graph_kept_without_gradients():
+  x = Tensor(X)
+  for _ in range(3): x = (x + 1).realize()
+  assert x.uop.origin is None   # nothing needs a gradient: realized values do not hold on to their graphs
+  np.testing.assert_allclose(x.numpy(), X + 3)
