@@ -6,6 +6,7 @@ from kiln.dtype import dtypes
 from kiln.uop.spec import check_linear
 from kiln.helpers import SPEC, DEBUG, GlobalCounters, fmt_time, colored, prod
 from kiln.device import Device, Buffer
+from kiln.renderer import kernel_signature
 from kiln.uop.ops import UOp, Ops, GroupOp
 from kiln.schedule.kernelize import ScheduleItem
 from kiln.codegen.lowerer import lower_kernel
@@ -64,7 +65,7 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
   if DEBUG >= 4: print(source)
   lib = dev.compiler.compile_cached(source)
   program = dev.runtime(name, lib)
-  variables = sorted({u for u in uops if u.op is Ops.DEFINE_VAR}, key=lambda v: [x for x in uops].index(v))
+  variables = kernel_signature(uops)[1]   # the order the renderer gives the kernel's integer arguments
   runner = CompiledRunner(name, device, program, source, count_ops(uops), variables)
   _runner_cache[key] = runner
   return runner
