@@ -197,9 +197,10 @@ class UOp:
   def vmax(self): return self._min_max()[1]
   def _min_max(self):
     if self._minmax is None:
-      # sources first, iteratively: a deep graph must not hit Python's recursion limit
-      for node in toposort([self], stop=lambda n: n._minmax is not None):
-        if node._minmax is None: node._minmax = compute_min_max(node)
+      if all(s._minmax is not None for s in self.src): self._minmax = compute_min_max(self)
+      else:   # sources first, iteratively: a deep graph must not hit Python's recursion limit
+        for node in toposort([self], stop=lambda n: n._minmax is not None):
+          if node._minmax is None: node._minmax = compute_min_max(node)
     return self._minmax
 
   def simplify(self) -> UOp:

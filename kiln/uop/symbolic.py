@@ -262,7 +262,9 @@ constant_folding = PatternMatcher([
 # identities that hold for every value
 
 def _is_neg_zero(c: UOp) -> bool: return isinstance(c.arg, float) and c.arg == 0 and math.copysign(1.0, c.arg) < 0
-def _all_ones(dtype: DType): return True if dtype == dtypes.bool else (dtypes.max(dtype) if dtypes.is_unsigned(dtype) else -1)
+def _all_ones(dtype: DType):
+  if dtype == dtypes.bool: return True
+  return dtypes.max(dtype) if dtypes.is_unsigned(dtype) else -1
 
 def add_zero(x: UOp) -> UOp:
   """x+0 -> x (ints)"""
@@ -570,7 +572,7 @@ def cmp_difference(u: UOp, x: UOp, y: UOp) -> UOp | None:
   if _kernel_const(x) or _kernel_const(y): return None
   left, right = linear_form(x), linear_form(y)
   if left is None or right is None or not (left[0].keys() & right[0].keys()): return None
-  if u.op is Ops.CMPLT and (not fits(x.dtype, *linear_bounds(*left)) or not fits(y.dtype, *linear_bounds(*right))): return None
+  if u.op is Ops.CMPLT and not (fits(x.dtype, *linear_bounds(*left)) and fits(y.dtype, *linear_bounds(*right))): return None
   diff = {t: left[0].get(t, 0) - right[0].get(t, 0) for t in left[0].keys() | right[0].keys()}
   diff = {t: a for t, a in diff.items() if a != 0}
   const = right[1] - left[1]
