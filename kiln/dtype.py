@@ -118,6 +118,7 @@ def to_dtype(x) -> DType:
   if isinstance(x, str):
     if x in DTYPES_BY_NAME: return DTYPES_BY_NAME[x]
     raise TypeError(f"unknown dtype name {x!r}; known names: {', '.join(sorted(DTYPES_BY_NAME))}")
+  if x is None: raise TypeError("a dtype is required, got None")
   import numpy as np
   try: return from_numpy_dtype(np.dtype(x))
   except TypeError: raise TypeError(f"cannot interpret {x!r} as a dtype") from None

@@ -1,6 +1,6 @@
 """Tensor: the lazy, PyTorch-like front end. Every op builds UOps; work happens at realize()."""
 from __future__ import annotations
-import math, weakref, itertools
+import functools, math, weakref, itertools
 from contextlib import contextmanager
 from typing import Any, Iterable, Sequence
 import numpy as np
@@ -24,8 +24,16 @@ def _dtype_arg(dtype, op: str) -> DType:
 
 def _fmt(shape) -> str: return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
 
+_known_devices: list[str] = []
+
 def _canonical_device(device: str | None) -> str:
-  return Device.canonicalize(device) if device is not None else Device.DEFAULT
+  """`device` in canonical form ('cpu' -> 'CPU'); a ValueError for a device kiln has no runtime for."""
+  if device is None: return Device.DEFAULT
+  name = Device.canonicalize(device)
+  if not _known_devices: _known_devices.extend(Device.known())
+  if name.partition(":")[0] not in _known_devices:
+    raise ValueError(f"unknown device {device!r}; known devices: {', '.join(_known_devices)}{_where()}")
+  return name
 
 def _broadcast_shape(op: str, *shapes: tuple[int, ...]) -> tuple[int, ...]:
   ndim = max(len(s) for s in shapes)
@@ -435,6 +443,7 @@ class Tensor:
     """Swap two axes."""
     order = list(range(self.ndim))
     a, b = self._axis(dim0, "transpose"), self._axis(dim1, "transpose")
+    if self.ndim == 0: return self
     order[a], order[b] = order[b], order[a]
     return self.permute(order)
   @property
@@ -444,6 +453,7 @@ class Tensor:
     """Reverse the order of elements along `axis` (an int or a tuple)."""
     axes = tuple(self._axis(a, "flip") for a in (axis if isinstance(axis, (tuple, list)) else (axis,)))
     if len(set(axes)) != len(axes): raise ValueError(f"flip: repeated axis in {axis}{_where()}")
+    if self.ndim == 0: return self
     return Tensor._wrap(self.uop.flip(axes), "flip")
 
   def shrink(self, arg: Sequence[tuple[int, int] | None]) -> Tensor:
@@ -478,6 +488,7 @@ class Tensor:
     """Remove size-1 axes (all, or just `dim`)."""
     if dim is None: return self.reshape(tuple(s for s in self.shape if s != 1))
     axis = self._axis(dim, "squeeze")
+    if self.ndim == 0: return self
     return self if self.shape[axis] != 1 else self.reshape(self.shape[:axis] + self.shape[axis + 1:])
   def unsqueeze(self, dim: int) -> Tensor:
     """Insert a size-1 axis at `dim`."""
@@ -491,10 +502,11 @@ class Tensor:
     return self.reshape(self.shape[:a] + (prod(self.shape[a:b + 1]),) + self.shape[b + 1:])
 
   def _axis(self, axis: int, op: str) -> int:
+    """`axis` as a non-negative int (a 0-d tensor accepts 0 and -1 for its one implicit axis, as in PyTorch)."""
     ndim = max(self.ndim, 1)
-    if not isinstance(axis, int) or not -ndim <= axis < ndim:
-      raise TensorIndexError(f"{op}: axis {axis} is out of range for shape {_fmt(self.shape)}{_where()}")
-    return axis + ndim if axis < 0 else axis
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool) or not -ndim <= axis < ndim:
+      raise TensorIndexError(f"{op}: axis {axis!r} is out of range for shape {_fmt(self.shape)}{_where()}")
+    return int(axis) + ndim if axis < 0 else int(axis)
 
   def __getitem__(self, index) -> Tensor:
     """Basic indexing: ints, slices (any step), None and Ellipsis."""
@@ -549,6 +561,11 @@ class Tensor:
     if len(positions) != 1 or any(i is None or i is Ellipsis for i in index):
       raise NotImplementedError("getitem: only one tensor/list index together with slices is supported so far")
     axis = positions[0]
+    if isinstance(index[axis], list):
+      size = self.shape[axis] if axis < self.ndim else 0
+      bad = [i for i in np.array(index[axis]).reshape(-1).tolist() if not -size <= i < size]
+      if bad: raise TensorIndexError(f"getitem: index {bad[0]} is out of range for axis {axis} of size {size} "
+                                     f"(shape {_fmt(self.shape)}){_where()}")
     idx = index[axis] if isinstance(index[axis], Tensor) else Tensor(index[axis], device=self.device, dtype=dtypes.int32)
     rest = self[tuple(slice(None) if k == axis else i for k, i in enumerate(index))]
     size = rest.shape[axis]
@@ -722,7 +739,10 @@ class Tensor:
   def rsqrt(self) -> Tensor: return self.sqrt().reciprocal()
   def reciprocal(self) -> Tensor: return self._float_unary(Ops.RECIP, "reciprocal")
   def sin(self) -> Tensor: return self._float_unary(Ops.SIN, "sin")
-  def cos(self) -> Tensor: return (math.pi / 2 - self._as_float()).sin()
+  def cos(self) -> Tensor:
+    """cos(x) = 1 - 2*sin(x/2)**2: halving is exact, so large arguments keep their accuracy."""
+    half_sin = (self._as_float() * 0.5).sin()
+    return 1 - 2 * half_sin * half_sin
   def tan(self) -> Tensor: return self.sin() / self.cos()
   def trunc(self) -> Tensor: return self._unary(Ops.TRUNC, "trunc") if dtypes.is_float(self.dtype) else self
   def floor(self) -> Tensor:
@@ -768,7 +788,10 @@ class Tensor:
   swish = silu
   def leaky_relu(self, neg_slope: float = 0.01) -> Tensor: return (self < 0).where(self * neg_slope, self)
   def elu(self, alpha: float = 1.0) -> Tensor: return self.relu() - alpha * (1 - self.exp()).relu()
-  def softplus(self, beta: float = 1.0) -> Tensor: return (1 + (self * beta).exp()).log() * (1 / beta)
+  def softplus(self, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    """log(1 + exp(beta*x)) / beta, and x itself where beta*x > threshold (as in PyTorch)."""
+    scaled = self._as_float() * beta
+    return (scaled > threshold).where(self._as_float(), (1 + scaled.exp()).log() * (1 / beta))
   def relu6(self) -> Tensor: return self.hardtanh(0, 6)
   def hardtanh(self, min_val=-1, max_val=1) -> Tensor:
     """Clip to [min_val, max_val] with a zero gradient at and beyond the bounds, as in PyTorch."""
@@ -778,7 +801,8 @@ class Tensor:
   def _reduce_axes(self, axis, op: str) -> tuple[int, ...]:
     if axis is None: return tuple(range(self.ndim))
     axes = axis if isinstance(axis, (tuple, list)) else (axis,)
-    return tuple(sorted({self._axis(a, op) for a in axes}))
+    resolved = tuple(sorted({self._axis(a, op) for a in axes}))
+    return resolved if self.ndim else ()   # the implicit axis of a 0-d tensor reduces nothing
 
   def _reduce(self, op: Ops, axis, keepdim: bool, name: str) -> Tensor:
     axes = self._reduce_axes(axis, name)
@@ -821,6 +845,7 @@ class Tensor:
     """Index of the first maximum along `axis` (of the flattened tensor when axis is None)."""
     if axis is None: return self.flatten().argmax(0)
     axis = self._axis(axis, "argmax")
+    if self.ndim == 0: return Tensor.full((), 0, device=self.device, dtype=dtypes.int32)
     n = self.shape[axis]
     is_max = self == self.max(axis, keepdim=True)
     countdown = Tensor.arange(n, 0, -1, device=self.device).reshape((n,) + (1,) * (self.ndim - axis - 1))
@@ -984,3 +1009,34 @@ def _uop_from_numpy(arr: np.ndarray, device: str, dtype: DType | None) -> UOp:
   if arr.size: buf.buffer.copyin(memoryview(arr.reshape(-1).view(np.uint8)))
   out = buf.reshape(arr.shape)
   return out.cast(dtype) if dtype is not None and dtype != src_dtype else out
+
+# ---------------- errors at the user's line ----------------
+# Every public Tensor method reports a bad argument as an error that names the method and the user's file:line, even
+# when the problem surfaces inside a helper (a raw TypeError from int(), a NotImplementedError, ...). Messages that
+# already carry a location pass through untouched.
+_LOCATED_ERRORS = (TypeError, ValueError, IndexError, RuntimeError)
+
+def _with_user_location(fn, name: str):
+  @functools.wraps(fn)
+  def located(*args, **kwargs):
+    try: return fn(*args, **kwargs)
+    except _LOCATED_ERRORS as e:
+      message = str(e)
+      if " (at " in message: raise
+      error_type = TensorIndexError if type(e) is IndexError else type(e)
+      prefix = "" if message.startswith(f"{name}:") else f"{name}: "
+      try: located_error = error_type(f"{prefix}{message}{_where()}")
+      except Exception: raise e from None   # an exception type with another constructor: leave it as it was
+      raise located_error.with_traceback(None) from None
+  return located
+
+def _locate_tensor_errors() -> None:
+  skip = {"__repr__", "__hash__", "__weakref__", "__init_subclass__", "_wrap", "__getattribute__"}
+  for attr, value in list(vars(Tensor).items()):
+    if attr in skip or (attr.startswith("_") and not attr.startswith("__")): continue
+    if isinstance(value, staticmethod):
+      setattr(Tensor, attr, staticmethod(_with_user_location(value.__func__, attr.strip("_"))))
+    elif callable(value) and not isinstance(value, type):
+      setattr(Tensor, attr, _with_user_location(value, attr.strip("_")))
+
+_locate_tensor_errors()

@@ -21,9 +21,10 @@ class CompiledRunner:
   source: str
   ops: int
   vars: list[UOp]
+  params: tuple[int, ...]   # the schedule item's buffer numbers the kernel takes (a load simplified away drops one)
   def __call__(self, bufs: list[Buffer], var_vals: dict | None = None, wait: bool = False):
     vals = tuple(var_vals[v] for v in self.vars) if self.vars else ()
-    return self.program(*[b._buf for b in bufs], vals=vals, wait=wait)
+    return self.program(*[bufs[i]._buf for i in self.params], vals=vals, wait=wait)
 
 def kernel_name(ast: UOp) -> str:
   """'E_4_16' for an elementwise kernel over a 4x16 output, 'r_...' when it reduces."""
@@ -65,8 +66,8 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
   if DEBUG >= 4: print(source)
   lib = dev.compiler.compile_cached(source)
   program = dev.runtime(name, lib)
-  variables = kernel_signature(uops)[1]   # the order the renderer gives the kernel's integer arguments
-  runner = CompiledRunner(name, device, program, source, count_ops(uops), variables)
+  buffer_params, variables = kernel_signature(uops)   # the order the renderer gives the kernel its arguments
+  runner = CompiledRunner(name, device, program, source, count_ops(uops), variables, tuple(g.arg for g in buffer_params))
   _runner_cache[key] = runner
   return runner
 

@@ -181,7 +181,11 @@ class UOp:
   @property
   def shape(self) -> tuple[int, ...] | None:
     """The shape of a tensor-level node (None for kernel-level nodes)."""
-    if self._shape is None: self._shape = (_compute_shape(self),)
+    if self._shape is None:
+      if all(s._shape is not None for s in self.src): self._shape = (_compute_shape(self),)
+      else:   # sources first, iteratively: a deep graph must not hit Python's recursion limit
+        for node in toposort([self], stop=lambda n: n._shape is not None):
+          if node._shape is None: node._shape = (_compute_shape(node),)
     return self._shape[0]
 
   @property
