@@ -8,7 +8,9 @@ def make_input(shape, dtype, rng: np.random.Generator, low=-2.0, high=2.0) -> np
   """Random values of `shape`: uniform floats in [low, high), ints in [low, high), fair bools."""
   dt = np.dtype(dtype)
   if dt == np.bool_: return rng.random(shape) < 0.5
-  if dt.kind in "iu": return rng.integers(int(np.floor(low)), max(int(np.ceil(high)), int(np.floor(low)) + 1), shape).astype(dt)
+  if dt.kind in "iu":
+    lo = int(np.floor(low))
+    return rng.integers(lo, max(int(np.ceil(high)), lo + 1), shape).astype(dt)
   return rng.uniform(low, high, shape).astype(dt)
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
@@ -27,7 +29,8 @@ def assert_close(got, want, what: str, atol: float = 1e-5, rtol: float = 1e-4) -
     bad = got != want
     if bad.any():
       i = tuple(int(v) for v in np.argwhere(bad)[0])
-      raise AssertionError(f"{what} (shape {got.shape}): {int(bad.sum())} elements differ, first at {i}: got {got[i]}, expected {want[i]}")
+      raise AssertionError(f"{what} (shape {got.shape}): {int(bad.sum())} elements differ, first at {i}: "
+                           f"got {got[i]}, expected {want[i]}")
     return
   g, w = got.astype(np.float64), want.astype(np.float64)
   with np.errstate(invalid="ignore"):
@@ -37,7 +40,8 @@ def assert_close(got, want, what: str, atol: float = 1e-5, rtol: float = 1e-4) -
   if bad.any():
     i = np.unravel_index(np.argmax(np.where(bad, np.nan_to_num(diff, nan=np.inf), -1)), diff.shape)
     raise AssertionError(f"{what} (shape {got.shape}): {int(bad.sum())} elements out of tolerance, worst difference "
-                         f"{diff[i]:.4g} at {tuple(int(v) for v in i)}: got {g[i]!r}, expected {w[i]!r} (atol={atol}, rtol={rtol})")
+                         f"{diff[i]:.4g} at {tuple(int(v) for v in i)}: got {g[i]!r}, expected {w[i]!r} "
+                         f"(atol={atol}, rtol={rtol})")
 
 def check(kiln_fn, torch_fn, shapes, dtype="float32", grad=True, device="CPU", atol=None, rtol=None, low=-2.0, high=2.0,
           seed=0, check_dtype=True):
@@ -50,7 +54,7 @@ def check(kiln_fn, torch_fn, shapes, dtype="float32", grad=True, device="CPU", a
   dts = list(dtype) if isinstance(dtype, (list, tuple)) else [dtype] * len(shapes)
   arrays = [s if isinstance(s, np.ndarray) else make_input(s, d, rng, low, high) for s, d in zip(shapes, dts)]
   diff_in = [grad and a.dtype.kind == "f" for a in arrays]
-  kx = [_tensor(a, device, g) for a, g in zip(arrays, diff_in)]
+  kx = [Tensor(a, device=device, requires_grad=True if g else None) for a, g in zip(arrays, diff_in)]
   tx = [torch.tensor(a, requires_grad=g) for a, g in zip(arrays, diff_in)]
   desc = f"inputs {', '.join(f'{a.shape} {a.dtype}' for a in arrays)} on {device}"
   kout, tout = kiln_fn(*kx), torch_fn(*tx)
@@ -74,13 +78,8 @@ def check(kiln_fn, torch_fn, shapes, dtype="float32", grad=True, device="CPU", a
     assert_close(got, want, f"grad of input {i}, {desc}", atol, rtol)
   return kout
 
-def _tensor(arr: np.ndarray, device: str, requires_grad: bool) -> Tensor:
-  # TODO(kiln bug): Tensor(0-d array) comes out with shape (1,); go through shape (1,) until that is fixed
-  t = Tensor(arr, device=device) if arr.ndim else Tensor(arr.reshape(1), device=device).reshape(())
-  if requires_grad: t.requires_grad = True
-  return t
-
 def _kiln_name(torch_name: str) -> str:
   """kiln's DType.name for a torch dtype name."""
-  return {"float32": "float", "float64": "double", "float16": "half", "int8": "char", "uint8": "uchar", "int16": "short",
-          "uint16": "ushort", "int32": "int", "uint32": "uint", "int64": "long", "uint64": "ulong"}.get(torch_name, torch_name)
+  names = {"float32": "float", "float64": "double", "float16": "half", "int8": "char", "uint8": "uchar", "int16": "short",
+           "uint16": "ushort", "int32": "int", "uint32": "uint", "int64": "long", "uint64": "ulong"}
+  return names.get(torch_name, torch_name)
