@@ -239,6 +239,7 @@ class Tensor:
   def eye(n: int, m: int | None = None, **kwargs) -> Tensor:
     """An n x m identity matrix."""
     m = n if m is None else m
+    if n < 0 or m < 0: raise ValueError(f"eye: sizes must be non-negative, got n={n}, m={m}{_where()}")
     dtype = kwargs.pop("dtype", dtypes.default_float)
     rows, cols = Tensor.arange(n, **kwargs).reshape(n, 1), Tensor.arange(m, **kwargs).reshape(1, m)
     return (rows == cols).cast(dtype)
@@ -822,9 +823,17 @@ class Tensor:
     return out.cast(self.dtype) if dtypes.is_float(self.dtype) else out
   def max(self, axis=None, keepdim: bool = False) -> Tensor:
     """Maximum over `axis` (NaN propagates)."""
+    self._check_nonempty_reduce(axis, "max")
     return self._reduce(Ops.MAX, axis, keepdim, "max")
+  def _check_nonempty_reduce(self, axis, op: str) -> None:
+    """max/min of nothing has no value: PyTorch raises, and so do we."""
+    axes = self._reduce_axes(axis, op)
+    kept = prod(s for a, s in enumerate(self.shape) if a not in axes)
+    if prod(self.shape[a] for a in axes) == 0 and kept != 0:
+      raise RuntimeError(f"{op}: cannot reduce over an empty axis of a tensor of shape {_fmt(self.shape)}{_where()}")
   def min(self, axis=None, keepdim: bool = False) -> Tensor:
     """Minimum over `axis`."""
+    self._check_nonempty_reduce(axis, "min")
     return self._inverse()._reduce(Ops.MAX, axis, keepdim, "min")._inverse()
   def mean(self, axis=None, keepdim: bool = False) -> Tensor:
     """Mean over `axis` (ints give floats)."""
@@ -838,7 +847,9 @@ class Tensor:
     centered = self._as_float() - self._as_float().mean(axis, keepdim=True)
     return centered.square().sum(axis, keepdim) / max(count - correction, 0)
   def std(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor: return self.var(axis, keepdim, correction).sqrt()
-  def any(self, axis=None, keepdim: bool = False) -> Tensor: return self.cast(dtypes.bool).max(axis, keepdim)
+  def any(self, axis=None, keepdim: bool = False) -> Tensor:
+    """True where any element along `axis` is nonzero (False over an empty axis)."""
+    return self.cast(dtypes.bool)._reduce(Ops.MAX, axis, keepdim, "any")
   def all(self, axis=None, keepdim: bool = False) -> Tensor: return self.logical_not().any(axis, keepdim).logical_not()
 
   def argmax(self, axis=None, keepdim: bool = False) -> Tensor:
@@ -854,7 +865,7 @@ class Tensor:
 
   def logsumexp(self, axis=None, keepdim: bool = False) -> Tensor:
     """log(sum(exp(x))) computed stably."""
-    m = self.max(axis, keepdim=True).detach()
+    m = self._reduce(Ops.MAX, axis, True, "logsumexp").detach()
     m = m.isinf().where(0, m)
     out = (self - m).exp().sum(axis, keepdim=True).log() + m
     return out if keepdim else out.squeeze_axes(self._reduce_axes(axis, "logsumexp"))
@@ -862,12 +873,12 @@ class Tensor:
   def softmax(self, axis: int = -1) -> Tensor:
     """exp(x) / sum(exp(x)) along `axis`."""
     x = self._as_float()
-    e = (x - x.max(axis, keepdim=True).detach()).exp()
+    e = (x - x._reduce(Ops.MAX, x._axis(axis, "softmax"), True, "softmax").detach()).exp()
     return e / e.sum(axis, keepdim=True)
   def log_softmax(self, axis: int = -1) -> Tensor:
     """log(softmax(x)) along `axis`, computed stably."""
     x = self._as_float()
-    shifted = x - x.max(axis, keepdim=True).detach()
+    shifted = x - x._reduce(Ops.MAX, x._axis(axis, "log_softmax"), True, "log_softmax").detach()
     return shifted - shifted.exp().sum(axis, keepdim=True).log()
 
   # ---------------- linear algebra ----------------

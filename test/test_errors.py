@@ -197,3 +197,10 @@ def test_compile_error_names_kernel_and_keeps_earlier_tensors(monkeypatch):
   assert name in msg and "error" in msg.lower() and "this" in msg, msg   # the kernel's name and the compiler's message
   assert before.tolist() == [2.0, 3.0, 4.0]
   assert lazy.tolist() == [6.5, 9.5, 12.5]   # the failed realize left the graph usable
+
+def test_reductions_of_nothing_and_bad_sizes():
+  expect(RuntimeError, lambda: Tensor.zeros(0).max(), "max", "(0,)")
+  expect(RuntimeError, lambda: Tensor.zeros(3, 0).min(1), "min", "(3, 0)")
+  expect(ValueError, lambda: Tensor.eye(-1), "eye", "-1")
+  expect(IndexError, lambda: Tensor.zeros(3, 4).softmax(5), "softmax", "(3, 4)")
+  assert Tensor.zeros(0, 3).max(1).shape == (0,) and Tensor.zeros(3, 0).softmax(-1).shape == (3, 0)
