@@ -82,21 +82,10 @@ NO_GRADIENT = frozenset({Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.IDIV, Ops.MOD, Ops
 def gradient_graph(root: UOp, whole: bool = False) -> list[UOp]:
   """Nodes under `root`, sources first, following a realized node to the graph it came from (`origin`).
   Unless `whole`, the sources of ops without gradients are left out."""
-  visited: set[UOp] = set()
-  order: list[UOp] = []
-  stack: list[tuple[UOp, bool]] = [(root, False)]
-  while stack:
-    node, expanded = stack.pop()
-    if expanded:
-      order.append(node)
-      continue
-    if node in visited: continue
-    visited.add(node)
-    stack.append((node, True))
-    if node.op in NO_GRADIENT and node.origin is None and not whole: continue
-    for s in ((node.origin,) if node.origin is not None else reversed(node.src)):
-      if s not in visited: stack.append((s, False))
-  return order
+  def inputs(node: UOp) -> tuple[UOp, ...]:
+    if node.origin is not None: return (node.origin,)
+    return () if node.op in NO_GRADIENT and not whole else node.src
+  return toposort([root], sources=inputs)
 
 def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
   """Gradients of `root` with respect to every node in `targets`, as new graph nodes (reverse mode, iterative)."""

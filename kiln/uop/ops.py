@@ -257,8 +257,9 @@ def const_value(dtype: DType, value):
     return truncate(dtype, int(value))
   return float(value)
 
-def toposort(roots: list[UOp], stop=None) -> list[UOp]:
-  """All nodes reachable from `roots`, each after its sources. `stop(u)` True leaves u's sources out."""
+def toposort(roots: list[UOp], stop=None, sources=None) -> list[UOp]:
+  """All nodes reachable from `roots`, each after its sources. `stop(u)` True leaves u's sources out;
+  `sources(u)` replaces `u.src` as the edges to follow."""
   visited: set[UOp] = set()
   order: list[UOp] = []
   stack: list[tuple[UOp, bool]] = [(r, False) for r in reversed(roots)]
@@ -271,7 +272,7 @@ def toposort(roots: list[UOp], stop=None) -> list[UOp]:
     visited.add(node)
     stack.append((node, True))
     if stop is not None and stop(node): continue
-    for s in reversed(node.src):
+    for s in reversed(node.src if sources is None else sources(node)):
       if s not in visited: stack.append((s, False))
   return order
 
