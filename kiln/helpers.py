@@ -1,7 +1,7 @@
 """Small shared helpers: settings (getenv, ContextVar, Context), GlobalCounters, caches, and source locations."""
 from __future__ import annotations
 import contextlib, functools, math, os, sys, pathlib
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Iterable, TypeVar
 
 T = TypeVar("T")
 

@@ -1,11 +1,11 @@
 """Tensor: the lazy, PyTorch-like front end. Every op builds UOps; work happens at realize()."""
 from __future__ import annotations
-import functools, math, weakref, itertools
+import functools, math, weakref
 from contextlib import contextmanager
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 import numpy as np
 from kiln.dtype import DType, dtypes, least_upper_dtype, to_dtype, to_numpy_dtype, from_numpy_dtype
-from kiln.helpers import prod, argsort, user_frame_location, TRACEBACK_SOURCE, all_same
+from kiln.helpers import prod, user_frame_location, TRACEBACK_SOURCE
 from kiln.uop.ops import UOp, Ops
 from kiln.device import Device, Buffer
 from kiln.gradient import compute_gradient, gradient_graph

@@ -2,7 +2,6 @@
 from __future__ import annotations
 import time
 from dataclasses import dataclass
-from kiln.dtype import dtypes
 from kiln.uop.spec import check_linear
 from kiln.helpers import SPEC, DEBUG, GlobalCounters, fmt_time, colored, prod
 from kiln.device import Device, Buffer

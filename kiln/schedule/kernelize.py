@@ -7,7 +7,7 @@ consumer when the consumer only reshapes or permutes the reduced result.
 """
 from __future__ import annotations
 from dataclasses import dataclass, field
-from kiln.dtype import DType, dtypes
+from kiln.dtype import dtypes
 from kiln.device import Buffer
 from kiln.helpers import SPEC
 from kiln.uop.spec import check_tensor_graph

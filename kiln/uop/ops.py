@@ -1,7 +1,7 @@
 """Ops and UOp: the one immutable, hash-consed graph node used from Tensor ops down to kernel code."""
 from __future__ import annotations
 import enum, math, weakref, itertools
-from typing import Any, Iterator
+from typing import Any
 from kiln.dtype import DType, dtypes, truncate
 from kiln.helpers import prod
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import inspect, itertools
 from typing import Any, Callable
 from kiln.dtype import DType
-from kiln.uop.ops import UOp, Ops, GroupOp
+from kiln.uop.ops import UOp, Ops
 
 class UPat:
   """A pattern over UOps. `src` as a tuple matches in order; as a list it matches in any order (commutative ops).
