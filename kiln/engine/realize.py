@@ -2,7 +2,7 @@
 from __future__ import annotations
 import time
 from dataclasses import dataclass
-from kiln.uop.spec import check_linear
+from kiln.uop.spec import check_lowered, check_linear
 from kiln.helpers import SPEC, DEBUG, GlobalCounters, fmt_time, colored, prod
 from kiln.device import Device, Buffer
 from kiln.renderer import kernel_signature
@@ -57,6 +57,7 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
   base_name = kernel_name(ast)
   name = base_name
   lowered = lower_kernel(ast)
+  if SPEC: check_lowered(lowered)
   uops = linearize(lowered)
   if SPEC: check_linear(uops)
   if DEBUG >= 6:

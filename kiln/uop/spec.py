@@ -31,6 +31,21 @@ def check_tensor_graph(roots: list[UOp]) -> None:
     if node.op is Ops.PERMUTE and sorted(node.arg) != list(range(len(node.src[0].shape))): _fail("tensor", node, "bad order")
     if node.op is Ops.REDUCE_AXIS and node.arg[0] not in (Ops.ADD, Ops.MUL, Ops.MAX): _fail("tensor", node, "bad reduce op")
 
+LOWERED_OPS = GroupOp.ALU | {Ops.SINK, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CONST, Ops.RANGE, Ops.LOAD, Ops.STORE,
+                             Ops.REDUCE, Ops.CAST, Ops.BITCAST}
+
+def check_lowered(sink: UOp) -> None:
+  """Lowered kernels: no tensor-level op is left, loads and stores address buffers with integer indices,
+  and every REDUCE reduces over loop ranges."""
+  for u in toposort([sink]):
+    if u.op not in LOWERED_OPS: _fail("lowered", u, "tensor-level op left after lowering")
+    if u.op is Ops.CONST and u.src: _fail("lowered", u, "constant still carries a device")
+    if u.op in (Ops.LOAD, Ops.STORE):
+      if u.src[0].op is not Ops.DEFINE_GLOBAL: _fail("lowered", u, "not on a buffer")
+      if not dtypes.is_int(u.src[1].dtype): _fail("lowered", u, f"index of dtype {u.src[1].dtype}")
+      if u.op is Ops.LOAD and len(u.src) == 3 and u.src[2].dtype != dtypes.bool: _fail("lowered", u, "gate is not bool")
+    if u.op is Ops.REDUCE and any(r.op is not Ops.RANGE for r in u.src[1:]): _fail("lowered", u, "reduces over a non-range")
+
 LINEAR_OPS = GroupOp.ALU | {Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CONST, Ops.RANGE, Ops.ENDRANGE, Ops.LOAD, Ops.STORE,
                             Ops.DEFINE_ACC, Ops.ASSIGN, Ops.CAST, Ops.BITCAST}
 
