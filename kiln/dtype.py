@@ -15,7 +15,9 @@ class DType:
   def __reduce__(self): return _dtype_by_name, (self.name,)
   def __lt__(self, other: DType) -> bool: return (self.priority, self.itemsize, self.name) < (other.priority, other.itemsize, other.name)
   @property
-  def bitsize(self) -> int: return self.itemsize * 8
+  def bitsize(self) -> int:
+    """The size of one element in bits."""
+    return self.itemsize * 8
 
 class dtypes:
   """The namespace of all dtypes, with classification helpers."""
@@ -41,13 +43,21 @@ class dtypes:
   index: DType = int32
 
   @staticmethod
-  def is_float(x: DType) -> bool: return x in FLOATS
+  def is_float(x: DType) -> bool:
+    """True for the floating-point dtypes (float16, bfloat16, float32, float64)."""
+    return x in FLOATS
   @staticmethod
-  def is_int(x: DType) -> bool: return x in INTS
+  def is_int(x: DType) -> bool:
+    """True for the signed and unsigned integer dtypes (not bool)."""
+    return x in INTS
   @staticmethod
-  def is_unsigned(x: DType) -> bool: return x in UINTS
+  def is_unsigned(x: DType) -> bool:
+    """True for the unsigned integer dtypes."""
+    return x in UINTS
   @staticmethod
-  def is_bool(x: DType) -> bool: return x == dtypes.bool
+  def is_bool(x: DType) -> bool:
+    """True for dtypes.bool."""
+    return x == dtypes.bool
   @staticmethod
   def from_py(x) -> DType:
     """The dtype a Python value (or nested list of values) becomes."""
@@ -71,7 +81,9 @@ class dtypes:
     if dtypes.is_int(dt): return 2 ** (dt.bitsize - 1) - 1
     return math.inf
   @staticmethod
-  def fields() -> dict[str, DType]: return dict(DTYPES_BY_NAME)
+  def fields() -> dict[str, DType]:
+    """Every dtype by name, aliases included ('float32', 'float', 'half', ...; not void or index)."""
+    return dict(DTYPES_BY_NAME)
 
 UINTS = (dtypes.uint8, dtypes.uint16, dtypes.uint32, dtypes.uint64)
 SINTS = (dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64)

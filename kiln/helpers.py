@@ -10,12 +10,24 @@ def prod(xs: Iterable, start=1):
   for x in xs: start = start * x
   return start
 
-def all_same(xs) -> bool: return all(x == xs[0] for x in xs)
-def flatten(xss: Iterable[Iterable[T]]) -> list[T]: return [x for xs in xss for x in xs]
-def argsort(xs) -> list[int]: return sorted(range(len(xs)), key=xs.__getitem__)
-def dedup(xs: Iterable[T]) -> list[T]: return list(dict.fromkeys(xs))
-def round_up(x: int, multiple: int) -> int: return (x + multiple - 1) // multiple * multiple
-def ceildiv(a, b): return -(-a // b)
+def all_same(xs) -> bool:
+  """True if every item of `xs` equals the first (True for an empty list)."""
+  return all(x == xs[0] for x in xs)
+def flatten(xss: Iterable[Iterable[T]]) -> list[T]:
+  """The items of the iterables in `xss`, concatenated into one list (one level deep)."""
+  return [x for xs in xss for x in xs]
+def argsort(xs) -> list[int]:
+  """The indices that put `xs` in ascending order, e.g. argsort([30, 10, 20]) -> [1, 2, 0]."""
+  return sorted(range(len(xs)), key=xs.__getitem__)
+def dedup(xs: Iterable[T]) -> list[T]:
+  """The items of `xs` without repeats, in first-seen order."""
+  return list(dict.fromkeys(xs))
+def round_up(x: int, multiple: int) -> int:
+  """`x` rounded up to a multiple of `multiple`."""
+  return (x + multiple - 1) // multiple * multiple
+def ceildiv(a, b):
+  """a / b rounded up, for ints (ceiling division)."""
+  return -(-a // b)
 
 @functools.cache
 def getenv(key: str, default: Any = 0) -> Any:
@@ -88,6 +100,7 @@ class GlobalCounters:
   mem_used: int = 0
   @staticmethod
   def reset() -> None:
+    """Zero the op, memory-traffic, time and kernel counters (mem_used is left as is)."""
     GlobalCounters.global_ops, GlobalCounters.global_mem, GlobalCounters.time_sum_s, GlobalCounters.kernel_count = 0, 0, 0.0, 0
 
 def cache_dir() -> pathlib.Path:
@@ -112,21 +125,30 @@ def user_frame_location() -> str:
   return ""
 
 def fmt_time(seconds: float) -> str:
+  """`seconds` as a fixed-width string in us, ms or s."""
   return f"{seconds*1e6:8.2f} us" if seconds < 1e-3 else f"{seconds*1e3:8.2f} ms" if seconds < 1 else f"{seconds:8.2f} s "
 
 def colored(text: str, color: str) -> str:
+  """`text` in an ANSI `color` ('red', 'green', ...) when stdout is a terminal, else unchanged."""
   codes = {"red": 31, "green": 32, "yellow": 33, "blue": 34, "magenta": 35, "cyan": 36}
   return f"\033[{codes[color]}m{text}\033[0m" if sys.stdout.isatty() else text
 
-def to_function_name(name: str) -> str: return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+def to_function_name(name: str) -> str:
+  """`name` with every character other than letters, digits and '_' replaced by '_'."""
+  return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
 
-def is_int_like(x) -> bool: return isinstance(x, int) and not isinstance(x, bool)
+def is_int_like(x) -> bool:
+  """True for a Python int that is not a bool."""
+  return isinstance(x, int) and not isinstance(x, bool)
 
 def unwrap(x: T | None) -> T:
+  """`x` itself, or a RuntimeError if it is None."""
   if x is None: raise RuntimeError("unexpected None")
   return x
 
-def nan_safe(x: float) -> float: return x if not math.isnan(x) else 0.0
+def nan_safe(x: float) -> float:
+  """`x`, or 0.0 if it is NaN."""
+  return x if not math.isnan(x) else 0.0
 
 # ---- a dependency-free progress bar ----
 

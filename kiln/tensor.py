@@ -98,27 +98,45 @@ class Tensor:
 
   # ---------------- properties ----------------
   @property
-  def shape(self) -> tuple[int, ...]: return self.uop.shape
+  def shape(self) -> tuple[int, ...]:
+    """The size of each axis, as a tuple of ints."""
+    return self.uop.shape
   @property
-  def dtype(self) -> DType: return self.uop.dtype
+  def dtype(self) -> DType:
+    """The element type."""
+    return self.uop.dtype
   @property
-  def device(self) -> str: return self.uop.device
+  def device(self) -> str:
+    """The name of the device this tensor lives on, e.g. 'CPU'."""
+    return self.uop.device
   @property
-  def ndim(self) -> int: return len(self.shape)
-  def numel(self) -> int: return prod(self.shape)
-  def element_size(self) -> int: return self.dtype.itemsize
-  def nbytes(self) -> int: return self.numel() * self.element_size()
+  def ndim(self) -> int:
+    """The number of axes."""
+    return len(self.shape)
+  def numel(self) -> int:
+    """The total number of elements."""
+    return prod(self.shape)
+  def element_size(self) -> int:
+    """The size of one element in bytes."""
+    return self.dtype.itemsize
+  def nbytes(self) -> int:
+    """The size of all the elements in bytes (numel * element_size)."""
+    return self.numel() * self.element_size()
   def __len__(self) -> int:
     if not self.shape: raise TypeError("len() of a 0-d tensor")
     return self.shape[0]
   @property
-  def requires_grad(self) -> bool | None: return self._requires_grad
+  def requires_grad(self) -> bool | None:
+    """Whether backward() accumulates a gradient into this tensor's .grad (None: not set)."""
+    return self._requires_grad
   @requires_grad.setter
   def requires_grad(self, value: bool | None) -> None:
+    """Set whether backward() accumulates a gradient into this tensor's .grad."""
     self._requires_grad = value
     if value: _requires_grad_tensors.add(self)
     else: _requires_grad_tensors.discard(self)
   def requires_grad_(self, value: bool = True) -> Tensor:
+    """Set requires_grad (True by default) in place and return self, like torch.Tensor.requires_grad_."""
     self.requires_grad = value
     return self
   def __repr__(self) -> str:
@@ -136,6 +154,7 @@ class Tensor:
 
   @staticmethod
   def realize_all(tensors: Sequence[Tensor]) -> None:
+    """Realize all `tensors` together, scheduling their pending computations at once."""
     from kiln.schedule.kernelize import create_schedule
     from kiln.engine.realize import run_schedule
     todo = [(t, t.uop) for t in dict.fromkeys(tensors) if not t.uop.base.op is Ops.BUFFER]
@@ -197,7 +216,11 @@ class Tensor:
 
   @staticmethod
   def full(shape, fill_value, device: str | None = None, dtype: DType | str | None = None, **kwargs) -> Tensor:
-    """A tensor of `shape` filled with `fill_value`."""
+    """A tensor of `shape` filled with `fill_value` (its dtype inferred from the value unless `dtype` is given).
+
+    >>> Tensor.full((2, 3), 7).tolist()
+    [[7, 7, 7], [7, 7, 7]]
+    """
     shape = _shape_arg((shape,) if isinstance(shape, int) else tuple(shape))
     dtype = _dtype_arg(dtype, "full") if dtype is not None else dtypes.from_py(fill_value)
     const = UOp.const(dtype, fill_value, _canonical_device(device))
@@ -205,7 +228,11 @@ class Tensor:
 
   @staticmethod
   def zeros(*shape, **kwargs) -> Tensor:
-    """A tensor of zeros."""
+    """A tensor of zeros (float32 unless `dtype` is given).
+
+    >>> Tensor.zeros(2, 3).tolist()
+    [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
+    """
     return Tensor.full(_shape_arg(shape), 0.0, **{"dtype": dtypes.default_float, **kwargs})
 
   @staticmethod
@@ -214,13 +241,24 @@ class Tensor:
     return Tensor.full(_shape_arg(shape), 1.0, **{"dtype": dtypes.default_float, **kwargs})
 
   def full_like(self, fill_value, **kwargs) -> Tensor:
+    """A tensor of this one's shape, dtype and device filled with `fill_value`."""
     return Tensor.full(self.shape, fill_value, **{"dtype": self.dtype, "device": self.device, **kwargs})
-  def zeros_like(self, **kwargs) -> Tensor: return self.full_like(0, **kwargs)
-  def ones_like(self, **kwargs) -> Tensor: return self.full_like(1, **kwargs)
+  def zeros_like(self, **kwargs) -> Tensor:
+    """A tensor of zeros with this one's shape, dtype and device."""
+    return self.full_like(0, **kwargs)
+  def ones_like(self, **kwargs) -> Tensor:
+    """A tensor of ones with this one's shape, dtype and device."""
+    return self.full_like(1, **kwargs)
 
   @staticmethod
   def arange(start, stop=None, step=1, device: str | None = None, dtype: DType | str | None = None, **kwargs) -> Tensor:
-    """Values from `start` up to (not including) `stop` by `step`, like torch.arange."""
+    """Values from `start` up to (not including) `stop` by `step`, like torch.arange.
+
+    >>> Tensor.arange(5).tolist()
+    [0, 1, 2, 3, 4]
+    >>> Tensor.arange(1, 10, 3).tolist()
+    [1, 4, 7]
+    """
     if stop is None: start, stop = 0, start
     if step == 0: raise ValueError(f"arange: step must not be 0{_where()}")
     count = max(0, math.ceil((stop - start) / step))
@@ -237,7 +275,11 @@ class Tensor:
 
   @staticmethod
   def eye(n: int, m: int | None = None, **kwargs) -> Tensor:
-    """An n x m identity matrix."""
+    """An n x m identity matrix (n x n when m is None).
+
+    >>> Tensor.eye(2).tolist()
+    [[1.0, 0.0], [0.0, 1.0]]
+    """
     m = n if m is None else m
     if n < 0 or m < 0: raise ValueError(f"eye: sizes must be non-negative, got n={n}, m={m}{_where()}")
     dtype = kwargs.pop("dtype", dtypes.default_float)
@@ -326,12 +368,20 @@ class Tensor:
     std = math.sqrt(2.0 / (1 + a ** 2)) / math.sqrt(prod(shape[1:]))
     return Tensor.normal(*shape, mean=0.0, std=std, **kwargs)
 
-  def rand_like(self, **kwargs) -> Tensor: return Tensor.rand(*self.shape, **{"device": self.device, "dtype": self.dtype, **kwargs})
-  def randn_like(self, **kwargs) -> Tensor: return Tensor.randn(*self.shape, **{"device": self.device, "dtype": self.dtype, **kwargs})
+  def rand_like(self, **kwargs) -> Tensor:
+    """Uniform random values in [0, 1) with this tensor's shape, dtype and device."""
+    return Tensor.rand(*self.shape, **{"device": self.device, "dtype": self.dtype, **kwargs})
+  def randn_like(self, **kwargs) -> Tensor:
+    """Standard normal random values with this tensor's shape, dtype and device."""
+    return Tensor.randn(*self.shape, **{"device": self.device, "dtype": self.dtype, **kwargs})
 
   # ---------------- conversion ----------------
   def cast(self, dtype: DType | str) -> Tensor:
-    """The values converted to `dtype` (floats to ints truncate toward zero)."""
+    """The values converted to `dtype` (floats to ints truncate toward zero).
+
+    >>> Tensor([1.7, -1.7]).cast("int32").tolist()
+    [1, -1]
+    """
     dtype = _dtype_arg(dtype, "cast")
     return self if self.dtype == dtype else Tensor._wrap(self.uop.cast(dtype), "cast")
   def bitcast(self, dtype: DType | str) -> Tensor:
@@ -340,14 +390,30 @@ class Tensor:
     if dtype.itemsize != self.dtype.itemsize:
       raise ValueError(f"bitcast: {self.dtype} and {dtype} differ in size{_where()}")
     return Tensor._wrap(UOp(Ops.BITCAST, dtype, (self.uop,)), "bitcast")
-  def float(self) -> Tensor: return self.cast(dtypes.float32)
-  def half(self) -> Tensor: return self.cast(dtypes.float16)
-  def double(self) -> Tensor: return self.cast(dtypes.float64)
-  def bfloat16(self) -> Tensor: return self.cast(dtypes.bfloat16)
-  def int(self) -> Tensor: return self.cast(dtypes.int32)
-  def long(self) -> Tensor: return self.cast(dtypes.int64)
-  def short(self) -> Tensor: return self.cast(dtypes.int16)
-  def bool(self) -> Tensor: return self.cast(dtypes.bool)
+  def float(self) -> Tensor:
+    """This tensor cast to float32."""
+    return self.cast(dtypes.float32)
+  def half(self) -> Tensor:
+    """This tensor cast to float16."""
+    return self.cast(dtypes.float16)
+  def double(self) -> Tensor:
+    """This tensor cast to float64."""
+    return self.cast(dtypes.float64)
+  def bfloat16(self) -> Tensor:
+    """This tensor cast to bfloat16."""
+    return self.cast(dtypes.bfloat16)
+  def int(self) -> Tensor:
+    """This tensor cast to int32."""
+    return self.cast(dtypes.int32)
+  def long(self) -> Tensor:
+    """This tensor cast to int64."""
+    return self.cast(dtypes.int64)
+  def short(self) -> Tensor:
+    """This tensor cast to int16."""
+    return self.cast(dtypes.int16)
+  def bool(self) -> Tensor:
+    """This tensor cast to bool (nonzero is True)."""
+    return self.cast(dtypes.bool)
 
   def to(self, device: str | None) -> Tensor:
     """This tensor on `device` (a lazy copy; the same tensor if already there)."""
@@ -401,7 +467,11 @@ class Tensor:
 
   # ---------------- movement ----------------
   def reshape(self, *shape) -> Tensor:
-    """The same elements in a new shape; one axis may be -1 (inferred)."""
+    """The same elements in a new shape; one axis may be -1 (inferred).
+
+    >>> Tensor.arange(6).reshape(2, -1).tolist()
+    [[0, 1, 2], [3, 4, 5]]
+    """
     shape = tuple(s if s is not None else self.shape[i] for i, s in enumerate(_shape_arg(shape, allow_negative=True)))
     if shape.count(-1) > 1: raise ValueError(f"reshape: only one axis can be -1, got {_fmt(shape)}{_where()}")
     if -1 in shape:
@@ -414,7 +484,9 @@ class Tensor:
       raise ValueError(f"reshape: cannot reshape {_fmt(self.shape)} ({self.numel()} elements) to {_fmt(shape)} "
                        f"({prod(shape)} elements){_where()}")
     return self if shape == self.shape else Tensor._wrap(self.uop.reshape(shape), "reshape")
-  def view(self, *shape) -> Tensor: return self.reshape(*shape)
+  def view(self, *shape) -> Tensor:
+    """The same as reshape."""
+    return self.reshape(*shape)
 
   def expand(self, *shape) -> Tensor:
     """Broadcast size-1 axes to `shape` (-1 keeps an axis); new axes may be added in front."""
@@ -433,7 +505,13 @@ class Tensor:
     return Tensor._wrap(uop.expand(shape), "expand")
 
   def permute(self, *order) -> Tensor:
-    """Reorder the axes: `order[i]` is the source axis of output axis i."""
+    """Reorder the axes: `order[i]` is the source axis of output axis i.
+
+    >>> Tensor([[1, 2], [3, 4]]).permute(1, 0).tolist()
+    [[1, 3], [2, 4]]
+    >>> Tensor.arange(6).reshape(1, 2, 3).permute(2, 0, 1).shape
+    (3, 1, 2)
+    """
     order = tuple(order[0]) if len(order) == 1 and isinstance(order[0], (tuple, list)) else tuple(order)
     resolved = tuple(self._axis(a, "permute") for a in order)
     if sorted(resolved) != list(range(self.ndim)):
@@ -448,7 +526,9 @@ class Tensor:
     order[a], order[b] = order[b], order[a]
     return self.permute(order)
   @property
-  def T(self) -> Tensor: return self.permute(tuple(reversed(range(self.ndim))))
+  def T(self) -> Tensor:
+    """This tensor with its axes in reverse order (the transpose of a matrix)."""
+    return self.permute(tuple(reversed(range(self.ndim))))
 
   def flip(self, axis) -> Tensor:
     """Reverse the order of elements along `axis` (an int or a tuple)."""
@@ -510,7 +590,18 @@ class Tensor:
     return int(axis) + ndim if axis < 0 else int(axis)
 
   def __getitem__(self, index) -> Tensor:
-    """Basic indexing: ints, slices (any step), None and Ellipsis."""
+    """Indexing with ints, slices (any step), None and Ellipsis, or one int list/tensor index beside slices.
+
+    >>> t = Tensor.arange(12).reshape(3, 4)
+    >>> t[1].tolist()
+    [4, 5, 6, 7]
+    >>> t[-1, 1:3].tolist()
+    [9, 10]
+    >>> t[:, ::2].tolist()
+    [[0, 2], [4, 6], [8, 10]]
+    >>> t[[2, 0], 0].tolist()
+    [8, 0]
+    """
     index = index if isinstance(index, tuple) else (index,)
     if any(isinstance(i, (Tensor, list)) for i in index):
       return self._fancy_getitem(index)
@@ -613,12 +704,17 @@ class Tensor:
     x = self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
     return Tensor._wrap(x.uop.alu(op), name)
 
-  def add(self, other, reverse: bool = False) -> Tensor: return self._binary(Ops.ADD, other, "add", reverse)
+  def add(self, other, reverse: bool = False) -> Tensor:
+    """Elementwise self + other, with broadcasting and type promotion (other + self if `reverse`)."""
+    return self._binary(Ops.ADD, other, "add", reverse)
   def sub(self, other, reverse: bool = False) -> Tensor:
+    """Elementwise self - other (other - self if `reverse`); a TypeError for two bool operands."""
     if self.dtype == dtypes.bool and (not isinstance(other, Tensor) or other.dtype == dtypes.bool) and isinstance(other, (bool, Tensor)):
       raise TypeError(f"sub: subtraction of bool tensors is not supported, use logical_xor{_where()}")
     return self._binary(Ops.SUB, other, "sub", reverse)
-  def mul(self, other, reverse: bool = False) -> Tensor: return self._binary(Ops.MUL, other, "mul", reverse)
+  def mul(self, other, reverse: bool = False) -> Tensor:
+    """Elementwise self * other, with broadcasting and type promotion (other * self if `reverse`)."""
+    return self._binary(Ops.MUL, other, "mul", reverse)
   def div(self, other, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
     """True division (ints become floats); rounding_mode 'trunc' or 'floor' as in PyTorch."""
     x, y = self._broadcasted(other, "div", reverse)
@@ -662,21 +758,37 @@ class Tensor:
   def __neg__(self) -> Tensor:
     if self.dtype == dtypes.bool: raise TypeError(f"neg: negation of a bool tensor is not supported, use ~{_where()}")
     return self._unary(Ops.NEG, "neg") if dtypes.is_float(self.dtype) else self * -1
-  def neg(self) -> Tensor: return -self
+  def neg(self) -> Tensor:
+    """Elementwise -x (a TypeError for bool tensors: use ~ or logical_not)."""
+    return -self
   def __invert__(self) -> Tensor:
     if dtypes.is_float(self.dtype): raise TypeError(f"invert: ~ needs an int or bool tensor, got {self.dtype}{_where()}")
     return self._binary(Ops.XOR, True if self.dtype == dtypes.bool else -1, "invert")
-  def bitwise_not(self) -> Tensor: return ~self
-  def logical_not(self) -> Tensor: return self.cast(dtypes.bool) != True  # noqa: E712
+  def bitwise_not(self) -> Tensor:
+    """Elementwise ~x: bitwise NOT of ints, logical NOT of bools (a TypeError for floats)."""
+    return ~self
+  def logical_not(self) -> Tensor:
+    """Elementwise `not x` as a bool tensor (any nonzero value counts as true)."""
+    return self.cast(dtypes.bool) != True  # noqa: E712
   def _bitwise(self, op: Ops, other, name: str, reverse: bool = False) -> Tensor:
     x, y = self._broadcasted(other, name, reverse)
     if dtypes.is_float(x.dtype): raise TypeError(f"{name}: needs int or bool tensors, got {x.dtype}{_where()}")
     return Tensor._wrap(x.uop.alu(op, y.uop), name)
-  def bitwise_and(self, other, reverse=False) -> Tensor: return self._bitwise(Ops.AND, other, "bitwise_and", reverse)
-  def bitwise_or(self, other, reverse=False) -> Tensor: return self._bitwise(Ops.OR, other, "bitwise_or", reverse)
-  def bitwise_xor(self, other, reverse=False) -> Tensor: return self._bitwise(Ops.XOR, other, "bitwise_xor", reverse)
-  def lshift(self, other, reverse=False) -> Tensor: return self._bitwise(Ops.SHL, other, "lshift", reverse)
-  def rshift(self, other, reverse=False) -> Tensor: return self._bitwise(Ops.SHR, other, "rshift", reverse)
+  def bitwise_and(self, other, reverse=False) -> Tensor:
+    """Elementwise bitwise AND of int or bool tensors (logical AND for bools)."""
+    return self._bitwise(Ops.AND, other, "bitwise_and", reverse)
+  def bitwise_or(self, other, reverse=False) -> Tensor:
+    """Elementwise bitwise OR of int or bool tensors (logical OR for bools)."""
+    return self._bitwise(Ops.OR, other, "bitwise_or", reverse)
+  def bitwise_xor(self, other, reverse=False) -> Tensor:
+    """Elementwise bitwise XOR of int or bool tensors."""
+    return self._bitwise(Ops.XOR, other, "bitwise_xor", reverse)
+  def lshift(self, other, reverse=False) -> Tensor:
+    """Elementwise x << other, for int tensors."""
+    return self._bitwise(Ops.SHL, other, "lshift", reverse)
+  def rshift(self, other, reverse=False) -> Tensor:
+    """Elementwise x >> other, for int tensors."""
+    return self._bitwise(Ops.SHR, other, "rshift", reverse)
 
   def __add__(self, x) -> Tensor: return self.add(x)
   def __radd__(self, x) -> Tensor: return self.add(x, True)
@@ -714,11 +826,19 @@ class Tensor:
   def __le__(self, x) -> Tensor: return (self < x) | (self == x)
   def __eq__(self, x) -> Tensor: return self._binary(Ops.CMPEQ, x, "eq")  # type: ignore[override]
   def __ne__(self, x) -> Tensor: return self._binary(Ops.CMPNE, x, "ne")  # type: ignore[override]
-  def eq(self, x) -> Tensor: return self == x
-  def ne(self, x) -> Tensor: return self != x
+  def eq(self, x) -> Tensor:
+    """Elementwise self == x as a bool tensor."""
+    return self == x
+  def ne(self, x) -> Tensor:
+    """Elementwise self != x as a bool tensor."""
+    return self != x
 
   def where(self, x, y) -> Tensor:
-    """Select `x` where this (bool) tensor is true, else `y`, with broadcasting."""
+    """Select `x` where this (bool) tensor is true, else `y`, with broadcasting.
+
+    >>> Tensor([True, False, True]).where(Tensor([1, 2, 3]), 0).tolist()
+    [1, 0, 3]
+    """
     cond = self.cast(dtypes.bool)
     if isinstance(x, Tensor): x, y = x._broadcasted(y, "where")
     elif isinstance(y, Tensor): y, x = y._broadcasted(x, "where")
@@ -729,28 +849,52 @@ class Tensor:
     shape = _broadcast_shape("where", cond.shape, x.shape, y.shape)
     cond, x, y = cond._broadcast_to(shape), x._broadcast_to(shape), y._broadcast_to(shape)
     return Tensor._wrap(cond.uop.alu(Ops.WHERE, x.uop, y.uop), "where")
-  def masked_fill(self, mask: Tensor, value) -> Tensor: return mask.where(value, self)
+  def masked_fill(self, mask: Tensor, value) -> Tensor:
+    """`value` where `mask` is true, else this tensor's values."""
+    return mask.where(value, self)
 
   # unary math
-  def exp(self) -> Tensor: return (self._as_float() * (1 / math.log(2)))._unary(Ops.EXP2, "exp")
-  def exp2(self) -> Tensor: return self._float_unary(Ops.EXP2, "exp2")
-  def log(self) -> Tensor: return self._float_unary(Ops.LOG2, "log") * math.log(2)
-  def log2(self) -> Tensor: return self._float_unary(Ops.LOG2, "log2")
-  def sqrt(self) -> Tensor: return self._float_unary(Ops.SQRT, "sqrt")
-  def rsqrt(self) -> Tensor: return self.sqrt().reciprocal()
-  def reciprocal(self) -> Tensor: return self._float_unary(Ops.RECIP, "reciprocal")
-  def sin(self) -> Tensor: return self._float_unary(Ops.SIN, "sin")
+  def exp(self) -> Tensor:
+    """Elementwise e**x (ints become floats)."""
+    return (self._as_float() * (1 / math.log(2)))._unary(Ops.EXP2, "exp")
+  def exp2(self) -> Tensor:
+    """Elementwise 2**x (ints become floats)."""
+    return self._float_unary(Ops.EXP2, "exp2")
+  def log(self) -> Tensor:
+    """Elementwise natural logarithm (ints become floats)."""
+    return self._float_unary(Ops.LOG2, "log") * math.log(2)
+  def log2(self) -> Tensor:
+    """Elementwise base-2 logarithm (ints become floats)."""
+    return self._float_unary(Ops.LOG2, "log2")
+  def sqrt(self) -> Tensor:
+    """Elementwise square root (ints become floats)."""
+    return self._float_unary(Ops.SQRT, "sqrt")
+  def rsqrt(self) -> Tensor:
+    """Elementwise 1 / sqrt(x)."""
+    return self.sqrt().reciprocal()
+  def reciprocal(self) -> Tensor:
+    """Elementwise 1 / x (ints become floats)."""
+    return self._float_unary(Ops.RECIP, "reciprocal")
+  def sin(self) -> Tensor:
+    """Elementwise sine of x in radians (ints become floats)."""
+    return self._float_unary(Ops.SIN, "sin")
   def cos(self) -> Tensor:
     """cos(x) = 1 - 2*sin(x/2)**2: halving is exact, so large arguments keep their accuracy."""
     half_sin = (self._as_float() * 0.5).sin()
     return 1 - 2 * half_sin * half_sin
-  def tan(self) -> Tensor: return self.sin() / self.cos()
-  def trunc(self) -> Tensor: return self._unary(Ops.TRUNC, "trunc") if dtypes.is_float(self.dtype) else self
+  def tan(self) -> Tensor:
+    """Elementwise tangent of x in radians, as sin(x) / cos(x)."""
+    return self.sin() / self.cos()
+  def trunc(self) -> Tensor:
+    """Round toward zero (ints and bools are returned unchanged)."""
+    return self._unary(Ops.TRUNC, "trunc") if dtypes.is_float(self.dtype) else self
   def floor(self) -> Tensor:
+    """Round toward negative infinity (ints and bools are returned unchanged)."""
     if not dtypes.is_float(self.dtype): return self
     t = self.trunc()
     return (self < t).where(t - 1, t)
   def ceil(self) -> Tensor:
+    """Round toward positive infinity (ints and bools are returned unchanged)."""
     if not dtypes.is_float(self.dtype): return self
     t = self.trunc()
     return (self > t).where(t + 1, t)
@@ -762,38 +906,69 @@ class Tensor:
     up_wins = (diff > 0.5) | ((diff == 0.5) & ((down * 0.5).floor() * 2 != down))
     return up_wins.where(down + 1, down)
   def _as_float(self) -> Tensor: return self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
-  def square(self) -> Tensor: return self * self
-  def abs(self) -> Tensor: return self * self.sign() if dtypes.is_float(self.dtype) else (self < 0).where(-self, self)
-  def sign(self) -> Tensor: return (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype) if self.dtype != dtypes.bool else self
+  def square(self) -> Tensor:
+    """Elementwise x * x."""
+    return self * self
+  def abs(self) -> Tensor:
+    """Elementwise absolute value |x|."""
+    return self * self.sign() if dtypes.is_float(self.dtype) else (self < 0).where(-self, self)
+  def sign(self) -> Tensor:
+    """Elementwise -1, 0 or 1 by the sign of x, in x's dtype (0 for NaN, as in PyTorch; bools unchanged)."""
+    return (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype) if self.dtype != dtypes.bool else self
   def clip(self, min_=None, max_=None) -> Tensor:
     """Limit values to [min_, max_] (NaN stays NaN; the gradient passes at the bounds, as in torch.clamp)."""
     if min_ is None and max_ is None: raise ValueError(f"clip: at least one of min_ and max_ must be given{_where()}")
     x = self if min_ is None else (self < min_).where(min_, self)
     return x if max_ is None else (x > max_).where(max_, x)
   clamp = clip
-  def isnan(self) -> Tensor: return self != self
+  def isnan(self) -> Tensor:
+    """True where x is NaN."""
+    return self != self
   def isinf(self, detect_positive: bool = True, detect_negative: bool = True) -> Tensor:
+    """True where x is +inf (if `detect_positive`) or -inf (if `detect_negative`); all False for non-floats."""
     return (self == math.inf) * detect_positive + (self == -math.inf) * detect_negative if dtypes.is_float(self.dtype) \
       else self.full_like(False, dtype=dtypes.bool)
-  def lerp(self, end: Tensor, weight) -> Tensor: return self + (end - self) * weight
+  def lerp(self, end: Tensor, weight) -> Tensor:
+    """Linear interpolation self + (end - self) * weight, like torch.lerp."""
+    return self + (end - self) * weight
 
   # activations
   def relu(self) -> Tensor:
-    """max(x, 0) with NaN kept and a zero gradient at 0, as in PyTorch."""
+    """max(x, 0) with NaN kept and a zero gradient at 0, as in PyTorch.
+
+    >>> Tensor([-1.0, 0.0, 2.0, float("nan")]).relu().tolist()
+    [0.0, 0.0, 2.0, nan]
+    """
     return ((self < 0) | (self == 0)).where(0, self)
-  def sigmoid(self) -> Tensor: return (1 + (-self._as_float()).exp()).reciprocal()
-  def tanh(self) -> Tensor: return 2.0 * (2.0 * self._as_float()).sigmoid() - 1.0
-  def gelu(self) -> Tensor: return 0.5 * self * (1 + (math.sqrt(2 / math.pi) * (self + 0.044715 * self * self * self)).tanh())
-  def quick_gelu(self) -> Tensor: return self * (self * 1.702).sigmoid()
-  def silu(self) -> Tensor: return self * self.sigmoid()
+  def sigmoid(self) -> Tensor:
+    """Elementwise logistic function 1 / (1 + e**-x)."""
+    return (1 + (-self._as_float()).exp()).reciprocal()
+  def tanh(self) -> Tensor:
+    """Elementwise hyperbolic tangent."""
+    return 2.0 * (2.0 * self._as_float()).sigmoid() - 1.0
+  def gelu(self) -> Tensor:
+    """GELU with the tanh approximation (PyTorch's gelu(approximate='tanh'))."""
+    return 0.5 * self * (1 + (math.sqrt(2 / math.pi) * (self + 0.044715 * self * self * self)).tanh())
+  def quick_gelu(self) -> Tensor:
+    """The sigmoid approximation of GELU: x * sigmoid(1.702 * x)."""
+    return self * (self * 1.702).sigmoid()
+  def silu(self) -> Tensor:
+    """SiLU (swish): x * sigmoid(x)."""
+    return self * self.sigmoid()
   swish = silu
-  def leaky_relu(self, neg_slope: float = 0.01) -> Tensor: return (self < 0).where(self * neg_slope, self)
-  def elu(self, alpha: float = 1.0) -> Tensor: return self.relu() - alpha * (1 - self.exp()).relu()
+  def leaky_relu(self, neg_slope: float = 0.01) -> Tensor:
+    """x where x >= 0, else neg_slope * x (NaN kept)."""
+    return (self < 0).where(self * neg_slope, self)
+  def elu(self, alpha: float = 1.0) -> Tensor:
+    """x where x > 0, else alpha * (e**x - 1)."""
+    return self.relu() - alpha * (1 - self.exp()).relu()
   def softplus(self, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
     """log(1 + exp(beta*x)) / beta, and x itself where beta*x > threshold (as in PyTorch)."""
     scaled = self._as_float() * beta
     return (scaled > threshold).where(self._as_float(), (1 + scaled.exp()).log() * (1 / beta))
-  def relu6(self) -> Tensor: return self.hardtanh(0, 6)
+  def relu6(self) -> Tensor:
+    """Clip to [0, 6]: hardtanh(0, 6)."""
+    return self.hardtanh(0, 6)
   def hardtanh(self, min_val=-1, max_val=1) -> Tensor:
     """Clip to [min_val, max_val] with a zero gradient at and beyond the bounds, as in PyTorch."""
     return (self <= min_val).where(min_val, (self >= max_val).where(max_val, self))
@@ -812,7 +987,18 @@ class Tensor:
     return out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
 
   def sum(self, axis=None, keepdim: bool = False, dtype: DType | None = None) -> Tensor:
-    """Sum over `axis` (all axes by default). Small ints and bools accumulate in int32; half floats in float32."""
+    """Sum over `axis` (all axes by default). Small ints and bools accumulate in int32; half floats in float32.
+
+    Bools and ints narrower than 32 bits give int32 (uint32 if unsigned); floats keep their dtype. A given `dtype`
+    is both the accumulator and the result dtype.
+
+    >>> Tensor([[1, 2], [3, 4]]).sum(1).tolist()
+    [3, 7]
+    >>> Tensor([[1, 2], [3, 4]]).sum(0, keepdim=True).tolist()
+    [[4, 6]]
+    >>> Tensor([True, True, False]).sum().item()
+    2
+    """
     acc = _dtype_arg(dtype, "sum") if dtype is not None else _sum_dtype(self.dtype)
     x = self.cast(acc) if acc != self.dtype else self
     out = x._reduce(Ops.ADD, axis, keepdim, "sum")
@@ -822,7 +1008,13 @@ class Tensor:
     out = self.cast(_sum_dtype(self.dtype))._reduce(Ops.MUL, axis, keepdim, "prod")
     return out.cast(self.dtype) if dtypes.is_float(self.dtype) else out
   def max(self, axis=None, keepdim: bool = False) -> Tensor:
-    """Maximum over `axis` (NaN propagates)."""
+    """Maximum over `axis` (NaN propagates).
+
+    >>> Tensor([[1, 5], [7, 2]]).max(0).tolist()
+    [7, 5]
+    >>> Tensor([[1, 5], [7, 2]]).max(1, keepdim=True).tolist()
+    [[5], [7]]
+    """
     self._check_nonempty_reduce(axis, "max")
     return self._reduce(Ops.MAX, axis, keepdim, "max")
   def _check_nonempty_reduce(self, axis, op: str) -> None:
@@ -836,7 +1028,11 @@ class Tensor:
     self._check_nonempty_reduce(axis, "min")
     return self._inverse()._reduce(Ops.MAX, axis, keepdim, "min")._inverse()
   def mean(self, axis=None, keepdim: bool = False) -> Tensor:
-    """Mean over `axis` (ints give floats)."""
+    """Mean over `axis` (ints give floats).
+
+    >>> Tensor([[1, 2], [3, 4]]).mean(0).tolist()
+    [2.0, 3.0]
+    """
     x = self._as_float()
     count = prod(self.shape[a] for a in self._reduce_axes(axis, "mean"))
     total = x.sum(axis, keepdim)
@@ -846,11 +1042,15 @@ class Tensor:
     count = prod(self.shape[a] for a in self._reduce_axes(axis, "var"))
     centered = self._as_float() - self._as_float().mean(axis, keepdim=True)
     return centered.square().sum(axis, keepdim) / max(count - correction, 0)
-  def std(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor: return self.var(axis, keepdim, correction).sqrt()
+  def std(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor:
+    """Standard deviation over `axis` with Bessel's `correction` (the square root of var)."""
+    return self.var(axis, keepdim, correction).sqrt()
   def any(self, axis=None, keepdim: bool = False) -> Tensor:
     """True where any element along `axis` is nonzero (False over an empty axis)."""
     return self.cast(dtypes.bool)._reduce(Ops.MAX, axis, keepdim, "any")
-  def all(self, axis=None, keepdim: bool = False) -> Tensor: return self.logical_not().any(axis, keepdim).logical_not()
+  def all(self, axis=None, keepdim: bool = False) -> Tensor:
+    """True where every element along `axis` is nonzero (True over an empty axis)."""
+    return self.logical_not().any(axis, keepdim).logical_not()
 
   def argmax(self, axis=None, keepdim: bool = False) -> Tensor:
     """Index of the first maximum along `axis` (of the flattened tensor when axis is None)."""
@@ -861,7 +1061,9 @@ class Tensor:
     is_max = self == self.max(axis, keepdim=True)
     countdown = Tensor.arange(n, 0, -1, device=self.device).reshape((n,) + (1,) * (self.ndim - axis - 1))
     return (n - (is_max.where(countdown, 0)).max(axis, keepdim)).cast(dtypes.int32)
-  def argmin(self, axis=None, keepdim: bool = False) -> Tensor: return self._inverse().argmax(axis, keepdim)
+  def argmin(self, axis=None, keepdim: bool = False) -> Tensor:
+    """Index of the first minimum along `axis` (of the flattened tensor when axis is None), as int32."""
+    return self._inverse().argmax(axis, keepdim)
 
   def logsumexp(self, axis=None, keepdim: bool = False) -> Tensor:
     """log(sum(exp(x))) computed stably."""
@@ -869,7 +1071,9 @@ class Tensor:
     m = m.isinf().where(0, m)
     out = (self - m).exp().sum(axis, keepdim=True).log() + m
     return out if keepdim else out.squeeze_axes(self._reduce_axes(axis, "logsumexp"))
-  def squeeze_axes(self, axes) -> Tensor: return self.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+  def squeeze_axes(self, axes) -> Tensor:
+    """This tensor without the axes in `axes` (each must have size 1)."""
+    return self.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
   def softmax(self, axis: int = -1) -> Tensor:
     """exp(x) / sum(exp(x)) along `axis`."""
     x = self._as_float()
@@ -883,7 +1087,13 @@ class Tensor:
 
   # ---------------- linear algebra ----------------
   def dot(self, w: Tensor) -> Tensor:
-    """Matrix product with PyTorch's rules for 1-d, 2-d and batched operands."""
+    """Matrix product with PyTorch's rules for 1-d, 2-d and batched operands (also `matmul` and `@`).
+
+    >>> (Tensor([[1, 2], [3, 4]]) @ Tensor([[5], [6]])).tolist()
+    [[17], [39]]
+    >>> Tensor([1, 2, 3]).dot(Tensor([4, 5, 6])).item()
+    32
+    """
     if not isinstance(w, Tensor): raise TypeError(f"matmul: expected a Tensor, got {type(w).__name__}{_where()}")
     if self.ndim == 0 or w.ndim == 0:
       raise ValueError(f"matmul: both operands need at least one dimension, got {_fmt(self.shape)} @ {_fmt(w.shape)}{_where()}")
@@ -903,6 +1113,7 @@ class Tensor:
     out = self @ weight
     return out + bias if bias is not None else out
   def sequential(self, layers) -> Tensor:
+    """Apply each callable in `layers` in turn, starting from this tensor."""
     x = self
     for layer in layers: x = layer(x)
     return x
@@ -944,7 +1155,14 @@ class Tensor:
     return node
 
   def backward(self, gradient: Tensor | None = None) -> Tensor:
-    """Accumulate d(self)/d(t) into `t.grad` for every tensor t with requires_grad that this depends on."""
+    """Accumulate d(self)/d(t) into `t.grad` for every tensor t with requires_grad that this depends on. Returns self.
+
+    >>> x = Tensor([1.0, 2.0, 3.0], requires_grad=True)
+    >>> loss = (x * x).sum()
+    >>> _ = loss.backward()
+    >>> x.grad.tolist()
+    [2.0, 4.0, 6.0]
+    """
     graph = set(gradient_graph(self.uop, whole=True))
     targets = [t for t in list(_requires_grad_tensors) if t._grad_identity() in graph]
     if not targets: raise RuntimeError(f"backward: nothing in this graph requires a gradient{_where()}")
@@ -964,6 +1182,7 @@ class Tensor:
   @staticmethod
   @contextmanager
   def test(mode: bool = True):
+    """Context in which Tensor.training is `not mode` (evaluation mode by default)."""
     previous, Tensor.training = Tensor.training, not mode
     try: yield
     finally: Tensor.training = previous

@@ -13,7 +13,9 @@ from kiln.uop.symbolic import symbolic
 INT = dtypes.int32
 TRUE = UOp.const(dtypes.bool, True)
 
-def iconst(v: int) -> UOp: return UOp.const(INT, v)
+def iconst(v: int) -> UOp:
+  """An int32 constant node with value `v`."""
+  return UOp.const(INT, v)
 
 def linearize_index(idx: tuple[UOp, ...], shape: tuple[int, ...]) -> UOp:
   """Row-major flat index of `idx` in `shape`."""
@@ -31,7 +33,9 @@ def unflatten_index(flat: UOp, shape: tuple[int, ...]) -> tuple[UOp, ...]:
     stride *= s
   return tuple(reversed(out))
 
-def index_of(x: UOp, valid: UOp, idx) -> UOp: return UOp(Ops.INDEX, x.dtype, (x, valid) + tuple(idx))
+def index_of(x: UOp, valid: UOp, idx) -> UOp:
+  """An INDEX node: the value of `x` at indices `idx`, a real access only where `valid` is true."""
+  return UOp(Ops.INDEX, x.dtype, (x, valid) + tuple(idx))
 
 def _strip_ones(shape): return [s for s in shape if s != 1]
 
@@ -102,6 +106,7 @@ class LowerContext:
   """Hands out loop ranges with unique ids."""
   def __init__(self): self.next_id = 0
   def new_range(self, size: int) -> UOp:
+    """A new loop variable (RANGE) over [0, size), with the next unique id."""
     rng = UOp(Ops.RANGE, INT, (iconst(size),), self.next_id)
     self.next_id += 1
     return rng

@@ -16,7 +16,8 @@ class TinyJit(Generic[ReturnType]):
     functools.update_wrapper(self, fxn)
   def __get__(self, obj, objtype=None):
     return functools.partial(self.__call__, obj) if obj is not None else self
-  def reset(self) -> None: pass
+  def reset(self) -> None:
+    """Forget captured kernels (a no-op for now: nothing is captured yet)."""
   def __call__(self, *args, **kwargs) -> ReturnType:
     from kiln.tensor import Tensor
     out = self.fxn(*args, **kwargs)

@@ -6,6 +6,7 @@ from kiln.dtype import DType, dtypes, truncate
 from kiln.helpers import prod
 
 class Ops(enum.Enum):
+  """Every operation a UOp can be: tensor-level ops, movement, ALU, and kernel-level loops, loads and stores."""
   # tensor level: data and identity
   SINK = enum.auto(); DEVICE = enum.auto(); BUFFER = enum.auto(); CONST = enum.auto(); IOTA = enum.auto()
   COPY = enum.auto(); CONTIGUOUS = enum.auto(); CONTIGUOUS_BACKWARD = enum.auto(); DETACH = enum.auto()
@@ -29,6 +30,7 @@ class Ops(enum.Enum):
   def __repr__(self) -> str: return f"Ops.{self.name}"
 
 class GroupOp:
+  """Named sets of Ops (Unary, Binary, ALU, Comparison, Movement, ...) for asking what kind of op a node is."""
   Unary = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.NEG, Ops.TRUNC})
   Binary = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ,
                       Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.POW})
@@ -109,10 +111,12 @@ class UOp:
     return UOp(Ops.DEFINE_VAR, dtype, (), (name, min_val, max_val))
 
   def alu(self, op: Ops, *src: UOp) -> UOp:
+    """A node applying ALU `op` to this node and `src` (comparisons give bool; WHERE takes its values' dtype)."""
     out_dtype = dtypes.bool if op in GroupOp.Comparison else (src[-1].dtype if op is Ops.WHERE else self.dtype)
     return UOp(op, out_dtype, (self,) + src)
 
   def const_like(self, value) -> UOp:
+    """A device-less scalar constant `value` of this node's dtype."""
     return UOp.const(self.dtype, value)
 
   def _ufix(self, x) -> UOp: return x if isinstance(x, UOp) else self.const_like(x)
@@ -128,16 +132,31 @@ class UOp:
   def __neg__(self) -> UOp: return self * -1 if dtypes.is_int(self.dtype) else self.alu(Ops.NEG)
   def __and__(self, x) -> UOp: return self.alu(Ops.AND, self._ufix(x))
   def __or__(self, x) -> UOp: return self.alu(Ops.OR, self._ufix(x))
-  def lt(self, x) -> UOp: return self.alu(Ops.CMPLT, self._ufix(x))
-  def ge(self, x) -> UOp: return self.lt(x).logical_not()
-  def ne(self, x) -> UOp: return self.alu(Ops.CMPNE, self._ufix(x))
-  def eq(self, x) -> UOp: return self.alu(Ops.CMPEQ, self._ufix(x))
-  def logical_not(self) -> UOp: return self.alu(Ops.CMPNE, UOp.const(dtypes.bool, True))
-  def maximum(self, x) -> UOp: return self.alu(Ops.MAX, self._ufix(x))
+  def lt(self, x) -> UOp:
+    """self < x as a bool node (`x` may be a Python number)."""
+    return self.alu(Ops.CMPLT, self._ufix(x))
+  def ge(self, x) -> UOp:
+    """self >= x as a bool node, built as not(self < x)."""
+    return self.lt(x).logical_not()
+  def ne(self, x) -> UOp:
+    """self != x as a bool node (`x` may be a Python number)."""
+    return self.alu(Ops.CMPNE, self._ufix(x))
+  def eq(self, x) -> UOp:
+    """self == x as a bool node (`x` may be a Python number)."""
+    return self.alu(Ops.CMPEQ, self._ufix(x))
+  def logical_not(self) -> UOp:
+    """not self, for a bool node (built as self != True)."""
+    return self.alu(Ops.CMPNE, UOp.const(dtypes.bool, True))
+  def maximum(self, x) -> UOp:
+    """max(self, x) elementwise (`x` may be a Python number)."""
+    return self.alu(Ops.MAX, self._ufix(x))
   def where(self, a, b) -> UOp:
+    """`a` where this bool node is true, else `b` (Python numbers become constants)."""
     a = a if isinstance(a, UOp) else (b.const_like(a) if isinstance(b, UOp) else UOp.const(dtypes.from_py(a), a))
     return self.alu(Ops.WHERE, a, a._ufix(b))
-  def cast(self, dtype: DType) -> UOp: return self if self.dtype == dtype else UOp(Ops.CAST, dtype, (self,))
+  def cast(self, dtype: DType) -> UOp:
+    """This node converted to `dtype` (itself if it already has that dtype)."""
+    return self if self.dtype == dtype else UOp(Ops.CAST, dtype, (self,))
   def bind(self, value: int) -> UOp:
     """Bind a Variable to a value: `Variable("n", 1, 10).bind(4)`."""
     if self.op is not Ops.DEFINE_VAR: raise TypeError(f"bind: only a Variable can be bound, not {self.op}")
@@ -145,6 +164,7 @@ class UOp:
     if not lo <= value <= hi: raise ValueError(f"bind: {name}={value} is outside [{lo}, {hi}]")
     return UOp(Ops.BIND, self.dtype, (self, self.const_like(value)))
   def unbind(self) -> tuple[UOp, int]:
+    """The Variable and the int value of a bound Variable (a BIND node)."""
     if self.op is not Ops.BIND: raise TypeError(f"unbind: {self.op} is not a bound Variable")
     return self.src[0], self.src[1].arg
 
@@ -153,7 +173,9 @@ class UOp:
     """Every node this one depends on, sources before users (iterative: any depth)."""
     return toposort([self])
 
-  def sparents(self) -> set[UOp]: return set(self.toposort())
+  def sparents(self) -> set[UOp]:
+    """Every node this one depends on, itself included, as a set."""
+    return set(self.toposort())
 
   @property
   def base(self) -> UOp:
@@ -189,16 +211,24 @@ class UOp:
     return self._shape[0]
 
   @property
-  def size(self) -> int: return prod(self.shape) if self.shape is not None else 0
+  def size(self) -> int:
+    """The number of elements of a tensor-level node (0 for a kernel-level node)."""
+    return prod(self.shape) if self.shape is not None else 0
 
   @property
-  def is_realized(self) -> bool: return self.op is Ops.BUFFER and self.buffer is not None and self.buffer.is_allocated()
+  def is_realized(self) -> bool:
+    """True for a BUFFER node whose device memory is allocated."""
+    return self.op is Ops.BUFFER and self.buffer is not None and self.buffer.is_allocated()
 
   # ---------------- value ranges (for symbolic simplification) ----------------
   @property
-  def vmin(self): return self._min_max()[0]
+  def vmin(self):
+    """The smallest value this node can take, from value-range analysis (the dtype's minimum if unknown)."""
+    return self._min_max()[0]
   @property
-  def vmax(self): return self._min_max()[1]
+  def vmax(self):
+    """The largest value this node can take, from value-range analysis (the dtype's maximum if unknown)."""
+    return self._min_max()[1]
   def _min_max(self):
     if self._minmax is None:
       if all(s._minmax is not None for s in self.src): self._minmax = compute_min_max(self)
@@ -208,6 +238,7 @@ class UOp:
     return self._minmax
 
   def simplify(self) -> UOp:
+    """This node rewritten with the symbolic simplification rules until none applies."""
     from kiln.uop.symbolic import symbolic
     from kiln.uop.pattern import graph_rewrite
     return graph_rewrite(self, symbolic, name="simplify")
@@ -218,17 +249,23 @@ class UOp:
 
   # ---------------- tensor-level construction (shapes are checked by Tensor before these are called) ----------------
   def reshape(self, shape: tuple[int, ...]) -> UOp:
+    """This node viewed with `shape` (itself if the shape is unchanged)."""
     return self if self.shape == tuple(shape) else UOp(Ops.RESHAPE, self.dtype, (self,), tuple(shape))
   def expand(self, shape: tuple[int, ...]) -> UOp:
+    """This node broadcast to `shape` (itself if the shape is unchanged)."""
     return self if self.shape == tuple(shape) else UOp(Ops.EXPAND, self.dtype, (self,), tuple(shape))
   def permute(self, order: tuple[int, ...]) -> UOp:
+    """This node with its axes reordered by `order` (itself for the identity order)."""
     return self if tuple(order) == tuple(range(len(order))) else UOp(Ops.PERMUTE, self.dtype, (self,), tuple(order))
   def pad(self, padding: tuple[tuple[int, int], ...]) -> UOp:
+    """This node padded by `(before, after)` elements per axis (itself when all are zero)."""
     return self if all(b == 0 and a == 0 for b, a in padding) else UOp(Ops.PAD, self.dtype, (self,), tuple(padding))
   def shrink(self, bounds: tuple[tuple[int, int], ...]) -> UOp:
+    """The `[start, end)` window of each axis of this node (itself when every window is whole)."""
     if all(b == 0 and e == s for (b, e), s in zip(bounds, self.shape)): return self
     return UOp(Ops.SHRINK, self.dtype, (self,), tuple(bounds))
   def flip(self, axes: tuple[int, ...]) -> UOp:
+    """This node reversed along `axes` (size-1 axes are skipped; itself when none remain)."""
     axes = tuple(a for a in axes if self.shape[a] > 1)
     return UOp(Ops.FLIP, self.dtype, (self,), axes) if axes else self
   def r(self, op: Ops, axes: tuple[int, ...]) -> UOp:
@@ -239,7 +276,9 @@ class UOp:
     """A tensor-level constant with this node's shape, dtype and device."""
     c = UOp.const(self.dtype, value, self.device)
     return c.reshape((1,) * len(self.shape)).expand(self.shape)
-  def copy_to(self, device: str) -> UOp: return UOp(Ops.COPY, self.dtype, (self,), device)
+  def copy_to(self, device: str) -> UOp:
+    """This node copied to `device` (a COPY node)."""
+    return UOp(Ops.COPY, self.dtype, (self,), device)
 
 
 def Variable(name: str, min_val: int, max_val: int, dtype: DType = dtypes.int32) -> UOp:

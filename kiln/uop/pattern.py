@@ -23,11 +23,17 @@ class UPat:
     self.arg, self.name, self.allow_any_len = arg, name, allow_any_len
 
   @staticmethod
-  def var(name: str | None = None, dtype=None) -> UPat: return UPat(dtype=dtype, name=name)
+  def var(name: str | None = None, dtype=None) -> UPat:
+    """A pattern that matches any node (of `dtype`, if given), bound to `name`."""
+    return UPat(dtype=dtype, name=name)
   @staticmethod
-  def cvar(name: str | None = None, dtype=None) -> UPat: return UPat(Ops.CONST, dtype=dtype, name=name, src=())
+  def cvar(name: str | None = None, dtype=None) -> UPat:
+    """A pattern that matches any constant (a CONST node), bound to `name`."""
+    return UPat(Ops.CONST, dtype=dtype, name=name, src=())
   @staticmethod
-  def const(dtype, value) -> UPat: return UPat(Ops.CONST, dtype=dtype, arg=value, src=())
+  def const(dtype, value) -> UPat:
+    """A pattern that matches a constant equal to `value` (of `dtype`, unless None)."""
+    return UPat(Ops.CONST, dtype=dtype, arg=value, src=())
 
   # building patterns with operators; ADD and MUL patterns match either operand order
   def _bin(self, op: Ops, other, commutative: bool) -> UPat:
@@ -37,8 +43,12 @@ class UPat:
   def __mul__(self, other) -> UPat: return self._bin(Ops.MUL, other, True)
   def __floordiv__(self, other) -> UPat: return self._bin(Ops.IDIV, other, False)
   def __mod__(self, other) -> UPat: return self._bin(Ops.MOD, other, False)
-  def lt(self, other) -> UPat: return self._bin(Ops.CMPLT, other, False)
-  def ne(self, other) -> UPat: return self._bin(Ops.CMPNE, other, True)
+  def lt(self, other) -> UPat:
+    """A pattern for `self < other` (CMPLT, operands in this order)."""
+    return self._bin(Ops.CMPLT, other, False)
+  def ne(self, other) -> UPat:
+    """A pattern for `self != other` (CMPNE, operands in either order)."""
+    return self._bin(Ops.CMPNE, other, True)
 
   def match(self, u: UOp, store: dict) -> list[dict]:
     """All binding dicts under which `u` matches (empty list: no match)."""
@@ -92,6 +102,7 @@ class PatternMatcher:
   def __add__(self, other: PatternMatcher) -> PatternMatcher: return PatternMatcher(self.rules + other.rules)
 
   def rewrite(self, u: UOp, ctx=None) -> UOp | None:
+    """The result of the first rule that matches `u` and returns a new node, or None if none does."""
     for pat, fn, wants_ctx in self.by_op.get(u.op, ()):
       for bindings in pat.match(u, {}):
         ret = fn(ctx, **bindings) if wants_ctx else fn(**bindings)
