@@ -910,8 +910,9 @@ class Tensor:
     """Elementwise x * x."""
     return self * self
   def abs(self) -> Tensor:
-    """Elementwise absolute value |x|."""
-    return self * self.sign() if dtypes.is_float(self.dtype) else (self < 0).where(-self, self)
+    """Elementwise absolute value |x| (abs(-0.0) is 0.0 and NaN stays NaN, as in PyTorch)."""
+    # x*sign(x) has PyTorch's gradient (0 at 0 and at NaN); adding +0.0 turns the -0.0 it gives for -0.0 into 0.0
+    return self * self.sign() + 0.0 if dtypes.is_float(self.dtype) else (self < 0).where(-self, self)
   def sign(self) -> Tensor:
     """Elementwise -1, 0 or 1 by the sign of x, in x's dtype (0 for NaN, as in PyTorch; bools unchanged)."""
     return (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype) if self.dtype != dtypes.bool else self

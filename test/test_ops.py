@@ -848,3 +848,13 @@ def test_random_movement_chains(chain):
   shape, ops = chain
   x = np.arange(1, math.prod(shape) + 1, dtype=np.float32).reshape(shape)
   check(lambda t: apply_chain(t, ops), lambda t: apply_chain(t, ops), [x], device="PYTHON")
+
+def test_abs_of_signed_zeros_and_nan_matches_torch():
+  # values and gradients: abs(-0.0) is +0.0, the gradient is 0 at 0 and at NaN
+  vals = np.array([-0.0, 0.0, -2.0, 3.0, np.nan], np.float32)
+  x, xt = Tensor(vals, requires_grad=True), torch.tensor(vals, requires_grad=True)
+  y, yt = x.abs(), xt.abs()
+  y.sum().backward(); yt.sum().backward()
+  np.testing.assert_array_equal(np.signbit(y.numpy()), np.signbit(yt.detach().numpy()))
+  np.testing.assert_array_equal(y.numpy(), yt.detach().numpy())
+  np.testing.assert_array_equal(x.grad.numpy(), xt.grad.numpy())
