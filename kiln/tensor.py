@@ -93,7 +93,7 @@ class Tensor:
     """A Tensor around a freshly built node, recording the user's source line on it."""
     t = Tensor.__new__(Tensor)
     t.uop, t.grad, t._requires_grad = uop, None, None
-    if TRACEBACK_SOURCE and uop.meta is None: uop.meta = f"{name} {user_frame_location()}".strip()
+    if TRACEBACK_SOURCE and uop.meta is None: uop.meta = f"{_user_op[0] or name} {user_frame_location()}".strip()
     return t
 
   # ---------------- properties ----------------
@@ -1247,9 +1247,14 @@ def _uop_from_numpy(arr: np.ndarray, device: str, dtype: DType | None) -> UOp:
 # already carry a location pass through untouched.
 _LOCATED_ERRORS = (TypeError, ValueError, IndexError, RuntimeError)
 
+# the public method the user called (outermost), so nodes built inside it are labelled with it in DEBUG output
+_user_op: list[str | None] = [None]
+
 def _with_user_location(fn, name: str):
   @functools.wraps(fn)
   def located(*args, **kwargs):
+    outermost = _user_op[0] is None
+    if outermost: _user_op[0] = name
     try: return fn(*args, **kwargs)
     except _LOCATED_ERRORS as e:
       message = str(e)
@@ -1259,6 +1264,8 @@ def _with_user_location(fn, name: str):
       try: located_error = error_type(f"{prefix}{message}{_where()}")
       except Exception: raise e from None   # an exception type with another constructor: leave it as it was
       raise located_error.with_traceback(None) from None
+    finally:
+      if outermost: _user_op[0] = None
   return located
 
 def _locate_tensor_errors() -> None:
