@@ -5,6 +5,7 @@ its own loops, and the nodes that depend on those loops are emitted inside them,
 declaration and its update.
 """
 from __future__ import annotations
+import itertools
 from kiln.dtype import dtypes
 from kiln.uop.ops import UOp, Ops, toposort, identity_element
 
@@ -35,7 +36,7 @@ def linearize(sink: UOp) -> list[UOp]:
 
   out: list[UOp] = []
   mapped: dict[UOp, UOp] = {}
-  acc_ids = iter(range(1 << 30))
+  acc_ids = itertools.count()
 
   def emit(node: UOp) -> UOp:
     if node in mapped: return mapped[node]
