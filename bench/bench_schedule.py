@@ -29,7 +29,7 @@ def training_step_schedule(layers: int = 100):
   loss.backward()
   with Tensor.train(): updates = optimizer.schedule_step()
   start = time.perf_counter()
-  items, _ = create_schedule([loss.uop] + [t.uop for t in updates])
+  items = create_schedule([loss.uop] + [t.uop for t in updates]).items
   return time.perf_counter() - start, len(items)
 
 def main():
@@ -37,7 +37,7 @@ def main():
   outs = mlp_graph(100)
   build = time.perf_counter() - build_start
   sched_start = time.perf_counter()
-  items, _ = create_schedule([t.uop for t in outs])
+  items = create_schedule([t.uop for t in outs]).items
   sched = time.perf_counter() - sched_start
   _runner_cache.clear()
   codegen_start = time.perf_counter()

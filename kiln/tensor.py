@@ -160,22 +160,24 @@ class Tensor:
     todo = [(t, t.uop) for t in dict.fromkeys(tensors) if not t.uop.base.op is Ops.BUFFER]
     if not todo: return
     roots = list(dict.fromkeys(uop for _, uop in todo))
-    items, results = create_schedule(roots)
-    run_schedule(items)
+    schedule = create_schedule(roots)
+    run_schedule(schedule.items)
     differentiable = _graphs_needing_gradients(roots)
     for t, old in todo:
-      new = results[old]
+      new = schedule.results[old]
       if new is not old:
         if old.op is not Ops.ASSIGN:
           old.forward = new
+          for buf in schedule.inputs: _computed_from.setdefault(buf, weakref.WeakSet()).add(old)
           # the realized node remembers its graph, so backward() still reaches the parameters behind it
           if old in differentiable and new.origin is None: new.origin = old
         t.uop = new
+    for buf in schedule.overwritten: _forget_results_computed_from(buf)
 
   def schedule(self, *others: Tensor) -> list:
     """The kernels that realizing this tensor would run (nothing runs)."""
     from kiln.schedule.kernelize import create_schedule
-    return create_schedule([t.uop for t in (self, *others)])[0]
+    return create_schedule([t.uop for t in (self, *others)]).items
 
   def _buffer(self) -> Buffer:
     """The realized buffer holding exactly this tensor's elements in row-major order."""
@@ -1193,6 +1195,14 @@ class Tensor:
     if not Tensor.training or p == 0: return self
     keep = Tensor.rand(*self.shape, device=self.device) >= p
     return keep.where(self, 0) * (1 / (1 - p))
+
+# realized graph nodes (whose `forward` points at their result) by the buffers they were computed from
+_computed_from: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+def _forget_results_computed_from(buf: Buffer) -> None:
+  """`buf` was overwritten: results computed from its old contents no longer stand for their graphs, so a graph
+  built later that happens to be the same node (hash-consing) is computed again instead of reusing them."""
+  for node in list(_computed_from.pop(buf, ())): node.forward = None
 
 def _graphs_needing_gradients(roots: list[UOp]) -> set[UOp]:
   """The roots whose graphs contain a tensor that requires a gradient (empty when no tensor does)."""

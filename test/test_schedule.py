@@ -142,3 +142,15 @@ def test_memory_planner_shares_intermediate_buffers():
   assert len(intermediates) < 5, f"5 intermediates in {len(intermediates)} buffers"
   assert items[-1].bufs[0] not in [it.bufs[0] for it in items[:-1]]
   assert_close(out.numpy(), np.exp2(want), "after 5 contiguous steps", 1e-5, 1e-5)
+
+def test_results_computed_from_an_overwritten_buffer_are_not_reused():
+  # `c + 1` built after the assign is the same graph node as the one realized before it (hash-consing): it must be
+  # computed again from the new contents, not answered with the old result
+  a = Tensor([1.0, 2.0, 3.0]).realize()
+  view = a[0:2]
+  keep_alive = (view + 1) * 2          # holds the node `view + 1` alive across the assign
+  before = (view + 1).realize()
+  a.assign(Tensor([10.0, 20.0, 30.0])).realize()
+  assert (view + 1).tolist() == [11.0, 21.0]
+  assert before.tolist() == [2.0, 3.0]   # a realized tensor keeps the values it was realized with
+  assert keep_alive.tolist() == [22.0, 42.0]

@@ -20,6 +20,15 @@ BIJECTIVE = frozenset({Ops.RESHAPE, Ops.PERMUTE, Ops.FLIP})
 PASS_THROUGH = frozenset({Ops.DETACH, Ops.CONTIGUOUS_BACKWARD})
 
 @dataclass
+class Schedule:
+  """Kernels in run order, the node each root's value now lives in, the realized buffers the kernels read, and the
+  buffers that `assign` overwrites (whatever was computed from their old contents is out of date afterwards)."""
+  items: list[ScheduleItem]
+  results: dict[UOp, UOp]
+  inputs: list[Buffer]
+  overwritten: list[Buffer]
+
+@dataclass
 class ScheduleItem:
   """One unit of work: a kernel (`ast` is a SINK of STOREs) or a copy (`ast` is a COPY), over `bufs` (output first)."""
   ast: UOp
@@ -110,8 +119,8 @@ def _transitive(mapping: dict[UOp, UOp]) -> dict[UOp, UOp]:
     out[k] = v
   return out
 
-def create_schedule(roots: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
-  """Kernels that realize `roots`, in run order, and a map from each root to the node that now holds its value."""
+def create_schedule(roots: list[UOp]) -> Schedule:
+  """The kernels that realize `roots`, in run order, and what realizing them reads and overwrites."""
   original_roots = roots
   roots, _ = _prepare(roots)
   if SPEC: check_tensor_graph(roots)
@@ -171,7 +180,9 @@ def create_schedule(roots: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp
   intermediates = {id(buffer_of[n].buffer) for n in outputs if n not in root_set and n.op is not Ops.ASSIGN}
   plan_memory(ordered, intermediates)
   result_map = {orig: _result_node(r, buffer_of) for orig, r in zip(original_roots, roots)}
-  return ordered, result_map
+  inputs = list({id(n.buffer): n.buffer for n in nodes if n.op is Ops.BUFFER}.values())
+  overwritten = [buffer_of[n].buffer for n in outputs if n.op is Ops.ASSIGN]
+  return Schedule(ordered, result_map, inputs, overwritten)
 
 def _safe_in_place(value: UOp, target_view: UOp, outputs: set[UOp]) -> bool:
   """`value` can be stored straight into the target's buffer: within its kernel (down to other materialized
