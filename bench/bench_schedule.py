@@ -44,6 +44,17 @@ def main():
   for item in items:
     if item.ast.op.name == "SINK": get_runner(item.bufs[0].device, item.ast)
   codegen = time.perf_counter() - codegen_start
+  # kiln's own code generation, without the C compiler: lower, linearize and render every kernel of the schedule
+  from kiln.codegen.lowerer import lower_kernel
+  from kiln.codegen.linearizer import linearize
+  from kiln.device import Device
+  renderer = Device[items[0].bufs[0].device].renderer
+  render_start = time.perf_counter()
+  kernels = [item for item in items if item.ast.op.name == "SINK"]
+  for i, item in enumerate(kernels): renderer.render(f"k{i}", linearize(lower_kernel(item.ast)))
+  render = time.perf_counter() - render_start
+  print(f"lower+linearize+render all {len(kernels)} kernels (no compiler): {render*1e3:.1f} ms "
+        f"({render / len(kernels) * 1e6:.0f} us per kernel)")
   print(f"100-layer MLP fwd+bwd: build graph {build*1e3:.1f} ms, schedule {sched*1e3:.1f} ms ({len(items)} kernels), "
         f"codegen+compile (disk-cached) {codegen*1e3:.1f} ms")
   seconds, kernels = training_step_schedule()

@@ -28,6 +28,8 @@ class Ops(enum.Enum):
   INDEX = enum.auto(); DEFINE_GLOBAL = enum.auto(); DEFINE_VAR = enum.auto(); RANGE = enum.auto(); ENDRANGE = enum.auto()
   LOAD = enum.auto(); STORE = enum.auto(); REDUCE = enum.auto(); DEFINE_ACC = enum.auto(); KERNEL = enum.auto()
   def __repr__(self) -> str: return f"Ops.{self.name}"
+  # members are singletons: identity hashing in C instead of Enum's Python-level hash of the name (a hot path)
+  __hash__ = object.__hash__
 
 class GroupOp:
   """Named sets of Ops (Unary, Binary, ALU, Comparison, Movement, ...) for asking what kind of op a node is."""
