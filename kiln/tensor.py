@@ -1236,9 +1236,14 @@ def _array_from_list(data, dtype: DType | None) -> np.ndarray:
   except ValueError as e:
     raise ValueError(f"Tensor: ragged nested lists cannot form a tensor ({e}){_where()}") from None
   if arr.dtype == object: raise TypeError(f"Tensor: cannot make a tensor from a list of {type(data[0]).__name__}{_where()}")
-  if dtype is None:
-    inferred = dtypes.from_py(data.tolist() if isinstance(data, np.ndarray) else list(data)) if arr.size else dtypes.default_float
-    dtype = inferred
+  inferred = dtype is None
+  if inferred: dtype = dtypes.from_py(list(data)) if arr.size else dtypes.default_float
+  if dtypes.is_int(dtype) and arr.size and arr.dtype.kind in "iu":
+    lo, hi = int(arr.min()), int(arr.max())
+    if not dtypes.min(dtype) <= lo <= hi <= dtypes.max(dtype):
+      # like NumPy, a Python int too large for the default int widens; an explicit dtype that cannot hold it is an error
+      if inferred and dtypes.min(dtypes.int64) <= lo <= hi <= dtypes.max(dtypes.int64): dtype = dtypes.int64
+      else: raise ValueError(f"Tensor: value {hi if hi > dtypes.max(dtype) else lo} does not fit {dtype}{_where()}")
   return arr.astype(np.float32) if dtype == dtypes.bfloat16 else arr.astype(to_numpy_dtype(dtype))
 
 def _uop_from_numpy(arr: np.ndarray, device: str, dtype: DType | None) -> UOp:

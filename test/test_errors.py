@@ -204,3 +204,9 @@ def test_reductions_of_nothing_and_bad_sizes():
   expect(ValueError, lambda: Tensor.eye(-1), "eye", "-1")
   expect(IndexError, lambda: Tensor.zeros(3, 4).softmax(5), "softmax", "(3, 4)")
   assert Tensor.zeros(0, 3).max(1).shape == (0,) and Tensor.zeros(3, 0).softmax(-1).shape == (3, 0)
+
+def test_python_ints_that_do_not_fit():
+  from kiln import dtypes
+  big = Tensor([1, 2 ** 40])   # widens to int64, like NumPy, instead of wrapping
+  assert big.dtype == dtypes.int64 and big.tolist() == [1, 2 ** 40]
+  expect(ValueError, lambda: Tensor([300], dtype=dtypes.uint8), "Tensor", "300", "uchar")
