@@ -73,8 +73,7 @@ class Tensor:
     else:
       device = _canonical_device(device)
       if isinstance(data, (bool, int, float)) and not isinstance(data, np.generic):
-        dt = dtype or dtypes.from_py(data)
-        uop = UOp.const(dt, data, device)
+        uop = UOp.const(_scalar_dtype(data, dtype, "Tensor"), data, device)
       else:
         if isinstance(data, (bytes, bytearray, memoryview)): arr = np.frombuffer(bytes(data), np.uint8)
         elif isinstance(data, np.ndarray) or isinstance(data, np.generic): arr = np.asarray(data)
@@ -224,7 +223,7 @@ class Tensor:
     [[7, 7, 7], [7, 7, 7]]
     """
     shape = _shape_arg((shape,) if isinstance(shape, int) else tuple(shape))
-    dtype = _dtype_arg(dtype, "full") if dtype is not None else dtypes.from_py(fill_value)
+    dtype = _scalar_dtype(fill_value, _dtype_arg(dtype, "full") if dtype is not None else None, "full")
     const = UOp.const(dtype, fill_value, _canonical_device(device))
     return Tensor(const.reshape((1,) * len(shape)).expand(shape), **kwargs)
 
@@ -678,7 +677,8 @@ class Tensor:
     dtype = self.dtype
     if isinstance(value, float) and not dtypes.is_float(dtype): dtype = dtypes.default_float
     elif isinstance(value, int) and not isinstance(value, bool) and dtype == dtypes.bool: dtype = dtypes.default_int
-    return Tensor.full((), value, device=self.device, dtype=dtype)
+    # an operand wraps to the tensor's int type as in C and PyTorch (x + -1 on uint8, ~x as x ^ -1)
+    return Tensor(UOp.const(dtype, value, self.device))
 
   def _broadcasted(self, other, op: str, reverse: bool = False) -> tuple[Tensor, Tensor]:
     """Both operands as tensors of one dtype and one shape (PyTorch promotion and broadcasting)."""
@@ -1229,6 +1229,15 @@ def _shape_arg(shape, allow_negative: bool = False) -> tuple[int, ...]:
     if s < 0 and not (allow_negative and s == -1): raise ValueError(f"negative size {s} in shape {tuple(shape)}{_where()}")
     out.append(int(s))
   return tuple(out)
+
+def _scalar_dtype(value, dtype: DType | None, op: str) -> DType:
+  """The dtype a Python scalar becomes: `dtype`, which must hold it, or its default (int64 for ints too big for int32)."""
+  if dtype is None:
+    dtype = dtypes.from_py(value)
+    if dtype == dtypes.default_int and not dtypes.min(dtype) <= value <= dtypes.max(dtype): dtype = dtypes.int64
+  if dtypes.is_int(dtype) and not isinstance(value, float) and not dtypes.min(dtype) <= value <= dtypes.max(dtype):
+    raise ValueError(f"{op}: value {value} does not fit {dtype}{_where()}")
+  return dtype
 
 def _array_from_list(data, dtype: DType | None) -> np.ndarray:
   try:

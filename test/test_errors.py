@@ -210,3 +210,13 @@ def test_python_ints_that_do_not_fit():
   big = Tensor([1, 2 ** 40])   # widens to int64, like NumPy, instead of wrapping
   assert big.dtype == dtypes.int64 and big.tolist() == [1, 2 ** 40]
   expect(ValueError, lambda: Tensor([300], dtype=dtypes.uint8), "Tensor", "300", "uchar")
+
+def test_python_int_scalars_that_do_not_fit():
+  from kiln import dtypes
+  assert Tensor(2 ** 40).dtype == dtypes.int64 and Tensor(2 ** 40).item() == 2 ** 40
+  assert Tensor.full((2,), 2 ** 33).tolist() == [2 ** 33] * 2
+  expect(ValueError, lambda: Tensor(300, dtype=dtypes.uint8), "Tensor", "300")
+  expect(ValueError, lambda: Tensor.full((2,), 2 ** 40, dtype=dtypes.int32), "full", str(2 ** 40))
+  # an operand of a binary op wraps to the tensor's type, as in PyTorch
+  assert (Tensor([1, 2], dtype=dtypes.int8) * 1000).tolist() == [-24, -48]
+  assert (Tensor([5, 0], dtype=dtypes.uint8) + -1).tolist() == [4, 255]
