@@ -1293,7 +1293,7 @@ def _with_user_location(fn, name: str):
   return located
 
 def _locate_tensor_errors() -> None:
-  skip = {"__repr__", "__hash__", "__weakref__", "__init_subclass__", "_wrap", "__getattribute__"}
+  skip = {"__repr__", "__hash__", "__weakref__", "__init_subclass__", "_wrap", "__getattribute__", "realize_all"}
   for attr, value in list(vars(Tensor).items()):
     if attr in skip or (attr.startswith("_") and not attr.startswith("__")): continue
     if isinstance(value, staticmethod):

@@ -220,3 +220,7 @@ def test_python_int_scalars_that_do_not_fit():
   # an operand of a binary op wraps to the tensor's type, as in PyTorch
   assert (Tensor([1, 2], dtype=dtypes.int8) * 1000).tolist() == [-24, -48]
   assert (Tensor([5, 0], dtype=dtypes.uint8) + -1).tolist() == [4, 255]
+
+def test_views_too_large_for_32_bit_indices_are_refused():
+  huge = Tensor.ones(1).reshape(1, 1).expand(70000, 70000)   # 4.9e9 elements, never allocated
+  expect(RuntimeError, lambda: huge.sum().realize(), "realize", "(70000, 70000)", "32-bit")

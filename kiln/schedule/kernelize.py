@@ -212,6 +212,10 @@ def _result_node(root: UOp, buffer_of: dict[UOp, UOp]) -> UOp:
     return buffer_view(buf, root.shape)
   return root
 
+# kernels index with 32-bit ints: every shape they see must stay below this many elements
+MAX_INDEXED_ELEMENTS = 2 ** 31 - 1
+INDEXED_OPS = frozenset({Ops.BUFFER, Ops.RESHAPE, Ops.EXPAND, Ops.PAD, Ops.REDUCE_AXIS})
+
 def _make_kernel(out_buf: UOp, value: UOp, node: UOp) -> ScheduleItem:
   """A kernel AST whose buffers are numbered parameters, so equal computations share one compiled program.
 
@@ -231,6 +235,9 @@ def _make_kernel(out_buf: UOp, value: UOp, node: UOp) -> ScheduleItem:
       # the RESHAPE keeps the (size,) shape a BUFFER has and a DEFINE_GLOBAL lacks
       params[m] = UOp(Ops.RESHAPE, m.dtype, (param_of_buffer[id(m.buffer)],), (m.arg[2],))
     if m.meta and m.meta not in metadata: metadata.append(m.meta)
+    if m.op in INDEXED_OPS and m.size > MAX_INDEXED_ELEMENTS:
+      raise RuntimeError(f"kernel for {', '.join(metadata[:2]) or 'this tensor'}: a view of shape {m.shape} has more than "
+                         f"{MAX_INDEXED_ELEMENTS} elements, which 32-bit kernel indices cannot address yet")
   value = substitute(value, params)
   if value.dtype != out_buf.dtype: value = value.cast(out_buf.dtype)
   ast = UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (out_param, value)),))
