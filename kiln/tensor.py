@@ -9,6 +9,8 @@ from kiln.helpers import prod, user_frame_location, TRACEBACK_SOURCE
 from kiln.uop.ops import UOp, Ops
 from kiln.device import Device, Buffer
 from kiln.gradient import compute_gradient, gradient_graph
+from kiln.schedule.kernelize import create_schedule, is_contiguous_buffer
+from kiln.engine.realize import run_schedule
 
 class TensorIndexError(IndexError, ValueError):
   """An index outside a tensor's shape (both an IndexError and a ValueError)."""
@@ -47,7 +49,6 @@ def _broadcast_shape(op: str, *shapes: tuple[int, ...]) -> tuple[int, ...]:
   return tuple(out)
 
 _requires_grad_tensors: weakref.WeakSet = weakref.WeakSet()
-_all_tensors: weakref.WeakSet = weakref.WeakSet()
 
 class Tensor:
   """A lazy n-dimensional array with autograd.
@@ -58,7 +59,6 @@ class Tensor:
   """
   __slots__ = ("uop", "_requires_grad", "grad", "__weakref__")
   training: bool = False
-  no_grad: bool = False
   _seed: int = 0
   _rng_counter: int = 0
 
@@ -85,7 +85,6 @@ class Tensor:
     if dtype is not None and uop.dtype != dtype: uop = uop.cast(dtype)
     self.uop = uop
     if requires_grad is not None: self.requires_grad = requires_grad
-    _all_tensors.add(self)
 
   @staticmethod
   def _wrap(uop: UOp, name: str = "") -> Tensor:
@@ -154,8 +153,6 @@ class Tensor:
   @staticmethod
   def realize_all(tensors: Sequence[Tensor]) -> None:
     """Realize all `tensors` together, scheduling their pending computations at once."""
-    from kiln.schedule.kernelize import create_schedule
-    from kiln.engine.realize import run_schedule
     todo = [(t, t.uop) for t in dict.fromkeys(tensors) if not t.uop.base.op is Ops.BUFFER]
     if not todo: return
     roots = list(dict.fromkeys(uop for _, uop in todo))
@@ -175,14 +172,13 @@ class Tensor:
 
   def schedule(self, *others: Tensor) -> list:
     """The kernels that realizing this tensor would run (nothing runs)."""
-    from kiln.schedule.kernelize import create_schedule
     return create_schedule([t.uop for t in (self, *others)]).items
 
   def _buffer(self) -> Buffer:
     """The realized buffer holding exactly this tensor's elements in row-major order."""
     self.realize()
     uop = self.uop
-    if not (uop.op is Ops.RESHAPE and uop.src[0].op is Ops.BUFFER or uop.op is Ops.BUFFER) or uop.base.size != self.numel():
+    if not is_contiguous_buffer(uop) or uop.base.size != self.numel():
       uop = self.contiguous().realize().uop
     buf = uop.base.buffer
     return buf.allocate()
@@ -1208,7 +1204,11 @@ def _graphs_needing_gradients(roots: list[UOp]) -> set[UOp]:
   """The roots whose graphs contain a tensor that requires a gradient (empty when no tensor does)."""
   if not _requires_grad_tensors: return set()
   wanted = {t._grad_identity() for t in list(_requires_grad_tensors)}
-  return {r for r in roots if any(n in wanted for n in gradient_graph(r, whole=True))}
+  reaches: set[UOp] = set()   # one pass over all roots' graphs, not one walk per root
+  for node in gradient_graph(UOp(Ops.SINK, dtypes.void, tuple(roots)), whole=True):
+    if node in wanted or any(s in reaches for s in ((node.origin,) if node.origin is not None else node.src)):
+      reaches.add(node)
+  return reaches & set(roots)
 
 def _sum_dtype(dt: DType) -> DType:
   if dt == dtypes.bool or (dtypes.is_int(dt) and dt.itemsize < 4): return dtypes.uint32 if dtypes.is_unsigned(dt) else dtypes.int32

@@ -54,8 +54,7 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
   key = (device, ast)
   if (runner := _runner_cache.get(key)) is not None: return runner
   dev = Device[device]
-  base_name = kernel_name(ast)
-  name = base_name
+  name = kernel_name(ast)
   lowered = lower_kernel(ast)
   if SPEC: check_lowered(lowered)
   uops = linearize(lowered)
@@ -71,19 +70,13 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
   _runner_cache[key] = runner
   return runner
 
-def run_copy(dst: Buffer, src: Buffer) -> None:
-  """Copy `src` into `dst` through host memory (devices may share it)."""
-  data = memoryview(bytearray(src.nbytes))
-  src.copyout(data)
-  dst.copyin(data)
-
 def run_schedule(items: list[ScheduleItem], var_vals: dict | None = None) -> None:
   """Run each item in order, allocating its buffers first."""
   for item in items:
     for b in item.bufs: b.allocate()
     if item.ast.op is Ops.COPY:
       start = time.perf_counter()
-      run_copy(item.bufs[0], item.bufs[1])
+      item.bufs[0].copy_from(item.bufs[1])
       elapsed = time.perf_counter() - start
       GlobalCounters.global_mem += item.bufs[0].nbytes
       if DEBUG >= 2: print(f"*** {item.bufs[0].device:7s} copy {item.bufs[0].nbytes:10d} bytes from {item.bufs[1].device}"

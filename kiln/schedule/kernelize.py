@@ -1,9 +1,10 @@
 """The scheduler: cuts a tensor graph into kernels.
 
-Buffers are materialized at the realized roots, `contiguous()`, `assign`, device copies, and at reductions whose
-result is broadcast, shared, or fed into another reduction. Everything else is fused: elementwise chains into one
-kernel, elementwise producers into the reduction that consumes them, and a reduction into its elementwise
-consumer when the consumer only reshapes or permutes the reduced result.
+Buffers are materialized at the realized roots, `contiguous()`, `assign`, device copies, at reductions whose
+result is broadcast, used by more than one kernel, or fed into another reduction, at costly elementwise values that
+are broadcast (instead of recomputing them per copy), and at an assign's value when it reads the target through
+another view. Everything else is fused: elementwise chains into one kernel, elementwise producers into the reduction
+that consumes them, and a reduction into its elementwise consumer when the path only reshapes, permutes or flips.
 """
 from __future__ import annotations
 from dataclasses import dataclass, field
@@ -102,15 +103,15 @@ def _costly(value: UOp, outputs: set[UOp]) -> bool:
         stack.append(s)
   return False
 
-def _prepare(roots: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp]]:
+def _prepare(roots: list[UOp]) -> list[UOp]:
   """Replace realized nodes by their buffers and drop DETACH/CONTIGUOUS_BACKWARD."""
   mapping: dict[UOp, UOp] = {}
   for node in toposort(roots, stop=lambda u: u.forward is not None):
     if node.forward is not None: mapping[node] = resolve(node)
     elif node.op in PASS_THROUGH: mapping[node] = mapping.get(node.src[0], node.src[0])
-  if not mapping: return roots, {}
+  if not mapping: return roots
   sink = substitute(UOp(Ops.SINK, dtypes.void, tuple(roots)), _transitive(mapping))
-  return list(sink.src), mapping
+  return list(sink.src)
 
 def _transitive(mapping: dict[UOp, UOp]) -> dict[UOp, UOp]:
   out = {}
@@ -122,7 +123,7 @@ def _transitive(mapping: dict[UOp, UOp]) -> dict[UOp, UOp]:
 def create_schedule(roots: list[UOp]) -> Schedule:
   """The kernels that realize `roots`, in run order, and what realizing them reads and overwrites."""
   original_roots = roots
-  roots, _ = _prepare(roots)
+  roots = _prepare(roots)
   if SPEC: check_tensor_graph(roots)
   nodes = toposort(roots)
   users = _consumers(nodes)
@@ -173,9 +174,9 @@ def create_schedule(roots: list[UOp]) -> Schedule:
     value = substitute(value, inner_views) if inner_views else value
     if n.op is Ops.ASSIGN and value.op is Ops.RESHAPE and value.src[0] is out_buf: continue   # x.assign(x)
     if n.size == 0: continue
-    items.append((n, _make_kernel(out_buf, value, n)))
+    items.append((n, _make_kernel(out_buf, value)))
 
-  ordered = _order(items, buffer_of)
+  ordered = _order(items)
   root_set = set(roots)
   intermediates = {id(buffer_of[n].buffer) for n in outputs if n not in root_set and n.op is not Ops.ASSIGN}
   plan_memory(ordered, intermediates)
@@ -216,7 +217,7 @@ def _result_node(root: UOp, buffer_of: dict[UOp, UOp]) -> UOp:
 MAX_INDEXED_ELEMENTS = 2 ** 31 - 1
 INDEXED_OPS = frozenset({Ops.BUFFER, Ops.RESHAPE, Ops.EXPAND, Ops.PAD, Ops.REDUCE_AXIS})
 
-def _make_kernel(out_buf: UOp, value: UOp, node: UOp) -> ScheduleItem:
+def _make_kernel(out_buf: UOp, value: UOp) -> ScheduleItem:
   """A kernel AST whose buffers are numbered parameters, so equal computations share one compiled program.
 
   Parameters are given per Buffer object, not per BUFFER node: two nodes over one Buffer (an assigned tensor and
@@ -243,7 +244,7 @@ def _make_kernel(out_buf: UOp, value: UOp, node: UOp) -> ScheduleItem:
   ast = UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (out_param, value)),))
   return ScheduleItem(ast, bufs, tuple(metadata))
 
-def _order(items: list[tuple[UOp, ScheduleItem]], buffer_of: dict[UOp, UOp]) -> list[ScheduleItem]:
+def _order(items: list[tuple[UOp, ScheduleItem]]) -> list[ScheduleItem]:
   """Run order: producers before consumers, and every read of a buffer before an assign overwrites it."""
   assign_bit = {node: 1 << i for i, (node, _) in enumerate(items) if node.op is Ops.ASSIGN}
   # which assigns each node depends on, as a bitmask (one pass over the graph)
