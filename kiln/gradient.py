@@ -35,6 +35,9 @@ def grad_reduce_prod(g: UOp, x: UOp, ret: UOp):
   others = zero.where(only_zero.where(nonzero_prod, x.full_like(0.0)), ret.expand(x.shape) / zero.where(x.full_like(1.0), x))
   return (g.expand(x.shape) * others,)
 
+# the gradient of a reduction by its op: a sum broadcasts the gradient back over the reduced axes
+REDUCE_GRADIENTS = {Ops.ADD: lambda g, x, ret: (g.expand(x.shape),), Ops.MAX: grad_reduce_max, Ops.MUL: grad_reduce_prod}
+
 def grad_pow(g: UOp, a: UOp, b: UOp, ret: UOp):
   """a**b: d/da = b*a**(b-1), d/db = a**b*ln(a) (0 where a <= 0)"""
   da = g * b * a.alu(Ops.POW, b - b.full_like(1.0))
@@ -67,9 +70,7 @@ gradient_rules = PatternMatcher([
   (UPat(Ops.SHRINK, src=(UPat.var("x"),), name="ret"),
    lambda ctx, x, ret: (ctx.pad(tuple((b, s - e) for (b, e), s in zip(ret.arg, x.shape))),)),
   (UPat(Ops.FLIP, src=(UPat.var("x"),), name="ret"), lambda ctx, x, ret: (ctx.flip(ret.arg),)),
-  (UPat(Ops.REDUCE_AXIS, src=(UPat.var("x"),), name="ret"),
-   lambda ctx, x, ret: (ctx.expand(x.shape),) if ret.arg[0] is Ops.ADD else
-   grad_reduce_max(ctx, x, ret) if ret.arg[0] is Ops.MAX else grad_reduce_prod(ctx, x, ret)),
+  (UPat(Ops.REDUCE_AXIS, src=(UPat.var("x"),), name="ret"), lambda ctx, x, ret: REDUCE_GRADIENTS[ret.arg[0]](ctx, x, ret)),
   (UPat((Ops.CONTIGUOUS, Ops.ASSIGN), name="ret"), lambda ctx, ret: (ctx,) + (None,) * (len(ret.src) - 1)),
   (UPat(Ops.CONTIGUOUS_BACKWARD), lambda ctx: (UOp(Ops.CONTIGUOUS, ctx.dtype, (ctx,)),)),
   (UPat(Ops.COPY, src=(UPat.var("x"),)), lambda ctx, x: (ctx.copy_to(x.device),)),

@@ -982,8 +982,7 @@ class Tensor:
   def _reduce(self, op: Ops, axis, keepdim: bool, name: str) -> Tensor:
     axes = self._reduce_axes(axis, name)
     out = Tensor._wrap(self.uop.r(op, axes), name)
-    if keepdim: return out
-    return out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+    return out if keepdim else out._squeeze_axes(axes)
 
   def sum(self, axis=None, keepdim: bool = False, dtype: DType | None = None) -> Tensor:
     """Sum over `axis` (all axes by default). Small ints and bools accumulate in int32; half floats in float32.
@@ -1069,8 +1068,8 @@ class Tensor:
     m = self._reduce(Ops.MAX, axis, True, "logsumexp").detach()
     m = m.isinf().where(0, m)
     out = (self - m).exp().sum(axis, keepdim=True).log() + m
-    return out if keepdim else out.squeeze_axes(self._reduce_axes(axis, "logsumexp"))
-  def squeeze_axes(self, axes) -> Tensor:
+    return out if keepdim else out._squeeze_axes(self._reduce_axes(axis, "logsumexp"))
+  def _squeeze_axes(self, axes) -> Tensor:
     """This tensor without the axes in `axes` (each must have size 1)."""
     return self.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
   def softmax(self, axis: int = -1) -> Tensor:

@@ -68,7 +68,10 @@ def test_10000_node_graph_realizes_and_differentiates():
   for i in range(10_000): y = y * 1.0001 if i % 2 else y + 0.5
   (grad,) = y.sum().gradient(a)
   assert len(grad.schedule()) == 1
-  assert y.numpy().shape == (4,) and grad.numpy().shape == (4,)
+  want_y = 1.0
+  for i in range(10_000): want_y = want_y * 1.0001 if i % 2 else want_y + 0.5
+  assert_close(y.numpy(), np.full(4, want_y), "10,000-op chain", 0, 1e-3)
+  assert_close(grad.numpy(), np.full(4, 1.0001 ** 5000), "its gradient", 0, 1e-3)   # each *1.0001 scales d/da
 
 def test_softmax_kernels_and_values():
   xn = RNG.standard_normal((8, 33)).astype(np.float32) * 4
