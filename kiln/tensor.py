@@ -164,7 +164,9 @@ class Tensor:
       if new is not old:
         if old.op is not Ops.ASSIGN:
           old.forward = new
-          for buf in schedule.inputs: _computed_from.setdefault(buf, weakref.WeakSet()).add(old)
+          for buf in schedule.inputs:
+            if (readers := _computed_from.get(buf)) is None: readers = _computed_from[buf] = weakref.WeakSet()
+            readers.add(old)
           # the realized node remembers its graph, so backward() still reaches the parameters behind it
           if old in differentiable and new.origin is None: new.origin = old
         t.uop = new
