@@ -4,53 +4,30 @@ import functools, math, weakref
 from contextlib import contextmanager
 from typing import Any, Sequence
 import numpy as np
-from kiln.dtype import DType, dtypes, least_upper_dtype, to_dtype, to_numpy_dtype, from_numpy_dtype
+from kiln.dtype import DType, dtypes, least_upper_dtype, to_numpy_dtype, from_numpy_dtype
 from kiln.helpers import prod, user_frame_location, TRACEBACK_SOURCE
 from kiln.uop.ops import UOp, Ops
-from kiln.device import Device, Buffer
+from kiln.device import Buffer
 from kiln.gradient import compute_gradient, gradient_graph
 from kiln.schedule.kernelize import create_schedule, is_contiguous_buffer
 from kiln.engine.realize import run_schedule
-
-class TensorIndexError(IndexError, ValueError):
-  """An index outside a tensor's shape (both an IndexError and a ValueError)."""
-
-def _where() -> str:
-  loc = user_frame_location()
-  return f" (at {loc})" if loc else ""
-
-def _dtype_arg(dtype, op: str) -> DType:
-  """`dtype` as a DType, or a TypeError naming the op and the user's line."""
-  try: return to_dtype(dtype)
-  except TypeError as e: raise TypeError(f"{op}: {e}{_where()}") from None
-
-def _fmt(shape) -> str: return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
-
-_known_devices: list[str] = []
-
-def _canonical_device(device: str | None) -> str:
-  """`device` in canonical form ('cpu' -> 'CPU'); a ValueError for a device kiln has no runtime for."""
-  if device is None: return Device.DEFAULT
-  name = Device.canonicalize(device)
-  if not _known_devices: _known_devices.extend(Device.known())
-  if name.partition(":")[0] not in _known_devices:
-    raise ValueError(f"unknown device {device!r}; known devices: {', '.join(_known_devices)}{_where()}")
-  return name
-
-def _broadcast_shape(op: str, *shapes: tuple[int, ...]) -> tuple[int, ...]:
-  ndim = max(len(s) for s in shapes)
-  padded = [(1,) * (ndim - len(s)) + tuple(s) for s in shapes]
-  out = []
-  for sizes in zip(*padded):
-    non_one = {s for s in sizes if s != 1}
-    if len(non_one) > 1:
-      raise ValueError(f"{op}: shapes {' and '.join(_fmt(s) for s in shapes)} cannot be broadcast together{_where()}")
-    out.append(non_one.pop() if non_one else 1)
-  return tuple(out)
+from kiln.mixin.creation import CreationMixin
+from kiln.mixin.movement import MovementMixin
+from kiln.mixin.indexing import IndexingMixin
+from kiln.mixin.elementwise import ElementwiseMixin
+from kiln.mixin.reduce import ReduceMixin
+from kiln.mixin.conv import ConvMixin
+from kiln.mixin.nn import NNMixin
+from kiln.mixin.sorting import SortMixin
+from kiln.mixin.linalg import LinalgMixin
+from kiln.mixin.bytes import BytesMixin
+from kiln.mixin.common import TensorIndexError, where as _where, fmt as _fmt, dtype_arg as _dtype_arg, \
+  canonical_device as _canonical_device, broadcast_shape as _broadcast_shape
 
 _requires_grad_tensors: weakref.WeakSet = weakref.WeakSet()
 
-class Tensor:
+class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, ReduceMixin, ConvMixin, NNMixin, SortMixin,
+             LinalgMixin, BytesMixin):
   """A lazy n-dimensional array with autograd.
 
   >>> from kiln import Tensor
@@ -383,12 +360,6 @@ class Tensor:
     """
     dtype = _dtype_arg(dtype, "cast")
     return self if self.dtype == dtype else Tensor._wrap(self.uop.cast(dtype), "cast")
-  def bitcast(self, dtype: DType | str) -> Tensor:
-    """The same bits read as `dtype` (same item size)."""
-    dtype = _dtype_arg(dtype, "bitcast")
-    if dtype.itemsize != self.dtype.itemsize:
-      raise ValueError(f"bitcast: {self.dtype} and {dtype} differ in size{_where()}")
-    return Tensor._wrap(UOp(Ops.BITCAST, dtype, (self.uop,)), "bitcast")
   def float(self) -> Tensor:
     """This tensor cast to float32."""
     return self.cast(dtypes.float32)
@@ -544,26 +515,6 @@ class Tensor:
       if not 0 <= b <= e <= s: raise ValueError(f"shrink: bounds {bounds} do not fit shape {_fmt(self.shape)}{_where()}")
     return Tensor._wrap(self.uop.shrink(bounds), "shrink")
 
-  def pad(self, padding, mode: str = "constant", value: float = 0.0) -> Tensor:
-    """Pad with `value`. `padding` is ((before, after), ...) per axis, or flat PyTorch-style (last axis first)."""
-    if mode != "constant": raise NotImplementedError(f"pad: mode {mode!r} is not supported yet (only 'constant')")
-    padding = tuple(padding)
-    if padding and all(isinstance(p, int) for p in padding):
-      if len(padding) % 2 or len(padding) // 2 > self.ndim:
-        raise ValueError(f"pad: flat padding {padding} needs an even length up to 2*{self.ndim}{_where()}")
-      pairs = [(padding[i], padding[i + 1]) for i in range(0, len(padding), 2)]
-      padding = tuple([(0, 0)] * (self.ndim - len(pairs)) + list(reversed(pairs)))
-    padding = tuple((0, 0) if p is None else (int(p[0]), int(p[1])) for p in padding)
-    if len(padding) != self.ndim: raise ValueError(f"pad: {len(padding)} pairs for a {self.ndim}-d tensor{_where()}")
-    x = self
-    if any(b < 0 or a < 0 for b, a in padding):   # negative padding crops
-      x = x.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(padding, x.shape)))
-      padding = tuple((max(b, 0), max(a, 0)) for b, a in padding)
-    out = Tensor._wrap(x.uop.pad(padding), "pad")
-    if value == 0: return out
-    inside = Tensor._wrap(Tensor.full(x.shape, True, device=x.device).uop.pad(padding), "pad")
-    return inside.where(out, value)
-
   def squeeze(self, dim: int | None = None) -> Tensor:
     """Remove size-1 axes (all, or just `dim`)."""
     if dim is None: return self.reshape(tuple(s for s in self.shape if s != 1))
@@ -587,88 +538,6 @@ class Tensor:
     if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool) or not -ndim <= axis < ndim:
       raise TensorIndexError(f"{op}: axis {axis!r} is out of range for shape {_fmt(self.shape)}{_where()}")
     return int(axis) + ndim if axis < 0 else int(axis)
-
-  def __getitem__(self, index) -> Tensor:
-    """Indexing with ints, slices (any step), None and Ellipsis, or one int list/tensor index beside slices.
-
-    >>> t = Tensor.arange(12).reshape(3, 4)
-    >>> t[1].tolist()
-    [4, 5, 6, 7]
-    >>> t[-1, 1:3].tolist()
-    [9, 10]
-    >>> t[:, ::2].tolist()
-    [[0, 2], [4, 6], [8, 10]]
-    >>> t[[2, 0], 0].tolist()
-    [8, 0]
-    """
-    index = index if isinstance(index, tuple) else (index,)
-    if any(isinstance(i, (Tensor, list)) for i in index):
-      return self._fancy_getitem(index)
-    n_real = sum(1 for i in index if i is not None and i is not Ellipsis)
-    if sum(1 for i in index if i is Ellipsis) > 1: raise TensorIndexError(f"getitem: more than one Ellipsis{_where()}")
-    if n_real > self.ndim:
-      raise TensorIndexError(f"getitem: too many indices ({n_real}) for a tensor of shape {_fmt(self.shape)}{_where()}")
-    if Ellipsis in index:
-      at = index.index(Ellipsis)
-      index = index[:at] + (slice(None),) * (self.ndim - n_real) + index[at + 1:]
-    else: index = index + (slice(None),) * (self.ndim - n_real)
-    x, axis, out_shape = self, 0, []
-    bounds, flips, strides, keep = [], [], [], []
-    for i in index:
-      if i is None:
-        out_shape.append(1)
-        continue
-      size = self.shape[axis]
-      if isinstance(i, (int, np.integer)) and not isinstance(i, bool):
-        i = int(i)
-        if not -size <= i < size:
-          raise TensorIndexError(f"getitem: index {i} is out of range for axis {axis} of size {size} "
-                                 f"(shape {_fmt(self.shape)}){_where()}")
-        i = i + size if i < 0 else i
-        bounds.append((i, i + 1)); flips.append(False); strides.append(1); keep.append(False)
-      elif isinstance(i, slice):
-        start, stop, step = i.indices(size)
-        if step > 0: count = max(0, -(-(stop - start) // step)); lo = start
-        else: count = max(0, -(-(start - stop) // -step)); lo = start + (count - 1) * step if count else 0
-        span = (count - 1) * abs(step) + 1 if count else 0
-        bounds.append((lo, lo + span)); flips.append(step < 0); strides.append(abs(step)); keep.append(True)
-        out_shape.append(count)
-      else:
-        raise TypeError(f"getitem: unsupported index {i!r} of type {type(i).__name__}{_where()}")
-      axis += 1
-    x = x.shrink(bounds)
-    if any(flips): x = x.flip(tuple(a for a, f in enumerate(flips) if f))
-    if any(s > 1 for s in strides):
-      # take every s-th element: pad each strided axis to a multiple of s, split it, keep the first of each group
-      padded = x.pad(tuple((0, (-n) % s if n else 0) for n, s in zip(x.shape, strides)))
-      split_shape = []
-      for n, s in zip(padded.shape, strides): split_shape += [n // s, s]
-      x = padded.reshape(split_shape).shrink(tuple(b for n, s in zip(padded.shape, strides) for b in ((0, n // s), (0, 1))))
-    return x.reshape(tuple(out_shape))
-
-  def _fancy_getitem(self, index) -> Tensor:
-    """Integer-tensor indexing on one axis: `t[idx]`, `t[:, idx]` (via one-hot sums)."""
-    positions = [k for k, i in enumerate(index) if isinstance(i, (Tensor, list))]
-    if len(positions) != 1 or any(i is None or i is Ellipsis for i in index):
-      raise NotImplementedError("getitem: only one tensor/list index together with slices is supported so far")
-    axis = positions[0]
-    if isinstance(index[axis], list):
-      size = self.shape[axis] if axis < self.ndim else 0
-      bad = [i for i in np.array(index[axis]).reshape(-1).tolist() if not -size <= i < size]
-      if bad: raise TensorIndexError(f"getitem: index {bad[0]} is out of range for axis {axis} of size {size} "
-                                     f"(shape {_fmt(self.shape)}){_where()}")
-    idx = index[axis] if isinstance(index[axis], Tensor) else Tensor(index[axis], device=self.device, dtype=dtypes.int32)
-    rest = self[tuple(slice(None) if k == axis else i for k, i in enumerate(index))]
-    size = rest.shape[axis]
-    idx = (idx < 0).where(idx + size, idx)
-    one_hot = idx.unsqueeze(-1) == Tensor.arange(size, device=self.device)                 # idx.shape + (size,)
-    moved = rest.permute((axis,) + tuple(a for a in range(rest.ndim) if a != axis))        # (size, *others)
-    expanded = moved.reshape((1,) * idx.ndim + moved.shape)
-    weights = one_hot.reshape(one_hot.shape + (1,) * (moved.ndim - 1))
-    picked = (weights.where(expanded, 0)).sum(idx.ndim)
-    order = list(range(idx.ndim, picked.ndim))
-    out = picked.permute(order[:axis] + list(range(idx.ndim)) + order[axis:])
-    return out.cast(self.dtype)
 
   # ---------------- elementwise ----------------
   def _const_like(self, value) -> Tensor:
@@ -849,11 +718,6 @@ class Tensor:
     shape = _broadcast_shape("where", cond.shape, x.shape, y.shape)
     cond, x, y = cond._broadcast_to(shape), x._broadcast_to(shape), y._broadcast_to(shape)
     return Tensor._wrap(cond.uop.alu(Ops.WHERE, x.uop, y.uop), "where")
-  def masked_fill(self, mask: Tensor, value) -> Tensor:
-    """`value` where `mask` is true, else this tensor's values."""
-    return mask.where(value, self)
-
-  # unary math
   def exp(self) -> Tensor:
     """Elementwise e**x (ints become floats)."""
     return (self._as_float() * (1 / math.log(2)))._unary(Ops.EXP2, "exp")
@@ -1118,22 +982,6 @@ class Tensor:
     for layer in layers: x = layer(x)
     return x
 
-  # ---------------- losses ----------------
-  def sparse_categorical_crossentropy(self, Y: Tensor, ignore_index: int = -1, label_smoothing: float = 0.0) -> Tensor:
-    """Cross-entropy of logits `self` (N, C) against integer class labels `Y` (N,)."""
-    log_probs = self.log_softmax(-1)
-    classes = Tensor.arange(self.shape[-1], device=self.device)
-    target = (Y.unsqueeze(-1) == classes)
-    keep = (Y != ignore_index).unsqueeze(-1)
-    smooth = label_smoothing / self.shape[-1]
-    weights = target.where(1.0 - label_smoothing + smooth, smooth) * keep
-    return -(log_probs * weights).sum() / keep.sum().maximum(1)
-  def cross_entropy(self, Y: Tensor, reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
-    """Cross-entropy with class-index or probability targets."""
-    if Y.ndim == self.ndim - 1: return self.sparse_categorical_crossentropy(Y, label_smoothing=label_smoothing)
-    loss = -(self.log_softmax(-1) * Y).sum(-1)
-    return loss.mean() if reduction == "mean" else loss.sum() if reduction == "sum" else loss
-
   # ---------------- autograd ----------------
   def gradient(self, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:
     """Gradients of this (scalar) tensor with respect to `targets`, as lazy tensors."""
@@ -1186,12 +1034,6 @@ class Tensor:
     previous, Tensor.training = Tensor.training, not mode
     try: yield
     finally: Tensor.training = previous
-
-  def dropout(self, p: float = 0.5) -> Tensor:
-    """Zero each element with probability p while training (scaling the rest by 1/(1-p))."""
-    if not Tensor.training or p == 0: return self
-    keep = Tensor.rand(*self.shape, device=self.device) >= p
-    return keep.where(self, 0) * (1 / (1 - p))
 
 # realized graph nodes (whose `forward` points at their result) by the buffers they were computed from
 _computed_from: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -1295,11 +1137,16 @@ def _with_user_location(fn, name: str):
 
 def _locate_tensor_errors() -> None:
   skip = {"__repr__", "__hash__", "__weakref__", "__init_subclass__", "_wrap", "__getattribute__", "realize_all"}
-  for attr, value in list(vars(Tensor).items()):
-    if attr in skip or (attr.startswith("_") and not attr.startswith("__")): continue
-    if isinstance(value, staticmethod):
-      setattr(Tensor, attr, staticmethod(_with_user_location(value.__func__, attr.strip("_"))))
-    elif callable(value) and not isinstance(value, type):
-      setattr(Tensor, attr, _with_user_location(value, attr.strip("_")))
+  seen: set[str] = set()
+  for cls in Tensor.__mro__[:-1]:   # Tensor first, then its mixins; the first definition of a name wins
+    for attr, value in list(vars(cls).items()):
+      if attr in seen or attr in skip or (attr.startswith("_") and not attr.startswith("__")): continue
+      seen.add(attr)
+      if isinstance(value, staticmethod):
+        setattr(Tensor, attr, staticmethod(_with_user_location(value.__func__, attr.strip("_"))))
+      elif isinstance(value, classmethod):
+        setattr(Tensor, attr, classmethod(_with_user_location(value.__func__, attr.strip("_"))))
+      elif callable(value) and not isinstance(value, type):
+        setattr(Tensor, attr, _with_user_location(value, attr.strip("_")))
 
 _locate_tensor_errors()

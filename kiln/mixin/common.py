@@ -1,0 +1,41 @@
+"""What every Tensor module shares: located error messages, shape formatting, argument checks."""
+from __future__ import annotations
+from kiln.dtype import DType, to_dtype
+from kiln.helpers import user_frame_location
+from kiln.device import Device
+
+class TensorIndexError(IndexError, ValueError):
+  """An index outside a tensor's shape (both an IndexError and a ValueError)."""
+
+def where() -> str:
+  loc = user_frame_location()
+  return f" (at {loc})" if loc else ""
+
+def dtype_arg(dtype, op: str) -> DType:
+  """`dtype` as a DType, or a TypeError naming the op and the user's line."""
+  try: return to_dtype(dtype)
+  except TypeError as e: raise TypeError(f"{op}: {e}{where()}") from None
+
+def fmt(shape) -> str: return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+
+_known_devices: list[str] = []
+
+def canonical_device(device: str | None) -> str:
+  """`device` in canonical form ('cpu' -> 'CPU'); a ValueError for a device kiln has no runtime for."""
+  if device is None: return Device.DEFAULT
+  name = Device.canonicalize(device)
+  if not _known_devices: _known_devices.extend(Device.known())
+  if name.partition(":")[0] not in _known_devices:
+    raise ValueError(f"unknown device {device!r}; known devices: {', '.join(_known_devices)}{where()}")
+  return name
+
+def broadcast_shape(op: str, *shapes: tuple[int, ...]) -> tuple[int, ...]:
+  ndim = max(len(s) for s in shapes)
+  padded = [(1,) * (ndim - len(s)) + tuple(s) for s in shapes]
+  out = []
+  for sizes in zip(*padded):
+    non_one = {s for s in sizes if s != 1}
+    if len(non_one) > 1:
+      raise ValueError(f"{op}: shapes {' and '.join(fmt(s) for s in shapes)} cannot be broadcast together{where()}")
+    out.append(non_one.pop() if non_one else 1)
+  return tuple(out)
