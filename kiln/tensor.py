@@ -102,8 +102,16 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     return self.shape[0]
   @property
   def requires_grad(self) -> bool | None:
-    """Whether backward() accumulates a gradient into this tensor's .grad (None: not set)."""
-    return self._requires_grad
+    """Whether backward() gives this tensor a .grad: as set, or for a computed tensor True when it was computed
+    (differentiably) from one that requires a gradient, as in tinygrad and PyTorch; None when nothing says.
+
+    >>> x = Tensor([1.0, 2.0], requires_grad=True)
+    >>> (x * 2).requires_grad, (x * 2).detach().requires_grad
+    (True, None)
+    """
+    if self._requires_grad is not None or not _requires_grad_tensors: return self._requires_grad
+    wanted = {t._grad_identity() for t in list(_requires_grad_tensors)}
+    return True if any(node in wanted for node in gradient_graph(self.uop)) else None
   @requires_grad.setter
   def requires_grad(self, value: bool | None) -> None:
     """Set whether backward() accumulates a gradient into this tensor's .grad."""
@@ -152,6 +160,9 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
   def schedule(self, *others: Tensor) -> list:
     """The kernels that realizing this tensor would run (nothing runs)."""
     return create_schedule([t.uop for t in (self, *others)]).items
+  def kernelize(self, *others: Tensor) -> Tensor:
+    """Accepted for tinygrad scripts; kiln decides kernel boundaries at realize(), so this returns self unchanged."""
+    return self
 
   def _buffer(self) -> Buffer:
     """The realized buffer holding exactly this tensor's elements in row-major order."""

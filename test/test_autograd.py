@@ -37,3 +37,34 @@ def test_no_graph_kept_without_gradients():
   for _ in range(3): x = (x + 1).realize()
   assert x.uop.origin is None   # nothing needs a gradient: realized values do not hold on to their graphs
   np.testing.assert_allclose(x.numpy(), X + 3)
+
+def test_requires_grad_propagates_like_torch():
+  x, y = Tensor(X, requires_grad=True), Tensor(W)
+  tx, ty = torch.tensor(X, requires_grad=True), torch.tensor(W)
+  cases = [(lambda a, b: a * b, True), (lambda a, b: (a @ b).sum(), True), (lambda a, b: b + 1, False),
+           (lambda a, b: a.detach() * b, False), (lambda a, b: a > b, False)]
+  for fn, want in cases:
+    assert bool(fn(x, y).requires_grad) == fn(tx, ty).requires_grad == want
+  assert y.requires_grad is None and x.requires_grad is True
+
+def test_train_and_test_as_context_and_decorator():
+  assert Tensor.training is False
+  with Tensor.train():
+    assert Tensor.training is True
+    with Tensor.test(): assert Tensor.training is False
+    assert Tensor.training is True
+  @Tensor.train()
+  def step(): return Tensor.training
+  assert step() is True and Tensor.training is False
+  x = Tensor.ones(1000)
+  assert x.dropout(0.5).numpy().tolist() == [1.0] * 1000   # no dropout outside training
+  with Tensor.train():
+    kept = x.dropout(0.5).numpy()
+  assert set(np.unique(kept).tolist()) == {0.0, 2.0} and 350 < (kept > 0).sum() < 650
+
+def test_contiguous_backward_keeps_values_and_gradients():
+  w = Tensor(W, requires_grad=True)
+  loss = ((Tensor(X) @ w).contiguous_backward() * 3).relu().sum()
+  loss.backward()
+  np.testing.assert_allclose(loss.numpy(), float(np.maximum((X @ W) * 3, 0).sum()))
+  np.testing.assert_allclose(w.grad.numpy(), torch_grad(lambda x, w: ((x @ w) * 3).relu().sum()))
