@@ -13,7 +13,7 @@ a renderer (uop list -> source), a compiler (source -> binary) and a runtime cla
 from __future__ import annotations
 import collections, hashlib, importlib, os, pathlib, tempfile
 from typing import Any, Callable
-from kiln.dtype import DType, dtypes, to_numpy_dtype
+from kiln.dtype import DType, dtypes, to_numpy_dtype, fp8_to_float32
 from kiln.helpers import CACHELEVEL, DEBUG, GlobalCounters, cache_dir
 
 # ---------------- allocators ----------------
@@ -158,6 +158,7 @@ class Buffer:
     out = np.empty(self.size, dtype=to_numpy_dtype(self.dtype))
     if self.nbytes: self.copyout(memoryview(out.view(np.uint8)))
     if self.dtype == dtypes.bfloat16: return (out.astype(np.uint32) << 16).view(np.float32)
+    if self.dtype in dtypes.fp8s: return fp8_to_float32(out, self.dtype)
     return out
 
   def __del__(self):

@@ -18,6 +18,14 @@ class DType:
   def bitsize(self) -> int:
     """The size of one element in bits."""
     return self.itemsize * 8
+  @property
+  def min(self):
+    """The smallest value of this dtype (as `dtypes.min`)."""
+    return dtypes.min(self)
+  @property
+  def max(self):
+    """The largest value of this dtype (as `dtypes.max`)."""
+    return dtypes.max(self)
 
 class dtypes:
   """The namespace of all dtypes, with classification helpers."""
@@ -31,20 +39,29 @@ class dtypes:
   uint32 = DType(6, 4, "uint", "I")
   int64 = DType(7, 8, "long", "q")
   uint64 = DType(8, 8, "ulong", "Q")
-  float16 = DType(9, 2, "half", "e")
-  bfloat16 = DType(10, 2, "bfloat16", None)
-  float32 = DType(11, 4, "float", "f")
-  float64 = DType(12, 8, "double", "d")
+  # OCP 8-bit floats: e4m3 ("fn": no inf, NaN = S.1111.111, max 448) and e5m2 (IEEE-like, with inf, max 57344)
+  fp8e4m3 = DType(9, 1, "fp8e4m3", None)
+  fp8e5m2 = DType(10, 1, "fp8e5m2", None)
+  float16 = DType(11, 2, "half", "e")
+  bfloat16 = DType(12, 2, "bfloat16", None)
+  float32 = DType(13, 4, "float", "f")
+  float64 = DType(14, 8, "double", "d")
   # aliases
   half, float, double = float16, float32, float64
   uchar, char, short, ushort, int, uint, long, ulong = uint8, int8, int16, uint16, int32, uint32, int64, uint64
   default_float: DType = float32
   default_int: DType = int32
   index: DType = int32
+  fp8s = (fp8e4m3, fp8e5m2)
+  floats = fp8s + (float16, bfloat16, float32, float64)
+  uints = (uint8, uint16, uint32, uint64)
+  sints = (int8, int16, int32, int64)
+  ints = uints + sints
+  all = floats + ints + (bool,)
 
   @staticmethod
   def is_float(x: DType) -> bool:
-    """True for the floating-point dtypes (float16, bfloat16, float32, float64)."""
+    """True for the floating-point dtypes (fp8e4m3, fp8e5m2, float16, bfloat16, float32, float64)."""
     return x in FLOATS
   @staticmethod
   def is_int(x: DType) -> bool:
@@ -67,19 +84,46 @@ class dtypes:
     if isinstance(x, (list, tuple)): return max((dtypes.from_py(v) for v in x), default=dtypes.default_float)
     raise TypeError(f"cannot infer a dtype from {type(x).__name__} {x!r}")
   @staticmethod
+  def as_const(value, dt: DType):
+    """`value` as the Python type of `dt` (int, float or bool); a tuple converts elementwise.
+
+    >>> dtypes.as_const(2.7, dtypes.int32), dtypes.as_const(3, dtypes.float32), dtypes.as_const(2, dtypes.bool)
+    (2, 3.0, True)
+    """
+    if isinstance(value, tuple): return tuple(dtypes.as_const(v, dt) for v in value)
+    if dtypes.is_int(dt): return int(value)
+    return float(value) if dtypes.is_float(dt) else bool(value)
+  @staticmethod
   def min(dt: DType):
-    """The smallest value of `dt`."""
+    """The smallest value of `dt` (-inf for floats, as in tinygrad).
+
+    >>> dtypes.min(dtypes.int8), dtypes.min(dtypes.uint16), dtypes.min(dtypes.float32)
+    (-128, 0, -inf)
+    """
     if dt == dtypes.bool: return False
     if dtypes.is_unsigned(dt): return 0
     if dtypes.is_int(dt): return -(2 ** (dt.bitsize - 1))
     return -math.inf
   @staticmethod
   def max(dt: DType):
-    """The largest value of `dt`."""
+    """The largest value of `dt` (inf for floats, as in tinygrad).
+
+    >>> dtypes.max(dtypes.int8), dtypes.max(dtypes.uint32), dtypes.max(dtypes.bool)
+    (127, 4294967295, True)
+    """
     if dt == dtypes.bool: return True
     if dtypes.is_unsigned(dt): return 2 ** dt.bitsize - 1
     if dtypes.is_int(dt): return 2 ** (dt.bitsize - 1) - 1
     return math.inf
+  @staticmethod
+  def finfo(dt: DType) -> tuple[int, int]:
+    """(exponent bits, mantissa bits) of a float dtype; a ValueError for any other dtype.
+
+    >>> dtypes.finfo(dtypes.float16), dtypes.finfo(dtypes.fp8e4m3)
+    ((5, 10), (4, 3))
+    """
+    if not dtypes.is_float(dt): raise ValueError(f"finfo: {dt} is not a floating-point dtype")
+    return _FLOAT_BITS[dt]
   @staticmethod
   def fields() -> dict[str, DType]:
     """Every dtype by name, aliases included ('float32', 'float', 'half', ...; not void or index)."""
@@ -88,18 +132,23 @@ class dtypes:
 UINTS = (dtypes.uint8, dtypes.uint16, dtypes.uint32, dtypes.uint64)
 SINTS = (dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64)
 INTS = UINTS + SINTS
-FLOATS = (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
-ALL_DTYPES = (dtypes.bool,) + INTS + FLOATS
+FLOATS = dtypes.floats
+# the dtypes with a numpy counterpart (fp8 has none; its values travel as float32)
+ALL_DTYPES = (dtypes.bool,) + INTS + (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
+_FLOAT_BITS = {dtypes.fp8e4m3: (4, 3), dtypes.fp8e5m2: (5, 2), dtypes.float16: (5, 10), dtypes.bfloat16: (8, 7),
+               dtypes.float32: (8, 23), dtypes.float64: (11, 52)}
 DTYPES_BY_NAME: dict[str, DType] = {k: v for k, v in vars(dtypes).items() if isinstance(v, DType) and not k.startswith("default")
                                     and k not in ("void", "index")}
 
 # Promotion lattice as in PyTorch/NumPy: bool < every int; signed and unsigned of the same width promote to the next signed;
-# any float beats every int; float16 and bfloat16 promote to float32.
+# any float beats every int; float16 and bfloat16 promote to float32; fp8e4m3 and fp8e5m2 to float16 and bfloat16
+# (as tinygrad; PyTorch does not promote fp8 at all).
 _PARENTS: dict[DType, tuple[DType, ...]] = {
   dtypes.bool: (dtypes.int8, dtypes.uint8), dtypes.int8: (dtypes.int16,), dtypes.int16: (dtypes.int32,),
   dtypes.int32: (dtypes.int64,), dtypes.int64: (dtypes.float16, dtypes.bfloat16),
   dtypes.uint8: (dtypes.int16, dtypes.uint16), dtypes.uint16: (dtypes.int32, dtypes.uint32),
   dtypes.uint32: (dtypes.int64, dtypes.uint64), dtypes.uint64: (dtypes.float16, dtypes.bfloat16),
+  dtypes.fp8e4m3: (dtypes.float16, dtypes.bfloat16), dtypes.fp8e5m2: (dtypes.float16, dtypes.bfloat16),
   dtypes.float16: (dtypes.float32,), dtypes.bfloat16: (dtypes.float32,), dtypes.float32: (dtypes.float64,), dtypes.float64: ()}
 
 def _ancestors(dt: DType) -> set[DType]:
@@ -140,8 +189,9 @@ _NP_NAMES = {dtypes.bool: "bool", dtypes.int8: "int8", dtypes.uint8: "uint8", dt
              dtypes.float16: "float16", dtypes.float32: "float32", dtypes.float64: "float64"}
 
 def to_numpy_dtype(dt: DType):
-  """The numpy dtype with the same bits (bfloat16 has none: its bits travel as uint16)."""
+  """The numpy dtype with the same bits (bfloat16 and fp8 have none: their bits travel as uint16 / uint8)."""
   import numpy as np
+  if dt in dtypes.fp8s: return np.dtype("uint8")
   return np.dtype("uint16") if dt == dtypes.bfloat16 else np.dtype(_NP_NAMES[dt])
 
 def from_numpy_dtype(npdt) -> DType:
@@ -158,8 +208,64 @@ def truncate(dt: DType, x):
     bits = dt.bitsize
     x = int(x) & ((1 << bits) - 1)
     return x - (1 << bits) if not dtypes.is_unsigned(dt) and x >= 1 << (bits - 1) else x
+  if dt in FP8_FORMATS: return FP8_VALUES[dt][fp8_bits(float(x), dt)]
   if dt == dtypes.bfloat16:
     bits = int(np.array(x, np.float32).view(np.uint32))
     bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000 if not math.isnan(x) else 0x7FC00000
     return float(np.array(bits, np.uint32).view(np.float32))
   with np.errstate(all="ignore"): return float(to_numpy_dtype(dt).type(x))
+
+# ---------------- fp8 ----------------
+# Conversions to fp8 round to nearest, ties to even, and saturate: a finite value beyond the largest becomes +-max, as
+# in tinygrad (and CUDA's __NV_SATFINITE). +-inf becomes +-inf in e5m2, which has it (so every e5m2 value survives a
+# store and load; tinygrad's float_to_fp8 gives +-max here), and +-max in e4m3fn, which has none (as torch). NaN stays
+# NaN with its sign. The C renderer implements the same rounding (kiln/renderer/cstyle.py); this is the Python
+# version, used for constants and the PYTHON device.
+@dataclass(frozen=True)
+class FP8Format:
+  """The layout of an 8-bit float: mantissa bits, exponent of the smallest normal, codes of the largest finite value,
+  of NaN and of what inf becomes."""
+  mantissa_bits: int
+  min_exponent: int
+  max_code: int
+  nan_code: int
+  inf_code: int
+
+  @property
+  def has_inf(self) -> bool: return self.inf_code != self.max_code
+
+FP8_FORMATS = {dtypes.fp8e4m3: FP8Format(3, -6, 0x7E, 0x7F, 0x7E), dtypes.fp8e5m2: FP8Format(2, -14, 0x7B, 0x7E, 0x7C)}
+
+def fp8_bits(x: float, dt: DType) -> int:
+  """The fp8 bit pattern of `x` (round to nearest even, finite overflow saturating to +-max; see above)."""
+  f = FP8_FORMATS[dt]
+  sign = 0x80 if math.copysign(1.0, x) < 0 else 0
+  if math.isnan(x): return sign | f.nan_code
+  magnitude = abs(x)
+  if math.isinf(magnitude): return sign | f.inf_code
+  if magnitude == 0: return sign
+  # count in units of the spacing at x's binade (never finer than the subnormal spacing); round() ties to even
+  quantum = max(math.frexp(magnitude)[1] - 1, f.min_exponent) - f.mantissa_bits
+  count = round(math.ldexp(magnitude, -quantum))
+  if count < 1 << f.mantissa_bits: return sign | count   # subnormal (a carry into the normals gives the same code)
+  if count == 2 << f.mantissa_bits: count, quantum = count >> 1, quantum + 1   # rounding carried into the next binade
+  code = ((quantum + f.mantissa_bits - f.min_exponent + 1) << f.mantissa_bits) + count - (1 << f.mantissa_bits)
+  return sign | min(code, f.max_code)
+
+def fp8_value(bits: int, dt: DType) -> float:
+  """The value of an fp8 bit pattern."""
+  f = FP8_FORMATS[dt]
+  sign = -1.0 if bits & 0x80 else 1.0
+  magnitude = bits & 0x7F
+  field, mantissa = magnitude >> f.mantissa_bits, magnitude & ((1 << f.mantissa_bits) - 1)
+  if f.has_inf and field == 0x7F >> f.mantissa_bits: return math.copysign(math.inf if mantissa == 0 else math.nan, sign)
+  if not f.has_inf and magnitude == 0x7F: return math.copysign(math.nan, sign)
+  if field == 0: return sign * math.ldexp(mantissa, f.min_exponent - f.mantissa_bits)
+  return sign * math.ldexp(mantissa | (1 << f.mantissa_bits), field - 1 + f.min_exponent - f.mantissa_bits)
+
+FP8_VALUES: dict[DType, list[float]] = {dt: [fp8_value(b, dt) for b in range(256)] for dt in FP8_FORMATS}
+
+def fp8_to_float32(bits, dt: DType):
+  """A numpy array of fp8 bit patterns (uint8) as the float32 values they stand for."""
+  import numpy as np
+  return np.array(FP8_VALUES[dt], np.float32)[np.asarray(bits, np.uint8)]

@@ -10,7 +10,7 @@ from kiln.uop.ops import UOp, Ops
 from kiln.device import Buffer
 from kiln.gradient import compute_gradient, gradient_graph
 from kiln.schedule.kernelize import create_schedule, is_contiguous_buffer
-from kiln.engine.realize import run_schedule
+from kiln.engine.realize import run_schedule, capturing as _jit_calls
 from kiln.mixin.creation import CreationMixin
 from kiln.mixin.movement import MovementMixin
 from kiln.mixin.indexing import IndexingMixin
@@ -149,7 +149,9 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
       if new is not old:
         if old.op is not Ops.ASSIGN:
           old.forward = new
-          for buf in schedule.inputs:
+          # its own buffer too: once an assign overwrites it, an equal graph built later must be computed again
+          own = [new.base.buffer] if new.base.op is Ops.BUFFER else []
+          for buf in [*schedule.inputs, *own]:
             if (readers := _computed_from.get(buf)) is None: readers = _computed_from[buf] = weakref.WeakSet()
             readers.add(old)
           # the realized node remembers its graph, so backward() still reaches the parameters behind it
@@ -174,9 +176,13 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     return buf.allocate()
 
   def numpy(self) -> np.ndarray:
-    """The values as a NumPy array (realizes). bfloat16 comes back as float32."""
+    """The values as a NumPy array (realizes). bfloat16 and fp8 (no numpy type) come back as float32."""
+    if _jit_calls:   # a replay runs only the captured kernels: a value read in Python here would be frozen
+      raise RuntimeError(f"{_user_op[0] or 'numpy'}: cannot read a tensor's values inside the TinyJit function "
+                         f"{_jit_calls[0].name}; return the tensor and read it after the call{_where()}")
     if self.numel() == 0:
-      return np.zeros(self.shape, dtype=np.float32 if self.dtype == dtypes.bfloat16 else to_numpy_dtype(self.dtype))
+      as_float32 = self.dtype in (dtypes.bfloat16, *dtypes.fp8s)
+      return np.zeros(self.shape, dtype=np.float32 if as_float32 else to_numpy_dtype(self.dtype))
     return self._buffer().numpy().reshape(self.shape)
 
   def data(self) -> memoryview:
@@ -256,6 +262,8 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
   @staticmethod
   def linspace(start, stop, steps: int, **kwargs) -> Tensor:
     """`steps` evenly spaced values from `start` to `stop` inclusive."""
+    if not isinstance(steps, int) or steps < 0:
+      raise ValueError(f"linspace: steps must be a non-negative int, got {steps!r}{_where()}")
     if steps == 1: return Tensor.full((1,), float(start), **kwargs)
     dtype = _dtype_arg(kwargs.pop("dtype", dtypes.default_float), "linspace")
     return (Tensor.arange(steps, **kwargs).cast(dtypes.float32) * ((stop - start) / (steps - 1)) + start).cast(dtype)
@@ -301,6 +309,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     """Uniform random values in [0, 1)."""
     shape, device = _shape_arg(shape), _canonical_device(device)
     dtype = _dtype_arg(dtype or dtypes.default_float, "rand")
+    if not dtypes.is_float(dtype): raise ValueError(f"rand: only float dtypes are supported, got {dtype}{_where()}")
     bits = Tensor._random_bits(prod(shape), device)
     values = (bits >> 8).cast(dtypes.float32) * (1.0 / (1 << 24))
     return Tensor(values.reshape(shape).cast(dtype).uop, **kwargs)
@@ -597,6 +606,8 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     return self._binary(Ops.MUL, other, "mul", reverse)
   def div(self, other, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
     """True division (ints become floats); rounding_mode 'trunc' or 'floor' as in PyTorch."""
+    if rounding_mode not in (None, "trunc", "floor"):
+      raise ValueError(f"div: rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}{_where()}")
     x, y = self._broadcasted(other, "div", reverse)
     if rounding_mode == "trunc":
       return Tensor._wrap(x.uop.alu(Ops.IDIV, y.uop), "div") if dtypes.is_int(x.dtype) else (x / y).trunc()
@@ -606,7 +617,8 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
   def floordiv(self, other, reverse: bool = False) -> Tensor:
     """Division rounded toward negative infinity (Python and PyTorch `//`)."""
     x, y = self._broadcasted(other, "floordiv", reverse)
-    if not dtypes.is_int(x.dtype): return (x / y).floor()
+    if dtypes.is_float(x.dtype): return x._float_floordiv(y)
+    if x.dtype == dtypes.bool: x, y = x.cast(dtypes.default_int), y.cast(dtypes.default_int)
     q = Tensor._wrap(x.uop.alu(Ops.IDIV, y.uop), "floordiv")
     r = Tensor._wrap(x.uop.alu(Ops.MOD, y.uop), "floordiv")
     needs_fix = (r != 0) & ((r < 0) != (y < 0))
@@ -614,15 +626,20 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
   def mod(self, other, reverse: bool = False) -> Tensor:
     """Remainder with the sign of the divisor (Python and PyTorch `%`)."""
     x, y = self._broadcasted(other, "mod", reverse)
-    if not dtypes.is_int(x.dtype): return x - (x / y).floor() * y
+    if dtypes.is_float(x.dtype): return x._float_mod(y)
+    if x.dtype == dtypes.bool: x, y = x.cast(dtypes.default_int), y.cast(dtypes.default_int)
     r = Tensor._wrap(x.uop.alu(Ops.MOD, y.uop), "mod")
     return ((r != 0) & ((r < 0) != (y < 0))).where(r + y, r)
   def pow(self, exponent, reverse: bool = False) -> Tensor:
     """Elementwise power."""
+    if not reverse and dtypes.is_int(self.dtype) and isinstance(exponent, int) and exponent < 0:
+      raise ValueError(f"pow: integers to negative integer powers are not allowed ({self.dtype} ** {exponent}){_where()}")
     x, y = self._broadcasted(exponent, "pow", reverse)
     if not dtypes.is_float(x.dtype):
       out_dtype = x.dtype
-      return Tensor._wrap(x.cast(dtypes.float64).uop.alu(Ops.POW, y.cast(dtypes.float64).uop), "pow").round().cast(out_dtype)
+      power = Tensor._wrap(x.cast(dtypes.float64).uop.alu(Ops.POW, y.cast(dtypes.float64).uop), "pow")
+      # 0 ** -n is 0 for ints in PyTorch (the float power is inf)
+      return power.isinf().where(0.0, power).round().cast(out_dtype)
     return Tensor._wrap(x.uop.alu(Ops.POW, y.uop), "pow")
   def maximum(self, other) -> Tensor:
     """Elementwise maximum (NaN propagates)."""
@@ -817,11 +834,19 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     """
     return ((self < 0) | (self == 0)).where(0, self)
   def sigmoid(self) -> Tensor:
-    """Elementwise logistic function 1 / (1 + e**-x)."""
-    return (1 + (-self._as_float()).exp()).reciprocal()
+    """Elementwise logistic function 1 / (1 + e**-x), with finite gradients for any finite x."""
+    x = self._as_float()
+    # exp of -|x| only: exp(100) = inf would make the gradient 0 * inf = NaN
+    positive = x >= 0
+    e = positive.where(-x, x).exp()
+    return positive.where(1 / (1 + e), e / (1 + e))
   def tanh(self) -> Tensor:
-    """Elementwise hyperbolic tangent."""
-    return 2.0 * (2.0 * self._as_float()).sigmoid() - 1.0
+    """Elementwise hyperbolic tangent, as -expm1(-2|x|) / (expm1(-2|x|) + 2): precise near 0, finite gradients."""
+    def odd(x: Tensor) -> Tensor:
+      negative = x < 0
+      e = (-2 * negative.where(-x, x))._expm1()   # in [-1, 0]
+      return negative.where(e / (e + 2), -e / (e + 2))
+    return self._in_float(odd)
   def gelu(self) -> Tensor:
     """GELU with the tanh approximation (PyTorch's gelu(approximate='tanh'))."""
     return 0.5 * self * (1 + (math.sqrt(2 / math.pi) * (self + 0.044715 * self * self * self)).tanh())
@@ -833,15 +858,20 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     return self * self.sigmoid()
   swish = silu
   def leaky_relu(self, neg_slope: float = 0.01) -> Tensor:
-    """x where x >= 0, else neg_slope * x (NaN kept)."""
-    return (self < 0).where(self * neg_slope, self)
+    """x where x > 0, else neg_slope * x (NaN kept; the slope at 0 is neg_slope, as in PyTorch)."""
+    return (self > 0).where(self, self * neg_slope)
   def elu(self, alpha: float = 1.0) -> Tensor:
-    """x where x > 0, else alpha * (e**x - 1)."""
-    return self.relu() - alpha * (1 - self.exp()).relu()
+    """x where x > 0, else alpha * (e**x - 1) (the slope at 0 is alpha, as in PyTorch)."""
+    positive = self > 0   # the exp of the branch not taken must stay finite, or its zero gradient becomes NaN
+    return positive.where(self, alpha * positive.where(0.0, self._as_float())._expm1())
   def softplus(self, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
-    """log(1 + exp(beta*x)) / beta, and x itself where beta*x > threshold (as in PyTorch)."""
-    scaled = self._as_float() * beta
-    return (scaled > threshold).where(self._as_float(), (1 + scaled.exp()).log() * (1 / beta))
+    """log(1 + exp(beta*x)) / beta, and x itself where beta*x > threshold (as in PyTorch); finite gradients."""
+    x = self._as_float()
+    scaled = x * beta
+    # max(z, 0) + log1p(exp(-|z|)): the exp never overflows; both pieces split at z > 0 so the slope at 0 is 1/2
+    positive = scaled > 0
+    stable = positive.where(scaled, 0.0) + positive.where(-scaled, scaled).exp()._log1p()
+    return (scaled > threshold).where(x, stable * (1 / beta))
   def relu6(self) -> Tensor:
     """Clip to [0, 6]: hardtanh(0, 6)."""
     return self.hardtanh(0, 6)
@@ -878,8 +908,9 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     x = self.cast(acc) if acc != self.dtype else self
     out = x._reduce(Ops.ADD, axis, keepdim, "sum")
     return out.cast(self.dtype) if dtype is None and dtypes.is_float(self.dtype) and out.dtype != self.dtype else out
-  def prod(self, axis=None, keepdim: bool = False) -> Tensor:
-    """Product over `axis`."""
+  def prod(self, axis=None, keepdim: bool = False, dtype: DType | None = None) -> Tensor:
+    """Product over `axis`. Accumulates like sum(); a given `dtype` is both the accumulator and the result dtype."""
+    if dtype is not None: return self.cast(_dtype_arg(dtype, "prod"))._reduce(Ops.MUL, axis, keepdim, "prod")
     out = self.cast(_sum_dtype(self.dtype))._reduce(Ops.MUL, axis, keepdim, "prod")
     return out.cast(self.dtype) if dtypes.is_float(self.dtype) else out
   def max(self, axis=None, keepdim: bool = False) -> Tensor:
@@ -910,8 +941,8 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     """
     x = self._as_float()
     count = prod(self.shape[a] for a in self._reduce_axes(axis, "mean"))
-    total = x.sum(axis, keepdim)
-    return total / count if count else total * math.nan
+    total = x.sum(axis, keepdim, dtype=_sum_dtype(x.dtype))   # half sums stay float32 until divided (no overflow)
+    return (total / count if count else total * math.nan).cast(x.dtype)
   def var(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor:
     """Variance over `axis` with Bessel's `correction`."""
     count = prod(self.shape[a] for a in self._reduce_axes(axis, "var"))
@@ -919,26 +950,37 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     return centered.square().sum(axis, keepdim) / max(count - correction, 0)
   def std(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor:
     """Standard deviation over `axis` with Bessel's `correction` (the square root of var)."""
-    return self.var(axis, keepdim, correction).sqrt()
+    self._reduce_axes(axis, "std")
+    variance = self.var(axis, keepdim, correction)
+    # PyTorch's gradient is 0 where the std is 0 (sqrt's own slope there is infinite)
+    zero = variance == 0
+    return zero.where(0.0, zero.where(1.0, variance).sqrt())
   def any(self, axis=None, keepdim: bool = False) -> Tensor:
     """True where any element along `axis` is nonzero (False over an empty axis)."""
     return self.cast(dtypes.bool)._reduce(Ops.MAX, axis, keepdim, "any")
   def all(self, axis=None, keepdim: bool = False) -> Tensor:
     """True where every element along `axis` is nonzero (True over an empty axis)."""
+    self._reduce_axes(axis, "all")
     return self.logical_not().any(axis, keepdim).logical_not()
 
   def argmax(self, axis=None, keepdim: bool = False) -> Tensor:
-    """Index of the first maximum along `axis` (of the flattened tensor when axis is None)."""
-    if axis is None: return self.flatten().argmax(0)
-    axis = self._axis(axis, "argmax")
+    """Index of the first maximum along `axis` (of the flattened tensor when axis is None); NaN counts as the maximum."""
+    return self._argmax(axis, keepdim, "argmax")
+  def _argmax(self, axis, keepdim: bool, op: str) -> Tensor:
+    if axis is None:
+      flat = self.flatten()._argmax(0, False, op)
+      return flat.reshape((1,) * self.ndim) if keepdim else flat
+    axis = self._axis(axis, op)
     if self.ndim == 0: return Tensor.full((), 0, device=self.device, dtype=dtypes.int32)
     n = self.shape[axis]
-    is_max = self == self.max(axis, keepdim=True)
+    if n == 0: raise RuntimeError(f"{op}: cannot reduce over the empty axis {axis} of shape {_fmt(self.shape)}{_where()}")
+    # NaN is the maximum, as in PyTorch: where max() propagated one, only the NaNs compare as maxima
+    is_max = (self == self.max(axis, keepdim=True)) | self.isnan()
     countdown = Tensor.arange(n, 0, -1, device=self.device).reshape((n,) + (1,) * (self.ndim - axis - 1))
     return (n - (is_max.where(countdown, 0)).max(axis, keepdim)).cast(dtypes.int32)
   def argmin(self, axis=None, keepdim: bool = False) -> Tensor:
-    """Index of the first minimum along `axis` (of the flattened tensor when axis is None), as int32."""
-    return self._inverse().argmax(axis, keepdim)
+    """Index of the first minimum along `axis` (of the flattened tensor when axis is None), as int32; NaN counts as it."""
+    return self._inverse()._argmax(axis, keepdim, "argmin")
 
   def logsumexp(self, axis=None, keepdim: bool = False) -> Tensor:
     """log(sum(exp(x))) computed stably."""
@@ -949,14 +991,14 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
   def _squeeze_axes(self, axes) -> Tensor:
     """This tensor without the axes in `axes` (each must have size 1)."""
     return self.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
-  def softmax(self, axis: int = -1) -> Tensor:
-    """exp(x) / sum(exp(x)) along `axis`."""
-    x = self._as_float()
+  def softmax(self, axis: int = -1, dtype: DType | None = None) -> Tensor:
+    """exp(x) / sum(exp(x)) along `axis` (computed in `dtype` if given)."""
+    x = self._as_float() if dtype is None else self.cast(_dtype_arg(dtype, "softmax"))
     e = (x - x._reduce(Ops.MAX, x._axis(axis, "softmax"), True, "softmax").detach()).exp()
     return e / e.sum(axis, keepdim=True)
-  def log_softmax(self, axis: int = -1) -> Tensor:
-    """log(softmax(x)) along `axis`, computed stably."""
-    x = self._as_float()
+  def log_softmax(self, axis: int = -1, dtype: DType | None = None) -> Tensor:
+    """log(softmax(x)) along `axis`, computed stably (in `dtype` if given)."""
+    x = self._as_float() if dtype is None else self.cast(_dtype_arg(dtype, "log_softmax"))
     shifted = x - x._reduce(Ops.MAX, x._axis(axis, "log_softmax"), True, "log_softmax").detach()
     return shifted - shifted.exp().sum(axis, keepdim=True).log()
 
@@ -983,9 +1025,12 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     x, wt = x._broadcasted(wt, "matmul")
     return (x * wt).sum(-1)
   matmul = dot
-  def linear(self, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x @ weight + bias (weight is (in, out), as in tinygrad)."""
-    out = self @ weight
+  def linear(self, weight: Tensor, bias: Tensor | None = None, dtype: DType | str | None = None) -> Tensor:
+    """x @ weight + bias (weight is (in, out), as in tinygrad; a 1-d weight scales elementwise), computed in `dtype`."""
+    if dtype is not None:
+      dtype = _dtype_arg(dtype, "linear")
+      return self.cast(dtype).linear(weight.cast(dtype), bias.cast(dtype) if bias is not None else None)
+    out = self * weight if weight.ndim == 1 else self @ weight
     return out + bias if bias is not None else out
   def sequential(self, layers) -> Tensor:
     """Apply each callable in `layers` in turn, starting from this tensor."""
@@ -1066,7 +1111,7 @@ def _graphs_needing_gradients(roots: list[UOp]) -> set[UOp]:
 
 def _sum_dtype(dt: DType) -> DType:
   if dt == dtypes.bool or (dtypes.is_int(dt) and dt.itemsize < 4): return dtypes.uint32 if dtypes.is_unsigned(dt) else dtypes.int32
-  if dt in (dtypes.float16, dtypes.bfloat16): return dtypes.float32
+  if dt in (dtypes.float16, dtypes.bfloat16, *dtypes.fp8s): return dtypes.float32
   return dt
 
 def _mix32(x: int) -> int:
@@ -1107,7 +1152,8 @@ def _array_from_list(data, dtype: DType | None) -> np.ndarray:
       # like NumPy, a Python int too large for the default int widens; an explicit dtype that cannot hold it is an error
       if inferred and dtypes.min(dtypes.int64) <= lo <= hi <= dtypes.max(dtypes.int64): dtype = dtypes.int64
       else: raise ValueError(f"Tensor: value {hi if hi > dtypes.max(dtype) else lo} does not fit {dtype}{_where()}")
-  return arr.astype(np.float32) if dtype == dtypes.bfloat16 else arr.astype(to_numpy_dtype(dtype))
+  if dtype in (dtypes.bfloat16, *dtypes.fp8s): return arr.astype(np.float32)   # no numpy type: cast on the device
+  return arr.astype(to_numpy_dtype(dtype))
 
 def _uop_from_numpy(arr: np.ndarray, device: str, dtype: DType | None) -> UOp:
   if arr.dtype.kind not in "biuf": raise TypeError(f"Tensor: numpy dtype {arr.dtype} is not supported{_where()}")

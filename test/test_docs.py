@@ -38,3 +38,8 @@ def test_readme_doc_links_exist():
   assert links, "README.md links no docs/ pages"
   missing = [link for link in links if not (REPO_ROOT / link).exists()]
   assert not missing, f"README.md links to missing files: {missing}"
+
+def test_tensor_docs_list_every_method_and_are_current():
+  result = subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "gen_tensor_docs.py"), "--check"],
+                          capture_output=True, text=True, cwd=REPO_ROOT)
+  assert result.returncode == 0, f"docs/tensor.md is stale or incomplete; run python tools/gen_tensor_docs.py\n{result.stderr}"

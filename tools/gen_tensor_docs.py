@@ -24,10 +24,10 @@ GROUPS: dict[str, str] = {
   "Movement": """reshape view expand permute flip shrink pad squeeze unsqueeze flatten unflatten transpose repeat
     repeat_interleave roll split chunk cat stack meshgrid diag diagonal tril triu""",
   "Indexing": """__getitem__ __setitem__ gather scatter scatter_reduce masked_fill masked_select nonzero where""",
-  "Arithmetic, comparison and bitwise": """add sub mul div floordiv mod pow maximum minimum neg eq ne lt gt le ge
+  "Arithmetic, comparison and bitwise": """add sub mul div floordiv mod pow maximum minimum neg eq ne
     bitwise_and bitwise_or bitwise_xor bitwise_not logical_not lshift rshift""",
   "Elementwise math": """reciprocal sqrt rsqrt exp exp2 log log2 sin cos tan asin acos atan sinh cosh tanh asinh acosh
-    atanh erf abs sign trunc ceil floor round isinf isnan isfinite lerp clamp clip square copysign""",
+    atanh erf abs sign trunc ceil floor round isinf isnan isfinite isclose lerp clamp clip square copysign""",
   "Activations": """relu relu6 leaky_relu elu celu selu gelu quick_gelu silu swish mish softplus softsign hardswish
     hardsigmoid hardtanh sigmoid logsigmoid""",
   "Reductions": """sum prod max min mean var std var_mean std_mean argmax argmin any all logsumexp cumsum cumprod cummax

@@ -1,27 +1,423 @@
-"""TinyJit: for now a safe pass-through that realizes the function's outputs on every call.
+"""TinyJit: capture the kernels a function launches and replay them on later calls, never silently wrong.
 
-Capture and replay of kernels (with guards that make a replay never silently wrong) come with the JIT issue;
-until then every call runs the function eagerly, which is always correct.
+Call 1 of a guard signature runs the function eagerly; call 2 runs it eagerly again while recording every launch
+(runner, buffers, variable values); calls 3+ replay the recorded launches with the new input buffers swapped in,
+without building or scheduling any graph. Every call first checks guards (the structure of the arguments, each input
+tensor's shape/dtype/device/view, which inputs share a buffer, Python scalars and the identity of other objects in the
+arguments, and the Python state the capture read); a mismatch re-captures, a change a replay cannot repeat raises.
+See docs/jit.md.
 """
 from __future__ import annotations
-import functools
-from typing import Callable, Generic, TypeVar
+import collections, functools, types
+from typing import Any, Callable, Generic, TypeVar
+from kiln.device import Buffer
+from kiln.dtype import DType
+from kiln.helpers import JIT, DEBUG, GlobalCounters
+from kiln.uop.ops import UOp, Ops, GroupOp
+from kiln.engine.realize import ExecItem, capturing
+from kiln.tensor import Tensor, _forget_results_computed_from
 
 ReturnType = TypeVar("ReturnType")
 
+SCALARS = (int, float, bool, str, bytes, complex, type(None))
+MAX_CAPTURES = 8        # captures kept per TinyJit (one per guard signature), least recently used dropped first
+STATE_DEPTH = 5         # how deep into closures, globals and argument objects the state guard looks
+STATE_BUDGET = 20000    # at most this many values visited per state walk
+
+# ---------------- the record of one jitted call ----------------
+
+class _Recorder:
+  """What run_schedule reports to while a jitted function runs: launches (when recording) and, per buffer, whether
+  it was already allocated the first time a launch used it (it existed before the call: state, inputs, constants)."""
+  def __init__(self, name: str, recording: bool):
+    self.name, self.recording = name, recording
+    self.items: list[ExecItem] = []
+    self.existed: dict[int, bool] = {}
+  def note_buffers(self, bufs: list[Buffer]) -> None:
+    if not self.recording: return
+    for b in bufs:
+      if id(b) not in self.existed: self.existed[id(b)] = b.is_allocated()
+  def add(self, item: ExecItem) -> None:
+    if self.recording: self.items.append(item)
+
+# ---------------- guard signatures ----------------
+
+_TENSOR = object()   # marks a tensor's place in the argument structure
+
+def _describe(x: Any, tensors: list[Tensor], objects: list[Any]) -> Any:
+  """A hashable description of an argument: its structure, scalar values, and the identity of other objects;
+  tensors are collected into `tensors` and other objects into `objects` (in order)."""
+  kind = type(x)
+  if kind is Tensor:
+    tensors.append(x)
+    return _TENSOR
+  if kind in SCALARS:
+    return (kind, "nan") if x != x else (kind, x)
+  if kind is list or kind is tuple: return (kind, tuple([_describe(v, tensors, objects) for v in x]))
+  if kind is dict: return (dict, tuple([(k, _describe(v, tensors, objects)) for k, v in x.items()]))
+  if isinstance(x, Tensor):
+    tensors.append(x)
+    return _TENSOR
+  if isinstance(x, DType): return x
+  if isinstance(x, (list, tuple)): return (kind, tuple([_describe(v, tensors, objects) for v in x]))
+  if isinstance(x, dict): return (kind, tuple([(k, _describe(v, tensors, objects)) for k, v in x.items()]))
+  objects.append(x)
+  return ("object", id(x))
+
+def _tensor_signature(t: Tensor) -> tuple:
+  """(dtype, device, buffer size, the movement ops from the buffer to the tensor): what a kernel bakes in."""
+  u = t.uop
+  chain = []
+  while u.op in GroupOp.Movement:
+    chain.append((u.op, u.arg))
+    u = u.src[0]
+  return (u.dtype, u.arg[1], u.arg[2], tuple(chain))
+
+def _view_chain(u: UOp) -> tuple[UOp, list[tuple[Ops, Any]]]:
+  """The base node of `u` and the movement ops that lead from it to `u`, base first."""
+  chain = []
+  while u.op in GroupOp.Movement:
+    chain.append((u.op, u.arg))
+    u = u.src[0]
+  return u, chain[::-1]
+
+def _apply_chain(node: UOp, chain: list[tuple[Ops, Any]]) -> UOp:
+  for op, arg in chain: node = UOp(op, node.dtype, (node,), arg)
+  return node
+
+# ---------------- output structure ----------------
+
+class _Out:
+  """Where the j-th output tensor sits in the returned structure."""
+  __slots__ = ("index",)
+  def __init__(self, index: int): self.index = index
+
+def _template(x: Any, outs: list[Tensor]) -> Any:
+  """The returned value with each tensor replaced by an _Out slot (tensors collected into `outs`, once each)."""
+  if isinstance(x, Tensor):
+    for j, t in enumerate(outs):
+      if t is x: return _Out(j)
+    outs.append(x)
+    return _Out(len(outs) - 1)
+  if type(x) is list or type(x) is tuple: return type(x)(_template(v, outs) for v in x)
+  if type(x) is dict: return {k: _template(v, outs) for k, v in x.items()}
+  return x
+
+def _fill(template: Any, outs: list[Tensor]) -> Any:
+  if type(template) is _Out: return outs[template.index]
+  if type(template) is list or type(template) is tuple: return type(template)(_fill(v, outs) for v in template)
+  if type(template) is dict: return {k: _fill(v, outs) for k, v in template.items()}
+  return template
+
+# ---------------- Python state the function reads ----------------
+
+def _code_names(code: types.CodeType) -> set[str]:
+  names = set(code.co_names)
+  for const in code.co_consts:
+    if isinstance(const, types.CodeType): names |= _code_names(const)
+  return names
+
+_OPAQUE = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType, type, functools.partial)
+
+def _walk_state(roots: list[tuple[tuple, Any]]) -> dict[tuple, Any]:
+  """Every tensor and Python scalar reachable from `roots` (closure cells, referenced globals, argument objects)
+  through attributes, list/tuple items and dict values, as {path: value}; the first path to a tensor wins."""
+  found: dict[tuple, Any] = {}
+  seen: set[int] = set()
+  stack = [((root,), value, 0) for root, value in reversed(roots)]
+  budget = STATE_BUDGET
+  while stack and budget > 0:
+    path, value, depth = stack.pop()
+    budget -= 1
+    kind = type(value)
+    if kind in SCALARS:
+      found[path] = value
+      continue
+    if id(value) in seen or isinstance(value, _OPAQUE) or isinstance(value, (DType, TinyJit)): continue
+    seen.add(id(value))
+    if isinstance(value, Tensor):
+      found[path] = value
+      continue
+    if depth >= STATE_DEPTH: continue
+    if isinstance(value, (list, tuple)):
+      children = [(path + (("item", i),), v) for i, v in enumerate(value)]
+    elif isinstance(value, dict):
+      children = [(path + (("item", k),), v) for k, v in value.items() if type(k) in SCALARS]
+    else:
+      attrs = getattr(value, "__dict__", None)
+      if not isinstance(attrs, dict): continue   # numpy arrays, C objects: not looked into (see docs/jit.md)
+      children = [(path + (("attr", k),), v) for k, v in attrs.items()]
+    stack.extend((p, v, depth + 1) for p, v in reversed(children))
+  return found
+
+def _follow(root: Any, steps: tuple) -> Any:
+  value = root
+  for kind, key in steps: value = getattr(value, key) if kind == "attr" else value[key]
+  return value
+
+def _marker(t: Tensor) -> Any:
+  """What identifies a tensor's contents: its Buffer when realized, else its (lazy) graph node."""
+  base = t.uop.base
+  return base.buffer if base.op is Ops.BUFFER else t.uop
+
+def _path_str(path: tuple) -> str:
+  root, *steps = path
+  text = {"cell": f"closure variable {root[1]!r}", "global": f"global {root[1]!r}",
+          "arg": f"argument object #{root[1]}"}[root[0]]
+  for kind, key in steps: text += f".{key}" if kind == "attr" else f"[{key!r}]"
+  return text
+
+def _same_value(a: Any, b: Any) -> bool:
+  if type(a) is not type(b): return False
+  if isinstance(a, Tensor): return a is b
+  return a == b or (a != a and b != b)
+
+# ---------------- a capture ----------------
+
+class CapturedJit:
+  """The launches of one captured call and everything precomputed to replay them with new inputs."""
+  def __init__(self, name: str, items: list[ExecItem], input_bufs: list[Buffer], existed: dict[int, bool],
+               outs: list[Tensor], template: Any, guards: list, keep: list, prune: bool, key: Any = None):
+    self.name, self.items, self.template, self.guards, self.keep, self.key = name, items, template, guards, keep, key
+    state_ids = {id(g[1][1]) for g in guards if isinstance(g[1], tuple)}
+    input_index = {}
+    for k, b in enumerate(input_bufs): input_index.setdefault(id(b), k)
+    written = {id(item.bufs[0]) for item in items}
+    # produced here: written by a launch and not allocated before the call (intermediates and fresh outputs)
+    produced = {bid for bid in written if bid not in input_index and not existed.get(bid, True)}
+    if prune: items = self.items = _prune(items, set(input_index), {id(t.uop.base.buffer) for t in outs
+                                                                      if t.uop.base.op is Ops.BUFFER})
+    # output tensors: a view of a fresh buffer per replay, of an input, or of a buffer that stays (state)
+    self.outputs: list[tuple[str, Any, list]] = []
+    fresh_ids: dict[int, int] = {}
+    self.fresh: list[tuple[str, int, DType, list]] = []
+    for t in outs:
+      base, chain = _view_chain(t.uop)
+      buf = base.buffer if base.op is Ops.BUFFER else None
+      if buf is not None and id(buf) in input_index: self.outputs.append(("input", input_index[id(buf)], chain))
+      elif buf is not None and id(buf) in produced:
+        if id(buf) not in fresh_ids:
+          fresh_ids[id(buf)] = len(self.fresh)
+          self.fresh.append((buf.device, buf.size, buf.dtype, []))
+        self.outputs.append(("fresh", fresh_ids[id(buf)], chain))
+      else: self.outputs.append(("fixed", t.uop, chain))
+    # where each input and each fresh output sits in the launches
+    self.input_slots: list[tuple[list, int, int]] = []
+    for item in items:
+      for pos, b in enumerate(item.bufs):
+        if (k := input_index.get(id(b))) is not None: self.input_slots.append((item.bufs, pos, k))
+        elif (f := fresh_ids.get(id(b))) is not None: self.fresh[f][3].append((item.bufs, pos))
+    self.n_inputs = len(input_bufs)
+    # buffers a replay must never be handed as an input (they would alias a buffer the kernels use another way)
+    self.internal_ids = {id(b) for item in items for b in item.bufs
+                         if id(b) not in input_index and id(b) not in fresh_ids}
+    # inputs that are also state the kernels may reach another way: a replay needs that very buffer again
+    self.pinned_inputs = {k: b for k, b in enumerate(input_bufs) if id(b) in state_ids}
+    self.written_inputs = sorted({k for bid, k in input_index.items() if bid in written})
+    self.written_state = [item.bufs[0] for item in items if id(item.bufs[0]) not in produced
+                          and id(item.bufs[0]) not in input_index]
+    self.kernel_count = sum(1 for item in items if item.runner.name != "copy")
+    self.ops = sum(item.runner.ops for item in items)
+    self.mem = sum(b.nbytes for item in items for b in item.bufs)
+
+  def check_state(self, roots: dict) -> str | None:
+    """None if the Python state the capture read is unchanged, else a description of what changed."""
+    for path, expected in self.guards:
+      try: value = _follow(roots[path[0]], path[1:])
+      except (AttributeError, KeyError, IndexError, TypeError): return f"{_path_str(path)} is gone"
+      if isinstance(expected, tuple):   # (tensor, marker)
+        if not isinstance(value, Tensor) or _marker(value) is not expected[1]:
+          return f"{_path_str(path)} is another tensor"
+      elif not _same_value(value, expected): return f"{_path_str(path)} changed from {expected!r} to {value!r}"
+    return None
+
+  def replay(self, tensors: list[Tensor]) -> Any:
+    """Run the captured launches with the buffers of `tensors` as inputs; returns the output structure."""
+    input_bufs = [t.uop.base.buffer.allocate() for t in tensors]
+    for bufs, pos, k in self.input_slots: bufs[pos] = input_bufs[k]
+    fresh = []
+    for device, size, dtype, slots in self.fresh:
+      buf = Buffer(device, size, dtype).allocate()
+      for bufs, pos in slots: bufs[pos] = buf
+      fresh.append(buf)
+    for item in self.items: item.runner(item.bufs, item.var_vals)
+    GlobalCounters.kernel_count += self.kernel_count
+    GlobalCounters.global_ops += self.ops
+    GlobalCounters.global_mem += self.mem
+    if DEBUG >= 2: print(f"*** TinyJit {self.name}: replayed {len(self.items)} launches")
+    # results computed earlier from buffers the replay overwrote are out of date, as after an eager assign
+    for k in self.written_inputs: _forget_results_computed_from(input_bufs[k])
+    for buf in self.written_state: _forget_results_computed_from(buf)
+    outs = []
+    for kind, where, chain in self.outputs:
+      if kind == "fixed":
+        outs.append(Tensor(where))
+        continue
+      if kind == "input": node = tensors[where].uop.base
+      else:
+        buf = fresh[where]
+        node = UOp.new_buffer(buf.device, buf.size, buf.dtype)
+        node.buffer = buf
+      outs.append(Tensor(_apply_chain(node, chain)))
+    return _fill(self.template, outs)
+
+def _prune(items: list[ExecItem], input_ids: set[int], output_ids: set[int]) -> list[ExecItem]:
+  """Keep only launches that depend on an input, write an output, or update a buffer they read (state)."""
+  depends = set(input_ids)
+  kept = []
+  for item in items:
+    out, reads = id(item.bufs[0]), [id(b) for b in item.bufs[1:]]
+    if any(r in depends for r in reads): depends.add(out)
+    if out in depends or out in output_ids or out in reads: kept.append(item)
+  return kept
+
+# ---------------- TinyJit ----------------
+
 class TinyJit(Generic[ReturnType]):
-  """Decorate a function whose outputs are Tensors: `@TinyJit def step(x): ...`."""
-  def __init__(self, fxn: Callable[..., ReturnType], prune: bool = False):
+  """Capture the kernels a function launches and replay them on later calls: `@TinyJit def step(x): ...`.
+
+  Call 1 runs eagerly, call 2 runs eagerly and captures, calls 3+ replay the captured kernels with the new input
+  tensors (found anywhere in the arguments, also inside lists, tuples and dicts). Returned tensors are realized.
+  Guards on every call re-capture on a changed shape, dtype, device, view, aliasing, Python scalar or argument
+  object (up to 8 captures are kept), and raise on what a replay cannot repeat; see docs/jit.md. `JIT=0` runs every
+  call eagerly. `prune=True` drops captured kernels that depend on no input (they ran once, at capture).
+
+  >>> from kiln import TinyJit
+  >>> @TinyJit
+  ... def double(x): return (x * 2).realize()
+  >>> [double(Tensor([float(i), 1.0])).tolist() for i in range(4)]
+  [[0.0, 2.0], [2.0, 2.0], [4.0, 2.0], [6.0, 2.0]]
+  """
+  def __init__(self, fxn: Callable[..., ReturnType] | None, captured: CapturedJit | None = None, prune: bool = False):
+    if fxn is None and captured is None: raise ValueError("TinyJit: give a function or a captured jit")
     self.fxn, self.prune = fxn, prune
-    functools.update_wrapper(self, fxn)
+    self.name = getattr(fxn, "__qualname__", None) or getattr(captured, "name", "jit")
+    self.captured: CapturedJit | None = captured
+    self.cnt = 0
+    self._global_names: list[str] | None = None
+    self._captures: collections.OrderedDict = collections.OrderedDict()   # guard key -> CapturedJit
+    self._seen: collections.OrderedDict = collections.OrderedDict()       # guard key -> objects, after one eager call
+    if fxn is not None: functools.update_wrapper(self, fxn)
+
   def __get__(self, obj, objtype=None):
+    # a jitted method: the instance becomes the first argument, so it is part of the guard (keyed by identity)
     return functools.partial(self.__call__, obj) if obj is not None else self
+
   def reset(self) -> None:
-    """Forget captured kernels (a no-op for now: nothing is captured yet)."""
+    """Forget every capture; the next call runs eagerly again."""
+    self._captures.clear()
+    self._seen.clear()
+    self.captured, self.cnt = None, 0
+
+  @property
+  def jit_cache(self) -> list[ExecItem]:
+    """The launches of the most recent capture (empty before one)."""
+    return self.captured.items if self.captured is not None else []
+
+  def _state_roots(self, objects: list[Any]) -> dict[tuple, Any]:
+    """Where the function can reach Python state: its closure cells, the globals it names, argument objects."""
+    roots: dict[tuple, Any] = {}
+    fxn = self.fxn
+    code = getattr(fxn, "__code__", None)
+    if code is not None:
+      for name, cell in zip(code.co_freevars, fxn.__closure__ or ()):
+        try: roots[("cell", name)] = cell.cell_contents
+        except ValueError: pass   # a cell not filled yet
+      fglobals = fxn.__globals__
+      if self._global_names is None: self._global_names = sorted(_code_names(code))
+      for name in self._global_names:
+        if name in fglobals: roots[("global", name)] = fglobals[name]
+    for j, obj in enumerate(objects): roots[("arg", j)] = obj
+    if roots.get(("global", "Tensor")) is Tensor: del roots[("global", "Tensor")]
+    return roots
+
   def __call__(self, *args, **kwargs) -> ReturnType:
-    from kiln.tensor import Tensor
-    out = self.fxn(*args, **kwargs)
-    results = out if isinstance(out, (tuple, list)) else (out,)
-    tensors = [t for t in results if isinstance(t, Tensor)]
-    if tensors: Tensor.realize_all(tensors)
-    return out
+    if capturing and JIT.value:
+      raise RuntimeError(f"TinyJit: {self.name} was called inside the TinyJit function {capturing[0].name}; "
+                         "nested TinyJit is not supported (call the inner function undecorated)")
+    self.cnt += 1
+    tensors: list[Tensor] = []
+    objects: list[Any] = []
+    if not kwargs and all(type(a) is Tensor for a in args):   # the common case, without the general walk
+      tensors.extend(args)
+      structure: Any = len(args)
+    else: structure = _describe((args, kwargs), tensors, objects)
+    if not JIT.value: return self.fxn(*args, **kwargs) if self.fxn is not None else self.captured.replay(tensors)
+    # inputs are realized buffers: a lazy input is computed first (outside the capture)
+    pending = [t for t in tensors if t.uop.base.op is not Ops.BUFFER]
+    if pending: Tensor.realize_all(pending)
+    ids = [id(t.uop.base.buffer) for t in tensors]
+    aliasing = tuple(ids.index(i) for i in ids) if len(set(ids)) != len(ids) else None
+    key = (structure, tuple(_tensor_signature(t) for t in tensors), aliasing, Tensor.training)
+    entry = self._captures.get(key)
+    if self.fxn is None:   # only a capture handed in: replay it when the guards match, there is nothing to re-capture
+      if key != self.captured.key or (changed := self._replay_blocker(self.captured, tensors, objects)) is not None:
+        raise RuntimeError(f"TinyJit: the arguments do not match the capture of {self.name}"
+                           f"{': ' + changed if key == self.captured.key else ''}")
+      return self.captured.replay(tensors)
+    if entry is not None:
+      changed = self._replay_blocker(entry, tensors, objects)
+      if changed is None:
+        self._captures.move_to_end(key)
+        self.captured = entry
+        return entry.replay(tensors)
+      if DEBUG >= 1: print(f"TinyJit {self.name}: re-capturing because {changed}")
+      del self._captures[key]
+    elif key not in self._seen:
+      # first call with this signature: eager, so state the function initializes lazily exists before the capture
+      self._seen[key] = objects
+      while len(self._seen) > 4 * MAX_CAPTURES: self._seen.popitem(last=False)
+      return self._run(args, kwargs, tensors, record=False)
+    return self._capture(key, args, kwargs, tensors, objects)
+
+  def _replay_blocker(self, entry: CapturedJit, tensors: list[Tensor], objects: list[Any]) -> str | None:
+    """Why `entry` cannot be replayed with these inputs (None when it can)."""
+    for k, t in enumerate(tensors):
+      buf = t.uop.base.buffer
+      pinned = entry.pinned_inputs.get(k)
+      if pinned is not None and buf is not pinned: return f"input {k} was a buffer the kernels also use as state"
+      if pinned is None and id(buf) in entry.internal_ids: return f"input {k} is a buffer the captured kernels use"
+    return entry.check_state(self._state_roots(objects)) if entry.guards else None
+
+  def _run(self, args, kwargs, tensors, record: bool) -> Any:
+    recorder = _Recorder(self.name, recording=record)
+    capturing.append(recorder)
+    try:
+      ret = self.fxn(*args, **kwargs)
+      outs: list[Tensor] = []
+      template = _template(ret, outs)
+      if outs: Tensor.realize_all(outs)
+    finally: capturing.pop()
+    return (ret, recorder, outs, template) if record else ret
+
+  def _capture(self, key, args, kwargs, tensors, objects) -> Any:
+    roots = self._state_roots(objects)
+    before = {p: ((v, _marker(v)) if isinstance(v, Tensor) else v) for p, v in _walk_state(list(roots.items())).items()}
+    rng_before = (Tensor._seed, Tensor._rng_counter)
+    input_bufs = [t.uop.base.buffer for t in tensors]
+    ret, recorder, outs, template = self._run(args, kwargs, tensors, record=True)
+    if not recorder.items:
+      raise RuntimeError(f"TinyJit: {self.name} launched no kernels, so there is nothing to capture (return tensors "
+                         "the function computes, or don't jit it)")
+    if (Tensor._seed, Tensor._rng_counter) != rng_before:
+      raise RuntimeError(f"TinyJit: {self.name} draws random numbers (Tensor.rand/randn/dropout...); a replay would "
+                         "repeat the same numbers, so this is refused: draw them outside and pass them in, or JIT=0")
+    after = _walk_state(list(self._state_roots(objects).items()))
+    for path in dict.fromkeys([*before, *after]):
+      old, new = before.get(path, _MISSING), after.get(path, _MISSING)
+      if isinstance(old, tuple) and isinstance(new, Tensor) and new is old[0] and _marker(new) is old[1]: continue
+      if not isinstance(old, tuple) and old is not _MISSING and _same_value(old, new): continue
+      raise RuntimeError(f"TinyJit: {self.name} changed {_path_str(path)} during the call; a replay runs only the "
+                         "captured kernels and cannot repeat Python-side changes (update tensors in place with "
+                         "assign(), keep Python values fixed during the call, or run with JIT=0)")
+    used = {id(b) for item in recorder.items for b in item.bufs}
+    guards = [(p, v) for p, v in before.items()
+              if not isinstance(v, tuple) or not isinstance(v[1], Buffer) or id(v[1]) in used]
+    entry = CapturedJit(self.name, recorder.items, input_bufs, recorder.existed, outs, template, guards,
+                        [objects, [v[0] for v in before.values() if isinstance(v, tuple)]], self.prune, key)
+    self._captures[key] = self.captured = entry
+    while len(self._captures) > MAX_CAPTURES: self._captures.popitem(last=False)
+    if DEBUG >= 1: print(f"TinyJit {self.name}: captured {len(entry.items)} launches")
+    return ret
+
+_MISSING = object()

@@ -70,21 +70,42 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
   _runner_cache[key] = runner
   return runner
 
+class BufferCopy:
+  """A device copy as a runner: `bufs[0]` gets the contents of `bufs[1]`; returns the elapsed seconds."""
+  name, ops, vars = "copy", 0, []
+  def __call__(self, bufs: list[Buffer], var_vals: dict | None = None, wait: bool = False):
+    start = time.perf_counter()
+    bufs[0].copy_from(bufs[1])
+    return time.perf_counter() - start
+BUFFER_COPY = BufferCopy()
+
+@dataclass
+class ExecItem:
+  """One launch as a TinyJit capture records it: the runner, the buffers it got (output first) and its variables."""
+  runner: CompiledRunner | BufferCopy
+  bufs: list[Buffer]
+  var_vals: dict
+
+# the TinyJit call in progress (at most one). run_schedule reports each launch to it; Tensor.numpy() raises while set
+capturing: list = []
+
 def run_schedule(items: list[ScheduleItem], var_vals: dict | None = None) -> None:
   """Run each item in order, allocating its buffers first."""
   for item in items:
+    if capturing: capturing[0].note_buffers(item.bufs)   # before allocating: which buffers existed already
     for b in item.bufs: b.allocate()
     if item.ast.op is Ops.COPY:
-      start = time.perf_counter()
-      item.bufs[0].copy_from(item.bufs[1])
-      elapsed = time.perf_counter() - start
+      elapsed = BUFFER_COPY(item.bufs)
+      if capturing: capturing[0].add(ExecItem(BUFFER_COPY, list(item.bufs), {}))
       GlobalCounters.global_mem += item.bufs[0].nbytes
       if DEBUG >= 2: print(f"*** {item.bufs[0].device:7s} copy {item.bufs[0].nbytes:10d} bytes from {item.bufs[1].device}"
                            f"  {fmt_time(elapsed)}")
       continue
     device = item.bufs[0].device
     runner = get_runner(device, item.ast)
-    elapsed = runner(item.bufs, var_vals or item.var_vals, wait=DEBUG >= 2)
+    vals = var_vals or item.var_vals
+    elapsed = runner(item.bufs, vals, wait=DEBUG >= 2)
+    if capturing: capturing[0].add(ExecItem(runner, list(item.bufs), dict(vals) if vals else {}))
     mem = sum(b.nbytes for b in item.bufs)
     GlobalCounters.kernel_count += 1
     GlobalCounters.global_ops += runner.ops

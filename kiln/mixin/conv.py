@@ -1,7 +1,380 @@
-"""Convolutions, pooling and interpolation, built from movement ops and reductions."""
+"""Convolutions, pooling and interpolation, built from movement ops and reductions.
+
+Every op here works for any number of spatial dimensions (1d, 2d, 3d, ...): the spatial dims are the trailing ones,
+as many as the kernel has. The core is `_pool`, a view of sliding windows made only of pad/shrink/reshape/expand/
+permute, so a convolution is that view times the weight, summed: lazy, fusable, and differentiable by the gradient
+rules of the ops it is made of.
+"""
 from __future__ import annotations
-from typing import TYPE_CHECKING
+import math
+from typing import TYPE_CHECKING, Sequence
+import numpy as np
+from kiln.dtype import dtypes
+from kiln.helpers import prod, flatten
+from kiln.mixin.common import where, fmt
 if TYPE_CHECKING: from kiln.tensor import Tensor  # noqa: F401
+
+def _is_int(value) -> bool: return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+def _int_tuple(value, n: int, what: str, op: str, minimum: int = 1) -> tuple[int, ...]:
+  """`value` (an int, or a sequence of `n` ints) as `n` ints, each at least `minimum`."""
+  if _is_int(value): values = (int(value),) * n
+  elif isinstance(value, (tuple, list)) and len(value) == n and all(_is_int(v) for v in value):
+    values = tuple(int(v) for v in value)
+  else: raise ValueError(f"{op}: {what} must be an int or a sequence of {n} ints, got {value!r}{where()}")
+  if any(v < minimum for v in values):
+    raise ValueError(f"{op}: {what} must be at least {minimum}, got {value!r}{where()}")
+  return values
+
+def _pad_pairs(padding, n: int, op: str) -> list[tuple[int, int]]:
+  """(before, after) for each of `n` spatial dims, from an int, `n` ints (symmetric per dim), or 2*n ints in PyTorch's
+  flat order (last dim first: left, right, top, bottom, ...)."""
+  if _is_int(padding): return [(int(padding), int(padding))] * n
+  if isinstance(padding, (tuple, list)) and all(_is_int(p) for p in padding):
+    if len(padding) == n: return [(int(p), int(p)) for p in padding]
+    if len(padding) == 2 * n: return [(int(padding[i]), int(padding[i + 1])) for i in range(0, 2 * n, 2)][::-1]
+  raise ValueError(f"{op}: padding must be an int or a sequence of {n} or {2 * n} ints for {n} spatial dims, "
+                   f"got {padding!r}{where()}")
+
+def _check_conv_operands(x: Tensor, w: Tensor, groups, op: str) -> None:
+  """Errors for operands no convolution can take: dims, devices, groups."""
+  if w.ndim < 3 or x.ndim != w.ndim:
+    raise ValueError(f"{op}: input {fmt(x.shape)} and weight {fmt(w.shape)} need the same number of dims, at least 3 "
+                     f"(batch, channels, *spatial){where()}")
+  if x.device != w.device: raise RuntimeError(f"{op}: input on {x.device} but weight on {w.device}{where()}")
+  if not _is_int(groups) or groups < 1:
+    raise ValueError(f"{op}: groups must be a positive int, got {groups!r}{where()}")
 
 class ConvMixin:
   __slots__ = ()
+
+  # ---------------- the sliding-window view ----------------
+  def _pad_spatial(self, pairs: Sequence[tuple[int, int]], value: float = 0.0) -> Tensor:
+    """Pad (or, where negative, crop) the trailing len(pairs) axes."""
+    lead = [(0, 0)] * (self.ndim - len(pairs))
+    x = self
+    if any(b < 0 or a < 0 for b, a in pairs):
+      bounds = [None] * len(lead) + [(max(-b, 0), s - max(-a, 0)) for (b, a), s in zip(pairs, self.shape[len(lead):])]
+      x = x.shrink(tuple(bounds))
+      pairs = [(max(b, 0), max(a, 0)) for b, a in pairs]
+    if not any(b or a for b, a in pairs): return x
+    return x.pad(tuple(lead + list(pairs)), value=value)
+
+  def _pool(self, kernel: tuple[int, ...], stride: int | tuple[int, ...] = 1,
+            dilation: int | tuple[int, ...] = 1) -> Tensor:
+    """The sliding windows over the trailing len(kernel) axes: (..., *spatial) -> (..., *out, *kernel).
+
+    out = (size - dilation*(kernel-1) - 1) // stride + 1 per axis, and the view holds
+    x[..., o*stride + j*dilation] at [..., o, j]. Made of movement ops only (no copy, no gather).
+    """
+    n = len(kernel)
+    if self.ndim < n: raise ValueError(f"pool: a {n}-d kernel needs at least {n} dims, got {fmt(self.shape)}{where()}")
+    strides, dilations = _int_tuple(stride, n, "stride", "pool"), _int_tuple(dilation, n, "dilation", "pool")
+    lead, sizes = list(self.shape[:-n]), self.shape[self.ndim - n:]
+    spans = [d * (k - 1) + 1 for k, d in zip(kernel, dilations)]
+    if any(span > size for span, size in zip(spans, sizes)):
+      raise ValueError(f"pool: kernel {fmt(kernel)} with dilation {fmt(dilations)} spans {fmt(spans)}, more than the "
+                       f"(padded) input's spatial size {fmt(sizes)}{where()}")
+    outs = [(size - span) // s + 1 for size, span, s in zip(sizes, spans, strides)]
+    keep = [None] * len(lead)
+    nl = len(lead)
+    if all(k <= s and d == 1 for k, s, d in zip(kernel, strides, dilations)):
+      # windows don't overlap: cut each axis into blocks of `stride` and keep the first `kernel` of every block
+      x = self._pad_spatial([(0, max(0, o * s - size)) for o, s, size in zip(outs, strides, sizes)])
+      x = x.shrink(tuple(keep + [(0, o * s) for o, s in zip(outs, strides)]))
+      x = x.reshape(lead + flatten((o, s) for o, s in zip(outs, strides)))
+      x = x.shrink(tuple(keep + flatten(((0, o), (0, k)) for o, k in zip(outs, kernel))))
+      return x.permute(*range(nl), *[nl + 2 * i for i in range(n)], *[nl + 2 * i + 1 for i in range(n)])
+    # Overlapping or dilated windows. Lay `kernel` copies of the axis (length L) end to end and read it in rows of
+    # L + dilation: row j then starts j*dilation further into the axis, so column o*stride of row j is
+    # x[o*stride + j*dilation], and taking every stride-th column is a reshape. L >= out*stride keeps it legal.
+    # The copies are an expand, so nothing is materialized.
+    lengths = [max(size, o * s) for size, o, s in zip(sizes, outs, strides)]
+    x = self._pad_spatial([(0, length - size) for length, size in zip(lengths, sizes)])
+    repeats = [math.ceil(k * (length + d) / length) for k, length, d in zip(kernel, lengths, dilations)]
+    x = x.reshape(lead + flatten((1, length) for length in lengths))
+    x = x.expand(lead + flatten((r, length) for r, length in zip(repeats, lengths)))
+    x = x.reshape(lead + [r * length for r, length in zip(repeats, lengths)])
+    x = x.shrink(tuple(keep + [(0, k * (length + d)) for k, length, d in zip(kernel, lengths, dilations)]))
+    x = x.reshape(lead + flatten((k, length + d) for k, length, d in zip(kernel, lengths, dilations)))
+    x = x.shrink(tuple(keep + flatten(((0, k), (0, o * s)) for k, o, s in zip(kernel, outs, strides))))
+    x = x.reshape(lead + flatten((k, o, s) for k, o, s in zip(kernel, outs, strides)))
+    x = x.shrink(tuple(keep + flatten(((0, k), (0, o), (0, 1)) for k, o in zip(kernel, outs))))
+    x = x.reshape(lead + flatten((k, o) for k, o in zip(kernel, outs)))
+    return x.permute(*range(nl), *[nl + 2 * i + 1 for i in range(n)], *[nl + 2 * i for i in range(n)])
+
+  # ---------------- convolutions ----------------
+  def conv2d(self, weight: Tensor, bias: Tensor | None = None, groups: int = 1, stride: int | tuple[int, ...] = 1,
+             dilation: int | tuple[int, ...] = 1, padding: int | tuple[int, ...] = 0, dtype=None) -> Tensor:
+    """Convolution (cross-correlation, as PyTorch) of (N, C_in, *spatial) with a (C_out, C_in/groups, *kernel) weight.
+
+    Any number of spatial dims (1d, 2d, 3d). `padding` is an int, one int per spatial dim, or 2*dims ints in PyTorch's
+    flat order (left, right, top, bottom, ...). `dtype` is the accumulation and result dtype.
+
+    >>> Tensor.arange(9).reshape(1, 1, 3, 3).float().conv2d(Tensor.ones(1, 1, 2, 2)).tolist()
+    [[[[8.0, 12.0], [20.0, 24.0]]]]
+    """
+    if not isinstance(weight, type(self)):
+      raise TypeError(f"conv2d: weight must be a Tensor, got {type(weight).__name__}{where()}")
+    pairs = _pad_pairs(padding, max(weight.ndim - 2, 0), "conv2d")
+    if any(b < 0 or a < 0 for b, a in pairs): raise ValueError(f"conv2d: negative padding {padding!r}{where()}")
+    return self._conv(weight, bias, groups, stride, dilation, pairs, dtype, "conv2d")
+
+  def _conv(self, weight: Tensor, bias: Tensor | None, groups, stride, dilation, pairs: list[tuple[int, int]], dtype,
+            op: str) -> Tensor:
+    """conv2d with padding already resolved to (before, after) pairs, which may be negative (a crop)."""
+    x, w = self, weight
+    _check_conv_operands(x, w, groups, op)
+    n = w.ndim - 2
+    (batch, channels), (cout, cin), kernel = x.shape[:2], w.shape[:2], w.shape[2:]
+    if cin * groups != channels:
+      raise ValueError(f"{op}: input {fmt(x.shape)} has {channels} channels but weight {fmt(w.shape)} with "
+                       f"groups={groups} expects {cin}*{groups} = {cin * groups}{where()}")
+    if cout % groups:
+      raise ValueError(f"{op}: weight {fmt(w.shape)} has {cout} output channels, not divisible by "
+                       f"groups={groups}{where()}")
+    if bias is not None and (not isinstance(bias, type(self)) or bias.shape != (cout,)):
+      got = fmt(bias.shape) if isinstance(bias, type(self)) else type(bias).__name__
+      raise ValueError(f"{op}: bias must have shape ({cout},) for weight {fmt(w.shape)}, got {got}{where()}")
+    strides, dilations = _int_tuple(stride, n, "stride", op), _int_tuple(dilation, n, "dilation", op)
+    padded = [size + b + a for size, (b, a) in zip(x.shape[2:], pairs)]
+    spans = [d * (k - 1) + 1 for k, d in zip(kernel, dilations)]
+    if any(p < span for p, span in zip(padded, spans)) or 0 in kernel:
+      raise ValueError(f"{op}: kernel {fmt(kernel)} (dilation {fmt(dilations)}) is larger than the padded input "
+                       f"{fmt(padded)} of input {fmt(x.shape)}{where()}")
+    windows = x._pad_spatial(pairs)._pool(kernel, strides, dilations)   # (N, groups*cin, *out, *kernel)
+    outs = windows.shape[2:2 + n]
+    # (N, groups, 1, *out, cin, *kernel) * (1, groups, cout/groups, *1, cin, *kernel), summed over (cin, *kernel)
+    windows = windows.reshape(batch, groups, 1, cin, *outs, *kernel)
+    windows = windows.permute(0, 1, 2, *range(4, 4 + n), 3, *range(4 + n, 4 + 2 * n))
+    w = w.reshape(1, groups, cout // groups, *[1] * n, cin, *kernel)
+    out = (windows * w).sum(tuple(range(-1 - n, 0)), dtype=dtype).reshape(batch, cout, *outs)
+    return out if bias is None else out + bias.reshape(1, cout, *[1] * n)
+
+  def conv_transpose2d(self, weight: Tensor, bias: Tensor | None = None, groups: int = 1,
+                       stride: int | tuple[int, ...] = 1, dilation: int | tuple[int, ...] = 1,
+                       padding: int | tuple[int, ...] = 0, output_padding: int | tuple[int, ...] = 0) -> Tensor:
+    """Transposed convolution (conv2d's gradient) of (N, C_in, *spatial) with a (C_in, C_out/groups, *kernel) weight.
+
+    Any number of spatial dims. Each output size is (in-1)*stride - pad_before - pad_after + dilation*(kernel-1)
+    + output_padding + 1.
+
+    >>> Tensor([[[1.0, 2.0]]]).conv_transpose2d(Tensor([[[1.0, 10.0]]]), stride=2).tolist()
+    [[[1.0, 10.0, 2.0, 20.0]]]
+    """
+    if not isinstance(weight, type(self)):
+      raise TypeError(f"conv_transpose2d: weight must be a Tensor, got {type(weight).__name__}{where()}")
+    op, x, w = "conv_transpose2d", self, weight
+    _check_conv_operands(x, w, groups, op)
+    n, cin, kernel = w.ndim - 2, w.shape[0], w.shape[2:]
+    if x.shape[1] != cin or cin % groups:
+      raise ValueError(f"{op}: input {fmt(x.shape)} has {x.shape[1]} channels but weight {fmt(w.shape)} expects {cin} "
+                       f"(and a multiple of groups={groups}){where()}")
+    strides, dilations = _int_tuple(stride, n, "stride", op), _int_tuple(dilation, n, "dilation", op)
+    out_pads = _int_tuple(output_padding, n, "output_padding", op, minimum=0)
+    pairs = _pad_pairs(padding, n, op)
+    if any(b < 0 or a < 0 for b, a in pairs): raise ValueError(f"{op}: negative padding {padding!r}{where()}")
+    if any(p >= max(s, d) for p, s, d in zip(out_pads, strides, dilations)):
+      raise ValueError(f"{op}: output_padding {fmt(out_pads)} must be smaller than stride {fmt(strides)} or dilation "
+                       f"{fmt(dilations)}{where()}")
+    sizes = x.shape[2:]
+    outs = [(i - 1) * s - b - a + d * (k - 1) + p + 1
+            for i, s, (b, a), d, k, p in zip(sizes, strides, pairs, dilations, kernel, out_pads)]
+    if 0 in sizes or any(o <= 0 for o in outs):
+      raise ValueError(f"{op}: input {fmt(x.shape)} with weight {fmt(w.shape)} gives output size {fmt(outs)}{where()}")
+    if any(s > 1 for s in strides):
+      # put stride-1 zeros between the input's elements: (i) -> (i, 1) -> pad to (i, s) -> (i*s) -> crop the tail zeros
+      x = x.reshape(*x.shape[:2], *flatten((i, 1) for i in sizes))
+      x = x._pad_spatial(flatten(((0, 0), (0, s - 1)) for s in strides))
+      x = x.reshape(*x.shape[:2], *[i * s for i, s in zip(sizes, strides)])
+      x = x._pad_spatial([(0, 1 - s) for s in strides])
+    # (C_in, C_out/g, *k) -> (C_out, C_in/g, *k) per group, kernel flipped
+    w = w.reshape(groups, cin // groups, w.shape[1], *kernel).permute(0, 2, 1, *range(3, 3 + n))
+    w = w.flip(tuple(range(3, 3 + n))).reshape(groups * w.shape[1], cin // groups, *kernel)
+    conv_pairs = [((k - 1) * d - b, (k - 1) * d - a + p) for k, d, (b, a), p in zip(kernel, dilations, pairs, out_pads)]
+    return x._conv(w, bias, groups, 1, dilations, conv_pairs, None, op)
+
+  # ---------------- pooling ----------------
+  def _pool_args(self, kernel_size, stride, dilation, padding, ceil_mode: bool, op: str):
+    """Resolve pooling arguments: (kernel, strides, dilations, regular pads, extra right pads for ceil_mode)."""
+    n = len(kernel_size) if isinstance(kernel_size, (tuple, list)) else 2
+    kernel = _int_tuple(kernel_size, n, "kernel_size", op)
+    if self.ndim < n:
+      raise ValueError(f"{op}: a {n}-d kernel needs an input with at least {n} dims, got {fmt(self.shape)}{where()}")
+    strides = kernel if stride is None else _int_tuple(stride, n, "stride", op)
+    dilations = _int_tuple(dilation, n, "dilation", op)
+    pairs = _pad_pairs(padding, n, op)
+    if any(b < 0 or a < 0 for b, a in pairs): raise ValueError(f"{op}: negative padding {padding!r}{where()}")
+    sizes = self.shape[self.ndim - n:]
+    spans = [d * (k - 1) + 1 for k, d in zip(kernel, dilations)]
+    padded = [i + b + a for i, (b, a) in zip(sizes, pairs)]
+    if any(p < span for p, span in zip(padded, spans)):
+      raise ValueError(f"{op}: kernel {fmt(kernel)} (dilation {fmt(dilations)}) is larger than the padded input "
+                       f"{fmt(padded)} of input {fmt(self.shape)}{where()}")
+    extra = [0] * n
+    if ceil_mode:
+      for axis, (i, (b, _), p, span, s) in enumerate(zip(sizes, pairs, padded, spans, strides)):
+        out = -(-(p - span) // s) + 1
+        if (out - 1) * s >= i + b: out -= 1   # as in PyTorch: the last window must start inside the input or left pad
+        extra[axis] = max(0, (out - 1) * s + span - p)
+    return kernel, strides, dilations, pairs, extra
+
+  def avg_pool2d(self, kernel_size: int | tuple[int, ...] = (2, 2), stride=None, dilation=1,
+                 padding: int | tuple[int, ...] = 0, ceil_mode: bool = False, count_include_pad: bool = True) -> Tensor:
+    """Average over sliding windows of the trailing len(kernel_size) axes (any number of them).
+
+    `stride` defaults to the kernel size; `padding` as in conv2d. With `count_include_pad` the zero padding counts in
+    each window's divisor; `ceil_mode` keeps a last partial window.
+
+    >>> Tensor.arange(16).reshape(1, 1, 4, 4).float().avg_pool2d().tolist()
+    [[[[2.5, 4.5], [10.5, 12.5]]]]
+    """
+    kernel, strides, dilations, pairs, extra = self._pool_args(kernel_size, stride, dilation, padding, ceil_mode,
+                                                               "avg_pool2d")
+    n = len(kernel)
+    x = self._as_float()
+    windows = x._pad_spatial([(b, a + e) for (b, a), e in zip(pairs, extra)])._pool(kernel, strides, dilations)
+    total = windows.sum(tuple(range(-n, 0)))
+    if count_include_pad and not ceil_mode: return total / prod(kernel)
+    # how many taps of each window fall inside the input (or its explicit padding): the same for every channel
+    counts = np.ones((), np.float64)
+    for size, (b, a), k, s, d, out in zip(self.shape[self.ndim - n:], pairs, kernel, strides, dilations,
+                                          windows.shape[windows.ndim - 2 * n:windows.ndim - n]):
+      lo, hi = (-b, size + a) if count_include_pad else (0, size)
+      taps = np.arange(out)[:, None] * s - b + np.arange(k)[None, :] * d
+      counts = np.multiply.outer(counts, ((taps >= lo) & (taps < hi)).sum(1))
+    return total / type(self)(np.maximum(counts, 1), device=self.device, dtype=total.dtype)
+
+  def max_pool2d(self, kernel_size: int | tuple[int, ...] = (2, 2), stride=None, dilation=1,
+                 padding: int | tuple[int, ...] = 0, ceil_mode: bool = False,
+                 return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    """Maximum over sliding windows of the trailing len(kernel_size) axes (any number of them).
+
+    With `return_indices`, also the position of each maximum as a flat index into its (unpadded) channel plane, as in
+    PyTorch (int32; the first maximum wins ties), for max_unpool2d.
+
+    >>> Tensor([[[[1, 5, 2, 0], [3, 4, 8, 7]]]]).max_pool2d(return_indices=True)[1].tolist()
+    [[[[1, 6]]]]
+    """
+    kernel, strides, dilations, pairs, extra = self._pool_args(kernel_size, stride, dilation, padding, ceil_mode,
+                                                               "max_pool2d")
+    n, axes = len(kernel), tuple(range(-len(kernel), 0))
+    full_pairs = [(b, a + e) for (b, a), e in zip(pairs, extra)]
+    windows = self._pad_spatial(full_pairs, dtypes.min(self.dtype))._pool(kernel, strides, dilations)
+    if not return_indices: return windows.max(axes)
+    best = windows.max(axes, keepdim=True)
+    spatial = self.shape[self.ndim - n:]
+    plane = prod(spatial)
+    # count down so that max() picks the first (lowest) position among equal maxima; padding counts as 0, never chosen
+    countdown = self.arange(plane, 0, -1, device=self.device).reshape(spatial)
+    countdown = countdown._pad_spatial(full_pairs)._pool(kernel, strides, dilations)
+    index = plane - (windows == best).where(countdown, 0).max(axes)
+    return best.reshape(best.shape[:best.ndim - n]), index.cast(dtypes.default_int)
+
+  def max_unpool2d(self, indices: Tensor, kernel_size: int | tuple[int, ...] = (2, 2), stride=None, dilation=1,
+                   padding: int | tuple[int, ...] = 0, output_size=None) -> Tensor:
+    """Partial inverse of max_pool2d: put each value at its flat `indices` position in a zero plane.
+
+    The input is (N, C, *spatial); the output size follows from the pooling arguments unless `output_size` is given
+    (spatial dims, or all dims). Indices outside the output plane are dropped.
+
+    >>> v, i = Tensor([[[[1.0, 5.0], [3.0, 2.0]]]]).max_pool2d(return_indices=True)
+    >>> v.max_unpool2d(i).tolist()
+    [[[[0.0, 5.0], [0.0, 0.0]]]]
+    """
+    op = "max_unpool2d"
+    if not isinstance(indices, type(self)):
+      raise TypeError(f"{op}: indices must be a Tensor, got {type(indices).__name__}{where()}")
+    if self.ndim < 3: raise ValueError(f"{op}: input must be (N, C, *spatial), got {fmt(self.shape)}{where()}")
+    if indices.shape != self.shape:
+      raise ValueError(f"{op}: indices {fmt(indices.shape)} must have the input's shape {fmt(self.shape)}{where()}")
+    batch, channels, *spatial = self.shape
+    n = len(spatial)
+    if output_size is None:
+      kernel = _int_tuple(kernel_size, n, "kernel_size", op)
+      strides = kernel if stride is None else _int_tuple(stride, n, "stride", op)
+      dilations = _int_tuple(dilation, n, "dilation", op)
+      pairs = _pad_pairs(padding, n, op)
+      out_size = tuple((i - 1) * s - b - a + d * (k - 1) + 1
+                       for i, s, (b, a), d, k in zip(spatial, strides, pairs, dilations, kernel))
+    else:
+      size = tuple(output_size)
+      if len(size) not in (n, n + 2) or not all(_is_int(s) for s in size):
+        raise ValueError(f"{op}: output_size must have {n} or {n + 2} ints, got {output_size!r}{where()}")
+      out_size = tuple(int(s) for s in size[len(size) - n:])
+    if any(s <= 0 for s in out_size): raise ValueError(f"{op}: output size {fmt(out_size)} is empty{where()}")
+    plane, count = prod(out_size), prod(spatial)
+    targets = self.arange(plane, device=self.device)
+    hits = indices.reshape(batch, channels, count, 1) == targets                    # (N, C, count, plane)
+    total = hits.where(self.reshape(batch, channels, count, 1), 0).sum(2)
+    # Overlapping pooling windows can pick one element twice: its copies hold the same value, which PyTorch writes
+    # once yet sends the full gradient to each copy. Divide the forward by the copy count and keep the sum's gradient.
+    copies = hits.sum(2)
+    out = (copies > 1).where(total - (total - total / copies.maximum(1)).detach(), total)
+    return out.cast(self.dtype).reshape(batch, channels, *out_size)
+
+  # ---------------- resampling ----------------
+  def interpolate(self, size: tuple[int, ...], mode: str = "linear", align_corners: bool = False) -> Tensor:
+    """Resize the trailing len(size) axes to `size` (any leading dims are kept), as torch.nn.functional.interpolate.
+
+    `mode` is "nearest" (source index floor(i*in/out)), "nearest-exact" (half-pixel centres), or "linear" (with
+    "bilinear"/"trilinear" as names for 2 and 3 axes): separable linear interpolation, with `align_corners` as in
+    PyTorch.
+
+    >>> Tensor([[1.0, 2.0]]).interpolate((4,), mode="linear").tolist()
+    [[1.0, 1.25, 1.75, 2.0]]
+    >>> Tensor([[1, 2]]).interpolate((4,), mode="nearest").tolist()
+    [[1, 1, 2, 2]]
+    """
+    op = "interpolate"
+    if not isinstance(size, (tuple, list)) or not size or not all(_is_int(s) and s > 0 for s in size):
+      raise ValueError(f"{op}: size must be a non-empty sequence of positive ints, got {size!r}{where()}")
+    if len(size) > self.ndim:
+      raise ValueError(f"{op}: size {fmt(size)} has more axes than the input {fmt(self.shape)}{where()}")
+    modes = {"nearest": None, "nearest-exact": None, "linear": None, "bilinear": 2, "trilinear": 3}
+    if mode not in modes: raise ValueError(f"{op}: mode must be one of {', '.join(modes)}, got {mode!r}{where()}")
+    if modes[mode] is not None and len(size) != modes[mode]:
+      raise ValueError(f"{op}: mode {mode!r} resizes {modes[mode]} axes, but size {fmt(size)} has {len(size)}{where()}")
+    linear = mode in ("linear", "bilinear", "trilinear")
+    if align_corners and not linear:
+      raise ValueError(f"{op}: align_corners only applies to the linear modes, not {mode!r}{where()}")
+    x = self.cast(dtypes.default_float) if linear and not dtypes.is_float(self.dtype) else self
+    for axis in range(self.ndim - len(size), self.ndim):
+      n_in, n_out = self.shape[axis], int(size[axis - self.ndim + len(size)])
+      if n_in == n_out: continue   # every mode maps an axis of unchanged size to itself
+      if linear: x = x._resample_axis(axis, _linear_weights(n_in, n_out, align_corners))
+      else: x = x._resample_axis(axis, _nearest_onehot(n_in, n_out, mode == "nearest"))
+    return x.cast(self.dtype)
+
+  def _resample_axis(self, axis: int, matrix: np.ndarray) -> Tensor:
+    """Each output position along `axis` is a fixed combination of input positions: matrix is (n_out, n_in)."""
+    n_out, n_in = matrix.shape
+    rest = self.ndim - axis - 1
+    x = self.reshape(*self.shape[:axis], 1, n_in, *self.shape[axis + 1:])
+    if matrix.dtype == np.bool_:   # nearest: select rather than multiply, so inf/nan elsewhere don't leak in
+      pick = type(self)(matrix.reshape(n_out, n_in, *[1] * rest), device=self.device)
+      return pick.where(x, 0).sum(axis + 1).cast(self.dtype)
+    weights = type(self)(matrix.reshape(n_out, n_in, *[1] * rest), device=self.device, dtype=self.dtype)
+    return (x * weights).sum(axis + 1)
+
+def _nearest_onehot(n_in: int, n_out: int, floor_mode: bool) -> np.ndarray:
+  """(n_out, n_in) bools: the source of each output. Index arithmetic in float32, as PyTorch's CPU kernels do."""
+  scale = np.float32(n_in) / np.float32(n_out)
+  dst = np.arange(n_out)
+  if floor_mode: src = np.floor(dst.astype(np.float32) * scale)
+  else: src = np.floor(((dst + 0.5) * np.float64(scale)).astype(np.float32))
+  src = np.minimum(src.astype(np.int64), n_in - 1)
+  return src[:, None] == np.arange(n_in)[None, :]
+
+def _linear_weights(n_in: int, n_out: int, align_corners: bool) -> np.ndarray:
+  """(n_out, n_in) weights of 1-d linear interpolation, with PyTorch's source-index rule."""
+  dst = np.arange(n_out, dtype=np.float64)
+  if align_corners: src = dst * ((n_in - 1) / (n_out - 1) if n_out > 1 else 0.0)
+  else: src = np.maximum((dst + 0.5) * (n_in / n_out) - 0.5, 0.0)
+  low = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
+  high = np.minimum(low + 1, n_in - 1)
+  frac = np.clip(src - low, 0.0, 1.0)
+  matrix = np.zeros((n_out, n_in), np.float64)
+  np.add.at(matrix, (np.arange(n_out), low), 1 - frac)
+  np.add.at(matrix, (np.arange(n_out), high), frac)
+  return matrix

@@ -1,7 +1,335 @@
-"""Elementwise math and activations beyond the core set (inverse trig, hyperbolic, erf, copysign, ...)."""
+"""Elementwise math and activations beyond the core set (inverse trig, hyperbolic, erf, copysign, ...).
+
+Each function is a composition of core ops, so autograd differentiates it without a rule of its own. Three habits
+keep the results (and their gradients) right at the edges, where PyTorch is the reference:
+- half-precision inputs are computed in float32 and rounded once at the end, as PyTorch's CPU kernels do;
+- odd functions evaluate their positive half on |x| taken with `where`, so the gradient at 0 is the function's
+  slope there (abs() has gradient 0 at 0);
+- every branch of a `where` gets inputs for which it is finite: the branch not taken still receives a zero gradient,
+  and 0 * inf (from a branch evaluated out of its range) would turn that zero into NaN.
+"""
 from __future__ import annotations
-from typing import TYPE_CHECKING
+import math
+from typing import TYPE_CHECKING, Callable, Sequence
+from kiln.dtype import dtypes
+from kiln.uop.ops import UOp, Ops
 if TYPE_CHECKING: from kiln.tensor import Tensor  # noqa: F401
+
+LN2 = math.log(2)
+# Taylor coefficients of erf(x)/x in powers of x*x: 2/sqrt(pi) * (-1)^n / (n! (2n+1)); 12 terms: exact to 1e-9 on |x|<1
+_ERF_TAYLOR = [2 / math.sqrt(math.pi) * (-1) ** n / (math.factorial(n) * (2 * n + 1)) for n in range(12)]
+# sinh(x)/x in powers of x*x: 1/(2n+1)!; 6 terms are exact to 2e-10 on |x|<1
+_SINH_TAYLOR = [1 / math.factorial(2 * n + 1) for n in range(6)]
+# asin(x) = x + x^3 * P(x^2) on |x| <= 0.5 and atan(x) = x + x^3 * Q(x^2) on |x| <= tan(pi/8): minimax fits
+# (Moshier's Cephes asinf/atanf), accurate to float32 rounding; highest power first
+_ASIN_P = [4.2163199048e-2, 2.4181311049e-2, 4.5470025998e-2, 7.4953002686e-2, 1.6666752422e-1]
+_ATAN_Q = [8.05374449538e-2, -1.38776856032e-1, 1.99777106478e-1, -3.33329491539e-1]
+# erfc(x) ~ t*exp(-x^2 + R(t)) with t = 1/(1 + x/2), relative error < 1.2e-7 for x >= 0 (Numerical Recipes' erfcc,
+# a Chebyshev fit); highest power first
+_ERFC_R = [0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806, 0.09678418, 0.37409196,
+           1.00002368, -1.26551223]
+
+def _poly(x: Tensor, coefficients: Sequence[float]) -> Tensor:
+  """The polynomial with `coefficients` (highest power first) at x, by Horner's rule."""
+  acc = x * coefficients[0] + coefficients[1]
+  for c in coefficients[2:]: acc = acc * x + c
+  return acc
+
+def _odd(x: Tensor, positive_half: Callable[[Tensor], Tensor]) -> Tensor:
+  """An odd function from its values on x >= 0 (sign of zero and the slope at 0 kept, NaN passed through)."""
+  negative = x < 0
+  result = positive_half(negative.where(-x, x))
+  return negative.where(-result, result)
 
 class ElementwiseMixin:
   __slots__ = ()
+
+  # ---------------- numerics shared by the functions below ----------------
+  def _in_float(self, fn: Callable[[Tensor], Tensor]) -> Tensor:
+    """fn of this tensor as a float, computed in float32 for half types and ints, rounded to the result dtype once."""
+    out = self.dtype if dtypes.is_float(self.dtype) else dtypes.default_float
+    compute = dtypes.float32 if out in (dtypes.float16, dtypes.bfloat16) else out
+    return fn(self.cast(compute)).cast(out)
+
+  def _log1p(self) -> Tensor:
+    """log(1 + x), accurate for tiny x: log(u) * x / (u - 1) with u = 1 + x cancels u's rounding error (Goldberg)."""
+    u = 1 + self
+    finite = u != math.inf
+    x = finite.where(self, 1.0)
+    u = 1 + x
+    rounded_away = u - 1
+    exact = rounded_away == 0
+    ratio = x / exact.where(1.0, rounded_away)
+    return finite.where(exact.where(x, u.log() * ratio), self)
+
+  def _expm1(self) -> Tensor:
+    """exp(x) - 1, accurate for tiny x: (u - 1) * x / log(u) with u = exp(x) cancels u's rounding error (Kahan).
+
+    Only |x| < 1/2 needs the correction; outside it u - 1 is precise and its gradient is exactly exp(x)."""
+    u = self.exp()
+    small = (self > -0.5) & (self < 0.5) & (u != 1)
+    x = small.where(self, 0.25)
+    v = x.exp()
+    return small.where((v - 1) * x / v.log(), (u == 1).where(self, u - 1))
+
+  def _fmod(self, other: Tensor) -> Tensor:
+    """C's fmod (exact, the sign of the dividend), for float tensors of one dtype and shape; no gradient."""
+    return self._wrap(self.detach().uop.alu(Ops.MOD, other.detach().uop), "fmod")
+
+  def _float_floordiv(self, other: Tensor) -> Tensor:
+    """floor(x / y) for floats as PyTorch computes it: from the exact fmod, so 1.0 // 0.1 is 9.0, not 10.0."""
+    def fn(x: Tensor) -> Tensor:
+      y = other.cast(x.dtype)
+      remainder = x._fmod(y)
+      quotient = (x - remainder) / y   # an integer up to rounding
+      wrong_sign = (remainder != 0) & ((y < 0) != (remainder < 0))
+      quotient = wrong_sign.where(quotient - 1, quotient)
+      floored = quotient.floor()
+      floored = (quotient - floored > 0.5).where(floored + 1, floored)
+      true_quotient = x / y
+      # a zero quotient keeps the sign of x / y (-0.0 for -0.5 // 1); y == 0 gives x / y (inf or NaN)
+      signed_zero = true_quotient * 0
+      return (y == 0).where(true_quotient, (quotient != 0).where(floored, signed_zero))
+    return self._in_float(fn).detach()
+
+  def _float_mod(self, other: Tensor) -> Tensor:
+    """x - floor(x / y) * y for floats from the exact fmod (PyTorch's remainder), gradients 1 and -floor(x / y)."""
+    def fn(x: Tensor) -> Tensor:
+      y = other.cast(x.dtype)
+      remainder = x._fmod(y)
+      remainder = ((remainder != 0) & ((y < 0) != (remainder < 0))).where(remainder + y.detach(), remainder)
+      # the value is exact; these terms are zero and carry the gradient (guarded: inf - inf would be NaN)
+      def zero_carrying_gradient(t: Tensor) -> Tensor:
+        finite = t.isfinite().detach()
+        guarded = finite.where(t, 0.0)
+        return guarded - guarded.detach()
+      return remainder + zero_carrying_gradient(x) - x._float_floordiv(y) * zero_carrying_gradient(y)
+    return self._in_float(fn)
+
+  def _asin_small(self) -> Tensor:
+    """asin on |x| <= 0.5."""
+    z = self * self
+    return self + self * z * _poly(z, _ASIN_P)
+
+  def _atan_small(self) -> Tensor:
+    """atan on |x| <= tan(pi/8)."""
+    z = self * self
+    return self + self * z * _poly(z, _ATAN_Q)
+
+  # ---------------- inverse trigonometric ----------------
+  def asin(self) -> Tensor:
+    """Elementwise inverse sine, in [-pi/2, pi/2] (NaN outside [-1, 1]; ints become floats).
+
+    >>> round(Tensor([1.0]).asin().item(), 5)
+    1.5708
+    """
+    def positive(a: Tensor) -> Tensor:
+      big = a > 0.5   # asin(a) = pi/2 - 2*asin(sqrt((1-a)/2)) keeps full precision near 1
+      near_one = (0.5 * (1 - big.where(a, 0.0))).sqrt()._asin_small()
+      return big.where(math.pi / 2 - 2 * near_one, big.where(0.0, a)._asin_small())
+    return self._in_float(lambda x: _odd(x, positive))
+
+  def acos(self) -> Tensor:
+    """Elementwise inverse cosine, in [0, pi] (NaN outside [-1, 1]; ints become floats).
+
+    >>> round(Tensor([0.0]).acos().item(), 5)
+    1.5708
+    """
+    def fn(x: Tensor) -> Tensor:
+      high, low = x > 0.5, x < -0.5
+      near_one = (0.5 * (1 - high.where(x, 0.0))).sqrt()._asin_small()
+      near_minus_one = (0.5 * (1 + low.where(x, 0.0))).sqrt()._asin_small()
+      middle = math.pi / 2 - (high | low).where(0.0, x)._asin_small()
+      return high.where(2 * near_one, low.where(math.pi - 2 * near_minus_one, middle))
+    return self._in_float(fn)
+
+  def atan(self) -> Tensor:
+    """Elementwise inverse tangent, in (-pi/2, pi/2) (ints become floats).
+
+    >>> round(Tensor([1.0]).atan().item(), 5)
+    0.7854
+    """
+    def positive(a: Tensor) -> Tensor:
+      # reduce the argument to |z| <= tan(pi/8): atan(a) = pi/2 + atan(-1/a) = pi/4 + atan((a-1)/(a+1))
+      high = a > 2.414213562373095
+      mid = (a > 0.41421356237309503) & ~high
+      from_high = math.pi / 2 + (-high.where(a, 1.0).reciprocal())._atan_small()
+      a_mid = mid.where(a, 1.0)
+      from_mid = math.pi / 4 + ((a_mid - 1) / (a_mid + 1))._atan_small()
+      return high.where(from_high, mid.where(from_mid, (high | mid).where(0.0, a)._atan_small()))
+    return self._in_float(lambda x: _odd(x, positive))
+
+  # ---------------- hyperbolic ----------------
+  def sinh(self) -> Tensor:
+    """Elementwise hyperbolic sine (ints become floats).
+
+    >>> round(Tensor([1.0]).sinh().item(), 5)
+    1.1752
+    """
+    def positive(a: Tensor) -> Tensor:
+      small = a < 1   # a series near 0, where exp(a) - exp(-a) cancels
+      half_exp = (small.where(1.0, a) - LN2).exp()   # exp(a)/2 without overflowing before sinh does
+      series = small.where(a, 0.0)
+      return small.where(series * _poly(series * series, _SINH_TAYLOR[::-1]), half_exp - 0.25 / half_exp)
+    return self._in_float(lambda x: _odd(x, positive))
+
+  def cosh(self) -> Tensor:
+    """Elementwise hyperbolic cosine (ints become floats).
+
+    >>> Tensor([0.0]).cosh().item()
+    1.0
+    """
+    def fn(x: Tensor) -> Tensor:
+      half_exp = ((x < 0).where(-x, x) - LN2).exp()   # exp(|x|)/2 without overflowing before cosh does
+      return half_exp + 0.25 / half_exp
+    return self._in_float(fn)
+
+  def asinh(self) -> Tensor:
+    """Elementwise inverse hyperbolic sine (ints become floats).
+
+    >>> round(Tensor([1.0]).asinh().item(), 5)
+    0.88137
+    """
+    def positive(a: Tensor) -> Tensor:
+      big = a > 4096   # asinh(a) = log(2a) + O(1/a^2), and a*a would overflow for huge a
+      small = big.where(0.0, a)
+      near = (small + small * small / (1 + (small * small + 1).sqrt()))._log1p()
+      return big.where(big.where(a, 2.0).log() + LN2, near)
+    return self._in_float(lambda x: _odd(x, positive))
+
+  def acosh(self) -> Tensor:
+    """Elementwise inverse hyperbolic cosine (NaN below 1; ints become floats).
+
+    >>> Tensor([1.0]).acosh().item()
+    0.0
+    """
+    def fn(x: Tensor) -> Tensor:
+      big = x > 4096
+      t = big.where(2.0, x) - 1   # acosh(1+t) = log1p(t + sqrt(t*(t+2))) stays precise near 1
+      near = (t + (t * (t + 2)).sqrt())._log1p()
+      return (x < 1).where(math.nan, big.where(big.where(x, 2.0).log() + LN2, near))
+    return self._in_float(fn)
+
+  def atanh(self) -> Tensor:
+    """Elementwise inverse hyperbolic tangent (+-inf at +-1, NaN beyond; ints become floats).
+
+    >>> round(Tensor([0.5]).atanh().item(), 5)
+    0.54931
+    """
+    return self._in_float(lambda x: _odd(x, lambda a: 0.5 * (2 * a / (1 - a))._log1p()))
+
+  # ---------------- special functions ----------------
+  def erf(self) -> Tensor:
+    """Elementwise Gauss error function (ints become floats).
+
+    >>> Tensor([0.0]).erf().item()
+    0.0
+    """
+    def positive(a: Tensor) -> Tensor:
+      tail = a >= 1
+      series = tail.where(0.0, a)
+      a_tail = tail.where(a, 1.0)
+      t = 1 / (1 + 0.5 * a_tail)
+      erfc = t * (_poly(t, _ERFC_R) - a_tail * a_tail).exp()
+      return tail.where(1 - erfc, series * _poly(series * series, _ERF_TAYLOR[::-1]))
+    return self._in_float(lambda x: _odd(x, positive))
+
+  def copysign(self, other) -> Tensor:
+    """The magnitude of this tensor with the sign (bit) of `other`, elementwise; the result is float, as in PyTorch.
+
+    The sign bit counts, so -0.0 and negative NaNs give a negative result.
+
+    >>> Tensor([1.0, -2.0, 3.0]).copysign(Tensor([-1.0, 1.0, -0.0])).tolist()
+    [-1.0, 2.0, -3.0]
+    """
+    x, y = self._broadcasted(other, "copysign")
+    if not dtypes.is_float(x.dtype): x, y = x.cast(dtypes.default_float), y.cast(dtypes.default_float)
+    bits_dtype = {2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}[y.dtype.itemsize]
+    negative = self._wrap(UOp(Ops.BITCAST, bits_dtype, (y.detach().uop,)), "copysign") < 0
+    magnitude = x.abs()
+    return negative.where(-magnitude, magnitude)
+
+  def isfinite(self) -> Tensor:
+    """True where x is neither infinite nor NaN (always True for ints and bools).
+
+    >>> Tensor([1.0, float("inf"), float("nan")]).isfinite().tolist()
+    [True, False, False]
+    """
+    if not dtypes.is_float(self.dtype): return self.full_like(True, dtype=dtypes.bool)
+    return (self == self) & (self != math.inf) & (self != -math.inf)
+
+  def isclose(self, other, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Tensor:
+    """True where |self - other| <= atol + rtol * |other| (equal infinities count; NaNs only with `equal_nan`).
+
+    >>> Tensor([1.0, 2.0]).isclose(Tensor([1.0 + 1e-7, 2.1])).tolist()
+    [True, False]
+    """
+    x, y = self._broadcasted(other, "isclose")
+    close = (x == y) | ((x - y).abs() <= atol + rtol * y.abs()) & x.isfinite() & y.isfinite()
+    return close | (x.isnan() & y.isnan()) if equal_nan else close
+
+  # ---------------- activations ----------------
+  def celu(self, alpha: float = 1.0) -> Tensor:
+    """CELU: x where x > 0, else alpha * (exp(x / alpha) - 1).
+
+    >>> round(Tensor([-1.0]).celu().item(), 5)
+    -0.63212
+    """
+    positive = self > 0
+    return positive.where(self, alpha * (positive.where(0.0, self._as_float()) / alpha)._expm1())
+
+  def selu(self, alpha: float = 1.6732632423543772, gamma: float = 1.0507009873554805) -> Tensor:
+    """SELU: gamma * x where x > 0, else gamma * alpha * (exp(x) - 1) (defaults: the self-normalizing constants).
+
+    >>> round(Tensor([1.0]).selu().item(), 5)
+    1.0507
+    """
+    positive = self > 0
+    return gamma * positive.where(self, alpha * positive.where(0.0, self._as_float())._expm1())
+
+  def logsigmoid(self) -> Tensor:
+    """log(sigmoid(x)) = min(x, 0) - log(1 + exp(-|x|)), finite for any finite x.
+
+    >>> round(Tensor([0.0]).logsigmoid().item(), 5)
+    -0.69315
+    """
+    x = self._as_float()
+    negative = x < 0
+    return negative.where(x, 0.0) - negative.where(x, -x).exp()._log1p()
+
+  def mish(self) -> Tensor:
+    """Mish: x * tanh(softplus(x)).
+
+    >>> round(Tensor([1.0]).mish().item(), 5)
+    0.8651
+    """
+    return self * self.softplus().tanh()
+
+  def softsign(self) -> Tensor:
+    """x / (1 + |x|).
+
+    >>> Tensor([-3.0, 1.0]).softsign().tolist()
+    [-0.75, 0.5]
+    """
+    return self / (1 + self.abs())
+
+  def hardswish(self) -> Tensor:
+    """x * relu6(x + 3) / 6, with PyTorch's gradient (x/3 + 1/2 inside (-3, 3), 0 from -3 down, 1 from 3 up).
+
+    >>> Tensor([-4.0, 0.0, 1.0, 4.0]).hardswish().tolist()
+    [-0.0, 0.0, 0.6666666865348816, 4.0]
+    """
+    return self * (self + 3).relu6() * (1 / 6)
+
+  def hardsigmoid(self, alpha: float = 1 / 6, beta: float = 0.5) -> Tensor:
+    """max(0, min(1, alpha * x + beta)), with a zero gradient at and beyond the corners (as in PyTorch).
+
+    >>> Tensor([-4.0, 0.0, 4.0]).hardsigmoid().tolist()
+    [0.0, 0.5, 1.0]
+    """
+    y = alpha * self + beta
+    if alpha == 0: return y
+    # compare x with the corners rather than y with 0 and 1: y rounds (x = -3 gives y = 1e-8, not 0)
+    lo, hi = sorted(((0 - beta) / alpha, (1 - beta) / alpha))
+    low_value, high_value = (0.0, 1.0) if alpha > 0 else (1.0, 0.0)
+    return (self <= lo).where(low_value, (self >= hi).where(high_value, y))

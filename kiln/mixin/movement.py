@@ -1,27 +1,390 @@
-"""Movement ops beyond the core views: padding modes, repeats, joins and splits, diagonals."""
+"""Movement ops beyond the core views: padding modes, repeats, joins and splits, diagonals.
+
+Every op here is a composition of views (reshape, expand, permute, pad, shrink, flip) and at most a select, so nothing
+is copied until a consumer is realized, and gradients come from the views' own rules.
+"""
 from __future__ import annotations
-from typing import TYPE_CHECKING
-from kiln.mixin.common import where
+from typing import TYPE_CHECKING, Sequence
+import numpy as np
+from kiln.dtype import dtypes, least_upper_dtype
+from kiln.helpers import prod
+from kiln.mixin.common import where, fmt
 if TYPE_CHECKING: from kiln.tensor import Tensor
+
+_PAD_MODES = ("constant", "reflect", "replicate", "circular")
+
+def _is_int(x) -> bool: return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+def _as_tuple(x) -> tuple:
+  return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+def _tensor_list(first, rest: tuple, op: str, tensor_type) -> list:
+  """`(first, *rest)` as a list of tensors; a single list/tuple argument is unpacked (torch.cat([a, b]) style)."""
+  items = list(first) if isinstance(first, (list, tuple)) and not rest else [first, *rest]
+  if not items: raise ValueError(f"{op}: expected a non-empty list of tensors{where()}")
+  for i, t in enumerate(items):
+    if not isinstance(t, tensor_type):
+      raise TypeError(f"{op}: argument {i} is a {type(t).__name__}, not a Tensor{where()}")
+  return items
 
 class MovementMixin:
   __slots__ = ()
-  def pad(self, padding, mode: str = "constant", value: float = 0.0) -> Tensor:
-    """Pad with `value`. `padding` is ((before, after), ...) per axis, or flat PyTorch-style (last axis first)."""
-    if mode != "constant": raise NotImplementedError(f"pad: mode {mode!r} is not supported yet (only 'constant')")
+
+  # ---------------- padding ----------------
+  def _pad_pairs(self, padding) -> tuple[tuple[int, int], ...]:
+    """`padding` as one (before, after) pair per axis, from flat PyTorch-style or per-axis form."""
     padding = tuple(padding)
-    if padding and all(isinstance(p, int) for p in padding):
-      if len(padding) % 2 or len(padding) // 2 > self.ndim:
-        raise ValueError(f"pad: flat padding {padding} needs an even length up to 2*{self.ndim}{where()}")
-      pairs = [(padding[i], padding[i + 1]) for i in range(0, len(padding), 2)]
-      padding = tuple([(0, 0)] * (self.ndim - len(pairs)) + list(reversed(pairs)))
-    padding = tuple((0, 0) if p is None else (int(p[0]), int(p[1])) for p in padding)
-    if len(padding) != self.ndim: raise ValueError(f"pad: {len(padding)} pairs for a {self.ndim}-d tensor{where()}")
+    if all(_is_int(p) for p in padding):   # flat: (last_before, last_after, second_last_before, ...)
+      if len(padding) % 2: raise ValueError(f"pad: flat padding {padding} must have an even length{where()}")
+      if len(padding) // 2 > self.ndim:
+        raise ValueError(f"pad: flat padding {padding} pads {len(padding) // 2} axes but the tensor "
+                         f"{fmt(self.shape)} has {self.ndim}{where()}")
+      pairs = [(int(padding[i]), int(padding[i + 1])) for i in range(0, len(padding), 2)]
+      return tuple([(0, 0)] * (self.ndim - len(pairs)) + pairs[::-1])
+    if len(padding) != self.ndim:
+      raise ValueError(f"pad: {len(padding)} (before, after) pairs for a {self.ndim}-d tensor "
+                       f"{fmt(self.shape)}{where()}")
+    pairs = []
+    for p in padding:
+      if p is None: pairs.append((0, 0)); continue
+      if not isinstance(p, (tuple, list)) or len(p) != 2 or not all(_is_int(v) for v in p):
+        raise TypeError(f"pad: each axis needs None or a (before, after) pair of ints, got {p!r}{where()}")
+      pairs.append((int(p[0]), int(p[1])))
+    return tuple(pairs)
+
+  def pad(self, padding, mode: str = "constant", value: float = 0.0) -> Tensor:
+    """Pad each axis with `value` (or by reflecting, replicating or wrapping the edges, per `mode`).
+
+    `padding` is flat PyTorch-style `(last_before, last_after, ...)`, or one `(before, after)` pair (or None) per axis.
+    Negative amounts crop that side.
+
+    >>> Tensor([1, 2, 3]).pad((1, 2)).tolist()
+    [0, 1, 2, 3, 0, 0]
+    >>> Tensor([1, 2, 3]).pad((2, 1), mode="reflect").tolist()
+    [3, 2, 1, 2, 3, 2]
+    >>> Tensor([1, 2, 3]).pad(((1, 2),), mode="circular").tolist()
+    [3, 1, 2, 3, 1, 2]
+    """
+    if mode not in _PAD_MODES:
+      raise NotImplementedError(f"pad: mode {mode!r} is not one of {', '.join(_PAD_MODES)}{where()}")
+    if mode != "constant" and value != 0:
+      raise ValueError(f"pad: mode {mode!r} does not take a fill value (got value={value}){where()}")
+    pairs = self._pad_pairs(padding)
+    for axis, ((before, after), size) in enumerate(zip(pairs, self.shape)):
+      if size + before + after < 0 or -before > size or -after > size:
+        raise ValueError(f"pad: padding {(before, after)} crops more than the {size} elements of axis {axis} "
+                         f"of {fmt(self.shape)}{where()}")
+    if mode == "circular": return self._pad_circular(pairs)
+    grow = tuple((max(b, 0), max(a, 0)) for b, a in pairs)
+    crop = tuple((max(-b, 0), max(-a, 0)) for b, a in pairs)
+    if mode == "constant":
+      # crop first so the fill never lands where a crop removes it
+      x = self.shrink(tuple((b, s - a) for (b, a), s in zip(crop, self.shape)))
+      return x._pad_constant(grow, value)
     x = self
-    if any(b < 0 or a < 0 for b, a in padding):   # negative padding crops
-      x = x.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(padding, x.shape)))
-      padding = tuple((max(b, 0), max(a, 0)) for b, a in padding)
-    out = self._wrap(x.uop.pad(padding), "pad")
-    if value == 0: return out
-    inside = self._wrap(self.full(x.shape, True, device=x.device).uop.pad(padding), "pad")
-    return inside.where(out, value)
+    for axis, (before, after) in enumerate(grow):
+      if before == 0 and after == 0: continue
+      size = x.shape[axis]
+      if mode == "reflect" and (before >= size or after >= size):
+        raise ValueError(f"pad: reflect padding {(before, after)} must be smaller than the size {size} of axis {axis} "
+                         f"of {fmt(self.shape)}{where()}")
+      if mode == "replicate" and size == 0:
+        raise ValueError(f"pad: replicate padding {(before, after)} needs a non-empty axis {axis} "
+                         f"of {fmt(self.shape)}{where()}")
+      pieces = [x]
+      if before:   # reflect: x[before], ..., x[1]; replicate: x[0] repeated
+        if mode == "reflect": pieces.insert(0, x._narrow(axis, 1, before + 1).flip(axis))
+        else: pieces.insert(0, x._narrow(axis, 0, 1)._expand_axis(axis, before))
+      if after:    # reflect: x[size-2], ..., x[size-1-after]; replicate: x[size-1] repeated
+        if mode == "reflect": pieces.append(x._narrow(axis, size - 1 - after, size - 1).flip(axis))
+        else: pieces.append(x._narrow(axis, size - 1, size)._expand_axis(axis, after))
+      x = pieces[0].cat(*pieces[1:], dim=axis)
+    # like PyTorch, reflect and replicate pad the whole tensor and then crop
+    return x.shrink(tuple((b, s - a) for (b, a), s in zip(crop, x.shape)))
+
+  def _pad_constant(self, padding: tuple[tuple[int, int], ...], value) -> Tensor:
+    """Pad by non-negative amounts with the constant `value`, keeping the dtype."""
+    out = self._wrap(self.uop.pad(padding), "pad")
+    if value == 0 and not (isinstance(value, float) and np.signbit(value)): return out
+    inside = self._wrap(self.full(self.shape, True, device=self.device).uop.pad(padding), "pad")
+    fill = self.full((), value, device=self.device, dtype=self.dtype if dtypes.is_float(self.dtype) else None)
+    result = inside.where(out, fill)
+    return result if result.dtype == self.dtype else result.cast(self.dtype)
+
+  def _pad_circular(self, pairs: tuple[tuple[int, int], ...]) -> Tensor:
+    """Wrap-around padding; a negative amount crops that side first (as PyTorch does)."""
+    crop = tuple((max(-b, 0), max(-a, 0)) for b, a in pairs)
+    x = self.shrink(tuple((b, s - a) for (b, a), s in zip(crop, self.shape)))
+    grow = tuple((max(b, 0), max(a, 0)) for b, a in pairs)
+    for axis, ((before, after), size) in enumerate(zip(grow, x.shape)):
+      if before > size or after > size:
+        raise ValueError(f"pad: circular padding {(before, after)} wraps around more than once on axis {axis} "
+                         f"of size {size}{where()}")
+    # three copies side by side hold every wrapped window of at most one extra period on each side
+    tiled = x.repeat(tuple(3 if b or a else 1 for b, a in grow))
+    return tiled.shrink(tuple((s - b, 2 * s + a) if b or a else (0, s) for (b, a), s in zip(grow, x.shape)))
+
+  def _narrow(self, axis: int, start: int, end: int) -> Tensor:
+    """Elements [start, end) of `axis`."""
+    return self.shrink(tuple((start, end) if i == axis else (0, s) for i, s in enumerate(self.shape)))
+
+  def _expand_axis(self, axis: int, size: int) -> Tensor:
+    """This tensor (size 1 on `axis`) broadcast to `size` along `axis`."""
+    return self.expand(tuple(size if i == axis else s for i, s in enumerate(self.shape)))
+
+  # ---------------- repeats and shifts ----------------
+  def repeat(self, repeats, *args) -> Tensor:
+    """Tile the tensor `repeats[i]` times along axis i (extra leading repeats add axes), like torch.Tensor.repeat.
+
+    >>> Tensor([1, 2]).repeat(2, 2).tolist()
+    [[1, 2, 1, 2], [1, 2, 1, 2]]
+    """
+    repeats = _as_tuple(repeats) + args
+    if not all(_is_int(r) for r in repeats): raise TypeError(f"repeat: repeats must be ints, got {repeats}{where()}")
+    if len(repeats) < self.ndim:
+      raise ValueError(f"repeat: {len(repeats)} repeats for a {self.ndim}-d tensor {fmt(self.shape)}; "
+                       f"give at least one per axis{where()}")
+    if any(r < 0 for r in repeats): raise ValueError(f"repeat: repeats must be non-negative, got {repeats}{where()}")
+    shape = (1,) * (len(repeats) - self.ndim) + self.shape
+    # a new size-r axis in front of each axis, broadcast, then merged: copy i of the whole axis comes before copy i+1
+    spread = self.reshape(tuple(v for s in shape for v in (1, s)))
+    spread = spread.expand(tuple(v for r, s in zip(repeats, shape) for v in (int(r), s)))
+    return spread.reshape(tuple(int(r) * s for r, s in zip(repeats, shape)))
+
+  def repeat_interleave(self, repeats: int, dim: int | None = None) -> Tensor:
+    """Repeat each element `repeats` times along `dim` (of the flattened tensor when `dim` is None).
+
+    >>> Tensor([1, 2, 3]).repeat_interleave(2).tolist()
+    [1, 1, 2, 2, 3, 3]
+    """
+    if not _is_int(repeats): raise TypeError(f"repeat_interleave: repeats must be an int, got {repeats!r}{where()}")
+    if repeats < 0: raise ValueError(f"repeat_interleave: repeats must be non-negative, got {repeats}{where()}")
+    x = self.flatten() if dim is None else self
+    axis = 0 if dim is None else x._axis(dim, "repeat_interleave")
+    if x.ndim == 0: x = x.reshape(1)
+    shape = x.shape
+    spread = x.reshape(shape[:axis + 1] + (1,) + shape[axis + 1:])
+    spread = spread.expand(shape[:axis + 1] + (int(repeats),) + shape[axis + 1:])
+    return spread.reshape(shape[:axis] + (shape[axis] * int(repeats),) + shape[axis + 1:])
+
+  def roll(self, shifts, dims=None) -> Tensor:
+    """Shift elements circularly by `shifts` along `dims` (of the flattened tensor when `dims` is None).
+
+    >>> Tensor([1, 2, 3, 4]).roll(1).tolist()
+    [4, 1, 2, 3]
+    """
+    shifts = _as_tuple(shifts)
+    if not all(_is_int(s) for s in shifts): raise TypeError(f"roll: shifts must be ints, got {shifts}{where()}")
+    if dims is None:
+      if len(shifts) != 1:
+        raise ValueError(f"roll: {len(shifts)} shifts need as many dims, got dims=None{where()}")
+      return self.flatten().roll(shifts, 0).reshape(self.shape)
+    dims = _as_tuple(dims)
+    if len(dims) != len(shifts):
+      raise ValueError(f"roll: shifts {shifts} and dims {dims} must have the same length{where()}")
+    total = [0] * max(self.ndim, 1)
+    for d, s in zip(dims, shifts): total[self._axis(d, "roll")] += int(s)
+    if self.ndim == 0: return self
+    # shifting by k is the window starting at n - k%n of the axis written out twice
+    starts = [(n - k % n) % n if n else 0 for k, n in zip(total, self.shape)]
+    doubled = self.repeat(tuple(2 if st else 1 for st in starts))
+    return doubled.shrink(tuple((st, st + n) for st, n in zip(starts, self.shape)))
+
+  # ---------------- joining and splitting ----------------
+  def cat(self, *args: Tensor, dim: int = 0) -> Tensor:
+    """Join tensors along an existing axis `dim`; dtypes promote as in torch.cat.
+
+    >>> Tensor([[1, 2]]).cat(Tensor([[3, 4]]), dim=0).tolist()
+    [[1, 2], [3, 4]]
+    >>> Tensor.cat(Tensor([1]), Tensor([2.5, 3.0])).tolist()
+    [1.0, 2.5, 3.0]
+    """
+    tensors = _tensor_list(self, args, "cat", MovementMixin)
+    dtype = least_upper_dtype(*(t.dtype for t in tensors))
+    # like torch.cat, a 1-d empty tensor is skipped when it is joined to tensors of other ranks
+    if any(t.ndim != 1 for t in tensors): tensors = [t for t in tensors if t.shape != (0,)] or tensors[:1]
+    first = tensors[0]
+    for i, t in enumerate(tensors):
+      if t.ndim == 0: raise ValueError(f"cat: tensor {i} is 0-d and cannot be joined (unsqueeze it first){where()}")
+      if t.device != first.device:
+        raise RuntimeError(f"cat: tensors are on different devices, {first.device} (tensor 0) and {t.device} "
+                           f"(tensor {i}){where()}")
+    axis = first._axis(dim, "cat")
+    for i, t in enumerate(tensors):
+      if t.ndim != first.ndim or any(a != b for k, (a, b) in enumerate(zip(t.shape, first.shape)) if k != axis):
+        raise ValueError(f"cat: shape {fmt(t.shape)} of tensor {i} does not match {fmt(first.shape)} of tensor 0 "
+                         f"outside dim {axis}{where()}")
+    tensors = [t if t.dtype == dtype else t.cast(dtype) for t in tensors]
+    pieces = [t for t in tensors if t.shape[axis] > 0] or tensors[:1]
+    if len(pieces) == 1: return pieces[0]
+    total = sum(t.shape[axis] for t in pieces)
+    padded, offset = [], 0
+    for t in pieces:
+      size = t.shape[axis]
+      amounts = tuple((offset, total - offset - size) if k == axis else (0, 0) for k in range(t.ndim))
+      # floats are padded with -0.0, the additive identity that also keeps the sign of a -0.0 element
+      padded.append(t._pad_constant(amounts, -0.0 if dtypes.is_float(dtype) else 0))
+      offset += size
+    # a balanced sum keeps the graph shallow; it all fuses into the consumer's kernel
+    while len(padded) > 1:
+      pairs = [(padded[i], padded[i + 1]) for i in range(0, len(padded) - 1, 2)]
+      joined = [a | b if dtype == dtypes.bool else a + b for a, b in pairs]
+      padded = joined + ([padded[-1]] if len(padded) % 2 else [])
+    return padded[0]
+
+  def stack(self, *args: Tensor, dim: int = 0) -> Tensor:
+    """Join equally shaped tensors along a new axis `dim`.
+
+    >>> Tensor([1, 2]).stack(Tensor([3, 4]), dim=1).tolist()
+    [[1, 3], [2, 4]]
+    """
+    tensors = _tensor_list(self, args, "stack", MovementMixin)
+    for i, t in enumerate(tensors):
+      if t.shape != tensors[0].shape:
+        raise ValueError(f"stack: tensors must have equal shapes, got {fmt(tensors[0].shape)} (tensor 0) and "
+                         f"{fmt(t.shape)} (tensor {i}){where()}")
+    ndim = tensors[0].ndim + 1
+    if not _is_int(dim) or not -ndim <= dim < ndim:
+      raise IndexError(f"stack: dim {dim!r} is out of range for stacking {ndim - 1}-d tensors{where()}")
+    axis = dim + ndim if dim < 0 else int(dim)
+    expanded = [t.unsqueeze(axis) for t in tensors]
+    return expanded[0].cat(*expanded[1:], dim=axis)
+
+  def split(self, sizes: int | Sequence[int], dim: int = 0) -> tuple[Tensor, ...]:
+    """Views of consecutive pieces along `dim`: pieces of `sizes` elements (the last may be shorter), or one per size.
+
+    >>> [t.tolist() for t in Tensor.arange(5).split(2)]
+    [[0, 1], [2, 3], [4]]
+    >>> [t.tolist() for t in Tensor.arange(5).split([1, 4])]
+    [[0], [1, 2, 3, 4]]
+    """
+    axis = self._axis(dim, "split")
+    if self.ndim == 0: raise ValueError(f"split: a 0-d tensor cannot be split{where()}")
+    n = self.shape[axis]
+    if _is_int(sizes):
+      if sizes < 0 or (sizes == 0 and n > 0):
+        raise ValueError(f"split: split size {sizes} must be positive for axis {axis} of size {n}{where()}")
+      sizes = [min(sizes, n - start) for start in range(0, n, sizes)] if n else [0]
+    else:
+      sizes = list(sizes)
+      if not all(_is_int(s) and s >= 0 for s in sizes):
+        raise ValueError(f"split: sizes must be non-negative ints, got {sizes}{where()}")
+      if sum(sizes) != n:
+        raise ValueError(f"split: sizes {sizes} sum to {sum(sizes)}, not to the size {n} of axis {axis} "
+                         f"of {fmt(self.shape)}{where()}")
+    starts = np.cumsum([0] + sizes).tolist()
+    return tuple(self._narrow(axis, starts[i], starts[i + 1]) for i in range(len(sizes)))
+
+  def chunk(self, chunks: int, dim: int = 0) -> list[Tensor]:
+    """Split into at most `chunks` pieces of ceil(size / chunks) elements along `dim` (as torch.chunk).
+
+    >>> [t.tolist() for t in Tensor.arange(5).chunk(3)]
+    [[0, 1], [2, 3], [4]]
+    """
+    if not _is_int(chunks) or chunks <= 0:
+      raise ValueError(f"chunk: chunks must be a positive int, got {chunks!r}{where()}")
+    axis = self._axis(dim, "chunk")
+    n = self.shape[axis] if self.ndim else 1
+    return list(self.split(-(-n // chunks) if n else [0] * chunks, axis))   # an empty axis gives `chunks` empty pieces
+
+  def meshgrid(self, *args: Tensor, indexing: str = "ij") -> tuple[Tensor, ...]:
+    """Coordinate grids from 1-d (or 0-d) tensors: "ij" indexes like a matrix, "xy" swaps the first two axes.
+
+    >>> [g.tolist() for g in Tensor([1, 2]).meshgrid(Tensor([3, 4, 5]))]
+    [[[1, 1, 1], [2, 2, 2]], [[3, 4, 5], [3, 4, 5]]]
+    """
+    if indexing not in ("ij", "xy"):
+      raise ValueError(f'meshgrid: indexing must be "ij" or "xy", got {indexing!r}{where()}')
+    tensors = _tensor_list(self, args, "meshgrid", MovementMixin)
+    for i, t in enumerate(tensors):
+      if t.ndim > 1:
+        raise ValueError(f"meshgrid: tensor {i} has shape {fmt(t.shape)}; only 0-d or 1-d tensors{where()}")
+      if t.device != tensors[0].device:
+        raise RuntimeError(f"meshgrid: tensors on different devices, {tensors[0].device} and {t.device}{where()}")
+    sizes = [t.numel() for t in tensors]
+    order = list(range(len(tensors)))
+    if indexing == "xy" and len(tensors) > 1: order[0], order[1] = 1, 0
+    shape = tuple(sizes[k] for k in order)
+    grids = []
+    for i, t in enumerate(tensors):
+      position = order.index(i)
+      view = t.reshape(tuple(sizes[i] if k == position else 1 for k in range(len(shape))))
+      grids.append(view.expand(shape))
+    return tuple(grids)
+
+  def unflatten(self, dim: int, sizes: Sequence[int]) -> Tensor:
+    """Split axis `dim` into axes of `sizes` (one may be -1), the inverse of flatten.
+
+    >>> Tensor.arange(6).unflatten(0, (2, 3)).shape
+    (2, 3)
+    """
+    axis = self._axis(dim, "unflatten")
+    if self.ndim == 0: raise ValueError(f"unflatten: a 0-d tensor has no axis to unflatten{where()}")
+    sizes = tuple(sizes)
+    if not sizes: raise ValueError(f"unflatten: sizes must not be empty{where()}")
+    n, known = self.shape[axis], prod(s for s in sizes if s != -1)
+    if sizes.count(-1) > 1 or (-1 not in sizes and known != n) or (-1 in sizes and (known == 0 or n % known)):
+      raise ValueError(f"unflatten: sizes {sizes} do not multiply up to the size {n} of axis {axis} "
+                       f"of {fmt(self.shape)}{where()}")
+    sizes = tuple(n // known if s == -1 else s for s in sizes)
+    return self.reshape(self.shape[:axis] + sizes + self.shape[axis + 1:])
+
+  # ---------------- diagonals and triangles ----------------
+  def diag(self) -> Tensor:
+    """A square matrix with this 1-d tensor on its diagonal and zeros elsewhere.
+
+    >>> Tensor([1, 2]).diag().tolist()
+    [[1, 0], [0, 2]]
+    """
+    if self.ndim != 1: raise ValueError(f"diag: expected a 1-d tensor, got shape {fmt(self.shape)}{where()}")
+    n = self.shape[0]
+    # each element followed by n zeros, written out row by row of width n, lands at (i, i)
+    return self.reshape(n, 1).pad(((0, 0), (0, n))).flatten()._narrow(0, 0, n * n).reshape(n, n)
+
+  def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+    """The diagonal of the (dim1, dim2) planes as the last axis (as torch.diagonal); `offset` > 0 is above it.
+
+    >>> Tensor.arange(9).reshape(3, 3).diagonal().tolist()
+    [0, 4, 8]
+    >>> Tensor.arange(9).reshape(3, 3).diagonal(1).tolist()
+    [1, 5]
+    """
+    if self.ndim < 2: raise ValueError(f"diagonal: needs at least 2 dims, got shape {fmt(self.shape)}{where()}")
+    a, b = self._axis(dim1, "diagonal"), self._axis(dim2, "diagonal")
+    if a == b: raise ValueError(f"diagonal: dim1 and dim2 must differ, both are {a}{where()}")
+    if not _is_int(offset): raise TypeError(f"diagonal: offset must be an int, got {offset!r}{where()}")
+    rest = [k for k in range(self.ndim) if k not in (a, b)]
+    x = self.permute(rest + [a, b])
+    rows, cols = x.shape[-2:]
+    row0, col0 = min(max(-offset, 0), rows), min(max(offset, 0), cols)   # where the diagonal starts
+    m = min(rows - row0, cols - col0)
+    lead = x.shape[:-2]
+    x = x.shrink(tuple((0, s) for s in lead) + ((row0, row0 + m), (col0, col0 + m)))
+    # row i of an m x m block starts at i*m; padding each flat block to m*(m+1) and viewing it as m rows of m+1
+    # puts element (i, i) at column 0
+    flat = x.reshape(lead + (m * m,)).pad(tuple((0, 0) for _ in lead) + ((0, m),))
+    return flat.reshape(lead + (m, m + 1))._narrow(len(lead) + 1, 0, 1).reshape(lead + (m,))
+
+  def _triangle_mask(self, diagonal: int, upper: bool, op: str) -> Tensor:
+    if self.ndim < 2: raise ValueError(f"{op}: needs at least 2 dims, got shape {fmt(self.shape)}{where()}")
+    if not _is_int(diagonal): raise TypeError(f"{op}: diagonal must be an int, got {diagonal!r}{where()}")
+    rows, cols = self.shape[-2:]
+    r = self.arange(rows, device=self.device).reshape(rows, 1)
+    c = self.arange(cols, device=self.device).reshape(1, cols)
+    return (c - r >= int(diagonal)) if upper else (c - r <= int(diagonal))
+
+  def triu(self, diagonal: int = 0) -> Tensor:
+    """The upper triangle of the last two axes (on and above `diagonal`); the rest is zero.
+
+    >>> Tensor([[1, 2], [3, 4]]).triu().tolist()
+    [[1, 2], [0, 4]]
+    """
+    return self._triangle_mask(diagonal, True, "triu").where(self, self.zeros_like())
+
+  def tril(self, diagonal: int = 0) -> Tensor:
+    """The lower triangle of the last two axes (on and below `diagonal`); the rest is zero.
+
+    >>> Tensor([[1, 2], [3, 4]]).tril().tolist()
+    [[1, 0], [3, 4]]
+    """
+    return self._triangle_mask(diagonal, False, "tril").where(self, self.zeros_like())

@@ -7,6 +7,8 @@ Semantics (shared with the PythonRenderer, which is the reference):
   the type (nearest-even). float16 conversions use `_Float16` where the compiler has it (gcc 12; clang >= 15 on
   x86-64) and exact bit manipulation otherwise (clang 14), so any C compiler gives the same bits. Conversion to
   float16 from float64 and integers is direct; every conversion to bfloat16 goes through float32 first;
+- fp8e4m3 and fp8e5m2 are stored as their 8 bits (unsigned char) and computed in `float` like the 16-bit floats;
+  conversion to fp8 is straight from double, nearest-even, finite overflow saturating to +-max (kiln/dtype.py);
 - MAX returns NaN when either float operand is NaN; comparisons give bool; CAST to bool is `!= 0`;
 - a gated LOAD `(buf, idx, gate)` reads `buf[idx]` only when `gate` holds, else gives 0.
 """
@@ -22,9 +24,10 @@ VALUE_TYPES: dict[DType, str] = {
   dtypes.bool: "_Bool", dtypes.int8: "signed char", dtypes.uint8: "unsigned char", dtypes.int16: "short",
   dtypes.uint16: "unsigned short", dtypes.int32: "int", dtypes.uint32: "unsigned int", dtypes.int64: "long long",
   dtypes.uint64: "unsigned long long", dtypes.float16: "float", dtypes.bfloat16: "float", dtypes.float32: "float",
-  dtypes.float64: "double"}
+  dtypes.float64: "double", dtypes.fp8e4m3: "float", dtypes.fp8e5m2: "float"}
 STORAGE_TYPES: dict[DType, str] = {**VALUE_TYPES, dtypes.bool: "unsigned char", dtypes.float16: "unsigned short",
-                                   dtypes.bfloat16: "unsigned short"}
+                                   dtypes.bfloat16: "unsigned short", dtypes.fp8e4m3: "unsigned char",
+                                   dtypes.fp8e5m2: "unsigned char"}
 
 HALF_HELPERS = """\
 #if defined(__FLT16_MAX__) && !defined(KILN_SOFT_HALF)
@@ -76,6 +79,53 @@ static inline unsigned short kiln_f_to_bf16(float value) {
 static inline float kiln_bf16_round(float value) { return kiln_bf16_to_f(kiln_f_to_bf16(value)); }
 """
 
+FP8_HELPERS = """\
+static inline float kiln_fp8_to_f(unsigned char bits, int man_bits, int min_exp, int has_inf) {
+  unsigned int magnitude = bits & 0x7fu, field = magnitude >> man_bits, mantissa = magnitude & ((1u << man_bits) - 1u);
+  float value;
+  if (has_inf ? field == (0x7fu >> man_bits) : magnitude == 0x7fu) {
+    value = (has_inf && mantissa == 0) ? __builtin_inff() : __builtin_nanf("");
+  } else {  /* significand * 2**(exponent - man_bits); the scale is a normal float for both formats */
+    unsigned int significand = field ? (mantissa | (1u << man_bits)) : mantissa;
+    int exponent = field ? (int)field - 1 + min_exp : min_exp;
+    unsigned int scale_bits = (unsigned int)(exponent - man_bits + 127) << 23;
+    float scale; __builtin_memcpy(&scale, &scale_bits, 4);
+    value = (float)significand * scale;
+  }
+  return (bits & 0x80u) ? -value : value;
+}
+/* nearest even, finite overflow saturating to max_code */
+static inline unsigned char kiln_fp8_bits(double value, int man_bits, int min_exp, unsigned int max_code,
+                                          unsigned int nan_code, unsigned int inf_code) {
+  unsigned long long bits; __builtin_memcpy(&bits, &value, 8);
+  unsigned int sign = (unsigned int)(bits >> 56) & 0x80u;
+  unsigned long long magnitude = bits & 0x7fffffffffffffffull;
+  if (magnitude > 0x7ff0000000000000ull) return (unsigned char)(sign | nan_code);
+  if (magnitude == 0x7ff0000000000000ull) return (unsigned char)(sign | inf_code);
+  int exponent = (int)(magnitude >> 52) - 1023;
+  if (exponent < min_exp - man_bits - 1) return (unsigned char)sign;     /* below half the smallest subnormal: 0 */
+  if (exponent > 16) return (unsigned char)(sign | max_code);            /* far past the largest: max */
+  unsigned long long mantissa = (magnitude & 0xfffffffffffffull) | 0x10000000000000ull;
+  int shift = 52 - man_bits + (exponent < min_exp ? min_exp - exponent : 0);
+  unsigned long long kept = mantissa >> shift, rest = mantissa & ((1ull << shift) - 1), halfway = 1ull << (shift - 1);
+  if (rest > halfway || (rest == halfway && (kept & 1u))) kept++;
+  unsigned long long code = exponent < min_exp ? kept   /* a subnormal; a carry gives the smallest normal's code */
+    : ((unsigned long long)(exponent - min_exp + 1) << man_bits) + kept - (1ull << man_bits);
+  return (unsigned char)(sign | (code > max_code ? max_code : code));
+}
+"""
+# per fp8 dtype: kiln_<name>_to_f (bits -> float), kiln_<name>_bits (double -> bits), kiln_<name>_round
+FP8_C_ARGS = {dtypes.fp8e4m3: ("3, -6, 0", "3, -6, 0x7eu, 0x7fu, 0x7eu"),
+              dtypes.fp8e5m2: ("2, -14, 1", "2, -14, 0x7bu, 0x7eu, 0x7cu")}
+
+def fp8_helpers(dtype: DType) -> str:
+  """The three inline conversion functions of one fp8 dtype (they call FP8_HELPERS)."""
+  to_float, to_bits = FP8_C_ARGS[dtype]
+  n = dtype.name
+  return (f"static inline float kiln_{n}_to_f(unsigned char bits) {{ return kiln_fp8_to_f(bits, {to_float}); }}\n"
+          f"static inline unsigned char kiln_{n}_bits(double value) {{ return kiln_fp8_bits(value, {to_bits}); }}\n"
+          f"static inline float kiln_{n}_round(double value) {{ return kiln_{n}_to_f(kiln_{n}_bits(value)); }}\n")
+
 # ops whose float result is exactly representable in the operands' type (no rounding needed)
 EXACT_FLOAT_OPS = frozenset({Ops.NEG, Ops.MAX, Ops.WHERE, Ops.TRUNC})
 
@@ -90,7 +140,7 @@ def render_c_const(value, dtype: DType) -> str:
     min_literal, suffix = _INT_LIMITS.get(dtype, (None, ""))
     if min_literal is not None and value == dtypes.min(dtype): return min_literal
     return f"({value}{suffix})" if value < 0 else f"{value}{suffix}"
-  if dtype not in (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64):
+  if not dtypes.is_float(dtype):
     raise TypeError(f"CRenderer: cannot render a constant of dtype {dtype}")
   suffix = "" if dtype == dtypes.float64 else "f"
   if math.isnan(value): text = f'__builtin_nan{suffix}("")'
@@ -137,7 +187,8 @@ def _c_recip(u: UOp, a: list[str]) -> str:
 def _c_cast(u: UOp, a: list[str]) -> str:
   src, dst, x = u.src[0].dtype, u.dtype, a[0]
   if dst == dtypes.bool: return f"(({x})!=0)"
-  if dst in (dtypes.float16, dtypes.bfloat16) and src == dtypes.bool: return f"((float){x})"
+  if dst in (dtypes.float16, dtypes.bfloat16, *dtypes.fp8s) and src == dtypes.bool: return f"((float){x})"
+  if dst in dtypes.fp8s: return f"kiln_{dst.name}_round((double)({x}))"
   if dst == dtypes.bfloat16:
     if src in (dtypes.float32, dtypes.float16): return f"kiln_bf16_round({x})"
     return f"kiln_bf16_round((float)({x}))"   # every conversion to bfloat16 goes through float32
@@ -150,9 +201,10 @@ def _c_bitcast(u: UOp, a: list[str]) -> str:
   src, dst = u.src[0].dtype, u.dtype
   if dtypes.bool in (src, dst) or src.itemsize != dst.itemsize:
     raise TypeError(f"CRenderer: cannot BITCAST {src} to {dst} (sizes must match and bool is not allowed)")
-  bits = {dtypes.bfloat16: f"kiln_f_to_bf16({a[0]})", dtypes.float16: f"kiln_half_bits({a[0]})"}.get(src, a[0])
-  result = {dtypes.bfloat16: "kiln_bf16_to_f(bitcast_out)", dtypes.float16: "kiln_half_to_f(bitcast_out)"}.get(dst,
-                                                                                                     "bitcast_out")
+  bits = {dtypes.bfloat16: f"kiln_f_to_bf16({a[0]})", dtypes.float16: f"kiln_half_bits({a[0]})",
+          **{fp8: f"kiln_{fp8.name}_bits({a[0]})" for fp8 in dtypes.fp8s}}.get(src, a[0])
+  result = {dtypes.bfloat16: "kiln_bf16_to_f(bitcast_out)", dtypes.float16: "kiln_half_to_f(bitcast_out)",
+            **{fp8: f"kiln_{fp8.name}_to_f(bitcast_out)" for fp8 in dtypes.fp8s}}.get(dst, "bitcast_out")
   return (f"({{ {STORAGE_TYPES[src]} bitcast_in = {bits}; {STORAGE_TYPES[dst]} bitcast_out; "
           f"__builtin_memcpy(&bitcast_out, &bitcast_in, sizeof(bitcast_out)); {result}; }})")
 
@@ -201,6 +253,7 @@ class _CKernelWriter:
     self.open_ranges: list[str] = []
     self.counter = 0
     self.uses_bf16 = self.uses_half = False
+    self.uses_fp8: set[DType] = set()
     self.statements: dict[Ops, Callable[[UOp], None]] = {
       Ops.RANGE: self._range, Ops.ENDRANGE: self._endrange, Ops.LOAD: self._load, Ops.STORE: self._store,
       Ops.DEFINE_ACC: self._define_acc, Ops.ASSIGN: self._assign,
@@ -232,6 +285,7 @@ class _CKernelWriter:
     if dtype not in VALUE_TYPES: raise TypeError(f"CRenderer: dtype {dtype} is not supported in kernel {self.name}")
     if dtype == dtypes.bfloat16: self.uses_bf16 = True
     if dtype == dtypes.float16: self.uses_half = True
+    if dtype in dtypes.fp8s: self.uses_fp8.add(dtype)
 
   # ---- statements ----
   def _nothing(self, u: UOp) -> None: pass
@@ -257,6 +311,7 @@ class _CKernelWriter:
     read = f"{self.expr(buf)}[{self.expr(index)}]"
     if u.dtype == dtypes.bfloat16: read = f"kiln_bf16_to_f({read})"
     elif u.dtype == dtypes.float16: read = f"kiln_half_to_f({read})"
+    elif u.dtype in dtypes.fp8s: read = f"kiln_{u.dtype.name}_to_f({read})"
     elif u.dtype == dtypes.bool: read = f"(_Bool){read}"
     if len(u.src) == 3: read = f"({self.expr(u.src[2])}?{read}:{render_c_const(0, u.dtype)})"
     name = self.fresh_name("val")
@@ -269,6 +324,7 @@ class _CKernelWriter:
     written = self.expr(value)
     if value.dtype == dtypes.bfloat16: written = f"kiln_f_to_bf16({written})"
     elif value.dtype == dtypes.float16: written = f"kiln_half_bits({written})"
+    elif value.dtype in dtypes.fp8s: written = f"kiln_{value.dtype.name}_bits({written})"
     elif value.dtype == dtypes.bool: written = f"(unsigned char){written}"
     line = f"{self.expr(buf)}[{self.expr(index)}] = {written};"
     self.emit(f"if ({self.expr(u.src[3])}) {line}" if len(u.src) == 4 else line)
@@ -293,6 +349,7 @@ class _CKernelWriter:
     if u.op in GroupOp.ALU and u.op not in EXACT_FLOAT_OPS:   # 16-bit floats: computed in float, rounded per op
       if u.dtype == dtypes.float16: text = f"kiln_half_round_f({text})"
       elif u.dtype == dtypes.bfloat16: text = f"kiln_bf16_round({text})"
+      elif u.dtype in dtypes.fp8s: text = f"kiln_{u.dtype.name}_round({text})"
     name = self.fresh_name(_VALUE_PREFIX.get(u.op, "alu"))
     self.emit(f"const {VALUE_TYPES[u.dtype]} {name} = {text};")
     self.names[u] = name
@@ -311,4 +368,5 @@ class _CKernelWriter:
     params = [f"{STORAGE_TYPES[b.dtype]}* restrict data{b.arg}" for b in buffers]
     params += [f"int {self.var_names[v]}" for v in variables]
     head = ([HALF_HELPERS] if self.uses_half else []) + ([BF16_HELPERS] if self.uses_bf16 else [])
+    if self.uses_fp8: head += [FP8_HELPERS] + [fp8_helpers(dt) for dt in dtypes.fp8s if dt in self.uses_fp8]
     return "\n".join(head + [f"void {self.name}({', '.join(params)}) {{", *self.lines, "}", ""])

@@ -6,12 +6,13 @@ zero (a zero divisor gives 0), float32/float16/bfloat16 results are rounded to t
 done on Python floats, i.e. doubles, which rounds +,-,*,/,sqrt correctly), MAX propagates NaN, casts are C casts.
 
 The generated function takes one byte memoryview per buffer (DEFINE_GLOBAL order), then the DEFINE_VAR values, and
-views each buffer with its element format. float16 and bfloat16 buffers are viewed as their 16-bit patterns.
+views each buffer with its element format. float16 and bfloat16 buffers are viewed as their 16-bit patterns, fp8
+buffers as their 8-bit patterns (rounded as in kiln/dtype.py: nearest-even, saturating).
 """
 from __future__ import annotations
 import math, struct
 from typing import Callable
-from kiln.dtype import DType, dtypes, truncate
+from kiln.dtype import DType, dtypes, truncate, fp8_bits, FP8_VALUES
 from kiln.renderer import Renderer, kernel_signature, kernel_function_name
 from kiln.renderer.cstyle import EXACT_FLOAT_OPS, check_alu_dtypes
 from kiln.uop.ops import UOp, Ops, GroupOp
@@ -56,6 +57,13 @@ _H2F, _BF2F = _build_tables()   # float16 / bfloat16 bit pattern -> value
 def _rbf16(x: float) -> float:
   """`x` rounded to bfloat16 through float32 (as the C code does)."""
   return _BF2F[_bf16_bits(x)]
+
+_E4M3_TO_F, _E5M2_TO_F = FP8_VALUES[dtypes.fp8e4m3], FP8_VALUES[dtypes.fp8e5m2]   # fp8 bit pattern -> value
+
+def _fp8e4m3_bits(x: float) -> int: return fp8_bits(x, dtypes.fp8e4m3)
+def _fp8e5m2_bits(x: float) -> int: return fp8_bits(x, dtypes.fp8e5m2)
+def _rfp8e4m3(x: float) -> float: return _E4M3_TO_F[fp8_bits(x, dtypes.fp8e4m3)]
+def _rfp8e5m2(x: float) -> float: return _E5M2_TO_F[fp8_bits(x, dtypes.fp8e5m2)]
 
 def _i2f32(x: int) -> float:
   """A (64-bit) integer rounded once to float32; float(x) alone would round twice for |x| > 2**53."""
@@ -135,7 +143,8 @@ def _bitcast(bits, src_format: str, dst_format: str):
 
 EMULATOR_HELPERS = ("inf", "nan", "_r32", "_r16", "_rbf16", "_f16_bits", "_bf16_bits", "_H2F", "_BF2F", "_i2f32",
                     "_f2i", "_fdiv0", "_fmod", "_idiv", "_imod", "_exp2", "_log2", "_sin", "_sqrt", "_pow", "_trunc",
-                    "_check_index", "_bitcast")
+                    "_check_index", "_bitcast", "_E4M3_TO_F", "_E5M2_TO_F", "_fp8e4m3_bits", "_fp8e5m2_bits",
+                    "_rfp8e4m3", "_rfp8e5m2")
 
 # ---------------- rendering ----------------
 
@@ -143,8 +152,14 @@ EMULATOR_HELPERS = ("inf", "nan", "_r32", "_r16", "_rbf16", "_f16_bits", "_bf16_
 PY_FORMATS: dict[DType, str] = {
   dtypes.bool: "?", dtypes.int8: "b", dtypes.uint8: "B", dtypes.int16: "h", dtypes.uint16: "H", dtypes.int32: "i",
   dtypes.uint32: "I", dtypes.int64: "q", dtypes.uint64: "Q", dtypes.float16: "H", dtypes.bfloat16: "H",
-  dtypes.float32: "f", dtypes.float64: "d"}
-_FLOAT_ROUNDING = {dtypes.float32: "_r32", dtypes.float16: "_r16", dtypes.bfloat16: "_rbf16"}
+  dtypes.float32: "f", dtypes.float64: "d", dtypes.fp8e4m3: "B", dtypes.fp8e5m2: "B"}
+_FLOAT_ROUNDING = {dtypes.float32: "_r32", dtypes.float16: "_r16", dtypes.bfloat16: "_rbf16",
+                   dtypes.fp8e4m3: "_rfp8e4m3", dtypes.fp8e5m2: "_rfp8e5m2"}
+# how a 16- or 8-bit float is read from its bit pattern and written back
+_FROM_BITS = {dtypes.float16: "_H2F", dtypes.bfloat16: "_BF2F", dtypes.fp8e4m3: "_E4M3_TO_F",
+              dtypes.fp8e5m2: "_E5M2_TO_F"}
+_TO_BITS = {dtypes.float16: "_f16_bits", dtypes.bfloat16: "_bf16_bits", dtypes.fp8e4m3: "_fp8e4m3_bits",
+            dtypes.fp8e5m2: "_fp8e5m2_bits"}
 _TRANSCENDENTAL = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.POW})
 # integer ops whose result always fits the dtype (no wraparound needed)
 _INT_IN_RANGE_OPS = frozenset({Ops.AND, Ops.OR, Ops.XOR, Ops.SHR, Ops.MAX, Ops.WHERE, Ops.MOD, Ops.TRUNC})
@@ -219,9 +234,9 @@ def _py_bitcast(u: UOp, a: list[str]) -> str:
   src, dst = u.src[0].dtype, u.dtype
   if dtypes.bool in (src, dst) or src.itemsize != dst.itemsize:
     raise TypeError(f"PythonRenderer: cannot BITCAST {src} to {dst} (sizes must match and bool is not allowed)")
-  bits = {dtypes.float16: f"_f16_bits({a[0]})", dtypes.bfloat16: f"_bf16_bits({a[0]})"}.get(src, a[0])
+  bits = f"{_TO_BITS[src]}({a[0]})" if src in _TO_BITS else a[0]
   text = f"_bitcast({bits}, '<{PY_FORMATS[src]}', '<{PY_FORMATS[dst]}')"
-  return {dtypes.float16: f"_H2F[{text}]", dtypes.bfloat16: f"_BF2F[{text}]"}.get(dst, text)
+  return f"{_FROM_BITS[dst]}[{text}]" if dst in _FROM_BITS else text
 
 def _py_trunc(u: UOp, a: list[str]) -> str: return f"_trunc({a[0]})" if dtypes.is_float(u.dtype) else a[0]
 
@@ -245,7 +260,7 @@ def round_to_dtype(u: UOp, text: str) -> str:
     if u.op in _INT_IN_RANGE_OPS or (u.op in _RANGE_PROVEN_OPS and _range_is_proven(u)): return text
     return wrap_int(dtype, text)
   if dtype == dtypes.float64 or u.op in EXACT_FLOAT_OPS: return text
-  if dtype == dtypes.float16 and u.op in _TRANSCENDENTAL: text = f"_r32({text})"   # C computes these in float
+  if dtype in (dtypes.float16, *dtypes.fp8s) and u.op in _TRANSCENDENTAL: text = f"_r32({text})"  # C: in float
   return f"{_FLOAT_ROUNDING[dtype]}({text})"
 
 class PythonRenderer(Renderer):
@@ -321,8 +336,7 @@ class _PyKernelWriter:
   def _load(self, u: UOp) -> None:
     self.check_dtype(u.dtype)
     read = f"{self.expr(u.src[0])}[{self.index_expr(u.src[1])}]"
-    if u.dtype == dtypes.float16: read = f"_H2F[{read}]"
-    elif u.dtype == dtypes.bfloat16: read = f"_BF2F[{read}]"
+    if u.dtype in _FROM_BITS: read = f"{_FROM_BITS[u.dtype]}[{read}]"
     if len(u.src) == 3: read = f"({read} if {self.expr(u.src[2])} else {render_py_const(0, u.dtype)})"
     name = self.names[u] = self.fresh_name("val")
     self.emit(f"{name} = {read}")
@@ -331,8 +345,7 @@ class _PyKernelWriter:
     buf, index, value = u.src[:3]
     self.check_dtype(value.dtype)
     written = self.expr(value)
-    if value.dtype == dtypes.float16: written = f"_f16_bits({written})"
-    elif value.dtype == dtypes.bfloat16: written = f"_bf16_bits({written})"
+    if value.dtype in _TO_BITS: written = f"{_TO_BITS[value.dtype]}({written})"
     line = f"{self.expr(buf)}[{self.index_expr(index)}] = {written}"
     self.emit(f"if {self.expr(u.src[3])}: {line}" if len(u.src) == 4 else line)
 

@@ -69,7 +69,7 @@ def _int_alu(op: Ops, dtype: DType, xs: list) -> Any:
 
 def _float_alu(op: Ops, dtype: DType, xs: list) -> Any:
   """`op` on Python floats, computed in `dtype`'s precision (bfloat16 in float32, then rounded)."""
-  np_type = np.float32 if dtype == dtypes.bfloat16 else to_numpy_dtype(dtype).type
+  np_type = np.float32 if dtype in (dtypes.bfloat16, *dtypes.fp8s) else to_numpy_dtype(dtype).type
   a = [np_type(x) for x in xs]
   with np.errstate(all="ignore"):
     if op is Ops.NEG: out = -a[0]
