@@ -91,6 +91,22 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
   def numel(self) -> int:
     """The total number of elements."""
     return prod(self.shape)
+  def size(self, dim: int | None = None) -> tuple[int, ...] | int:
+    """The shape as a tuple, or the size of axis `dim` (negative counts from the end), like torch.Tensor.size.
+
+    >>> Tensor.zeros(2, 3).size(), Tensor.zeros(2, 3).size(-1)
+    ((2, 3), 3)
+    """
+    if dim is None: return self.shape
+    if self.ndim == 0: raise TensorIndexError(f"size: a 0-d tensor has no dimension {dim}{_where()}")
+    return self.shape[self._axis(dim, "size")]
+  def is_floating_point(self) -> bool:
+    """True when the dtype is a floating-point type (float16, bfloat16, float32, float64 or an fp8 type).
+
+    >>> Tensor([1.0]).is_floating_point(), Tensor([1]).is_floating_point()
+    (True, False)
+    """
+    return dtypes.is_float(self.dtype)
   def element_size(self) -> int:
     """The size of one element in bytes."""
     return self.dtype.itemsize
@@ -118,9 +134,9 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     self._requires_grad = value
     if value: _requires_grad_tensors.add(self)
     else: _requires_grad_tensors.discard(self)
-  def requires_grad_(self, value: bool = True) -> Tensor:
+  def requires_grad_(self, requires_grad: bool | None = True) -> Tensor:
     """Set requires_grad (True by default) in place and return self, like torch.Tensor.requires_grad_."""
-    self.requires_grad = value
+    self.requires_grad = requires_grad
     return self
   def __repr__(self) -> str:
     return f"<Tensor shape={self.shape} dtype={self.dtype} device={self.device!r}{' realized' if self.uop.base.op is Ops.BUFFER else ''}>"
@@ -130,9 +146,12 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     return bool(self.item())
 
   # ---------------- realizing ----------------
-  def realize(self, *others: Tensor) -> Tensor:
-    """Run the pending computation of this tensor (and `others`) now. Returns self."""
-    Tensor.realize_all([self, *others])
+  def realize(self, *lst: Tensor, do_update_stats: bool = True) -> Tensor:
+    """Run the pending computation of this tensor (and those in `lst`) now. Returns self.
+
+    `do_update_stats` is accepted for tinygrad scripts; kiln's counters are always updated.
+    """
+    Tensor.realize_all([self, *lst])
     return self
 
   @staticmethod
@@ -164,6 +183,9 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     return create_schedule([t.uop for t in (self, *others)]).items
   def kernelize(self, *others: Tensor) -> Tensor:
     """Accepted for tinygrad scripts; kiln decides kernel boundaries at realize(), so this returns self unchanged."""
+    return self
+  def fuse(self) -> Tensor:
+    """Accepted for tinygrad scripts (a hint to fuse into one kernel); kiln's scheduler decides: returns self."""
     return self
 
   def _buffer(self) -> Buffer:
@@ -233,6 +255,13 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     """A tensor of ones."""
     return Tensor.full(_shape_arg(shape), 1.0, **{"dtype": dtypes.default_float, **kwargs})
 
+  def const_like(self, b) -> Tensor:
+    """A tensor of this one's shape, dtype and device filled with `b` (converted to this dtype).
+
+    >>> Tensor([1, 2, 3]).const_like(2.7).tolist()
+    [2, 2, 2]
+    """
+    return Tensor.full(self.shape, b, device=self.device).cast(self.dtype)
   def full_like(self, fill_value, **kwargs) -> Tensor:
     """A tensor of this one's shape, dtype and device filled with `fill_value`."""
     return Tensor.full(self.shape, fill_value, **{"dtype": self.dtype, "device": self.device, **kwargs})
@@ -266,7 +295,9 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
       raise ValueError(f"linspace: steps must be a non-negative int, got {steps!r}{_where()}")
     if steps == 1: return Tensor.full((1,), float(start), **kwargs)
     dtype = _dtype_arg(kwargs.pop("dtype", dtypes.default_float), "linspace")
-    return (Tensor.arange(steps, **kwargs).cast(dtypes.float32) * ((stop - start) / (steps - 1)) + start).cast(dtype)
+    requires_grad = kwargs.pop("requires_grad", None)   # belongs on the result, not on the arange it is built from
+    out = (Tensor.arange(steps, **kwargs).cast(dtypes.float32) * ((stop - start) / (steps - 1)) + start).cast(dtype)
+    return Tensor(out.uop, requires_grad=requires_grad)
 
   @staticmethod
   def eye(n: int, m: int | None = None, **kwargs) -> Tensor:
@@ -305,8 +336,12 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     return x
 
   @staticmethod
-  def rand(*shape, device: str | None = None, dtype: DType | str | None = None, **kwargs) -> Tensor:
-    """Uniform random values in [0, 1)."""
+  def rand(*shape, device: str | None = None, dtype: DType | str | None = None, contiguous: bool = True,
+           **kwargs) -> Tensor:
+    """Uniform random values in [0, 1).
+
+    `contiguous` is accepted for tinygrad scripts: kiln's random values are a lazy hash that fuses into its consumers.
+    """
     shape, device = _shape_arg(shape), _canonical_device(device)
     dtype = _dtype_arg(dtype or dtypes.default_float, "rand")
     if not dtypes.is_float(dtype): raise ValueError(f"rand: only float dtypes are supported, got {dtype}{_where()}")
@@ -367,9 +402,10 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
   def rand_like(self, **kwargs) -> Tensor:
     """Uniform random values in [0, 1) with this tensor's shape, dtype and device."""
     return Tensor.rand(*self.shape, **{"device": self.device, "dtype": self.dtype, **kwargs})
-  def randn_like(self, **kwargs) -> Tensor:
-    """Standard normal random values with this tensor's shape, dtype and device."""
-    return Tensor.randn(*self.shape, **{"device": self.device, "dtype": self.dtype, **kwargs})
+  def randn_like(self, dtype: DType | str | None = None, requires_grad: bool | None = None, **kwargs) -> Tensor:
+    """Standard normal random values with this tensor's shape and device, and its dtype unless `dtype` is given."""
+    return Tensor.randn(*self.shape, **{"device": self.device, "dtype": dtype or self.dtype,
+                                        "requires_grad": requires_grad, **kwargs})
 
   # ---------------- conversion ----------------
   def cast(self, dtype: DType | str) -> Tensor:
@@ -417,8 +453,8 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     self.uop = self.to(device).uop
     return self
 
-  def contiguous(self) -> Tensor:
-    """Materialize this tensor in its own buffer when realized."""
+  def contiguous(self, **kwargs) -> Tensor:
+    """Materialize this tensor in its own buffer when realized (tinygrad's extra keyword arguments are ignored)."""
     return Tensor._wrap(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)), "contiguous")
   def contiguous_backward(self) -> Tensor:
     """Materialize the gradient flowing back through this point."""
@@ -430,9 +466,9 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     """A copy in a new buffer."""
     return self.contiguous()
 
-  def assign(self, value: Tensor | Any) -> Tensor:
-    """Overwrite this tensor's values with `value` (same shape; cast to this dtype). Lazy, like every op."""
-    if not isinstance(value, Tensor): value = Tensor.full(self.shape, value, device=self.device, dtype=self.dtype)
+  def assign(self, x: Tensor | Any) -> Tensor:
+    """Overwrite this tensor's values with `x` (same shape; cast to this dtype). Lazy, like every op."""
+    value = x if isinstance(x, Tensor) else Tensor.full(self.shape, x, device=self.device, dtype=self.dtype)
     if value.shape != self.shape:
       raise ValueError(f"assign: shape {_fmt(value.shape)} does not match the target's {_fmt(self.shape)}{_where()}")
     if value.device != self.device:
@@ -449,19 +485,21 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     self.uop = UOp(Ops.ASSIGN, self.dtype, (target, value.uop))
     return self
 
-  def replace(self, other: Tensor) -> Tensor:
-    """Make this tensor hold `other`'s graph (same shape)."""
-    if other.shape != self.shape: raise ValueError(f"replace: shape {_fmt(other.shape)} != {_fmt(self.shape)}{_where()}")
-    self.uop = other.uop
+  def replace(self, x: Tensor, allow_shape_mismatch: bool = False) -> Tensor:
+    """Make this tensor hold `x`'s graph; the shapes must match unless `allow_shape_mismatch`."""
+    if x.shape != self.shape and not allow_shape_mismatch:
+      raise ValueError(f"replace: shape {_fmt(x.shape)} != {_fmt(self.shape)}{_where()}")
+    self.uop = x.uop
     return self
 
   # ---------------- movement ----------------
-  def reshape(self, *shape) -> Tensor:
-    """The same elements in a new shape; one axis may be -1 (inferred).
+  def reshape(self, shape=(), *args) -> Tensor:
+    """The same elements in a new shape (a tuple, or the sizes as arguments); one axis may be -1 (inferred).
 
     >>> Tensor.arange(6).reshape(2, -1).tolist()
     [[0, 1, 2], [3, 4, 5]]
     """
+    shape = (shape, *args)
     shape = tuple(s if s is not None else self.shape[i] for i, s in enumerate(_shape_arg(shape, allow_negative=True)))
     if shape.count(-1) > 1: raise ValueError(f"reshape: only one axis can be -1, got {_fmt(shape)}{_where()}")
     if -1 in shape:
@@ -474,13 +512,13 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
       raise ValueError(f"reshape: cannot reshape {_fmt(self.shape)} ({self.numel()} elements) to {_fmt(shape)} "
                        f"({prod(shape)} elements){_where()}")
     return self if shape == self.shape else Tensor._wrap(self.uop.reshape(shape), "reshape")
-  def view(self, *shape) -> Tensor:
+  def view(self, shape=(), *args) -> Tensor:
     """The same as reshape."""
-    return self.reshape(*shape)
+    return self.reshape(shape, *args)
 
-  def expand(self, *shape) -> Tensor:
+  def expand(self, shape=(), *args) -> Tensor:
     """Broadcast size-1 axes to `shape` (-1 keeps an axis); new axes may be added in front."""
-    shape = _shape_arg(shape, allow_negative=True)
+    shape = _shape_arg((shape, *args), allow_negative=True)
     if len(shape) < self.ndim:
       raise ValueError(f"expand: cannot expand {_fmt(self.shape)} to fewer dimensions {_fmt(shape)}{_where()}")
     src = (1,) * (len(shape) - self.ndim) + self.shape
@@ -494,7 +532,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     uop = self.uop.reshape((1,) * (len(shape) - self.ndim) + self.shape)
     return Tensor._wrap(uop.expand(shape), "expand")
 
-  def permute(self, *order) -> Tensor:
+  def permute(self, order=(), *args) -> Tensor:
     """Reorder the axes: `order[i]` is the source axis of output axis i.
 
     >>> Tensor([[1, 2], [3, 4]]).permute(1, 0).tolist()
@@ -502,7 +540,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     >>> Tensor.arange(6).reshape(1, 2, 3).permute(2, 0, 1).shape
     (3, 1, 2)
     """
-    order = tuple(order[0]) if len(order) == 1 and isinstance(order[0], (tuple, list)) else tuple(order)
+    order = tuple(order) if isinstance(order, (tuple, list)) and not args else (order, *args)
     resolved = tuple(self._axis(a, "permute") for a in order)
     if sorted(resolved) != list(range(self.ndim)):
       raise ValueError(f"permute: {order} is not a permutation of the {self.ndim} axes of {_fmt(self.shape)}{_where()}")
@@ -520,9 +558,10 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     """This tensor with its axes in reverse order (the transpose of a matrix)."""
     return self.permute(tuple(reversed(range(self.ndim))))
 
-  def flip(self, axis) -> Tensor:
-    """Reverse the order of elements along `axis` (an int or a tuple)."""
-    axes = tuple(self._axis(a, "flip") for a in (axis if isinstance(axis, (tuple, list)) else (axis,)))
+  def flip(self, axis, *args) -> Tensor:
+    """Reverse the order of elements along `axis` (an int, a tuple, or several ints as arguments)."""
+    axis = tuple(axis) if isinstance(axis, (tuple, list)) and not args else (axis, *args)
+    axes = tuple(self._axis(a, "flip") for a in axis)
     if len(set(axes)) != len(axes): raise ValueError(f"flip: repeated axis in {axis}{_where()}")
     if self.ndim == 0: return self
     return Tensor._wrap(self.uop.flip(axes), "flip")
@@ -593,60 +632,60 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     x = self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
     return Tensor._wrap(x.uop.alu(op), name)
 
-  def add(self, other, reverse: bool = False) -> Tensor:
-    """Elementwise self + other, with broadcasting and type promotion (other + self if `reverse`)."""
-    return self._binary(Ops.ADD, other, "add", reverse)
-  def sub(self, other, reverse: bool = False) -> Tensor:
-    """Elementwise self - other (other - self if `reverse`); a TypeError for two bool operands."""
-    if self.dtype == dtypes.bool and (not isinstance(other, Tensor) or other.dtype == dtypes.bool) and isinstance(other, (bool, Tensor)):
+  def add(self, x, reverse: bool = False) -> Tensor:
+    """Elementwise self + x, with broadcasting and type promotion (x + self if `reverse`)."""
+    return self._binary(Ops.ADD, x, "add", reverse)
+  def sub(self, x, reverse: bool = False) -> Tensor:
+    """Elementwise self - x (x - self if `reverse`); a TypeError for two bool operands."""
+    if self.dtype == dtypes.bool and (not isinstance(x, Tensor) or x.dtype == dtypes.bool) and isinstance(x, (bool, Tensor)):
       raise TypeError(f"sub: subtraction of bool tensors is not supported, use logical_xor{_where()}")
-    return self._binary(Ops.SUB, other, "sub", reverse)
-  def mul(self, other, reverse: bool = False) -> Tensor:
-    """Elementwise self * other, with broadcasting and type promotion (other * self if `reverse`)."""
-    return self._binary(Ops.MUL, other, "mul", reverse)
-  def div(self, other, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
+    return self._binary(Ops.SUB, x, "sub", reverse)
+  def mul(self, x, reverse: bool = False) -> Tensor:
+    """Elementwise self * x, with broadcasting and type promotion (x * self if `reverse`)."""
+    return self._binary(Ops.MUL, x, "mul", reverse)
+  def div(self, x, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
     """True division (ints become floats); rounding_mode 'trunc' or 'floor' as in PyTorch."""
     if rounding_mode not in (None, "trunc", "floor"):
       raise ValueError(f"div: rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}{_where()}")
-    x, y = self._broadcasted(other, "div", reverse)
+    x, y = self._broadcasted(x, "div", reverse)
     if rounding_mode == "trunc":
       return Tensor._wrap(x.uop.alu(Ops.IDIV, y.uop), "div") if dtypes.is_int(x.dtype) else (x / y).trunc()
     if rounding_mode == "floor": return x // y
     if not dtypes.is_float(x.dtype): x, y = x.cast(dtypes.default_float), y.cast(dtypes.default_float)
     return Tensor._wrap(x.uop.alu(Ops.FDIV, y.uop), "div")
-  def floordiv(self, other, reverse: bool = False) -> Tensor:
+  def floordiv(self, x, reverse: bool = False) -> Tensor:
     """Division rounded toward negative infinity (Python and PyTorch `//`)."""
-    x, y = self._broadcasted(other, "floordiv", reverse)
+    x, y = self._broadcasted(x, "floordiv", reverse)
     if dtypes.is_float(x.dtype): return x._float_floordiv(y)
     if x.dtype == dtypes.bool: x, y = x.cast(dtypes.default_int), y.cast(dtypes.default_int)
     q = Tensor._wrap(x.uop.alu(Ops.IDIV, y.uop), "floordiv")
     r = Tensor._wrap(x.uop.alu(Ops.MOD, y.uop), "floordiv")
     needs_fix = (r != 0) & ((r < 0) != (y < 0))
     return needs_fix.where(q - 1, q)
-  def mod(self, other, reverse: bool = False) -> Tensor:
+  def mod(self, x, reverse: bool = False) -> Tensor:
     """Remainder with the sign of the divisor (Python and PyTorch `%`)."""
-    x, y = self._broadcasted(other, "mod", reverse)
+    x, y = self._broadcasted(x, "mod", reverse)
     if dtypes.is_float(x.dtype): return x._float_mod(y)
     if x.dtype == dtypes.bool: x, y = x.cast(dtypes.default_int), y.cast(dtypes.default_int)
     r = Tensor._wrap(x.uop.alu(Ops.MOD, y.uop), "mod")
     return ((r != 0) & ((r < 0) != (y < 0))).where(r + y, r)
-  def pow(self, exponent, reverse: bool = False) -> Tensor:
-    """Elementwise power."""
-    if not reverse and dtypes.is_int(self.dtype) and isinstance(exponent, int) and exponent < 0:
-      raise ValueError(f"pow: integers to negative integer powers are not allowed ({self.dtype} ** {exponent}){_where()}")
-    x, y = self._broadcasted(exponent, "pow", reverse)
+  def pow(self, x, reverse: bool = False) -> Tensor:
+    """Elementwise self ** x (x ** self if `reverse`)."""
+    if not reverse and dtypes.is_int(self.dtype) and isinstance(x, int) and x < 0:
+      raise ValueError(f"pow: integers to negative integer powers are not allowed ({self.dtype} ** {x}){_where()}")
+    x, y = self._broadcasted(x, "pow", reverse)
     if not dtypes.is_float(x.dtype):
       out_dtype = x.dtype
       power = Tensor._wrap(x.cast(dtypes.float64).uop.alu(Ops.POW, y.cast(dtypes.float64).uop), "pow")
       # 0 ** -n is 0 for ints in PyTorch (the float power is inf)
       return power.isinf().where(0.0, power).round().cast(out_dtype)
     return Tensor._wrap(x.uop.alu(Ops.POW, y.uop), "pow")
-  def maximum(self, other) -> Tensor:
+  def maximum(self, x) -> Tensor:
     """Elementwise maximum (NaN propagates)."""
-    return self._binary(Ops.MAX, other, "maximum")
-  def minimum(self, other) -> Tensor:
+    return self._binary(Ops.MAX, x, "maximum")
+  def minimum(self, x) -> Tensor:
     """Elementwise minimum (NaN propagates)."""
-    x, y = self._broadcasted(other, "minimum")
+    x, y = self._broadcasted(x, "minimum")
     return x._inverse()._binary(Ops.MAX, y._inverse(), "minimum")._inverse()
   def _inverse(self) -> Tensor:
     """An order-reversing bijection: -x for floats, ~x for ints and bools (no overflow)."""
@@ -671,21 +710,21 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     x, y = self._broadcasted(other, name, reverse)
     if dtypes.is_float(x.dtype): raise TypeError(f"{name}: needs int or bool tensors, got {x.dtype}{_where()}")
     return Tensor._wrap(x.uop.alu(op, y.uop), name)
-  def bitwise_and(self, other, reverse=False) -> Tensor:
+  def bitwise_and(self, x, reverse: bool = False) -> Tensor:
     """Elementwise bitwise AND of int or bool tensors (logical AND for bools)."""
-    return self._bitwise(Ops.AND, other, "bitwise_and", reverse)
-  def bitwise_or(self, other, reverse=False) -> Tensor:
+    return self._bitwise(Ops.AND, x, "bitwise_and", reverse)
+  def bitwise_or(self, x, reverse: bool = False) -> Tensor:
     """Elementwise bitwise OR of int or bool tensors (logical OR for bools)."""
-    return self._bitwise(Ops.OR, other, "bitwise_or", reverse)
-  def bitwise_xor(self, other, reverse=False) -> Tensor:
+    return self._bitwise(Ops.OR, x, "bitwise_or", reverse)
+  def bitwise_xor(self, x, reverse: bool = False) -> Tensor:
     """Elementwise bitwise XOR of int or bool tensors."""
-    return self._bitwise(Ops.XOR, other, "bitwise_xor", reverse)
-  def lshift(self, other, reverse=False) -> Tensor:
-    """Elementwise x << other, for int tensors."""
-    return self._bitwise(Ops.SHL, other, "lshift", reverse)
-  def rshift(self, other, reverse=False) -> Tensor:
-    """Elementwise x >> other, for int tensors."""
-    return self._bitwise(Ops.SHR, other, "rshift", reverse)
+    return self._bitwise(Ops.XOR, x, "bitwise_xor", reverse)
+  def lshift(self, x, reverse: bool = False) -> Tensor:
+    """Elementwise self << x, for int tensors."""
+    return self._bitwise(Ops.SHL, x, "lshift", reverse)
+  def rshift(self, x, reverse: bool = False) -> Tensor:
+    """Elementwise self >> x, for int tensors."""
+    return self._bitwise(Ops.SHR, x, "rshift", reverse)
 
   def __add__(self, x) -> Tensor: return self.add(x)
   def __radd__(self, x) -> Tensor: return self.add(x, True)
@@ -1003,8 +1042,10 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     return shifted - shifted.exp().sum(axis, keepdim=True).log()
 
   # ---------------- linear algebra ----------------
-  def dot(self, w: Tensor) -> Tensor:
+  def dot(self, w: Tensor, dtype: DType | str | None = None) -> Tensor:
     """Matrix product with PyTorch's rules for 1-d, 2-d and batched operands (also `matmul` and `@`).
+
+    With `dtype`, both operands are cast to it first, so products and their sum are computed (and returned) in it.
 
     >>> (Tensor([[1, 2], [3, 4]]) @ Tensor([[5], [6]])).tolist()
     [[17], [39]]
@@ -1012,6 +1053,9 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     32
     """
     if not isinstance(w, Tensor): raise TypeError(f"matmul: expected a Tensor, got {type(w).__name__}{_where()}")
+    if dtype is not None:
+      dtype = _dtype_arg(dtype, "matmul")
+      return self.cast(dtype).dot(w.cast(dtype))
     if self.ndim == 0 or w.ndim == 0:
       raise ValueError(f"matmul: both operands need at least one dimension, got {_fmt(self.shape)} @ {_fmt(w.shape)}{_where()}")
     if w.device != self.device: raise RuntimeError(f"matmul: operands on {self.device} and {w.device}{_where()}")
@@ -1024,7 +1068,14 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     wt = wt.reshape(*wt.shape[:-2], *[1] * min(self.ndim - 1, w.ndim - 1, 1), *wt.shape[-min(w.ndim, 2):])
     x, wt = x._broadcasted(wt, "matmul")
     return (x * wt).sum(-1)
-  matmul = dot
+  def matmul(self, x: Tensor, reverse: bool = False, dtype: DType | str | None = None) -> Tensor:
+    """Matrix product self @ x (x @ self if `reverse`), computed in `dtype` if given; see dot.
+
+    >>> Tensor([[1.0, 2.0]]).matmul(Tensor([[3.0], [4.0]]), dtype="float16").dtype
+    dtypes.half
+    """
+    if not isinstance(x, Tensor): raise TypeError(f"matmul: expected a Tensor, got {type(x).__name__}{_where()}")
+    return x.dot(self, dtype) if reverse else self.dot(x, dtype)
   def linear(self, weight: Tensor, bias: Tensor | None = None, dtype: DType | str | None = None) -> Tensor:
     """x @ weight + bias (weight is (in, out), as in tinygrad; a 1-d weight scales elementwise), computed in `dtype`."""
     if dtype is not None:
@@ -1032,15 +1083,23 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
       return self.cast(dtype).linear(weight.cast(dtype), bias.cast(dtype) if bias is not None else None)
     out = self * weight if weight.ndim == 1 else self @ weight
     return out + bias if bias is not None else out
-  def sequential(self, layers) -> Tensor:
-    """Apply each callable in `layers` in turn, starting from this tensor."""
+  def sequential(self, ll) -> Tensor:
+    """Apply each callable in the list `ll` in turn, starting from this tensor."""
     x = self
-    for layer in layers: x = layer(x)
+    for layer in ll: x = layer(x)
     return x
 
   # ---------------- autograd ----------------
-  def gradient(self, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:
-    """Gradients of this (scalar) tensor with respect to `targets`, as lazy tensors."""
+  def gradient(self, *targets: Tensor, gradient: Tensor | None = None, materialize_grads: bool = False) -> list[Tensor]:
+    """Gradients of this (scalar) tensor with respect to `targets`, as lazy tensors.
+
+    A target this tensor does not depend on (differentiably) is a RuntimeError, as in tinygrad and
+    torch.autograd.grad, unless `materialize_grads` is True: then its gradient is zeros.
+
+    >>> x = Tensor([1.0, 2.0])
+    >>> [g.tolist() for g in (x * x).sum().gradient(x)]
+    [[2.0, 4.0]]
+    """
     if gradient is None:
       if self.numel() != 1:
         raise RuntimeError(f"gradient: a non-scalar output of shape {_fmt(self.shape)} needs an explicit gradient{_where()}")
@@ -1049,6 +1108,9 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     out = []
     for t in targets:
       g = grads.get(t._grad_identity())
+      if g is None and not materialize_grads:
+        raise RuntimeError(f"gradient: a target of shape {_fmt(t.shape)} is not in this tensor's graph (or only behind "
+                           f"detach); pass materialize_grads=True for zeros{_where()}")
       out.append(Tensor._wrap(g, "gradient") if g is not None else t.zeros_like())
     return out
 
@@ -1070,7 +1132,8 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     graph = set(gradient_graph(self.uop, whole=True))
     targets = [t for t in list(_requires_grad_tensors) if t._grad_identity() in graph]
     if not targets: raise RuntimeError(f"backward: nothing in this graph requires a gradient{_where()}")
-    grads = self.gradient(*targets, gradient=gradient)
+    # a target reached only through detach() gets zeros, not an error
+    grads = self.gradient(*targets, gradient=gradient, materialize_grads=True)
     for t, g in zip(targets, grads):
       if g.shape != t.shape: raise RuntimeError(f"backward: gradient shape {g.shape} != tensor shape {t.shape}")
       t.grad = g if t.grad is None else t.grad + g

@@ -15,16 +15,17 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 TENSOR_DOCS = REPO_ROOT / "docs" / "tensor.md"
 
 GROUPS: dict[str, str] = {
-  "Creation": """empty zeros ones full full_like zeros_like ones_like arange linspace eye rand randn randint normal uniform
-    scaled_uniform glorot_uniform kaiming_uniform kaiming_normal randperm multinomial rand_like randn_like manual_seed
-    from_blob from_url""",
-  "Properties and conversion": """uop shape dtype device ndim numel element_size nbytes requires_grad requires_grad_ grad T
-    realize realize_all contiguous contiguous_backward detach clone numpy item tolist data to to_ cast bitcast float
-    half int bool bfloat16 double long short assign replace schedule kernelize""",
+  "Creation": """empty zeros ones full full_like zeros_like ones_like const_like arange linspace eye rand randn randint
+    normal uniform scaled_uniform glorot_uniform kaiming_uniform kaiming_normal randperm multinomial rand_like randn_like
+    manual_seed from_blob from_url""",
+  "Properties and conversion": """uop shape dtype device ndim size numel element_size nbytes is_floating_point
+    requires_grad requires_grad_ grad T realize realize_all contiguous contiguous_backward detach clone numpy item
+    tolist data to to_ cast bitcast float half int bool bfloat16 double long short assign replace schedule kernelize
+    fuse""",
   "Movement": """reshape view expand permute flip shrink pad squeeze unsqueeze flatten unflatten transpose repeat
-    repeat_interleave roll split chunk cat stack meshgrid diag diagonal tril triu""",
+    repeat_interleave roll split chunk cat stack meshgrid diag diagonal tril triu unfold rearrange""",
   "Indexing": """__getitem__ __setitem__ gather scatter scatter_reduce masked_fill masked_select nonzero where""",
-  "Arithmetic, comparison and bitwise": """add sub mul div floordiv mod pow maximum minimum neg eq ne
+  "Arithmetic, comparison and bitwise": """add sub mul div idiv floordiv mod pow maximum minimum neg eq ne
     bitwise_and bitwise_or bitwise_xor bitwise_not logical_not lshift rshift""",
   "Elementwise math": """reciprocal sqrt rsqrt exp exp2 log log2 sin cos tan asin acos atan sinh cosh tanh asinh acosh
     atanh erf abs sign trunc ceil floor round isinf isnan isfinite isclose lerp clamp clip square copysign""",

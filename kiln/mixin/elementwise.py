@@ -249,6 +249,14 @@ class ElementwiseMixin:
     magnitude = x.abs()
     return negative.where(-magnitude, magnitude)
 
+  def idiv(self, x, reverse: bool = False) -> Tensor:
+    """Division rounded toward zero (C's integer division; x / self if `reverse`), like div(rounding_mode="trunc").
+
+    >>> Tensor([-7, 7]).idiv(2).tolist()
+    [-3, 3]
+    """
+    return self.div(x, reverse, rounding_mode="trunc")
+
   def isfinite(self) -> Tensor:
     """True where x is neither infinite nor NaN (always True for ints and bools).
 

@@ -27,6 +27,39 @@ def _tensor_list(first, rest: tuple, op: str, tensor_type) -> list:
       raise TypeError(f"{op}: argument {i} is a {type(t).__name__}, not a Tensor{where()}")
   return items
 
+def _parse_einops_side(side: str, formula: str) -> list:
+  """One side of a rearrange formula as its axes: a name (str) for a bare axis, a list of names for a parenthesized
+  group (merged into one axis), [] for a unit axis (`1` or `()`). `...` is kept as a name, expanded later."""
+  axes: list = []
+  group: list[str] | None = None
+  for token in side.replace("\u2026", "...").replace("(", " ( ").replace(")", " ) ").split():
+    if token == "(":
+      if group is not None: raise ValueError(f"rearrange: nested parentheses in {formula!r}{where()}")
+      group = []
+    elif token == ")":
+      if group is None: raise ValueError(f"rearrange: unbalanced parentheses in {formula!r}{where()}")
+      axes.append(group)
+      group = None
+    elif token == "1":   # a unit axis; inside a group it merges nothing
+      if group is None: axes.append([])
+    elif token == "..." or (token.isidentifier() and not token.startswith("_") and not token.endswith("_")):
+      if group is None: axes.append(token)
+      else: group.append(token)
+    else:
+      raise ValueError(f"rearrange: {token!r} in {formula!r} is not an axis name (an identifier not starting or "
+                       f"ending with _), 1 or ...{where()}")
+  if group is not None: raise ValueError(f"rearrange: unbalanced parentheses in {formula!r}{where()}")
+  return axes
+
+def _expand_ellipsis(axes: list, names: list[str]) -> list[list[str]]:
+  """`axes` with `...` replaced by `names` (separate axes when bare, merged inside a group), every axis a list."""
+  out: list[list[str]] = []
+  for axis in axes:
+    if axis == "...": out.extend([name] for name in names)
+    elif isinstance(axis, str): out.append([axis])
+    else: out.append([n for name in axis for n in (names if name == "..." else [name])])
+  return out
+
 class MovementMixin:
   __slots__ = ()
 
@@ -328,6 +361,89 @@ class MovementMixin:
                        f"of {fmt(self.shape)}{where()}")
     sizes = tuple(n // known if s == -1 else s for s in sizes)
     return self.reshape(self.shape[:axis] + sizes + self.shape[axis + 1:])
+
+  def unfold(self, dim: int, size: int, step: int) -> Tensor:
+    """Sliding windows of `size` elements, one every `step`, along `dim`, like torch.Tensor.unfold.
+
+    Axis `dim` becomes the window count (shape[dim] - size) // step + 1 and a new last axis of length `size` holds
+    each window. A view: nothing is copied.
+
+    >>> Tensor.arange(5).unfold(0, 2, 2).tolist()
+    [[0, 1], [2, 3]]
+    >>> Tensor.arange(8).reshape(2, 4).unfold(1, 3, 1).shape
+    (2, 2, 3)
+    """
+    if not _is_int(size) or not _is_int(step):
+      raise TypeError(f"unfold: size and step must be ints, got size={size!r}, step={step!r}{where()}")
+    axis = self._axis(dim, "unfold")
+    length = self.shape[axis] if self.ndim else 1   # a 0-d tensor unfolds as one element, as in PyTorch
+    if size < 0: raise ValueError(f"unfold: size must be >= 0, got {size}{where()}")
+    if step <= 0: raise ValueError(f"unfold: step must be > 0, got {step}{where()}")
+    if size > length:
+      raise ValueError(f"unfold: window size {size} is larger than axis {axis} (size {length}) of "
+                       f"{fmt(self.shape)}{where()}")
+    if self.ndim == 0: return self.reshape(1)._narrow(0, 0, size)
+    to_last = [a for a in range(self.ndim) if a != axis] + [axis]
+    windows = self.permute(to_last)._pool((size,), step)   # (...others, count, size)
+    last = self.ndim - 1
+    return windows.permute(*range(axis), last, *range(axis, last), self.ndim)
+
+  def rearrange(self, formula: str, **sizes: int) -> Tensor:
+    """Reshape and permute by an einops formula such as "b (h w) c -> b c h w".
+
+    Names on the left are this tensor's axes; a parenthesized group splits one axis (give all but one of its sizes
+    as keyword arguments), `...` stands for the axes not named, and `1` or `()` is an axis of size 1. The right side
+    lists the same names in the new order; a group there merges axes. Only views: nothing is copied.
+
+    >>> Tensor.arange(6).rearrange("(h w) -> w h", h=2).tolist()
+    [[0, 3], [1, 4], [2, 5]]
+    >>> Tensor.zeros(2, 3, 4).rearrange("b ... -> (...) b 1").shape
+    (12, 2, 1)
+    """
+    if not isinstance(formula, str) or formula.count("->") != 1:
+      raise ValueError(f"rearrange: the formula needs exactly one '->', got {formula!r}{where()}")
+    left_text, right_text = formula.split("->")
+    left, right = _parse_einops_side(left_text, formula), _parse_einops_side(right_text, formula)
+    flat = {side: [n for axis in axes for n in ([axis] if isinstance(axis, str) else axis)]
+            for side, axes in (("left", left), ("right", right))}
+    for side, names in flat.items():
+      repeated = sorted({n for n in names if names.count(n) > 1})
+      if repeated: raise ValueError(f"rearrange: {', '.join(repeated)} repeated on the {side} of {formula!r}{where()}")
+    if set(flat["left"]) != set(flat["right"]):
+      one_side = sorted(set(flat["left"]) ^ set(flat["right"]))
+      raise ValueError(f"rearrange: {', '.join(one_side)} must appear on both sides of {formula!r}{where()}")
+    if any(not isinstance(axis, str) and "..." in axis for axis in left):
+      raise ValueError(f"rearrange: ... cannot be inside parentheses on the left of {formula!r}{where()}")
+    for name, value in sizes.items():
+      if name not in flat["left"]:
+        raise ValueError(f"rearrange: size given for {name!r}, not an axis of {formula!r}{where()}")
+      if not _is_int(value) or value < 0:
+        raise ValueError(f"rearrange: size of {name!r} must be a non-negative int, got {value!r}{where()}")
+    n_named = len(left) - ("..." in left)
+    if self.ndim < n_named or ("..." not in left and self.ndim != n_named):
+      raise ValueError(f"rearrange: the left of {formula!r} names {n_named} axes but the tensor {fmt(self.shape)} "
+                       f"has {self.ndim}{where()}")
+    rest = [f"...{i}" for i in range(self.ndim - n_named)]
+    left_axes, right_axes = _expand_ellipsis(left, rest), _expand_ellipsis(right, rest)
+    size_of: dict[str, int] = {}
+    for position, (group, length) in enumerate(zip(left_axes, self.shape)):
+      if not group and length != 1:
+        raise ValueError(f"rearrange: axis {position} is 1 in {formula!r} but has size {length} in "
+                         f"{fmt(self.shape)}{where()}")
+      unknown = [n for n in group if n not in sizes]
+      known = prod(sizes[n] for n in group if n in sizes)
+      if len(unknown) > 1:
+        raise ValueError(f"rearrange: cannot infer the sizes of {', '.join(unknown)} in {formula!r}; pass all but one "
+                         f"as keyword arguments{where()}")
+      if unknown and known and length % known == 0: size_of[unknown[0]] = length // known
+      elif unknown or known != length:
+        raise ValueError(f"rearrange: axis ({' '.join(group)}) of {formula!r} has size {length}, which does "
+                         f"not match the sizes {sizes}{where()}")
+      size_of.update((n, sizes[n]) for n in group if n in sizes)
+    elementary = [n for group in left_axes for n in group]
+    out = self.reshape(tuple(size_of[n] for n in elementary))
+    out = out.permute(tuple(elementary.index(n) for group in right_axes for n in group))
+    return out.reshape(tuple(prod(size_of[n] for n in group) for group in right_axes))
 
   # ---------------- diagonals and triangles ----------------
   def diag(self) -> Tensor:
