@@ -6,7 +6,7 @@ from typing import Any, Sequence
 import numpy as np
 from kiln.dtype import DType, dtypes, least_upper_dtype, to_numpy_dtype, from_numpy_dtype
 from kiln.helpers import prod, user_frame_location, TRACEBACK_SOURCE
-from kiln.uop.ops import UOp, Ops
+from kiln.uop.ops import UOp, Ops, toposort
 from kiln.device import Buffer
 from kiln.gradient import compute_gradient, gradient_graph
 from kiln.schedule.kernelize import create_schedule, is_contiguous_buffer
@@ -25,6 +25,8 @@ from kiln.mixin.common import TensorIndexError, where as _where, fmt as _fmt, dt
   canonical_device as _canonical_device, broadcast_shape as _broadcast_shape
 
 _requires_grad_tensors: weakref.WeakSet = weakref.WeakSet()
+# every live Tensor, so realizing an assign can first compute the pending tensors that read the old values
+_live_tensors: weakref.WeakSet = weakref.WeakSet()
 
 class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, ReduceMixin, ConvMixin, NNMixin, SortMixin,
              LinalgMixin, BytesMixin):
@@ -37,7 +39,6 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
   __slots__ = ("uop", "_requires_grad", "grad", "__weakref__")
   training: bool = False
   _seed: int = 0
-  _rng_counter: int = 0
 
   def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None, requires_grad: bool | None = None):
     dtype = _dtype_arg(dtype, "Tensor") if dtype is not None else None
@@ -61,6 +62,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
       uop = uop.copy_to(_canonical_device(device))
     if dtype is not None and uop.dtype != dtype: uop = uop.cast(dtype)
     self.uop = uop
+    _live_tensors.add(self)
     if requires_grad is not None: self.requires_grad = requires_grad
 
   @staticmethod
@@ -68,6 +70,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     """A Tensor around a freshly built node, recording the user's source line on it."""
     t = Tensor.__new__(Tensor)
     t.uop, t.grad, t._requires_grad = uop, None, None
+    _live_tensors.add(t)
     if TRACEBACK_SOURCE and uop.meta is None: uop.meta = f"{_user_op[0] or name} {user_frame_location()}".strip()
     return t
 
@@ -161,6 +164,12 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     if not todo: return
     roots = list(dict.fromkeys(uop for _, uop in todo))
     schedule = create_schedule(roots)
+    if schedule.overwritten and (stale := _pending_readers(schedule.overwritten, {id(t) for t, _ in todo})):
+      # PyTorch order: a tensor built before the assign holds the old values, so it is computed in the same run,
+      # ordered before the overwrite (the scheduler runs reads of a buffer's old value before its assign)
+      todo += [(t, t.uop) for t in stale]
+      roots = list(dict.fromkeys(uop for _, uop in todo))
+      schedule = create_schedule(roots)
     run_schedule(schedule.items)
     differentiable = _graphs_needing_gradients(roots)
     for t, old in todo:
@@ -314,25 +323,41 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
 
   @staticmethod
   def manual_seed(seed: int = 0) -> None:
-    """Make the random functions reproducible: the same seed gives the same numbers on every device."""
-    Tensor._seed, Tensor._rng_counter = int(seed), 0
+    """Make the random functions reproducible: the same seed gives the same numbers on every device.
+
+    Resets every device's generator state in place, so a TinyJit capture that draws random numbers replays from the
+    new seed too. Not allowed inside a TinyJit function (a replay would not repeat it)."""
+    if _jit_calls:
+      raise RuntimeError(f"manual_seed: called inside the TinyJit function {_jit_calls[0].name}; a replay would not "
+                         f"reset the generator, so call it outside{_where()}")
+    Tensor._seed = int(seed)
+    for state in _rng_states.values():
+      buf = state.uop.base.buffer
+      buf.copyin(memoryview(_rng_initial_state(Tensor._seed)))
+      _forget_results_computed_from(buf)
 
   @staticmethod
   def _random_bits(count: int, device: str) -> Tensor:
-    """`count` pseudo-random uint32 values from a counter-based hash of (seed, counter, position)."""
-    offset = Tensor._rng_counter
-    Tensor._rng_counter += count
-    key = _mix32((Tensor._seed * 0x9E3779B9 + 0x7F4A7C15) & 0xFFFFFFFF)
-    # offset and key travel in a buffer, not as constants, so every call reuses one compiled kernel
-    params = Tensor(np.array([offset & 0xFFFFFFFF, key], dtype=np.uint32), device=device)
+    """`count` pseudo-random uint32 values (realized) from a counter-based hash of (seed, counter, position).
+
+    The counter and the seed's key live in a buffer per device ([counter, key]); each call reads the counter and
+    advances it with an assign, both run now, so a TinyJit replay advances it too and draws what eager calls would."""
     pos = Tensor(UOp(Ops.IOTA, dtypes.int32, (UOp(Ops.DEVICE, arg=device),), count)).cast(dtypes.uint32)
-    x = (pos + params[0]) ^ params[1]
+    if count == 0: return pos
+    state = _rng_state(device)
+    # offset and key travel in a buffer, not as constants, so every call reuses one compiled kernel
+    x = (pos + state[0]) ^ state[1]
     for _ in range(2):
       x = x ^ (x >> 16)
       x = x * 0x7FEB352D
       x = x ^ (x >> 15)
       x = x * 0x846CA68B
       x = x ^ (x >> 16)
+    first = (Tensor(UOp(Ops.IOTA, dtypes.int32, (UOp(Ops.DEVICE, arg=device),), 2)) == 0).cast(dtypes.uint32)
+    state.assign(state + first * (count & 0xFFFFFFFF))
+    # realized together: the scheduler runs the read before the update, and no lazy graph is left reading a
+    # counter that later calls overwrite
+    Tensor.realize_all([x, state])
     return x
 
   @staticmethod
@@ -1162,6 +1187,19 @@ def _forget_results_computed_from(buf: Buffer) -> None:
   built later that happens to be the same node (hash-consing) is computed again instead of reusing them."""
   for node in list(_computed_from.pop(buf, ())): node.forward = None
 
+def _pending_readers(buffers, skip: set[int]) -> list[Tensor]:
+  """Live, unrealized tensors (other than those in `skip`) whose graphs read one of `buffers`."""
+  found, visited, wanted = [], set(), {id(b) for b in buffers}
+  reads: dict[UOp, bool] = {}
+  for t in list(_live_tensors):
+    if id(t) in skip or t.uop.base.op is Ops.BUFFER: continue
+    for node in toposort([t.uop], stop=lambda n: n in visited):
+      if node in visited: continue
+      visited.add(node)
+      reads[node] = (node.op is Ops.BUFFER and id(node.buffer) in wanted) or any(reads.get(s, False) for s in node.src)
+    if reads.get(t.uop, False): found.append(t)
+  return found
+
 def _graphs_needing_gradients(roots: list[UOp]) -> set[UOp]:
   """The roots whose graphs contain a tensor that requires a gradient (empty when no tensor does)."""
   if not _requires_grad_tensors: return set()
@@ -1180,6 +1218,19 @@ def _sum_dtype(dt: DType) -> DType:
 def _mix32(x: int) -> int:
   x ^= x >> 16; x = (x * 0x7FEB352D) & 0xFFFFFFFF; x ^= x >> 15; x = (x * 0x846CA68B) & 0xFFFFFFFF; x ^= x >> 16  # noqa: E702
   return x
+
+# the random generator's state per device: a realized uint32 tensor [counter, key] (see Tensor._random_bits)
+_rng_states: dict[str, Tensor] = {}
+
+def _rng_initial_state(seed: int) -> np.ndarray:
+  """[counter 0, the key mixed from `seed`] as the bytes a state buffer holds."""
+  return np.array([0, _mix32((seed * 0x9E3779B9 + 0x7F4A7C15) & 0xFFFFFFFF)], dtype=np.uint32)
+
+def _rng_state(device: str) -> Tensor:
+  """The generator state of `device`, created from the current seed on first use."""
+  state = _rng_states.get(device)
+  if state is None: state = _rng_states[device] = Tensor(_rng_initial_state(Tensor._seed), device=device)
+  return state
 
 def _shape_arg(shape, allow_negative: bool = False) -> tuple[int, ...]:
   if len(shape) == 1 and isinstance(shape[0], (tuple, list)): shape = tuple(shape[0])

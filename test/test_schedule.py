@@ -156,4 +156,23 @@ def test_results_computed_from_an_overwritten_buffer_are_not_reused():
   a.assign(Tensor([10.0, 20.0, 30.0])).realize()
   assert (view + 1).tolist() == [11.0, 21.0]
   assert before.tolist() == [2.0, 3.0]   # a realized tensor keeps the values it was realized with
-  assert keep_alive.tolist() == [22.0, 42.0]
+  assert keep_alive.tolist() == [4.0, 6.0]   # built before the assign: the old values, as in PyTorch
+
+def test_pending_tensor_built_before_assign_keeps_old_values():
+  a = Tensor([1.0, 2.0]).realize()
+  doubled, view = a * 2, a.reshape(2, 1)   # a computation sees the old values; a view shares storage (PyTorch)
+  a.assign(a + 10).realize()
+  assert doubled.tolist() == [2.0, 4.0]
+  assert view.tolist() == [[11.0], [12.0]] and a.tolist() == [11.0, 12.0]
+
+def test_loss_read_after_optimizer_step_is_the_pre_step_loss():
+  from kiln.nn.optim import SGD
+  w = Tensor([[1.0, -2.0], [0.5, 3.0]], requires_grad=True)
+  x = Tensor([[1.0, 2.0]])
+  loss = (x @ w).square().sum()
+  opt = SGD([w], lr=0.1)
+  with Tensor.train():
+    opt.zero_grad(); loss.backward(); opt.step()
+  expected = float(((np.array([[1.0, 2.0]]) @ np.array([[1.0, -2.0], [0.5, 3.0]])) ** 2).sum())
+  assert loss.item() == expected
+  assert w.grad.tolist() == [[4.0, 8.0], [8.0, 16.0]]   # the gradient at the old weights, like PyTorch's .grad
