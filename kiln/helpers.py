@@ -74,12 +74,12 @@ class Context(contextlib.ContextDecorator):
 DEBUG = ContextVar("DEBUG", 0, "1: devices; 2: one line per kernel run (time, GFLOP/s, GB/s); 3: buffers; 4: kernel source; "
                    "5: kernel IR; 6: linearized uops")
 SPEC = ContextVar("SPEC", 0, "1: check every graph against kiln/uop/spec.py after each stage (on in tests)")
-NOOPT = ContextVar("NOOPT", 0, "1: turn off kernel optimizations (kernels are not optimized yet: reserved for the optimizer)")
+NOOPT = ContextVar("NOOPT", 0, "1: turn off the kernel optimizer (kiln/codegen/opt: upcasts, unrolls, loop order)")
 CACHELEVEL = ContextVar("CACHELEVEL", 2, "0: no on-disk compile cache; 2: cache compiled kernels on disk")
 TRACEBACK_SOURCE = ContextVar("TRACEBACK_SOURCE", 1, "1: record the user's file:line on each Tensor op (for errors)")
 CC = ContextVar("CC", "", "C compiler for the CPU device (default: clang if on PATH, else gcc, else cc)")
 CFLAGS = ContextVar("CFLAGS", "-O2", "flags for the CPU device's C compiler")
-JIT = ContextVar("JIT", 1, "0: TinyJit runs the function eagerly every call")
+JIT = ContextVar("JIT", 1, "0: TinyJit runs the function eagerly every call; 2: replays without device graphs")
 
 def settings_markdown() -> str:
   """The table of every declared setting, as written to docs/env_vars.md."""

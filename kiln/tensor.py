@@ -1,11 +1,11 @@
 """Tensor: the lazy, PyTorch-like front end. Every op builds UOps; work happens at realize()."""
 from __future__ import annotations
-import functools, math, weakref
+import functools, math, sys, weakref
 from contextlib import contextmanager
 from typing import Any, Sequence
 import numpy as np
 from kiln.dtype import DType, dtypes, least_upper_dtype, to_numpy_dtype, from_numpy_dtype
-from kiln.helpers import prod, user_frame_location, TRACEBACK_SOURCE
+from kiln.helpers import prod, user_frame_location, TRACEBACK_SOURCE, _KILN_DIR
 from kiln.uop.ops import UOp, Ops, toposort
 from kiln.device import Buffer
 from kiln.gradient import compute_gradient, gradient_graph
@@ -71,7 +71,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     t = Tensor.__new__(Tensor)
     t.uop, t.grad, t._requires_grad = uop, None, None
     _live_tensors.add(t)
-    if TRACEBACK_SOURCE and uop.meta is None: uop.meta = f"{_user_op[0] or name} {user_frame_location()}".strip()
+    if TRACEBACK_SOURCE and uop.meta is None: uop.meta = f"{_user_op[0] or name} {_user_location()}".strip()
     return t
 
   # ---------------- properties ----------------
@@ -129,7 +129,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     (True, None)
     """
     if self._requires_grad is not None or not _requires_grad_tensors: return self._requires_grad
-    wanted = {t._grad_identity() for t in list(_requires_grad_tensors)}
+    wanted = _grad_identities()
     return True if any(node in wanted for node in gradient_graph(self.uop)) else None
   @requires_grad.setter
   def requires_grad(self, value: bool | None) -> None:
@@ -629,7 +629,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     if isinstance(value, float) and not dtypes.is_float(dtype): dtype = dtypes.default_float
     elif isinstance(value, int) and not isinstance(value, bool) and dtype == dtypes.bool: dtype = dtypes.default_int
     # an operand wraps to the tensor's int type as in C and PyTorch (x + -1 on uint8, ~x as x ^ -1)
-    return Tensor(UOp.const(dtype, value, self.device))
+    return _tensor_around(UOp.const(dtype, value, self.device))
 
   def _broadcasted(self, other, op: str, reverse: bool = False) -> tuple[Tensor, Tensor]:
     """Both operands as tensors of one dtype and one shape (PyTorch promotion and broadcasting)."""
@@ -1200,10 +1200,21 @@ def _pending_readers(buffers, skip: set[int]) -> list[Tensor]:
     if reads.get(t.uop, False): found.append(t)
   return found
 
+def _grad_identities() -> set[UOp]:
+  """The nodes gradients accumulate at, of every live tensor that requires a gradient."""
+  wanted = set()
+  for ref in list(_requires_grad_tensors.data):   # the WeakSet's refs: much cheaper than its iterator
+    t = ref()
+    if t is None: continue
+    node = t.uop
+    while node.origin is not None: node = node.origin
+    wanted.add(node)
+  return wanted
+
 def _graphs_needing_gradients(roots: list[UOp]) -> set[UOp]:
   """The roots whose graphs contain a tensor that requires a gradient (empty when no tensor does)."""
   if not _requires_grad_tensors: return set()
-  wanted = {t._grad_identity() for t in list(_requires_grad_tensors)}
+  wanted = _grad_identities()
   reaches: set[UOp] = set()   # one pass over all roots' graphs, not one walk per root
   for node in gradient_graph(UOp(Ops.SINK, dtypes.void, tuple(roots)), whole=True):
     if node in wanted or any(s in reaches for s in ((node.origin,) if node.origin is not None else node.src)):
@@ -1285,14 +1296,31 @@ def _uop_from_numpy(arr: np.ndarray, device: str, dtype: DType | None) -> UOp:
 # already carry a location pass through untouched.
 _LOCATED_ERRORS = (TypeError, ValueError, IndexError, RuntimeError)
 
-# the public method the user called (outermost), so nodes built inside it are labelled with it in DEBUG output
-_user_op: list[str | None] = [None]
+# the public method the user called (outermost), so nodes built inside it are labelled with it in DEBUG output, and
+# the user's file:line for that call, found once per call (a frame walk) when the first node needs it
+_user_op: list[str | None] = [None, None]
+
+def _user_location() -> str:
+  """The user's 'file.py:LINE' for the public method in progress (looked up once per outermost call)."""
+  if _user_op[0] is None: return user_frame_location()
+  if _user_op[1] is None: _user_op[1] = user_frame_location()
+  return _user_op[1]
+
+_NOT_SAVED = object()
+
+def _tensor_around(uop: UOp) -> Tensor:
+  """A Tensor holding `uop` as it is (no conversion, no metadata): the fast path for nodes built internally."""
+  t = Tensor.__new__(Tensor)
+  t.uop, t.grad, t._requires_grad = uop, None, None
+  return t
 
 def _with_user_location(fn, name: str):
   @functools.wraps(fn)
   def located(*args, **kwargs):
-    outermost = _user_op[0] is None
+    outermost, saved = _user_op[0] is None, _NOT_SAVED
     if outermost: _user_op[0] = name
+    elif not sys._getframe(1).f_code.co_filename.startswith(_KILN_DIR):
+      saved, _user_op[1] = _user_op[1], None   # user code called back from inside a public method: its own line
     try: return fn(*args, **kwargs)
     except _LOCATED_ERRORS as e:
       message = str(e)
@@ -1303,7 +1331,8 @@ def _with_user_location(fn, name: str):
       except Exception: raise e from None   # an exception type with another constructor: leave it as it was
       raise located_error.with_traceback(None) from None
     finally:
-      if outermost: _user_op[0] = None
+      if outermost: _user_op[0] = _user_op[1] = None
+      elif saved is not _NOT_SAVED: _user_op[1] = saved
   return located
 
 def _locate_tensor_errors() -> None:

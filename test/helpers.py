@@ -2,7 +2,7 @@
 from __future__ import annotations
 import numpy as np
 import torch
-from kiln import Tensor
+from kiln import Tensor, Device
 
 def make_input(shape, dtype, rng: np.random.Generator, low=-2.0, high=2.0) -> np.ndarray:
   """Random values of `shape`: uniform floats in [low, high), ints in [low, high), fair bools."""
@@ -43,13 +43,14 @@ def assert_close(got, want, what: str, atol: float = 1e-5, rtol: float = 1e-4) -
                          f"{diff[i]:.4g} at {tuple(int(v) for v in i)}: got {g[i]!r}, expected {w[i]!r} "
                          f"(atol={atol}, rtol={rtol})")
 
-def check(kiln_fn, torch_fn, shapes, dtype="float32", grad=True, device="CPU", atol=None, rtol=None, low=-2.0, high=2.0,
+def check(kiln_fn, torch_fn, shapes, dtype="float32", grad=True, device=None, atol=None, rtol=None, low=-2.0, high=2.0,
           seed=0, check_dtype=True):
   """Compare kiln_fn(*tensors) with torch_fn(*tensors) on the same random inputs, forward and (if `grad`) backward.
 
   `shapes` holds one entry per input: a shape tuple, or a numpy array used as is. `dtype` is one name for all inputs or a
   list. Gradients are those of (out * W).sum() for a fixed random W, with respect to every float input.
   """
+  device = device or Device.DEFAULT   # DEV=LLVM (or another device) runs the op tests there
   rng = np.random.default_rng(seed)
   dts = list(dtype) if isinstance(dtype, (list, tuple)) else [dtype] * len(shapes)
   arrays = [s if isinstance(s, np.ndarray) else make_input(s, d, rng, low, high) for s, d in zip(shapes, dts)]

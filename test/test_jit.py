@@ -347,9 +347,119 @@ def test_python_state_changed_inside_the_function_raises():
   with pytest.raises(RuntimeError, match=r"changed closure variable 'calls'\['n'\]"):
     f(Tensor([1.0]))
 
-def test_random_numbers_inside_raise():
+# ---------------- random numbers inside a jitted function ----------------
+
+def test_dropout_training_step_under_tinyjit_matches_eager():
+  xs = [rand(4, 3) for _ in range(6)]
+  ys = [rand(4, 2) for _ in range(6)]
+  w0 = rand(3, 2)
+  def train(jit: bool) -> tuple[np.ndarray, list[float], np.ndarray]:
+    Tensor.manual_seed(7)
+    w = Tensor(w0, requires_grad=True)
+    opt = SGD([w], lr=0.1)
+    def step(x, y):
+      opt.zero_grad()
+      loss = ((x.dropout(0.5) @ w - y) ** 2).mean()
+      loss.backward()
+      opt.step()
+      return loss
+    run = TinyJit(step) if jit else step
+    with Tensor.train():
+      losses = [run(Tensor(x), Tensor(y)).realize() for x, y in zip(xs, ys)]
+    return w.numpy(), [loss.item() for loss in losses], Tensor.rand(3).numpy()
+  (w_eager, l_eager, after_eager), (w_jit, l_jit, after_jit) = train(False), train(True)
+  np.testing.assert_allclose(l_jit, l_eager, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(w_jit, w_eager, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(after_jit, after_eager)   # the replays advanced the generator like eager calls
+  assert len(set(l_eager)) == len(l_eager)
+
+def test_random_numbers_replay_like_eager_and_follow_manual_seed():
   @TinyJit
-  def f(x): return x + Tensor.rand(2)
-  f(Tensor([1.0, 2.0]))
-  with pytest.raises(RuntimeError, match="draws random numbers"):
-    f(Tensor([1.0, 2.0]))
+  def noisy(x): return x + Tensor.rand(3)
+  def draws(fn, n):
+    return [fn(Tensor.zeros(3).contiguous().realize()).numpy() for _ in range(n)]
+  Tensor.manual_seed(1)
+  eager = draws(noisy.__wrapped__, 5)
+  Tensor.manual_seed(1)
+  jitted = draws(noisy, 5)
+  np.testing.assert_array_equal(np.stack(jitted), np.stack(eager))
+  assert len({tuple(v) for v in jitted}) == 5, "a replay must draw new numbers"
+  Tensor.manual_seed(1)   # reseeding between replays resets the state the capture uses
+  np.testing.assert_array_equal(noisy(Tensor.zeros(3).contiguous().realize()).numpy(), eager[0])
+
+def test_random_numbers_are_the_same_on_every_device_and_one_kernel_per_call():
+  from kiln import GlobalCounters
+  Tensor.manual_seed(4)
+  cpu = [Tensor.rand(5).numpy() for _ in range(2)]
+  Tensor.manual_seed(4)
+  python = [Tensor.rand(5, device="PYTHON").numpy() for _ in range(2)]
+  np.testing.assert_array_equal(np.stack(cpu), np.stack(python))
+  before = GlobalCounters.kernel_count
+  Tensor.rand(6)   # the random bits and the counter update; the conversion to floats fuses into the consumer
+  assert GlobalCounters.kernel_count - before == 2
+
+def test_prune_keeps_random_numbers_fresh():
+  @TinyJit
+  def noisy(x): return (x + Tensor.rand(3)).realize()
+  pruned = TinyJit(noisy.__wrapped__, prune=True)
+  Tensor.manual_seed(2)
+  eager = [noisy.__wrapped__(Tensor.zeros(3).contiguous()).numpy() for _ in range(4)]
+  Tensor.manual_seed(2)
+  np.testing.assert_array_equal(np.stack([pruned(Tensor.zeros(3).contiguous()).numpy() for _ in range(4)]),
+                                np.stack(eager))
+
+def test_manual_seed_inside_a_jitted_function_raises():
+  @TinyJit
+  def f(x):
+    Tensor.manual_seed(0)
+    return x + 1
+  with pytest.raises(RuntimeError, match="manual_seed: called inside the TinyJit function"):
+    f(Tensor([1.0]))
+
+# ---------------- device graphs ----------------
+
+def _graphs(jit) -> list:
+  from kiln.engine.graph import GraphRunner
+  return [launch for launch in jit.captured._launches if isinstance(launch, GraphRunner)]
+
+def test_cpu_graph_batches_a_replay_into_one_call_with_swapped_inputs_and_fresh_outputs():
+  @TinyJit
+  def f(a, b):
+    y = (a * 2 + b).contiguous()
+    return (y * a).sum(), y + 1
+  outs = []
+  for _ in range(5):
+    an, bn = rand(4), rand(4)
+    s, y = f(Tensor(an), Tensor(bn))
+    outs.append((s, y, an, bn))
+  graphs = _graphs(f)
+  assert len(graphs) == 1 and len(f.captured._launches) == 1 and len(graphs[0].items) == 3
+  for s, y, an, bn in outs:   # outputs held across replays keep their own values
+    np.testing.assert_allclose(y.numpy(), an * 2 + bn + 1, rtol=1e-6)
+    np.testing.assert_allclose(s.numpy(), ((an * 2 + bn) * an).sum(), rtol=1e-5)
+
+def test_cpu_graph_matches_plain_replay_and_recapture_builds_a_new_graph():
+  def step(x, w): return ((x @ w).relu() * 0.5).sum(1)
+  plain, graphed = TinyJit(step), TinyJit(step)
+  for shape in [(2, 3), (2, 3), (2, 3), (2, 3), (5, 3), (5, 3), (5, 3)]:
+    xn, wn = rand(*shape), rand(3, 4)
+    with Context(JIT=2): want = plain(Tensor(xn), Tensor(wn)).numpy()
+    got = graphed(Tensor(xn), Tensor(wn)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    np.testing.assert_allclose(got, (np.maximum(xn @ wn, 0) * 0.5).sum(1), rtol=1e-5, atol=1e-6)
+  assert len(graphed._captures) == 2 and len(_graphs(graphed)) == 1 and not _graphs(plain)
+
+def test_cpu_graph_with_state_updates_and_a_copy_from_another_device():
+  w = Tensor(np.float32([1, 2, 3])).realize()
+  @TinyJit
+  def f(x):
+    w.assign(w + x.to("CPU"))
+    return (w * 2).realize()
+  ref = np.float32([1, 2, 3])
+  for _ in range(5):
+    v = rand(3)
+    ref = ref + v
+    np.testing.assert_allclose(f(Tensor(v, device="PYTHON")).numpy(), ref * 2, rtol=1e-5)
+  np.testing.assert_allclose(w.numpy(), ref, rtol=1e-5)
+  launches = f.captured._launches
+  assert len(launches) == 2 and len(_graphs(f)) == 1   # the copy, then one graph of the two kernels

@@ -176,3 +176,9 @@ def test_loss_read_after_optimizer_step_is_the_pre_step_loss():
   expected = float(((np.array([[1.0, 2.0]]) @ np.array([[1.0, -2.0], [0.5, 3.0]])) ** 2).sum())
   assert loss.item() == expected
   assert w.grad.tolist() == [[4.0, 8.0], [8.0, 16.0]]   # the gradient at the old weights, like PyTorch's .grad
+
+def test_assign_run_as_a_dependency_runs_once():
+  w = Tensor([1.0]).realize()
+  w.assign(w + 1)
+  assert (w * 2).tolist() == [4.0]        # realizes the pending assign as part of this graph
+  assert w.tolist() == [2.0] and (w.reshape(1, 1) * 1).tolist() == [[2.0]]   # not applied a second time

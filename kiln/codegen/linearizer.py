@@ -1,38 +1,94 @@
 """Linearizing: a lowered kernel graph becomes a list of uops with explicit loops and accumulators.
 
-Every node is placed in the innermost loop it depends on. Output loops wrap the whole kernel; each REDUCE opens
-its own loops, and the nodes that depend on those loops are emitted inside them, between the accumulator's
-declaration and its update.
+Every node is placed in the innermost loop it depends on. Output loops wrap the whole kernel, outermost first in the
+order of their loop ids (the optimizer reorders loops by renumbering them). REDUCEs over the same loop ranges form a
+*reduce group* (the optimizer's upcasts make several, one per accumulator): the group declares one accumulator per
+REDUCE, opens its loops once (in loop-id order), emits the nodes that depend on those loops, updates every
+accumulator and closes the loops. Groups nest when a reduction is computed inside another one's loops.
 """
 from __future__ import annotations
 import itertools
 from kiln.dtype import dtypes
 from kiln.uop.ops import UOp, Ops, toposort, identity_element
 
+GroupKey = tuple[UOp, ...]   # the loop ranges of a reduce group, sorted by loop id
+Item = UOp | tuple[str, GroupKey]   # what one block of the kernel holds: a node, or a whole nested reduce group
+
+def _range_order(rng: UOp):
+  return (0, rng.arg) if isinstance(rng.arg, int) else (1, str(rng.arg))
+
+class _KernelLayout:
+  """Where each node of a lowered kernel goes: its loop scope, and the chain of reduce groups it sits in."""
+  def __init__(self, sink: UOp):
+    self.nodes = toposort([sink])
+    self.groups: dict[GroupKey, list[UOp]] = {}
+    self.group_of_range: dict[UOp, GroupKey] = {}
+    for node in self.nodes:
+      if node.op is not Ops.REDUCE: continue
+      key = tuple(sorted(node.src[1:], key=_range_order))
+      self.groups.setdefault(key, []).append(node)
+      for rng in key:
+        if self.group_of_range.setdefault(rng, key) != key:
+          raise ValueError(f"linearize: loop range {rng.arg} is reduced by REDUCEs over different sets of ranges")
+    # the loop ranges each node depends on (a REDUCE closes its own)
+    self.scope: dict[UOp, frozenset[UOp]] = {}
+    for node in self.nodes:
+      deps = frozenset().union(*(self.scope[s] for s in node.src)) if node.src else frozenset()
+      if node.op is Ops.RANGE: deps = deps | {node}
+      elif node.op is Ops.REDUCE: deps = deps - frozenset(node.src[1:])
+      self.scope[node] = deps
+    self.group_path: dict[GroupKey, tuple[GroupKey, ...]] = {}
+    for key in self.groups: self._path_of_group(key)
+    self.path: dict[UOp, tuple[GroupKey, ...]] = {}
+    for node in self.nodes:
+      if node.op is Ops.REDUCE or node in self.group_of_range:
+        self.path[node] = self.group_path[self.group_of_range[node] if node.op is Ops.RANGE else
+                                           tuple(sorted(node.src[1:], key=_range_order))]
+      else: self.path[node] = self._path_of_scope(self.scope[node])
+
+  def _innermost_group(self, scope: frozenset[UOp]) -> GroupKey | None:
+    keys = {self.group_of_range[r] for r in scope if r in self.group_of_range}
+    if not keys: return None
+    # an inner group's REDUCEs depend on the loops of every group around them, so their scope is the largest
+    return max(keys, key=lambda k: (len(self.scope[self.groups[k][0]]), _range_order(k[0])))
+
+  def _path_of_scope(self, scope: frozenset[UOp]) -> tuple[GroupKey, ...]:
+    inner = self._innermost_group(scope)
+    return () if inner is None else self._path_of_group(inner)
+
+  def _path_of_group(self, key: GroupKey) -> tuple[GroupKey, ...]:
+    """The chain of groups from the outermost down to `key` itself (groups nest only a few levels deep)."""
+    if key not in self.group_path:
+      self.group_path[key] = self._path_of_scope(self.scope[self.groups[key][0]]) + (key,)
+    return self.group_path[key]
+
+  def item_at(self, node: UOp, level: int) -> Item | None:
+    """What holds `node` in a block `level` groups deep: the node itself, the group it is in, or None (a loop
+    range, opened by its group or by the kernel)."""
+    path = self.path[node]
+    if len(path) > level: return ("group", path[level])
+    if node.op is Ops.RANGE or node.op is Ops.REDUCE: return None
+    return node
+
 def linearize(sink: UOp) -> list[UOp]:
   """Lowered `SINK(STORE...)` -> a flat uop list (see docs/ir.md, stage 4)."""
-  nodes = toposort([sink])
-  reduce_of_range: dict[UOp, UOp] = {}
-  for node in nodes:
-    if node.op is Ops.REDUCE:
-      for rng in node.src[1:]: reduce_of_range[rng] = node
-
-  # which loop ranges each node depends on (a REDUCE closes its own)
-  scope: dict[UOp, frozenset[UOp]] = {}
-  for node in nodes:
-    deps = frozenset().union(*(scope[s] for s in node.src)) if node.src else frozenset()
-    if node.op is Ops.RANGE: deps = deps | {node}
-    elif node.op is Ops.REDUCE: deps = deps - frozenset(node.src[1:])
-    scope[node] = deps
-
-  # the innermost REDUCE each node belongs to (None: the kernel body)
-  body: dict[UOp | None, list[UOp]] = {None: []}
-  for node in nodes:
+  layout = _KernelLayout(sink)
+  # the items of each block (keyed by its group path) in first-use order, and what each item needs first
+  block_items: dict[tuple[GroupKey, ...], dict[Item, None]] = {(): {}}
+  needs: dict[Item, dict[Item, None]] = {}
+  for node in layout.nodes:
     if node.op is Ops.SINK: continue
-    if node.op is Ops.RANGE and node in reduce_of_range: continue   # opened by its REDUCE
-    owners = [reduce_of_range[r] for r in scope[node] if r in reduce_of_range]
-    owner = max(owners, key=lambda red: (len(scope[red]), red.src[1].arg)) if owners else None
-    body.setdefault(owner, []).append(node)
+    path = layout.path[node]
+    for level in range(len(path) + 1):
+      item = layout.item_at(node, level)
+      if item is not None: block_items.setdefault(path[:level], {})[item] = None
+    for src in node.src:
+      src_path = layout.path[src]
+      level = min(len(path), len(src_path))
+      if path[:level] != src_path[:level]:
+        raise ValueError(f"linearize: {node.op.name} uses a value from a reduction loop it is not inside")
+      user, used = layout.item_at(node, level), layout.item_at(src, level)
+      if user is not None and used is not None and user != used: needs.setdefault(user, {})[used] = None
 
   out: list[UOp] = []
   mapped: dict[UOp, UOp] = {}
@@ -46,35 +102,49 @@ def linearize(sink: UOp) -> list[UOp]:
     out.append(new)
     return new
 
-  # a work stack instead of recursion: ("node", n) emits n; ("close", reduce) finishes an open reduction
-  # loop-invariant nodes (buffers, constants, loop bounds) first, then the output loops, then the body
-  top = body[None]
-  uses_reduce: set[UOp] = set()
-  for node in nodes:
-    if node.op is Ops.REDUCE or any(s in uses_reduce for s in node.src): uses_reduce.add(node)
-  invariant = [n for n in top if not scope[n] and n not in uses_reduce]
-  output_ranges = [n for n in top if n.op is Ops.RANGE]
-  inner = [n for n in top if n.op is not Ops.RANGE and (scope[n] or n in uses_reduce)]
-  stack: list[tuple[str, UOp]] = [("end", r) for r in output_ranges]
-  stack += [("node", n) for n in reversed(invariant + output_ranges + inner)]
-  while stack:
-    kind, node = stack.pop()
-    if kind == "node" and node.op is Ops.REDUCE:
-      identity = emit(UOp.const(node.dtype, identity_element(node.arg, node.dtype)))
-      acc = emit(UOp(Ops.DEFINE_ACC, node.dtype, (identity,), next(acc_ids)))
-      mapped[node] = acc
-      ranges = node.src[1:]
-      for rng in ranges: emit(rng)
-      stack.append(("close", node))
-      stack += [("node", n) for n in reversed(body.get(node, []))]
-    elif kind == "node": emit(node)
-    elif kind == "close":
-      acc = mapped[node]
-      value = mapped.get(node.src[0], node.src[0])
-      update = UOp(node.arg, node.dtype, (acc, value))
+  def emit_group(key: GroupKey) -> None:
+    reduces = layout.groups[key]
+    for red in reduces:
+      identity = emit(UOp.const(red.dtype, identity_element(red.arg, red.dtype)))
+      mapped[red] = emit(UOp(Ops.DEFINE_ACC, red.dtype, (identity,), next(acc_ids)))
+    for rng in key: emit(rng)
+    emit_block(layout.group_path[key])
+    for red in reduces:
+      acc = mapped[red]
+      update = UOp(red.arg, red.dtype, (acc, mapped.get(red.src[0], red.src[0])))
       out.append(update)
-      out.append(UOp(Ops.ASSIGN, node.dtype, (acc, update)))
-      for rng in reversed(node.src[1:]): out.append(UOp(Ops.ENDRANGE, dtypes.void, (mapped.get(rng, rng),)))
-    else:  # "end": close an output loop
-      out.append(UOp(Ops.ENDRANGE, dtypes.void, (mapped.get(node, node),)))
+      out.append(UOp(Ops.ASSIGN, red.dtype, (acc, update)))
+    for rng in reversed(key): out.append(UOp(Ops.ENDRANGE, dtypes.void, (mapped.get(rng, rng),)))
+
+  done: set = set()
+  def emit_items(items) -> None:
+    """Emit `items` (and, first, the items of the same block they need), each once, without recursion on depth."""
+    for first in items:
+      stack: list[tuple[Item, bool]] = [(first, False)]
+      while stack:
+        item, ready = stack.pop()
+        if item in done: continue
+        if not ready:
+          stack.append((item, True))
+          stack += [(dep, False) for dep in reversed(needs.get(item, {})) if dep not in done]
+          continue
+        done.add(item)
+        if isinstance(item, tuple): emit_group(item[1])
+        else: emit(item)
+
+  def emit_block(path: tuple[GroupKey, ...]) -> None:
+    emit_items(list(block_items.get(path, {})))
+
+  # loop-invariant nodes (buffers, constants, loop bounds) first, then the output loops, then the body
+  top = list(block_items[()])
+  uses_reduce: set[UOp] = set()
+  for node in layout.nodes:
+    if node.op is Ops.REDUCE or any(s in uses_reduce for s in node.src): uses_reduce.add(node)
+  invariant = [i for i in top if not isinstance(i, tuple) and not layout.scope[i] and i not in uses_reduce]
+  output_ranges = sorted((n for n in layout.nodes if n.op is Ops.RANGE and n not in layout.group_of_range),
+                         key=_range_order)
+  emit_items(invariant)
+  for rng in output_ranges: emit(rng)
+  emit_items(top)
+  for rng in reversed(output_ranges): out.append(UOp(Ops.ENDRANGE, dtypes.void, (mapped.get(rng, rng),)))
   return out

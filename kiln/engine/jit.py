@@ -15,7 +15,8 @@ from kiln.dtype import DType
 from kiln.helpers import JIT, DEBUG, GlobalCounters
 from kiln.uop.ops import UOp, Ops, GroupOp
 from kiln.engine.realize import ExecItem, capturing
-from kiln.tensor import Tensor, _forget_results_computed_from
+from kiln.engine.graph import batch_launches, plain_launch
+from kiln.tensor import Tensor, _forget_results_computed_from, _tensor_around
 
 ReturnType = TypeVar("ReturnType")
 
@@ -185,8 +186,9 @@ class CapturedJit:
     written = {id(item.bufs[0]) for item in items}
     # produced here: written by a launch and not allocated before the call (intermediates and fresh outputs)
     produced = {bid for bid in written if bid not in input_index and not existed.get(bid, True)}
-    if prune: items = self.items = _prune(items, set(input_index), {id(t.uop.base.buffer) for t in outs
-                                                                      if t.uop.base.op is Ops.BUFFER})
+    if prune:
+      output_ids = {id(t.uop.base.buffer) for t in outs if t.uop.base.op is Ops.BUFFER}
+      items = self.items = _prune(items, set(input_index), output_ids, written - produced - set(input_index))
     # output tensors: a view of a fresh buffer per replay, of an input, or of a buffer that stays (state)
     self.outputs: list[tuple[str, Any, list]] = []
     fresh_ids: dict[int, int] = {}
@@ -208,6 +210,11 @@ class CapturedJit:
         if (k := input_index.get(id(b))) is not None: self.input_slots.append((item.bufs, pos, k))
         elif (f := fresh_ids.get(id(b))) is not None: self.fresh[f][3].append((item.bufs, pos))
     self.n_inputs = len(input_bufs)
+    # the (launch index, buffer position) pairs a replay swaps: what a device graph must re-read on every replay
+    item_index = {id(item.bufs): i for i, item in enumerate(items)}
+    self.swapped = {(item_index[id(bufs)], pos) for bufs, pos, _ in self.input_slots}
+    self.swapped |= {(item_index[id(bufs)], pos) for *_, slots in self.fresh for bufs, pos in slots}
+    self._launches: list[Callable[[], None]] | None = None   # built at the first replay
     # buffers a replay must never be handed as an input (they would alias a buffer the kernels use another way)
     self.internal_ids = {id(b) for item in items for b in item.bufs
                          if id(b) not in input_index and id(b) not in fresh_ids}
@@ -240,7 +247,10 @@ class CapturedJit:
       buf = Buffer(device, size, dtype).allocate()
       for bufs, pos in slots: bufs[pos] = buf
       fresh.append(buf)
-    for item in self.items: item.runner(item.bufs, item.var_vals)
+    if self._launches is None:
+      self._launches = batch_launches(self.items, self.swapped) if JIT.value < 2 else \
+        [plain_launch(item) for item in self.items]
+    for launch in self._launches: launch()
     GlobalCounters.kernel_count += self.kernel_count
     GlobalCounters.global_ops += self.ops
     GlobalCounters.global_mem += self.mem
@@ -251,24 +261,25 @@ class CapturedJit:
     outs = []
     for kind, where, chain in self.outputs:
       if kind == "fixed":
-        outs.append(Tensor(where))
+        outs.append(_tensor_around(where))
         continue
       if kind == "input": node = tensors[where].uop.base
       else:
         buf = fresh[where]
         node = UOp.new_buffer(buf.device, buf.size, buf.dtype)
         node.buffer = buf
-      outs.append(Tensor(_apply_chain(node, chain)))
+      outs.append(_tensor_around(_apply_chain(node, chain)))
     return _fill(self.template, outs)
 
-def _prune(items: list[ExecItem], input_ids: set[int], output_ids: set[int]) -> list[ExecItem]:
-  """Keep only launches that depend on an input, write an output, or update a buffer they read (state)."""
-  depends = set(input_ids)
+def _prune(items: list[ExecItem], input_ids: set[int], output_ids: set[int], state_ids: set[int]) -> list[ExecItem]:
+  """Keep only launches that update state (write a buffer that existed before the call, such as weights or the random
+  generator's counter), depend on an input or on such state, or write an output."""
+  depends = set(input_ids) | state_ids
   kept = []
   for item in items:
     out, reads = id(item.bufs[0]), [id(b) for b in item.bufs[1:]]
     if any(r in depends for r in reads): depends.add(out)
-    if out in depends or out in output_ids or out in reads: kept.append(item)
+    if out in depends or out in output_ids: kept.append(item)
   return kept
 
 # ---------------- TinyJit ----------------
@@ -393,15 +404,11 @@ class TinyJit(Generic[ReturnType]):
   def _capture(self, key, args, kwargs, tensors, objects) -> Any:
     roots = self._state_roots(objects)
     before = {p: ((v, _marker(v)) if isinstance(v, Tensor) else v) for p, v in _walk_state(list(roots.items())).items()}
-    rng_before = (Tensor._seed, Tensor._rng_counter)
     input_bufs = [t.uop.base.buffer for t in tensors]
     ret, recorder, outs, template = self._run(args, kwargs, tensors, record=True)
     if not recorder.items:
       raise RuntimeError(f"TinyJit: {self.name} launched no kernels, so there is nothing to capture (return tensors "
                          "the function computes, or don't jit it)")
-    if (Tensor._seed, Tensor._rng_counter) != rng_before:
-      raise RuntimeError(f"TinyJit: {self.name} draws random numbers (Tensor.rand/randn/dropout...); a replay would "
-                         "repeat the same numbers, so this is refused: draw them outside and pass them in, or JIT=0")
     after = _walk_state(list(self._state_roots(objects).items()))
     for path in dict.fromkeys([*before, *after]):
       old, new = before.get(path, _MISSING), after.get(path, _MISSING)

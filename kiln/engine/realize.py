@@ -10,6 +10,7 @@ from kiln.uop.ops import UOp, Ops, GroupOp
 from kiln.schedule.kernelize import ScheduleItem
 from kiln.codegen.lowerer import lower_kernel
 from kiln.codegen.linearizer import linearize
+from kiln.codegen.transcendental import TRANSCENDENTAL, apply_software_math
 
 @dataclass
 class CompiledRunner:
@@ -51,11 +52,12 @@ _runner_cache: dict[tuple[str, UOp], CompiledRunner] = {}
 
 def get_runner(device: str, ast: UOp) -> CompiledRunner:
   """The compiled program for `ast` on `device` (compiled once per distinct kernel)."""
-  key = (device, ast)
+  key = (device, ast, TRANSCENDENTAL.value)
   if (runner := _runner_cache.get(key)) is not None: return runner
   dev = Device[device]
   name = kernel_name(ast)
-  lowered = lower_kernel(ast)
+  from kiln.codegen.opt import optimize_kernel   # the optimizer (NOOPT=1 skips it)
+  lowered = apply_software_math(optimize_kernel(lower_kernel(ast)), dev.renderer)   # software exp2/log2/sin, x//c
   if SPEC: check_lowered(lowered)
   uops = linearize(lowered)
   if SPEC: check_linear(uops)

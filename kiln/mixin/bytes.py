@@ -142,6 +142,8 @@ class BytesMixin:
     `cfg` is one of "sha3_224", "sha3_256", "sha3_384", "sha3_512", "shake_128", "shake_256", or a
     (rate in bytes, domain byte) pair. The result is uint8 with (200 - rate) // 2 bytes per row: the SHA3 digest, or
     for SHAKE 16 (shake_128) or 32 (shake_256) bytes of output. Non-uint8 tensors are hashed as their bytes.
+    *Synchronizes*: it runs at once (one kernel per round, all blocks reusing the first block's 24 kernels), so the
+    result is a realized tensor.
 
     >>> bytes(Tensor(b"abc").keccak("sha3_224").tolist()).hex()
     'e642824c3f8cf24ad09234ee7d3c766fc9a3a5168d0c94ad73b46fdf'

@@ -7,10 +7,13 @@ class Renderer:
   """Base class of renderers. `render(name, uops)` returns the source of one kernel function called `name`.
 
   Attributes describe the target so lowering can adapt: `device` (the device name it renders for), `has_local`
-  (whether it has workgroup-local memory and local ids; host targets do not), `supported_dtypes` (None: all).
+  (whether it has workgroup-local memory and local ids; host targets do not), `supported_dtypes` (None: all),
+  `has_native_transcendentals` and `has_fast_const_division` (see kiln/codegen/transcendental.py).
   """
   device: str = ""
   has_local: bool = False
+  has_native_transcendentals: bool = True   # False: exp2/log2/sin become software (kiln/codegen/transcendental.py)
+  has_fast_const_division: bool = True      # False: integer division by constants becomes multiply-shift
   supported_dtypes: frozenset[DType] | None = None
 
   def render(self, name: str, uops: list[UOp]) -> str:

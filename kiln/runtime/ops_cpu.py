@@ -7,8 +7,9 @@ from kiln.renderer import kernel_function_name
 from kiln.renderer.cstyle import CRenderer
 
 # always on: no FMA contraction (results must match the reference bit for bit), no errno from libm, wrapping signed ints
-BASE_FLAGS = ("-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno", "-fwrapv", "-fno-strict-aliasing",
-              "-march=native")
+BASE_FLAGS = ("-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno", "-fwrapv", "-fno-strict-aliasing")
+# on by default, before CFLAGS so that a CFLAGS=-march=... (e.g. for a cache shared between machines) overrides it
+DEFAULT_FLAGS = ("-march=native",)
 
 def find_c_compiler() -> str:
   """The C compiler to use: the CC setting if set, else clang if on PATH, else gcc, else cc."""
@@ -30,7 +31,7 @@ class ClangCompiler(Compiler):
   """C source -> shared library bytes, with `CC` (see find_c_compiler) and `CFLAGS` + BASE_FLAGS."""
   def command(self) -> list[str]:
     """The compiler and flags (without file names), read from the current settings."""
-    return [find_c_compiler(), *shlex.split(str(CFLAGS.value)), *BASE_FLAGS, "-lm"]
+    return [find_c_compiler(), *DEFAULT_FLAGS, *shlex.split(str(CFLAGS.value)), *BASE_FLAGS, "-lm"]
 
   def cache_key(self) -> str:
     """Class name, compiler command and host CPU (because of -march=native)."""

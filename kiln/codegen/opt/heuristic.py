@@ -1,0 +1,89 @@
+"""Hand-written choices of actions for common kernel shapes (no search): what `optimize_kernel` applies by default.
+
+The choices follow from how each axis walks memory (its stride in every load and store):
+- an output axis with stride 0 in some load reuses that load's data across the axis (matmul's rows reuse `b`,
+  columns reuse `a`): upcast it 8x (or 4x) so a tile of accumulators shares every load (register tiling);
+- a reduction with few accumulators (row reduction) is unrolled, so each loop iteration does several independent
+  operations;
+- a reduction over a strided axis (column reduction) upcasts the output axis that is contiguous, so each iteration
+  reads a contiguous run of elements into separate accumulators;
+- an elementwise kernel upcasts its contiguous inner axis by 4 or 8.
+"""
+from __future__ import annotations
+from kiln.uop.ops import UOp, Ops, GroupOp, toposort
+from kiln.uop.symbolic import exec_alu
+from kiln.codegen.opt.kernel import Kernel, Opt, OptOps, KernelOptError
+
+MAX_NODES = 6000   # a heuristic action that grows the kernel graph past this many nodes is taken back (compile time)
+
+def evaluate_index(expr: UOp, env: dict[UOp, int]) -> int | None:
+  """The integer value of an index expression with loop ranges set by `env` (others 0); None if it reads memory."""
+  values: dict[UOp, object] = {}
+  for u in toposort([expr]):
+    if u.op is Ops.CONST: values[u] = u.arg
+    elif u.op is Ops.RANGE: values[u] = env.get(u, 0)
+    elif u.op is Ops.DEFINE_VAR: values[u] = max(u.arg[1], 1)
+    elif u.op in GroupOp.ALU or u.op is Ops.CAST:
+      operands = [values[s] for s in u.src]
+      if any(v is None for v in operands): return None
+      values[u] = operands[0] if u.op is Ops.CAST else exec_alu(u.op, u.dtype, tuple(operands), u.src[-1].dtype)
+    else: return None
+  return values[expr]
+
+def axis_stride(index: UOp, rng: UOp) -> int | None:
+  """How far `index` moves per step of loop `rng` (probed at the start of the loops), None if not evenly."""
+  points = [evaluate_index(index, {rng: step}) for step in (0, 1, 2)]
+  if any(p is None for p in points) or points[2] - points[1] != points[1] - points[0]: return None
+  return points[1] - points[0]
+
+def memory_accesses(sink: UOp) -> tuple[list[UOp], list[UOp]]:
+  """The kernel's LOAD and STORE nodes."""
+  nodes = toposort([sink])
+  return [u for u in nodes if u.op is Ops.LOAD], [u for u in nodes if u.op is Ops.STORE]
+
+def _first_dividing(size: int | None, amounts: tuple[int, ...]) -> int | None:
+  return next((k for k in amounts if size is not None and size % k == 0 and size >= k), None)
+
+def _try(kernel: Kernel, opt: Opt) -> bool:
+  """Apply `opt` unless it is refused or makes the graph too large; report whether it was applied."""
+  before = (kernel.sink, list(kernel.applied), kernel.unrolled)
+  try: kernel.apply(opt)
+  except KernelOptError: return False
+  if len(toposort([kernel.sink])) > MAX_NODES:
+    kernel.sink, kernel.applied, kernel.unrolled = before
+    return False
+  return True
+
+def heuristic_opts(kernel: Kernel) -> list[Opt]:
+  """Choose and apply actions for `kernel` (in place); returns the actions applied."""
+  loads, stores = memory_accesses(kernel.sink)
+  out_axes, red_axes = kernel.output_axes, kernel.reduce_axes
+  if not out_axes and not red_axes: return []
+  load_strides = {rng: [axis_stride(ld.src[1], rng) for ld in loads] for rng in out_axes + red_axes}
+  store_strides = {rng: [axis_stride(st.src[1], rng) for st in stores] for rng in out_axes}
+
+  if not red_axes:   # elementwise: the contiguous inner output axis
+    inner = out_axes[-1]
+    if 1 in store_strides[inner] and (k := _first_dividing(Kernel.size(inner), (8, 4))):
+      _try(kernel, Opt(OptOps.UPCAST, len(out_axes) - 1, k))
+    return kernel.applied
+
+  # register tiling: upcast output axes whose data some load reuses (stride 0 there, not everywhere); measured on
+  # matmul 512/1024 (bench/bench_matmul.py), an 8x8 tile beats 4x4 (3-4x) and needs no unrolled reduce
+  reused = [i for i, rng in enumerate(out_axes)
+            if 0 in load_strides[rng] and any(s not in (0, None) for s in load_strides[rng])]
+  for axis in reversed(reused[-2:]):   # the innermost two, at most
+    if (k := _first_dividing(Kernel.size(out_axes[axis]), (8, 4))): _try(kernel, Opt(OptOps.UPCAST, axis, k))
+  contiguous_reduce = any(1 in load_strides[rng] for rng in red_axes)
+  if not reused and not contiguous_reduce:
+    # column reduction: each step reads a contiguous run of outputs (32 floats: two cache lines) into accumulators
+    for axis in reversed(range(len(out_axes))):
+      if 1 in load_strides[out_axes[axis]] and (k := _first_dividing(Kernel.size(out_axes[axis]), (32, 16, 8, 4))):
+        _try(kernel, Opt(OptOps.UPCAST, axis, k))
+        break
+  # unroll the innermost reduce axis of a kernel that has few accumulators (the axes list keeps its length unless
+  # an axis was fully upcast, so the innermost reduce axis is the last one)
+  red_axes = kernel.reduce_axes
+  if red_axes and kernel.unrolled <= 16 and (k := _first_dividing(Kernel.size(red_axes[-1]), (8, 4))):
+    _try(kernel, Opt(OptOps.UNROLL, len(kernel.axes) - 1, k))
+  return kernel.applied

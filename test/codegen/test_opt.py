@@ -1,0 +1,168 @@
+"""The kernel optimizer never changes results: every action, and random sequences of actions, against the
+unoptimized kernel (bit-exact for ints and for actions that keep the order of a reduction, close for float
+reductions that are unrolled); invalid actions are refused; NOOPT=1 turns it off; heuristic kernels match NumPy."""
+from __future__ import annotations
+import random
+import numpy as np
+import pytest
+from kiln import Tensor, dtypes
+from kiln.device import Device
+from kiln.helpers import Context
+from kiln.uop.spec import check_linear
+from kiln.renderer import kernel_signature
+from kiln.schedule.kernelize import create_schedule
+from kiln.engine.realize import run_schedule
+from kiln.codegen.lowerer import lower_kernel
+from kiln.codegen.linearizer import linearize
+from kiln.codegen.opt import Kernel, Opt, OptOps, KernelOptError, optimize_kernel, heuristic_opts
+
+def _inputs(seed: int = 0):
+  rng = np.random.default_rng(seed)
+  def f32(*shape): return Tensor(rng.standard_normal(shape).astype(np.float32)).realize()
+  def i32(*shape): return Tensor(rng.integers(-50, 50, shape).astype(np.int32)).realize()
+  def f16(*shape): return Tensor(rng.uniform(-2, 2, shape).astype(np.float16)).realize()
+  return f32, i32, f16
+
+def _kernels() -> dict:
+  """name -> a function building the tensor whose last kernel is tested (inputs realized)."""
+  f32, i32, f16 = _inputs()
+  a, b, c, row = f32(6, 8), f32(6, 8), f32(1, 8), f32(6, 1)
+  ia, ib = i32(5, 7), i32(7, 3)
+  x, w = f32(1, 2, 6, 6), f32(3, 2, 3, 3)
+  h = f16(4, 12)
+  return {
+    "elementwise": lambda: a + b * 2,
+    "broadcast": lambda: a + c + row,
+    "row_sum": lambda: a.sum(axis=1),
+    "column_max_int": lambda: i32(8, 6).max(axis=0),
+    "matmul_odd": lambda: f32(5, 7) @ f32(7, 3),
+    "matmul_even": lambda: f32(8, 12) @ f32(12, 16),
+    "matmul_int": lambda: ia @ ib,
+    "conv_window": lambda: x.conv2d(w, padding=1),
+    "padded_masked": lambda: a.pad(((1, 2), (0, 3))).flip(1)[1:, 2:] * 3 + 1,
+    "int_sum_3d": lambda: i32(4, 6, 8).sum(axis=(0, 2)),
+    "float16": lambda: (h * h + 1).sum(axis=1),
+  }
+
+def _last_kernel(t: Tensor):
+  """The schedule item of `t`'s last kernel, with the kernels before it run."""
+  items = create_schedule([t.uop]).items
+  run_schedule(items[:-1])
+  item = items[-1]
+  for buf in item.bufs: buf.allocate()
+  return item
+
+def _run(item, sink) -> np.ndarray:
+  """Linearize, render, compile and run an (optimized) lowered kernel; the output buffer's contents."""
+  uops = linearize(sink)
+  check_linear(uops)
+  dev = Device[item.bufs[0].device]
+  program = dev.runtime("opt_test", dev.compiler.compile_cached(dev.renderer.render("opt_test", uops)))
+  params, _ = kernel_signature(uops)
+  out = item.bufs[0]
+  out.copyin(memoryview(bytes(out.nbytes)))   # no stale result can pass for a new one
+  program(*[item.bufs[p.arg]._buf for p in params])
+  return out.numpy().copy()
+
+def _assert_same(got: np.ndarray, want: np.ndarray, what: str, exact: bool) -> None:
+  assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+  if exact or got.dtype.kind in "iub":
+    if got.dtype.kind == "f": got, want = got.view(np.uint8), want.view(np.uint8)   # the same bits, even for NaN
+    bad = np.flatnonzero(got != want)
+    assert bad.size == 0, f"{what}: differs from the unoptimized kernel (first bad byte/element {bad[:5]})"
+    return
+  tol = 1e-2 if got.dtype == np.float16 else 1e-5
+  diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
+  assert np.all(diff <= tol + tol * np.abs(want.astype(np.float64))), f"{what}: worst difference {diff.max():.3g}"
+
+KERNELS = _kernels()
+
+@pytest.fixture(scope="module")
+def references():
+  """name -> (schedule item, lowered kernel, unoptimized result)."""
+  out = {}
+  for name, build in KERNELS.items():
+    item = _last_kernel(build())
+    lowered = lower_kernel(item.ast)
+    out[name] = (item, lowered, _run(item, lowered))
+  return out
+
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_every_single_action_keeps_results(references, name):
+  item, lowered, want = references[name]
+  for opt in Kernel(lowered).possible_opts(amounts=(2, 3, 4)):
+    kernel = Kernel(lowered).apply(opt)
+    exact = opt.op is OptOps.UPCAST or (opt.op is OptOps.SWAP and not Kernel(lowered).is_reduce(opt.axis))
+    _assert_same(_run(item, kernel.sink), want, f"{name} with {opt}", exact)
+
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_random_action_sequences_keep_results(references, name):
+  item, lowered, want = references[name]
+  rand = random.Random(name)
+  for _ in range(2):
+    kernel = Kernel(lowered)
+    for _ in range(rand.randint(2, 4)):
+      choices = kernel.possible_opts(amounts=(2, 3, 4, 8))
+      if not choices: break
+      kernel.apply(rand.choice(choices))
+    exact = all(o.op is OptOps.UPCAST for o in kernel.applied)
+    _assert_same(_run(item, kernel.sink), want, f"{name} with {kernel.applied}", exact)
+
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_heuristics_keep_results(references, name):
+  item, lowered, want = references[name]
+  kernel = Kernel(lowered)
+  heuristic_opts(kernel)
+  _assert_same(_run(item, kernel.sink), want, f"{name} with {kernel.applied}", exact=False)
+
+def test_matmul_heuristic_tiles_registers(references):
+  _, lowered, _ = references["matmul_even"]
+  kernel = Kernel(lowered)
+  applied = heuristic_opts(kernel)
+  assert [o.op for o in applied] == [OptOps.UPCAST, OptOps.UPCAST], applied
+  accumulators = [u for u in linearize(kernel.sink) if u.op.name == "DEFINE_ACC"]
+  assert len(accumulators) == 64, f"an 8x8 register tile needs 64 accumulators, got {len(accumulators)}"
+
+@pytest.mark.parametrize("opt, why", [
+  (Opt(OptOps.UPCAST, 2, 4), "reduce axis"),        # matmul_even: axes (8, 16 | 12)
+  (Opt(OptOps.UNROLL, 0, 4), "output axis"),
+  (Opt(OptOps.UPCAST, 0, 3), "divides"),
+  (Opt(OptOps.UPCAST, 0, 1), "divides"),
+  (Opt(OptOps.UPCAST, 5, 2), "axes"),
+  (Opt(OptOps.SWAP, 0, 2), "cannot swap"),
+  (Opt(OptOps.SWAP, 1, 1), "different axis"),
+])
+def test_invalid_actions_are_refused(references, opt, why):
+  _, lowered, _ = references["matmul_even"]
+  kernel = Kernel(lowered)
+  with pytest.raises(KernelOptError, match=why): kernel.apply(opt)
+  assert kernel.sink is lowered and kernel.applied == [], "a refused action must leave the kernel unchanged"
+
+def test_unrolling_is_bounded(references):
+  _, lowered, _ = references["matmul_even"]
+  kernel = Kernel(lowered).apply(Opt(OptOps.UPCAST, 1, 16)).apply(Opt(OptOps.UPCAST, 0, 8))   # both axes gone
+  with pytest.raises(KernelOptError, match="at most"): kernel.apply(Opt(OptOps.UNROLL, 0, 4))
+
+def test_noopt_turns_the_optimizer_off(references):
+  _, lowered, _ = references["matmul_even"]
+  with Context(NOOPT=1): assert optimize_kernel(lowered) is lowered
+  assert optimize_kernel(lowered) is not lowered
+
+def test_end_to_end_matches_numpy_with_and_without_optimizer():
+  rng = np.random.default_rng(1)
+  a_np, b_np = rng.standard_normal((9, 20)).astype(np.float32), rng.standard_normal((20, 12)).astype(np.float32)
+  for noopt in (0, 1):
+    with Context(NOOPT=noopt):
+      got = (Tensor(a_np) @ Tensor(b_np)).numpy()
+    np.testing.assert_allclose(got, a_np @ b_np, atol=1e-5, rtol=1e-5)
+
+def test_python_emulator_runs_optimized_kernels():
+  rng = np.random.default_rng(2)
+  a_np, b_np = rng.integers(-9, 9, (4, 8)).astype(np.int32), rng.integers(-9, 9, (8, 4)).astype(np.int32)
+  got = (Tensor(a_np, device="PYTHON") @ Tensor(b_np, device="PYTHON")).numpy()
+  np.testing.assert_array_equal(got, a_np @ b_np)
+  assert Tensor(a_np, device="PYTHON").sum(axis=1).numpy().tolist() == a_np.sum(axis=1).tolist()
+
+def test_float16_dtype_kept(references):
+  item, _, want = references["float16"]
+  assert item.bufs[0].dtype == dtypes.float16 and want.dtype == np.float16
