@@ -303,7 +303,6 @@ def reduce_payne_hanek(ax: UOp, fmt: FloatFormat) -> tuple[UOp, UOp, UOp]:
   # |x| = mantissa * 2**(exponent - bias - mantissa_bits). Bits of 2/pi worth >= 4/(mantissa*2**...) only add
   # multiples of 4 (whole turns); the window starts 2 bits (the quadrant) above the units of x*2/pi.
   window_limbs = 3 if fmt is F32 else 6
-  mantissa_width = 32 * len(mantissa_limbs)
   first_bit = fmt.bias + fmt.mantissa_bits + 2          # bit offset in the 2/pi string is exponent - this + 64
   lowest_exponent, highest_exponent = fmt.bias - 1, 2 * fmt.bias
   offset = exponent + const(dtypes.uint64, 64 - first_bit)

@@ -6,7 +6,7 @@ reference is the C library (kiln's CPU device with native math, i.e. glibc's exp
 every float32 bit pattern (minutes; prints the table of docs/transcendental.md).
 """
 from __future__ import annotations
-import math, os, sys
+import os, sys
 import numpy as np
 import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -1,18 +1,24 @@
 """The kernel optimizer: actions on a lowered kernel's loop axes (kernel.py) and heuristics that choose them
 (heuristic.py). `optimize_kernel` is the entry point used between lowering and linearizing; NOOPT=1 turns it off."""
 from __future__ import annotations
-from kiln.helpers import NOOPT
+from kiln.helpers import NOOPT, prod
 from kiln.uop.ops import UOp
 from kiln.codegen.opt.kernel import Kernel, Opt, OptOps, KernelOptError, substitute
 from kiln.codegen.opt.heuristic import heuristic_opts
 
 __all__ = ["Kernel", "Opt", "OptOps", "KernelOptError", "optimize_kernel", "heuristic_opts", "substitute"]
 
+# below this many loop iterations a kernel runs in microseconds either way: the heuristics would only add compile time
+MIN_OPTIMIZED_WORK = 1024
+
 def optimize_kernel(sink: UOp, opts: list[Opt] | None = None) -> UOp:
-  """A lowered kernel with `opts` applied in order (default: the heuristics' choice); unchanged when NOOPT=1."""
+  """A lowered kernel with `opts` applied in order (default: the heuristics' choice, for kernels that do at least
+  MIN_OPTIMIZED_WORK loop iterations); unchanged when NOOPT=1."""
   if NOOPT: return sink
   kernel = Kernel(sink)
-  if opts is None: heuristic_opts(kernel)
+  if opts is None:
+    work = prod(Kernel.size(rng) or MIN_OPTIMIZED_WORK for rng in kernel.axes)   # a symbolic size counts as large
+    if work >= MIN_OPTIMIZED_WORK: heuristic_opts(kernel)
   else:
     for opt in opts: kernel.apply(opt)
   return kernel.sink

@@ -1,0 +1,577 @@
+"""LLVMRenderer: a linearized kernel (docs/ir.md, stage 4) becomes one LLVM IR function, for the LLVM device.
+
+The generated code has the semantics of the C kernels (kiln/renderer/cstyle.py), value for value:
+- integer IDIV/MOD truncate toward zero; a zero divisor gives 0 and `MIN // -1` wraps (no trap, no poison);
+- signed integer arithmetic wraps; a shift by the width or more gives 0 (or the sign bits for a signed right shift),
+  as in the PYTHON reference and C for types narrower than int, never LLVM's poison;
+- float16, bfloat16 and fp8 are stored as their bits and computed in `float`, every op's result rounded to the type
+  (nearest-even). float16 uses LLVM's `half` conversions (F16C on x86); a float64/integer value goes to float16 through
+  float with round-to-odd, which rounds once. bfloat16 and fp8 conversions are integer code in helper functions
+  (no library calls, so nothing depends on compiler-rt);
+- float -> integer conversion gives x86's 'integer indefinite' value out of range (as the C code does on x86-64),
+  not LLVM poison;
+- MAX returns NaN when either float operand is NaN; `!=` on floats is unordered; CAST to bool is `!= 0`;
+- a gated LOAD/STORE touches memory only when its gate holds (a branch, never a speculated read).
+
+Loops are `phi`-counted blocks; accumulators live in allocas that LLVM's mem2reg turns into registers. No fast-math
+flags are used: results must match the C and PYTHON devices bit for bit.
+"""
+from __future__ import annotations
+import math, struct
+from dataclasses import dataclass
+from typing import Callable
+from kiln.dtype import DType, dtypes, truncate, FP8_VALUES
+from kiln.renderer import Renderer, kernel_signature, kernel_function_name
+from kiln.renderer.cstyle import EXACT_FLOAT_OPS, check_alu_dtypes
+from kiln.uop.ops import UOp, Ops, GroupOp
+
+SMALL_FLOATS = (dtypes.float16, dtypes.bfloat16, *dtypes.fp8s)   # stored as bits, computed in float
+# the LLVM type a value of each dtype lives in while computing, and the type it is stored as in a buffer
+VALUE_TYPES: dict[DType, str] = {
+  dtypes.bool: "i1", dtypes.int8: "i8", dtypes.uint8: "i8", dtypes.int16: "i16", dtypes.uint16: "i16",
+  dtypes.int32: "i32", dtypes.uint32: "i32", dtypes.int64: "i64", dtypes.uint64: "i64", dtypes.float32: "float",
+  dtypes.float64: "double", **{dt: "float" for dt in SMALL_FLOATS}}
+STORAGE_TYPES: dict[DType, str] = {**VALUE_TYPES, dtypes.bool: "i8", dtypes.float16: "i16", dtypes.bfloat16: "i16",
+                                   dtypes.fp8e4m3: "i8", dtypes.fp8e5m2: "i8"}
+
+def _is_signed(dtype: DType) -> bool: return dtypes.is_int(dtype) and not dtypes.is_unsigned(dtype)
+
+def float_literal(value: float) -> str:
+  """An LLVM float/double literal: the exact bits of `value` as a hex double (LLVM's form for both types)."""
+  if math.isnan(value): return "0x7FF8000000000000"
+  return f"0x{struct.unpack('<Q', struct.pack('<d', value))[0]:016X}"
+
+def render_llvm_const(value, dtype: DType) -> str:
+  """An LLVM literal for `value` rounded to `dtype` (in its value type: i1, iN, float or double)."""
+  value = truncate(dtype, value)
+  if dtype == dtypes.bool: return "true" if value else "false"
+  if dtypes.is_int(dtype):   # the bits as a signed number, which LLVM's parser accepts for any width
+    return str(value - (1 << dtype.bitsize) if value >= 1 << (dtype.bitsize - 1) else value)
+  if dtypes.is_float(dtype): return float_literal(value)
+  raise TypeError(f"LLVMRenderer: cannot render a constant of dtype {dtype}")
+
+# ---------------- helper functions included in a module when used ----------------
+
+HELPER_ATTRS = "alwaysinline nounwind"
+BF16_HELPERS = f"""\
+define private float @kiln_bf16_to_f(i16 %bits) {HELPER_ATTRS} {{
+  %wide = zext i16 %bits to i32
+  %high = shl i32 %wide, 16
+  %value = bitcast i32 %high to float
+  ret float %value
+}}
+define private i16 @kiln_bf16_from_f(float %value) {HELPER_ATTRS} {{
+  %bits = bitcast float %value to i32
+  %magnitude = and i32 %bits, 2147483647
+  %is_nan = icmp ugt i32 %magnitude, 2139095040
+  %high = lshr i32 %bits, 16
+  %quiet = or i32 %high, 64
+  %odd = and i32 %high, 1
+  %bias = add i32 %odd, 32767
+  %biased = add i32 %bits, %bias
+  %rounded = lshr i32 %biased, 16
+  %result = select i1 %is_nan, i32 %quiet, i32 %rounded
+  %narrow = trunc i32 %result to i16
+  ret i16 %narrow
+}}
+define private float @kiln_bf16_round(float %value) {HELPER_ATTRS} {{
+  %bits = call i16 @kiln_bf16_from_f(float %value)
+  %rounded = call float @kiln_bf16_to_f(i16 %bits)
+  ret float %rounded
+}}
+"""
+
+# a double rounded to float with round-to-odd keeps enough bits that rounding it to half afterwards rounds only once
+HALF_HELPERS = f"""\
+define private float @kiln_half_round_f(float %value) {HELPER_ATTRS} {{
+  %half = fptrunc float %value to half
+  %rounded = fpext half %half to float
+  ret float %rounded
+}}
+define private float @kiln_half_round_d(double %value) {HELPER_ATTRS} {{
+  %nearest = fptrunc double %value to float
+  %back = fpext float %nearest to double
+  %exact = fcmp oeq double %back, %value
+  %bits = bitcast float %nearest to i32
+  %back_magnitude = call double @llvm.fabs.f64(double %back)
+  %magnitude = call double @llvm.fabs.f64(double %value)
+  %rounded_away = fcmp ogt double %back_magnitude, %magnitude
+  %toward_zero_bits = add i32 %bits, -1
+  %truncated = select i1 %rounded_away, i32 %toward_zero_bits, i32 %bits
+  %odd = or i32 %truncated, 1
+  %result_bits = select i1 %exact, i32 %bits, i32 %odd
+  %odd_float = bitcast i32 %result_bits to float
+  %rounded = call float @kiln_half_round_f(float %odd_float)
+  ret float %rounded
+}}
+"""
+
+# double -> fp8 bits, nearest-even, finite overflow saturating (kiln/dtype.py); {name} {man} {min_exp} and the codes
+FP8_BITS_TEMPLATE = """\
+define private i8 @kiln_{name}_bits(double %value) {attrs} {{
+  %bits = bitcast double %value to i64
+  %sign_wide = lshr i64 %bits, 56
+  %sign_byte = trunc i64 %sign_wide to i8
+  %sign = and i8 %sign_byte, -128
+  %magnitude = and i64 %bits, 9223372036854775807
+  %is_nan = icmp ugt i64 %magnitude, 9218868437227405312
+  %is_inf = icmp eq i64 %magnitude, 9218868437227405312
+  %biased_exp = lshr i64 %magnitude, 52
+  %exp = add i64 %biased_exp, -1023
+  %too_small = icmp slt i64 %exp, {underflow_exp}
+  %too_big = icmp sgt i64 %exp, 16
+  %fraction = and i64 %magnitude, 4503599627370495
+  %mantissa = or i64 %fraction, 4503599627370496
+  %subnormal = icmp slt i64 %exp, {min_exp}
+  %extra = sub i64 {min_exp}, %exp
+  %extra_shift = select i1 %subnormal, i64 %extra, i64 0
+  %wide_shift = add i64 %extra_shift, {drop_bits}
+  %shift = call i64 @llvm.umin.i64(i64 %wide_shift, i64 63)
+  %kept = lshr i64 %mantissa, %shift
+  %one_shifted = shl i64 1, %shift
+  %rest_mask = add i64 %one_shifted, -1
+  %rest = and i64 %mantissa, %rest_mask
+  %halfway = lshr i64 %one_shifted, 1
+  %above = icmp ugt i64 %rest, %halfway
+  %tie = icmp eq i64 %rest, %halfway
+  %kept_odd_bit = trunc i64 %kept to i1
+  %tie_up = and i1 %tie, %kept_odd_bit
+  %round_up = or i1 %above, %tie_up
+  %increment = zext i1 %round_up to i64
+  %rounded = add i64 %kept, %increment
+  %exp_field = sub i64 %exp, {min_exp_minus_one}
+  %exp_code = shl i64 %exp_field, {man}
+  %normal_sum = add i64 %exp_code, %rounded
+  %normal = sub i64 %normal_sum, {implicit_one}
+  %code = select i1 %subnormal, i64 %rounded, i64 %normal
+  %saturated = call i64 @llvm.umin.i64(i64 %code, i64 {max_code})
+  %c1 = select i1 %too_big, i64 {max_code}, i64 %saturated
+  %c2 = select i1 %too_small, i64 0, i64 %c1
+  %c3 = select i1 %is_inf, i64 {inf_code}, i64 %c2
+  %c4 = select i1 %is_nan, i64 {nan_code}, i64 %c3
+  %code_byte = trunc i64 %c4 to i8
+  %result = or i8 %code_byte, %sign
+  ret i8 %result
+}}
+define private float @kiln_{name}_to_f(i8 %bits) {attrs} {{
+  %index = zext i8 %bits to i64
+  %pointer = getelementptr inbounds [256 x float], ptr @kiln_{name}_values, i64 0, i64 %index
+  %value = load float, ptr %pointer
+  ret float %value
+}}
+define private float @kiln_{name}_round(double %value) {attrs} {{
+  %bits = call i8 @kiln_{name}_bits(double %value)
+  %rounded = call float @kiln_{name}_to_f(i8 %bits)
+  ret float %rounded
+}}
+"""
+# per fp8 dtype: (mantissa bits, smallest normal exponent, largest finite code, NaN code, inf code (max if none))
+FP8_FORMATS = {dtypes.fp8e4m3: (3, -6, 0x7E, 0x7F, 0x7E), dtypes.fp8e5m2: (2, -14, 0x7B, 0x7E, 0x7C)}
+
+def fp8_helpers(dtype: DType) -> str:
+  """The value table and the three conversion functions (bits, to float, round) of one fp8 dtype."""
+  man, min_exp, max_code, nan_code, inf_code = FP8_FORMATS[dtype]
+  table = ", ".join(f"float {float_literal(v)}" for v in FP8_VALUES[dtype])
+  functions = FP8_BITS_TEMPLATE.format(
+    name=dtype.name, attrs=HELPER_ATTRS, man=man, min_exp=min_exp, underflow_exp=min_exp - man - 1,
+    drop_bits=52 - man, min_exp_minus_one=min_exp - 1, implicit_one=1 << man, max_code=max_code,
+    nan_code=nan_code, inf_code=inf_code)
+  return f"@kiln_{dtype.name}_values = private unnamed_addr constant [256 x float] [{table}]\n{functions}"
+
+# the helper group (`kiln_<group>_...` functions) each small float needs
+HELPER_GROUPS = {dtypes.bfloat16: "bf16", dtypes.float16: "half", **{dt: dt.name for dt in dtypes.fp8s}}
+
+# ---------------- ALU and conversions ----------------
+
+def _float_suffix(dtype: DType) -> str: return "f64" if dtype == dtypes.float64 else "f32"
+
+def _intrinsic(name: str) -> Callable[[_LLVMKernelWriter, UOp, list[str]], str]:
+  """An LLVM math intrinsic in the precision of the operands (double for float64, float otherwise)."""
+  def render(w: _LLVMKernelWriter, u: UOp, a: list[str]) -> str:
+    ty = VALUE_TYPES[u.src[0].dtype]
+    return w.call(f"llvm.{name}.{_float_suffix(u.src[0].dtype)}", ty, [(ty, x) for x in a])
+  return render
+
+def _no_signed_wrap(u: UOp) -> bool:
+  """Whether value ranges prove a signed integer op cannot overflow (then `nsw` helps LLVM vectorize indexing)."""
+  if not _is_signed(u.dtype): return False
+  try: lo, hi = u.vmin, u.vmax
+  except Exception: return False
+  return (lo, hi) != (dtypes.min(u.dtype), dtypes.max(u.dtype))   # value ranges give the full range on overflow
+
+def _arith(int_op: str, float_op: str, bool_op: str) -> Callable[[_LLVMKernelWriter, UOp, list[str]], str]:
+  def render(w: _LLVMKernelWriter, u: UOp, a: list[str]) -> str:
+    ty = VALUE_TYPES[u.dtype]
+    if dtypes.is_float(u.dtype): return w.inst(f"{float_op} {ty} {a[0]}, {a[1]}")
+    if u.dtype == dtypes.bool: return w.inst(f"{bool_op} i1 {a[0]}, {a[1]}")
+    flags = " nsw" if _no_signed_wrap(u) else ""
+    return w.inst(f"{int_op}{flags} {ty} {a[0]}, {a[1]}")
+  return render
+
+def _bitwise(op: str) -> Callable[[_LLVMKernelWriter, UOp, list[str]], str]:
+  return lambda w, u, a: w.inst(f"{op} {VALUE_TYPES[u.dtype]} {a[0]}, {a[1]}")
+
+def _compare(signed: str, unsigned: str, ordered_float: str) -> Callable[[_LLVMKernelWriter, UOp, list[str]], str]:
+  def render(w: _LLVMKernelWriter, u: UOp, a: list[str]) -> str:
+    operand = u.src[0].dtype
+    ty = VALUE_TYPES[operand]
+    if dtypes.is_float(operand): return w.inst(f"fcmp {ordered_float} {ty} {a[0]}, {a[1]}")
+    return w.inst(f"icmp {signed if _is_signed(operand) else unsigned} {ty} {a[0]}, {a[1]}")
+  return render
+
+def _is_safe_divisor(u: UOp) -> bool:
+  """A constant divisor that can neither be 0 nor -1, so the division needs no guard."""
+  return u.op is Ops.CONST and u.arg not in (0, -1)
+
+def _int_division(w: _LLVMKernelWriter, u: UOp, a: list[str], remainder: bool) -> str:
+  """Truncating division or remainder; a zero divisor gives 0, `x // -1` is `-x` (wrapping), `x % -1` is 0."""
+  ty, signed = VALUE_TYPES[u.dtype], _is_signed(u.dtype)
+  op = ("srem" if signed else "urem") if remainder else ("sdiv" if signed else "udiv")
+  if _is_safe_divisor(u.src[1]) and (signed or u.src[1].arg > 0): return w.inst(f"{op} {ty} {a[0]}, {a[1]}")
+  is_zero = w.inst(f"icmp eq {ty} {a[1]}, 0")
+  if not signed:
+    divisor = w.inst(f"select i1 {is_zero}, {ty} 1, {ty} {a[1]}")
+    result = w.inst(f"{op} {ty} {a[0]}, {divisor}")
+    return w.inst(f"select i1 {is_zero}, {ty} 0, {ty} {result}")
+  is_minus_one = w.inst(f"icmp eq {ty} {a[1]}, -1")
+  unsafe = w.inst(f"or i1 {is_zero}, {is_minus_one}")
+  divisor = w.inst(f"select i1 {unsafe}, {ty} 1, {ty} {a[1]}")
+  result = w.inst(f"{op} {ty} {a[0]}, {divisor}")   # dividing by 1 gives x, and x % 1 gives 0: right for -1 too
+  if remainder: return w.inst(f"select i1 {is_zero}, {ty} 0, {ty} {result}")
+  negated = w.inst(f"sub {ty} 0, {a[0]}")
+  by_minus_one = w.inst(f"select i1 {is_minus_one}, {ty} {negated}, {ty} {result}")
+  return w.inst(f"select i1 {is_zero}, {ty} 0, {ty} {by_minus_one}")
+
+def _idiv(w: _LLVMKernelWriter, u: UOp, a: list[str]) -> str: return _int_division(w, u, a, remainder=False)
+
+def _mod(w: _LLVMKernelWriter, u: UOp, a: list[str]) -> str:
+  if dtypes.is_float(u.dtype): return w.inst(f"frem {VALUE_TYPES[u.dtype]} {a[0]}, {a[1]}")   # frem is C's fmod
+  return _int_division(w, u, a, remainder=True)
+
+def _max(w: _LLVMKernelWriter, u: UOp, a: list[str]) -> str:
+  ty = VALUE_TYPES[u.dtype]
+  if u.dtype == dtypes.bool: return w.inst(f"or i1 {a[0]}, {a[1]}")
+  if dtypes.is_float(u.dtype):   # (a != a || a > b) ? a : b, as the C code
+    is_nan = w.inst(f"fcmp uno {ty} {a[0]}, {a[0]}")
+    greater = w.inst(f"fcmp ogt {ty} {a[0]}, {a[1]}")
+    take_first = w.inst(f"or i1 {is_nan}, {greater}")
+  else: take_first = w.inst(f"icmp {'sgt' if _is_signed(u.dtype) else 'ugt'} {ty} {a[0]}, {a[1]}")
+  return w.inst(f"select i1 {take_first}, {ty} {a[0]}, {ty} {a[1]}")
+
+def _shift(w: _LLVMKernelWriter, u: UOp, a: list[str]) -> str:
+  """A shift by any count, as the PYTHON reference does it: bits shifted past the width are gone (a count >= the width
+  gives 0, or the sign for an arithmetic right shift) instead of LLVM's poison."""
+  ty, width = VALUE_TYPES[u.dtype], u.dtype.bitsize
+  op = "shl" if u.op is Ops.SHL else ("ashr" if _is_signed(u.dtype) else "lshr")
+  if u.src[1].op is Ops.CONST and 0 <= u.src[1].arg < width: return w.inst(f"{op} {ty} {a[0]}, {a[1]}")
+  too_far = w.inst(f"icmp uge {ty} {a[1]}, {width}")
+  count = w.inst(f"select i1 {too_far}, {ty} {width - 1}, {ty} {a[1]}")
+  shifted = w.inst(f"{op} {ty} {a[0]}, {count}")
+  return shifted if op == "ashr" else w.inst(f"select i1 {too_far}, {ty} 0, {ty} {shifted}")
+
+def _recip(w: _LLVMKernelWriter, u: UOp, a: list[str]) -> str:
+  return w.inst(f"fdiv {VALUE_TYPES[u.dtype]} {float_literal(1.0)}, {a[0]}")
+
+def _neg(w: _LLVMKernelWriter, u: UOp, a: list[str]) -> str:
+  if dtypes.is_float(u.dtype): return w.inst(f"fneg {VALUE_TYPES[u.dtype]} {a[0]}")
+  if u.dtype == dtypes.bool: return a[0]
+  return w.inst(f"sub {VALUE_TYPES[u.dtype]} 0, {a[0]}")
+
+def _trunc(w: _LLVMKernelWriter, u: UOp, a: list[str]) -> str:
+  return _intrinsic("trunc")(w, u, a) if dtypes.is_float(u.dtype) else a[0]
+
+def _where(w: _LLVMKernelWriter, u: UOp, a: list[str]) -> str:
+  ty = VALUE_TYPES[u.dtype]
+  return w.inst(f"select i1 {a[0]}, {ty} {a[1]}, {ty} {a[2]}")
+
+def _int_to_float(w: _LLVMKernelWriter, x: str, src: DType, to_type: str) -> str:
+  op = "sitofp" if _is_signed(src) else "uitofp"
+  return w.inst(f"{op} {VALUE_TYPES[src]} {x} to {to_type}")
+
+def _to_double(w: _LLVMKernelWriter, x: str, src: DType) -> str:
+  """Any non-bool value as a double (exact for floats; integers rounded as C's (double) cast)."""
+  if src == dtypes.float64: return x
+  if dtypes.is_float(src): return w.inst(f"fpext float {x} to double")
+  return _int_to_float(w, x, src, "double")
+
+def _to_float(w: _LLVMKernelWriter, x: str, src: DType) -> str:
+  """Any non-bool value as a float (C's (float) cast)."""
+  if src == dtypes.float64: return w.inst(f"fptrunc double {x} to float")
+  if dtypes.is_float(src): return x
+  return _int_to_float(w, x, src, "float")
+
+def _float_to_int(w: _LLVMKernelWriter, x: str, src: DType, dst: DType) -> str:
+  """C's float -> integer conversion as compiled for x86-64: truncation through a 32- or 64-bit conversion whose
+  out-of-range (and NaN) result is the 'integer indefinite' value, then wrapped to `dst` (see _f2i in python.py)."""
+  fty = VALUE_TYPES[src]
+  wide = 64 if dst.bitsize == 64 or dst == dtypes.uint32 else 32
+  low, high, indefinite = -(2.0 ** (wide - 1)), 2.0 ** (wide - 1), -(1 << (wide - 1))
+  in_range = w.inst(f"and i1 {w.inst(f'fcmp oge {fty} {x}, {float_literal(low)}')}, "
+                    f"{w.inst(f'fcmp olt {fty} {x}, {float_literal(high)}')}")
+  converted = w.inst(f"fptosi {fty} {x} to i{wide}")   # poison when out of range, but then not selected
+  fallback = str(indefinite)
+  if dst == dtypes.uint64:   # [2**63, 2**64) converts through the unsigned instruction sequence
+    unsigned_range = w.inst(f"and i1 {w.inst(f'fcmp oge {fty} {x}, {float_literal(0.0)}')}, "
+                            f"{w.inst(f'fcmp olt {fty} {x}, {float_literal(2.0 ** 64)}')}")
+    unsigned = w.inst(f"fptoui {fty} {x} to i64")
+    fallback = w.inst(f"select i1 {unsigned_range}, i64 {unsigned}, i64 {indefinite}")
+  result = w.inst(f"select i1 {in_range}, i{wide} {converted}, i{wide} {fallback}")
+  return result if dst.bitsize == wide else w.inst(f"trunc i{wide} {result} to {VALUE_TYPES[dst]}")
+
+def _cast(w: _LLVMKernelWriter, u: UOp, a: list[str]) -> str:
+  src, dst, x = u.src[0].dtype, u.dtype, a[0]
+  if src == dst: return x
+  sty, dty = VALUE_TYPES[src], VALUE_TYPES[dst]
+  if dst == dtypes.bool:
+    if dtypes.is_float(src): return w.inst(f"fcmp une {sty} {x}, {float_literal(0.0)}")
+    return w.inst(f"icmp ne {sty} {x}, 0")
+  if src == dtypes.bool:
+    return w.inst(f"zext i1 {x} to {dty}") if dtypes.is_int(dst) else w.inst(f"uitofp i1 {x} to {dty}")
+  if dst in dtypes.fp8s: return w.call(f"kiln_{dst.name}_round", "float", [("double", _to_double(w, x, src))])
+  if dst == dtypes.bfloat16: return w.call("kiln_bf16_round", "float", [("float", _to_float(w, x, src))])
+  if dst == dtypes.float16:
+    if dtypes.is_float(src) and src != dtypes.float64: return w.call("kiln_half_round_f", "float", [("float", x)])
+    return w.call("kiln_half_round_d", "float", [("double", _to_double(w, x, src))])
+  if dtypes.is_int(dst):
+    if dtypes.is_float(src): return _float_to_int(w, x, src, dst)
+    if src.bitsize == dst.bitsize: return x
+    if src.bitsize > dst.bitsize: return w.inst(f"trunc {sty} {x} to {dty}")
+    return w.inst(f"{'sext' if _is_signed(src) else 'zext'} {sty} {x} to {dty}")
+  if dst == dtypes.float64: return _to_double(w, x, src)
+  return _to_float(w, x, src)   # float32
+
+def _to_storage(w: _LLVMKernelWriter, x: str, dtype: DType) -> str:
+  """A value of `dtype` as the bits it is stored as (bool as a byte, small floats as their bit patterns)."""
+  if dtype == dtypes.bool: return w.inst(f"zext i1 {x} to i8")
+  if dtype == dtypes.float16: return w.inst(f"bitcast half {w.inst(f'fptrunc float {x} to half')} to i16")
+  if dtype == dtypes.bfloat16: return w.call("kiln_bf16_from_f", "i16", [("float", x)])
+  if dtype in dtypes.fp8s: return w.call(f"kiln_{dtype.name}_bits", "i8", [("double", _to_double(w, x, dtype))])
+  return x
+
+def _from_storage(w: _LLVMKernelWriter, bits: str, dtype: DType) -> str:
+  """The value of `dtype` that stored `bits` stand for (the inverse of _to_storage)."""
+  if dtype == dtypes.bool: return w.inst(f"icmp ne i8 {bits}, 0")
+  if dtype == dtypes.float16: return w.inst(f"fpext half {w.inst(f'bitcast i16 {bits} to half')} to float")
+  if dtype == dtypes.bfloat16: return w.call("kiln_bf16_to_f", "float", [("i16", bits)])
+  if dtype in dtypes.fp8s: return w.call(f"kiln_{dtype.name}_to_f", "float", [("i8", bits)])
+  return bits
+
+def _bitcast(w: _LLVMKernelWriter, u: UOp, a: list[str]) -> str:
+  src, dst = u.src[0].dtype, u.dtype
+  if dtypes.bool in (src, dst) or src.itemsize != dst.itemsize:
+    raise TypeError(f"LLVMRenderer: cannot BITCAST {src} to {dst} (sizes must match and bool is not allowed)")
+  bits, sty, dty = _to_storage(w, a[0], src), STORAGE_TYPES[src], STORAGE_TYPES[dst]
+  if sty != dty: bits = w.inst(f"bitcast {sty} {bits} to {dty}")
+  return _from_storage(w, bits, dst)
+
+# Op -> function(writer, uop, operand values) -> the result value (float16/bfloat16/fp8 operands are floats)
+LLVM_EXPRESSIONS: dict[Ops, Callable[[_LLVMKernelWriter, UOp, list[str]], str]] = {
+  Ops.ADD: _arith("add", "fadd", "or"), Ops.SUB: _arith("sub", "fsub", "xor"), Ops.MUL: _arith("mul", "fmul", "and"),
+  Ops.FDIV: lambda w, u, a: w.inst(f"fdiv {VALUE_TYPES[u.dtype]} {a[0]}, {a[1]}"), Ops.IDIV: _idiv, Ops.MOD: _mod,
+  Ops.MAX: _max, Ops.CMPLT: _compare("slt", "ult", "olt"), Ops.CMPNE: _compare("ne", "ne", "une"),
+  Ops.CMPEQ: _compare("eq", "eq", "oeq"), Ops.AND: _bitwise("and"), Ops.OR: _bitwise("or"),
+  Ops.XOR: _bitwise("xor"), Ops.SHL: _shift, Ops.SHR: _shift, Ops.POW: _intrinsic("pow"),
+  Ops.EXP2: _intrinsic("exp2"), Ops.LOG2: _intrinsic("log2"), Ops.SIN: _intrinsic("sin"),
+  Ops.SQRT: _intrinsic("sqrt"), Ops.RECIP: _recip, Ops.NEG: _neg, Ops.TRUNC: _trunc, Ops.WHERE: _where,
+  Ops.CAST: _cast, Ops.BITCAST: _bitcast,
+}
+
+class LLVMRenderer(Renderer):
+  """Renders a linearized kernel as `define void @name(ptr noalias %data0, ..., i32 %var0)` in LLVM IR text."""
+  device = "LLVM"
+  has_local = False
+
+  def render(self, name: str, uops: list[UOp]) -> str:
+    """The LLVM IR module of function `name` (see the module docstring for the semantics)."""
+    return _LLVMKernelWriter(kernel_function_name(name), uops).write()
+
+@dataclass
+class _Loop:
+  """An open RANGE: its counter, its block labels, and where its `phi` line is (finished at ENDRANGE)."""
+  counter: str
+  ty: str
+  label: str
+  entry_block: str
+  phi_line: int
+
+class _LLVMKernelWriter:
+  """Walks one uop list, naming SSA values, opening blocks for loops and gates, and emitting instructions."""
+  def __init__(self, name: str, uops: list[UOp]):
+    self.name, self.uops = name, uops
+    self.values: dict[UOp, str] = {}
+    self.accumulators: dict[UOp, str] = {}   # DEFINE_ACC (and ASSIGN to it) -> its alloca
+    self.lines: list[str] = []
+    self.allocas: list[str] = []
+    self.loops: list[_Loop] = []
+    self.block = "entry"
+    self.counter = 0
+    self.declarations: dict[str, str] = {}
+    self.helpers: dict[str, None] = {}
+    self.statements: dict[Ops, Callable[[UOp], None]] = {
+      Ops.RANGE: self._range, Ops.ENDRANGE: self._endrange, Ops.LOAD: self._load, Ops.STORE: self._store,
+      Ops.DEFINE_ACC: self._define_acc, Ops.ASSIGN: self._assign,
+      **{op: self._nothing for op in (Ops.CONST, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.SINK)}}
+
+  # ---- values and instructions ----
+  def fresh(self, prefix: str) -> str:
+    """A new SSA name (or label), unique in this kernel."""
+    self.counter += 1
+    return f"{prefix}{self.counter - 1}"
+
+  def emit(self, line: str) -> None:
+    """Add one instruction to the current block."""
+    self.lines.append(f"  {line}")
+
+  def inst(self, text: str, prefix: str = "%t") -> str:
+    """Emit `%name = text` and return `%name`."""
+    name = self.fresh(prefix)
+    self.emit(f"{name} = {text}")
+    return name
+
+  def call(self, function: str, ret_type: str, args: list[tuple[str, str]]) -> str:
+    """Call an LLVM intrinsic (declared on first use) or one of the kiln helpers; returns the result."""
+    if function.startswith("llvm."):
+      self.declarations[function] = f"declare {ret_type} @{function}({', '.join(t for t, _ in args)})"
+    else: self.note_helper(function)
+    return self.inst(f"call {ret_type} @{function}({', '.join(f'{t} {v}' for t, v in args)})")
+
+  def note_helper(self, function: str) -> None:
+    """Include the helper group of a `kiln_<group>_...` function (bf16, half, fp8e4m3 or fp8e5m2) in the module."""
+    self.helpers[function.split("_")[1]] = None
+
+  def value(self, u: UOp) -> str:
+    """The LLVM operand that reads `u` at this point of the kernel (an accumulator is loaded here)."""
+    if u.op is Ops.CONST: return render_llvm_const(u.arg, u.dtype)
+    if u.op is Ops.DEFINE_GLOBAL: return f"%data{u.arg}"
+    if u in self.accumulators: return self.inst(f"load {VALUE_TYPES[u.dtype]}, ptr {self.accumulators[u]}", "%acc")
+    if u not in self.values:
+      raise ValueError(f"LLVMRenderer: {u.op.name} is used before it is computed in kernel {self.name}")
+    return self.values[u]
+
+  def note_dtype(self, dtype: DType) -> None:
+    """Check that `dtype` is supported and remember the conversion helpers it needs."""
+    if dtype not in VALUE_TYPES: raise TypeError(f"LLVMRenderer: dtype {dtype} is not supported in kernel {self.name}")
+    if dtype in HELPER_GROUPS: self.helpers[HELPER_GROUPS[dtype]] = None
+
+  def start_block(self, label: str) -> None:
+    """Begin the basic block `label` (the previous one must have ended with a branch)."""
+    self.lines.append(f"{label}:")
+    self.block = label
+
+  def element_pointer(self, buf: UOp, index: UOp) -> str:
+    """The address of `buf[index]` (the index sign-extended to 64 bits, as C does with an int subscript)."""
+    offset = self.value(index)
+    if index.dtype.bitsize < 64: offset = self.inst(f"sext {VALUE_TYPES[index.dtype]} {offset} to i64")
+    return self.inst(f"getelementptr inbounds {STORAGE_TYPES[buf.dtype]}, ptr {self.value(buf)}, i64 {offset}")
+
+  def gated(self, gate: UOp, body: Callable[[], str | None], dtype: DType | None = None) -> str | None:
+    """Run `body` (which emits instructions) only when `gate` holds; its result, or 0 of `dtype` when it does not."""
+    condition = self.value(gate)
+    label = self.fresh("gate")
+    before = self.block
+    self.emit(f"br i1 {condition}, label %{label}_then, label %{label}_join")
+    self.start_block(f"{label}_then")
+    result = body()
+    then_end = self.block
+    self.emit(f"br label %{label}_join")
+    self.start_block(f"{label}_join")
+    if dtype is None: return None
+    ty = VALUE_TYPES[dtype]
+    return self.inst(f"phi {ty} [ {result}, %{then_end} ], [ {render_llvm_const(0, dtype)}, %{before} ]", "%val")
+
+  # ---- statements ----
+  def _nothing(self, u: UOp) -> None: pass
+
+  def _range(self, u: UOp) -> None:
+    ty = VALUE_TYPES[u.dtype]
+    end = self.value(u.src[0])
+    label = self.fresh(f"loop{u.arg}_" if isinstance(u.arg, int) and u.arg >= 0 else "loop_")
+    counter = f"%{label}_i"
+    entry_block = self.block
+    self.emit(f"br label %{label}_head")
+    self.start_block(f"{label}_head")
+    self.lines.append("")   # the phi, written at ENDRANGE once the block that loops back is known
+    loop = _Loop(counter, ty, label, entry_block, len(self.lines) - 1)
+    self.loops.append(loop)
+    more = self.inst(f"icmp slt {ty} {counter}, {end}")
+    self.emit(f"br i1 {more}, label %{label}_body, label %{label}_exit")
+    self.start_block(f"{label}_body")
+    self.values[u] = counter
+
+  def _endrange(self, u: UOp) -> None:
+    if not self.loops: raise ValueError(f"LLVMRenderer: ENDRANGE without an open RANGE in kernel {self.name}")
+    loop = self.loops.pop()
+    following = f"{loop.counter}_next"
+    self.emit(f"{following} = add nuw nsw {loop.ty} {loop.counter}, 1")   # counter < end, so never overflows
+    self.lines[loop.phi_line] = (f"  {loop.counter} = phi {loop.ty} [ 0, %{loop.entry_block} ], "
+                                 f"[ {following}, %{self.block} ]")
+    self.emit(f"br label %{loop.label}_head")
+    self.start_block(f"{loop.label}_exit")
+
+  def _load(self, u: UOp) -> None:
+    buf, index = u.src[0], u.src[1]
+    self.note_dtype(u.dtype)
+    def read() -> str:
+      bits = self.inst(f"load {STORAGE_TYPES[u.dtype]}, ptr {self.element_pointer(buf, index)}")
+      return _from_storage(self, bits, u.dtype)
+    self.values[u] = read() if len(u.src) == 2 else self.gated(u.src[2], read, u.dtype)
+
+  def _store(self, u: UOp) -> None:
+    buf, index, value = u.src[:3]
+    self.note_dtype(value.dtype)
+    def write() -> None:
+      bits = _to_storage(self, self.value(value), value.dtype)
+      self.emit(f"store {STORAGE_TYPES[value.dtype]} {bits}, ptr {self.element_pointer(buf, index)}")
+    if len(u.src) == 4: self.gated(u.src[3], write)
+    else: write()
+
+  def _define_acc(self, u: UOp) -> None:
+    self.note_dtype(u.dtype)
+    pointer = self.fresh("%accp")
+    self.allocas.append(f"  {pointer} = alloca {VALUE_TYPES[u.dtype]}")
+    self.emit(f"store {VALUE_TYPES[u.dtype]} {self.value(u.src[0])}, ptr {pointer}")
+    self.accumulators[u] = pointer
+
+  def _assign(self, u: UOp) -> None:
+    target, value = u.src
+    if target not in self.accumulators:
+      raise ValueError(f"LLVMRenderer: ASSIGN must target a DEFINE_ACC, got {target.op}")
+    self.emit(f"store {VALUE_TYPES[u.dtype]} {self.value(value)}, ptr {self.accumulators[target]}")
+    self.accumulators[u] = self.accumulators[target]
+
+  def _alu(self, u: UOp) -> None:
+    """An ALU/CAST/BITCAST value; small-float ALU results are rounded to their type, as in C."""
+    for dtype in (u.dtype, *(s.dtype for s in u.src)): self.note_dtype(dtype)
+    if u.op in GroupOp.ALU: check_alu_dtypes("LLVMRenderer", u)
+    result = LLVM_EXPRESSIONS[u.op](self, u, [self.value(s) for s in u.src])
+    if u.op in GroupOp.ALU and u.op not in EXACT_FLOAT_OPS and u.dtype in SMALL_FLOATS:
+      if u.dtype == dtypes.float16: result = self.call("kiln_half_round_f", "float", [("float", result)])
+      elif u.dtype == dtypes.bfloat16: result = self.call("kiln_bf16_round", "float", [("float", result)])
+      else: result = self.call(f"kiln_{u.dtype.name}_round", "float", [("double", _to_double(self, result, u.dtype))])
+    self.values[u] = result
+
+  def write(self) -> str:
+    """The whole module: helpers, declarations and the kernel function."""
+    buffers, variables = kernel_signature(self.uops)
+    params = [f"ptr noalias %data{b.arg}" for b in buffers] + [f"i32 %arg{i}" for i in range(len(variables))]
+    for i, var in enumerate(variables):   # the runtime passes C ints; other variable dtypes are converted here
+      self.note_dtype(var.dtype)
+      if var.dtype == dtypes.int32: self.values[var] = f"%arg{i}"
+      elif var.dtype.bitsize < 32: self.values[var] = self.inst(f"trunc i32 %arg{i} to {VALUE_TYPES[var.dtype]}")
+      else: self.values[var] = self.inst(f"{'sext' if _is_signed(var.dtype) else 'zext'} i32 %arg{i} to i64")
+    for u in self.uops:
+      handler = self.statements.get(u.op)
+      if handler is not None: handler(u)
+      elif u.op in LLVM_EXPRESSIONS: self._alu(u)
+      else:
+        raise NotImplementedError(f"LLVMRenderer: cannot render {u.op} (kernel {self.name}); see docs/ir.md stage 4")
+    if self.loops: raise ValueError(f"LLVMRenderer: kernel {self.name} leaves {len(self.loops)} RANGE(s) unclosed")
+    for b in buffers: self.note_dtype(b.dtype)
+    if "half" in self.helpers: self.declarations["llvm.fabs.f64"] = "declare double @llvm.fabs.f64(double)"
+    if any(dt.name in self.helpers for dt in dtypes.fp8s):
+      self.declarations["llvm.umin.i64"] = "declare i64 @llvm.umin.i64(i64, i64)"
+    head = ([BF16_HELPERS] if "bf16" in self.helpers else []) + ([HALF_HELPERS] if "half" in self.helpers else [])
+    head += [fp8_helpers(dt) for dt in dtypes.fp8s if dt.name in self.helpers]
+    body = ["entry:", *self.allocas, *self.lines, "  ret void"]
+    return "\n".join([*head, *self.declarations.values(),
+                      f"define void @{self.name}({', '.join(params)}) nounwind {{", *body, "}", ""])
