@@ -182,3 +182,7 @@ def test_assign_run_as_a_dependency_runs_once():
   w.assign(w + 1)
   assert (w * 2).tolist() == [4.0]        # realizes the pending assign as part of this graph
   assert w.tolist() == [2.0] and (w.reshape(1, 1) * 1).tolist() == [[2.0]]   # not applied a second time
+
+def test_matmul_whose_broadcast_view_exceeds_32_bits_is_scheduled():
+  a, b = Tensor.empty(2048, 2048), Tensor.empty(2048, 2048)   # the product's broadcast view has 2048**3 elements
+  assert len((a @ b).schedule()) == 1

@@ -120,6 +120,12 @@ def _code_names(code: types.CodeType) -> set[str]:
 
 _OPAQUE = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType, type, functools.partial)
 
+def _is_kiln_machinery(value: Any) -> bool:
+  """kiln's own objects other than nn layers and optimizers (devices, buffers, allocators, runners): their fields
+  change as kernels run and are not state the user's function reads."""
+  module = type(value).__module__
+  return module.startswith("kiln.") and not module.startswith("kiln.nn")
+
 def _walk_state(roots: list[tuple[tuple, Any]]) -> dict[tuple, Any]:
   """Every tensor and Python scalar reachable from `roots` (closure cells, referenced globals, argument objects)
   through attributes, list/tuple items and dict values, as {path: value}; the first path to a tensor wins."""
@@ -139,7 +145,7 @@ def _walk_state(roots: list[tuple[tuple, Any]]) -> dict[tuple, Any]:
     if isinstance(value, Tensor):
       found[path] = value
       continue
-    if depth >= STATE_DEPTH: continue
+    if depth >= STATE_DEPTH or _is_kiln_machinery(value): continue
     if isinstance(value, (list, tuple)):
       children = [(path + (("item", i),), v) for i, v in enumerate(value)]
     elif isinstance(value, dict):

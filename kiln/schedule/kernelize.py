@@ -215,7 +215,9 @@ def _result_node(root: UOp, buffer_of: dict[UOp, UOp]) -> UOp:
 
 # kernels index with 32-bit ints: every shape they see must stay below this many elements
 MAX_INDEXED_ELEMENTS = 2 ** 31 - 1
-INDEXED_OPS = frozenset({Ops.BUFFER, Ops.RESHAPE, Ops.EXPAND, Ops.PAD, Ops.REDUCE_AXIS})
+# EXPAND is not among them: an expanded axis has stride 0 and adds nothing to an index (a RESHAPE that flattens
+# an expanded view is, and is checked)
+INDEXED_OPS = frozenset({Ops.BUFFER, Ops.RESHAPE, Ops.PAD, Ops.REDUCE_AXIS})
 
 def _make_kernel(out_buf: UOp, value: UOp) -> ScheduleItem:
   """A kernel AST whose buffers are numbered parameters, so equal computations share one compiled program.
