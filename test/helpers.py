@@ -1,8 +1,9 @@
 """check(): run a kiln function and a torch function on the same random inputs and compare values and gradients."""
 from __future__ import annotations
+import functools
 import numpy as np
 import torch
-from kiln import Tensor, Device
+from kiln import Tensor, Device, dtypes
 
 def make_input(shape, dtype, rng: np.random.Generator, low=-2.0, high=2.0) -> np.ndarray:
   """Random values of `shape`: uniform floats in [low, high), ints in [low, high), fair bools."""
@@ -84,3 +85,17 @@ def _kiln_name(torch_name: str) -> str:
   names = {"float32": "float", "float64": "double", "float16": "half", "int8": "char", "uint8": "uchar", "int16": "short",
            "uint16": "ushort", "int32": "int", "uint32": "uint", "int64": "long", "uint64": "ulong"}
   return names.get(torch_name, torch_name)
+
+def check_stacked(names, kiln_fns, torch_fns, arrays, **kwargs):
+  """check() of many ops at once: op i gets row i of every input, and the results are padded into rows of one output.
+
+  One kernel runs all the ops forward and one per input backward (instead of one each per op); a failure names the row's op.
+  """
+  n = len(kiln_fns)
+  def kiln_fn(*xs):
+    outs = [fn(*(x[i] for x in xs)) for i, fn in enumerate(kiln_fns)]
+    rows = [o.reshape(1, *o.shape).pad(((i, n - 1 - i),) + ((0, 0),) * o.ndim) for i, o in enumerate(outs)]
+    return functools.reduce(lambda a, b: a | b if a.dtype == dtypes.bool else a + b, rows)
+  def torch_fn(*xs): return torch.stack([fn(*(x[i] for x in xs)) for i, fn in enumerate(torch_fns)])
+  try: return check(kiln_fn, torch_fn, arrays, **kwargs)
+  except AssertionError as e: raise AssertionError(f"{e}\n(row i is op {dict(enumerate(names))})") from None

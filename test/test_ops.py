@@ -1,12 +1,12 @@
 """Every core Tensor op against PyTorch: forward values and dtypes, and gradients through torch.autograd."""
-import functools, math
+import math
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings, strategies as st
 from kiln import Tensor, dtypes
-from helpers import check, assert_close, make_input
+from helpers import check, check_stacked, assert_close, make_input
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*degrees of freedom")   # torch warns on var/std of one element
 
@@ -125,20 +125,6 @@ UNARY = [
   ("softplus", lambda x: x.softplus(), lambda x: F.softplus(x), -3, 3),
   ("relu6", lambda x: x.relu6(), lambda x: F.relu6(x), -3, 9)]
 UNARY_IDS = [u[0] for u in UNARY]
-
-def check_stacked(names, kiln_fns, torch_fns, arrays, **kwargs):
-  """check() of many ops at once: op i gets row i of every input, and the results are padded into rows of one output.
-
-  One kernel runs all the ops forward and one per input backward (instead of one each per op); a failure names the row's op.
-  """
-  n = len(kiln_fns)
-  def kiln_fn(*xs):
-    outs = [fn(*(x[i] for x in xs)) for i, fn in enumerate(kiln_fns)]
-    rows = [o.reshape(1, *o.shape).pad(((i, n - 1 - i),) + ((0, 0),) * o.ndim) for i, o in enumerate(outs)]
-    return functools.reduce(lambda a, b: a | b if a.dtype == dtypes.bool else a + b, rows)
-  def torch_fn(*xs): return torch.stack([fn(*(x[i] for x in xs)) for i, fn in enumerate(torch_fns)])
-  try: check(kiln_fn, torch_fn, arrays, **kwargs)
-  except AssertionError as e: raise AssertionError(f"{e}\n(row i is op {dict(enumerate(names))})") from None
 
 def unary_inputs(shape, dtype="float32", seed=0):
   """One row per UNARY op, each drawn from that op's input range."""

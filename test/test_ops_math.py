@@ -4,26 +4,15 @@ Many ops are checked at once where possible (row i of a stacked input goes to op
 Where kiln follows tinygrad instead of PyTorch the test says so: sums of int32 stay int32 (torch: int64), argmax is
 int32, cummax returns the values only.
 """
-import functools, time
+import time
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from kiln import Tensor, dtypes
-from helpers import check, assert_close, make_input
+from helpers import check, check_stacked, assert_close, make_input
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*degrees of freedom")
-
-def stacked(names, kiln_fns, torch_fns, arrays, **kwargs):
-  """check() of many ops at once: op i gets row i of every input; the results become the rows of one output."""
-  n = len(kiln_fns)
-  def kiln_fn(*xs):
-    outs = [fn(*(x[i] for x in xs)) for i, fn in enumerate(kiln_fns)]
-    rows = [o.reshape(1, *o.shape).pad(((i, n - 1 - i),) + ((0, 0),) * o.ndim) for i, o in enumerate(outs)]
-    return functools.reduce(lambda a, b: a | b if a.dtype == dtypes.bool else a + b, rows)
-  def torch_fn(*xs): return torch.stack([fn(*(x[i] for x in xs)) for i, fn in enumerate(torch_fns)])
-  try: return check(kiln_fn, torch_fn, arrays, **kwargs)
-  except AssertionError as e: raise AssertionError(f"{e}\n(row i is op {dict(enumerate(names))})") from None
 
 # ---------------------------------------------------------------------------------------------------------------------
 # elementwise math and activations: (name, kiln, torch, low, high)
@@ -58,11 +47,11 @@ def unary_rows(shape, dtype="float32", seed=0, table=UNARY):
 
 @pytest.mark.parametrize("shape", [(2, 3), (), (0,), (1,), (1, 4, 1)], ids=str)
 def test_unary(shape):
-  stacked(NAMES, [u[1] for u in UNARY], [u[2] for u in UNARY], [unary_rows(shape)])
+  check_stacked(NAMES, [u[1] for u in UNARY], [u[2] for u in UNARY], [unary_rows(shape)])
 
 def test_unary_noncontiguous():
   view = lambda x: x.permute(1, 0).flip(0)[::2]  # noqa: E731
-  stacked(NAMES, [lambda x, fn=u[1]: fn(view(x)) for u in UNARY], [lambda x, fn=u[2]: fn(view(x)) for u in UNARY],
+  check_stacked(NAMES, [lambda x, fn=u[1]: fn(view(x)) for u in UNARY], [lambda x, fn=u[2]: fn(view(x)) for u in UNARY],
           [unary_rows((3, 5))])
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -71,7 +60,7 @@ def test_unary_half(dtype):
   arrays = [rows.astype(np.float16)] if dtype == "float16" else [rows]
   fns = [lambda x, fn=u[1]: fn(x.cast(dtype)) for u in UNARY] if dtype == "bfloat16" else [u[1] for u in UNARY]
   tfns = [lambda x, fn=u[2]: fn(x.bfloat16()) for u in UNARY] if dtype == "bfloat16" else [u[2] for u in UNARY]
-  out = stacked(NAMES, fns, tfns, arrays, dtype="float16" if dtype == "float16" else "float32", atol=2e-2, rtol=2e-2)
+  out = check_stacked(NAMES, fns, tfns, arrays, dtype="float16" if dtype == "float16" else "float32", atol=2e-2, rtol=2e-2)
   assert out.dtype == getattr(dtypes, dtype)
 
 @pytest.mark.parametrize("dtype", ["int32", "bool"])
@@ -79,7 +68,7 @@ def test_math_of_ints_and_bools(dtype):
   # the math functions accept ints and bools and give float32, as torch does
   x = make_input((len(MATH), 2, 3), dtype, np.random.default_rng(0), -2, 3)
   x = x if dtype == "bool" else np.where(np.arange(len(MATH))[:, None, None] == NAMES.index("acosh"), np.abs(x) + 1, x)
-  out = stacked(NAMES[:len(MATH)], [u[1] for u in MATH], [u[2] for u in MATH], [x.astype(dtype)])
+  out = check_stacked(NAMES[:len(MATH)], [u[1] for u in MATH], [u[2] for u in MATH], [x.astype(dtype)])
   assert out.dtype == dtypes.float32
 
 SPECIAL = np.array([0.0, -0.0, 1.0, -1.0, 0.5, -0.5, np.inf, -np.inf, np.nan, 100.0, -100.0, 1e30, -1e30, 1e-6, -3e-7,
@@ -88,7 +77,7 @@ SPECIAL = np.array([0.0, -0.0, 1.0, -1.0, 0.5, -0.5, np.inf, -np.inf, np.nan, 10
 @pytest.mark.parametrize("names", [NAMES[:len(MATH)], NAMES[len(MATH):]], ids=["math", "activations"])
 def test_special_values(names):
   table = [u for u in UNARY if u[0] in names]
-  stacked(names, [u[1] for u in table], [u[2] for u in table], [np.stack([SPECIAL] * len(table))], grad=False)
+  check_stacked(names, [u[1] for u in table], [u[2] for u in table], [np.stack([SPECIAL] * len(table))], grad=False)
 
 FINITE_EDGES = np.array([0.0, -0.0, 100.0, -100.0, 30.0, -30.0, 90.0, -90.0, 3.0, -3.0, 6.0, 1.0, -1.0, 1e-6, -20.0,
                          0.75, -0.5], np.float32)
@@ -97,7 +86,7 @@ def test_gradients_at_edges():
   # gradients at large |x| must be finite (exp overflow in a branch not taken used to give NaN), and at the kinks
   # (0 for relu/leaky_relu/elu, +-3 for hardswish/hardsigmoid, the bounds of hardtanh/relu6) they follow PyTorch
   table = [u for u in UNARY if u[0] not in ("asin", "acos", "acosh", "atanh", "sinh", "cosh")]
-  stacked([u[0] for u in table], [u[1] for u in table], [u[2] for u in table], [np.stack([FINITE_EDGES] * len(table))],
+  check_stacked([u[0] for u in table], [u[1] for u in table], [u[2] for u in table], [np.stack([FINITE_EDGES] * len(table))],
           atol=1e-6)
 
 def test_precision_near_zero():
@@ -321,7 +310,7 @@ CUM_IDS = [c[0] for c in CUMULATIVE]
 @pytest.mark.parametrize("shape, axis", [((3, 4), 1), ((3, 4), 0), ((2, 3, 2), -2), ((5,), 0), ((1,), 0), ((), 0),
                                          ((0, 3), 0), ((2, 0), 1)], ids=str)
 def test_cumulative(shape, axis):
-  stacked(CUM_IDS, [lambda x, fn=c[1]: fn(x, axis) for c in CUMULATIVE],
+  check_stacked(CUM_IDS, [lambda x, fn=c[1]: fn(x, axis) for c in CUMULATIVE],
           [lambda x, fn=c[2]: fn(x, axis) for c in CUMULATIVE], [make_input((4, *shape), "float32",
                                                                               np.random.default_rng(0), 0.5, 1.5)])
 
@@ -329,7 +318,7 @@ def test_cumulative_default_axes_and_noncontiguous():
   check(lambda x: x.cumsum(), lambda x: x.cumsum(0), [(3, 2)])
   check(lambda x: x.cummax(), lambda x: x.cummax(0).values, [(3, 2)])
   check(lambda x: x.logcumsumexp(), lambda x: x.logcumsumexp(0), [(3, 2)])
-  stacked(CUM_IDS, [lambda x, fn=c[1]: fn(x.T.flip(1), 1) for c in CUMULATIVE],
+  check_stacked(CUM_IDS, [lambda x, fn=c[1]: fn(x.T.flip(1), 1) for c in CUMULATIVE],
           [lambda x, fn=c[2]: fn(x.T.flip(1), 1) for c in CUMULATIVE], [make_input((4, 5, 3), "float32",
                                                                                    np.random.default_rng(1), 0.5, 1.5)])
 
@@ -340,7 +329,7 @@ def test_cumulative_blocked(n):
   x[1, :, 70] = 0.0       # cumprod gradients with zeros
   x[1, 1, 200 % n] = 0.0
   x[2] *= np.linspace(1, 5, n, dtype=np.float32)   # an increasing cummax that crosses blocks
-  stacked(CUM_IDS, [lambda x, fn=c[1]: fn(x, -1) for c in CUMULATIVE],
+  check_stacked(CUM_IDS, [lambda x, fn=c[1]: fn(x, -1) for c in CUMULATIVE],
           [lambda x, fn=c[2]: fn(x, -1) for c in CUMULATIVE], [x], atol=1e-4, rtol=1e-4)
 
 def test_cumprod_zeros_gradient():
@@ -356,13 +345,13 @@ def test_cumulative_dtypes():
     assert_close(Tensor(x).cumprod(1).numpy(), torch.tensor(x).cumprod(1).numpy(), f"cumprod {dtype}")
     assert_close(Tensor(x).cummax(1).numpy(), torch.tensor(x).cummax(1).values.numpy(), f"cummax {dtype}")
   check(lambda x: x.logcumsumexp(1), lambda x: x.float().logcumsumexp(1), [(2, 3)], dtype="int32")
-  stacked(CUM_IDS, [lambda x, fn=c[1]: fn(x, 1) for c in CUMULATIVE], [lambda x, fn=c[2]: fn(x, 1) for c in CUMULATIVE],
+  check_stacked(CUM_IDS, [lambda x, fn=c[1]: fn(x, 1) for c in CUMULATIVE], [lambda x, fn=c[2]: fn(x, 1) for c in CUMULATIVE],
           [make_input((4, 2, 5), "float16", np.random.default_rng(0), 0.5, 1.5)], dtype="float16")
 
 def test_cumulative_special_values():
   x = np.array([[1.0, np.nan, 3.0, 0.0], [-np.inf, -np.inf, 2.0, -np.inf], [1000.0, -1000.0, 1000.0, np.inf],
                 [-5.0, -1e30, 5.0, 4.0]], np.float32)
-  stacked(CUM_IDS, [lambda x, fn=c[1]: fn(x, 0) for c in CUMULATIVE], [lambda x, fn=c[2]: fn(x, 0) for c in CUMULATIVE],
+  check_stacked(CUM_IDS, [lambda x, fn=c[1]: fn(x, 0) for c in CUMULATIVE], [lambda x, fn=c[2]: fn(x, 0) for c in CUMULATIVE],
           [np.stack([x.T] * 4)], grad=False)
   check(lambda x: x.logcumsumexp(0), lambda x: x.logcumsumexp(0), [np.array([1000.0, 1001.0, -50.0], np.float32)])
 
@@ -386,7 +375,7 @@ def test_cumulative_errors():
 def test_python_device():
   table = [u for u in UNARY if u[0] in ("asin", "atan", "erf", "sinh", "asinh", "sigmoid", "softplus", "tanh", "elu")]
   rows = np.stack([np.array([-0.5, 0.0, 0.7, -100.0 if u[0] not in ("asin",) else -0.9], np.float32) for u in table])
-  stacked([u[0] for u in table], [u[1] for u in table], [u[2] for u in table], [rows], device="PYTHON")
+  check_stacked([u[0] for u in table], [u[1] for u in table], [u[2] for u in table], [rows], device="PYTHON")
   a, b = DIVIDENDS[:10], DIVISORS[:10]
   both = lambda a, b: (a // b) + (a % b) * 1000  # noqa: E731
   check(both, both, [a, b], grad=False, device="PYTHON")
