@@ -502,11 +502,16 @@ def _div_mod_linear(x: UOp, c: int, is_div: bool) -> UOp | None:
   if lo >= 0: const_quotient = const // c
   elif hi <= 0: const_quotient = -((-const) // c)
   else: return None
-  quotient = {t: a // c for t, a in terms.items() if a % c == 0}
-  rest = {t: a for t, a in terms.items() if a % c != 0}
   rest_const = const - const_quotient * c
-  rest_lo, rest_hi = linear_bounds(rest, rest_const)
-  if (lo >= 0 and rest_lo < 0) or (lo < 0 and rest_hi > 0) or not fits(dtype, rest_lo, rest_hi): return None
+  # take out of every coefficient the multiples of c it holds ((15*i + j) % 14 -> (i + j) % 14; a division only when
+  # that removes it); when that leaves a rest of the wrong sign, only the coefficients that c divides exactly
+  for split_all in (True, False):
+    quotient = {t: a // c for t, a in terms.items() if a // c and (split_all or a % c == 0)}
+    rest = {t: (a % c if split_all else a) for t, a in terms.items() if a % c}
+    rest_lo, rest_hi = linear_bounds(rest, rest_const)
+    wrong_sign = (lo >= 0 and rest_lo < 0) or (lo < 0 and rest_hi > 0) or not fits(dtype, rest_lo, rest_hi)
+    if not wrong_sign and not (split_all and is_div and not -c < rest_lo <= rest_hi < c): break
+  else: return None
   rest_expr = build_sum(dtype, rest, rest_const)
   rest_small = -c < rest_lo and rest_hi < c
   if not is_div: return rest_expr if rest_small else rest_expr.alu(Ops.MOD, x.const_like(c))

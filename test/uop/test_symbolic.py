@@ -308,6 +308,11 @@ n = UOp.variable("n", 1, 1000)
   (x % -3, "(x%3)"),
   (x.maximum(20), "20"),
   (r0.maximum(0), "ridx0"),
+  # a coefficient one more than the modulus (a sliding-window view): the multiples of 14 drop out, the rest is < 14
+  ((r1 * 15 + r2) % c(14), "(ridx1+ridx2)"),
+  ((r0 * 15 + r2) % c(14), "(ridx0+ridx2)"),
+  ((rng(12, 3) * 15 + rng(6, 4)) % c(14), "((ridx3+ridx4)%14)"),
+  ((r1 * 15 + r2) // c(14), "ridx1"),
   (r0.maximum(r0), "ridx0"),
 ])
 def test_index_patterns(expr: UOp, expected: str):
