@@ -255,25 +255,26 @@ def test_training_mode_is_part_of_the_guard():
 
 # ---------------- state updated in place: training steps ----------------
 
+def train_steps(make_opt, jit: bool, steps: int, dropout: float = 0.0) -> tuple[np.ndarray, list[float]]:
+  """Run `steps` optimizer steps of a least-squares fit (eagerly or under TinyJit); the final weights and losses."""
+  rng = np.random.default_rng(1)
+  xs, ys = rng.random((steps, 4, 3), np.float32), rng.random((steps, 4, 2), np.float32)
+  w = Tensor(rng.random((3, 2), np.float32), requires_grad=True)
+  opt = make_opt([w])
+  def step(x, y):
+    opt.zero_grad()
+    loss = ((x.dropout(dropout) @ w - y) ** 2).mean()
+    loss.backward()
+    opt.step()
+    return loss
+  run = TinyJit(step) if jit else step
+  with Tensor.train():
+    losses = [run(Tensor(x), Tensor(y)).realize() for x, y in zip(xs, ys)]
+  return w.numpy(), [loss.item() for loss in losses]
+
 @pytest.mark.parametrize("make_opt", [lambda p: SGD(p, lr=0.1, momentum=0.9), lambda p: Adam(p, lr=0.05)])
 def test_optimizer_step_under_tinyjit_matches_eager(make_opt):
-  xs = [rand(4, 3) for _ in range(5)]
-  ys = [rand(4, 2) for _ in range(5)]
-  w0 = rand(3, 2)
-  def train(jit: bool) -> tuple[np.ndarray, list[float]]:
-    w = Tensor(w0, requires_grad=True)
-    opt = make_opt([w])
-    def step(x, y):
-      opt.zero_grad()
-      loss = ((x @ w - y) ** 2).mean()
-      loss.backward()
-      opt.step()
-      return loss
-    run = TinyJit(step) if jit else step
-    with Tensor.train():
-      losses = [run(Tensor(x), Tensor(y)).realize() for x, y in zip(xs, ys)]
-    return w.numpy(), [loss.item() for loss in losses]
-  (w_eager, l_eager), (w_jit, l_jit) = train(False), train(True)
+  (w_eager, l_eager), (w_jit, l_jit) = train_steps(make_opt, False, 5), train_steps(make_opt, True, 5)
   np.testing.assert_allclose(w_jit, w_eager, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(l_jit, l_eager, rtol=1e-5, atol=1e-6)
 
@@ -350,24 +351,11 @@ def test_python_state_changed_inside_the_function_raises():
 # ---------------- random numbers inside a jitted function ----------------
 
 def test_dropout_training_step_under_tinyjit_matches_eager():
-  xs = [rand(4, 3) for _ in range(6)]
-  ys = [rand(4, 2) for _ in range(6)]
-  w0 = rand(3, 2)
-  def train(jit: bool) -> tuple[np.ndarray, list[float], np.ndarray]:
+  def run(jit: bool):
     Tensor.manual_seed(7)
-    w = Tensor(w0, requires_grad=True)
-    opt = SGD([w], lr=0.1)
-    def step(x, y):
-      opt.zero_grad()
-      loss = ((x.dropout(0.5) @ w - y) ** 2).mean()
-      loss.backward()
-      opt.step()
-      return loss
-    run = TinyJit(step) if jit else step
-    with Tensor.train():
-      losses = [run(Tensor(x), Tensor(y)).realize() for x, y in zip(xs, ys)]
-    return w.numpy(), [loss.item() for loss in losses], Tensor.rand(3).numpy()
-  (w_eager, l_eager, after_eager), (w_jit, l_jit, after_jit) = train(False), train(True)
+    w, losses = train_steps(lambda p: SGD(p, lr=0.1), jit, 6, dropout=0.5)
+    return w, losses, Tensor.rand(3).numpy()
+  (w_eager, l_eager, after_eager), (w_jit, l_jit, after_jit) = run(False), run(True)
   np.testing.assert_allclose(l_jit, l_eager, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(w_jit, w_eager, rtol=1e-5, atol=1e-6)
   np.testing.assert_array_equal(after_jit, after_eager)   # the replays advanced the generator like eager calls
