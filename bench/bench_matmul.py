@@ -1,6 +1,8 @@
 """CPU kernel speed: float32 matmul 256/512/1024, a 1M-element elementwise op and a 4096x4096 row sum, kiln vs NumPy.
 
-Run: `python bench/bench_matmul.py` (heuristics on) and `NOOPT=1 python bench/bench_matmul.py` (unoptimized kernels).
+Run: `python bench/bench_matmul.py` (heuristics on) and `NOOPT=1 python bench/bench_matmul.py` (unoptimized kernels);
+`THREADS=1 python bench/bench_matmul.py` runs every kernel on one core (default: one thread per core). The last rows
+are the thread pool's cost per launch: a 64-element kernel run on one thread and split across the pool.
 Times are the best of several runs of the kernel alone (scheduling and compiling happen before timing); GFLOP/s counts
 2*n^3 for a matmul, GB/s counts the bytes read and written once.
 """
@@ -9,6 +11,8 @@ import time
 import numpy as np
 from kiln import Tensor
 from kiln.helpers import NOOPT
+from kiln.runtime import ops_cpu
+from kiln.runtime.threadpool import thread_count
 from kiln.schedule.kernelize import create_schedule
 from kiln.engine.realize import get_runner
 
@@ -36,9 +40,24 @@ def row(name: str, kiln_s: float, numpy_s: float, work: float, unit: str) -> Non
   print(f"{name:26s} kiln {kiln_s * 1e3:9.3f} ms {work / kiln_s / 1e9:8.2f} {unit}   "
         f"numpy {numpy_s * 1e3:9.3f} ms {work / numpy_s / 1e9:8.2f} {unit}")
 
+def pool_overhead(launches: int = 2000) -> None:
+  """Per-launch time of a tiny split kernel on one thread and on the pool: the difference is the pool's cost."""
+  x = Tensor(np.ones(64, np.float32)).realize()
+  out = x * 2
+  items = create_schedule([out.uop]).items
+  for b in items[0].bufs: b.allocate()
+  runner = get_runner(items[0].bufs[0].device, items[0].ast)
+  saved = ops_cpu.MIN_WORK_PER_THREAD
+  try:
+    for label, minimum in (("one thread", 1 << 62), (f"pool of {thread_count()}", 1)):
+      ops_cpu.MIN_WORK_PER_THREAD = minimum
+      per_launch = best_time(lambda: [runner(items[0].bufs, items[0].var_vals) for _ in range(launches)], 3) / launches
+      print(f"{'tiny kernel, ' + label:26s} {per_launch * 1e6:9.2f} us per launch")
+  finally: ops_cpu.MIN_WORK_PER_THREAD = saved
+
 def main() -> None:
   rng = np.random.default_rng(0)
-  print(f"NOOPT={int(NOOPT.value)}")
+  print(f"NOOPT={int(NOOPT.value)} THREADS={thread_count()}")
   for n in (256, 512, 1024):
     a_np, b_np = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
     a, b = Tensor(a_np).realize(), Tensor(b_np).realize()
@@ -58,6 +77,7 @@ def main() -> None:
       4 * 4096 * 4097, "GB/s")
   row("column sum 4096x4096", kiln_kernel_time(m.sum(axis=0), 10), best_time(lambda: m_np.sum(axis=0), 10),
       4 * 4096 * 4097, "GB/s")
+  pool_overhead()
 
 if __name__ == "__main__":
   main()

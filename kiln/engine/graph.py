@@ -7,7 +7,9 @@ and plain launches elsewhere (copies, devices without a graph).
 
 The CPU graph is a generated C function that calls every kernel of the batch in order through a table of function
 pointers, with the buffer addresses in a pointer table (only the swapped entries are rewritten per replay) and the
-variable values in an int table: one ctypes call per replay.
+variable values in an int table: one ctypes call per replay. A kernel that runs split across threads
+(kiln/runtime/ops_cpu.py) is called through the thread pool's `kiln_pool_run` instead (its address is an argument):
+every thread runs its chunk and the pool waits for all of them before the next kernel starts, one barrier per kernel.
 """
 from __future__ import annotations
 import ctypes, functools
@@ -15,6 +17,7 @@ from typing import Callable
 from kiln.helpers import DEBUG
 from kiln.device import Device, CompileError
 from kiln.engine.realize import ExecItem, CompiledRunner
+from kiln.runtime.threadpool import pool_for, thread_count
 
 class GraphRunner:
   """Runs `items` (kernels of one device, in order) as one submission. `swapped` lists the (item index, buffer
@@ -35,39 +38,57 @@ class CPUGraph(GraphRunner):
   @staticmethod
   def supports(item: ExecItem) -> bool:
     """Compiled CPU kernels (not copies)."""
-    return isinstance(item.runner, CompiledRunner) and hasattr(item.runner.program, "fxn")
+    return isinstance(item.runner, CompiledRunner) and hasattr(item.runner.program, "threads")
 
   def __init__(self, items: list[ExecItem], swapped: set[tuple[int, int]]):
     super().__init__(items, swapped)
-    calls, pointers, values = [], [], []
+    calls, pointers, values, functions = [], [], [], []
     self.dynamic: list[tuple[int, list, int]] = []   # (pointer table index, the item's buffer list, position)
+    self.threads = max(it.runner.program.threads() for it in items)
+    self.var_slots: list[tuple[int, dict, object]] = []
+    run_type = "void (*)(void*, void*, void**, const int*, int)"
     for i, item in enumerate(items):
-      runner = item.runner
-      args = []
+      runner, program = item.runner, item.runner.program
+      first_pointer, first_value = len(pointers), len(values)
       for pos in runner.params:
         if (i, pos) in swapped: self.dynamic.append((len(pointers), item.bufs, pos))
-        args.append(f"p[{len(pointers)}]")
         pointers.append(item.bufs[pos]._buf.ctypes.data)
-      for var in runner.vars:
-        args.append(f"v[{len(values)}]")
-        values.append(int(item.var_vals[var]))
-      arg_types = ", ".join(["void*"] * len(runner.params) + ["int"] * len(runner.vars)) or "void"
+      # (value table index, the item's var_vals, Variable): a TinyJit replay rewrites var_vals, re-read per call
+      self.var_slots.extend((len(values) + k, item.var_vals, var) for k, var in enumerate(runner.vars))
+      values.extend(int(item.var_vals[var]) for var in runner.vars)
+      threads = program.threads()
+      if threads > 1:   # the pool runs the kernel's uniform entry point on every thread, then waits for all
+        functions.append(program.task)
+        calls.append(f"  (({run_type})run)(pool, f[{i}], p + {first_pointer}, v + {first_value}, {threads});")
+        continue
+      functions.append(ctypes.cast(program.fxn, ctypes.c_void_p).value)
+      args = [f"p[{first_pointer + k}]" for k in range(len(runner.params))]
+      args += [f"v[{first_value + k}]" for k in range(len(runner.vars))] + ["0", "1"]
+      arg_types = ", ".join(["void*"] * len(runner.params) + ["int"] * (len(runner.vars) + 2))
       calls.append(f"  ((void (*)({arg_types}))f[{i}])({', '.join(args)});")
-    source = "void kiln_graph(void **f, void **p, const int *v) {\n" + "\n".join(calls) + "\n}\n"
+    source = ("void kiln_graph(void **f, void **p, const int *v, void *pool, void *run) {\n" + "\n".join(calls)
+              + "\n}\n")
     device = Device[items[0].runner.device]
     lib = device.compiler.compile_cached(source)
     self.program = device.runtime("kiln_graph", lib)   # keeps the library loaded
-    self.program.fxn.argtypes = [ctypes.c_void_p] * 3
-    self.functions = (ctypes.c_void_p * len(items))(*[ctypes.cast(it.runner.program.fxn, ctypes.c_void_p).value
-                                                      for it in items])
+    self.program.fxn.argtypes = [ctypes.c_void_p] * 5
+    self.functions = (ctypes.c_void_p * len(items))(*functions)
     self.pointers = (ctypes.c_void_p * max(1, len(pointers)))(*pointers)
     self.values = (ctypes.c_int * max(1, len(values)))(*values)
-    self._call = functools.partial(self.program.fxn, self.functions, self.pointers, self.values)
+    self._bind_pool()
+
+  def _bind_pool(self) -> None:
+    """The call with this process's thread pool (again after a fork: the child gets a new pool)."""
+    self.pool = pool_for(thread_count()) if self.threads > 1 else None
+    handle, run = (self.pool.handle, self.pool.run_function) if self.pool is not None else (None, None)
+    self._call = functools.partial(self.program.fxn, self.functions, self.pointers, self.values, handle, run)
 
   def __call__(self) -> None:
     """Rewrite the swapped pointers, then one call into the generated function."""
     pointers = self.pointers
     for index, bufs, pos in self.dynamic: pointers[index] = bufs[pos]._buf.ctypes.data
+    for index, var_vals, var in self.var_slots: self.values[index] = var_vals[var]
+    if self.pool is not None and not self.pool.alive: self._bind_pool()
     self._call()
 
 # device name -> its graph class; a device without an entry replays launch by launch

@@ -11,12 +11,19 @@ Semantics (shared with the PythonRenderer, which is the reference):
   conversion to fp8 is straight from double, nearest-even, finite overflow saturating to +-max (kiln/dtype.py);
 - MAX returns NaN when either float operand is NaN; comparisons give bool; CAST to bool is `!= 0`;
 - a gated LOAD `(buf, idx, gate)` reads `buf[idx]` only when `gate` holds, else gives 0.
+
+Threads: every kernel takes two trailing parameters `int kiln_tid, int kiln_nthreads`. When kiln/codegen/parallel.py
+proves the outermost loop safe to split, that loop runs only thread `kiln_tid`'s contiguous chunk of its iterations,
+and the library also exports `<name>_task(void **bufs, const int *vals, int tid, int nthreads)` (a uniform entry point
+for the thread pool, kiln/runtime/threadpool.py) and `const long long <name>_work` (the estimated uops per launch).
+Other kernels ignore the two parameters; calling any kernel with `(0, 1)` runs all of it.
 """
 from __future__ import annotations
 import math
 from typing import Callable
 from kiln.dtype import DType, dtypes, truncate
 from kiln.renderer import Renderer, kernel_signature, kernel_function_name
+from kiln.codegen.parallel import find_parallel_loop
 from kiln.uop.ops import UOp, Ops, GroupOp
 
 # the C type a value of each dtype lives in while computing, and the type it is stored as in a buffer
@@ -234,8 +241,21 @@ def check_alu_dtypes(renderer: str, u: UOp) -> None:
   if u.op in (Ops.AND, Ops.OR, Ops.XOR) and dtypes.is_float(operand):
     raise TypeError(f"{renderer}: {u.op.name} needs integer or bool operands, got {operand}")
 
+# a split loop up to this many iterations keeps its constant bounds and skips the other threads' chunks (a compare
+# per skipped iteration, about a microsecond at most); a longer one loops over its chunk only
+SKIP_TO_CHUNK_MAX_EXTENT = 4096
+
+def task_symbol(function_name: str) -> str:
+  """The name of a split kernel's thread-pool entry point (see the module docstring)."""
+  return f"{function_name}_task"
+
+def work_symbol(function_name: str) -> str:
+  """The name of a split kernel's exported work estimate (see the module docstring)."""
+  return f"{function_name}_work"
+
 class CRenderer(Renderer):
-  """Renders a linearized kernel as `void name(T* restrict data0, ..., int var0, ...)` in GNU C."""
+  """Renders a linearized kernel as `void name(T* restrict data0, ..., int var0, ..., int kiln_tid,
+  int kiln_nthreads)` in GNU C (the last two split the outermost loop across threads where that is safe)."""
   device = "CPU"
   has_local = False
 
@@ -252,6 +272,7 @@ class _CKernelWriter:
     self.depth = 1
     self.open_ranges: list[str] = []
     self.counter = 0
+    self.parallel = find_parallel_loop(uops)
     self.uses_bf16 = self.uses_half = False
     self.uses_fp8: set[DType] = set()
     self.statements: dict[Ops, Callable[[UOp], None]] = {
@@ -294,8 +315,18 @@ class _CKernelWriter:
     name = f"ridx{u.arg}" if isinstance(u.arg, int) and u.arg >= 0 else self.fresh_name("ridx_")
     if name in self.open_ranges: name = self.fresh_name(f"{name}_")   # never shadow an enclosing loop variable
     self.open_ranges.append(name)
-    ctype = VALUE_TYPES[u.dtype]
-    self.emit(f"for ({ctype} {name} = 0; {name} < {self.expr(u.src[0])}; {name}++) {{")
+    ctype, extent = VALUE_TYPES[u.dtype], self.expr(u.src[0])
+    if self.parallel is not None and u is self.parallel.loop:   # this thread's contiguous, balanced chunk
+      self.emit(f"const {ctype} {name}_begin = ({ctype})((long long)({extent})*kiln_tid/kiln_nthreads);")
+      self.emit(f"const {ctype} {name}_end = ({ctype})((long long)({extent})*(kiln_tid+1)/kiln_nthreads);")
+      if u.src[0].op is Ops.CONST and u.src[0].arg <= SKIP_TO_CHUNK_MAX_EXTENT:
+        # the loop keeps its constant bounds so the compiler knows the range of every index (with -fwrapv it cannot
+        # otherwise prove that adjacent elements are adjacent, and stops vectorizing); other chunks are skipped
+        self.emit(f"for ({ctype} {name} = 0; {name} < {extent}; {name}++) {{")
+        self.emit(f"  if ({name} < {name}_begin) continue;")
+        self.emit(f"  if ({name} >= {name}_end) break;")
+      else: self.emit(f"for ({ctype} {name} = {name}_begin; {name} < {name}_end; {name}++) {{")
+    else: self.emit(f"for ({ctype} {name} = 0; {name} < {extent}; {name}++) {{")
     self.names[u] = name
     self.depth += 1
 
@@ -366,7 +397,17 @@ class _CKernelWriter:
     if self.depth != 1: raise ValueError(f"CRenderer: kernel {self.name} leaves {self.depth - 1} RANGE(s) unclosed")
     for b in buffers: self.note_dtype(b.dtype)
     params = [f"{STORAGE_TYPES[b.dtype]}* restrict data{b.arg}" for b in buffers]
-    params += [f"int {self.var_names[v]}" for v in variables]
+    params += [f"int {self.var_names[v]}" for v in variables] + ["int kiln_tid", "int kiln_nthreads"]
     head = ([HALF_HELPERS] if self.uses_half else []) + ([BF16_HELPERS] if self.uses_bf16 else [])
     if self.uses_fp8: head += [FP8_HELPERS] + [fp8_helpers(dt) for dt in dtypes.fp8s if dt in self.uses_fp8]
-    return "\n".join(head + [f"void {self.name}({', '.join(params)}) {{", *self.lines, "}", ""])
+    kernel = [f"void {self.name}({', '.join(params)}) {{", *self.lines, "}"]
+    return "\n".join(head + kernel + self.task(buffers, variables))
+
+  def task(self, buffers: list[UOp], variables: list[UOp]) -> list[str]:
+    """For a split kernel, the thread pool's entry point and the work estimate; nothing otherwise."""
+    if self.parallel is None: return [""]
+    args = [f"({STORAGE_TYPES[b.dtype]}*)bufs[{i}]" for i, b in enumerate(buffers)]
+    args += [f"vals[{i}]" for i in range(len(variables))] + ["tid", "nthreads"]
+    return [f"void {task_symbol(self.name)}(void **bufs, const int *vals, int tid, int nthreads) {{",
+            f"  {self.name}({', '.join(args)});", "}",
+            f"const long long {work_symbol(self.name)} = {self.parallel.work}ll;", ""]

@@ -1,10 +1,15 @@
-"""The CPU device: kernels rendered to C, compiled to a shared library with clang/gcc, run through ctypes."""
+"""The CPU device: kernels rendered to C, compiled to a shared library with clang/gcc, run through ctypes.
+
+A kernel whose outermost loop can be split (kiln/renderer/cstyle.py, "Threads") runs on the thread pool
+(kiln/runtime/threadpool.py) when a launch has enough work; every other launch runs on the calling thread.
+"""
 from __future__ import annotations
 import ctypes, functools, os, platform, re, shlex, shutil, subprocess, tempfile, time
 from kiln.device import Compiled, Compiler, CompileError, HostAllocator
 from kiln.helpers import CC, CFLAGS
 from kiln.renderer import kernel_function_name
-from kiln.renderer.cstyle import CRenderer
+from kiln.renderer.cstyle import CRenderer, task_symbol, work_symbol
+from kiln.runtime.threadpool import MIN_WORK_PER_THREAD, pool_for, thread_count
 
 # always on: no FMA contraction (results must match the reference bit for bit), no errno from libm, wrapping signed ints
 BASE_FLAGS = ("-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno", "-fwrapv", "-fno-strict-aliasing")
@@ -28,10 +33,14 @@ def _host_cpu_id() -> str:
   except OSError: return platform.machine() + platform.processor()
 
 class ClangCompiler(Compiler):
-  """C source -> shared library bytes, with `CC` (see find_c_compiler) and `CFLAGS` + BASE_FLAGS."""
+  """C source -> shared library bytes, with `CC` (see find_c_compiler) and `CFLAGS` + BASE_FLAGS (+ `extra_flags`,
+  e.g. `-pthread` for the thread pool)."""
+  def __init__(self, extra_flags: tuple[str, ...] = ()):
+    self.extra_flags = tuple(extra_flags)
+
   def command(self) -> list[str]:
     """The compiler and flags (without file names), read from the current settings."""
-    return [find_c_compiler(), *DEFAULT_FLAGS, *shlex.split(str(CFLAGS.value)), *BASE_FLAGS, "-lm"]
+    return [find_c_compiler(), *DEFAULT_FLAGS, *shlex.split(str(CFLAGS.value)), *BASE_FLAGS, *self.extra_flags, "-lm"]
 
   def cache_key(self) -> str:
     """Class name, compiler command and host CPU (because of -march=native)."""
@@ -53,7 +62,10 @@ class ClangCompiler(Compiler):
       with open(lib_path, "rb") as f: return f.read()
 
 class CPUProgram:
-  """A compiled kernel loaded from shared-library bytes. Call as `prg(*buffer_handles, vals=(...), wait=False)`."""
+  """A compiled kernel loaded from shared-library bytes. Call as `prg(*buffer_handles, vals=(...), wait=False)`.
+
+  `task` is the address of the kernel's thread-pool entry point and `work` its uops per launch when its outermost
+  loop can be split (else None and 0); `threads()` is how many threads a launch uses under the current settings."""
   def __init__(self, name: str, lib: bytes):
     self.name = kernel_function_name(name)
     with tempfile.NamedTemporaryFile(prefix=f"kiln_{self.name}_", suffix=".so", delete=False) as f:
@@ -64,14 +76,29 @@ class CPUProgram:
     except AttributeError: raise RuntimeError(f"the compiled library has no function {self.name!r}") from None
     self.fxn.restype = None
     self._arg_counts: tuple[int, int] | None = None
+    try:
+      self.task: int | None = ctypes.cast(getattr(self.lib, task_symbol(self.name)), ctypes.c_void_p).value
+      self.work = ctypes.c_longlong.in_dll(self.lib, work_symbol(self.name)).value
+    except (AttributeError, ValueError): self.task, self.work = None, 0   # not splittable
+
+  def threads(self) -> int:
+    """Threads a launch runs on now: for a splittable kernel, as many as give each MIN_WORK_PER_THREAD uops (at most
+    the pool's size, at least 1); 1 for any other kernel."""
+    if self.task is None: return 1
+    return max(1, min(thread_count(), self.work // max(1, MIN_WORK_PER_THREAD)))
 
   def __call__(self, *bufs, vals: tuple[int, ...] = (), wait: bool = False) -> float | None:
     """Run the kernel on host buffers `bufs` with integer arguments `vals`; with wait=True return elapsed seconds."""
-    if self._arg_counts != (len(bufs), len(vals)):
-      self.fxn.argtypes = [ctypes.c_void_p] * len(bufs) + [ctypes.c_int] * len(vals)
-      self._arg_counts = (len(bufs), len(vals))
+    threads = self.threads()
     start = time.perf_counter() if wait else 0.0
-    self.fxn(*[b.ctypes.data for b in bufs], *vals)
+    if threads > 1:
+      addresses = (ctypes.c_void_p * max(1, len(bufs)))(*[b.ctypes.data for b in bufs])
+      pool_for(thread_count()).run(self.task, addresses, (ctypes.c_int * max(1, len(vals)))(*vals), threads)
+    else:
+      if self._arg_counts != (len(bufs), len(vals)):
+        self.fxn.argtypes = [ctypes.c_void_p] * len(bufs) + [ctypes.c_int] * (len(vals) + 2)
+        self._arg_counts = (len(bufs), len(vals))
+      self.fxn(*[b.ctypes.data for b in bufs], *vals, 0, 1)
     return time.perf_counter() - start if wait else None
 
 class CPUDevice(Compiled):

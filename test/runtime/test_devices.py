@@ -448,7 +448,8 @@ def test_c_signature_orders_buffers_by_parameter_number_then_vars_by_first_use()
   as_float = cast(value, F32)
   uops = [a, out, n, r, value.src[1], value, as_float, store(out, r, as_float), UOp(Ops.ENDRANGE, dtypes.void, (r,))]
   src = Device["CPU"].renderer.render("sig", uops)
-  assert "void sig(float* restrict data0, unsigned short* restrict data1, int var0, int var1)" in src
+  assert ("void sig(float* restrict data0, unsigned short* restrict data1, int var0, int var1, int kiln_tid, "
+            "int kiln_nthreads)") in src
 
 def test_renderers_reject_what_they_cannot_render():
   out, a = glob(0, I32), glob(1, I32)
