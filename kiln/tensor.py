@@ -1,12 +1,13 @@
 """Tensor: the lazy, PyTorch-like front end. Every op builds UOps; work happens at realize()."""
 from __future__ import annotations
-import functools, math, sys, weakref
+import functools, math, os, pathlib, sys, weakref
 from contextlib import contextmanager
 from typing import Any, Sequence
 import numpy as np
 from kiln.dtype import DType, dtypes, least_upper_dtype, to_numpy_dtype, from_numpy_dtype
 from kiln.helpers import prod, user_frame_location, TRACEBACK_SOURCE, _KILN_DIR
-from kiln.uop.ops import UOp, Ops, toposort
+from kiln.uop.ops import UOp, Ops, GroupOp, toposort
+from kiln.uop.sint import ssimplify, sint_eq, sint_min, sint_max, sint_str, ssub, is_symbolic_shape, sint_value, sprod
 from kiln.device import Buffer
 from kiln.gradient import compute_gradient, gradient_graph
 from kiln.schedule.kernelize import create_schedule, is_contiguous_buffer
@@ -46,6 +47,8 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     self._requires_grad = None
     if isinstance(data, UOp):
       uop = data
+    elif isinstance(data, pathlib.Path):   # a file's bytes, lazily, on DISK:<path> (nothing is read until used)
+      uop = _uop_from_file(data)
     elif isinstance(data, Tensor):
       uop = data.uop
     else:
@@ -58,7 +61,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
         elif isinstance(data, (list, tuple)): arr = _array_from_list(data, dtype)
         else: raise TypeError(f"Tensor: cannot make a tensor from {type(data).__name__}{_where()}")
         uop = _uop_from_numpy(arr, device, dtype)
-    if device is not None and isinstance(data, (UOp, Tensor)) and uop.device != _canonical_device(device):
+    if device is not None and isinstance(data, (UOp, Tensor, pathlib.Path)) and uop.device != _canonical_device(device):
       uop = uop.copy_to(_canonical_device(device))
     if dtype is not None and uop.dtype != dtype: uop = uop.cast(dtype)
     self.uop = uop
@@ -211,6 +214,10 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     if _jit_calls:   # a replay runs only the captured kernels: a value read in Python here would be frozen
       raise RuntimeError(f"{_user_op[0] or 'numpy'}: cannot read a tensor's values inside the TinyJit function "
                          f"{_jit_calls[0].name}; return the tensor and read it after the call{_where()}")
+    if is_symbolic_shape(self.shape):   # sizes over bound Variables: the values at the sizes they are bound to now
+      shape = tuple(sint_value(s) for s in self.shape)
+      buf = self.contiguous().realize().uop.base.buffer.allocate()   # the first prod(shape) elements, row-major
+      return buf.numpy()[:prod(shape)].reshape(shape)
     if self.numel() == 0:
       as_float32 = self.dtype in (dtypes.bfloat16, *dtypes.fp8s)
       return np.zeros(self.shape, dtype=np.float32 if as_float32 else to_numpy_dtype(self.dtype))
@@ -234,6 +241,11 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
   def empty(*shape, device: str | None = None, dtype: DType | str | None = None, **kwargs) -> Tensor:
     """An uninitialized tensor."""
     shape, dtype, device = _shape_arg(shape), _dtype_arg(dtype or dtypes.default_float, "empty"), _canonical_device(device)
+    if is_symbolic_shape(shape):   # room for the largest values of the Variables; the view covers the bound size
+      size = sprod(shape)
+      buf = UOp.new_buffer(device, sint_max(size), dtype)
+      buf.buffer = Buffer(device, sint_max(size), dtype)
+      return Tensor(UOp(Ops.SHRINK, dtype, (buf,), ((0, size),)).reshape(shape), **kwargs)
     buf = UOp.new_buffer(device, prod(shape), dtype)
     buf.buffer = Buffer(device, prod(shape), dtype)
     return Tensor(buf.reshape(shape), **kwargs)
@@ -370,6 +382,9 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     shape, device = _shape_arg(shape), _canonical_device(device)
     dtype = _dtype_arg(dtype or dtypes.default_float, "rand")
     if not dtypes.is_float(dtype): raise ValueError(f"rand: only float dtypes are supported, got {dtype}{_where()}")
+    if is_symbolic_shape(shape):
+      raise NotImplementedError(f"rand: shape {_fmt(shape)} has bound Variables; draw the largest shape and shrink it"
+                                f"{_where()}")
     bits = Tensor._random_bits(prod(shape), device)
     values = (bits >> 8).cast(dtypes.float32) * (1.0 / (1 << 24))
     return Tensor(values.reshape(shape).cast(dtype).uop, **kwargs)
@@ -493,8 +508,12 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
 
   def assign(self, x: Tensor | Any) -> Tensor:
     """Overwrite this tensor's values with `x` (same shape; cast to this dtype). Lazy, like every op."""
+    if self.device.startswith("DISK"):   # a file: the bytes are written through at once
+      from kiln.runtime.ops_disk import write_to_disk
+      return write_to_disk(self, x)
     value = x if isinstance(x, Tensor) else Tensor.full(self.shape, x, device=self.device, dtype=self.dtype)
-    if value.shape != self.shape:
+    if value.shape != self.shape and not all(sint_eq(a, b) for a, b in zip(value.shape, self.shape)) or \
+       len(value.shape) != len(self.shape):
       raise ValueError(f"assign: shape {_fmt(value.shape)} does not match the target's {_fmt(self.shape)}{_where()}")
     if value.device != self.device:
       raise RuntimeError(f"assign: value on {value.device} but the target is on {self.device}{_where()}")
@@ -505,10 +524,22 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
       self.uop = value.uop   # not realized yet: nothing to overwrite, just take the new value
       return self
     if not (target.op is Ops.BUFFER or target.op is Ops.RESHAPE and target.src[0].op is Ops.BUFFER):
-      raise NotImplementedError(f"assign: assigning into a view (shape {_fmt(self.shape)} of a buffer of "
-                                f"{target.base.size} elements) is not supported yet{_where()}")
+      return self._assign_into_view(target, value)
     self.uop = UOp(Ops.ASSIGN, self.dtype, (target, value.uop))
     return self
+
+  def _assign_into_view(self, target: UOp, value: Tensor) -> Tensor:
+    """Write `value` through a view of a realized buffer (`cache[:, pos:pos+1].assign(x)`), at once: other tensors
+    over the same buffer read it directly, so the write must land before they are computed (as in PyTorch)."""
+    node = target
+    while node.op in GroupOp.Movement:
+      if node.op not in _WRITABLE_VIEW_OPS:
+        raise NotImplementedError(f"assign: assigning into a view made with {node.op.name.lower()} (shape "
+                                  f"{_fmt(self.shape)} of a buffer of {target.base.size} elements) is not supported; "
+                                  f"only reshape, shrink (slices), permute and flip views can be written{_where()}")
+      node = node.src[0]
+    self.uop = UOp(Ops.ASSIGN, self.dtype, (target, value.uop))
+    return self.realize()
 
   def replace(self, x: Tensor, allow_shape_mismatch: bool = False) -> Tensor:
     """Make this tensor hold `x`'s graph; the shapes must match unless `allow_shape_mismatch`."""
@@ -527,6 +558,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     shape = (shape, *args)
     shape = tuple(s if s is not None else self.shape[i] for i, s in enumerate(_shape_arg(shape, allow_negative=True)))
     if shape.count(-1) > 1: raise ValueError(f"reshape: only one axis can be -1, got {_fmt(shape)}{_where()}")
+    if is_symbolic_shape(shape) or is_symbolic_shape(self.shape): return self._reshape_symbolic(shape)
     if -1 in shape:
       known = prod(s for s in shape if s != -1)
       if known == 0 or self.numel() % known:
@@ -536,6 +568,16 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     if prod(shape) != self.numel():
       raise ValueError(f"reshape: cannot reshape {_fmt(self.shape)} ({self.numel()} elements) to {_fmt(shape)} "
                        f"({prod(shape)} elements){_where()}")
+    return self if shape == self.shape else Tensor._wrap(self.uop.reshape(shape), "reshape")
+  def _reshape_symbolic(self, shape: tuple) -> Tensor:
+    """reshape where the old or new shape holds expressions over bound Variables: the element counts must be the
+    same expression (checked symbolically, not just at the bound values, so one kernel serves every value)."""
+    if -1 in shape:
+      known = prod(s for s in shape if not isinstance(s, int) or s != -1)
+      shape = tuple(ssimplify(self.numel() // known) if isinstance(s, int) and s == -1 else s for s in shape)
+    if not sint_eq(prod(shape), self.numel()):
+      raise ValueError(f"reshape: cannot reshape {_fmt(self.shape)} ({sint_str(self.numel())} elements) to "
+                       f"{_fmt(shape)} ({sint_str(prod(shape))} elements){_where()}")
     return self if shape == self.shape else Tensor._wrap(self.uop.reshape(shape), "reshape")
   def view(self, shape=(), *args) -> Tensor:
     """The same as reshape."""
@@ -594,7 +636,16 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
   def shrink(self, arg: Sequence[tuple[int, int] | None]) -> Tensor:
     """Keep `[start, end)` of each axis (None keeps the whole axis)."""
     if len(arg) != self.ndim: raise ValueError(f"shrink: {len(arg)} bounds for a {self.ndim}-d tensor {_fmt(self.shape)}{_where()}")
-    bounds = tuple((0, s) if b is None else (int(b[0]), int(b[1])) for b, s in zip(arg, self.shape))
+    bounds = tuple((0, s) if b is None else (_bound_arg(b[0], "shrink"), _bound_arg(b[1], "shrink"))
+                   for b, s in zip(arg, self.shape))
+    if any(isinstance(x, UOp) for bound in bounds for x in bound) or is_symbolic_shape(self.shape):
+      for (b, e), s in zip(bounds, self.shape):
+        # checked over the Variables' whole ranges: the kernel is reused for every value they can be bound to
+        if sint_min(b) < 0 or sint_min(ssub(e, b)) < 0 or sint_min(ssub(s, e)) < 0:
+          raise ValueError(f"shrink: bounds {_fmt_bounds(bounds)} do not fit shape {_fmt(self.shape)} for every "
+                           f"value of their Variables (0 <= start <= end <= size must hold over each [min, max])"
+                           f"{_where()}")
+      return Tensor._wrap(self.uop.shrink(bounds), "shrink")
     for (b, e), s in zip(bounds, self.shape):
       if not 0 <= b <= e <= s: raise ValueError(f"shrink: bounds {bounds} do not fit shape {_fmt(self.shape)}{_where()}")
     return Tensor._wrap(self.uop.shrink(bounds), "shrink")
@@ -1248,11 +1299,42 @@ def _shape_arg(shape, allow_negative: bool = False) -> tuple[int, ...]:
   out = []
   for s in shape:
     if s is None and allow_negative: out.append(None); continue
+    if isinstance(s, UOp):
+      out.append(_symbolic_size(s, shape))
+      continue
     if not isinstance(s, (int, np.integer)) or isinstance(s, bool):
       raise TypeError(f"shape entries must be ints, got {s!r} in {shape}{_where()}")
     if s < 0 and not (allow_negative and s == -1): raise ValueError(f"negative size {s} in shape {tuple(shape)}{_where()}")
     out.append(int(s))
   return tuple(out)
+
+def _bound_arg(x, op: str) -> int | UOp:
+  """A start/end/amount argument of a movement op: an int, or an int expression over bound Variables."""
+  if isinstance(x, UOp): return _symbolic_size(x, (x,), allow_negative=True)
+  return int(x)
+
+def _fmt_bounds(bounds) -> str:
+  return "(" + ", ".join(f"({sint_str(b)}, {sint_str(e)})" for b, e in bounds) + ")"
+
+def _symbolic_size(s: UOp, shape, allow_negative: bool = False) -> int | UOp:
+  """A shape entry given as a UOp: an int expression over bound Variables, simplified (a constant becomes an int)."""
+  if not dtypes.is_int(s.dtype) or any(u.op not in _SIZE_OPS for u in s.toposort()):
+    raise TypeError(f"shape entries must be ints or int expressions over bound Variables, got {sint_str(s)} in "
+                    f"{_fmt(shape)}{_where()}")
+  for u in s.toposort():
+    if u.op is Ops.DEFINE_VAR and not any(b.op is Ops.BIND and b.src[0] is u for b in s.toposort()):
+      raise ValueError(f"shape entry {sint_str(s)} uses the unbound Variable {u.arg[0]!r}; pass "
+                       f"Variable(...).bind(value){_where()}")
+  s = ssimplify(s)
+  if allow_negative: return s
+  if isinstance(s, UOp) and sint_min(s) < 0:
+    raise ValueError(f"shape entry {sint_str(s)} can be negative (its smallest value is {sint_min(s)}){_where()}")
+  if not isinstance(s, UOp) and s < 0: raise ValueError(f"negative size {s} in shape {_fmt(shape)}{_where()}")
+  return s
+
+# views whose elements map one-to-one onto buffer elements, so writing through them is well defined
+_WRITABLE_VIEW_OPS = frozenset({Ops.RESHAPE, Ops.SHRINK, Ops.PERMUTE, Ops.FLIP})
+_SIZE_OPS = frozenset({Ops.BIND, Ops.DEFINE_VAR, Ops.CONST, Ops.ADD, Ops.SUB, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX})
 
 def _scalar_dtype(value, dtype: DType | None, op: str) -> DType:
   """The dtype a Python scalar becomes: `dtype`, which must hold it, or its default (int64 for ints too big for int32)."""
@@ -1279,6 +1361,15 @@ def _array_from_list(data, dtype: DType | None) -> np.ndarray:
       else: raise ValueError(f"Tensor: value {hi if hi > dtypes.max(dtype) else lo} does not fit {dtype}{_where()}")
   if dtype in (dtypes.bfloat16, *dtypes.fp8s): return arr.astype(np.float32)   # no numpy type: cast on the device
   return arr.astype(to_numpy_dtype(dtype))
+
+def _uop_from_file(path: pathlib.Path) -> UOp:
+  """A uint8 BUFFER node over the bytes of the file at `path`, on DISK:<absolute path> (the file is not opened)."""
+  try: size = os.stat(path).st_size
+  except OSError as e: raise ValueError(f"Tensor: cannot open file {str(path)!r}: {e.strerror}{_where()}") from None
+  device = f"DISK:{os.path.abspath(path)}"
+  buf = UOp.new_buffer(device, size, dtypes.uint8)
+  buf.buffer = Buffer(device, size, dtypes.uint8)
+  return buf
 
 def _uop_from_numpy(arr: np.ndarray, device: str, dtype: DType | None) -> UOp:
   if arr.dtype.kind not in "biuf": raise TypeError(f"Tensor: numpy dtype {arr.dtype} is not supported{_where()}")

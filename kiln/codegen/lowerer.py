@@ -13,9 +13,9 @@ from kiln.uop.symbolic import symbolic
 INT = dtypes.int32
 TRUE = UOp.const(dtypes.bool, True)
 
-def iconst(v: int) -> UOp:
-  """An int32 constant node with value `v`."""
-  return UOp.const(INT, v)
+def iconst(v) -> UOp:
+  """An int32 constant node with value `v` (a symbolic size, an expression over Variables, is returned as it is)."""
+  return v if isinstance(v, UOp) else UOp.const(INT, v)
 
 def linearize_index(idx: tuple[UOp, ...], shape: tuple[int, ...]) -> UOp:
   """Row-major flat index of `idx` in `shape`."""
@@ -28,8 +28,11 @@ def linearize_index(idx: tuple[UOp, ...], shape: tuple[int, ...]) -> UOp:
 def unflatten_index(flat: UOp, shape: tuple[int, ...]) -> tuple[UOp, ...]:
   """Per-axis indices of the row-major flat index `flat` in `shape`."""
   out, stride = [], 1
-  for s in reversed(shape):
-    out.append(iconst(0) if s == 1 else (flat // stride) % s)
+  for k, s in enumerate(reversed(shape)):
+    # the outermost axis of a symbolic size needs no wrap: an in-bounds flat index is below prod(shape) (the
+    # simplifier cannot prove that for a size over Variables, and a `% size` would stay in the kernel)
+    outermost_symbolic = k == len(shape) - 1 and isinstance(s, UOp)
+    out.append(iconst(0) if s == 1 else (flat // stride) if outermost_symbolic else (flat // stride) % s)
     stride *= s
   return tuple(reversed(out))
 
@@ -135,6 +138,14 @@ lower_index = PatternMatcher([
 
 lowerer = lower_index + symbolic
 
+def _view_store_index(view: UOp, out_ranges: list[UOp], ctx: LowerContext) -> tuple[UOp, UOp]:
+  """The buffer and flat index a store through a view (reshape/shrink/permute/flip of a DEFINE_GLOBAL) writes to:
+  the index a load through that view would read."""
+  load = graph_rewrite(index_of(view, TRUE, out_ranges), lowerer, ctx, name="store view")
+  if load.op is not Ops.LOAD or len(load.src) != 2:
+    raise RuntimeError(f"lower: a store through the view {view.op.name} did not map to one buffer index")
+  return load.src[0], load.src[1]
+
 def lower_kernel(ast: UOp) -> UOp:
   """Kernel AST `SINK(STORE(DEFINE_GLOBAL, value))` -> `SINK(STORE(buf, index, loaded value))` over loop ranges."""
   ctx = LowerContext()
@@ -142,6 +153,7 @@ def lower_kernel(ast: UOp) -> UOp:
   for store in ast.src:
     out_buf, value = store.src
     out_ranges = [iconst(0) if s == 1 else ctx.new_range(s) for s in value.shape]
-    flat = linearize_index(tuple(out_ranges), value.shape)
+    if out_buf.op is Ops.DEFINE_GLOBAL: flat = linearize_index(tuple(out_ranges), value.shape)
+    else: out_buf, flat = _view_store_index(out_buf, out_ranges, ctx)
     stores.append(UOp(Ops.STORE, dtypes.void, (out_buf, flat, index_of(value, TRUE, out_ranges))))
   return graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(stores)), lowerer, ctx, name="lower")

@@ -13,7 +13,9 @@ from typing import Any, Callable, Generic, TypeVar
 from kiln.device import Buffer
 from kiln.dtype import DType
 from kiln.helpers import JIT, DEBUG, GlobalCounters
-from kiln.uop.ops import UOp, Ops, GroupOp
+from kiln.uop import ops as _ops
+from kiln.uop.ops import UOp, Ops, GroupOp, toposort
+from kiln.uop.pattern import substitute
 from kiln.engine.realize import ExecItem, capturing
 from kiln.engine.graph import batch_launches, plain_launch
 from kiln.tensor import Tensor, _forget_results_computed_from, _tensor_around
@@ -45,23 +47,27 @@ class _Recorder:
 
 _TENSOR = object()   # marks a tensor's place in the argument structure
 
-def _describe(x: Any, tensors: list[Tensor], objects: list[Any]) -> Any:
+def _describe(x: Any, tensors: list[Tensor], objects: list[Any], binds: list[UOp]) -> Any:
   """A hashable description of an argument: its structure, scalar values, and the identity of other objects;
-  tensors are collected into `tensors` and other objects into `objects` (in order)."""
+  tensors are collected into `tensors`, bound Variables into `binds` (described by their Variable, not the value)
+  and other objects into `objects` (in order)."""
   kind = type(x)
   if kind is Tensor:
     tensors.append(x)
     return _TENSOR
   if kind in SCALARS:
     return (kind, "nan") if x != x else (kind, x)
-  if kind is list or kind is tuple: return (kind, tuple([_describe(v, tensors, objects) for v in x]))
-  if kind is dict: return (dict, tuple([(k, _describe(v, tensors, objects)) for k, v in x.items()]))
+  if kind is list or kind is tuple: return (kind, tuple([_describe(v, tensors, objects, binds) for v in x]))
+  if kind is dict: return (dict, tuple([(k, _describe(v, tensors, objects, binds)) for k, v in x.items()]))
+  if kind is UOp and x.op is Ops.BIND:
+    binds.append(x)
+    return ("var", x.src[0])
   if isinstance(x, Tensor):
     tensors.append(x)
     return _TENSOR
   if isinstance(x, DType): return x
-  if isinstance(x, (list, tuple)): return (kind, tuple([_describe(v, tensors, objects) for v in x]))
-  if isinstance(x, dict): return (kind, tuple([(k, _describe(v, tensors, objects)) for k, v in x.items()]))
+  if isinstance(x, (list, tuple)): return (kind, tuple([_describe(v, tensors, objects, binds) for v in x]))
+  if isinstance(x, dict): return (kind, tuple([(k, _describe(v, tensors, objects, binds)) for k, v in x.items()]))
   objects.append(x)
   return ("object", id(x))
 
@@ -73,6 +79,51 @@ def _tensor_signature(t: Tensor) -> tuple:
     chain.append((u.op, u.arg))
     u = u.src[0]
   return (u.dtype, u.arg[1], u.arg[2], tuple(chain))
+
+def _call_variables(binds: list[UOp], signatures: tuple) -> tuple[tuple, dict[UOp, int]]:
+  """The values of this call's bound Variables (from arguments and from symbolic views of input tensors), and the
+  tensor signatures with each BIND replaced by its Variable, so a new value keys the same capture."""
+  var_vals: dict[UOp, int] = {}
+  def take(bind: UOp, where: str) -> UOp:
+    var, value = bind.src[0], bind.src[1].arg
+    name, lo, hi = var.arg
+    if not lo <= value <= hi:
+      raise ValueError(f"TinyJit: {where} binds Variable {name!r} to {value}, outside its range [{lo}, {hi}]")
+    if var_vals.setdefault(var, value) != value:
+      raise ValueError(f"TinyJit: Variable {name!r} is bound to both {var_vals[var]} and {value} in one call ({where})")
+    return var
+  for b in binds: take(b, "an argument")
+  if not any(_has_uop(sig[3]) for sig in signatures): return signatures, var_vals
+  out = []
+  for k, sig in enumerate(signatures):
+    if _has_uop(sig[3]):
+      chain, mapping = sig[3], {}
+      for b in (u for u in toposort(list(_uops_in(chain))) if u.op is Ops.BIND): mapping[b] = take(b, f"input {k}")
+      sig = sig[:3] + (_map_uops(chain, lambda u: substitute(u, mapping)),)
+    out.append(sig)
+  return tuple(out), var_vals
+
+def _has_uop(arg) -> bool:
+  if isinstance(arg, UOp): return True
+  return isinstance(arg, tuple) and any(_has_uop(a) for a in arg)
+
+def _uops_in(arg):
+  if isinstance(arg, UOp): yield arg
+  elif isinstance(arg, tuple):
+    for a in arg: yield from _uops_in(a)
+
+def _map_uops(arg, fn):
+  if isinstance(arg, UOp): return fn(arg)
+  if isinstance(arg, tuple): return tuple(_map_uops(a, fn) for a in arg)
+  return arg
+
+def _rebind(arg, var_vals: dict[UOp, int]):
+  """`arg` (a node or a view chain) with each BIND of a Variable in `var_vals` bound to its new value."""
+  def rebind_node(u: UOp) -> UOp:
+    mapping = {b: b.src[0].bind(var_vals[b.src[0]]) for b in u.toposort() if b.op is Ops.BIND and b.src[0] in var_vals}
+    return substitute(u, mapping) if mapping else u
+  if isinstance(arg, UOp): return rebind_node(arg)
+  return [(op, _map_uops(a, rebind_node)) for op, a in arg]
 
 def _view_chain(u: UOp) -> tuple[UOp, list[tuple[Ops, Any]]]:
   """The base node of `u` and the movement ops that lead from it to `u`, base first."""
@@ -229,6 +280,8 @@ class CapturedJit:
     self.written_inputs = sorted({k for bid, k in input_index.items() if bid in written})
     self.written_state = [item.bufs[0] for item in items if id(item.bufs[0]) not in produced
                           and id(item.bufs[0]) not in input_index]
+    # the per-launch variable values a replay rewrites with the call's values (a symbolic kernel serves every value)
+    self.var_dicts = [item.var_vals for item in items if item.var_vals]
     self.kernel_count = sum(1 for item in items if item.runner.name != "copy")
     self.ops = sum(item.runner.ops for item in items)
     self.mem = sum(b.nbytes for item in items for b in item.bufs)
@@ -244,8 +297,13 @@ class CapturedJit:
       elif not _same_value(value, expected): return f"{_path_str(path)} changed from {expected!r} to {value!r}"
     return None
 
-  def replay(self, tensors: list[Tensor]) -> Any:
-    """Run the captured launches with the buffers of `tensors` as inputs; returns the output structure."""
+  def replay(self, tensors: list[Tensor], var_vals: dict[UOp, int] | None = None) -> Any:
+    """Run the captured launches with the buffers of `tensors` as inputs and the values `var_vals` of bound
+    Variables; returns the output structure."""
+    if var_vals:
+      for vals in self.var_dicts:
+        for var in vals:
+          if var in var_vals: vals[var] = var_vals[var]
     input_bufs = [t.uop.base.buffer.allocate() for t in tensors]
     for bufs, pos, k in self.input_slots: bufs[pos] = input_bufs[k]
     fresh = []
@@ -267,14 +325,14 @@ class CapturedJit:
     outs = []
     for kind, where, chain in self.outputs:
       if kind == "fixed":
-        outs.append(_tensor_around(where))
+        outs.append(_tensor_around(_rebind(where, var_vals) if var_vals else where))
         continue
       if kind == "input": node = tensors[where].uop.base
       else:
         buf = fresh[where]
         node = UOp.new_buffer(buf.device, buf.size, buf.dtype)
         node.buffer = buf
-      outs.append(_tensor_around(_apply_chain(node, chain)))
+      outs.append(_tensor_around(_apply_chain(node, _rebind(chain, var_vals) if var_vals else chain)))
     return _fill(self.template, outs)
 
 def _prune(items: list[ExecItem], input_ids: set[int], output_ids: set[int], state_ids: set[int]) -> list[ExecItem]:
@@ -355,29 +413,36 @@ class TinyJit(Generic[ReturnType]):
     self.cnt += 1
     tensors: list[Tensor] = []
     objects: list[Any] = []
+    binds: list[UOp] = []
     if not kwargs and all(type(a) is Tensor for a in args):   # the common case, without the general walk
       tensors.extend(args)
       structure: Any = len(args)
-    else: structure = _describe((args, kwargs), tensors, objects)
-    if not JIT.value: return self.fxn(*args, **kwargs) if self.fxn is not None else self.captured.replay(tensors)
+    else: structure = _describe((args, kwargs), tensors, objects, binds)
+    if not JIT.value:
+      return self.fxn(*args, **kwargs) if self.fxn is not None else \
+        self.captured.replay(tensors, _call_variables(binds, tuple(_tensor_signature(t) for t in tensors))[1])
     # inputs are realized buffers: a lazy input is computed first (outside the capture)
     pending = [t for t in tensors if t.uop.base.op is not Ops.BUFFER]
     if pending: Tensor.realize_all(pending)
     ids = [id(t.uop.base.buffer) for t in tensors]
     aliasing = tuple(ids.index(i) for i in ids) if len(set(ids)) != len(ids) else None
-    key = (structure, tuple(_tensor_signature(t) for t in tensors), aliasing, Tensor.training)
+    signatures = tuple(_tensor_signature(t) for t in tensors)
+    # bound Variables guard by Variable (name, range), and their values are replayed: one capture serves every value
+    var_vals = None
+    if binds or _ops.binds_made: signatures, var_vals = _call_variables(binds, signatures)
+    key = (structure, signatures, aliasing, Tensor.training)
     entry = self._captures.get(key)
     if self.fxn is None:   # only a capture handed in: replay it when the guards match, there is nothing to re-capture
       if key != self.captured.key or (changed := self._replay_blocker(self.captured, tensors, objects)) is not None:
         raise RuntimeError(f"TinyJit: the arguments do not match the capture of {self.name}"
                            f"{': ' + changed if key == self.captured.key else ''}")
-      return self.captured.replay(tensors)
+      return self.captured.replay(tensors, var_vals)
     if entry is not None:
       changed = self._replay_blocker(entry, tensors, objects)
       if changed is None:
         self._captures.move_to_end(key)
         self.captured = entry
-        return entry.replay(tensors)
+        return entry.replay(tensors, var_vals)
       if DEBUG >= 1: print(f"TinyJit {self.name}: re-capturing because {changed}")
       del self._captures[key]
     elif key not in self._seen:

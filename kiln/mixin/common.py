@@ -16,7 +16,10 @@ def dtype_arg(dtype, op: str) -> DType:
   try: return to_dtype(dtype)
   except TypeError as e: raise TypeError(f"{op}: {e}{where()}") from None
 
-def fmt(shape) -> str: return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+def fmt(shape) -> str:
+  # a symbolic size (a UOp over bound Variables) prints as its expression, e.g. (start_pos+1)
+  items = ", ".join(s.render() if hasattr(s, "render") else str(s) for s in shape)
+  return "(" + items + ("," if len(shape) == 1 else "") + ")"
 
 _known_devices: list[str] = []
 

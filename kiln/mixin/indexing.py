@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 from kiln.dtype import dtypes
 from kiln.helpers import prod
-from kiln.uop.ops import Ops
+from kiln.uop.ops import Ops, UOp
+from kiln.uop.sint import ssimplify, ssub, sint_min, sint_str
 from kiln.mixin.common import TensorIndexError, where, fmt, broadcast_shape
 if TYPE_CHECKING: from kiln.tensor import Tensor
 
@@ -48,6 +49,7 @@ class IndexingMixin:
       elif item is Ellipsis: parsed.append(("ellipsis", None))
       elif isinstance(item, (bool, np.bool_)): parsed.append(("mask", np.array(bool(item))))
       elif isinstance(item, (int, np.integer)): parsed.append(("int", int(item)))
+      elif isinstance(item, UOp): parsed.append(("int", item))   # a bound Variable (expression) picks one position
       elif isinstance(item, slice): parsed.append(("slice", item))
       elif isinstance(item, type(self)):
         if item.dtype == dtypes.bool: parsed.append(("mask", item))
@@ -75,6 +77,8 @@ class IndexingMixin:
       axis = len(axes)
       if kind == "none":
         view_shape.append(1)
+      elif kind == "int" and (isinstance(value, UOp) or isinstance(self.shape[axis], UOp)):
+        axes.append(_symbolic_axis(slice(value, value + 1), self.shape[axis], axis, op))
       elif kind == "int":
         size = self.shape[axis]
         if not -size <= value < size:
@@ -83,7 +87,9 @@ class IndexingMixin:
         value = value + size if value < 0 else value
         axes.append(_Axis(value, value + 1, 1, False, 1))
       elif kind == "slice":
-        axes.append(_slice_axis(value, self.shape[axis]))
+        symbolic = isinstance(self.shape[axis], UOp) or isinstance(value.start, UOp) or isinstance(value.stop, UOp)
+        size = self.shape[axis]
+        axes.append(_symbolic_axis(value, size, axis, op) if symbolic else _slice_axis(value, size))
         view_shape.append(axes[-1].count)
       elif kind == "adv":
         size = self.shape[axis]
@@ -474,6 +480,24 @@ def _slice_axis(index: slice, size: int) -> _Axis:
     lo = start + (count - 1) * step if count else 0
   span = (count - 1) * abs(step) + 1 if count else 0
   return _Axis(lo, lo + span, abs(step), step < 0, count)
+
+def _symbolic_axis(index: slice, size, axis: int, op: str) -> _Axis:
+  """A slice over bound Variables (or of an axis of symbolic size): step 1, no clamping; negative int ends count
+  from the end. The shrink it becomes checks that it fits for every value of the Variables."""
+  if index.step not in (None, 1):
+    raise TensorIndexError(f"{op}: a slice with bound Variables on axis {axis} must have step 1, got {index.step}"
+                           f"{where()}")
+  def end(x, default):
+    if x is None: return default
+    if isinstance(x, UOp): return ssimplify(x)
+    x = int(x)
+    return ssimplify(size + x) if x < 0 else x
+  lo, hi = end(index.start, 0), end(index.stop, size)
+  if sint_min(lo) < 0 or sint_min(ssub(hi, lo)) < 0 or sint_min(ssub(size, hi)) < 0:
+    raise TensorIndexError(f"{op}: slice [{sint_str(lo)}:{sint_str(hi)}] does not fit axis {axis} of size "
+                           f"{sint_str(size)} for every value of its Variables (0 <= start <= stop <= size must "
+                           f"hold over each Variable's [min, max]){where()}")
+  return _Axis(lo, hi, 1, False, ssub(hi, lo))
 
 def _host_index_array(item, op: str) -> np.ndarray:
   """A list/tuple/array index as an int or bool numpy array (an empty list is an empty int index)."""

@@ -9,11 +9,14 @@ import numpy as np
 from kiln.dtype import dtypes, least_upper_dtype
 from kiln.helpers import prod
 from kiln.mixin.common import where, fmt
+from kiln.uop.ops import UOp
+from kiln.uop.sint import ssimplify, sint_min, sint_str, is_symbolic_shape
 if TYPE_CHECKING: from kiln.tensor import Tensor
 
 _PAD_MODES = ("constant", "reflect", "replicate", "circular")
 
-def _is_int(x) -> bool: return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+def _is_int(x) -> bool: return isinstance(x, (int, np.integer)) and not isinstance(x, bool) or isinstance(x, UOp)
+def _as_size(x): return x if isinstance(x, UOp) else int(x)
 
 def _as_tuple(x) -> tuple:
   return tuple(x) if isinstance(x, (tuple, list)) else (x,)
@@ -72,7 +75,7 @@ class MovementMixin:
       if len(padding) // 2 > self.ndim:
         raise ValueError(f"pad: flat padding {padding} pads {len(padding) // 2} axes but the tensor "
                          f"{fmt(self.shape)} has {self.ndim}{where()}")
-      pairs = [(int(padding[i]), int(padding[i + 1])) for i in range(0, len(padding), 2)]
+      pairs = [(_as_size(padding[i]), _as_size(padding[i + 1])) for i in range(0, len(padding), 2)]
       return tuple([(0, 0)] * (self.ndim - len(pairs)) + pairs[::-1])
     if len(padding) != self.ndim:
       raise ValueError(f"pad: {len(padding)} (before, after) pairs for a {self.ndim}-d tensor "
@@ -82,7 +85,7 @@ class MovementMixin:
       if p is None: pairs.append((0, 0)); continue
       if not isinstance(p, (tuple, list)) or len(p) != 2 or not all(_is_int(v) for v in p):
         raise TypeError(f"pad: each axis needs None or a (before, after) pair of ints, got {p!r}{where()}")
-      pairs.append((int(p[0]), int(p[1])))
+      pairs.append((_as_size(p[0]), _as_size(p[1])))
     return tuple(pairs)
 
   def pad(self, padding, mode: str = "constant", value: float = 0.0) -> Tensor:
@@ -103,6 +106,8 @@ class MovementMixin:
     if mode != "constant" and value != 0:
       raise ValueError(f"pad: mode {mode!r} does not take a fill value (got value={value}){where()}")
     pairs = self._pad_pairs(padding)
+    if any(isinstance(x, UOp) for pair in pairs for x in pair) or is_symbolic_shape(self.shape):
+      return self._pad_symbolic(pairs, mode, value)
     for axis, ((before, after), size) in enumerate(zip(pairs, self.shape)):
       if size + before + after < 0 or -before > size or -after > size:
         raise ValueError(f"pad: padding {(before, after)} crops more than the {size} elements of axis {axis} "
@@ -134,6 +139,18 @@ class MovementMixin:
       x = pieces[0].cat(*pieces[1:], dim=axis)
     # like PyTorch, reflect and replicate pad the whole tensor and then crop
     return x.shrink(tuple((b, s - a) for (b, a), s in zip(crop, x.shape)))
+
+  def _pad_symbolic(self, pairs: tuple, mode: str, value) -> Tensor:
+    """Constant padding by amounts that are expressions over bound Variables (non-negative over their ranges)."""
+    if mode != "constant":
+      raise NotImplementedError(f"pad: mode {mode!r} with symbolic sizes {fmt(self.shape)} / padding {pairs}; "
+                                f"only constant padding takes bound Variables{where()}")
+    for axis, (before, after) in enumerate(pairs):
+      if sint_min(before) < 0 or sint_min(after) < 0:
+        raise ValueError(f"pad: symbolic padding ({sint_str(before)}, {sint_str(after)}) on axis {axis} can be "
+                         f"negative; padding with bound Variables must be >= 0 over their ranges{where()}")
+    pairs = tuple((ssimplify(b), ssimplify(a)) for b, a in pairs)
+    return self._pad_constant(pairs, value)
 
   def _pad_constant(self, padding: tuple[tuple[int, int], ...], value) -> Tensor:
     """Pad by non-negative amounts with the constant `value`, keeping the dtype."""

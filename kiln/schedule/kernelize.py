@@ -13,8 +13,12 @@ from kiln.device import Buffer
 from kiln.helpers import SPEC
 from kiln.uop.spec import check_tensor_graph
 from kiln.schedule.memory import plan_memory
+from kiln.uop import ops as _ops
 from kiln.uop.ops import UOp, Ops, GroupOp, toposort
 from kiln.uop.pattern import substitute
+from kiln.uop.sint import sprod, sint_max
+from kiln.schedule.binds import strip_binds
+from kiln.runtime.ops_disk import lower_disk_views
 
 # movement ops that visit every element exactly once: a reduction seen through them can stay in registers
 BIJECTIVE = frozenset({Ops.RESHAPE, Ops.PERMUTE, Ops.FLIP})
@@ -42,8 +46,12 @@ def resolve(u: UOp) -> UOp:
   while u.forward is not None: u = u.forward
   return u
 
-def buffer_view(buf_uop: UOp, shape: tuple[int, ...]) -> UOp:
-  """The tensor-level node reading a contiguous buffer as `shape`."""
+def buffer_view(buf_uop: UOp, shape: tuple) -> UOp:
+  """The tensor-level node reading a contiguous buffer as `shape`. A symbolic shape (sizes over bound Variables) reads
+  the first `prod(shape)` elements of a buffer allocated for the Variables' largest values."""
+  if _ops.binds_made and any(isinstance(s, UOp) for s in shape):   # (no shape is symbolic before a bind exists)
+    src = UOp(Ops.SHRINK, buf_uop.dtype, (buf_uop,), ((0, sprod(shape)),))
+    return UOp(Ops.RESHAPE, buf_uop.dtype, (src,), tuple(shape))
   return UOp(Ops.RESHAPE, buf_uop.dtype, (buf_uop,), tuple(shape))
 
 def is_realized_view(u: UOp) -> bool:
@@ -123,7 +131,7 @@ def _transitive(mapping: dict[UOp, UOp]) -> dict[UOp, UOp]:
 def create_schedule(roots: list[UOp]) -> Schedule:
   """The kernels that realize `roots`, in run order, and what realizing them reads and overwrites."""
   original_roots = roots
-  roots = _prepare(roots)
+  roots = lower_disk_views(_prepare(roots))   # file tensors: byte-range views become buffers, never kernels
   if SPEC: check_tensor_graph(roots)
   nodes = toposort(roots)
   users = _consumers(nodes)
@@ -156,11 +164,13 @@ def create_schedule(roots: list[UOp]) -> Schedule:
     if n.op is Ops.ASSIGN: buffer_of[n] = n.src[0].base
     else:
       device = n.device
-      buffer_of[n] = UOp.new_buffer(device, n.size, n.dtype)
-      buffer_of[n].buffer = Buffer(device, n.size, n.dtype)
+      size = n.size if type(n.size) is int else sint_max(n.size)   # symbolic: room for the largest value
+      buffer_of[n] = UOp.new_buffer(device, size, n.dtype)
+      buffer_of[n].buffer = Buffer(device, size, n.dtype)
 
   # 3. one kernel (or copy) per output, reading other outputs through views of their buffers
-  views = {n: buffer_view(buffer_of[n], n.shape) for n in outputs}
+  # an assign through a view (a slice of a cache) is read back through that same view of its buffer
+  views = {n: n.src[0] if _writes_through_view(n) else buffer_view(buffer_of[n], n.shape) for n in outputs}
   items: list[tuple[UOp, ScheduleItem]] = []
   for n in nodes:
     if n not in outputs: continue
@@ -174,7 +184,7 @@ def create_schedule(roots: list[UOp]) -> Schedule:
     value = substitute(value, inner_views) if inner_views else value
     if n.op is Ops.ASSIGN and value.op is Ops.RESHAPE and value.src[0] is out_buf: continue   # x.assign(x)
     if n.size == 0: continue
-    items.append((n, _make_kernel(out_buf, value)))
+    items.append((n, _make_kernel(out_buf, value, n.src[0] if _writes_through_view(n) else None)))
 
   ordered = _order(items)
   root_set = set(roots)
@@ -184,6 +194,10 @@ def create_schedule(roots: list[UOp]) -> Schedule:
   inputs = list({id(n.buffer): n.buffer for n in nodes if n.op is Ops.BUFFER}.values())
   overwritten = [buffer_of[n].buffer for n in outputs if n.op is Ops.ASSIGN]
   return Schedule(ordered, result_map, inputs, overwritten)
+
+def _writes_through_view(n: UOp) -> bool:
+  """An ASSIGN whose target is a view of its buffer other than the whole buffer in row-major order."""
+  return n.op is Ops.ASSIGN and not is_contiguous_buffer(n.src[0])
 
 def _safe_in_place(value: UOp, target_view: UOp, outputs: set[UOp]) -> bool:
   """`value` can be stored straight into the target's buffer: within its kernel (down to other materialized
@@ -219,7 +233,11 @@ MAX_INDEXED_ELEMENTS = 2 ** 31 - 1
 # an expanded view is, and is checked)
 INDEXED_OPS = frozenset({Ops.BUFFER, Ops.RESHAPE, Ops.PAD, Ops.REDUCE_AXIS})
 
-def _make_kernel(out_buf: UOp, value: UOp) -> ScheduleItem:
+def _largest(size) -> int:
+  """A size, or the largest value of a symbolic size."""
+  return size if type(size) is int else sint_max(size)
+
+def _make_kernel(out_buf: UOp, value: UOp, target_view: UOp | None = None) -> ScheduleItem:
   """A kernel AST whose buffers are numbered parameters, so equal computations share one compiled program.
 
   Parameters are given per Buffer object, not per BUFFER node: two nodes over one Buffer (an assigned tensor and
@@ -238,13 +256,18 @@ def _make_kernel(out_buf: UOp, value: UOp) -> ScheduleItem:
       # the RESHAPE keeps the (size,) shape a BUFFER has and a DEFINE_GLOBAL lacks
       params[m] = UOp(Ops.RESHAPE, m.dtype, (param_of_buffer[id(m.buffer)],), (m.arg[2],))
     if m.meta and m.meta not in metadata: metadata.append(m.meta)
-    if m.op in INDEXED_OPS and m.size > MAX_INDEXED_ELEMENTS:
+    if m.op in INDEXED_OPS and _largest(m.size) > MAX_INDEXED_ELEMENTS:
       raise RuntimeError(f"kernel for {', '.join(metadata[:2]) or 'this tensor'}: a view of shape {m.shape} has more than "
                          f"{MAX_INDEXED_ELEMENTS} elements, which 32-bit kernel indices cannot address yet")
   value = substitute(value, params)
   if value.dtype != out_buf.dtype: value = value.cast(out_buf.dtype)
-  ast = UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (out_param, value)),))
-  return ScheduleItem(ast, bufs, tuple(metadata))
+  # written through a view: the STORE's target is that view over the output parameter (the lowerer maps indices)
+  target = out_param if target_view is None else \
+    substitute(target_view, {out_buf: UOp(Ops.RESHAPE, out_buf.dtype, (out_param,), (out_buf.arg[2],))})
+  ast = UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (target, value)),))
+  if not _ops.binds_made: return ScheduleItem(ast, bufs, tuple(metadata))   # eager dispatch: skip the scan
+  ast, var_vals = strip_binds(ast)
+  return ScheduleItem(ast, bufs, tuple(metadata), var_vals)
 
 def _order(items: list[tuple[UOp, ScheduleItem]]) -> list[ScheduleItem]:
   """Run order: producers before consumers, and every read of a buffer before an assign overwrites it."""

@@ -1,6 +1,6 @@
 """Ops and UOp: the one immutable, hash-consed graph node used from Tensor ops down to kernel code."""
 from __future__ import annotations
-import enum, math, weakref, itertools
+import enum, math, operator, weakref, itertools
 from typing import Any
 from kiln.dtype import DType, dtypes, truncate
 from kiln.helpers import prod
@@ -44,6 +44,9 @@ class GroupOp:
   Elementwise = ALU | frozenset({Ops.CAST, Ops.BITCAST})
   Irreducible = frozenset({Ops.CONST, Ops.DEFINE_VAR, Ops.RANGE})
 
+# the ops of an int expression over Variables that can be a shape entry (printed as infix by repr)
+_SIZE_EXPR_OPS = frozenset({Ops.BIND, Ops.DEFINE_VAR, Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX})
+
 REDUCE_IDENTITY = {Ops.ADD: 0, Ops.MUL: 1, Ops.MAX: -math.inf}
 
 def identity_element(op: Ops, dtype: DType):
@@ -51,6 +54,7 @@ def identity_element(op: Ops, dtype: DType):
   if op is Ops.MAX: return dtypes.min(dtype)
   return truncate(dtype, REDUCE_IDENTITY[op])
 
+binds_made = 0   # how many times UOp.bind was called
 _uop_cache: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _buffer_ids = itertools.count()
 
@@ -93,6 +97,12 @@ class UOp:
     return UOp(kwargs.get("op", self.op), kwargs.get("dtype", self.dtype), kwargs.get("src", self.src), kwargs.get("arg", self.arg))
 
   def __repr__(self) -> str:
+    if self.op in _SIZE_EXPR_OPS and dtypes.is_int(self.dtype):   # a symbolic size: `(n+1)[n=3]`, readable in shapes
+      nodes = self.toposort()
+      if len(nodes) <= 20 and all(n.op in _SIZE_EXPR_OPS or n.op is Ops.CONST for n in nodes) and \
+         any(n.op in (Ops.BIND, Ops.DEFINE_VAR) for n in nodes):
+        bound = ", ".join(f"{n.src[0].arg[0]}={n.src[1].arg}" for n in nodes if n.op is Ops.BIND)
+        return f"{render_expr(self)}[{bound}]" if bound else render_expr(self)
     return pretty_print(self)
 
   # ---------------- construction ----------------
@@ -163,7 +173,11 @@ class UOp:
     """Bind a Variable to a value: `Variable("n", 1, 10).bind(4)`."""
     if self.op is not Ops.DEFINE_VAR: raise TypeError(f"bind: only a Variable can be bound, not {self.op}")
     name, lo, hi = self.arg
+    try: value = operator.index(value)   # ints only: a float size would be truncated silently
+    except TypeError: raise TypeError(f"bind: {name} takes an int value, got {value!r}") from None
     if not lo <= value <= hi: raise ValueError(f"bind: {name}={value} is outside [{lo}, {hi}]")
+    global binds_made
+    binds_made += 1   # lets hot paths (TinyJit's guards) skip looking for bound Variables until one exists
     return UOp(Ops.BIND, self.dtype, (self, self.const_like(value)))
   def unbind(self) -> tuple[UOp, int]:
     """The Variable and the int value of a bound Variable (a BIND node)."""
@@ -215,7 +229,9 @@ class UOp:
   @property
   def size(self) -> int:
     """The number of elements of a tensor-level node (0 for a kernel-level node)."""
-    return prod(self.shape) if self.shape is not None else 0
+    if self.shape is None: return 0
+    size = prod(self.shape)
+    return size if type(size) is int else _simplified_shape((size,))[0]
 
   @property
   def is_realized(self) -> bool:
@@ -268,7 +284,7 @@ class UOp:
     return UOp(Ops.SHRINK, self.dtype, (self,), tuple(bounds))
   def flip(self, axes: tuple[int, ...]) -> UOp:
     """This node reversed along `axes` (size-1 axes are skipped; itself when none remain)."""
-    axes = tuple(a for a in axes if self.shape[a] > 1)
+    axes = tuple(a for a in axes if isinstance(self.shape[a], UOp) or self.shape[a] > 1)
     return UOp(Ops.FLIP, self.dtype, (self,), axes) if axes else self
   def r(self, op: Ops, axes: tuple[int, ...]) -> UOp:
     """Reduce over `axes` with `op` (ADD, MUL or MAX); the reduced axes keep size 1."""
@@ -329,8 +345,12 @@ def _compute_shape(u: UOp):
   if op is Ops.PERMUTE:
     shape = u.src[0].shape
     return tuple(shape[i] for i in u.arg)
-  if op is Ops.PAD: return tuple(s + b + a for s, (b, a) in zip(u.src[0].shape, u.arg))
-  if op is Ops.SHRINK: return tuple(e - b for b, e in u.arg)
+  if op is Ops.PAD:
+    out = tuple(s + b + a for s, (b, a) in zip(u.src[0].shape, u.arg))
+    return out if all(type(s) is int for s in out) else _simplified_shape(out)
+  if op is Ops.SHRINK:
+    out = tuple(e - b for b, e in u.arg)
+    return out if all(type(s) is int for s in out) else _simplified_shape(out)
   if op is Ops.REDUCE_AXIS:
     shape = u.src[0].shape
     return tuple(1 if i in u.arg[1] else s for i, s in enumerate(shape))
@@ -340,6 +360,11 @@ def _compute_shape(u: UOp):
       if s.shape is not None: return s.shape
     return None
   return None
+
+def _simplified_shape(shape: tuple) -> tuple:
+  """A shape with symbolic entries (expressions over bound Variables) in canonical form."""
+  from kiln.uop.sint import ssimplify
+  return tuple(ssimplify(s) for s in shape)
 
 # ---------------- value ranges ----------------
 
@@ -412,6 +437,7 @@ def render_expr(u: UOp) -> str:
   for node in u.toposort():
     if node.op is Ops.CONST: out[node] = str(node.arg)
     elif node.op is Ops.DEFINE_VAR: out[node] = node.arg[0]
+    elif node.op is Ops.BIND: out[node] = node.src[0].arg[0]
     elif node.op is Ops.RANGE: out[node] = f"ridx{node.arg}"
     elif node.op in _INFIX: out[node] = f"({out[node.src[0]]}{_INFIX[node.op]}{out[node.src[1]]})"
     elif node.op is Ops.MAX: out[node] = f"max({out[node.src[0]]}, {out[node.src[1]]})"

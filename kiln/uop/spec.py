@@ -23,8 +23,8 @@ def check_tensor_graph(roots: list[UOp]) -> None:
       if node.op is Ops.WHERE and node.src[0].dtype != dtypes.bool: _fail("tensor", node, "condition is not bool")
     if node.op in (Ops.RESHAPE, Ops.EXPAND) and len(node.src) != 1: _fail("tensor", node, "needs one source")
     if node.op is Ops.RESHAPE:
-      from kiln.helpers import prod
-      if prod(node.arg) != prod(node.src[0].shape): _fail("tensor", node, f"size changes from {node.src[0].shape}")
+      from kiln.uop.sint import sprod, sint_eq
+      if not sint_eq(sprod(node.arg), sprod(node.src[0].shape)): _fail("tensor", node, f"size changes from {node.src[0].shape}")
     if node.op is Ops.EXPAND:
       if len(node.arg) != len(node.src[0].shape) or any(s != t and s != 1 for s, t in zip(node.src[0].shape, node.arg)):
         _fail("tensor", node, f"cannot expand {node.src[0].shape}")
