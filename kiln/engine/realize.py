@@ -3,14 +3,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from kiln.uop.spec import check_lowered, check_linear
-from kiln.helpers import SPEC, DEBUG, GlobalCounters, fmt_time, colored, prod
+from kiln.helpers import SPEC, NOOPT, DEBUG, GlobalCounters, fmt_time, colored, prod
 from kiln.device import Device, Buffer
 from kiln.renderer import kernel_signature
 from kiln.uop.ops import UOp, Ops, GroupOp
+from kiln.uop.sint import sint_str
 from kiln.schedule.kernelize import ScheduleItem
 from kiln.codegen.lowerer import lower_kernel
 from kiln.codegen.linearizer import linearize
 from kiln.codegen.transcendental import TRANSCENDENTAL, apply_software_math
+from kiln.codegen.opt import optimize_kernel
+from kiln.codegen.opt.search import BEAM, choose_opts
 
 @dataclass
 class CompiledRunner:
@@ -31,7 +34,7 @@ def kernel_name(ast: UOp) -> str:
   store = ast.src[0]
   value = store.src[1]
   reduces = any(u.op is Ops.REDUCE_AXIS for u in value.toposort())
-  return ("r_" if reduces else "E_") + "_".join(str(s) for s in value.shape) if value.shape else ("r" if reduces else "E")
+  return ("r_" if reduces else "E_") + "_".join(str(s) if type(s) is int else sint_str(s) for s in value.shape) if value.shape else ("r" if reduces else "E")
 
 def count_ops(uops: list[UOp]) -> int:
   """ALU operations the kernel executes, weighting each by the trip counts of the loops around it."""
@@ -48,16 +51,12 @@ def count_ops(uops: list[UOp]) -> int:
     elif u.op in GroupOp.ALU: total += trips
   return total
 
-_runner_cache: dict[tuple[str, UOp], CompiledRunner] = {}
+_runner_cache: dict[tuple, CompiledRunner] = {}
 
-def get_runner(device: str, ast: UOp) -> CompiledRunner:
-  """The compiled program for `ast` on `device` (compiled once per distinct kernel)."""
-  key = (device, ast, TRANSCENDENTAL.value)
-  if (runner := _runner_cache.get(key)) is not None: return runner
+def compile_lowered(device: str, name: str, lowered: UOp) -> CompiledRunner:
+  """Compile a lowered (and optimized) kernel for `device`: software math, linearize, render, compile, load."""
   dev = Device[device]
-  name = kernel_name(ast)
-  from kiln.codegen.opt import optimize_kernel   # the optimizer (NOOPT=1 skips it)
-  lowered = apply_software_math(optimize_kernel(lower_kernel(ast)), dev.renderer)   # software exp2/log2/sin, x//c
+  lowered = apply_software_math(lowered, dev.renderer)   # software exp2/log2/sin, x//c
   if SPEC: check_lowered(lowered)
   uops = linearize(lowered)
   if SPEC: check_linear(uops)
@@ -68,9 +67,27 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
   lib = dev.compiler.compile_cached(source)
   program = dev.runtime(name, lib)
   buffer_params, variables = kernel_signature(uops)   # the order the renderer gives the kernel its arguments
-  runner = CompiledRunner(name, device, program, source, count_ops(uops), variables, tuple(g.arg for g in buffer_params))
+  return CompiledRunner(name, device, program, source, count_ops(uops), variables, tuple(g.arg for g in buffer_params))
+
+def get_runner(device: str, ast: UOp, bufs: list[Buffer] | None = None, var_vals: dict | None = None) -> CompiledRunner:
+  """The compiled program for `ast` on `device` (compiled once per distinct kernel). With BEAM>=1 and the kernel's
+  buffers given, its optimizations are chosen by search (kiln/codegen/opt/search.py) instead of the heuristics."""
+  beam = BEAM.value if bufs is not None else 0
+  key = (device, ast, TRANSCENDENTAL.value, beam)
+  if (runner := _runner_cache.get(key)) is not None: return runner
+  name, lowered = kernel_name(ast), lower_kernel(ast)
+  opts = _beam_opts(device, name, lowered, bufs, var_vals or {}, beam) if beam >= 1 and not NOOPT else None
+  runner = compile_lowered(device, name, optimize_kernel(lowered, opts))
   _runner_cache[key] = runner
   return runner
+
+def _beam_opts(device: str, name: str, lowered: UOp, bufs: list[Buffer], var_vals: dict, width: int) -> list:
+  """The actions BEAM search picks for `lowered`, timing candidates on scratch copies of `bufs`."""
+  compiled: dict[UOp, CompiledRunner] = {}
+  def run_sink(sink: UOp, run_bufs: list[Buffer] | None) -> float:
+    if sink not in compiled: compiled[sink] = compile_lowered(device, name, sink)
+    return compiled[sink](run_bufs, var_vals, wait=True) if run_bufs is not None else 0.0
+  return choose_opts(Device[device], lowered, bufs, run_sink, width, extra_key=str(TRANSCENDENTAL.value))
 
 class BufferCopy:
   """A device copy as a runner: `bufs[0]` gets the contents of `bufs[1]`; returns the elapsed seconds."""
@@ -104,8 +121,8 @@ def run_schedule(items: list[ScheduleItem], var_vals: dict | None = None) -> Non
                            f"  {fmt_time(elapsed)}")
       continue
     device = item.bufs[0].device
-    runner = get_runner(device, item.ast)
     vals = var_vals or item.var_vals
+    runner = get_runner(device, item.ast, item.bufs, vals)
     elapsed = runner(item.bufs, vals, wait=DEBUG >= 2)
     if capturing: capturing[0].add(ExecItem(runner, list(item.bufs), dict(vals) if vals else {}))
     mem = sum(b.nbytes for b in item.bufs)
