@@ -38,6 +38,9 @@ class Allocator:
   def as_memoryview(self, handle: Any) -> memoryview | None:
     """A zero-copy byte view of `handle` when the memory is host memory, else None."""
     return None
+  def offset_view(self, handle: Any, offset: int, nbytes: int) -> Any:
+    """A handle to bytes [offset, offset+nbytes) of `handle`, sharing its memory (for `Buffer.view`)."""
+    raise NotImplementedError(f"{type(self).__name__} does not support views of its buffers")
 
 class LRUAllocator(Allocator):
   """An allocator that keeps freed handles, per size, and hands them out again before allocating new memory.
@@ -87,6 +90,9 @@ class HostAllocator(LRUAllocator):
   def as_memoryview(self, handle: Any) -> memoryview:
     """A writable byte view of the host array `handle`."""
     return memoryview(handle)
+  def offset_view(self, handle: Any, offset: int, nbytes: int) -> Any:
+    """A slice of the host array `handle` (shares its memory)."""
+    return handle[offset:offset + nbytes]
 
 def _as_bytes_view(mv: memoryview | bytes | bytearray) -> memoryview:
   """A flat unsigned-byte view of any contiguous buffer."""
@@ -105,11 +111,31 @@ class Buffer:
     self.device, self.size, self.dtype = Device.canonicalize(device), size, dtype
     self.nbytes = size * dtype.itemsize
     self._allocator: Allocator | None = None
+    self._base: Buffer | None = None   # set for a view (see `view`): it shares the base's memory at byte `_offset`
+    self._offset = 0
     if initial_value is not None: self.copyin(memoryview(initial_value))
 
+  def view(self, offset: int, size: int, dtype: DType) -> Buffer:
+    """`size` elements of `dtype` starting `offset` bytes into this buffer, sharing its memory (nothing is copied).
+
+    >>> base = Buffer("CPU", 4, dtypes.uint8, initial_value=bytes([1, 0, 2, 0]))
+    >>> base.view(2, 1, dtypes.uint16).numpy().tolist()
+    [2]
+    """
+    if offset < 0 or size < 0 or offset + size * dtype.itemsize > self.nbytes:
+      raise ValueError(f"Buffer.view: {size} x {dtype.name} at byte {offset} does not fit in {self!r} "
+                       f"({self.nbytes} bytes)")
+    out = Buffer(self.device, size, dtype)
+    out._base, out._offset = self._base if self._base is not None else self, self._offset + offset
+    return out
+
   def allocate(self) -> Buffer:
-    """Allocate the device memory (once; later calls do nothing)."""
-    if self._allocator is None:
+    """Allocate the device memory (once; later calls do nothing). A view maps its part of the base's memory."""
+    if self._allocator is None and self._base is not None:
+      allocator = Device[self.device].allocator
+      self._buf = allocator.offset_view(self._base.allocate()._buf, self._offset, self.nbytes)
+      self._allocator = allocator
+    elif self._allocator is None:
       allocator = Device[self.device].allocator
       self._buf = allocator.alloc(self.nbytes)
       self._allocator = allocator
@@ -117,8 +143,8 @@ class Buffer:
     return self
 
   def is_allocated(self) -> bool:
-    """Whether device memory has been allocated."""
-    return self._allocator is not None
+    """Whether device memory has been allocated (for a view: whether its base's has)."""
+    return self._allocator is not None or (self._base is not None and self._base.is_allocated())
 
   def _check_size(self, mv: memoryview, what: str) -> memoryview:
     view = _as_bytes_view(mv)
@@ -138,6 +164,7 @@ class Buffer:
     """Copy the buffer's contents into the host bytes `mv` (exactly `nbytes` of them) and return `mv`."""
     view = self._check_size(mv, "copyout")
     if not self.is_allocated(): raise RuntimeError(f"Buffer.copyout: {self!r} has not been allocated")
+    self.allocate()   # a view of an allocated base maps its part now
     self._allocator.copyout(view, self._buf)
     return mv
 
@@ -145,6 +172,7 @@ class Buffer:
     """Copy the contents of `src` (same byte size, any device) into this buffer."""
     if src.nbytes != self.nbytes: raise ValueError(f"Buffer.copy_from: {src!r} and {self!r} differ in byte size")
     if not src.is_allocated(): raise RuntimeError(f"Buffer.copy_from: source {src!r} has not been allocated")
+    src.allocate()   # a view of an allocated base maps its part now
     host_view = src._allocator.as_memoryview(src._buf)
     return self.copyin(host_view if host_view is not None else src.copyout(memoryview(bytearray(src.nbytes))))
 
@@ -163,7 +191,7 @@ class Buffer:
 
   def __del__(self):
     allocator = getattr(self, "_allocator", None)
-    if allocator is None: return
+    if allocator is None or getattr(self, "_base", None) is not None: return   # a view frees nothing: the base owns it
     try:
       GlobalCounters.mem_used -= self.nbytes
       allocator.free(self._buf, self.nbytes)
