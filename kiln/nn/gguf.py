@@ -330,7 +330,7 @@ class _FileBytes:
 
 def _open(source: Tensor | str | os.PathLike) -> _FileBytes:
   """The file's bytes from a 1-d uint8 Tensor (on DISK: read in place; elsewhere: copied to the host once) or a
-  path (memory-mapped with NumPy)."""
+  path (opened as a DISK tensor)."""
   if isinstance(source, Tensor):
     if source.dtype != dtypes.uint8 or source.ndim != 1:
       raise ValueError(f"gguf_load: expected the file as a 1-d uint8 Tensor, got {source.dtype} {tuple(source.shape)}")
@@ -341,8 +341,8 @@ def _open(source: Tensor | str | os.PathLike) -> _FileBytes:
     raise TypeError(f"gguf_load: expected a uint8 Tensor or a path, got {type(source).__name__}")
   path = pathlib.Path(source)
   size = path.stat().st_size
-  host = np.memmap(path, dtype=np.uint8, mode="r") if size else np.zeros(0, np.uint8)   # mmap refuses empty files
-  return _FileBytes(str(path), size, Device.DEFAULT, host=host)
+  if size == 0: return _FileBytes(str(path), 0, Device.DEFAULT, host=np.zeros(0, np.uint8))   # mmap refuses empty files
+  return _FileBytes(str(path), size, Device.DEFAULT, disk=Tensor(path))   # a DISK tensor: mapped, read in place
 
 def gguf_load_raw(source: Tensor | str | os.PathLike) -> tuple[dict[str, Any], dict[str, GGUFTensorInfo]]:
   """The metadata and each tensor in its stored form (see `GGUFTensorInfo`), in file order; nothing is dequantized.
