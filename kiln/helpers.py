@@ -158,14 +158,26 @@ class tqdm:
   """A minimal progress bar on stderr: `for x in tqdm(items, desc="train"): ...` or `bar.update(n)` by hand.
 
   Shows count, percent, rate and ETA, redrawn in place with '\\r' at most every `min_interval` seconds.
-  `bar.set_description(f"loss {loss:.3f}")` changes the text in front of the bar.
+  `bar.set_description(f"loss {loss:.3f}")` changes the text in front of the bar. `unit_scale=True` writes counts
+  and rates with SI prefixes (`1.5 MB`, `2.3 MB/s`), for byte counts. The bar goes to `file` (stderr by default) and
+  is off when that is not a terminal, unless `disable=False` forces it on.
+
+  >>> import io
+  >>> out = io.StringIO()
+  >>> for _ in tqdm(range(3), desc="demo", file=out, disable=False): pass
+  >>> out.getvalue().splitlines()[-1].split("\\r")[-1].split(" [")[0]
+  'demo: 100%|########################| 3/3'
   """
-  def __init__(self, iterable: Iterable | None = None, total: int | None = None, desc: str = "", disable: bool = False,
-               unit: str = "it", width: int = 24, min_interval: float = 0.1):
+  def __init__(self, iterable: Iterable | None = None, total: int | None = None, desc: str = "",
+               disable: bool | None = None, unit: str = "it", width: int = 24, min_interval: float = 0.1,
+               unit_scale: bool = False, file: Any = None):
     if total is None and iterable is not None and hasattr(iterable, "__len__"):
       total = len(iterable)  # type: ignore[arg-type]
+    self.file = file if file is not None else sys.stderr
+    if disable is None:  # by default only a terminal gets a bar; logs and pipes would fill with '\r' redraws
+      disable = not (hasattr(self.file, "isatty") and self.file.isatty())
     self.iterable, self.total, self.desc, self.disable, self.unit = iterable, total, desc, disable, unit
-    self.width, self.min_interval = width, min_interval
+    self.width, self.min_interval, self.unit_scale = width, min_interval, unit_scale
     self.count, self.start_time, self.last_draw, self.closed = 0, time.perf_counter(), -math.inf, False
     self.drawn_count, self.drawn_width = -1, 0
 
@@ -186,9 +198,10 @@ class tqdm:
     """Change the text shown before the bar (redrawn at the next update)."""
     self.desc = desc
 
-  def update(self, n: int = 1) -> None:
-    """Advance by `n` items and redraw if enough time passed (or when finished)."""
+  def update(self, n: int = 1, close: bool = False) -> None:
+    """Advance by `n` items and redraw if enough time passed (or when finished); `close=True` also ends the bar."""
     self.count += n
+    if close: return self.close()
     now = time.perf_counter()
     if now - self.last_draw >= self.min_interval or (self.total is not None and self.count >= self.total):
       self.last_draw = now
@@ -200,34 +213,45 @@ class tqdm:
     self.closed = True
     if not self.disable:
       if self.drawn_count != self.count: self._draw(time.perf_counter())
-      sys.stderr.write("\n")
-      sys.stderr.flush()
+      self.file.write("\n")
+      self.file.flush()
 
   def format(self, now: float) -> str:
     """The bar's text at time `now` (perf_counter seconds)."""
     elapsed = now - self.start_time
     rate = self.count / elapsed if elapsed > 0 else 0.0
     prefix = f"{self.desc}: " if self.desc else ""
-    speed = f"{rate:.2f} {self.unit}/s" if rate < 100 else f"{rate:.0f} {self.unit}/s"
-    if not self.total: return f"{prefix}{self.count} {self.unit} [{_fmt_clock(elapsed)}, {speed}]"
+    if self.unit_scale: speed = f"{_fmt_si(rate)}{self.unit}/s"
+    else: speed = f"{rate:.2f} {self.unit}/s" if rate < 100 else f"{rate:.0f} {self.unit}/s"
+    count = f"{_fmt_si(self.count)}{self.unit}" if self.unit_scale else f"{self.count} {self.unit}"
+    if not self.total: return f"{prefix}{count} [{_fmt_clock(elapsed)}, {speed}]"
     fraction = min(self.count / self.total, 1.0)
     filled = int(fraction * self.width)
     bar = "#" * filled + "." * (self.width - filled)
     eta = (self.total - self.count) / rate if rate > 0 else math.inf
-    return (f"{prefix}{fraction*100:3.0f}%|{bar}| {self.count}/{self.total} "
+    counts = (f"{_fmt_si(self.count)}/{_fmt_si(self.total)}{self.unit}" if self.unit_scale
+              else f"{self.count}/{self.total}")
+    return (f"{prefix}{fraction*100:3.0f}%|{bar}| {counts} "
             f"[{_fmt_clock(elapsed)}<{_fmt_clock(eta)}, {speed}]")
 
   def _draw(self, now: float) -> None:
     if self.disable: return
     text = self.format(now)
     # pad with spaces so a shorter line fully covers the previous one
-    sys.stderr.write("\r" + text.ljust(self.drawn_width))
-    sys.stderr.flush()
+    self.file.write("\r" + text.ljust(self.drawn_width))
+    self.file.flush()
     self.drawn_count, self.drawn_width = self.count, len(text)
 
 def trange(n: int, desc: str = "", **kwargs) -> tqdm:
   """`tqdm(range(n))`: a progress bar over 0..n-1."""
   return tqdm(range(n), desc=desc, **kwargs)
+
+def _fmt_si(value: float) -> str:
+  """`value` with an SI prefix and a trailing space, e.g. 1500000 -> '1.50 M', 12 -> '12 '."""
+  for prefix in ("", "k", "M", "G", "T"):
+    if abs(value) < 1000 or prefix == "T": break
+    value /= 1000
+  return f"{value:.0f} " if prefix == "" and value == int(value) else f"{value:.2f} {prefix}"
 
 def _fmt_clock(seconds: float) -> str:
   """Seconds as 'MM:SS' (or 'H:MM:SS'); '?' when unknown."""
@@ -235,3 +259,83 @@ def _fmt_clock(seconds: float) -> str:
   minutes, secs = divmod(int(seconds), 60)
   hours, minutes = divmod(minutes, 60)
   return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"
+
+# ---- downloads with an on-disk cache ----
+
+import gzip, hashlib, tempfile, urllib.error, urllib.request, zlib  # noqa: E402  (only fetch needs them)
+
+FETCH_PROGRESS_BYTES = 1 << 20  # downloads at least this large (or of unknown size) get a progress bar
+
+def fetch(url: str, name: str | pathlib.Path | None = None, subdir: str | None = None, gunzip: bool = False,
+          allow_caching: bool | None = None, timeout: float = 30.0) -> pathlib.Path:
+  """The local file holding `url`'s contents: downloaded once into `cache_dir()/downloads`, then read from there.
+
+  `name` names the cached file (a path when it contains '/'; default: the URL's md5), `subdir` is a folder under
+  the downloads folder, `gunzip=True` stores the decompressed contents. `allow_caching=False` (or the environment
+  variable DISABLE_HTTP_CACHE=1) downloads again even when a copy exists. The file is written to a temporary name
+  and renamed, so a reader never sees a partial download. A cached file needs no network; without one and without
+  a network, a RuntimeError names the URL and where the file was expected. Local paths (starting with '/' or '.')
+  are returned as they are (decompressed into the cache with `gunzip=True`); `file://` URLs are copied like downloads.
+
+  >>> import pathlib, tempfile
+  >>> source = pathlib.Path(tempfile.mkdtemp()) / "hello.txt"
+  >>> _ = source.write_text("hi")
+  >>> fetch(source.as_uri(), name="hello-doctest.txt", allow_caching=False).read_text()
+  'hi'
+  """
+  if allow_caching is None: allow_caching = not int(os.environ.get("DISABLE_HTTP_CACHE", "0") or 0)
+  if url.startswith(("/", ".")):
+    local = pathlib.Path(url)
+    if not local.is_file(): raise RuntimeError(f"fetch: no file at local path {url}")
+    if not gunzip: return local
+    url = local.resolve().as_uri()
+  if name is not None and (isinstance(name, pathlib.Path) or "/" in name): target = pathlib.Path(name)
+  else:
+    file_name = (name or hashlib.md5(url.encode()).hexdigest()) + (".gunzip" if gunzip else "")
+    target = cache_dir() / "downloads" / (subdir or "") / file_name
+  if allow_caching and target.is_file(): return target
+  target.parent.mkdir(parents=True, exist_ok=True)
+  _download(url, target, gunzip, timeout)
+  return target
+
+def _download(url: str, target: pathlib.Path, gunzip: bool, timeout: float) -> None:
+  """Write `url`'s contents (decompressed if `gunzip`) to `target` through a temporary file in the same folder."""
+  tmp_name = None
+  try:
+    request = urllib.request.Request(url, headers={"User-Agent": "kiln"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+      length_header = response.headers.get("Content-Length") if hasattr(response, "headers") else None
+      length = int(length_header) if length_header else None
+      show_bar = None if length is None or length >= FETCH_PROGRESS_BYTES else True  # None: on if stderr is a TTY
+      # the bar counts bytes received, so with gunzip it runs over the compressed size
+      bar = tqdm(total=length, desc=url.rsplit("/", 1)[-1] or url, unit="B", unit_scale=True, disable=show_bar)
+      counted = _CountingReader(response, bar)
+      stream = gzip.GzipFile(fileobj=counted) if gunzip else counted
+      with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.", delete=False) as tmp:
+        tmp_name = tmp.name
+        while chunk := stream.read(1 << 16): tmp.write(chunk)
+      bar.close()
+      if length is not None and counted.received < length:
+        raise RuntimeError(f"fetch: download of {url} is incomplete: {counted.received} of {length} bytes")
+    os.replace(tmp_name, target)  # atomic: a concurrent reader sees the old file or the whole new one
+    tmp_name = None
+  except urllib.error.HTTPError as error:
+    raise RuntimeError(f"fetch: {url} answered HTTP {error.code} {error.reason}; nothing cached at {target}") from None
+  except (gzip.BadGzipFile, EOFError, zlib.error) as error:
+    raise RuntimeError(f"fetch: {url} is not valid gzip data ({error}) but gunzip=True was asked for") from None
+  except OSError as error:
+    reason = getattr(error, "reason", error)
+    raise RuntimeError(f"fetch: could not download {url} ({type(error).__name__}: {reason}) and there is no cached "
+                       f"copy at {target}; without a network, put the file there (or pass a local path)") from None
+  finally:
+    if tmp_name is not None and os.path.exists(tmp_name): os.unlink(tmp_name)
+
+class _CountingReader:
+  """A read-only file object over `raw` that reports the bytes read to a progress bar."""
+  def __init__(self, raw: Any, bar: tqdm):
+    self.raw, self.bar, self.received = raw, bar, 0
+  def read(self, size: int = -1) -> bytes:
+    data = self.raw.read(size)
+    self.received += len(data)
+    self.bar.update(len(data))
+    return data
