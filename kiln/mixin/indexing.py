@@ -193,8 +193,13 @@ class IndexingMixin:
     rest_shape = tuple(self.shape[d] for d in rest)
     nb = len(bshape)
     source = self.permute(list(plan.adv_dims) + rest).reshape((1,) * nb + (count,) + rest_shape)
-    hit = flat.reshape(bshape + (1,)) == self.arange(count, device=self.device)
-    picked = hit.reshape(bshape + (count,) + (1,) * len(rest)).where(source, 0).sum(nb).cast(self.dtype)
+    # the comparison is made at the full (index, count, rest) shape: broadcasting a computed hit (the negative-index
+    # wrap makes it costly) would make the scheduler store it as a (tokens, count) bool buffer
+    full = bshape + (count,) + rest_shape
+    ones = (1,) * len(rest)
+    positions = self.arange(count, device=self.device).reshape((count,) + ones)
+    hit = flat.reshape(bshape + (1,) + ones).expand(full) == positions
+    picked = hit.where(source, 0).sum(nb).cast(self.dtype)
     order = [nb + k for k in range(place)] + list(range(nb)) + [nb + k for k in range(place, len(rest))]
     return picked.permute(order)
 

@@ -417,10 +417,11 @@ class RMSNorm:
 class Embedding:
   """A lookup table: int indices of any shape (...) -> rows of `weight` (vocab_size, embed_size), shape (..., embed).
 
-  `weight` starts standard normal, as torch.nn.Embedding. The lookup is lazy and runs as one kernel that compares
-  each index with the vocabulary positions and sums the matching rows, so no (tokens, vocab) one-hot is stored (the
-  weight's gradient is one kernel too); it costs tokens*vocab*embed compares. Indices outside [0, vocab_size) are
-  not checked (that would need the data): they give rows of zeros.
+  `weight` starts standard normal, as torch.nn.Embedding. The lookup is lazy: it is written as a compare with the
+  vocabulary positions and a sum of the matching rows, which the code generator turns into one kernel that loads
+  each token's row (kiln/codegen/gather.py), so it reads tokens*embed values, not the table. The weight's gradient
+  is one kernel too (a sum over tokens). Indices outside [0, vocab_size), negative ones included, are not checked
+  (that would need the data): they give rows of zeros.
 
   >>> emb = Embedding(10, 4)
   >>> emb(Tensor([[1, 2, 3]])).shape
@@ -438,8 +439,8 @@ class Embedding:
     if not dtypes.is_int(idx.dtype):
       raise TypeError(f"Embedding: indices must have an int dtype, got {idx.dtype} (shape {fmt(idx.shape)}){where()}")
     if idx.device != self.weight.device: idx = idx.to(self.weight.device)
-    # compare-and-sum kept to a few ALU ops so the scheduler fuses it into the reduction instead of storing the
-    # (tokens, vocab) comparison; `weight[idx]` would also wrap negative indices, which costs that buffer
+    # not `weight[idx]`: that wraps negative indices (torch raises for them; here they give zeros). Both become the
+    # same single load kernel
     hit = idx.unsqueeze(-1) == Tensor.arange(self.vocab_sz, device=self.weight.device)
     return hit.unsqueeze(-1).where(self.weight, 0).sum(-2)
 
