@@ -1,4 +1,6 @@
-"""Dispatch overhead: eager `(a+1).realize()` on 16 floats, and TinyJit replays with and without the CPU graph.
+"""Dispatch overhead: eager `(a+1).realize()` on 16 floats (the same graph again: its earlier result is reused), eager
+`x = (x+1).realize()` (a new input each call: served by the schedule cache, and with it off), and TinyJit replays with
+and without the CPU graph.
 
 Run: `python bench/bench_jit.py` (prints the best and the median of several timed batches, in microseconds per
 call). On a shared, loaded machine the best batch is the closer estimate of the idle-machine cost.
@@ -38,9 +40,15 @@ def main() -> None:
   params = [Tensor.randn(4, 4, requires_grad=True).realize() for _ in range(50)]   # a model's weights, alive
   eager_params = per_call_us(lambda: (a + 1).realize(), calls=500)
   del params
+  chained = [(a + 0).realize()]
+  def step() -> None: chained[0] = (chained[0] + 1).realize()   # a new input buffer every call: scheduled each time
+  eager_new = per_call_us(step, calls=500)
+  with Context(SCHEDULE_CACHE=0): eager_new_uncached = per_call_us(step, calls=500)
   print("us per call, best / median batch")
   print(f"eager (a+1).realize() on 16 floats:                {eager:8.1f} us/call")
   print(f"  ... with 50 requires_grad tensors alive:         {eager_params:8.1f} us/call")
+  print(f"eager x = (x+1).realize(), a new x every call:     {eager_new:8.1f} us/call")
+  print(f"  ... with SCHEDULE_CACHE=0:                       {eager_new_uncached:8.1f} us/call")
   for n in (2, 20):
     print(f"TinyJit replay, {n:2d} kernels, CPU graph:           {jitted_chain(n, True):8.1f} us/call")
     print(f"TinyJit replay, {n:2d} kernels, one call per kernel: {jitted_chain(n, False):8.1f} us/call")

@@ -6,7 +6,7 @@ from typing import Any, Sequence
 import numpy as np
 from kiln.dtype import DType, dtypes, least_upper_dtype, to_numpy_dtype, from_numpy_dtype
 from kiln.helpers import prod, user_frame_location, TRACEBACK_SOURCE, _KILN_DIR
-from kiln.uop.ops import UOp, Ops, GroupOp, toposort
+from kiln.uop.ops import UOp, Ops, GroupOp, toposort, const_value
 from kiln.uop.sint import ssimplify, sint_eq, sint_min, sint_max, sint_str, ssub, is_symbolic_shape, sint_value, sprod
 from kiln.device import Buffer
 from kiln.gradient import compute_gradient, gradient_graph
@@ -511,6 +511,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     if self.device.startswith("DISK"):   # a file: the bytes are written through at once
       from kiln.runtime.ops_disk import write_to_disk
       return write_to_disk(self, x)
+    if type(x) in (int, float, bool) and self._assign_scalar_now(x): return self
     value = x if isinstance(x, Tensor) else Tensor.full(self.shape, x, device=self.device, dtype=self.dtype)
     if value.shape != self.shape and not all(sint_eq(a, b) for a, b in zip(value.shape, self.shape)) or \
        len(value.shape) != len(self.shape):
@@ -527,6 +528,29 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
       return self._assign_into_view(target, value)
     self.uop = UOp(Ops.ASSIGN, self.dtype, (target, value.uop))
     return self
+
+  def _assign_scalar_now(self, x: int | float | bool) -> bool:
+    """`assign(x)` of a Python scalar to a whole realized buffer, as a host copy of the value: a kernel would bake the
+    value in as a constant and compile anew for every value (`opt.lr.assign(new_lr)` each step). Returns False
+    (nothing done) where the kernel path is needed: inside TinyJit (a replay must repeat the write), requires_grad,
+    views, symbolic shapes, and dtypes NumPy cannot round exactly like a kernel (float16, bfloat16, fp8)."""
+    if _jit_calls or self.requires_grad or not (dtypes.is_int(self.dtype) or self.dtype in _HOST_SCALAR_DTYPES):
+      return False
+    target = self.uop
+    if not (target.op is Ops.BUFFER or target.op is Ops.RESHAPE and target.src[0].op is Ops.BUFFER): return False
+    buf = target.base.buffer
+    if buf is None or buf._base is not None or is_symbolic_shape(self.shape): return False
+    # PyTorch order: pending tensors that read the old values (or pending assigns to it) are computed first
+    if stale := _pending_readers([buf], {id(self)}): Tensor.realize_all(stale)
+    value = np.full(buf.size, const_value(self.dtype, x), dtype=to_numpy_dtype(self.dtype))
+    buf.copyin(memoryview(value.view(np.uint8)))
+    # a new identity for the updated buffer, so nodes built on the old contents never look realized (as a kernel
+    # assign does), and results computed from the old contents are forgotten
+    fresh = UOp.new_buffer(target.base.arg[1], target.base.arg[2], self.dtype)
+    fresh.buffer = buf
+    self.uop = fresh if target.op is Ops.BUFFER else UOp(Ops.RESHAPE, self.dtype, (fresh,), target.arg)
+    _forget_results_computed_from(buf)
+    return True
 
   def _assign_into_view(self, target: UOp, value: Tensor) -> Tensor:
     """Write `value` through a view of a realized buffer (`cache[:, pos:pos+1].assign(x)`), at once: other tensors
@@ -1237,6 +1261,9 @@ def _forget_results_computed_from(buf: Buffer) -> None:
   """`buf` was overwritten: results computed from its old contents no longer stand for their graphs, so a graph
   built later that happens to be the same node (hash-consing) is computed again instead of reusing them."""
   for node in list(_computed_from.pop(buf, ())): node.forward = None
+
+# dtypes a Python scalar is written into by a host copy on assign (besides the ints): NumPy rounds them as kernels do
+_HOST_SCALAR_DTYPES = (dtypes.float32, dtypes.float64, dtypes.bool)
 
 def _pending_readers(buffers, skip: set[int]) -> list[Tensor]:
   """Live, unrealized tensors (other than those in `skip`) whose graphs read one of `buffers`."""

@@ -1,0 +1,148 @@
+"""The schedule cache: `create_schedule` results reused for graphs of the same structure over other buffers.
+
+Eager code builds the same graph shapes again and again (`(a + 1).realize()` in a loop, a model's forward pass
+without TinyJit). Scheduling depends only on the graph's structure and on which nodes read the same Buffer, never
+on the values in the buffers, so a schedule is stored as a template keyed by the graph with its realized buffers
+replaced by numbered slots (device, size and dtype kept). A later graph of that key gets the same kernels (the same
+AST objects, so the compiled programs are found at once) over its own input buffers and fresh output and
+intermediate buffers, shared exactly as the template shares them (memory planning included).
+
+Graphs whose schedule depends on more than their structure are not cached: an `assign` (what it overwrites, and
+the ordering against readers of the old contents), bound Variables (values), DISK buffers and sub-buffer views
+(byte ranges of a file or of another buffer). `SCHEDULE_CACHE=0` turns the cache off.
+"""
+from __future__ import annotations
+import collections
+from typing import Callable
+from kiln.device import Buffer
+from kiln.helpers import ContextVar
+from kiln.uop import ops as _ops
+from kiln.uop.ops import UOp, Ops, _cache_key_arg
+
+SCHEDULE_CACHE = ContextVar("SCHEDULE_CACHE", 1, "1: reuse schedules of graphs with the same structure over other "
+                                                 "input buffers (eager dispatch); 0: schedule every graph anew")
+MAX_ENTRIES = 512   # templates kept, least recently used dropped first
+
+# ops whose schedule depends on more than the graph's structure
+_UNCACHED_OPS = frozenset({Ops.ASSIGN, Ops.BIND, Ops.DEFINE_VAR})
+
+class _Template:
+  """A schedule with its buffers as references: ("in", slot) for the graph's k-th distinct input Buffer, ("new", j)
+  for the j-th buffer the schedule created (device, size, dtype in `new`)."""
+  __slots__ = ("items", "new", "results", "inputs")
+  def __init__(self, items: list, new: list[tuple], results: list[tuple], inputs: list[int]):
+    self.items, self.new, self.results, self.inputs = items, new, results, inputs
+
+_templates: collections.OrderedDict = collections.OrderedDict()
+_settings: tuple = ()
+stats = {"hits": 0, "misses": 0, "uncached": 0}
+
+def _holds_uop(arg) -> bool:
+  if isinstance(arg, UOp): return True
+  return isinstance(arg, tuple) and any(_holds_uop(a) for a in arg)
+
+class _Uncacheable(Exception):
+  """Raised inside the walk when the graph must be scheduled anew."""
+
+def graph_key(roots: list[UOp]) -> tuple[tuple, list[Buffer]] | None:
+  """The structure of the graph under `roots` (realized nodes followed to their buffers) with each distinct Buffer
+  as a slot number, and the Buffers in slot order; None when the graph must not be cached."""
+  index: dict[UOp, int] = {}
+  entries: list[tuple] = []
+  slot_of: dict[int, int] = {}
+  buffers: list[Buffer] = []
+  symbolic_possible = _ops.binds_made > 0   # no arg can hold a Variable before one was bound
+  def visit(node: UOp) -> int:
+    if (i := index.get(node)) is not None: return i
+    target = node
+    while target.forward is not None: target = target.forward   # realized earlier: read its buffer
+    if target is not node:
+      i = index[node] = visit(target)
+      return i
+    if node.op is Ops.BUFFER:
+      buf = node.buffer
+      if buf is None or buf._base is not None or node.arg[1][:4].upper() == "DISK": raise _Uncacheable
+      if (slot := slot_of.get(id(buf))) is None:
+        slot = slot_of[id(buf)] = len(buffers)
+        buffers.append(buf)
+      entry: tuple = (Ops.BUFFER, node.dtype, node.arg[1:], slot)
+    else:
+      if node.op in _UNCACHED_OPS or (symbolic_possible and _holds_uop(node.arg)): raise _Uncacheable
+      arg = node.arg
+      entry = (node.op, node.dtype, _cache_key_arg(arg) if type(arg) in (float, bool) else arg,
+               tuple([visit(s) for s in node.src]))
+    i = index[node] = len(entries)
+    entries.append(entry)
+    return i
+  try: root_ids = tuple([visit(r) for r in roots])
+  except (_Uncacheable, RecursionError): return None   # a very deep graph: scheduled anew
+  finally: visit = None   # noqa: F841 -- the recursive closure is a cycle that would keep the graph's nodes alive
+  return (tuple(entries), root_ids), buffers
+
+def cached_schedule(roots: list[UOp], schedule_fn: Callable, item_cls: type, schedule_cls: type, view_fn: Callable):
+  """`schedule_fn(roots)`, served from a template when a graph of the same structure was scheduled before.
+
+  `item_cls`/`schedule_cls` build the ScheduleItems and the Schedule, `view_fn(buffer_node, shape)` the node a
+  root's value lives in (the scheduler's own, so a hit gives exactly what scheduling would)."""
+  global _settings
+  if not SCHEDULE_CACHE.value: return schedule_fn(roots)
+  found = graph_key(roots)
+  if found is None:
+    stats["uncached"] += 1
+    return schedule_fn(roots)
+  structure, buffers = found
+  settings = tuple(v.value for v in ContextVar.registry.values())   # a setting may change how graphs are cut
+  if settings != _settings: _templates.clear(); _settings = settings   # noqa: E702
+  template = _templates.get(structure)
+  if template is None:
+    stats["misses"] += 1
+    schedule = schedule_fn(roots)
+    if (made := _make_template(roots, buffers, schedule)) is not None:
+      _templates[structure] = made
+      while len(_templates) > MAX_ENTRIES: _templates.popitem(last=False)
+    return schedule
+  stats["hits"] += 1
+  _templates.move_to_end(structure)
+  new = [Buffer(device, size, dtype) for device, size, dtype in template.new]
+  def buffer(ref: tuple) -> Buffer: return buffers[ref[1]] if ref[0] == "in" else new[ref[1]]
+  items = [item_cls(ast, [buffer(r) for r in refs], metadata) for ast, refs, metadata in template.items]
+  results = {}
+  for root, (j, shape) in zip(roots, template.results):
+    if j is None: results[root] = root   # a realized view: nothing to compute
+    else:
+      node = UOp.new_buffer(new[j].device, new[j].size, new[j].dtype)
+      node.buffer = new[j]
+      results[root] = view_fn(node, shape)
+  return schedule_cls(items, results, [buffers[k] for k in template.inputs], [])
+
+def _make_template(roots: list[UOp], buffers: list[Buffer], schedule) -> _Template | None:
+  """The template of `schedule`, or None when it holds something a template cannot express."""
+  if schedule.overwritten or len(schedule.results) != len(roots): return None
+  slot_of = {id(b): k for k, b in enumerate(buffers)}
+  new_of: dict[int, int] = {}
+  new: list[tuple] = []
+  def ref(buf: Buffer) -> tuple:
+    if (k := slot_of.get(id(buf))) is not None: return ("in", k)
+    if id(buf) not in new_of:
+      new_of[id(buf)] = len(new)
+      new.append((buf.device, buf.size, buf.dtype))
+    return ("new", new_of[id(buf)])
+  items = []
+  for item in schedule.items:
+    if item.var_vals: return None
+    items.append((item.ast, [ref(b) for b in item.bufs], item.metadata))
+  results = []
+  for root in roots:
+    result = schedule.results[root]
+    if result is root:
+      results.append((None, None))
+      continue
+    if result.op is not Ops.RESHAPE or result.src[0].op is not Ops.BUFFER or result.src[0].buffer is None: return None
+    kind, j = ref(result.src[0].buffer)
+    if kind != "new": return None
+    results.append((j, result.arg))
+  inputs = []
+  for buf in schedule.inputs:
+    if (k := slot_of.get(id(buf))) is None: return None
+    inputs.append(k)
+  return _Template(items, new, results, inputs)
