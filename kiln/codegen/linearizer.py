@@ -5,6 +5,10 @@ order of their loop ids (the optimizer reorders loops by renumbering them). REDU
 *reduce group* (the optimizer's upcasts make several, one per accumulator): the group declares one accumulator per
 REDUCE, opens its loops once (in loop-id order), emits the nodes that depend on those loops, updates every
 accumulator and closes the loops. Groups nest when a reduction is computed inside another one's loops.
+
+A reduce group (and every value computed from reductions) that does not depend on all output loops is emitted as
+soon as the output loops it does depend on are open: in a fused row kernel (softmax, layernorm) each row's
+reductions run in their own loops over the row, one after the other, before the row's elementwise loop.
 """
 from __future__ import annotations
 import itertools
@@ -83,7 +87,9 @@ def linearize(sink: UOp) -> list[UOp]:
       item = layout.item_at(node, level)
       if item is not None: block_items.setdefault(path[:level], {})[item] = None
     for src in node.src:
-      src_path = layout.path[src]
+      # a REDUCE's result exists once its group's loops close: in the block around the group (where a sibling group,
+      # such as a row's sum after the row's max, may read it)
+      src_path = layout.path[src][:-1] if src.op is Ops.REDUCE else layout.path[src]
       level = min(len(path), len(src_path))
       if path[:level] != src_path[:level]:
         raise ValueError(f"linearize: {node.op.name} uses a value from a reduction loop it is not inside")
@@ -144,7 +150,22 @@ def linearize(sink: UOp) -> list[UOp]:
   output_ranges = sorted((n for n in layout.nodes if n.op is Ops.RANGE and n not in layout.group_of_range),
                          key=_range_order)
   emit_items(invariant)
-  for rng in output_ranges: emit(rng)
+  # a reduce group, and a value computed from reductions, opens as soon as the output loops it depends on are open:
+  # a fused row reduction (softmax's max and sum) runs once per row, before that row's elementwise loop
+  hoisted = _hoist_depths(layout, [i for i in top if isinstance(i, tuple) or i in uses_reduce], output_ranges)
+  for depth, rng in enumerate(output_ranges):
+    emit_items([item for item, d in hoisted.items() if d == depth])
+    emit(rng)
   emit_items(top)
   for rng in reversed(output_ranges): out.append(UOp(Ops.ENDRANGE, dtypes.void, (mapped.get(rng, rng),)))
   return out
+
+def _hoist_depths(layout: _KernelLayout, items: list[Item], output_ranges: list[UOp]) -> dict[Item, int]:
+  """How many output loops must be open around each item: one past the innermost output loop it depends on."""
+  position = {rng: i for i, rng in enumerate(output_ranges)}
+  depths: dict[Item, int] = {}
+  for item in items:
+    scope = frozenset().union(*(layout.scope[r] for r in layout.groups[item[1]])) if isinstance(item, tuple) \
+      else layout.scope[item]
+    depths[item] = max((position[r] + 1 for r in scope if r in position), default=0)
+  return depths

@@ -85,7 +85,15 @@ def index_flip(x: UOp, valid: UOp, idx, axes) -> UOp:
   return index_of(x, valid, [(s - 1) - i if axis in axes else i for axis, (i, s) in enumerate(zip(idx, x.shape))])
 
 def index_reduce(ctx: LowerContext, x: UOp, valid: UOp, idx, op: Ops, axes) -> UOp:
-  """INDEX(REDUCE_AXIS(x)) -> REDUCE over fresh loop ranges of INDEX(x)"""
+  """INDEX(REDUCE_AXIS(x)) -> REDUCE over fresh loop ranges of INDEX(x)
+
+  One reduction read at one index is one REDUCE, however many paths reach it: a fused row chain reads each row's
+  max both in the loop of the row's sum and in the row's elementwise loop, and computes it once."""
+  key = (x, valid, tuple(idx), op, axes)
+  if key not in ctx.reduces: ctx.reduces[key] = _lower_reduce(ctx, x, valid, idx, op, axes)
+  return ctx.reduces[key]
+
+def _lower_reduce(ctx: LowerContext, x: UOp, valid: UOp, idx, op: Ops, axes) -> UOp:
   new_ranges, src_idx = [], []
   for axis, (i, s) in enumerate(zip(idx, x.shape)):
     if axis in axes:
@@ -106,8 +114,10 @@ def index_buffer(buf: UOp, valid: UOp, idx) -> UOp:
   return UOp(Ops.LOAD, buf.dtype, (buf, idx[0], valid))
 
 class LowerContext:
-  """Hands out loop ranges with unique ids."""
-  def __init__(self): self.next_id = 0
+  """Hands out loop ranges with unique ids, and remembers the REDUCE each indexed reduction became."""
+  def __init__(self):
+    self.next_id = 0
+    self.reduces: dict[tuple, UOp] = {}
   def new_range(self, size: int) -> UOp:
     """A new loop variable (RANGE) over [0, size), with the next unique id."""
     rng = UOp(Ops.RANGE, INT, (iconst(size),), self.next_id)

@@ -5,12 +5,18 @@ result is broadcast, used by more than one kernel, or fed into another reduction
 are broadcast (instead of recomputing them per copy), and at an assign's value when it reads the target through
 another view. Everything else is fused: elementwise chains into one kernel, elementwise producers into the reduction
 that consumes them, and a reduction into its elementwise consumer when the path only reshapes, permutes or flips.
+
+Row chains are the exception to "a broadcast reduction gets a buffer" (ROW_FUSION=1, the default): a reduction
+over the trailing axes whose result is used only on its own row (broadcast back over those axes, combined
+elementwise, reduced again over the same axes) stays in the one kernel of its consumer, which computes each row's
+reductions in loops of their own before writing the row (softmax, log_softmax, layernorm, rms_norm: one kernel
+each; `_reduce_fuses_by_row`). Anything else downstream of the reduction keeps today's buffer.
 """
 from __future__ import annotations
 from dataclasses import dataclass, field
 from kiln.dtype import dtypes
 from kiln.device import Buffer
-from kiln.helpers import SPEC
+from kiln.helpers import SPEC, ContextVar
 from kiln.uop.spec import check_tensor_graph
 from kiln.schedule.memory import plan_memory
 from kiln.uop import ops as _ops
@@ -18,7 +24,8 @@ from kiln.uop.ops import UOp, Ops, GroupOp, toposort
 from kiln.uop.pattern import substitute
 from kiln.uop.sint import sprod, sint_max
 from kiln.schedule.binds import strip_binds
-from kiln.runtime.ops_disk import lower_disk_views
+from kiln.runtime.ops_disk import lower_disk_views, is_disk
+from kiln.schedule.cache import cached_schedule, SCHEDULE_CACHE
 
 # movement ops that visit every element exactly once: a reduction seen through them can stay in registers
 BIJECTIVE = frozenset({Ops.RESHAPE, Ops.PERMUTE, Ops.FLIP})
@@ -89,6 +96,78 @@ def _reduce_fuses_upward(reduce: UOp, users: dict[UOp, list[UOp]], outputs: set[
   target = next(iter(reached))
   return target.op in GroupOp.Elementwise or target.op in BIJECTIVE or target.op in (Ops.CONTIGUOUS, Ops.ASSIGN)
 
+# ---- row fusion: a reduction over the last axes, broadcast back over those same axes, stays in its consumer ----
+# A *row chain* (softmax, log_softmax, layernorm, rms_norm) reduces each row (the trailing `inner` axes) and uses the
+# result only on that same row. Its kernel loops over the rows; for each row it runs every reduction in its own loop
+# over the row (the linearizer places them before the row's elementwise loop) and then writes the row, so the input
+# is read from memory once and each row again from cache. Longer rows would fall out of cache: they are not fused.
+MAX_FUSED_ROW = 65536
+ROW_FUSION = ContextVar("ROW_FUSION", 1, "1: a row chain (softmax, layernorm: reductions over the last axes broadcast "
+                        "back over them) runs as one kernel; 0: each broadcast reduction gets its own kernel")
+
+def _row_axes(reduce: UOp) -> tuple[tuple, tuple] | None:
+  """(outer, inner) when `reduce` reduces exactly the trailing axes `inner` of a constant shape `outer + inner`."""
+  shape, axes = reduce.src[0].shape, tuple(reduce.arg[1])
+  if not axes or not all(type(d) is int for d in shape): return None
+  first = len(shape) - len(axes)
+  if axes != tuple(range(first, len(shape))): return None
+  outer, inner = tuple(shape[:first]), tuple(shape[first:])
+  return (outer, inner) if sprod(inner) <= MAX_FUSED_ROW else None
+
+def _is_row_value_shape(shape: tuple, outer: tuple) -> bool:
+  """One value per row: `outer` followed by size-1 axes only."""
+  return tuple(shape[:len(outer)]) == outer and all(d == 1 for d in shape[len(outer):])
+
+def _row_step_ok(node: UOp, rows: tuple[tuple, tuple]) -> bool:
+  """`node`, downstream of a row reduction, keeps every value tied to its own row: an elementwise op on whole rows
+  or on per-row values, the broadcast of a per-row value over its row, a reshape that only moves size-1 axes of a
+  per-row value, or another reduction of the same rows."""
+  outer, inner = rows
+  if node.op in GroupOp.Elementwise or node.op is Ops.CONTIGUOUS:
+    return node.shape == outer + inner or _is_row_value_shape(node.shape, outer)
+  if node.op is Ops.EXPAND: return node.src[0].shape == outer + (1,) * len(inner) and node.arg == outer + inner
+  if node.op is Ops.RESHAPE:
+    return _is_row_value_shape(node.src[0].shape, outer) and _is_row_value_shape(node.arg, outer)
+  if node.op is Ops.REDUCE_AXIS: return _row_axes(node) == rows
+  return False
+
+def _reduce_fuses_by_row(reduce: UOp, users: dict[UOp, list[UOp]], outputs: set[UOp]) -> bool:
+  """A row reduction stays in its consumer's kernel when everything downstream of it, up to the kernel's one
+  output, passes `_row_step_ok` (each value depends on the row only through that row; anything else: a buffer)."""
+  rows = _row_axes(reduce)
+  if rows is None: return False
+  reached: set[UOp] = set()
+  stack, seen = [reduce], {reduce}
+  while stack:
+    node = stack.pop()
+    if node is not reduce:
+      if not _row_step_ok(node, rows): return False
+      if node in outputs:
+        reached.add(node)
+        continue
+    if not users[node]: return False
+    for user in users[node]:
+      if user not in seen:
+        seen.add(user)
+        stack.append(user)
+  return len(reached) == 1
+
+def _row_broadcast_of_reductions(expand: UOp, value: UOp, outputs: set[UOp]) -> bool:
+  """`expand` broadcasts a per-row `value` computed from row reductions of the same rows over those rows: if the
+  reductions fuse, the value is computed once per row (the linearizer hoists it), never once per copy."""
+  found = False
+  for node in toposort([value], stop=lambda u: u in outputs and u is not value):
+    if node.op is not Ops.REDUCE_AXIS or node in outputs: continue
+    rows = _row_axes(node)
+    if rows is None or expand.arg != rows[0] + rows[1] or expand.src[0].shape != rows[0] + (1,) * len(rows[1]):
+      return False
+    found = True
+  return found
+
+def _has_fused_reduce(value: UOp, outputs: set[UOp]) -> bool:
+  return any(n.op is Ops.REDUCE_AXIS and n not in outputs
+             for n in toposort([value], stop=lambda u: u in outputs and u is not value))
+
 # an elementwise value with more ALU ops than this is materialized rather than recomputed under a broadcast
 RECOMPUTE_LIMIT = 4
 
@@ -111,15 +190,21 @@ def _costly(value: UOp, outputs: set[UOp]) -> bool:
         stack.append(s)
   return False
 
-def _prepare(roots: list[UOp]) -> list[UOp]:
-  """Replace realized nodes by their buffers and drop DETACH/CONTIGUOUS_BACKWARD."""
+def _prepare(roots: list[UOp]) -> tuple[list[UOp], bool]:
+  """Replace realized nodes by their buffers and drop DETACH/CONTIGUOUS_BACKWARD. Also says whether the graph reads a
+  DISK buffer (only then does the DISK hook need to walk it)."""
   mapping: dict[UOp, UOp] = {}
+  reads_disk = False
   for node in toposort(roots, stop=lambda u: u.forward is not None):
-    if node.forward is not None: mapping[node] = resolve(node)
+    if node.forward is not None:
+      mapping[node] = target = resolve(node)
+      base = target.base
+      reads_disk = reads_disk or base.op is not Ops.BUFFER or is_disk(base.arg[1])
+    elif node.op is Ops.BUFFER: reads_disk = reads_disk or is_disk(node.arg[1])
     elif node.op in PASS_THROUGH: mapping[node] = mapping.get(node.src[0], node.src[0])
-  if not mapping: return roots
+  if not mapping: return roots, reads_disk
   sink = substitute(UOp(Ops.SINK, dtypes.void, tuple(roots)), _transitive(mapping))
-  return list(sink.src)
+  return list(sink.src), reads_disk
 
 def _transitive(mapping: dict[UOp, UOp]) -> dict[UOp, UOp]:
   out = {}
@@ -128,10 +213,14 @@ def _transitive(mapping: dict[UOp, UOp]) -> dict[UOp, UOp]:
     out[k] = v
   return out
 
-def create_schedule(roots: list[UOp]) -> Schedule:
-  """The kernels that realize `roots`, in run order, and what realizing them reads and overwrites."""
+def create_schedule(roots: list[UOp], use_cache: bool = True) -> Schedule:
+  """The kernels that realize `roots`, in run order, and what realizing them reads and overwrites. A graph of a
+  structure scheduled before is served from the schedule cache (kiln/schedule/cache.py) unless `use_cache` is False."""
+  if use_cache and SCHEDULE_CACHE.value:
+    return cached_schedule(roots, _schedule_uncached, ScheduleItem, Schedule, buffer_view)
   original_roots = roots
-  roots = lower_disk_views(_prepare(roots))   # file tensors: byte-range views become buffers, never kernels
+  roots, reads_disk = _prepare(roots)
+  if reads_disk: roots = lower_disk_views(roots)   # file tensors: byte-range views become buffers, never kernels
   if SPEC: check_tensor_graph(roots)
   nodes = toposort(roots)
   users = _consumers(nodes)
@@ -144,14 +233,22 @@ def create_schedule(roots: list[UOp]) -> Schedule:
     if n.op in (Ops.CONTIGUOUS, Ops.ASSIGN, Ops.COPY): outputs.add(n)
     if n.op is Ops.COPY and not is_contiguous_buffer(n.src[0]): outputs.add(n.src[0])
     if n.op is Ops.BUFFER and n.buffer is None: raise RuntimeError(f"schedule: buffer {n.arg} has no storage")
-  # an expensive elementwise value that is broadcast would be recomputed for every copy: compute it once
+  # an expensive elementwise value that is broadcast would be recomputed for every copy: compute it once (unless it
+  # is a per-row value of a row chain, decided once the reductions are)
+  per_row: list[UOp] = []
   for n in nodes:
     if n.op is Ops.EXPAND:
       src = _strip_movement(n.src[0])
-      if src.op in GroupOp.Elementwise and src not in outputs and _costly(src, outputs): outputs.add(src)
-  # a reduction that cannot stay in its consumer's registers gets its own buffer
+      if src.op in GroupOp.Elementwise and src not in outputs and _costly(src, outputs):
+        if ROW_FUSION and _row_broadcast_of_reductions(n, src, outputs): per_row.append(src)
+        else: outputs.add(src)
+  # a reduction that cannot stay in its consumer's registers, nor in its row chain's kernel, gets its own buffer
   for n in nodes:
-    if n.op is Ops.REDUCE_AXIS and n not in outputs and not _reduce_fuses_upward(n, users, outputs): outputs.add(n)
+    if n.op is Ops.REDUCE_AXIS and n not in outputs and not _reduce_fuses_upward(n, users, outputs) \
+       and not (ROW_FUSION and _reduce_fuses_by_row(n, users, outputs)): outputs.add(n)
+  # a per-row value whose reductions all got buffers after all is an ordinary broadcast value again
+  for src in per_row:
+    if src not in outputs and not _has_fused_reduce(src, outputs) and _costly(src, outputs): outputs.add(src)
   # an assign whose value reads its target at other indices is computed into a temporary, then copied over
   for n in nodes:
     if n.op is Ops.ASSIGN and n.src[1] not in outputs and not _safe_in_place(n.src[1], n.src[0], outputs):
@@ -194,6 +291,8 @@ def create_schedule(roots: list[UOp]) -> Schedule:
   inputs = list({id(n.buffer): n.buffer for n in nodes if n.op is Ops.BUFFER}.values())
   overwritten = [buffer_of[n].buffer for n in outputs if n.op is Ops.ASSIGN]
   return Schedule(ordered, result_map, inputs, overwritten)
+
+def _schedule_uncached(roots: list[UOp]) -> Schedule: return create_schedule(roots, use_cache=False)
 
 def _writes_through_view(n: UOp) -> bool:
   """An ASSIGN whose target is a view of its buffer other than the whole buffer in row-major order."""

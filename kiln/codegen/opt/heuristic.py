@@ -7,7 +7,10 @@ The choices follow from how each axis walks memory (its stride in every load and
   operations;
 - a reduction over a strided axis (column reduction) upcasts the output axis that is contiguous, so each iteration
   reads a contiguous run of elements into separate accumulators;
-- an elementwise kernel upcasts its contiguous inner axis by 4 or 8.
+- an elementwise kernel upcasts its contiguous inner axis by 4 or 8;
+- a fused row kernel (softmax, layernorm: several reductions per row, then the row's elementwise loop) upcasts the
+  row's elementwise loop (its loads do not move in the reduce loops, so it counts as reused) and unrolls each
+  summing reduction.
 """
 from __future__ import annotations
 from kiln.uop.ops import UOp, Ops, GroupOp, toposort
@@ -84,6 +87,27 @@ def heuristic_opts(kernel: Kernel) -> list[Opt]:
   # unroll the innermost reduce axis of a kernel that has few accumulators (the axes list keeps its length unless
   # an axis was fully upcast, so the innermost reduce axis is the last one)
   red_axes = kernel.reduce_axes
-  if red_axes and kernel.unrolled <= 16 and (k := _first_dividing(Kernel.size(red_axes[-1]), (8, 4))):
+  groups = _reduce_groups(kernel.sink)
+  if len(groups) > 1: _unroll_row_reductions(kernel, groups)
+  elif red_axes and kernel.unrolled <= 16 and (k := _first_dividing(Kernel.size(red_axes[-1]), (8, 4))):
     _try(kernel, Opt(OptOps.UNROLL, len(kernel.axes) - 1, k))
   return kernel.applied
+
+def _reduce_groups(sink: UOp) -> dict[tuple[UOp, ...], set[Ops]]:
+  """The kernel's reduce groups (REDUCEs over one set of loop ranges, sorted by loop id) and their reduce ops."""
+  groups: dict[tuple[UOp, ...], set[Ops]] = {}
+  for u in toposort([sink]):
+    if u.op is Ops.REDUCE: groups.setdefault(tuple(sorted(u.src[1:], key=lambda r: r.arg)), set()).add(u.arg)
+  return groups
+
+def _unroll_row_reductions(kernel: Kernel, groups: dict[tuple[UOp, ...], set[Ops]]) -> None:
+  """A fused row kernel runs several reductions over each row one after another: unroll the innermost loop of each
+  summing one, by 8 while the copy budget lasts, else 4. A row max is left rolled: measured on 4096x4096 softmax
+  (16 cores), unrolling it cost 30-40%, while unrolling layernorm's two sums gained 15-30%."""
+  for key in sorted(groups, key=lambda k: k[-1].arg, reverse=True):
+    if Ops.MAX in groups[key]: continue
+    innermost = key[-1]
+    for k in (8, 4):
+      axes = kernel.axes
+      if innermost not in axes or (size := Kernel.size(innermost)) is None or size % k: continue
+      if _try(kernel, Opt(OptOps.UNROLL, axes.index(innermost), k)): break
