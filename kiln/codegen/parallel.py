@@ -13,6 +13,10 @@ proves this from the uop list and refuses (returns None) whenever it cannot:
   read of another iteration's output (an in-place scan) fails the test.
 
 Buffers only read may be indexed in any way. Distinct buffer parameters never alias (kernels declare them `restrict`).
+
+`find_split_reduction` covers what that refuses most often: a reduction whose accumulators live outside the loop
+that would be split (a full `sum`, a `max`, a mean over all but one small axis). Its reduce loop is cut into a fixed
+number of chunks reduced independently, whose partials are then combined in chunk order (see SplitReduction).
 """
 from __future__ import annotations
 from dataclasses import dataclass
@@ -120,3 +124,109 @@ def _affine_in(index: UOp, loop: UOp, memo: dict[UOp, bool]) -> tuple[int, int, 
      dtypes.is_unsigned(index.src[0].dtype):   # widening to a type of the same signedness keeps the value
     return _affine_in(index.src[0], loop, memo)
   return None
+
+# ---- split reductions: a reduce loop whose accumulators live outside every loop that could be split ----
+
+# a split reduction is cut into chunks of at least this many uops of work (a fixed number per kernel, so the result
+# never depends on the thread count), and into at most MAX_REDUCE_CHUNKS chunks
+REDUCE_CHUNK_WORK = 1 << 16
+MAX_REDUCE_CHUNKS = 64
+# partial results a launch may hold (outer iterations * chunks * accumulators): the one-thread path keeps them on its
+# stack, 8 bytes each
+MAX_PARTIAL_SLOTS = 8192
+# an outermost loop this short is split as a reduction when that is possible (its own split would idle most cores)
+FEW_OUTER_ITERATIONS = 32
+
+# combining op -> a predicate saying whether a constant is its identity (the value every chunk's accumulator starts at)
+_IDENTITIES = {
+  Ops.ADD: lambda value, dtype: value == 0,
+  Ops.MUL: lambda value, dtype: value == 1,
+  Ops.MAX: lambda value, dtype: value == dtypes.min(dtype) if not dtypes.is_float(dtype) else value == float("-inf"),
+}
+
+@dataclass(frozen=True)
+class SplitReduction:
+  """A kernel `[outer loops] accumulators; for r: acc = op(acc, ...); [epilogue and stores]` whose reduce loop `loop`
+  runs as `chunks` contiguous chunks (a number fixed at render time, independent of the thread count): chunk `c`
+  reduces its part of `loop` into one partial result per accumulator and outer iteration, and the partials are then
+  combined in chunk order. `outer` are the enclosing loops (constant extents, `outer_iterations` in all),
+  `accumulators` the DEFINE_ACCs with their combining ops, `work` the uops per launch."""
+  loop: UOp
+  outer: tuple[UOp, ...]
+  accumulators: tuple[tuple[UOp, UOp], ...]   # (DEFINE_ACC, one of its combining uops: ADD/MUL/MAX)
+  outer_iterations: int
+  chunks: int
+  work: int
+
+def find_split_reduction(uops: list[UOp]) -> SplitReduction | None:
+  """The kernel's reduce loop if its work can be split into independently reduced chunks, else None.
+
+  The kernel must be: loops that enclose everything (constant extents), then accumulators initialized to their op's
+  identity, one reduce loop holding every update of them (`acc = acc + x`, `max`, `*`) and no store, then stores and
+  arithmetic only. Integer results are exact (wrapping add and multiply are associative); float sums and products are
+  reassociated (partials added in a fixed order, so every thread count gives the same bits).
+
+  >>> r = UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 1 << 20),), arg=0)
+  >>> out, a = UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0), UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 1)
+  >>> acc = UOp(Ops.DEFINE_ACC, dtypes.float32, (UOp.const(dtypes.float32, 0.0),), 0)
+  >>> value = UOp(Ops.LOAD, dtypes.float32, (a, r))
+  >>> update = UOp(Ops.ADD, dtypes.float32, (acc, value))
+  >>> assign = UOp(Ops.ASSIGN, dtypes.float32, (acc, update))
+  >>> store = UOp(Ops.STORE, dtypes.void, (out, UOp.const(dtypes.int32, 0), assign))
+  >>> find_split_reduction([out, a, acc, r, value, update, assign, UOp(Ops.ENDRANGE, dtypes.void, (r,)), store]).chunks
+  48
+  """
+  outer: list[UOp] = []
+  accs: list[UOp] = []
+  position = 0
+  for position, u in enumerate(uops):   # the outer loops and the accumulators, up to the reduce loop
+    if u.op is Ops.RANGE:
+      if accs: break
+      if u.src[0].op is not Ops.CONST: return None
+      outer.append(u)
+    elif u.op is Ops.DEFINE_ACC: accs.append(u)
+    elif u.op in (Ops.STORE, Ops.ASSIGN, Ops.ENDRANGE): return None
+  else: return None
+  loop, end = uops[position], _matching_end(uops, position)
+  if not accs or end is None: return None
+  combining = _combining_ops(uops[position + 1:end], accs)
+  if combining is None: return None
+  closers = [u for u in uops[end + 1:] if u.op is Ops.ENDRANGE]   # after the reduce loop: epilogue, then closers
+  if [u.src[0] for u in closers] != outer[::-1]: return None
+  if any(u.op in (Ops.RANGE, Ops.DEFINE_ACC, Ops.ASSIGN) for u in uops[end + 1:]): return None
+  first_closer = next((i for i in range(end + 1, len(uops)) if uops[i].op is Ops.ENDRANGE), len(uops))
+  if any(u.op not in (Ops.ENDRANGE, Ops.SINK) for u in uops[first_closer:]): return None
+  written = {u.src[0] for u in uops if u.op is Ops.STORE}
+  if outer and any(u.op is Ops.LOAD and u.src[0] in written for u in uops):
+    return None   # an outer iteration might read what an earlier one stored, but every chunk runs before any store
+  outer_iterations = 1
+  for o in outer: outer_iterations *= max(1, int(o.src[0].arg))
+  work = _work([UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 1),)), *uops, UOp(Ops.ENDRANGE, dtypes.void)])
+  chunks = min(MAX_REDUCE_CHUNKS, max(1, int(loop.src[0].vmin)), work // max(1, REDUCE_CHUNK_WORK),
+               MAX_PARTIAL_SLOTS // (outer_iterations * len(accs)))
+  if chunks < 2: return None
+  return SplitReduction(loop, tuple(outer), tuple((acc, combining[acc]) for acc in accs), outer_iterations, chunks,
+                        work)
+
+def _combining_ops(body: list[UOp], accs: list[UOp]) -> dict[UOp, UOp] | None:
+  """For each accumulator, one of the uops that combine it with a new value (all with the same op), when the reduce
+  loop `body` uses it only as `acc = op(acc, x)` and stores nothing; else None."""
+  owner: dict[UOp, UOp] = {acc: acc for acc in accs}   # the accumulator's DEFINE_ACC and its ASSIGNs -> the acc
+  combining: dict[UOp, UOp] = {}
+  for u in body:
+    if u.op is Ops.STORE: return None
+    if u.op is Ops.ASSIGN and u.src[0] in owner:
+      acc, value = owner[u.src[0]], u.src[1]
+      chained = [s for s in value.src if owner.get(s) is acc]
+      if value.op not in _IDENTITIES or len(chained) != 1 or value.dtype != acc.dtype: return None
+      if combining.setdefault(acc, value).op is not value.op: return None
+      owner[u] = acc
+  for acc in accs:
+    value = combining.get(acc)
+    init = acc.src[0]
+    if value is None or init.op is not Ops.CONST or not _IDENTITIES[value.op](init.arg, acc.dtype): return None
+  updates = set(combining.values()) | {u.src[1] for u in body if u.op is Ops.ASSIGN and u.src[0] in owner}
+  for u in body:   # an accumulator and its updates are read only by its own update and assignment (no running value)
+    if u.op is Ops.ASSIGN and u.src[0] in owner: continue
+    if any(s in updates for s in u.src) or (u not in updates and any(s in owner for s in u.src)): return None
+  return combining

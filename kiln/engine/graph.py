@@ -10,6 +10,7 @@ pointers, with the buffer addresses in a pointer table (only the swapped entries
 variable values in an int table: one ctypes call per replay. A kernel that runs split across threads
 (kiln/runtime/ops_cpu.py) is called through the thread pool's `kiln_pool_run` instead (its address is an argument):
 every thread runs its chunk and the pool waits for all of them before the next kernel starts, one barrier per kernel.
+A split reduction runs its fixed number of chunks, with a scratch buffer (owned by the graph) after its buffers.
 """
 from __future__ import annotations
 import ctypes, functools
@@ -46,6 +47,7 @@ class CPUGraph(GraphRunner):
     self.dynamic: list[tuple[int, list, int]] = []   # (pointer table index, the item's buffer list, position)
     self.threads = max(it.runner.program.threads() for it in items)
     self.var_slots: list[tuple[int, dict, object]] = []
+    self.scratch: list = []   # split reductions' scratch buffers, kept alive with the graph
     run_type = "void (*)(void*, void*, void**, const int*, int)"
     for i, item in enumerate(items):
       runner, program = item.runner, item.runner.program
@@ -59,7 +61,11 @@ class CPUGraph(GraphRunner):
       threads = program.threads()
       if threads > 1:   # the pool runs the kernel's uniform entry point on every thread, then waits for all
         functions.append(program.task)
-        calls.append(f"  (({run_type})run)(pool, f[{i}], p + {first_pointer}, v + {first_value}, {threads});")
+        if program.chunks:   # a split reduction: its scratch follows its buffers
+          self.scratch.append(program.new_scratch())
+          pointers.append(self.scratch[-1].ctypes.data)
+        chunks = program.pool_chunks()
+        calls.append(f"  (({run_type})run)(pool, f[{i}], p + {first_pointer}, v + {first_value}, {chunks});")
         continue
       functions.append(ctypes.cast(program.fxn, ctypes.c_void_p).value)
       args = [f"p[{first_pointer + k}]" for k in range(len(runner.params))]

@@ -10,6 +10,7 @@ from kiln.uop.ops import UOp, Ops, GroupOp
 from kiln.uop.sint import sint_str
 from kiln.schedule.kernelize import ScheduleItem
 from kiln.codegen.lowerer import lower_kernel
+from kiln.codegen.gather import rewrite_gathers
 from kiln.codegen.linearizer import linearize
 from kiln.codegen.transcendental import TRANSCENDENTAL, apply_software_math
 from kiln.codegen.opt import optimize_kernel
@@ -75,7 +76,7 @@ def get_runner(device: str, ast: UOp, bufs: list[Buffer] | None = None, var_vals
   beam = BEAM.value if bufs is not None else 0
   key = (device, ast, TRANSCENDENTAL.value, beam)
   if (runner := _runner_cache.get(key)) is not None: return runner
-  name, lowered = kernel_name(ast), lower_kernel(ast)
+  name, lowered = kernel_name(ast), rewrite_gathers(lower_kernel(ast))   # one-hot sums over a table -> loads
   opts = _beam_opts(device, name, lowered, bufs, var_vals or {}, beam) if beam >= 1 and not NOOPT else None
   runner = compile_lowered(device, name, optimize_kernel(lowered, opts))
   _runner_cache[key] = runner

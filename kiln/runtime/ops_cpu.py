@@ -5,10 +5,11 @@ A kernel whose outermost loop can be split (kiln/renderer/cstyle.py, "Threads") 
 """
 from __future__ import annotations
 import ctypes, functools, os, platform, re, shlex, shutil, subprocess, tempfile, time
+import numpy as np
 from kiln.device import Compiled, Compiler, CompileError, HostAllocator
 from kiln.helpers import CC, CFLAGS
 from kiln.renderer import kernel_function_name
-from kiln.renderer.cstyle import CRenderer, task_symbol, work_symbol
+from kiln.renderer.cstyle import CRenderer, chunks_symbol, scratch_symbol, task_symbol, work_symbol
 from kiln.runtime.threadpool import MIN_WORK_PER_THREAD, pool_for, thread_count
 
 # always on: no FMA contraction (results must match the reference bit for bit), no errno from libm, wrapping signed ints
@@ -65,7 +66,9 @@ class CPUProgram:
   """A compiled kernel loaded from shared-library bytes. Call as `prg(*buffer_handles, vals=(...), wait=False)`.
 
   `task` is the address of the kernel's thread-pool entry point and `work` its uops per launch when its outermost
-  loop can be split (else None and 0); `threads()` is how many threads a launch uses under the current settings."""
+  loop can be split (else None and 0); `threads()` is how many threads a launch uses under the current settings.
+  A split reduction also has `chunks` (its pool launch runs exactly that many chunks, whatever the thread count) and
+  `scratch_bytes` (a zeroed buffer passed after the kernel's buffers; see `new_scratch`); other kernels have 0."""
   def __init__(self, name: str, lib: bytes):
     self.name = kernel_function_name(name)
     with tempfile.NamedTemporaryFile(prefix=f"kiln_{self.name}_", suffix=".so", delete=False) as f:
@@ -80,20 +83,37 @@ class CPUProgram:
       self.task: int | None = ctypes.cast(getattr(self.lib, task_symbol(self.name)), ctypes.c_void_p).value
       self.work = ctypes.c_longlong.in_dll(self.lib, work_symbol(self.name)).value
     except (AttributeError, ValueError): self.task, self.work = None, 0   # not splittable
+    try:
+      self.chunks = ctypes.c_longlong.in_dll(self.lib, chunks_symbol(self.name)).value
+      self.scratch_bytes = ctypes.c_longlong.in_dll(self.lib, scratch_symbol(self.name)).value
+    except ValueError: self.chunks = self.scratch_bytes = 0   # not a split reduction
+
+  def new_scratch(self) -> np.ndarray:
+    """A zeroed scratch buffer for pool launches of a split reduction (the chunk that combines re-zeroes its counter,
+    so one buffer serves launch after launch, one launch at a time)."""
+    return np.zeros(max(1, self.scratch_bytes), np.uint8)
+
+  def pool_chunks(self) -> int:
+    """How many chunks a pool launch runs now: the fixed chunk count of a split reduction, else `threads()`."""
+    return self.chunks if self.chunks else self.threads()
 
   def threads(self) -> int:
     """Threads a launch runs on now: for a splittable kernel, as many as give each MIN_WORK_PER_THREAD uops (at most
     the pool's size, at least 1); 1 for any other kernel."""
     if self.task is None: return 1
-    return max(1, min(thread_count(), self.work // max(1, MIN_WORK_PER_THREAD)))
+    return max(1, min(thread_count(), self.chunks or thread_count(), self.work // max(1, MIN_WORK_PER_THREAD)))
 
   def __call__(self, *bufs, vals: tuple[int, ...] = (), wait: bool = False) -> float | None:
     """Run the kernel on host buffers `bufs` with integer arguments `vals`; with wait=True return elapsed seconds."""
     threads = self.threads()
     start = time.perf_counter() if wait else 0.0
     if threads > 1:
-      addresses = (ctypes.c_void_p * max(1, len(bufs)))(*[b.ctypes.data for b in bufs])
-      pool_for(thread_count()).run(self.task, addresses, (ctypes.c_int * max(1, len(vals)))(*vals), threads)
+      pointers = [b.ctypes.data for b in bufs]
+      scratch = self.new_scratch() if self.chunks else None   # one per launch (launches may overlap), alive until done
+      if scratch is not None: pointers.append(scratch.ctypes.data)
+      addresses = (ctypes.c_void_p * max(1, len(pointers)))(*pointers)
+      values = (ctypes.c_int * max(1, len(vals)))(*vals)
+      pool_for(thread_count()).run(self.task, addresses, values, self.pool_chunks())
     else:
       if self._arg_counts != (len(bufs), len(vals)):
         self.fxn.argtypes = [ctypes.c_void_p] * len(bufs) + [ctypes.c_int] * (len(vals) + 2)

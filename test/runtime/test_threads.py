@@ -7,7 +7,8 @@ from kiln import Tensor, TinyJit
 from kiln.dtype import dtypes
 from kiln.helpers import Context
 from kiln.uop.ops import UOp, Ops
-from kiln.codegen.parallel import find_parallel_loop
+from kiln.codegen import parallel
+from kiln.codegen.parallel import find_parallel_loop, find_split_reduction
 from kiln.engine import realize
 from kiln.runtime import ops_cpu, threadpool
 
@@ -246,3 +247,114 @@ def test_symbolic_kernels_under_tinyjit(pool_launches):
   assert pool_launches[0] > 0
   for pos, (one, many) in enumerate(zip(expected, got)):
     assert one.shape == (1, 4, 1, pos + 1) and one.tobytes() == many.tobytes(), f"start_pos={pos}"
+
+# ---- split reductions: a reduce loop cut into a fixed number of chunks, partials combined in chunk order ----
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+  """Split reductions from a few hundred uops of work on (the shapes below are used only here: a kernel rendered
+  with the default chunk work would be reused from the compile cache)."""
+  monkeypatch.setattr(parallel, "REDUCE_CHUNK_WORK", 256)
+
+FLOATS = rng(10).standard_normal(20011).astype(np.float32)
+INTS = rng(11).integers(-1000, 1000, 30013).astype(np.int32)
+CUBE = rng(12).standard_normal((61, 5, 47)).astype(np.float32)
+TALL = rng(13).standard_normal((1031, 6)).astype(np.float32)
+
+@pytest.mark.parametrize("name, compute, reference", [
+  ("sum", lambda: Tensor(FLOATS).sum().numpy(), lambda: FLOATS.astype(np.float64).sum()),
+  ("max", lambda: Tensor(FLOATS).max().numpy(), lambda: FLOATS.max()),
+  ("min", lambda: Tensor(FLOATS).min().numpy(), lambda: FLOATS.min()),
+  ("sum_of_squares", lambda: (Tensor(FLOATS) * Tensor(FLOATS)).sum().numpy(),
+   lambda: (FLOATS.astype(np.float64) ** 2).sum()),
+  ("mean_all_but_one_axis", lambda: Tensor(CUBE).mean(axis=(0, 2)).numpy(),
+   lambda: CUBE.astype(np.float64).mean(axis=(0, 2))),
+  ("column_sum_few_columns", lambda: Tensor(TALL).sum(axis=0).numpy(), lambda: TALL.astype(np.float64).sum(axis=0)),
+  ("prod", lambda: (Tensor(FLOATS[:4001]) * 0.001 + 1).prod().numpy(),
+   lambda: (FLOATS[:4001].astype(np.float64) * 0.001 + 1).prod()),
+])
+def test_float_reductions_are_split(name, compute, reference, small_chunks, pool_launches):
+  assert_same_bits_for_every_thread_count(compute)
+  assert pool_launches[0] > 0, f"{name}: no kernel ran on the pool"
+  with Context(THREADS=3): np.testing.assert_allclose(compute(), reference(), rtol=2e-5, atol=1e-5)
+
+@pytest.mark.parametrize("name, compute, reference", [
+  ("sum", lambda: Tensor(INTS).sum().numpy(), lambda: INTS.sum(dtype=np.int32)),
+  ("max", lambda: Tensor(INTS).max().numpy(), lambda: INTS.max()),
+  ("min", lambda: Tensor(INTS).min().numpy(), lambda: INTS.min()),
+  ("wrapping_sum", lambda: (Tensor(INTS) * 1_000_003).sum(dtype=dtypes.int32).numpy(),
+   lambda: (INTS * np.int32(1_000_003)).sum(dtype=np.int32)),
+  ("int64_sum", lambda: Tensor(INTS.astype(np.int64) << 30).sum().numpy(), lambda: (INTS.astype(np.int64) << 30).sum()),
+  ("any", lambda: (Tensor(INTS) == 999).any().numpy(), lambda: (INTS == 999).any()),
+  ("all", lambda: (Tensor(INTS) > -1000).all().numpy(), lambda: (INTS > -1000).all()),
+])
+def test_int_reductions_are_exact(name, compute, reference, small_chunks, pool_launches):
+  for threads in (1, *THREAD_COUNTS):
+    with Context(THREADS=threads): got = compute()
+    assert got.dtype == reference().dtype and got == reference(), f"{name} THREADS={threads}: {got} != {reference()}"
+  assert pool_launches[0] > 0, f"{name}: no kernel ran on the pool"
+
+def test_split_reduction_repeats_exactly(small_chunks):
+  with Context(THREADS=4):
+    results = {Tensor(FLOATS).sum().numpy().tobytes() for _ in range(20)}
+  assert len(results) == 1, "the same sum gave different bits on different launches"
+
+def test_split_reductions_under_tinyjit(small_chunks):
+  def step(x: Tensor) -> Tensor:
+    return (x.sum() + x.max() + x.reshape(61, 5, 47).mean(axis=(0, 2)).sum()).realize()
+  inputs = [rng(20 + i).standard_normal(CUBE.size).astype(np.float32) for i in range(4)]
+  results = {}
+  for threads in (1, 3):
+    with Context(THREADS=threads):
+      jitted = TinyJit(step)
+      results[threads] = [jitted(Tensor(x)).numpy() for x in inputs]
+      graphs = [launch for launch in jitted.captured._launches if hasattr(launch, "threads")]
+      assert graphs, f"THREADS={threads}: no graph"
+      if threads > 1: assert any(g.scratch for g in graphs), "no split reduction in the graph"
+  for one, many in zip(results[1], results[3]): assert one.tobytes() == many.tobytes()
+  x = inputs[-1].astype(np.float64)
+  expected = x.sum() + x.max() + x.reshape(61, 5, 47).mean(axis=(0, 2)).sum()
+  np.testing.assert_allclose(results[3][-1], expected, rtol=1e-5)
+
+def full_sum_uops(init: float = 0.0, op: Ops = Ops.ADD, extra=lambda acc, update: []) -> list[UOp]:
+  out, a, r = glob(0), glob(1), loop(1 << 20)
+  acc = UOp(Ops.DEFINE_ACC, F32, (const(init, F32),), 0)
+  value = load(a, r)
+  update = alu(op, acc, value)
+  assign = UOp(Ops.ASSIGN, F32, (acc, update))
+  return [out, a, acc, r, value, update, *extra(acc, update), assign, end(r), store(out, const(0), assign)]
+
+def test_full_reduction_is_found():
+  found = find_split_reduction(full_sum_uops())
+  assert found is not None and 1 < found.chunks <= parallel.MAX_REDUCE_CHUNKS and found.outer_iterations == 1
+  assert find_split_reduction(full_sum_uops(float("-inf"), Ops.MAX)) is not None
+
+def test_reduction_not_starting_at_the_identity_is_not_split():
+  assert find_split_reduction(full_sum_uops(init=1.0)) is None   # each chunk would add the 1 again
+  assert find_split_reduction(full_sum_uops(init=0.0, op=Ops.MAX)) is None
+
+def test_running_value_read_in_the_loop_is_not_split():
+  out = glob(0)   # out[0] = acc inside the loop: a store of a running value
+  assert find_split_reduction(full_sum_uops(extra=lambda acc, update: [store(out, const(0), update)])) is None
+  # the running total used to compute something else in the loop
+  assert find_split_reduction(full_sum_uops(extra=lambda acc, update: [alu(Ops.MUL, update, const(2.0, F32))])) is None
+
+def test_small_reduction_is_not_split():
+  out, a, r = glob(0), glob(1), loop(100)
+  acc = UOp(Ops.DEFINE_ACC, F32, (const(0.0, F32),), 0)
+  update = alu(Ops.ADD, acc, load(a, r))
+  assign = UOp(Ops.ASSIGN, F32, (acc, update))
+  uops = [out, a, acc, r, update.src[1], update, assign, end(r), store(out, const(0), assign)]
+  assert find_split_reduction(uops) is None
+
+def test_outer_loop_reading_its_own_output_is_not_split():
+  out, a, o, r = glob(0), glob(1), loop(4), loop(1 << 20, 1)   # out[o] = out[o-1] + sum(a): needs the previous store
+  acc = UOp(Ops.DEFINE_ACC, F32, (const(0.0, F32),), 0)
+  update = alu(Ops.ADD, acc, load(a, r))
+  assign = UOp(Ops.ASSIGN, F32, (acc, update))
+  previous = load(out, alu(Ops.ADD, o, const(-1)))
+  total = alu(Ops.ADD, previous, assign)
+  uops = [out, a, o, acc, r, update.src[1], update, assign, end(r), previous, total, store(out, o, total), end(o)]
+  assert find_split_reduction(uops) is None
+  assert find_split_reduction([u for u in uops if u is not previous and u is not total][:-2]
+                              + [store(out, o, assign), end(o)]) is not None
