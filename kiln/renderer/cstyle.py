@@ -272,6 +272,9 @@ class CRenderer(Renderer):
   int kiln_nthreads)` in GNU C (the last two split the outermost loop across threads where that is safe)."""
   device = "CPU"
   has_local = False
+  # libm's expf/log2f/sinf are calls the compiler cannot vectorize; kiln's software versions (<= 1 ulp, see
+  # docs/transcendental.md) vectorize with the rest of the loop: softmax 4096x4096 208 -> 109 ms on 2 cores
+  has_native_transcendentals = False
 
   def render(self, name: str, uops: list[UOp]) -> str:
     """The C source of function `name` (see the module docstring for the semantics)."""
