@@ -194,6 +194,51 @@ def test_global_tensor_reassigned_between_calls():
     v = rand(2)
     np.testing.assert_allclose(f(Tensor(v)).numpy(), v * ([5, 7] if i >= 4 else [1, 1]), rtol=1e-6)
 
+step = 0          # a loop counter named like the optimizer's method: not read by the jitted function below
+GLOBAL_SCALE = 2.0
+
+def test_global_named_like_an_attribute_does_not_recapture(schedules):
+  global step
+  w = Tensor(np.float32([1, 2]), requires_grad=True)
+  opt = SGD([w], lr=0.1)
+  @TinyJit
+  def train(x):
+    opt.zero_grad()
+    loss = (x * w).sum()
+    loss.backward()
+    opt.step()           # `step` is an attribute here (LOAD_ATTR/LOAD_METHOD), not the global counter
+    return loss.realize()
+  with Tensor.train():
+    for step in range(8):
+      before = schedules[0]
+      train(Tensor(np.float32([1, 1])))
+      if step >= 2: assert schedules[0] == before, f"call {step + 1} re-captured: the global `step` was guarded"
+  np.testing.assert_allclose(w.numpy(), [1 - 0.8, 2 - 0.8], rtol=1e-5)
+
+@pytest.mark.parametrize("where", ["direct", "comprehension", "lambda", "inner function"])
+def test_global_really_read_recaptures_when_it_changes(where, schedules):
+  global GLOBAL_SCALE
+  @TinyJit
+  def f(x):
+    if where == "direct": s = GLOBAL_SCALE
+    elif where == "comprehension": s = [GLOBAL_SCALE for _ in range(1)][0]
+    elif where == "lambda": s = (lambda: GLOBAL_SCALE)()
+    else:
+      def inner(): return GLOBAL_SCALE
+      s = inner()
+    return (x * s).realize()
+  scheduled = []
+  try:
+    for scale in [2.0, 2.0, 2.0, 2.0, 5.0, 5.0, 5.0]:
+      GLOBAL_SCALE = scale
+      v = rand(3)
+      before = schedules[0]
+      np.testing.assert_allclose(f(Tensor(v)).numpy(), v * scale, rtol=1e-6)
+      scheduled.append(schedules[0] > before)
+  finally: GLOBAL_SCALE = 2.0
+  # calls 1-2 run eagerly, 3-4 replay, 5 re-captures (the global changed), 6-7 replay
+  assert scheduled == [True, True, False, False, True, False, False], scheduled
+
 def test_closure_tensor_updated_in_place_between_calls():
   w = Tensor(np.float32([1, 2])).realize()
   @TinyJit
@@ -321,10 +366,8 @@ def test_nested_tinyjit_raises():
 def test_function_that_launches_nothing_raises():
   @TinyJit
   def f(x): return x
-  t = Tensor([1.0])
-  f(t)
   with pytest.raises(RuntimeError, match="launched no kernels"):
-    f(t)
+    f(Tensor([1.0]))   # already at the first (eager) call
 
 def test_reassigning_state_inside_the_function_raises():
   class Counter:

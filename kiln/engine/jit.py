@@ -8,17 +8,18 @@ arguments, and the Python state the capture read); a mismatch re-captures, a cha
 See docs/jit.md.
 """
 from __future__ import annotations
-import collections, functools, types
+import collections, dis, functools, types
 from typing import Any, Callable, Generic, TypeVar
-from kiln.device import Buffer
-from kiln.dtype import DType
+import numpy as np
+from kiln.device import Buffer, Device
+from kiln.dtype import DType, dtypes
 from kiln.helpers import JIT, DEBUG, GlobalCounters
 from kiln.uop import ops as _ops
 from kiln.uop.ops import UOp, Ops, GroupOp, toposort
 from kiln.uop.pattern import substitute
 from kiln.engine.realize import ExecItem, capturing
 from kiln.engine.graph import batch_launches, plain_launch
-from kiln.tensor import Tensor, _forget_results_computed_from, _tensor_around
+from kiln.tensor import Tensor, _forget_results_computed_from, _tensor_around, _computed_from
 
 ReturnType = TypeVar("ReturnType")
 
@@ -26,6 +27,7 @@ SCALARS = (int, float, bool, str, bytes, complex, type(None))
 MAX_CAPTURES = 8        # captures kept per TinyJit (one per guard signature), least recently used dropped first
 STATE_DEPTH = 5         # how deep into closures, globals and argument objects the state guard looks
 STATE_BUDGET = 20000    # at most this many values visited per state walk
+ARRAY_GUARD_BYTES = 1 << 20   # numpy arrays in the state up to this size are guarded by contents, larger by identity
 
 # ---------------- the record of one jitted call ----------------
 
@@ -35,12 +37,14 @@ class _Recorder:
   def __init__(self, name: str, recording: bool):
     self.name, self.recording = name, recording
     self.items: list[ExecItem] = []
+    self.launches = 0   # counted on every call, so a function that launches nothing is refused at its first call
     self.existed: dict[int, bool] = {}
   def note_buffers(self, bufs: list[Buffer]) -> None:
     if not self.recording: return
     for b in bufs:
       if id(b) not in self.existed: self.existed[id(b)] = b.is_allocated()
   def add(self, item: ExecItem) -> None:
+    self.launches += 1
     if self.recording: self.items.append(item)
 
 # ---------------- guard signatures ----------------
@@ -57,6 +61,7 @@ def _describe(x: Any, tensors: list[Tensor], objects: list[Any], binds: list[UOp
     return _TENSOR
   if kind in SCALARS:
     return (kind, "nan") if x != x else (kind, x)
+  if isinstance(x, np.generic): return (kind, x.tobytes())   # numpy scalars by their exact bits
   if kind is list or kind is tuple: return (kind, tuple([_describe(v, tensors, objects, binds) for v in x]))
   if kind is dict: return (dict, tuple([(k, _describe(v, tensors, objects, binds)) for k, v in x.items()]))
   if kind is UOp and x.op is Ops.BIND:
@@ -163,8 +168,14 @@ def _fill(template: Any, outs: list[Tensor]) -> Any:
 
 # ---------------- Python state the function reads ----------------
 
+# opcodes that read a global by name; co_names also holds attribute and method names (LOAD_ATTR, LOAD_METHOD,
+# STORE_ATTR, IMPORT_FROM...), which must not be guarded as globals (`opt.step()` is not a read of a global `step`)
+_GLOBAL_READS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL"})
+
 def _code_names(code: types.CodeType) -> set[str]:
-  names = set(code.co_names)
+  """The global names `code` reads or writes, found in its bytecode, including nested code objects (comprehensions,
+  lambdas, inner functions and classes), which share the enclosing function's globals."""
+  names = {ins.argval for ins in dis.get_instructions(code) if ins.opname in _GLOBAL_READS}
   for const in code.co_consts:
     if isinstance(const, types.CodeType): names |= _code_names(const)
   return names
@@ -188,13 +199,16 @@ def _walk_state(roots: list[tuple[tuple, Any]]) -> dict[tuple, Any]:
     path, value, depth = stack.pop()
     budget -= 1
     kind = type(value)
-    if kind in SCALARS:
+    if kind in SCALARS or isinstance(value, np.generic):
       found[path] = value
       continue
     if id(value) in seen or isinstance(value, _OPAQUE) or isinstance(value, (DType, TinyJit)): continue
     seen.add(id(value))
     if isinstance(value, Tensor):
       found[path] = value
+      continue
+    if isinstance(value, np.ndarray):
+      found[path] = _ArraySnapshot(value)
       continue
     if depth >= STATE_DEPTH or _is_kiln_machinery(value): continue
     if isinstance(value, (list, tuple)):
@@ -207,6 +221,22 @@ def _walk_state(roots: list[tuple[tuple, Any]]) -> dict[tuple, Any]:
       children = [(path + (("attr", k),), v) for k, v in attrs.items()]
     stack.extend((p, v, depth + 1) for p, v in reversed(children))
   return found
+
+class _ArraySnapshot:
+  """A numpy array reachable from the state, by identity and (up to ARRAY_GUARD_BYTES) by contents: `Tensor(array)`
+  inside the function copies the contents into a buffer that every replay reuses, so changing the array in place
+  must re-capture."""
+  __slots__ = ("array", "shape", "dtype", "contents")
+  def __init__(self, array: np.ndarray):
+    self.array, self.shape, self.dtype = array, array.shape, array.dtype
+    self.contents = array.tobytes() if array.nbytes <= ARRAY_GUARD_BYTES else None
+  def matches(self, value: Any) -> bool:
+    """Whether `value` is still this array, with the same shape, dtype and (when guarded) contents."""
+    if value is not self.array or value.shape != self.shape or value.dtype != self.dtype: return False
+    return self.contents is None or value.tobytes() == self.contents
+  def __eq__(self, other: Any) -> bool:
+    return isinstance(other, _ArraySnapshot) and other.contents == self.contents and self.matches(other.array)
+  def __repr__(self) -> str: return f"<numpy array {self.shape} {self.dtype}>"
 
 def _follow(root: Any, steps: tuple) -> Any:
   value = root
@@ -235,7 +265,8 @@ def _same_value(a: Any, b: Any) -> bool:
 class CapturedJit:
   """The launches of one captured call and everything precomputed to replay them with new inputs."""
   def __init__(self, name: str, items: list[ExecItem], input_bufs: list[Buffer], existed: dict[int, bool],
-               outs: list[Tensor], template: Any, guards: list, keep: list, prune: bool, key: Any = None):
+               outs: list[Tensor], template: Any, guards: list, keep: list, prune: bool, key: Any = None,
+               optimize: bool = False):
     self.name, self.items, self.template, self.guards, self.keep, self.key = name, items, template, guards, keep, key
     state_ids = {id(g[1][1]) for g in guards if isinstance(g[1], tuple)}
     input_index = {}
@@ -246,6 +277,9 @@ class CapturedJit:
     if prune:
       output_ids = {id(t.uop.base.buffer) for t in outs if t.uop.base.op is Ops.BUFFER}
       items = self.items = _prune(items, set(input_index), output_ids, written - produced - set(input_index))
+    if optimize:
+      output_ids = {id(t.uop.base.buffer) for t in outs if t.uop.base.op is Ops.BUFFER}
+      _plan_intermediates(items, produced - output_ids)
     # output tensors: a view of a fresh buffer per replay, of an input, or of a buffer that stays (state)
     self.outputs: list[tuple[str, Any, list]] = []
     fresh_ids: dict[int, int] = {}
@@ -272,6 +306,7 @@ class CapturedJit:
     self.swapped = {(item_index[id(bufs)], pos) for bufs, pos, _ in self.input_slots}
     self.swapped |= {(item_index[id(bufs)], pos) for *_, slots in self.fresh for bufs, pos in slots}
     self._launches: list[Callable[[], None]] | None = None   # built at the first replay
+    self.reused_results: list[tuple[UOp, UOp]] = []   # set by TinyJit: results of earlier graphs the capture read
     # buffers a replay must never be handed as an input (they would alias a buffer the kernels use another way)
     self.internal_ids = {id(b) for item in items for b in item.bufs
                          if id(b) not in input_index and id(b) not in fresh_ids}
@@ -294,6 +329,8 @@ class CapturedJit:
       if isinstance(expected, tuple):   # (tensor, marker)
         if not isinstance(value, Tensor) or _marker(value) is not expected[1]:
           return f"{_path_str(path)} is another tensor"
+      elif type(expected) is _ArraySnapshot:
+        if not expected.matches(value): return f"{_path_str(path)} (a numpy array) was replaced or changed"
       elif not _same_value(value, expected): return f"{_path_str(path)} changed from {expected!r} to {value!r}"
     return None
 
@@ -335,6 +372,34 @@ class CapturedJit:
       outs.append(_tensor_around(_apply_chain(node, _rebind(chain, var_vals) if var_vals else chain)))
     return _fill(self.template, outs)
 
+def _plan_intermediates(items: list[ExecItem], intermediate_ids: set[int]) -> int:
+  """Let intermediates whose lifetimes (first to last launch that uses them) do not overlap share one buffer of the
+  same device, dtype and size, by rewriting the launches' buffer lists in place; returns how many there were."""
+  first: dict[int, int] = {}
+  last: dict[int, int] = {}
+  buffers: dict[int, Buffer] = {}
+  views = {id(b._base) for item in items for b in item.bufs if b._base is not None}
+  for i, item in enumerate(items):
+    for b in item.bufs:
+      if id(b) not in intermediate_ids or b._base is not None or id(b) in views: continue
+      first.setdefault(id(b), i)
+      last[id(b)], buffers[id(b)] = i, b
+  # (device, dtype, size) -> [(index of the last launch that uses the buffer, buffer)]
+  free: dict[tuple, list[tuple[int, Buffer]]] = collections.defaultdict(list)
+  replace: dict[int, Buffer] = {}
+  for bid in sorted(first, key=first.get):
+    buf = buffers[bid]
+    slots = free[(buf.device, buf.dtype, buf.size)]
+    reuse = next((k for k, (free_after, _) in enumerate(slots) if free_after < first[bid]), None)
+    if reuse is None: slots.append((last[bid], buf))
+    else:
+      replace[bid] = slots[reuse][1]
+      slots[reuse] = (last[bid], slots[reuse][1])
+  for item in items:
+    for pos, b in enumerate(item.bufs):
+      if id(b) in replace: item.bufs[pos] = replace[id(b)]
+  return len(first)
+
 def _prune(items: list[ExecItem], input_ids: set[int], output_ids: set[int], state_ids: set[int]) -> list[ExecItem]:
   """Keep only launches that update state (write a buffer that existed before the call, such as weights or the random
   generator's counter), depend on an input or on such state, or write an output."""
@@ -355,7 +420,8 @@ class TinyJit(Generic[ReturnType]):
   tensors (found anywhere in the arguments, also inside lists, tuples and dicts). Returned tensors are realized.
   Guards on every call re-capture on a changed shape, dtype, device, view, aliasing, Python scalar or argument
   object (up to 8 captures are kept), and raise on what a replay cannot repeat; see docs/jit.md. `JIT=0` runs every
-  call eagerly. `prune=True` drops captured kernels that depend on no input (they ran once, at capture).
+  call eagerly. `prune=True` drops captured kernels that depend on no input (they ran once, at capture);
+  `optimize=True` lets intermediates whose lifetimes in the capture do not overlap share memory.
 
   >>> from kiln import TinyJit
   >>> @TinyJit
@@ -363,9 +429,10 @@ class TinyJit(Generic[ReturnType]):
   >>> [double(Tensor([float(i), 1.0])).tolist() for i in range(4)]
   [[0.0, 2.0], [2.0, 2.0], [4.0, 2.0], [6.0, 2.0]]
   """
-  def __init__(self, fxn: Callable[..., ReturnType] | None, captured: CapturedJit | None = None, prune: bool = False):
+  def __init__(self, fxn: Callable[..., ReturnType] | None, captured: CapturedJit | None = None, prune: bool = False,
+               optimize: bool = False):
     if fxn is None and captured is None: raise ValueError("TinyJit: give a function or a captured jit")
-    self.fxn, self.prune = fxn, prune
+    self.fxn, self.prune, self.optimize = fxn, prune, optimize
     self.name = getattr(fxn, "__qualname__", None) or getattr(captured, "name", "jit")
     self.captured: CapturedJit | None = captured
     self.cnt = 0
@@ -430,7 +497,8 @@ class TinyJit(Generic[ReturnType]):
     # bound Variables guard by Variable (name, range), and their values are replayed: one capture serves every value
     var_vals = None
     if binds or _ops.binds_made: signatures, var_vals = _call_variables(binds, signatures)
-    key = (structure, signatures, aliasing, Tensor.training)
+    # global modes that change what the function builds: training, the default device and default dtypes
+    key = (structure, signatures, aliasing, Tensor.training, Device._default, dtypes.default_float, dtypes.default_int)
     entry = self._captures.get(key)
     if self.fxn is None:   # only a capture handed in: replay it when the guards match, there is nothing to re-capture
       if key != self.captured.key or (changed := self._replay_blocker(self.captured, tensors, objects)) is not None:
@@ -459,6 +527,9 @@ class TinyJit(Generic[ReturnType]):
       pinned = entry.pinned_inputs.get(k)
       if pinned is not None and buf is not pinned: return f"input {k} was a buffer the kernels also use as state"
       if pinned is None and id(buf) in entry.internal_ids: return f"input {k} is a buffer the captured kernels use"
+    for node, result in entry.reused_results:
+      if node.forward is not result:
+        return "a result computed before the capture (and reused by it) was overwritten or recomputed"
     return entry.check_state(self._state_roots(objects)) if entry.guards else None
 
   def _run(self, args, kwargs, tensors, record: bool) -> Any:
@@ -470,16 +541,23 @@ class TinyJit(Generic[ReturnType]):
       template = _template(ret, outs)
       if outs: Tensor.realize_all(outs)
     finally: capturing.pop()
+    if not recorder.launches:
+      raise RuntimeError(f"TinyJit: {self.name} launched no kernels, so there is nothing to capture (return tensors "
+                         "the function computes, or don't jit it)")
     return (ret, recorder, outs, template) if record else ret
 
   def _capture(self, key, args, kwargs, tensors, objects) -> Any:
     roots = self._state_roots(objects)
     before = {p: ((v, _marker(v)) if isinstance(v, Tensor) else v) for p, v in _walk_state(list(roots.items())).items()}
     input_bufs = [t.uop.base.buffer for t in tensors]
+    arguments = _describe((args, kwargs), [], [], [])
     ret, recorder, outs, template = self._run(args, kwargs, tensors, record=True)
-    if not recorder.items:
-      raise RuntimeError(f"TinyJit: {self.name} launched no kernels, so there is nothing to capture (return tensors "
-                         "the function computes, or don't jit it)")
+    # lists and dicts in the arguments are Python state too: a replay cannot repeat appending to them or storing in them
+    tensors_after: list[Tensor] = []
+    if _describe((args, kwargs), tensors_after, [], []) != arguments or any(
+        a is not b for a, b in zip(tensors, tensors_after)):
+      raise RuntimeError(f"TinyJit: {self.name} changed a list, tuple or dict in its arguments during the call; a "
+                         "replay runs only the captured kernels and cannot repeat that (return the new values instead)")
     after = _walk_state(list(self._state_roots(objects).items()))
     for path in dict.fromkeys([*before, *after]):
       old, new = before.get(path, _MISSING), after.get(path, _MISSING)
@@ -489,13 +567,34 @@ class TinyJit(Generic[ReturnType]):
                          "captured kernels and cannot repeat Python-side changes (update tensors in place with "
                          "assign(), keep Python values fixed during the call, or run with JIT=0)")
     used = {id(b) for item in recorder.items for b in item.bufs}
+    reused = _reused_results(recorder, input_bufs, before)
     guards = [(p, v) for p, v in before.items()
               if not isinstance(v, tuple) or not isinstance(v[1], Buffer) or id(v[1]) in used]
     entry = CapturedJit(self.name, recorder.items, input_bufs, recorder.existed, outs, template, guards,
-                        [objects, [v[0] for v in before.values() if isinstance(v, tuple)]], self.prune, key)
+                        [objects, [v[0] for v in before.values() if isinstance(v, tuple)]], self.prune, key,
+                        self.optimize)
+    entry.reused_results = reused
     self._captures[key] = self.captured = entry
     while len(self._captures) > MAX_CAPTURES: self._captures.popitem(last=False)
     if DEBUG >= 1: print(f"TinyJit {self.name}: captured {len(entry.items)} launches")
     return ret
 
 _MISSING = object()
+
+def _reused_results(recorder: _Recorder, input_bufs: list[Buffer], before: dict) -> list[tuple[UOp, UOp]]:
+  """The graph nodes whose earlier results (`node.forward`) the capture read instead of computing them, as
+  (node, result): a realized constant such as `Tensor(2.0).realize()` is the same node as the 2 in `x * 2`. Such a
+  buffer is not the function's state, so once it is overwritten (the node forgets its result) the capture is stale.
+  Buffers of inputs and of tensors reachable from the guarded state are left out: updating those in place is what a
+  replay must see."""
+  skip = {id(b) for b in input_bufs} | {id(v[1]) for v in before.values() if isinstance(v, tuple)}
+  reused = []
+  for item in recorder.items:
+    for buf in item.bufs:
+      if id(buf) in skip or not recorder.existed.get(id(buf), False): continue
+      skip.add(id(buf))
+      for node in list(_computed_from.get(buf, ())):
+        result = node.forward
+        if result is not None and result.base.op is Ops.BUFFER and result.base.buffer is buf:
+          reused.append((node, result))
+  return reused
