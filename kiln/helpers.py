@@ -88,7 +88,7 @@ def settings_markdown() -> str:
            "| name | default | meaning |", "| --- | --- | --- |"]
   for var in sorted(ContextVar.registry.values(), key=lambda v: v.key):
     lines.append(f"| `{var.key}` | `{var.default!r}` | {var.doc} |")
-  lines += ["", "Device selection (read once): `DEV=CPU|PYTHON`, or `CPU=1` / `PYTHON=1`.", ""]
+  lines += ["", "Device selection (read once): `DEV=CPU|LLVM|PYTHON`, or `CPU=1` / `LLVM=1` / `PYTHON=1`.", ""]
   return "\n".join(lines)
 
 class GlobalCounters:

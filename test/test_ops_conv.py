@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from kiln import Tensor, dtypes
+from kiln import Tensor, Device, dtypes
 from helpers import check, assert_close
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -103,7 +103,7 @@ def test_conv2d_errors():
     Tensor.ones(1, 1, 4, 4).conv2d(Tensor.ones(2, 1, 2, 2), Tensor.ones(3))
   with pytest.raises(ValueError, match="groups must be a positive int"): x1.conv2d(w1, groups=0)
   with pytest.raises(ValueError, match=r"test_ops_conv.py:\d+"): x.conv2d(w)   # the error points at the user's line
-  with pytest.raises(RuntimeError, match="conv2d: input on CPU but weight on PYTHON"):
+  with pytest.raises(RuntimeError, match=f"conv2d: input on {Device.DEFAULT} but weight on PYTHON"):
     Tensor.ones(1, 1, 3, 3).conv2d(Tensor.ones(1, 1, 2, 2, device="PYTHON"))
   with pytest.raises(TypeError, match="conv2d: weight must be a Tensor"): Tensor.ones(1, 1, 3, 3).conv2d([[1.0]])
 

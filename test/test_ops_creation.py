@@ -4,11 +4,11 @@ import ctypes, gzip, http.server, threading
 import numpy as np
 import pytest
 import torch
-from kiln import Tensor, dtypes
+from kiln import Tensor, Device, dtypes
 
-def seeded(fn, seed=1234, device="CPU"):
+def seeded(fn, seed=1234, device=None):
   Tensor.manual_seed(seed)
-  return fn(device).numpy()
+  return fn(device or Device.DEFAULT).numpy()
 
 # ---------------------------------------------------------------------------------------------------------------------
 # randint
@@ -205,7 +205,7 @@ def test_from_url_local_http_server(download_cache):
                                                   ((0, 1, 3), {"device": "PYTHON"}, None)])
 def test_linspace(args, kwargs, tdtype):
   t, want = Tensor.linspace(*args, **kwargs), torch.linspace(*args, **({"dtype": tdtype} if tdtype else {}))
-  assert t.shape == tuple(want.shape) and t.device == kwargs.get("device", "CPU")
+  assert t.shape == tuple(want.shape) and t.device == kwargs.get("device", Device.DEFAULT)
   assert t.dtype == dtypes.fields()[str(want.dtype)[6:]]
   np.testing.assert_allclose(t.numpy().astype(np.float64), want.numpy().astype(np.float64), rtol=2e-3, atol=1e-3)
 
@@ -214,7 +214,7 @@ def test_linspace_errors():
 
 @pytest.mark.parametrize("dtype, tdtype", [("int16", torch.int16), ("float32", torch.float32), ("bool", torch.bool),
                                            ("float16", torch.float16)])
-@pytest.mark.parametrize("device", ["CPU", "PYTHON"])
+@pytest.mark.parametrize("device", [Device.DEFAULT, "PYTHON"])
 def test_like_constructors(dtype, tdtype, device):
   x, tx = Tensor.ones(2, 3, dtype=dtype, device=device), torch.ones(2, 3, dtype=tdtype)
   for name in ["zeros_like", "ones_like"]:

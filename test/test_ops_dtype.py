@@ -3,7 +3,7 @@ import hashlib, math
 import numpy as np
 import pytest
 import torch
-from kiln import Tensor, dtypes
+from kiln import Tensor, Device, dtypes
 from kiln.dtype import least_upper_dtype, DType
 from helpers import check
 
@@ -42,7 +42,7 @@ def cast_sweep(tdt) -> np.ndarray:
 # fp8
 
 @pytest.mark.parametrize("dt, tdt", FP8, ids=FP8_IDS)
-@pytest.mark.parametrize("device", ["CPU", "PYTHON"])
+@pytest.mark.parametrize("device", [Device.DEFAULT, "PYTHON"])
 def test_fp8_every_byte_decodes_like_torch(dt, tdt, device):
   got = Tensor(np.arange(256, dtype=np.uint8), device=device).bitcast(dt)
   assert got.dtype == dt
@@ -65,7 +65,7 @@ def test_fp8_cast_on_python_device(dt, tdt):
   np.testing.assert_array_equal(got, fp8_reference_bits(xs, tdt))
 
 @pytest.mark.parametrize("dt, tdt", FP8, ids=FP8_IDS)
-@pytest.mark.parametrize("device", ["CPU", "PYTHON"])
+@pytest.mark.parametrize("device", [Device.DEFAULT, "PYTHON"])
 def test_fp8_nan_stays_nan(dt, tdt, device):
   out = Tensor([math.nan, -math.nan], device=device).cast(dt)
   assert np.isnan(out.numpy()).all()
@@ -100,7 +100,7 @@ def test_fp8_cast_to_other_dtypes(dt, tdt, dst):
   np.testing.assert_array_equal(got_np, want_np)
 
 @pytest.mark.parametrize("dt, tdt", FP8, ids=FP8_IDS)
-@pytest.mark.parametrize("device", ["CPU", "PYTHON"])
+@pytest.mark.parametrize("device", [Device.DEFAULT, "PYTHON"])
 def test_fp8_arithmetic_rounds_every_op(dt, tdt, device):
   rng = np.random.default_rng(1)
   a, b = (rng.standard_normal(64) * 8).astype(np.float32), (rng.standard_normal(64) * 8).astype(np.float32)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from kiln import Tensor, dtypes
+from kiln import Tensor, Device, dtypes
 from helpers import check, assert_close
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*degrees of freedom")   # torch warns on var of an empty axis
@@ -16,7 +16,7 @@ def labels(shape, classes, seed=0, ignore=None, low=0):
   if ignore is not None and y.size: y.reshape(-1)[::3] = ignore
   return y
 
-def kt(a: np.ndarray, device="CPU") -> Tensor: return Tensor(a, device=device)
+def kt(a: np.ndarray, device=None) -> Tensor: return Tensor(a, device=device or Device.DEFAULT)
 def tt(a: np.ndarray) -> torch.Tensor: return torch.tensor(a.astype(np.int64) if a.dtype.kind in "iu" else a)
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -147,7 +147,7 @@ def test_one_hot_inferred_and_errors():
 # ---------------------------------------------------------------------------------------------------------------------
 # attention
 
-def sdpa_case(q_shape, k_shape, v_shape, mask=None, dtype="float32", device="CPU", **kwargs):
+def sdpa_case(q_shape, k_shape, v_shape, mask=None, dtype="float32", device=None, **kwargs):
   extra = [] if mask is None else [mask]
   check(lambda q, k, v, *m: q.scaled_dot_product_attention(k, v, *m, **kwargs),
         lambda q, k, v, *m: F.scaled_dot_product_attention(q, k, v, *m, **kwargs),

@@ -37,8 +37,12 @@ STORAGE_TYPES: dict[DType, str] = {**VALUE_TYPES, dtypes.bool: "i8", dtypes.floa
 def _is_signed(dtype: DType) -> bool: return dtypes.is_int(dtype) and not dtypes.is_unsigned(dtype)
 
 def float_literal(value: float) -> str:
-  """An LLVM float/double literal: the exact bits of `value` as a hex double (LLVM's form for both types)."""
-  if math.isnan(value): return "0x7FF8000000000000"
+  """An LLVM float/double literal: the exact bits of `value` as a hex double (LLVM's form for both types).
+
+  A NaN becomes the quiet NaN of its sign: a payload in the low bits would not fit a float, and the sign must survive
+  (fp8 tables hold -NaN at the codes with the sign bit set, and a cast of -NaN to fp8 keeps it).
+  """
+  if math.isnan(value): return "0xFFF8000000000000" if math.copysign(1.0, value) < 0 else "0x7FF8000000000000"
   return f"0x{struct.unpack('<Q', struct.pack('<d', value))[0]:016X}"
 
 def render_llvm_const(value, dtype: DType) -> str:
