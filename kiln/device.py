@@ -209,6 +209,7 @@ class CompileError(RuntimeError):
 class Compiler:
   """Turns kernel source into a binary. Subclasses implement `compile`; `compile_cached` adds the on-disk cache."""
   disk_cache: bool = True   # False for compilers whose output is as cheap to remake as to read back
+  runs_in_subprocess: bool = False   # True: several compiles may run at once from threads (kiln/engine/realize.py)
 
   def compile(self, src: str) -> bytes:
     """Compile `src` to bytes the device's runtime can load; raise CompileError on failure."""

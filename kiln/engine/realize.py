@@ -1,6 +1,6 @@
 """Turning schedule items into runnable programs and running them."""
 from __future__ import annotations
-import time
+import concurrent.futures, os, time
 from dataclasses import dataclass
 from kiln.uop.spec import check_lowered, check_linear
 from kiln.helpers import SPEC, NOOPT, DEBUG, GlobalCounters, fmt_time, colored, prod
@@ -54,8 +54,8 @@ def count_ops(uops: list[UOp]) -> int:
 
 _runner_cache: dict[tuple, CompiledRunner] = {}
 
-def compile_lowered(device: str, name: str, lowered: UOp) -> CompiledRunner:
-  """Compile a lowered (and optimized) kernel for `device`: software math, linearize, render, compile, load."""
+def render_lowered(device: str, name: str, lowered: UOp) -> tuple[str, list[UOp]]:
+  """The source code and linear uops of a lowered (and optimized) kernel: software math, linearize, render."""
   dev = Device[device]
   lowered = apply_software_math(lowered, dev.renderer)   # software exp2/log2/sin, x//c
   if SPEC: check_lowered(lowered)
@@ -65,10 +65,43 @@ def compile_lowered(device: str, name: str, lowered: UOp) -> CompiledRunner:
     for i, u in enumerate(uops): print(f"{i:4d} {u.op.name:14s} {str(u.dtype):16s} {u.arg!r}")
   source = dev.renderer.render(name, uops)
   if DEBUG >= 4: print(source)
-  lib = dev.compiler.compile_cached(source)
-  program = dev.runtime(name, lib)
+  return source, uops
+
+def _load(device: str, name: str, source: str, uops: list[UOp], lib: bytes) -> CompiledRunner:
   buffer_params, variables = kernel_signature(uops)   # the order the renderer gives the kernel its arguments
+  program = Device[device].runtime(name, lib)
   return CompiledRunner(name, device, program, source, count_ops(uops), variables, tuple(g.arg for g in buffer_params))
+
+def compile_lowered(device: str, name: str, lowered: UOp) -> CompiledRunner:
+  """Compile a lowered (and optimized) kernel for `device`: render, compile (disk-cached), load."""
+  source, uops = render_lowered(device, name, lowered)
+  return _load(device, name, source, uops, Device[device].compiler.compile_cached(source))
+
+def compile_many(device: str, jobs: list[tuple[str, UOp]]) -> list[CompiledRunner | Exception]:
+  """`compile_lowered` for each (name, lowered kernel), with the compiler runs in parallel (a thread per core) where
+  the device's compiler is a separate process. Graph work (rendering, loading) stays on this thread: UOps are
+  hash-consed, and building them from several threads at once could make two nodes for one value. A kernel that
+  fails gives its exception in its place."""
+  rendered: list = []
+  for name, lowered in jobs:
+    try: rendered.append(render_lowered(device, name, lowered))
+    except Exception as e: rendered.append(e)   # noqa: BLE001  (reported in its place)
+  compiler = Device[device].compiler
+  def build(item):
+    if isinstance(item, Exception): return item
+    try: return compiler.compile_cached(item[0])
+    except Exception as e: return e   # noqa: BLE001
+  todo = [r for r in rendered if not isinstance(r, Exception)]
+  if len(todo) > 1 and compiler.runs_in_subprocess:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1)) as pool:
+      libs = list(pool.map(build, rendered))
+  else: libs = [build(r) for r in rendered]
+  out: list = []
+  for (name, _), item, lib in zip(jobs, rendered, libs):
+    if isinstance(lib, Exception): out.append(lib); continue
+    try: out.append(_load(device, name, item[0], item[1], lib))
+    except Exception as e: out.append(e)   # noqa: BLE001
+  return out
 
 def get_runner(device: str, ast: UOp, bufs: list[Buffer] | None = None, var_vals: dict | None = None) -> CompiledRunner:
   """The compiled program for `ast` on `device` (compiled once per distinct kernel). With BEAM>=1 and the kernel's
@@ -82,13 +115,34 @@ def get_runner(device: str, ast: UOp, bufs: list[Buffer] | None = None, var_vals
   _runner_cache[key] = runner
   return runner
 
+def precompile(items: list[ScheduleItem]) -> None:
+  """Compile the not yet compiled kernels of a schedule together, so a C compiler runs on every core (a cold
+  transformer graph compiles ~35 kernels). A kernel that fails here is left for the run, which reports it in order."""
+  if BEAM.value >= 1: return   # a search times kernels on their real buffers, one kernel at a time
+  wanted: dict[str, dict[tuple, UOp]] = {}
+  for item in items:
+    if item.ast.op is Ops.COPY: continue
+    device = item.bufs[0].device
+    key = (device, item.ast, TRANSCENDENTAL.value, 0)
+    if key not in _runner_cache: wanted.setdefault(device, {})[key] = item.ast
+  for device, asts in wanted.items():
+    if len(asts) < 2 or not Device[device].compiler.runs_in_subprocess: continue
+    jobs = [(kernel_name(ast), optimize_kernel(rewrite_gathers(lower_kernel(ast)))) for ast in asts.values()]
+    for key, runner in zip(asts, compile_many(device, jobs)):
+      if not isinstance(runner, Exception): _runner_cache[key] = runner
+
 def _beam_opts(device: str, name: str, lowered: UOp, bufs: list[Buffer], var_vals: dict, width: int) -> list:
   """The actions BEAM search picks for `lowered`, timing candidates on scratch copies of `bufs`."""
-  compiled: dict[UOp, CompiledRunner] = {}
+  compiled: dict[UOp, CompiledRunner | Exception] = {}
+  def prepare(sinks: list[UOp]) -> None:
+    todo = [s for s in dict.fromkeys(sinks) if s not in compiled]
+    for sink, runner in zip(todo, compile_many(device, [(name, s) for s in todo])): compiled[sink] = runner
   def run_sink(sink: UOp, run_bufs: list[Buffer] | None) -> float:
-    if sink not in compiled: compiled[sink] = compile_lowered(device, name, sink)
-    return compiled[sink](run_bufs, var_vals, wait=True) if run_bufs is not None else 0.0
-  return choose_opts(Device[device], lowered, bufs, run_sink, width, extra_key=str(TRANSCENDENTAL.value))
+    if sink not in compiled: prepare([sink])
+    if isinstance(runner := compiled[sink], Exception): raise runner
+    return runner(run_bufs, var_vals, wait=True) if run_bufs is not None else 0.0
+  return choose_opts(Device[device], lowered, bufs, run_sink, width, extra_key=str(TRANSCENDENTAL.value),
+                     prepare=prepare)
 
 class BufferCopy:
   """A device copy as a runner: `bufs[0]` gets the contents of `bufs[1]`; returns the elapsed seconds."""
@@ -111,6 +165,7 @@ capturing: list = []
 
 def run_schedule(items: list[ScheduleItem], var_vals: dict | None = None) -> None:
   """Run each item in order, allocating its buffers first."""
+  if len(items) > 1: precompile(items)
   for item in items:
     if capturing: capturing[0].note_buffers(item.bufs)   # before allocating: which buffers existed already
     for b in item.bufs: b.allocate()

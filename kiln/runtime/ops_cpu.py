@@ -36,6 +36,7 @@ def _host_cpu_id() -> str:
 class ClangCompiler(Compiler):
   """C source -> shared library bytes, with `CC` (see find_c_compiler) and `CFLAGS` + BASE_FLAGS (+ `extra_flags`,
   e.g. `-pthread` for the thread pool)."""
+  runs_in_subprocess = True   # the compiler is its own process: several may run at once
   def __init__(self, extra_flags: tuple[str, ...] = ()):
     self.extra_flags = tuple(extra_flags)
 

@@ -11,7 +11,7 @@ something else is refused and reported), then written to an sqlite database in t
 kernel, the device's compiler and the search width, so later runs and other processes skip the search.
 """
 from __future__ import annotations
-import concurrent.futures, hashlib, json, os, sqlite3, time
+import hashlib, json, sqlite3, time
 from typing import Callable, Sequence
 import numpy as np
 from kiln.helpers import CACHELEVEL, DEBUG, ContextVar, cache_dir
@@ -103,25 +103,19 @@ def beam_search(sink: UOp, time_kernels: Timer, width: int, timeout_s: float) ->
     if not improved: break
   return beam[0][2]
 
-def make_timer(compile_kernel: Callable[[UOp], Callable[[], float]]) -> Timer:
-  """A Timer from `compile_kernel(sink) -> run`, where `run()` runs the compiled kernel once and returns seconds.
-  Compiles run on a thread per core (the compilers are subprocesses or release the GIL); timing is sequential."""
+def make_timer(prepare: Callable[[list[UOp]], None], run: Callable[[UOp], float]) -> Timer:
+  """A Timer from `prepare(sinks)`, which compiles a round of candidates (the caller may compile them in parallel),
+  and `run(sink)`, which runs one compiled candidate once and returns seconds. Timing is sequential; a candidate
+  that fails to compile or run is timed as `inf` (never chosen)."""
   def time_kernels(kernels: Sequence[Kernel]) -> list[float]:
-    def build(kernel: Kernel):
-      try: return compile_kernel(kernel.sink)
-      except Exception as e:   # noqa: BLE001  (a candidate that fails to compile is simply not chosen)
-        if DEBUG >= 3: print(f"BEAM candidate {kernel.applied} failed to compile: {e}")
-        return None
-    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-      runs = list(pool.map(build, kernels))
+    prepare([k.sink for k in kernels])
     times = []
-    for run in runs:
-      if run is None: times.append(float("inf")); continue
+    for kernel in kernels:
       try:
-        run()   # warm-up: caches, page faults
-        times.append(min(run() for _ in range(TIMED_RUNS)))
-      except Exception as e:   # noqa: BLE001
-        if DEBUG >= 3: print(f"BEAM candidate failed to run: {e}")
+        run(kernel.sink)   # warm-up (and compile, if prepare left it out): caches, page faults
+        times.append(min(run(kernel.sink) for _ in range(TIMED_RUNS)))
+      except Exception as e:   # noqa: BLE001  (a candidate that fails is simply not chosen)
+        if DEBUG >= 3: print(f"BEAM candidate {kernel.applied} failed: {e}")
         times.append(float("inf"))
     return times
   return time_kernels
@@ -153,7 +147,7 @@ def search_key(device, sink: UOp, bufs: list, width: int, extra: str = "") -> st
   return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 def choose_opts(device, sink: UOp, bufs: list, run_sink: Callable[[UOp, list], float], width: int,
-                extra_key: str = "") -> list[Opt]:
+                extra_key: str = "", prepare: Callable[[list[UOp]], None] | None = None) -> list[Opt]:
   """The actions a `width`-wide search picks for the lowered kernel `sink` on `device`, from the disk cache when
   present. `run_sink(sink, bufs)` compiles `sink` (memoized by the caller) and runs it once on `bufs`, returning
   seconds. The winner must reproduce the unoptimized kernel's outputs, else the heuristics' choice is used."""
@@ -166,10 +160,8 @@ def choose_opts(device, sink: UOp, bufs: list, run_sink: Callable[[UOp, list], f
     except KernelOptError: pass   # the cache predates a change to the actions: search again
   start = time.perf_counter()
   scratch = _scratch_copies(bufs)
-  def compile_kernel(candidate: UOp) -> Callable[[], float]:
-    run_sink(candidate, None)   # compile only (bufs None): so compiles happen in the pool, not while timing
-    return lambda: run_sink(candidate, scratch)
-  winner = beam_search(sink, make_timer(compile_kernel), width, float(BEAM_TIMEOUT.value))
+  timer = make_timer(prepare or (lambda sinks: None), lambda candidate: run_sink(candidate, scratch))
+  winner = beam_search(sink, timer, width, float(BEAM_TIMEOUT.value))
   # check the winner against the unoptimized kernel, both starting from the real buffers' contents
   results = []
   for candidate in (sink, winner.sink):
