@@ -1,9 +1,9 @@
 """Creation beyond the core constructors: random integers and permutations, sampling, tensors over existing memory."""
 from __future__ import annotations
-import ctypes, gzip, hashlib, os, pathlib, tempfile, urllib.request
+import ctypes, pathlib
 from typing import TYPE_CHECKING
 from kiln.dtype import DType, dtypes
-from kiln.helpers import prod, cache_dir, getenv
+from kiln.helpers import prod, fetch
 from kiln.mixin.common import where, fmt, dtype_arg, canonical_device
 if TYPE_CHECKING: from kiln.tensor import Tensor
 
@@ -150,21 +150,6 @@ class CreationMixin:
     return Tensor(out.uop, **kwargs)
 
 def _fetch(url: str, gunzip: bool) -> pathlib.Path:
-  """The local file holding `url`'s contents, downloading it into the cache unless it is already there."""
-  if url.startswith(("/", ".")):
-    path = pathlib.Path(url)
-    if not gunzip: return path
-    url = path.resolve().as_uri()
-  name = hashlib.md5(url.encode()).hexdigest() + (".gunzip" if gunzip else "")
-  target = cache_dir() / "downloads" / name
-  if target.is_file() and not getenv("DISABLE_HTTP_CACHE"): return target
-  target.parent.mkdir(parents=True, exist_ok=True)
-  try:
-    with urllib.request.urlopen(urllib.request.Request(url, headers={"User-Agent": "kiln"}), timeout=30) as response:
-      stream = gzip.GzipFile(fileobj=response) if gunzip else response
-      with tempfile.NamedTemporaryFile(dir=target.parent, delete=False) as tmp:
-        while chunk := stream.read(1 << 16): tmp.write(chunk)
-    os.replace(tmp.name, target)   # atomic: a concurrent reader never sees a partial file
-  except OSError as e:
-    raise RuntimeError(f"from_url: could not download {url}: {e}{where()}") from None
-  return target
+  """The local file holding `url`'s contents (kiln.helpers.fetch), its errors naming from_url and the user's line."""
+  try: return fetch(url, gunzip=gunzip)
+  except (RuntimeError, OSError, ValueError) as e: raise RuntimeError(f"from_url: {e}{where()}") from None
