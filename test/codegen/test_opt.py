@@ -121,7 +121,47 @@ def test_matmul_heuristic_tiles_registers(references):
   applied = heuristic_opts(kernel)
   assert [o.op for o in applied] == [OptOps.UPCAST, OptOps.UPCAST], applied
   accumulators = [u for u in linearize(kernel.sink) if u.op.name == "DEFINE_ACC"]
-  assert len(accumulators) == 64, f"an 8x8 register tile needs 64 accumulators, got {len(accumulators)}"
+  assert len(accumulators) == 128, f"a 16x8 register tile needs 128 accumulators, got {len(accumulators)}"
+
+def _heuristic_choice(t: Tensor) -> list[Opt]:
+  """The actions the heuristics apply to `t`'s last kernel (lowered only, never run)."""
+  kernel = Kernel(lower_kernel(create_schedule([t.uop]).items[-1].ast))
+  return heuristic_opts(kernel)
+
+U = OptOps.UPCAST
+
+@pytest.mark.parametrize("build, want", [
+  # matmul: 16 wide on the columns (contiguous in the output and in b), 8 rows: 2x faster than 8x8 at 512/1024
+  (lambda: Tensor.empty(512, 512) @ Tensor.empty(512, 512), [Opt(U, 1, 16), Opt(U, 0, 8)]),
+  (lambda: Tensor.empty(1024, 1024) @ Tensor.empty(1024, 1024), [Opt(U, 1, 16), Opt(U, 0, 8)]),
+  (lambda: Tensor.empty(4, 64, 32) @ Tensor.empty(4, 32, 48), [Opt(U, 2, 16), Opt(U, 1, 8)]),   # batched
+  # conv: 16 output channels share each (padded) input load, 8 output columns share each weight
+  (lambda: Tensor.empty(16, 64, 56, 56).conv2d(Tensor.empty(64, 64, 3, 3), padding=1), [Opt(U, 1, 16), Opt(U, 3, 8)]),
+  # no axis is contiguous in both the output and a load (b transposed): the 8x8 tile as before
+  (lambda: Tensor.empty(512, 512) @ Tensor.empty(512, 512).T, [Opt(U, 1, 8), Opt(U, 0, 8)]),
+])
+def test_heuristic_tile_choices(build, want):
+  assert _heuristic_choice(build()) == want
+
+def _conv_numpy(x: np.ndarray, w: np.ndarray, pad: int) -> np.ndarray:
+  windows = np.lib.stride_tricks.sliding_window_view(np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad))),
+                                                     w.shape[2:], axis=(2, 3))
+  return np.einsum("nchwij,ocij->nohw", windows, w, optimize=True)
+
+@pytest.mark.parametrize("shapes", [((500, 300), (300, 700)), ((17, 33), (33, 40)), ((48, 20), (20, 64)),
+                                    ((3, 24, 20), (3, 20, 32)), ((1, 16), (16, 16))])
+def test_heuristic_matmul_matches_numpy(shapes):
+  rng = np.random.default_rng(3)
+  a_np, b_np = (rng.standard_normal(s).astype(np.float32) for s in shapes)
+  np.testing.assert_allclose((Tensor(a_np) @ Tensor(b_np)).numpy(), a_np @ b_np, atol=1e-3, rtol=1e-4)
+
+@pytest.mark.parametrize("xs, ws, pad", [((2, 5, 9, 11), (32, 5, 3, 3), 1), ((1, 3, 8, 16), (16, 3, 3, 3), 1),
+                                         ((2, 4, 7, 7), (6, 4, 2, 2), 0)])
+def test_heuristic_conv_matches_numpy(xs, ws, pad):
+  rng = np.random.default_rng(4)
+  x_np, w_np = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+  got = Tensor(x_np).conv2d(Tensor(w_np), padding=pad).numpy()
+  np.testing.assert_allclose(got, _conv_numpy(x_np, w_np, pad), atol=1e-4, rtol=1e-4)
 
 @pytest.mark.parametrize("opt, why", [
   (Opt(OptOps.UPCAST, 2, 4), "reduce axis"),        # matmul_even: axes (8, 16 | 12)

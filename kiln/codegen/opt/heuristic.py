@@ -2,7 +2,15 @@
 
 The choices follow from how each axis walks memory (its stride in every load and store):
 - an output axis with stride 0 in some load reuses that load's data across the axis (matmul's rows reuse `b`,
-  columns reuse `a`): upcast it 8x (or 4x) so a tile of accumulators shares every load (register tiling);
+  columns reuse `a`): upcast it so a tile of accumulators shares every load (register tiling). The tile is 16x8:
+  16 on the axis that reuses a gated (padded) load (conv's output channels), else on the axis contiguous in the
+  output and in a moving load (matmul's columns), applied first (its lanes vary fastest); 8 on the innermost axis
+  that reuses the other load. Measured on a 2-core EPYC (clang 14, 2 threads; anchors.py --quick), 8x8 -> 16x8:
+  matmul 512 96 -> 150 GFLOP/s, 1024 72-80 -> 100-165, 2048 44 -> 73-77; conv2d 16x64x56x56 * 64x3x3 pad 1
+  (8x8 on its two spatial axes before) 7 -> 27-44 GFLOP/s, the MLP SGD step 46-61 -> 61-120 steps/s; BEAM=4's
+  winner for matmul 512 (an 8x16 tile rows x columns, K unrolled by 2) measured 47-85 GFLOP/s against 16x8's
+  87-150, and unrolling K by 2 on top of 16x8 was within noise, so it is left out (compile time). Without such a
+  pair (e.g. `a @ b.T`: no axis is contiguous in both), the innermost two reused axes get 8 (or 4) each;
 - a reduction with few accumulators (row reduction) is unrolled, so each loop iteration does several independent
   operations;
 - a reduction over a strided axis (column reduction) upcasts the output axis that is contiguous, so each iteration
@@ -71,12 +79,19 @@ def heuristic_opts(kernel: Kernel) -> list[Opt]:
       _try(kernel, Opt(OptOps.UPCAST, len(out_axes) - 1, k))
     return kernel.applied
 
-  # register tiling: upcast output axes whose data some load reuses (stride 0 there, not everywhere); measured on
-  # matmul 512/1024 (bench/bench_matmul.py), an 8x8 tile beats 4x4 (3-4x) and needs no unrolled reduce
+  # register tiling: upcast output axes whose data some load reuses (stride 0 there, not everywhere); a 16x8 tile
+  # where a wide axis is found (module docstring), else 8x8 (measured on matmul 512/1024: 3-4x faster than 4x4)
   reused = [i for i, rng in enumerate(out_axes)
             if 0 in load_strides[rng] and any(s not in (0, None) for s in load_strides[rng])]
-  for axis in reversed(reused[-2:]):   # the innermost two, at most
-    if (k := _first_dividing(Kernel.size(out_axes[axis]), (8, 4))): _try(kernel, Opt(OptOps.UPCAST, axis, k))
+  if (tile := _wide_tile(loads, out_axes, reused, load_strides, store_strides)) is not None:
+    wide, partner = tile
+    if (k := _first_dividing(Kernel.size(wide), (16, 8, 4))): _try(kernel, Opt(OptOps.UPCAST, out_axes.index(wide), k))
+    axes = kernel.output_axes   # a fully upcast axis is gone from the list: find the partner again
+    if partner in axes and (k := _first_dividing(Kernel.size(partner), (8, 4))):
+      _try(kernel, Opt(OptOps.UPCAST, axes.index(partner), k))
+  else:
+    for axis in reversed(reused[-2:]):   # the innermost two, at most
+      if (k := _first_dividing(Kernel.size(out_axes[axis]), (8, 4))): _try(kernel, Opt(OptOps.UPCAST, axis, k))
   contiguous_reduce = any(1 in load_strides[rng] for rng in red_axes)
   if not reused and not contiguous_reduce:
     # column reduction: each step reads a contiguous run of outputs (32 floats: two cache lines) into accumulators
@@ -92,6 +107,24 @@ def heuristic_opts(kernel: Kernel) -> list[Opt]:
   elif red_axes and kernel.unrolled <= 16 and (k := _first_dividing(Kernel.size(red_axes[-1]), (8, 4))):
     _try(kernel, Opt(OptOps.UNROLL, len(kernel.axes) - 1, k))
   return kernel.applied
+
+def _wide_tile(loads: list[UOp], out_axes: list[UOp], reused: list[int], load_strides: dict[UOp, list[int | None]],
+               store_strides: dict[UOp, list[int | None]]) -> tuple[UOp, UOp] | None:
+  """The (wide, partner) axes of a 16x8 register tile, or None to keep the 8x8 tile of the innermost reused axes.
+
+  The wide axis reuses a gated (padded) load, which is the costliest to repeat (conv's output channels reuse the
+  input window); else it is the axis contiguous in the output and in a moving load (matmul's columns: a 16-wide
+  vector row of `b` against 8 broadcast values of `a`). The partner is the innermost other reused axis that reuses a
+  different load (a real 2D tile: each load is shared along one of the two axes)."""
+  def zero_loads(rng: UOp) -> set[int]: return {i for i, s in enumerate(load_strides[rng]) if s == 0}
+  gated = {i for i, ld in enumerate(loads) if len(ld.src) > 2}
+  candidates = [out_axes[i] for i in reused]
+  wide = next((rng for rng in reversed(candidates) if zero_loads(rng) & gated), None)
+  if wide is None:
+    wide = next((rng for rng in reversed(candidates) if 1 in store_strides[rng] and 1 in load_strides[rng]), None)
+  if wide is None: return None
+  partner = next((rng for rng in reversed(candidates) if rng is not wide and zero_loads(rng) != zero_loads(wide)), None)
+  return None if partner is None else (wide, partner)
 
 def _reduce_groups(sink: UOp) -> dict[tuple[UOp, ...], set[Ops]]:
   """The kernel's reduce groups (REDUCEs over one set of loop ranges, sorted by loop id) and their reduce ops."""
