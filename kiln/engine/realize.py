@@ -103,13 +103,18 @@ def compile_many(device: str, jobs: list[tuple[str, UOp]]) -> list[CompiledRunne
     except Exception as e: out.append(e)   # noqa: BLE001
   return out
 
+def lower_for_codegen(ast: UOp) -> UOp:
+  """A kernel AST lowered to loops and index math, its gathers (one-hot sums over a table) turned into loads: what
+  the optimizer and BEAM start from."""
+  return rewrite_gathers(lower_kernel(ast))
+
 def get_runner(device: str, ast: UOp, bufs: list[Buffer] | None = None, var_vals: dict | None = None) -> CompiledRunner:
   """The compiled program for `ast` on `device` (compiled once per distinct kernel). With BEAM>=1 and the kernel's
   buffers given, its optimizations are chosen by search (kiln/codegen/opt/search.py) instead of the heuristics."""
   beam = BEAM.value if bufs is not None else 0
   key = (device, ast, TRANSCENDENTAL.value, beam)
   if (runner := _runner_cache.get(key)) is not None: return runner
-  name, lowered = kernel_name(ast), rewrite_gathers(lower_kernel(ast))   # one-hot sums over a table -> loads
+  name, lowered = kernel_name(ast), lower_for_codegen(ast)
   opts = _beam_opts(device, name, lowered, bufs, var_vals or {}, beam) if beam >= 1 and not NOOPT else None
   runner = compile_lowered(device, name, optimize_kernel(lowered, opts))
   _runner_cache[key] = runner
@@ -127,7 +132,7 @@ def precompile(items: list[ScheduleItem]) -> None:
     if key not in _runner_cache: wanted.setdefault(device, {})[key] = item.ast
   for device, asts in wanted.items():
     if len(asts) < 2 or not Device[device].compiler.runs_in_subprocess: continue
-    jobs = [(kernel_name(ast), optimize_kernel(rewrite_gathers(lower_kernel(ast)))) for ast in asts.values()]
+    jobs = [(kernel_name(ast), optimize_kernel(lower_for_codegen(ast))) for ast in asts.values()]
     for key, runner in zip(asts, compile_many(device, jobs)):
       if not isinstance(runner, Exception): _runner_cache[key] = runner
 
