@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections, hashlib, importlib, os, pathlib, tempfile
 from typing import Any, Callable
 from kiln.dtype import DType, dtypes, to_numpy_dtype, fp8_to_float32
-from kiln.helpers import CACHELEVEL, DEBUG, GlobalCounters, cache_dir
+from kiln.helpers import CACHELEVEL, DEBUG, GlobalCounters, kernel_cache_dir
 
 # ---------------- allocators ----------------
 
@@ -222,7 +222,7 @@ class Compiler:
   def cache_path(self, src: str) -> pathlib.Path:
     """Where the output of compiling `src` is cached on disk."""
     digest = hashlib.sha256(f"{self.cache_key()}\0{src}".encode()).hexdigest()
-    return cache_dir() / "compile" / digest[:2] / digest
+    return kernel_cache_dir() / "compile" / digest[:2] / digest
 
   def compile_cached(self, src: str) -> bytes:
     """`compile(src)`, read from / written to the on-disk cache when CACHELEVEL>=1 (safe with several processes)."""

@@ -76,6 +76,8 @@ DEBUG = ContextVar("DEBUG", 0, "1: devices; 2: one line per kernel run (time, GF
 SPEC = ContextVar("SPEC", 0, "1: check every graph against kiln/uop/spec.py after each stage (on in tests)")
 NOOPT = ContextVar("NOOPT", 0, "1: turn off the kernel optimizer (kiln/codegen/opt: upcasts, unrolls, loop order)")
 CACHELEVEL = ContextVar("CACHELEVEL", 2, "0: no on-disk compile cache; 2: cache compiled kernels on disk")
+CACHEDB = ContextVar("CACHEDB", "", "where compiled kernels and BEAM results are cached (a folder; default: "
+                     "XDG_CACHE_HOME/kiln). tinygrad's name; tinygrad keeps one sqlite file there")
 TRACEBACK_SOURCE = ContextVar("TRACEBACK_SOURCE", 1, "1: record the user's file:line on each Tensor op (for errors)")
 CC = ContextVar("CC", "", "C compiler for the CPU device (default: clang if on PATH, else gcc, else cc)")
 CFLAGS = ContextVar("CFLAGS", "-O2", "flags for the CPU device's C compiler")
@@ -107,6 +109,15 @@ def cache_dir() -> pathlib.Path:
   """Where compiled kernels are cached (XDG_CACHE_HOME/kiln or ~/.cache/kiln)."""
   base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
   path = pathlib.Path(base) / "kiln"
+  path.mkdir(parents=True, exist_ok=True)
+  return path
+
+def kernel_cache_dir() -> pathlib.Path:
+  """Where compiled kernels and BEAM's winners are cached: the folder CACHEDB names, else `cache_dir()`."""
+  if not CACHEDB.value: return cache_dir()
+  path = pathlib.Path(CACHEDB.value)
+  if path.exists() and not path.is_dir():
+    raise RuntimeError(f"CACHEDB={CACHEDB.value!r} is a file; kiln keeps its kernel cache in a folder there")
   path.mkdir(parents=True, exist_ok=True)
   return path
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from kiln.device import Buffer, Device, Compiled, CompileError, LRUAllocator, HostAllocator
 from kiln.dtype import DType, dtypes, ALL_DTYPES, to_numpy_dtype
-from kiln.helpers import Context, GlobalCounters, cache_dir
+from kiln.helpers import Context, GlobalCounters, cache_dir, kernel_cache_dir
 from kiln.uop.ops import UOp, Ops, GroupOp, toposort
 
 DEVICES = ["CPU", "PYTHON"]
@@ -480,6 +480,19 @@ def test_compile_cache_hit_runs_no_subprocess(tmp_path, monkeypatch):
     Device["CPU"].runtime("cache_probe", compiler.compile_cached(src))(buf._buf)
     assert buf.numpy()[0] == 42
   with Context(CACHELEVEL=0), pytest.raises(AssertionError, match="compiler ran"): compiler.compile_cached(src)
+
+def test_cachedb_names_the_kernel_cache_folder(tmp_path, monkeypatch):
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+  compiler = Device["CPU"].compiler
+  src = "void cachedb_probe(int* restrict data0) { data0[0] = 7; }\n"
+  with Context(CACHELEVEL=2, CACHEDB=str(tmp_path / "kernels.db")):
+    assert kernel_cache_dir() == tmp_path / "kernels.db"
+    compiler.compile_cached(src)
+    assert compiler.cache_path(src).is_relative_to(tmp_path / "kernels.db") and compiler.cache_path(src).exists()
+  assert not (cache_dir() / "compile").exists(), "CACHEDB was set, yet the kernel went to the default cache"
+  (tmp_path / "a_file").write_text("")
+  with Context(CACHEDB=str(tmp_path / "a_file")), pytest.raises(RuntimeError, match="CACHEDB.*is a file"):
+    kernel_cache_dir()
 
 def test_compile_cache_key_depends_on_flags(tmp_path, monkeypatch):
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))

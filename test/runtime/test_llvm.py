@@ -15,7 +15,7 @@ from helpers import check   # noqa: E402
 from kiln import Tensor, dtypes   # noqa: E402
 from kiln.device import Device, CompileError   # noqa: E402
 from kiln.dtype import ALL_DTYPES   # noqa: E402
-from kiln.helpers import cache_dir   # noqa: E402
+from kiln.helpers import kernel_cache_dir   # noqa: E402
 from kiln.renderer.llvmir import float_literal   # noqa: E402
 from kiln.uop.ops import UOp, Ops   # noqa: E402
 
@@ -229,7 +229,7 @@ def test_compile_cache_is_keyed_by_source_and_cpu(tmp_path, monkeypatch):
   src = dev.renderer.render("cached_kernel", add_kernel())
   lib = dev.compiler.compile_cached(src)
   path = dev.compiler.cache_path(src)
-  assert path.is_relative_to(cache_dir()) and path.read_bytes() == lib
+  assert path.is_relative_to(kernel_cache_dir()) and path.read_bytes() == lib
   from kiln.runtime.ops_llvm import host_target_machine
   import llvmlite.binding as llvm
   key = dev.compiler.cache_key()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib, json, sqlite3, time
 from typing import Callable, Sequence
 import numpy as np
-from kiln.helpers import CACHELEVEL, DEBUG, ContextVar, cache_dir
+from kiln.helpers import CACHELEVEL, DEBUG, ContextVar, kernel_cache_dir
 from kiln.uop.ops import UOp, toposort
 from kiln.codegen.opt.kernel import Kernel, Opt, OptOps, KernelOptError
 from kiln.codegen.opt.heuristic import heuristic_opts
@@ -38,7 +38,7 @@ def kernel_key(sink: UOp) -> str:
 
 def _database() -> sqlite3.Connection:
   """The cache database (WAL mode: readers never block the one writer; a busy writer is waited for)."""
-  connection = sqlite3.connect(cache_dir() / "beam.db", timeout=30)
+  connection = sqlite3.connect(kernel_cache_dir() / "beam.db", timeout=30)
   connection.execute("PRAGMA journal_mode=WAL")
   connection.execute("CREATE TABLE IF NOT EXISTS beam (key TEXT PRIMARY KEY, opts TEXT NOT NULL)")
   return connection

@@ -1,0 +1,1 @@
+"""Applications built on kiln: `python -m kiln.apps.llm` chats with a GGUF model."""
