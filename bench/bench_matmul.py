@@ -1,4 +1,5 @@
-"""CPU kernel speed: float32 matmul 256/512/1024, a 1M-element elementwise op and a 4096x4096 row sum, kiln vs NumPy.
+"""CPU kernel speed: float32 matmul 256/512/1024/2048 (2048 is cache-blocked by the heuristics: SPLIT + KBLOCK),
+a 1M-element elementwise op and a 4096x4096 row sum, kiln vs NumPy.
 
 Run: `python bench/bench_matmul.py` (heuristics on) and `NOOPT=1 python bench/bench_matmul.py` (unoptimized kernels);
 `THREADS=1 python bench/bench_matmul.py` runs every kernel on one core (default: one thread per core). The last rows
@@ -58,12 +59,12 @@ def pool_overhead(launches: int = 2000) -> None:
 def main() -> None:
   rng = np.random.default_rng(0)
   print(f"NOOPT={int(NOOPT.value)} THREADS={thread_count()}")
-  for n in (256, 512, 1024):
+  for n in (256, 512, 1024, 2048):
     a_np, b_np = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
     a, b = Tensor(a_np).realize(), Tensor(b_np).realize()
     out = a @ b
     np.testing.assert_allclose(out.numpy(), a_np @ b_np, atol=1e-3 * n ** 0.5, rtol=1e-3)
-    repeats = 5 if n >= 1024 else 10
+    repeats = 3 if n >= 2048 else 5 if n >= 1024 else 10
     row(f"matmul {n}x{n}x{n}", kiln_kernel_time(a @ b, repeats), best_time(lambda: a_np @ b_np, repeats), 2 * n ** 3,
         "GFLOP/s")
   x_np, y_np = rng.standard_normal(1 << 20, dtype=np.float32), rng.standard_normal(1 << 20, dtype=np.float32)

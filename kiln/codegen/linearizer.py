@@ -74,9 +74,30 @@ class _KernelLayout:
     if node.op is Ops.RANGE or node.op is Ops.REDUCE: return None
     return node
 
+def _accumulator_seeds(layout: _KernelLayout) -> dict[UOp, tuple[UOp, UOp]]:
+  """REDUCE -> (the ADD of it and x, x) for every sum whose only use is `+ x` with x read from a stored buffer, known
+  where the reduce group opens (x depends on no reduction and on no loop the REDUCE's own scope lacks)."""
+  users: dict[UOp, set[UOp]] = {}
+  for node in layout.nodes:
+    for src in node.src: users.setdefault(src, set()).add(node)
+  written = {u.src[0] for u in layout.nodes if u.op is Ops.STORE}
+  seeds: dict[UOp, tuple[UOp, UOp]] = {}
+  for node in layout.nodes:
+    if node.op is not Ops.ADD or len(node.src) != 2: continue
+    for red, x in (node.src, node.src[::-1]):
+      if red.op is not Ops.REDUCE or red.arg is not Ops.ADD or users.get(red) != {node} or red in seeds: continue
+      inside = toposort([x])
+      if any(u.op is Ops.REDUCE for u in inside) or not layout.scope[x] <= layout.scope[red]: continue
+      if not any(u.op is Ops.LOAD and u.src[0] in written for u in inside): continue
+      seeds[red] = (node, x)
+      break
+  return seeds
+
 def linearize(sink: UOp) -> list[UOp]:
   """Lowered `SINK(STORE...)` -> a flat uop list (see docs/ir.md, stage 4)."""
   layout = _KernelLayout(sink)
+  seeds = _accumulator_seeds(layout)
+  seeded_adds = {add: red for red, (add, _) in seeds.items()}
   # the items of each block (keyed by its group path) in first-use order, and what each item needs first
   block_items: dict[tuple[GroupKey, ...], dict[Item, None]] = {(): {}}
   needs: dict[Item, dict[Item, None]] = {}
@@ -102,6 +123,9 @@ def linearize(sink: UOp) -> list[UOp]:
 
   def emit(node: UOp) -> UOp:
     if node in mapped: return mapped[node]
+    if node in seeded_adds:   # the accumulator already holds x + the sum
+      mapped[node] = mapped[seeded_adds[node]]
+      return mapped[node]
     new_src = tuple(mapped.get(s, s) for s in node.src)
     new = node if all(a is b for a, b in zip(new_src, node.src)) else node.replace(src=new_src)
     mapped[node] = new
@@ -111,8 +135,11 @@ def linearize(sink: UOp) -> list[UOp]:
   def emit_group(key: GroupKey) -> None:
     reduces = layout.groups[key]
     for red in reduces:
-      identity = emit(UOp.const(red.dtype, identity_element(red.arg, red.dtype)))
-      mapped[red] = emit(UOp(Ops.DEFINE_ACC, red.dtype, (identity,), next(acc_ids)))
+      if red in seeds:
+        emit_items([seeds[red][1]])
+        start = mapped[seeds[red][1]]
+      else: start = emit(UOp.const(red.dtype, identity_element(red.arg, red.dtype)))
+      mapped[red] = emit(UOp(Ops.DEFINE_ACC, red.dtype, (start,), next(acc_ids)))
     for rng in key: emit(rng)
     emit_block(layout.group_path[key])
     for red in reduces:

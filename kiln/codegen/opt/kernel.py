@@ -7,6 +7,21 @@ kernel without knowing about the optimizer:
   tiling). The copies share every node that does not depend on `r` (hash-consing), e.g. a matmul's loads of `a`.
 - UNROLL a reduce axis by k: the REDUCE sums k substituted copies of its value per iteration of `r_outer`.
 - SWAP two axes of one kind: the loops are reordered (the linearizer opens loops in loop-id order).
+- LANES a reduce axis by k: each REDUCE over it becomes k REDUCEs, lane c summing the axis' elements `r_outer*k + c`,
+  combined after the loop (a balanced tree of the reduce op). The k accumulators of consecutive elements are what
+  the C compiler turns into one vector accumulator: a reduction over a contiguous axis (a conv's weight gradient)
+  vectorizes without a horizontal sum per iteration.
+- SPLIT an output axis by k (loop tiling): its loop becomes an outer loop and an inner loop of k iterations opened
+  right inside it (`r = r_outer*k + r_inner`); with KBLOCK it keeps a thread's share of the outputs (the outer
+  loop, which threads split) apart from the tiles walked once per block.
+- KBLOCK a summing reduce axis by k (cache blocking): the reduction runs over k-long blocks of the axis, and a new
+  *block loop* over the blocks becomes an output loop, placed just inside the outermost output loop. Each STORE of
+  `sum` becomes `STORE(out, i, block_sum + (out[i] if block > 0 else 0))`, so the output buffer is the accumulator
+  across blocks. The working set of the loops inside the block loop shrinks to one
+  block of the reduce axis (a matmul's B panel of k rows), which stays in cache while the output tiles are walked.
+  Only for kernels whose every STORE writes a plain ADD REDUCE over the axis into a float32/float64/int buffer the
+  kernel does not read (the sum is not rounded to a narrower type between blocks). The block loop's iterations
+  update the same outputs: UPCAST refuses it, and the thread split (parallel.py) never takes it as its loop.
 An action that does not fit the kernel raises KernelOptError and leaves the kernel as it was.
 """
 from __future__ import annotations
@@ -21,8 +36,10 @@ class KernelOptError(ValueError):
   """An optimization action that does not apply to this kernel (wrong axis kind, size that does not divide, ...)."""
 
 class OptOps(enum.Enum):
-  """The kinds of action: UPCAST (output axis), UNROLL (reduce axis), SWAP (two axes of one kind)."""
-  UPCAST = "upcast"; UNROLL = "unroll"; SWAP = "swap"
+  """The kinds of action: UPCAST (output axis), UNROLL (reduce axis), SWAP (two axes of one kind), KBLOCK (a summing
+  reduce axis: cache blocking), SPLIT (an output axis into two loops), LANES (a reduce axis into separate
+  accumulators)."""
+  UPCAST = "upcast"; UNROLL = "unroll"; SWAP = "swap"; KBLOCK = "kblock"; SPLIT = "split"; LANES = "lanes"
   def __repr__(self) -> str: return f"OptOps.{self.name}"
 
 @dataclass(frozen=True)
@@ -35,6 +52,8 @@ class Opt:
   def __repr__(self) -> str: return f"Opt({self.op!r}, {self.axis}, {self.arg})"
 
 MAX_UNROLLED = 256   # the most copies of a kernel's body that UPCASTs and UNROLLs may make together
+KBLOCK_SIZES = (64, 128, 256, 512)   # the block lengths `possible_opts` offers (BEAM) for KBLOCK
+_KBLOCK_DTYPES = (dtypes.float32, dtypes.float64)   # float sums kept at full width in memory between blocks
 
 def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
   """`root` with every node in `mapping` replaced by its value (values are not searched again)."""
@@ -51,6 +70,11 @@ def _balanced(op: Ops, values: list[UOp]) -> UOp:
     pairs = [UOp(op, values[i].dtype, (values[i], values[i + 1])) for i in range(0, len(values) - 1, 2)]
     values = pairs + ([values[-1]] if len(values) % 2 else [])
   return values[0]
+
+def _renumbered(order: list[UOp | None]) -> dict[UOp, UOp]:
+  """Each loop range in `order` -> itself with its position as loop id (the linearizer opens loops in id order); a
+  None holds a position for a new loop."""
+  return {r: r.replace(arg=i) for i, r in enumerate(order) if r is not None}
 
 class Kernel:
   """A lowered kernel (`SINK(STORE...)` over RANGEs and REDUCEs) and the actions applied to it so far.
@@ -87,6 +111,11 @@ class Kernel:
     """Whether axis number `axis` is a reduce axis."""
     return axis >= len(self.output_axes)
 
+  def is_block_loop(self, rng: UOp) -> bool:
+    """Whether output loop `rng` is a KBLOCK block loop: no store's index depends on it, so its iterations update
+    the same outputs one after another."""
+    return not self.is_reduce(self.axes.index(rng)) and rng not in toposort([st.src[1] for st in self.sink.src])
+
   @staticmethod
   def size(rng: UOp) -> int | None:
     """The trip count of a loop range, or None when it is symbolic."""
@@ -101,19 +130,25 @@ class Kernel:
       raise KernelOptError(f"{opt}: the kernel has {len(axes)} axes (sizes {[self.size(r) for r in axes]})")
     rng = axes[opt.axis]
     if opt.op is OptOps.SWAP: new_sink = self._swap(opt, axes)
-    elif opt.op in (OptOps.UPCAST, OptOps.UNROLL):
+    elif opt.op is OptOps.KBLOCK: new_sink = self._kblock(opt, axes)
+    elif opt.op is OptOps.SPLIT: new_sink = self._split_loop(opt, axes)
+    elif opt.op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LANES):
       if opt.op is OptOps.UPCAST and self.is_reduce(opt.axis):
         raise KernelOptError(f"{opt}: axis {opt.axis} is a reduce axis; UPCAST splits output axes (use UNROLL)")
-      if opt.op is OptOps.UNROLL and not self.is_reduce(opt.axis):
-        raise KernelOptError(f"{opt}: axis {opt.axis} is an output axis; UNROLL splits reduce axes (use UPCAST)")
+      if opt.op in (OptOps.UNROLL, OptOps.LANES) and not self.is_reduce(opt.axis):
+        raise KernelOptError(f"{opt}: axis {opt.axis} is an output axis; {opt.op.name} splits reduce axes "
+                             f"(use UPCAST)")
       size, amount = self.size(rng), opt.arg
       if size is None: raise KernelOptError(f"{opt}: axis {opt.axis} has a symbolic size")
+      if opt.op is OptOps.UPCAST and self.is_block_loop(rng):
+        raise KernelOptError(f"{opt}: axis {opt.axis} is a block loop (its iterations update the same outputs)")
       if not isinstance(amount, int) or amount < 2 or size % amount != 0:
         raise KernelOptError(f"{opt}: the amount must be an integer >= 2 that divides the axis size {size}")
       if self.unrolled * amount > MAX_UNROLLED:
         raise KernelOptError(f"{opt}: the kernel body would be copied {self.unrolled * amount} times "
                              f"(at most {MAX_UNROLLED})")
-      new_sink = self._upcast(rng, amount) if opt.op is OptOps.UPCAST else self._unroll(rng, amount)
+      new_sink = self._upcast(rng, amount) if opt.op is OptOps.UPCAST else \
+        self._unroll(rng, amount, separate=opt.op is OptOps.LANES)
       self.unrolled *= amount
     else: raise KernelOptError(f"Kernel.apply: unknown action {opt.op!r}")
     self.sink = graph_rewrite(new_sink, symbolic, name="opt")
@@ -128,6 +163,69 @@ class Kernel:
       raise KernelOptError(f"{opt}: cannot swap an output axis with a reduce axis (reductions stay inside)")
     a, b = axes[opt.axis], axes[opt.arg]
     return substitute(self.sink, {a: a.replace(arg=b.arg), b: b.replace(arg=a.arg)})
+
+  def _kblock(self, opt: Opt, axes: list[UOp]) -> UOp:
+    """Split reduce axis `opt.axis` into blocks of `opt.arg`; the block loop becomes an output loop accumulating in
+    the output buffer (module docstring). Refused unless every STORE writes a plain sum over the axis."""
+    if not self.is_reduce(opt.axis): raise KernelOptError(f"{opt}: axis {opt.axis} is an output axis; KBLOCK "
+                                                          f"blocks a reduce axis")
+    rng, size, block = axes[opt.axis], self.size(axes[opt.axis]), opt.arg
+    if size is None: raise KernelOptError(f"{opt}: axis {opt.axis} has a symbolic size")
+    if not isinstance(block, int) or block < 2 or block >= size or size % block != 0:
+      raise KernelOptError(f"{opt}: the block length must be an integer >= 2 below the axis size {size} that "
+                           f"divides it")
+    out_axes = self.output_axes
+    if not out_axes: raise KernelOptError(f"{opt}: the kernel has no output loop to place the block loop inside")
+    stored = {st.src[2] for st in self.sink.src}
+    for st in self.sink.src:
+      buf, value = st.src[0], st.src[2]
+      if value.op is not Ops.REDUCE or value.arg is not Ops.ADD or rng not in value.src[1:]:
+        raise KernelOptError(f"{opt}: a stored value is not a plain sum over axis {opt.axis} "
+                             f"({value.op.name} {value.arg}); the output cannot be the accumulator")
+      if not (value.dtype in _KBLOCK_DTYPES or dtypes.is_int(value.dtype)) or buf.dtype != value.dtype:
+        raise KernelOptError(f"{opt}: the sum is {value.dtype} stored as {buf.dtype}; partial sums would be rounded")
+    nodes = toposort([self.sink])
+    if any(u.op is Ops.REDUCE and rng in u.src[1:] and u not in stored for u in nodes):
+      raise KernelOptError(f"{opt}: axis {opt.axis} is also reduced inside the computation of a value")
+    written = {st.src[0] for st in self.sink.src}
+    if any(u.op is Ops.LOAD and u.src[0] in written for u in nodes):
+      raise KernelOptError(f"{opt}: the kernel reads the buffer it writes (in place); it cannot accumulate there")
+    # new loop ids: the block loop right after the outermost output loop, every other loop keeps its order
+    renamed = _renumbered([out_axes[0], None] + out_axes[1:] + self.reduce_axes)
+    blocks = UOp(Ops.RANGE, rng.dtype, (UOp.const(dtypes.int32, size // block),), 1)
+    inner = renamed[rng].replace(src=(UOp.const(dtypes.int32, block),))
+    position = blocks * block + inner
+    new_stores = []
+    for st in self.sink.src:
+      buf, idx, red = st.src
+      body = substitute(red.src[0], {**renamed, rng: position})
+      ranges = tuple(inner if r is rng else renamed[r] for r in red.src[1:])
+      new_idx = substitute(idx, renamed)
+      # an ungated load and a select, not a gated load: clang vectorizes a tile's loads and stores together only
+      # when the loads cannot fault (measured: a gated load made matmul 1024 2.3x slower); the address is inside
+      # the output buffer, whose first-block contents are discarded
+      previous = UOp.const(dtypes.int32, 0).lt(blocks).where(UOp(Ops.LOAD, buf.dtype, (buf, new_idx)),
+                                                             UOp.const(buf.dtype, 0))
+      # the block's sum first: the linearizer emits operands in order, so the load comes after the reduce loop
+      # (loaded before it, 128 tile outputs would be live across the loop next to 128 accumulators and spill)
+      new_stores.append(st.replace(src=(buf, new_idx, red.replace(src=(body,) + ranges) + previous)))
+    return self.sink.replace(src=tuple(new_stores))
+
+  def _split_loop(self, opt: Opt, axes: list[UOp]) -> UOp:
+    """Output axis `opt.axis` as an outer loop and an inner loop of `opt.arg` iterations right inside it."""
+    if self.is_reduce(opt.axis): raise KernelOptError(f"{opt}: axis {opt.axis} is a reduce axis; SPLIT splits "
+                                                      f"output axes")
+    rng, size, inner_size = axes[opt.axis], self.size(axes[opt.axis]), opt.arg
+    if self.is_block_loop(rng):
+      raise KernelOptError(f"{opt}: axis {opt.axis} is a block loop (its iterations update the same outputs)")
+    if size is None: raise KernelOptError(f"{opt}: axis {opt.axis} has a symbolic size")
+    if not isinstance(inner_size, int) or inner_size < 2 or inner_size >= size or size % inner_size != 0:
+      raise KernelOptError(f"{opt}: the inner length must be an integer >= 2 below the axis size {size} that "
+                           f"divides it")
+    renamed = _renumbered(axes[:opt.axis + 1] + [None] + axes[opt.axis + 1:])
+    outer = renamed[rng].replace(src=(UOp.const(dtypes.int32, size // inner_size),))
+    inner = UOp(Ops.RANGE, rng.dtype, (UOp.const(dtypes.int32, inner_size),), opt.axis + 1)
+    return substitute(self.sink, {**renamed, rng: outer * inner_size + inner})
 
   @staticmethod
   def _split(rng: UOp, amount: int) -> tuple[UOp | None, list[UOp]]:
@@ -144,13 +242,19 @@ class Kernel:
       for lane in lanes: stores[substitute(store, {rng: lane})] = None
     return self.sink.replace(src=tuple(stores))
 
-  def _unroll(self, rng: UOp, amount: int) -> UOp:
+  def _unroll(self, rng: UOp, amount: int, separate: bool = False) -> UOp:
+    """UNROLL (one accumulator sums the lanes each iteration) or, with `separate`, LANES (one accumulator per lane,
+    combined after the loop)."""
     outer, lanes = self._split(rng, amount)
     replaced: dict[UOp, UOp] = {}
     for red in toposort([self.sink]):
       if red.op is not Ops.REDUCE or rng not in red.src[1:]: continue
-      value = _balanced(red.arg, [substitute(red.src[0], {rng: lane}) for lane in lanes])
       ranges = tuple(outer if r is rng else r for r in red.src[1:] if r is not rng or outer is not None)
+      bodies = [substitute(red.src[0], {rng: lane}) for lane in lanes]
+      if separate and ranges:   # LANES: a REDUCE per lane (without a loop left, the same as UNROLL)
+        replaced[red] = _balanced(red.arg, [red.replace(src=(b,) + ranges) for b in bodies])
+        continue
+      value = _balanced(red.arg, bodies)
       if ranges: replaced[red] = red.replace(src=(value,) + ranges)
       else:   # the whole reduction is unrolled: combine with the identity as the loop would have
         identity = UOp.const(red.dtype, identity_element(red.arg, red.dtype))
@@ -158,15 +262,27 @@ class Kernel:
     return substitute(self.sink, replaced)
 
   # ---- for search ----
-  def possible_opts(self, amounts: tuple[int, ...] = (2, 3, 4, 8, 16)) -> list[Opt]:
-    """Every action that would apply to the kernel as it is now (what BEAM search and the tests enumerate)."""
+  def possible_opts(self, amounts: tuple[int, ...] = (2, 3, 4, 8, 16),
+                    block_sizes: tuple[int, ...] = KBLOCK_SIZES) -> list[Opt]:
+    """Every action that would apply to the kernel as it is now (what BEAM search and the tests enumerate); KBLOCK
+    is offered with `block_sizes` where it would be accepted."""
     axes, n_out = self.axes, len(self.output_axes)
     opts = []
     for axis, rng in enumerate(axes):
       size = self.size(rng)
-      op = OptOps.UNROLL if axis >= n_out else OptOps.UPCAST
-      if size is not None:
-        opts += [Opt(op, axis, k) for k in amounts if size % k == 0 and self.unrolled * k <= MAX_UNROLLED]
+      ops = (OptOps.UNROLL, OptOps.LANES) if axis >= n_out else (OptOps.UPCAST,)
+      if size is not None and not self.is_block_loop(rng):
+        opts += [Opt(op, axis, k) for op in ops for k in amounts if size % k == 0 and self.unrolled * k <= MAX_UNROLLED]
       other_kind = range(n_out, len(axes)) if axis >= n_out else range(n_out)
       opts += [Opt(OptOps.SWAP, axis, other) for other in other_kind if other > axis]
+      if size is None: continue
+      candidates = [Opt(OptOps.SPLIT, axis, k) for k in amounts] if axis < n_out else \
+        [Opt(OptOps.KBLOCK, axis, k) for k in block_sizes]
+      opts += [opt for opt in candidates if self._accepts(opt)]
     return opts
+
+  def _accepts(self, opt: Opt) -> bool:
+    """Whether a SPLIT or KBLOCK would be applied (checked by building it, without changing the kernel)."""
+    try: (self._kblock if opt.op is OptOps.KBLOCK else self._split_loop)(opt, self.axes)
+    except KernelOptError: return False
+    return True
