@@ -3,6 +3,8 @@
   python bench/bench_llm.py                                    # kiln
   /tmp/tfvenv/bin/python bench/bench_llm.py --peer transformers   # kiln and transformers in the same process
   DEBUG=2 python bench/bench_llm.py --profile                  # one eager decode step, time per kernel name
+  THREADS=1 python bench/bench_llm.py --profile                # the same on one thread (eager launches on several
+                                                               # threads also time the pool's wake-ups)
 
 Prefill: one pass over a ~100-token prompt (after a warm-up pass that compiles and captures). Decode: 128 greedy
 tokens through the jitted step. The bandwidth figure is the bytes of weights one decoded token reads (every packed

@@ -9,7 +9,7 @@ import torch
 from kiln import Tensor, GlobalCounters, dtypes
 from kiln.engine import realize
 from kiln.nn.gguf import GGML_TYPES, dequantize_blocks
-from kiln.apps.llm.quantized import QuantizedMatrix
+from kiln.apps.llm.quantized import DEQUANTIZE_MIN_ROWS, QuantizedMatrix
 from kiln.apps.llm.model import LlamaConfig, apply_rope, attention, load_model, default_model_path
 
 gguf = pytest.importorskip("gguf")   # in the testing extra; writes the tiny model files
@@ -51,6 +51,23 @@ def test_plain_matrices(dtype):
   matrix = QuantizedMatrix.from_blocks("F32" if dtype == np.float32 else "F16", w.view(np.uint8), (6, 10))
   x = rng.standard_normal((2, 10)).astype(np.float32)
   np.testing.assert_allclose(matrix.linear(Tensor(x)).numpy(), x @ w.astype(np.float32).T, rtol=1e-5, atol=1e-5)
+
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0", "Q6_K"])
+def test_many_rows_dequantize_once_then_matmul(type_name):
+  """A prefill-sized product (DEQUANTIZE_MIN_ROWS rows or more) expands the weight once, then multiplies."""
+  rng = np.random.default_rng(4)
+  block_size = GGML_TYPES[TYPE_IDS[type_name]].block_size
+  raw = random_blocks(type_name, 24, 2, rng)
+  shape = (24, 2 * block_size)
+  weight = dequantize_blocks(Tensor(raw), TYPE_IDS[type_name]).reshape(shape).numpy().astype(np.float64)
+  matrix = QuantizedMatrix.from_blocks(type_name, raw, shape)
+  x = rng.standard_normal((DEQUANTIZE_MIN_ROWS + 1, shape[1])).astype(np.float32)
+  x_t = Tensor(x).realize()
+  GlobalCounters.reset()
+  got = matrix.linear(x_t).numpy()
+  assert GlobalCounters.kernel_count == 2, f"{type_name}: expected dequantize + matmul, got {GlobalCounters.kernel_count}"
+  want = x.astype(np.float64) @ weight.T
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=type_name)
 
 def test_quantized_weight_is_never_expanded_in_memory():
   """A decode-sized product reads the packed arrays: the only buffer it makes is the output."""

@@ -152,7 +152,7 @@ class Transformer:
     self.rope_cos, self.rope_sin = Tensor(cos).realize(), Tensor(sin).realize()
     cache_shape = (2, max_context, config.n_kv_heads, config.head_dim)
     self.caches = [Tensor.zeros(*cache_shape).contiguous().realize() for _ in blocks]
-    self._decode = TinyJit(self._decode_step)
+    self._decode = TinyJit(self._decode_step, optimize=True)
     self._prefill: dict[int, TinyJit] = {}
 
   def _layer(self, block: Block, cache: Tensor, x: Tensor, start_pos: Variable | int, mask: Tensor | None) -> Tensor:
@@ -210,7 +210,7 @@ class Transformer:
     # query t (position start_pos + t) sees keys 0 .. start_pos + t
     mask = np.where(np.arange(self.max_context)[None, :] <= start_pos + np.arange(size)[:, None], 0, -np.inf)
     pos = Variable("start_pos", 0, self.max_context - size).bind(start_pos)
-    run = self._prefill.setdefault(size, TinyJit(self._prefill_step))
+    run = self._prefill.setdefault(size, TinyJit(self._prefill_step, optimize=True))
     return run(Tensor(padded), pos, Tensor(mask.astype(np.float32)), Tensor([n - 1], dtype=dtypes.int32)).numpy()
 
   def _bucket(self, n: int, start_pos: int) -> int:

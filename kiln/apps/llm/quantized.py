@@ -13,6 +13,7 @@ Splitting a row into separate axes, rather than one axis of K values, keeps the 
 `//` and `%` (another 2x).
 """
 from __future__ import annotations
+import math
 from dataclasses import dataclass
 from typing import Callable
 import numpy as np
@@ -101,6 +102,9 @@ QUANT_FORMATS: dict[str, QuantFormat] = {
   "Q4_K": QuantFormat(_repack_q4_k, _expand_q4_k, lambda nb: (nb, 4, 2, 32)),
   "Q6_K": QuantFormat(_repack_q6_k, _expand_q6_k, lambda nb: (nb, 2, 2, 2, 2, 16)),
 }
+# a product with at least this many rows of x dequantizes the weight once into a scratch buffer (kernel-local: it is
+# not kept between calls outside a TinyJit's own buffers) and runs a float32 matmul
+DEQUANTIZE_MIN_ROWS = 8
 PLAIN_FORMATS = {"F32": np.float32, "F16": np.float16}
 SUPPORTED_TYPES = (*QUANT_FORMATS, *PLAIN_FORMATS)
 
@@ -152,6 +156,10 @@ class QuantizedMatrix:
       raise ValueError(f"QuantizedMatrix.linear: input of shape {tuple(x.shape)} does not match a weight of shape "
                        f"{self.shape}")
     lead = tuple(x.shape[:-1])
+    if math.prod(lead) >= DEQUANTIZE_MIN_ROWS and all(isinstance(n, int) for n in lead):
+      # many rows (a prefill): expand the weight once into a float32 scratch buffer (transposed, so the matmul
+      # heuristics see `a @ b` with b contiguous along the output) rather than once per row of x
+      return x @ self.dequantize().T.contiguous()
     # broadcast the packed arrays over x's leading axes *before* expanding them: the scheduler gives a buffer to a
     # costly value that is broadcast, which here would be a float32 copy of the whole weight
     parts = {key: part.reshape(*[1] * len(lead), *part.shape).expand(*lead, *part.shape)

@@ -19,6 +19,9 @@ The choices follow from how each axis walks memory (its stride in every load and
   so not applied), 512 98 -> 105;
 - a sum over several axes whose innermost axis is contiguous in every load (a conv's weight gradient) gets 8
   accumulator lanes on that axis (LANES: one vector accumulator) and a small output tile (`_lane_reduction`);
+- a matrix-vector product (a load that moves along every output axis, another reused along one, each sum's innermost
+  axis contiguous: an LLM decode step's `x @ W.T`, W possibly dequantized in the kernel) gets 16 accumulator lanes
+  on that axis and no register tile (`_matrix_vector`);
 - reduce axes of at most 4 iterations left innermost (pooling windows, the overlap sum of a conv's input gradient)
   are unrolled whole, so their index math folds to constants (`_unroll_tiny_reduce_axes`);
 - a reduction with few accumulators (row reduction) is unrolled, so each loop iteration does several independent
@@ -92,6 +95,7 @@ def heuristic_opts(kernel: Kernel) -> list[Opt]:
     return kernel.applied
 
   if (lanes := _lane_reduction(kernel, loads, out_axes, red_axes, load_strides)) is not None: return lanes
+  if (matvec := _matrix_vector(kernel, loads, out_axes, load_strides)) is not None: return matvec
   # register tiling: upcast output axes whose data some load reuses (stride 0 there, not everywhere); a 16x8 tile
   # where a wide axis is found (module docstring), else 8x8 (measured on matmul 512/1024: 3-4x faster than 4x4)
   reused = [i for i, rng in enumerate(out_axes)
@@ -156,6 +160,37 @@ def _lane_reduction(kernel: Kernel, loads: list[UOp], out_axes: list[UOp], red_a
     _try(kernel, Opt(OptOps.UPCAST, kernel.axes.index(wide), w))
   if small is not None: _try(kernel, Opt(OptOps.UPCAST, kernel.axes.index(small), Kernel.size(small)))
   _try(kernel, Opt(OptOps.LANES, kernel.axes.index(inner), k))
+  return kernel.applied
+
+MATVEC_LANES = (16, 8)   # accumulator lanes on a matrix-vector product's contiguous reduce axis (one AVX-512 vector)
+
+def _matrix_vector(kernel: Kernel, loads: list[UOp], out_axes: list[UOp],
+                   load_strides: dict[UOp, list[int | None]]) -> list[Opt] | None:
+  """A matrix-vector product (a decode step's `x @ W.T`, also with W dequantized in the kernel, e.g. Q4_1 rows split
+  into (block, nibble, byte) axes): some load streams through memory, moving along every output axis (the matrix:
+  each element is read once), another is reused along an output axis (the vector), and each summing reduction's
+  innermost axis is contiguous in a streamed load. Register tiling the output rows would only share the vector's
+  loads, which hit L1; instead each reduction's innermost axis gets 16 accumulator lanes (LANES: clang keeps them in
+  one vector register and vectorizes the row's loads and the nibble unpacking), and threads split the output rows.
+  None, and nothing applied, for other kernels.
+
+  Measured on the 2-core EPYC (Zen 4, clang 14, one thread, SmolLM2's repacked Q4_1 matrices): 1536x576 0.5 -> 7.3
+  GB/s (a hand-written C loop of the same shape: 6.8), 576x1536 7.8 GB/s; the Q8_0 49152x576 output head 12 GB/s.
+  8 lanes ran 30% slower, 32 15% slower; unrolling the nibble axis as well (one byte load for both nibbles) changed
+  nothing."""
+  sized = [rng for rng in out_axes if (Kernel.size(rng) or 2) > 1]
+  if not sized: return None
+  def moves(i: int, rng: UOp) -> bool: return load_strides[rng][i] not in (0, None)
+  streamed = {i for i in range(len(loads)) if all(moves(i, rng) for rng in sized)}
+  reused = any(0 in load_strides[rng] for rng in sized)
+  groups = _reduce_groups(kernel.sink)
+  if not streamed or not reused or any(ops != {Ops.ADD} for ops in groups.values()): return None
+  for key in groups:
+    strides = load_strides.get(key[-1])
+    if strides is None or any(s not in (0, 1) for s in strides) or not any(strides[i] == 1 for i in streamed) \
+       or _first_dividing(Kernel.size(key[-1]), MATVEC_LANES) is None: return None
+  for key in groups:
+    _try(kernel, Opt(OptOps.LANES, kernel.axes.index(key[-1]), _first_dividing(Kernel.size(key[-1]), MATVEC_LANES)))
   return kernel.applied
 
 def _cache_block(kernel: Kernel) -> None:
