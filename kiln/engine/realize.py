@@ -1,6 +1,6 @@
 """Turning schedule items into runnable programs and running them."""
 from __future__ import annotations
-import concurrent.futures, os, time
+import os, time
 from dataclasses import dataclass
 from kiln.uop.spec import check_lowered, check_linear
 from kiln.helpers import SPEC, NOOPT, DEBUG, GlobalCounters, fmt_time, colored, prod
@@ -78,24 +78,18 @@ def compile_lowered(device: str, name: str, lowered: UOp) -> CompiledRunner:
   return _load(device, name, source, uops, Device[device].compiler.compile_cached(source))
 
 def compile_many(device: str, jobs: list[tuple[str, UOp]]) -> list[CompiledRunner | Exception]:
-  """`compile_lowered` for each (name, lowered kernel), with the compiler runs in parallel (a thread per core) where
-  the device's compiler is a separate process. Graph work (rendering, loading) stays on this thread: UOps are
-  hash-consed, and building them from several threads at once could make two nodes for one value. A kernel that
-  fails gives its exception in its place."""
+  """`compile_lowered` for each (name, lowered kernel). The kernels missing from the disk cache are compiled in one
+  group per core, each group by one compiler run where the device's compiler is a separate process
+  (`Compiler.compile_cached_many`). Graph work (rendering, loading) stays on this thread: UOps are hash-consed, and
+  building them from several threads at once could make two nodes for one value. A kernel that fails gives its
+  exception in its place."""
   rendered: list = []
   for name, lowered in jobs:
     try: rendered.append(render_lowered(device, name, lowered))
     except Exception as e: rendered.append(e)   # noqa: BLE001  (reported in its place)
-  compiler = Device[device].compiler
-  def build(item):
-    if isinstance(item, Exception): return item
-    try: return compiler.compile_cached(item[0])
-    except Exception as e: return e   # noqa: BLE001
-  todo = [r for r in rendered if not isinstance(r, Exception)]
-  if len(todo) > 1 and compiler.runs_in_subprocess:
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1)) as pool:
-      libs = list(pool.map(build, rendered))
-  else: libs = [build(r) for r in rendered]
+  todo = [r[0] for r in rendered if not isinstance(r, Exception)]
+  built = iter(Device[device].compiler.compile_cached_many(todo, workers=os.cpu_count() or 1))
+  libs = [r if isinstance(r, Exception) else next(built) for r in rendered]
   out: list = []
   for (name, _), item, lib in zip(jobs, rendered, libs):
     if isinstance(lib, Exception): out.append(lib); continue

@@ -1,6 +1,6 @@
 """UPat, PatternMatcher and graph_rewrite: the one tool that transforms graphs at every stage."""
 from __future__ import annotations
-import inspect, itertools
+import inspect, itertools, weakref
 from typing import Any, Callable
 from kiln.dtype import DType
 from kiln.uop.ops import UOp, Ops
@@ -83,10 +83,21 @@ class PatternMatcher:
 
   A rule function may take `ctx` as its first argument to receive the context passed to graph_rewrite.
   Rules are dispatched on the node's op first, so only rules that can match are tried.
+
+  `pure=True` promises that what the rules return depends on nothing but the node (no ctx, no settings, no state):
+  graph_rewrite then remembers each node's final result across calls, so a node already rewritten by an earlier call
+  (an unchanged part of a kernel the optimizer rewrites after every action) is not matched again. The sum of two
+  matchers is pure when both are.
   """
-  def __init__(self, rules: list[tuple[UPat, RuleFn]]):
+  def __init__(self, rules: list[tuple[UPat, RuleFn]], pure: bool = False):
     self.rules = rules
+    self.pure = pure
+    # node -> its final result (None: the node itself) under top-down and bottom-up rewriting; weak keys, so a
+    # node's entry goes with the node (a result never holds its own node: the rewrite would not terminate)
+    self.results: tuple[weakref.WeakKeyDictionary, weakref.WeakKeyDictionary] = \
+      (weakref.WeakKeyDictionary(), weakref.WeakKeyDictionary())
     self.by_op: dict[Ops, list[tuple[UPat, RuleFn, bool]]] = {}
+    self._by_op_dtype: dict[tuple[Ops, DType], list[tuple[UPat, RuleFn, bool]]] = {}   # filled by rules_for
     generic: list[tuple[UPat, RuleFn, bool]] = []
     for pat, fn in rules:
       wants_ctx = "ctx" in inspect.signature(fn).parameters
@@ -99,11 +110,19 @@ class PatternMatcher:
       order = {id(fn): i for i, (_, fn) in enumerate(rules)}
       for op in Ops: self.by_op[op] = sorted(self.by_op.get(op, []) + generic, key=lambda e: order[id(e[1])])
 
-  def __add__(self, other: PatternMatcher) -> PatternMatcher: return PatternMatcher(self.rules + other.rules)
+  def __add__(self, other: PatternMatcher) -> PatternMatcher:
+    return PatternMatcher(self.rules + other.rules, pure=self.pure and other.pure)
+
+  def rules_for(self, op: Ops, dtype: DType) -> list[tuple[UPat, RuleFn, bool]]:
+    """The rules that can match a node of `op` and `dtype` (their top pattern's op and dtype allow it), in order."""
+    key = (op, dtype)
+    if (found := self._by_op_dtype.get(key)) is None:
+      found = self._by_op_dtype[key] = [e for e in self.by_op.get(op, ()) if e[0].dtypes is None or dtype in e[0].dtypes]
+    return found
 
   def rewrite(self, u: UOp, ctx=None) -> UOp | None:
     """The result of the first rule that matches `u` and returns a new node, or None if none does."""
-    for pat, fn, wants_ctx in self.by_op.get(u.op, ()):
+    for pat, fn, wants_ctx in self._by_op_dtype.get((u.op, u.dtype)) or self.rules_for(u.op, u.dtype):
       for bindings in pat.match(u, {}):
         ret = fn(ctx, **bindings) if wants_ctx else fn(**bindings)
         if ret is not None and ret is not u: return ret
@@ -116,12 +135,18 @@ def graph_rewrite(root: UOp, pm: PatternMatcher, ctx=None, bottom_up: bool = Fal
   a node rebuilt from rewritten sources, and every rule's result, is rewritten again.
   """
   memo: dict[UOp, UOp] = {}
+  known = pm.results[bottom_up] if pm.pure and ctx is None else None   # results of earlier calls
+  found_known: set[UOp] = set()
   # stack entries: (original node, stage, current node)
   stack: list[tuple[UOp, int, UOp]] = [(root, 0, root)]
   while stack:
     orig, stage, cur = stack.pop()
     if stage == 0:
       if orig in memo: continue
+      if known is not None and (found := known.get(orig, memo)) is not memo:
+        memo[orig] = orig if found is None else found
+        found_known.add(orig)
+        continue
       if not bottom_up:
         steps = 0
         while (new := pm.rewrite(cur, ctx)) is not None:
@@ -145,6 +170,9 @@ def graph_rewrite(root: UOp, pm: PatternMatcher, ctx=None, bottom_up: bool = Fal
         stack.append((new, 0, new))
     else:
       memo[orig] = memo[cur]
+  if known is not None:
+    for node, result in memo.items():
+      if node not in found_known: known[node] = None if result is node else result
   return memo[root]
 
 def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:

@@ -256,7 +256,7 @@ constant_folding = PatternMatcher([
   (UPat(GroupOp.Binary, src=(UPat.cvar("a"), UPat.cvar("b")), name="u"), fold_binary),
   (UPat(Ops.WHERE, src=(UPat.cvar("c"), UPat.var("a"), UPat.var("b"))), fold_where_const),
   (UPat(Ops.CAST, src=(UPat.cvar("c"),), name="u"), fold_cast),
-])
+], pure=True)
 
 # ---------------------------------------------------------------------------------------------------------------------
 # identities that hold for every value
@@ -412,7 +412,7 @@ symbolic_simple = constant_folding + PatternMatcher([
   (UPat(Ops.CMPLT, src=(UPat.var("x"), UPat.var("x")), name="u"), lt_self),
   (UPat((Ops.CMPNE, Ops.CMPEQ), src=(UPat.var("x"), UPat.var("x")), name="u"), int_cmp_self),
   (UPat(Ops.CAST, src=(UPat.var("x"),), name="u"), cast_noop),
-])
+], pure=True)
 
 # ---------------------------------------------------------------------------------------------------------------------
 # rules that use value ranges and canonical sums (integers)
@@ -592,7 +592,7 @@ _CINT = UPat.cvar("c", dtype=_INT)
 _XINT = UPat.var("x", dtype=_INT)
 
 symbolic = symbolic_simple + PatternMatcher([
-  (UPat(_RANGE_FOLDABLE, name="u"), fold_by_range),
+  (UPat(_RANGE_FOLDABLE, dtype=_INT + (dtypes.bool,), name="u"), fold_by_range),
   (UPat(Ops.MAX, src=[UPat.var("x"), UPat.var("y")]), max_by_range),
   # division and modulo by positive constants
   (UPat(Ops.MOD, src=(_XINT, _CINT)), mod_in_range),
@@ -612,4 +612,4 @@ symbolic = symbolic_simple + PatternMatcher([
   (UPat((Ops.ADD, Ops.SUB, Ops.NEG), dtype=_INT, name="u"), canonical_sum),
   (UPat(Ops.MUL, dtype=_INT, src=(UPat.var(), UPat.cvar()), name="u"), canonical_sum),
   (UPat(Ops.MUL, dtype=_INT, src=(UPat.var("x"), UPat.var("y")), name="u"), order_mul_operands),
-])
+], pure=True)

@@ -64,6 +64,22 @@ def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
     done[node] = node if all(a is b for a, b in zip(new_src, node.src)) else node.replace(src=new_src)
   return done[root]
 
+def substitute_copies(root: UOp, rng: UOp, values: list[UOp]) -> list[UOp]:
+  """`substitute(root, {rng: v})` for each v in `values`, walking the graph once: only the nodes that depend on
+  `rng` are rebuilt per value (an upcast's copies share everything else)."""
+  dependents: list[UOp] = []
+  depends = {rng}
+  for node in toposort([root]):
+    if node is not rng and any(s in depends for s in node.src):
+      depends.add(node)
+      dependents.append(node)
+  copies = []
+  for value in values:
+    done = {rng: value}
+    for node in dependents: done[node] = node.replace(src=tuple(done.get(s, s) for s in node.src))
+    copies.append(done.get(root, root))
+  return copies
+
 def _balanced(op: Ops, values: list[UOp]) -> UOp:
   """op(v0, v1, ...) as a balanced tree, so the partial results do not wait on each other."""
   while len(values) > 1:
@@ -88,19 +104,27 @@ class Kernel:
     self.sink = sink
     self.applied: list[Opt] = []
     self.unrolled = 1   # copies of the body made so far
+    self._loops_of: tuple[UOp, tuple[list[UOp], list[UOp]]] | None = None   # (graph, its axes), see _loops
 
   # ---- axes ----
+  def _loops(self) -> tuple[list[UOp], list[UOp]]:
+    """(output axes, reduce axes) of the current graph, found once per graph (the heuristics ask many times)."""
+    if self._loops_of is not None and self._loops_of[0] is self.sink: return self._loops_of[1]
+    nodes = toposort([self.sink])
+    reduced = {r: None for u in nodes if u.op is Ops.REDUCE for r in u.src[1:]}
+    outputs = sorted((u for u in nodes if u.op is Ops.RANGE and u not in reduced), key=lambda r: r.arg)
+    self._loops_of = (self.sink, (outputs, sorted(reduced, key=lambda r: r.arg)))
+    return self._loops_of[1]
+
   @property
   def reduce_axes(self) -> list[UOp]:
     """The loop ranges that REDUCEs reduce over, in loop order."""
-    found = {r: None for u in toposort([self.sink]) if u.op is Ops.REDUCE for r in u.src[1:]}
-    return sorted(found, key=lambda r: r.arg)
+    return list(self._loops()[1])
 
   @property
   def output_axes(self) -> list[UOp]:
     """The loop ranges of the output, in loop order."""
-    reduced = set(self.reduce_axes)
-    return sorted((u for u in toposort([self.sink]) if u.op is Ops.RANGE and u not in reduced), key=lambda r: r.arg)
+    return list(self._loops()[0])
 
   @property
   def axes(self) -> list[UOp]:
@@ -239,7 +263,7 @@ class Kernel:
     _, lanes = self._split(rng, amount)
     stores: dict[UOp, None] = {}
     for store in self.sink.src:
-      for lane in lanes: stores[substitute(store, {rng: lane})] = None
+      for copy in substitute_copies(store, rng, lanes): stores[copy] = None
     return self.sink.replace(src=tuple(stores))
 
   def _unroll(self, rng: UOp, amount: int, separate: bool = False) -> UOp:
@@ -250,7 +274,7 @@ class Kernel:
     for red in toposort([self.sink]):
       if red.op is not Ops.REDUCE or rng not in red.src[1:]: continue
       ranges = tuple(outer if r is rng else r for r in red.src[1:] if r is not rng or outer is not None)
-      bodies = [substitute(red.src[0], {rng: lane}) for lane in lanes]
+      bodies = substitute_copies(red.src[0], rng, lanes)
       if separate and ranges:   # LANES: a REDUCE per lane (without a loop left, the same as UNROLL)
         replaced[red] = _balanced(red.arg, [red.replace(src=(b,) + ranges) for b in bodies])
         continue
