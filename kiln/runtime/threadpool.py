@@ -5,8 +5,12 @@ kernel and loaded with ctypes. `kiln_pool_run(pool, task, bufs, vals, n)` runs `
 chunk 0..n-1, each on whichever thread claims it first (the caller claims chunks too, so a worker that a busy machine
 has not scheduled delays nothing), and returns when all have finished. Workers wait for the next launch by
 spinning for up to SPIN_NS (so back-to-back kernels find them awake; a launch through the pool costs 3-6 us more than
-a direct call on a 16-core machine) and then sleep on a condition variable (an idle process uses no CPU). ctypes
-releases the GIL during the call.
+a direct call on a 16-core machine) and then sleep on a condition variable (an idle process uses no CPU). A spinning
+thread yields its core every few microseconds (`sched_yield`): on a machine with more runnable threads than cores a
+spinning worker would otherwise take time slices from the caller it waits for (measured on the 2-core machine with
+another process busy: SmolLM2 decode on 2 threads 23-32 -> 38-56 tokens/s). A launch is cut into a few chunks per
+thread (`chunks_for`), so a thread the OS deschedules holds up only a small part of it. ctypes releases the GIL during
+the call.
 
 `THREADS=n` sets the number of threads (default: the cores this process may run on); `THREADS=1` never starts a
 worker. A forked child gets fresh pools (the parent's workers do not exist in it).
@@ -19,9 +23,25 @@ THREADS = ContextVar("THREADS", 0, "threads a CPU kernel's outermost loop is spl
 # a split launch gives each thread at least this many uops (bench/bench_threads.py: on a 16-core machine the pool costs
 # 3-6 us per launch, and a kernel of about 200,000 uops (30-60 us on one core) is where splitting starts to pay)
 MIN_WORK_PER_THREAD = 1 << 17
+# a split launch is cut into up to CHUNKS_PER_THREAD chunks per thread, each of at least MIN_WORK_PER_CHUNK uops: on a
+# busy machine a worker the OS has descheduled holds only a small chunk, and the threads still running take over the
+# rest (with one chunk per thread the whole launch waits for it)
+CHUNKS_PER_THREAD = 4
+MIN_WORK_PER_CHUNK = 1 << 15
+
+def chunks_for(work: int, threads: int) -> int:
+  """How many chunks a split launch of `work` uops on `threads` threads runs: at least one per thread, up to
+  CHUNKS_PER_THREAD per thread while each keeps MIN_WORK_PER_CHUNK uops.
+
+  >>> chunks_for(1 << 20, 2), chunks_for(1 << 17, 2), chunks_for(1 << 30, 1)
+  (8, 4, 1)
+  """
+  if threads <= 1: return 1
+  return max(threads, min(threads * CHUNKS_PER_THREAD, work // MIN_WORK_PER_CHUNK))
 
 POOL_SOURCE = r"""
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
@@ -89,6 +109,7 @@ static unsigned kiln_wait_for_launch(struct kiln_pool *pool, unsigned seen) {
     unsigned now = kiln_generation(atomic_load_explicit(&pool->claim, memory_order_acquire));
     if (now != seen) return now;
     if ((i & 63) == 0) {   /* reading the clock costs tens of nanoseconds: only now and then */
+      if (i) sched_yield();   /* a busy machine: let a thread that has work (the caller) have this core */
       long long t = kiln_now_ns();
       if (i == 0) deadline = t + pool->spin_ns;
       else if (t > deadline) break;
@@ -131,6 +152,7 @@ static void kiln_wait_finished(struct kiln_pool *pool, unsigned nchunks) {
   long long deadline = 0;
   for (int i = 0; atomic_load_explicit(&pool->finished, memory_order_acquire) != nchunks; i++) {
     if ((i & 63) == 0) {
+      if (i) sched_yield();   /* a busy machine: let a descheduled worker finish its chunk on this core */
       long long t = kiln_now_ns();
       if (i == 0) deadline = t + pool->spin_ns;
       else if (t > deadline) break;

@@ -106,6 +106,38 @@ def test_tinyjit_graph_runs_split_kernels():
   for one, many in zip(results[1], results[3]): assert one.tobytes() == many.tobytes()
   np.testing.assert_allclose(results[3][-1], np.maximum(inputs[-1] @ B, 0).sum(axis=1) + 29, rtol=1e-4)
 
+def test_chunk_count_grows_with_work():
+  assert threadpool.chunks_for(1 << 30, 1) == 1
+  assert threadpool.chunks_for(0, 2) == 2   # never fewer chunks than threads
+  assert threadpool.chunks_for(threadpool.MIN_WORK_PER_CHUNK * 5, 2) == 5
+  assert threadpool.chunks_for(1 << 30, 3) == 3 * threadpool.CHUNKS_PER_THREAD
+
+@pytest.mark.parametrize("name, compute", [
+  ("elementwise", lambda: (Tensor(A) * 2 + Tensor(A).exp()).numpy()),
+  ("matmul", lambda: (Tensor(A) @ Tensor(B)).numpy()),
+  ("row_sum", lambda: Tensor(A).sum(axis=1).numpy()),
+  ("tiny", lambda: (Tensor(np.arange(3, dtype=np.float32)) + 1).numpy()),   # more chunks than iterations
+])
+def test_several_chunks_per_thread_match_one_thread(name, compute, monkeypatch, pool_launches):
+  monkeypatch.setattr(threadpool, "MIN_WORK_PER_CHUNK", 1)
+  assert_same_bits_for_every_thread_count(compute)
+  assert pool_launches[0] > 0, f"{name}: no launch went through the pool"
+
+def test_tinyjit_graph_runs_several_chunks_per_thread(monkeypatch):
+  monkeypatch.setattr(threadpool, "MIN_WORK_PER_CHUNK", 1)
+  def step(x: Tensor, w: Tensor) -> Tensor:
+    return ((x @ w).relu() * 3).sum(axis=1).realize()
+  x = rng(9).standard_normal((37, 53)).astype(np.float32)
+  with Context(THREADS=1): expected = TinyJit(step)
+  with Context(THREADS=1): one = [expected(Tensor(x), Tensor(B)).numpy() for _ in range(3)]
+  with Context(THREADS=2):
+    jitted = TinyJit(step)
+    two = [jitted(Tensor(x), Tensor(B)).numpy() for _ in range(3)]
+    programs = [item.runner.program for g in jitted.captured._launches if hasattr(g, "items") for item in g.items]
+    split = [p for p in programs if p.threads() == 2 and not p.chunks]
+    assert split and all(p.pool_chunks() == min(2 * threadpool.CHUNKS_PER_THREAD, p.work) for p in split)
+  assert one[-1].tobytes() == two[-1].tobytes()
+
 def test_pool_survives_many_launches():
   data = rng(6).standard_normal(101).astype(np.float32)
   with Context(THREADS=4):
