@@ -139,9 +139,17 @@ U = OptOps.UPCAST
   (lambda: Tensor.empty(16, 64, 56, 56).conv2d(Tensor.empty(64, 64, 3, 3), padding=1), [Opt(U, 1, 16), Opt(U, 3, 8)]),
   # no axis is contiguous in both the output and a load (b transposed): the 8x8 tile as before
   (lambda: Tensor.empty(512, 512) @ Tensor.empty(512, 512).T, [Opt(U, 1, 8), Opt(U, 0, 8)]),
+  # a software-math epilogue (exp, here in tanh) is copied per tile element: 8x8, not 16x8
+  (lambda: (Tensor.empty(256, 256) @ Tensor.empty(256, 1024)).tanh(), [Opt(U, 1, 8), Opt(U, 0, 8)]),
 ])
 def test_heuristic_tile_choices(build, want):
   assert _heuristic_choice(build()) == want
+
+def test_matmul_with_transcendental_epilogue_matches_numpy():
+  rng = np.random.default_rng(5)
+  a_np, b_np = rng.standard_normal((24, 40)).astype(np.float32), rng.standard_normal((40, 72)).astype(np.float32)
+  got = ((Tensor(a_np) @ Tensor(b_np)) * 0.1).tanh().numpy()
+  np.testing.assert_allclose(got, np.tanh((a_np @ b_np) * 0.1), atol=2e-6, rtol=1e-5)
 
 def _conv_numpy(x: np.ndarray, w: np.ndarray, pad: int) -> np.ndarray:
   windows = np.lib.stride_tricks.sliding_window_view(np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad))),

@@ -38,6 +38,8 @@ from kiln.uop.ops import UOp, Ops, GroupOp, toposort
 from kiln.uop.symbolic import exec_alu
 from kiln.codegen.opt.kernel import Kernel, Opt, OptOps, KernelOptError
 
+SOFTWARE_MATH_OPS = (Ops.EXP2, Ops.LOG2, Ops.SIN)   # rewritten to long polynomial code on the CPU
+
 KBLOCK_MIN_BYTES = 8 << 20   # cache-block a matmul whose `b` panel is larger than this (L2 + a share of L3)
 KBLOCK_LENGTH, KBLOCK_TILES = 256, 16   # the block of the reduce axis; output tiles per thread unit of work
 MAX_NODES = 6000   # a heuristic action that grows the kernel graph past this many nodes is taken back (compile time)
@@ -100,9 +102,14 @@ def heuristic_opts(kernel: Kernel) -> list[Opt]:
   # where a wide axis is found (module docstring), else 8x8 (measured on matmul 512/1024: 3-4x faster than 4x4)
   reused = [i for i, rng in enumerate(out_axes)
             if 0 in load_strides[rng] and any(s not in (0, None) for s in load_strides[rng])]
+  # the epilogue is copied once per tile element: with software exp2/log2/sin a 16x8 tile makes megabytes of C (the
+  # anchors' GELU matmul 256x256x1024: 1.2 MB, 6 s of clang, 9.8 ms a run); 8x8 gives 0.6 MB, 2 s, 8.3 ms (8x4:
+  # 0.3 MB, 1 s, 12 ms)
+  costly_epilogue = any(u.op in SOFTWARE_MATH_OPS for u in toposort([kernel.sink]))
+  wide_sizes = (8, 4) if costly_epilogue else (16, 8, 4)
   if (tile := _wide_tile(loads, out_axes, reused, load_strides, store_strides)) is not None:
     wide, partner = tile
-    if (k := _first_dividing(Kernel.size(wide), (16, 8, 4))): _try(kernel, Opt(OptOps.UPCAST, out_axes.index(wide), k))
+    if (k := _first_dividing(Kernel.size(wide), wide_sizes)): _try(kernel, Opt(OptOps.UPCAST, out_axes.index(wide), k))
     axes = kernel.output_axes   # a fully upcast axis is gone from the list: find the partner again
     if partner in axes and (k := _first_dividing(Kernel.size(partner), (8, 4))):
       _try(kernel, Opt(OptOps.UPCAST, axes.index(partner), k))
