@@ -178,7 +178,10 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     for t, old in todo:
       new = schedule.results[old]
       if new is not old:
-        if old.op is not Ops.ASSIGN:
+        # a graph that reads no buffer (constants, arange) is not redirected to its result: an equal graph built
+        # later is computed again, so it stays a constant that folds into the kernels using it (a realized
+        # Tensor.ones(()) would otherwise turn every backward()'s seed into a load)
+        if old.op is not Ops.ASSIGN and schedule.inputs:
           old.forward = new
           # its own buffer too: once an assign overwrites it, an equal graph built later must be computed again
           own = [new.base.buffer] if new.base.op is Ops.BUFFER else []

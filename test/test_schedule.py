@@ -186,3 +186,13 @@ def test_assign_run_as_a_dependency_runs_once():
 def test_matmul_whose_broadcast_view_exceeds_32_bits_is_scheduled():
   a, b = Tensor.empty(2048, 2048), Tensor.empty(2048, 2048)   # the product's broadcast view has 2048**3 elements
   assert len((a @ b).schedule()) == 1
+
+def test_realized_constant_graph_stays_a_constant():
+  """A realized graph that reads no buffer is not redirected to its result: an equal graph built later (here the seed
+  of backward(), the same node as Tensor.ones(())) stays a constant that folds into its kernels, not a load."""
+  Tensor.ones(()).realize()
+  x = Tensor([1.0, 2.0], requires_grad=True)
+  (x * 3).sum().backward()
+  items = x.grad.schedule()
+  assert items and all(len(item.bufs) == 1 for item in items), [len(item.bufs) for item in items]
+  assert x.grad.tolist() == [3.0, 3.0]
