@@ -5,44 +5,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from kiln import Tensor, dtypes
-from kiln.device import Device
-from kiln.renderer import kernel_signature
-from kiln.uop.spec import check_linear
 from kiln.schedule.kernelize import create_schedule
-from kiln.engine.realize import run_schedule
 from kiln.codegen.lowerer import lower_kernel
 from kiln.codegen.linearizer import linearize
 from kiln.codegen.parallel import find_parallel_loop
 from kiln.codegen.opt import Kernel, Opt, OptOps, heuristic_opts
+from kernel_runs import last_kernel_item, run_lowered
 
 L = OptOps.LANES
 
-def _last_item(t: Tensor):
-  """`t`'s last schedule item, the kernels before it run, its buffers allocated."""
-  items = create_schedule([t.uop]).items
-  run_schedule(items[:-1])
-  for buf in items[-1].bufs: buf.allocate()
-  return items[-1]
-
-def _run(item, sink) -> np.ndarray:
-  """Linearize, render, compile and run a lowered kernel (the output zeroed first); the output's contents."""
-  uops = linearize(sink)
-  check_linear(uops)
-  dev = Device[item.bufs[0].device]
-  program = dev.runtime("matvec_test", dev.compiler.compile_cached(dev.renderer.render("matvec_test", uops)))
-  params, _ = kernel_signature(uops)
-  out = item.bufs[0]
-  out.copyin(memoryview(bytes(out.nbytes)))
-  program(*[item.bufs[p.arg]._buf for p in params])
-  return out.numpy().copy()
-
 def _optimized_and_plain(t: Tensor) -> tuple[list[Opt], np.ndarray, np.ndarray, Kernel]:
   """(the heuristics' actions, the optimized kernel's result, the unoptimized kernel's result, the kernel)."""
-  item = _last_item(t)
+  item = last_kernel_item(t)
   lowered = lower_kernel(item.ast)
   kernel = Kernel(lowered)
   applied = heuristic_opts(kernel)
-  return applied, _run(item, kernel.sink), _run(item, lowered), kernel
+  return applied, run_lowered(item, kernel.sink), run_lowered(item, lowered), kernel
 
 def _nibble_rows(rng: np.random.Generator, rows: int, blocks: int) -> tuple[Tensor, Tensor, Tensor]:
   """Packed 4-bit rows as the LLM's Q4_1 matrices are stored: bytes (rows, blocks, 16), scales and mins (rows, blocks)."""

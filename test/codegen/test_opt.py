@@ -6,15 +6,12 @@ import random
 import numpy as np
 import pytest
 from kiln import Tensor, dtypes
-from kiln.device import Device
 from kiln.helpers import Context
-from kiln.uop.spec import check_linear
-from kiln.renderer import kernel_signature
 from kiln.schedule.kernelize import create_schedule
-from kiln.engine.realize import run_schedule
 from kiln.codegen.lowerer import lower_kernel
 from kiln.codegen.linearizer import linearize
 from kiln.codegen.opt import Kernel, Opt, OptOps, KernelOptError, optimize_kernel, heuristic_opts
+from kernel_runs import last_kernel_item, run_lowered
 
 def _inputs(seed: int = 0):
   rng = np.random.default_rng(seed)
@@ -44,26 +41,6 @@ def _kernels() -> dict:
     "float16": lambda: (h * h + 1).sum(axis=1),
   }
 
-def _last_kernel(t: Tensor):
-  """The schedule item of `t`'s last kernel, with the kernels before it run."""
-  items = create_schedule([t.uop]).items
-  run_schedule(items[:-1])
-  item = items[-1]
-  for buf in item.bufs: buf.allocate()
-  return item
-
-def _run(item, sink) -> np.ndarray:
-  """Linearize, render, compile and run an (optimized) lowered kernel; the output buffer's contents."""
-  uops = linearize(sink)
-  check_linear(uops)
-  dev = Device[item.bufs[0].device]
-  program = dev.runtime("opt_test", dev.compiler.compile_cached(dev.renderer.render("opt_test", uops)))
-  params, _ = kernel_signature(uops)
-  out = item.bufs[0]
-  out.copyin(memoryview(bytes(out.nbytes)))   # no stale result can pass for a new one
-  program(*[item.bufs[p.arg]._buf for p in params])
-  return out.numpy().copy()
-
 def _assert_same(got: np.ndarray, want: np.ndarray, what: str, exact: bool) -> None:
   assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
   if exact or got.dtype.kind in "iub":
@@ -82,9 +59,9 @@ def references():
   """name -> (schedule item, lowered kernel, unoptimized result)."""
   out = {}
   for name, build in KERNELS.items():
-    item = _last_kernel(build())
+    item = last_kernel_item(build())
     lowered = lower_kernel(item.ast)
-    out[name] = (item, lowered, _run(item, lowered))
+    out[name] = (item, lowered, run_lowered(item, lowered))
   return out
 
 @pytest.mark.parametrize("name", list(KERNELS))
@@ -93,7 +70,7 @@ def test_every_single_action_keeps_results(references, name):
   for opt in Kernel(lowered).possible_opts(amounts=(2, 3, 4)):
     kernel = Kernel(lowered).apply(opt)
     exact = opt.op is OptOps.UPCAST or (opt.op is OptOps.SWAP and not Kernel(lowered).is_reduce(opt.axis))
-    _assert_same(_run(item, kernel.sink), want, f"{name} with {opt}", exact)
+    _assert_same(run_lowered(item, kernel.sink), want, f"{name} with {opt}", exact)
 
 @pytest.mark.parametrize("name", list(KERNELS))
 def test_random_action_sequences_keep_results(references, name):
@@ -106,14 +83,14 @@ def test_random_action_sequences_keep_results(references, name):
       if not choices: break
       kernel.apply(rand.choice(choices))
     exact = all(o.op is OptOps.UPCAST for o in kernel.applied)
-    _assert_same(_run(item, kernel.sink), want, f"{name} with {kernel.applied}", exact)
+    _assert_same(run_lowered(item, kernel.sink), want, f"{name} with {kernel.applied}", exact)
 
 @pytest.mark.parametrize("name", list(KERNELS))
 def test_heuristics_keep_results(references, name):
   item, lowered, want = references[name]
   kernel = Kernel(lowered)
   heuristic_opts(kernel)
-  _assert_same(_run(item, kernel.sink), want, f"{name} with {kernel.applied}", exact=False)
+  _assert_same(run_lowered(item, kernel.sink), want, f"{name} with {kernel.applied}", exact=False)
 
 def test_matmul_heuristic_tiles_registers(references):
   _, lowered, _ = references["matmul_even"]

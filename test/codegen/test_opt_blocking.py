@@ -5,36 +5,24 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from kiln import Tensor
-from kiln.device import Device
 from kiln.uop.ops import Ops, toposort
 from kiln.uop.spec import check_linear
 from kiln.schedule.kernelize import create_schedule
-from kiln.engine.realize import run_schedule, compile_lowered
 from kiln.codegen.lowerer import lower_kernel
 from kiln.codegen.linearizer import linearize
 from kiln.codegen.parallel import find_parallel_loop
 from kiln.codegen.opt import Kernel, Opt, OptOps, KernelOptError, heuristic_opts, substitute
+from kernel_runs import last_kernel_item, run_lowered
 
 U, K, S, L, SW = OptOps.UPCAST, OptOps.KBLOCK, OptOps.SPLIT, OptOps.LANES, OptOps.SWAP
 
-def _item(t: Tensor):
-  """`t`'s last schedule item, the kernels before it run, its buffers allocated."""
-  items = create_schedule([t.uop]).items
-  run_schedule(items[:-1])
-  for b in items[-1].bufs: b.allocate()
-  return items[-1]
-
-def _run(item, opts: list[Opt], device: str = "CPU") -> np.ndarray:
+def _run(item, opts: list[Opt]) -> np.ndarray:
   """The item's kernel with `opts` applied, compiled and run; the output (reset to NaN or -12345 first: a
   kernel that skips an output fails)."""
   kernel = Kernel(lower_kernel(item.ast))
   for opt in opts: kernel.apply(opt)
   check_linear(linearize(kernel.sink))
-  out = item.bufs[0]
-  kind = out.numpy().dtype
-  out.copyin(memoryview(np.full(out.size, np.nan if kind.kind == "f" else -12345, kind).tobytes()))
-  compile_lowered(device, "blocking_test", kernel.sink)(item.bufs, item.var_vals)
-  return out.numpy().copy()
+  return run_lowered(item, kernel.sink, "blocking_test")
 
 @pytest.mark.parametrize("seed", range(6))
 def test_kblock_split_sweep_matches_unoptimized_and_numpy(seed):
@@ -43,7 +31,7 @@ def test_kblock_split_sweep_matches_unoptimized_and_numpy(seed):
   block = int(rng.choice([2, 3, 4, 8]))
   k = block * int(rng.integers(2, 7))
   a_np, b_np = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
-  item = _item(Tensor(a_np) @ Tensor(b_np))
+  item = last_kernel_item(Tensor(a_np) @ Tensor(b_np))
   want = _run(item, [])
   opts = [Opt(K, 2, block)]
   if m % 2 == 0: opts = [Opt(S, 0, 2), Opt(K, 3, block)]   # the block loop inside a split row loop
@@ -55,7 +43,7 @@ def test_kblock_split_sweep_matches_unoptimized_and_numpy(seed):
 def test_kblock_int_is_exact_and_block_loop_can_move():
   rng = np.random.default_rng(7)
   a_np, b_np = rng.integers(-9, 9, (6, 12), dtype=np.int32), rng.integers(-9, 9, (12, 5), dtype=np.int32)
-  item = _item(Tensor(a_np) @ Tensor(b_np))
+  item = last_kernel_item(Tensor(a_np) @ Tensor(b_np))
   for opts in ([Opt(K, 2, 4)], [Opt(K, 2, 3), Opt(SW, 0, 1)], [Opt(K, 2, 6), Opt(SW, 1, 2), Opt(U, 0, 2)]):
     np.testing.assert_array_equal(_run(item, opts).reshape(6, 5), a_np @ b_np, err_msg=str(opts))
 
@@ -64,12 +52,12 @@ def test_blocking_actions_on_other_renderers(device):
   if device == "LLVM": pytest.importorskip("llvmlite")
   rng = np.random.default_rng(8)
   a_np, b_np = rng.integers(-9, 9, (6, 8), dtype=np.int32), rng.integers(-9, 9, (8, 4), dtype=np.int32)
-  item = _item(Tensor(a_np, device=device) @ Tensor(b_np, device=device))
+  item = last_kernel_item(Tensor(a_np, device=device) @ Tensor(b_np, device=device))
   opts = [Opt(U, 1, 2), Opt(S, 0, 3), Opt(K, 3, 4), Opt(L, 4, 2)]
-  np.testing.assert_array_equal(_run(item, opts, device).reshape(6, 4), a_np @ b_np)
+  np.testing.assert_array_equal(_run(item, opts).reshape(6, 4), a_np @ b_np)
 
 def test_kblock_seeds_the_accumulator_with_the_output():
-  item = _item(Tensor.ones(4, 8).contiguous() @ Tensor.ones(8, 4).contiguous())
+  item = last_kernel_item(Tensor.ones(4, 8).contiguous() @ Tensor.ones(8, 4).contiguous())
   kernel = Kernel(lower_kernel(item.ast)).apply(Opt(K, 2, 4))
   accs = [u for u in linearize(kernel.sink) if u.op is Ops.DEFINE_ACC]
   assert accs and all(acc.src[0].op is not Ops.CONST for acc in accs), "the block sum should start at out[i]"
@@ -84,7 +72,7 @@ def test_lanes_sweep(seed):
   for t, ref, reduce_axis in ((Tensor(x_np).sum(axis=1), x_np.sum(axis=1), 1),
                               (Tensor(x_np).max(axis=1), x_np.max(axis=1), 1),
                               (Tensor(i_np).sum(axis=0), i_np.sum(axis=0), 1)):
-    item = _item(t)
+    item = last_kernel_item(t)
     want = _run(item, [])
     for amount in (2, 4):
       got = _run(item, [Opt(L, reduce_axis, amount)])
@@ -94,12 +82,12 @@ def test_lanes_sweep(seed):
 def test_lanes_whole_axis_and_conv_weight_gradient():
   rng = np.random.default_rng(9)
   x_np = rng.standard_normal((5, 4), dtype=np.float32)
-  item = _item(Tensor(x_np).sum(axis=1))
+  item = last_kernel_item(Tensor(x_np).sum(axis=1))
   np.testing.assert_allclose(_run(item, [Opt(L, 1, 4)]), x_np.sum(axis=1), rtol=1e-5)   # no reduce loop left
   x = Tensor(rng.standard_normal((2, 3, 8, 8), dtype=np.float32), requires_grad=True)
   w = Tensor(rng.standard_normal((4, 3, 3, 3), dtype=np.float32), requires_grad=True)
   (x.conv2d(w, padding=1) * Tensor(rng.standard_normal((2, 4, 8, 8), dtype=np.float32))).sum().backward()
-  item = _item(w.grad)
+  item = last_kernel_item(w.grad)
   want = _run(item, [])
   kernel = Kernel(lower_kernel(item.ast))
   got = _run(item, heuristic_opts(kernel))
