@@ -6,26 +6,16 @@ Each kiln kernel is timed alone (best of several runs, scheduling and compiling 
 sum of its kernels. GFLOP/s counts 2*N*F*H*W*C*3*3 for each of the forward, the input gradient and the weight gradient.
 """
 from __future__ import annotations
-import time
 import numpy as np
 from kiln import Tensor
 from kiln.helpers import NOOPT
 from kiln.runtime.threadpool import thread_count
 from kiln.schedule.kernelize import create_schedule
 from kiln.engine.realize import get_runner, run_schedule
+from bench_matmul import best_time   # this folder is on sys.path when a bench script runs
 
 BATCH, CHANNELS, FILTERS, SIZE, KSIZE = 16, 64, 64, 56, 3
 FLOP = 2 * BATCH * FILTERS * SIZE * SIZE * CHANNELS * KSIZE * KSIZE
-
-def best_time(fn, repeats: int) -> float:
-  """The fastest of `repeats` calls of fn(), in seconds (after one warm-up call)."""
-  fn()
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - start)
-  return min(times)
 
 def kernel_times(outs: list[Tensor], repeats: int) -> list[tuple[str, float]]:
   """(name, best seconds) of each kernel that computes `outs`, run in schedule order (inputs realized)."""
