@@ -26,21 +26,27 @@ def random_blocks(type_name: str, rows: int, blocks: int, rng: np.random.Generat
 
 # ---------------- quantized matrices ----------------
 
-@pytest.mark.parametrize("type_name", list(TYPE_IDS))
-def test_quantized_linear_matches_dequantized_matmul(type_name):
-  rng = np.random.default_rng(1)
-  block_size = GGML_TYPES[TYPE_IDS[type_name]].block_size
-  raw = random_blocks(type_name, 8, 2, rng)
-  shape = (8, 2 * block_size)
+def _linear_against_numpy(type_name: str, rows: int, x_rows: int, seed: int) -> tuple[QuantizedMatrix, np.ndarray, int]:
+  """A random `type_name` matrix of `rows` rows (two blocks each) times x of `x_rows` rows, checked against float64
+  NumPy on the dequantized weight; (the matrix, that weight, the kernels the product launched)."""
+  rng = np.random.default_rng(seed)
+  shape = (rows, 2 * GGML_TYPES[TYPE_IDS[type_name]].block_size)
+  raw = random_blocks(type_name, rows, 2, rng)
   weight = dequantize_blocks(Tensor(raw), TYPE_IDS[type_name]).reshape(shape).numpy().astype(np.float64)
   matrix = QuantizedMatrix.from_blocks(type_name, raw, shape)
-  x = rng.standard_normal((3, shape[1])).astype(np.float32)
+  x = rng.standard_normal((x_rows, shape[1])).astype(np.float32)
   x_t = Tensor(x).realize()
   GlobalCounters.reset()
   got = matrix.linear(x_t).numpy()
-  assert GlobalCounters.kernel_count == 1, f"{type_name}: the dequantizing matmul took {GlobalCounters.kernel_count}"
+  kernels = GlobalCounters.kernel_count
   want = x.astype(np.float64) @ weight.T
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=type_name)
+  return matrix, weight, kernels
+
+@pytest.mark.parametrize("type_name", list(TYPE_IDS))
+def test_quantized_linear_matches_dequantized_matmul(type_name):
+  matrix, weight, kernels = _linear_against_numpy(type_name, rows=8, x_rows=3, seed=1)
+  assert kernels == 1, f"{type_name}: the dequantizing matmul took {kernels} kernels"
   np.testing.assert_array_equal(matrix.dequantize().numpy(), weight.astype(np.float32))
   np.testing.assert_array_equal(matrix.rows(Tensor([5, 0, 5], dtype=dtypes.int32)).numpy(), weight[[5, 0, 5]])
 
@@ -55,19 +61,8 @@ def test_plain_matrices(dtype):
 @pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0", "Q6_K"])
 def test_many_rows_dequantize_once_then_matmul(type_name):
   """A prefill-sized product (DEQUANTIZE_MIN_ROWS rows or more) expands the weight once, then multiplies."""
-  rng = np.random.default_rng(4)
-  block_size = GGML_TYPES[TYPE_IDS[type_name]].block_size
-  raw = random_blocks(type_name, 24, 2, rng)
-  shape = (24, 2 * block_size)
-  weight = dequantize_blocks(Tensor(raw), TYPE_IDS[type_name]).reshape(shape).numpy().astype(np.float64)
-  matrix = QuantizedMatrix.from_blocks(type_name, raw, shape)
-  x = rng.standard_normal((DEQUANTIZE_MIN_ROWS + 1, shape[1])).astype(np.float32)
-  x_t = Tensor(x).realize()
-  GlobalCounters.reset()
-  got = matrix.linear(x_t).numpy()
-  assert GlobalCounters.kernel_count == 2, f"{type_name}: expected dequantize + matmul, got {GlobalCounters.kernel_count}"
-  want = x.astype(np.float64) @ weight.T
-  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=type_name)
+  _, _, kernels = _linear_against_numpy(type_name, rows=24, x_rows=DEQUANTIZE_MIN_ROWS + 1, seed=4)
+  assert kernels == 2, f"{type_name}: expected dequantize + matmul, got {kernels} kernels"
 
 def test_quantized_weight_is_never_expanded_in_memory():
   """A decode-sized product reads the packed arrays: the only buffer it makes is the output."""
