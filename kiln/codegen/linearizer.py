@@ -166,7 +166,12 @@ def linearize(sink: UOp) -> list[UOp]:
         else: emit(item)
 
   def emit_block(path: tuple[GroupKey, ...]) -> None:
-    emit_items(list(block_items.get(path, {})))
+    emit_groups_first(list(block_items.get(path, {})))
+
+  def emit_groups_first(items: list[Item]) -> None:
+    # a value only the code after a reduce group needs (a matmul's residual add) is computed after the group's loops:
+    # computed before, it would stay live, and spill, through every iteration
+    emit_items([item for item in items if isinstance(item, tuple)] + items)
 
   # loop-invariant nodes (buffers, constants, loop bounds) first, then the output loops, then the body
   top = list(block_items[()])
@@ -183,7 +188,7 @@ def linearize(sink: UOp) -> list[UOp]:
   for depth, rng in enumerate(output_ranges):
     emit_items([item for item, d in hoisted.items() if d == depth])
     emit(rng)
-  emit_items(top)
+  emit_groups_first(top)
   for rng in reversed(output_ranges): out.append(UOp(Ops.ENDRANGE, dtypes.void, (mapped.get(rng, rng),)))
   return out
 
