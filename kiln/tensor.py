@@ -29,6 +29,12 @@ _requires_grad_tensors: weakref.WeakSet = weakref.WeakSet()
 # every live Tensor, so realizing an assign can first compute the pending tensors that read the old values
 _live_tensors: weakref.WeakSet = weakref.WeakSet()
 
+# tanh(x) = x + x**3 * P(x**2) for |x| < 0.55: P's coefficients, highest first, a least-squares fit of
+# (tanh(x)/x - 1)/x**2 (within 0.8 ulp of tanh in float32 on that range)
+_TANH_POLY_LIMIT = 0.55
+_TANH_POLY = (-0.006272607482969761, 0.02107025310397148, -0.053851865231990814, 0.13332580029964447,
+              -0.33333316445350647)
+
 class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, ReduceMixin, ConvMixin, NNMixin, SortMixin,
              LinalgMixin, BytesMixin):
   """A lazy n-dimensional array with autograd.
@@ -983,11 +989,24 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     e = positive.where(-x, x).exp()
     return positive.where(1 / (1 + e), e / (1 + e))
   def tanh(self) -> Tensor:
-    """Elementwise hyperbolic tangent, as -expm1(-2|x|) / (expm1(-2|x|) + 2): precise near 0, finite gradients."""
+    """Elementwise hyperbolic tangent: an odd polynomial for |x| < 0.55, else 1 - 2e/(1 + e) with e = exp(-2|x|);
+    one exp per element, within 2.5 ulp of the exact value in float32, finite gradients for any finite x.
+
+    >>> round(Tensor([0.5]).tanh().item(), 5)
+    0.46212
+    """
     def odd(x: Tensor) -> Tensor:
       negative = x < 0
-      e = (-2 * negative.where(-x, x))._expm1()   # in [-1, 0]
-      return negative.where(e / (e + 2), -e / (e + 2))
+      magnitude = negative.where(-x, x)
+      small = magnitude < _TANH_POLY_LIMIT
+      # the polynomial only where it is used: x**9 of a huge x would overflow, and 0 * inf poisons the gradient
+      near = small.where(x, 0.0)
+      square = near * near
+      correction = functools.reduce(lambda acc, c: acc * square + c, _TANH_POLY[1:], _TANH_POLY[0])
+      e = (-2 * magnitude).exp()   # in (0, 0.33]: 1 - 2e/(1 + e) loses no precision
+      far = 1 - 2 * e / (1 + e)
+      poly = (near == 0).where(near, near + near * square * correction)   # tanh(-0.0) is -0.0
+      return small.where(poly, negative.where(-far, far))
     return self._in_float(odd)
   def gelu(self) -> Tensor:
     """GELU with the tanh approximation (PyTorch's gelu(approximate='tanh'))."""

@@ -96,6 +96,16 @@ def test_precision_near_zero():
     got, want = getattr(Tensor(x), name)().numpy(), getattr(torch, name)(torch.tensor(x, dtype=torch.float64)).numpy()
     assert_close(got, want, name, atol=0, rtol=1e-6)
 
+def test_tanh_ulp_error():
+  # tanh is a polynomial below |x| = 0.55 and 1 - 2e/(1 + e) above it: both sides of the seam, tiny and saturated
+  # arguments stay within 2.5 ulp of the exact value (float64), and tanh(-0.0) keeps its sign
+  x = np.concatenate([np.linspace(-10, 10, 200_001), np.geomspace(1e-30, 0.6, 2001), [0.55, np.nextafter(0.55, 1)]])
+  x = np.concatenate([x, -x]).astype(np.float32)
+  want = np.tanh(x.astype(np.float64))
+  ulps = np.abs(Tensor(x).tanh().numpy() - want) / np.spacing(np.abs(want).astype(np.float32))
+  assert ulps.max() <= 2.5, f"tanh is {ulps.max():.2f} ulp off at x={x[ulps.argmax()]}"
+  assert np.signbit(Tensor(np.float32([-0.0])).tanh().numpy()[0])
+
 # ---------------------------------------------------------------------------------------------------------------------
 # copysign, isfinite, isclose
 
