@@ -106,6 +106,15 @@ def test_tanh_ulp_error():
   assert ulps.max() <= 2.5, f"tanh is {ulps.max():.2f} ulp off at x={x[ulps.argmax()]}"
   assert np.signbit(Tensor(np.float32([-0.0])).tanh().numpy()[0])
 
+def test_elu_ulp_error():
+  # elu's exp(x) - 1 is a polynomial for |x| < 1/2 (exp(x) - 1 beyond): within 2 ulp across the seam and for tiny x
+  x = np.concatenate([np.linspace(-20, 0, 100_001), -np.geomspace(1e-30, 0.6, 2001), [-0.5, np.nextafter(-0.5, 0)]])
+  x = x.astype(np.float32)
+  want = np.expm1(x.astype(np.float64))
+  ulps = np.abs(Tensor(x).elu().numpy() - want) / np.spacing(np.abs(want).astype(np.float32))
+  assert ulps.max() <= 2.0, f"elu is {ulps.max():.2f} ulp off at x={x[ulps.argmax()]}"
+  assert np.signbit(Tensor(np.float32([-0.0])).elu().numpy()[0])
+
 # ---------------------------------------------------------------------------------------------------------------------
 # copysign, isfinite, isclose
 
