@@ -5,14 +5,41 @@ import math
 
 @dataclass(frozen=True, eq=False)
 class DType:
-  """A scalar element type. `priority` orders types for promotion; `fmt` is the struct/numpy format char."""
+  """An element type. `priority` orders types for promotion; `fmt` is the struct/numpy format char.
+
+  A scalar dtype has `count` 1 and is its own `scalar`. `dt.vec(n)` is the dtype of `n` lanes of `dt` (made by the
+  CPU vectorizer, kiln/codegen/vectorize.py, for kernel code only; tensors never have one); it is cached, so vector
+  dtypes compare by identity too. The classifiers (`dtypes.is_float`, ...) answer for scalar dtypes only.
+
+  >>> dtypes.float32.vec(8), dtypes.float32.vec(8) is dtypes.float32.vec(8), dtypes.float32.vec(8).scalar
+  (dtypes.float.vec(8), True, dtypes.float)
+  """
   priority: int
   itemsize: int
   name: str
   fmt: str | None
-  # every DType is a module-level singleton: equality is identity (fast), and unpickling returns the singleton
-  def __repr__(self) -> str: return f"dtypes.{self.name}"
-  def __reduce__(self): return _dtype_by_name, (self.name,)
+  count: int = 1
+  base: DType | None = None   # the lane dtype of a vector dtype; None for a scalar
+  # every DType is a singleton (module level, or cached by `vec`): equality is identity (fast), and unpickling
+  # returns the singleton
+  def __repr__(self) -> str: return f"dtypes.{self.name}" if self.base is None else f"{self.base!r}.vec({self.count})"
+  def __reduce__(self):
+    if self.base is not None: return _vector_dtype, (self.base.name, self.count)
+    return _dtype_by_name, (self.name,)
+  @property
+  def scalar(self) -> DType:
+    """The dtype of one lane (the dtype itself for a scalar)."""
+    return self if self.base is None else self.base
+  def vec(self, count: int) -> DType:
+    """The dtype of `count` lanes of this scalar dtype (the dtype itself for 1)."""
+    if self.base is not None: raise TypeError(f"vec: {self!r} is already a vector dtype")
+    if not isinstance(count, int) or count < 1: raise ValueError(f"vec: lane count must be an int >= 1, got {count!r}")
+    if self.itemsize == 0: raise TypeError(f"vec: {self!r} has no size and cannot have lanes")
+    if count == 1: return self
+    key = (self.name, count)
+    if key not in _VECTOR_DTYPES:
+      _VECTOR_DTYPES[key] = DType(self.priority, self.itemsize * count, f"{self.name}x{count}", None, count, self)
+    return _VECTOR_DTYPES[key]
   def __lt__(self, other: DType) -> bool: return (self.priority, self.itemsize, self.name) < (other.priority, other.itemsize, other.name)
   @property
   def bitsize(self) -> int:
@@ -162,6 +189,10 @@ _ANCESTORS = {dt: _ancestors(dt) for dt in _PARENTS}
 
 def _dtype_by_name(name: str) -> DType:
   return next(v for v in vars(dtypes).values() if isinstance(v, DType) and v.name == name)
+
+_VECTOR_DTYPES: dict[tuple[str, int], DType] = {}
+
+def _vector_dtype(name: str, count: int) -> DType: return _dtype_by_name(name).vec(count)
 
 def least_upper_dtype(*ds: DType) -> DType:
   """The smallest dtype that every dtype in `ds` promotes to, e.g. int32 and float16 -> float16."""

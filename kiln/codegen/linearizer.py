@@ -36,19 +36,28 @@ class _KernelLayout:
           raise ValueError(f"linearize: loop range {rng.arg} is reduced by REDUCEs over different sets of ranges")
     # the loop ranges each node depends on (a REDUCE closes its own)
     self.scope: dict[UOp, frozenset[UOp]] = {}
+    scope, empty = self.scope, frozenset()
     for node in self.nodes:
-      deps = frozenset().union(*(self.scope[s] for s in node.src)) if node.src else frozenset()
+      # most nodes share their sources' scope: reuse that set rather than building an equal one per node
+      deps = empty
+      for s in node.src:
+        if (d := scope[s]) is not deps and d and not d <= deps: deps = d if not deps else deps | d
       if node.op is Ops.RANGE: deps = deps | {node}
       elif node.op is Ops.REDUCE: deps = deps - frozenset(node.src[1:])
       self.scope[node] = deps
     self.group_path: dict[GroupKey, tuple[GroupKey, ...]] = {}
     for key in self.groups: self._path_of_group(key)
     self.path: dict[UOp, tuple[GroupKey, ...]] = {}
+    path_of_scope: dict[frozenset[UOp], tuple[GroupKey, ...]] = {}   # nodes share few distinct scopes
     for node in self.nodes:
       if node.op is Ops.REDUCE or node in self.group_of_range:
         self.path[node] = self.group_path[self.group_of_range[node] if node.op is Ops.RANGE else
                                            tuple(sorted(node.src[1:], key=_range_order))]
-      else: self.path[node] = self._path_of_scope(self.scope[node])
+      else:
+        node_scope = scope[node]
+        if (found := path_of_scope.get(node_scope)) is None:
+          found = path_of_scope[node_scope] = self._path_of_scope(node_scope)
+        self.path[node] = found
 
   def _innermost_group(self, scope: frozenset[UOp]) -> GroupKey | None:
     keys = {self.group_of_range[r] for r in scope if r in self.group_of_range}
@@ -77,9 +86,10 @@ class _KernelLayout:
 def _accumulator_seeds(layout: _KernelLayout) -> dict[UOp, tuple[UOp, UOp]]:
   """REDUCE -> (the ADD of it and x, x) for every sum whose only use is `+ x` with x read from a stored buffer, known
   where the reduce group opens (x depends on no reduction and on no loop the REDUCE's own scope lacks)."""
-  users: dict[UOp, set[UOp]] = {}
+  users: dict[UOp, set[UOp]] = {}   # of the REDUCEs only: nothing else is asked
   for node in layout.nodes:
-    for src in node.src: users.setdefault(src, set()).add(node)
+    for src in node.src:
+      if src.op is Ops.REDUCE: users.setdefault(src, set()).add(node)
   written = {u.src[0] for u in layout.nodes if u.op is Ops.STORE}
   seeds: dict[UOp, tuple[UOp, UOp]] = {}
   for node in layout.nodes:
@@ -101,9 +111,18 @@ def linearize(sink: UOp) -> list[UOp]:
   # the items of each block (keyed by its group path) in first-use order, and what each item needs first
   block_items: dict[tuple[GroupKey, ...], dict[Item, None]] = {(): {}}
   needs: dict[Item, dict[Item, None]] = {}
+  top_items = block_items[()]
   for node in layout.nodes:
     if node.op is Ops.SINK: continue
     path = layout.path[node]
+    if not path:   # the common case, a node of the kernel's top block: item_at at level 0, inlined
+      if node.op is Ops.RANGE or node.op is Ops.REDUCE: continue   # opened by the kernel: needs nothing
+      top_items[node] = None
+      for src in node.src:
+        src_path = layout.path[src]
+        used = ("group", src_path[0]) if src_path else None if src.op is Ops.RANGE or src.op is Ops.REDUCE else src
+        if used is not None and used is not node: needs.setdefault(node, {})[used] = None
+      continue
     for level in range(len(path) + 1):
       item = layout.item_at(node, level)
       if item is not None: block_items.setdefault(path[:level], {})[item] = None

@@ -29,10 +29,11 @@ def unflatten_index(flat: UOp, shape: tuple[int, ...]) -> tuple[UOp, ...]:
   """Per-axis indices of the row-major flat index `flat` in `shape`."""
   out, stride = [], 1
   for k, s in enumerate(reversed(shape)):
-    # the outermost axis of a symbolic size needs no wrap: an in-bounds flat index is below prod(shape) (the
-    # simplifier cannot prove that for a size over Variables, and a `% size` would stay in the kernel)
-    outermost_symbolic = k == len(shape) - 1 and isinstance(s, UOp)
-    out.append(iconst(0) if s == 1 else (flat // stride) if outermost_symbolic else (flat // stride) % s)
+    # the outermost axis needs no wrap: an in-bounds flat index is below prod(shape) (the simplifier cannot prove
+    # that for a size over Variables, nor for a padded view's index, which is -1 at a gated-off border: a `% size`
+    # would stay in the kernel, one division per element of a pad copy)
+    outermost = k == len(shape) - 1
+    out.append(iconst(0) if s == 1 else (flat // stride) if outermost else (flat // stride) % s)
     stride *= s
   return tuple(reversed(out))
 

@@ -1,9 +1,9 @@
 """Turning schedule items into runnable programs and running them."""
 from __future__ import annotations
-import os, time
+import contextlib, gc, os, time
 from dataclasses import dataclass
 from kiln.uop.spec import check_lowered, check_linear
-from kiln.helpers import SPEC, NOOPT, DEBUG, GlobalCounters, fmt_time, colored, prod
+from kiln.helpers import SPEC, NOOPT, DEBUG, VECTORIZE, GlobalCounters, fmt_time, colored, prod
 from kiln.device import Device, Buffer
 from kiln.renderer import kernel_signature
 from kiln.uop.ops import UOp, Ops, GroupOp
@@ -15,6 +15,7 @@ from kiln.codegen.linearizer import linearize
 from kiln.codegen.transcendental import TRANSCENDENTAL, apply_software_math
 from kiln.codegen.opt import optimize_kernel
 from kiln.codegen.opt.search import BEAM, choose_opts
+from kiln.engine import codegen_cache
 
 @dataclass
 class CompiledRunner:
@@ -38,7 +39,8 @@ def kernel_name(ast: UOp) -> str:
   return ("r_" if reduces else "E_") + "_".join(str(s) if type(s) is int else sint_str(s) for s in value.shape) if value.shape else ("r" if reduces else "E")
 
 def count_ops(uops: list[UOp]) -> int:
-  """ALU operations the kernel executes, weighting each by the trip counts of the loops around it."""
+  """ALU operations the kernel executes, weighting each by the trip counts of the loops around it (a vector op
+  counts its lanes)."""
   total, trips = 0, 1
   stack = []
   for u in uops:
@@ -49,7 +51,7 @@ def count_ops(uops: list[UOp]) -> int:
     elif u.op is Ops.ENDRANGE:
       n = stack.pop()
       trips = trips // n if n else prod(stack)
-    elif u.op in GroupOp.ALU: total += trips
+    elif u.op in GroupOp.ALU: total += trips * u.dtype.count
   return total
 
 _runner_cache: dict[tuple, CompiledRunner] = {}
@@ -61,6 +63,7 @@ def render_lowered(device: str, name: str, lowered: UOp) -> tuple[str, list[UOp]
   if SPEC: check_lowered(lowered)
   uops = linearize(lowered)
   if SPEC: check_linear(uops)
+  if VECTORIZE and hasattr(dev.renderer, "vectorize"): uops = dev.renderer.vectorize(uops)   # opt-in: CRenderer
   if DEBUG >= 6:
     for i, u in enumerate(uops): print(f"{i:4d} {u.op.name:14s} {str(u.dtype):16s} {u.arg!r}")
   source = dev.renderer.render(name, uops)
@@ -102,15 +105,45 @@ def lower_for_codegen(ast: UOp) -> UOp:
   the optimizer and BEAM start from."""
   return rewrite_gathers(lower_kernel(ast))
 
+def _cached_runner(device: str, ast: UOp) -> CompiledRunner | None:
+  """The runner of `ast` from its stored codegen result (kiln/engine/codegen_cache.py) and its binary (the compile
+  cache, or compiled again), or None when no result is stored."""
+  if (entry := codegen_cache.lookup(device, ast)) is None: return None
+  try: program = Device[device].runtime(entry.name, Device[device].compiler.compile_cached(entry.source))
+  except Exception: return None   # noqa: BLE001  (the kernel is made again, and reports its own error)
+  return CompiledRunner(entry.name, device, program, entry.source, entry.ops, [], entry.params)
+
+def _remember(device: str, ast: UOp, runner: CompiledRunner) -> None:
+  """Store the codegen result of `ast` for later processes (not for kernels over Variables)."""
+  if not runner.vars: codegen_cache.store(device, ast, codegen_cache.CodegenEntry(runner.name, runner.source,
+                                                                                  runner.ops, runner.params))
+
+@contextlib.contextmanager
+def _collector_paused():
+  """Codegen makes a great many small objects that form no reference cycles (UOps point at their sources only), so
+  the cyclic garbage collector's passes over them find nothing: paused while kernels are made (measured: ~10% of
+  the anchors' transformer codegen time). Cycles made meanwhile are collected once it runs again."""
+  if not gc.isenabled():
+    yield
+    return
+  gc.disable()
+  try: yield
+  finally: gc.enable()
+
 def get_runner(device: str, ast: UOp, bufs: list[Buffer] | None = None, var_vals: dict | None = None) -> CompiledRunner:
   """The compiled program for `ast` on `device` (compiled once per distinct kernel). With BEAM>=1 and the kernel's
   buffers given, its optimizations are chosen by search (kiln/codegen/opt/search.py) instead of the heuristics."""
   beam = BEAM.value if bufs is not None else 0
   key = (device, ast, TRANSCENDENTAL.value, beam)
   if (runner := _runner_cache.get(key)) is not None: return runner
-  name, lowered = kernel_name(ast), lower_for_codegen(ast)
-  opts = _beam_opts(device, name, lowered, bufs, var_vals or {}, beam) if beam >= 1 and not NOOPT else None
-  runner = compile_lowered(device, name, optimize_kernel(lowered, opts))
+  if beam == 0 and (runner := _cached_runner(device, ast)) is not None:
+    _runner_cache[key] = runner
+    return runner
+  with _collector_paused():
+    name, lowered = kernel_name(ast), lower_for_codegen(ast)
+    opts = _beam_opts(device, name, lowered, bufs, var_vals or {}, beam) if beam >= 1 and not NOOPT else None
+    runner = compile_lowered(device, name, optimize_kernel(lowered, opts))
+  if beam == 0: _remember(device, ast, runner)
   _runner_cache[key] = runner
   return runner
 
@@ -123,12 +156,18 @@ def precompile(items: list[ScheduleItem]) -> None:
     if item.ast.op is Ops.COPY: continue
     device = item.bufs[0].device
     key = (device, item.ast, TRANSCENDENTAL.value, 0)
-    if key not in _runner_cache: wanted.setdefault(device, {})[key] = item.ast
+    if key in _runner_cache: continue
+    if (runner := _cached_runner(device, item.ast)) is not None: _runner_cache[key] = runner
+    else: wanted.setdefault(device, {})[key] = item.ast
   for device, asts in wanted.items():
     if len(asts) < 2 or not Device[device].compiler.runs_in_subprocess: continue
-    jobs = [(kernel_name(ast), optimize_kernel(lower_for_codegen(ast))) for ast in asts.values()]
-    for key, runner in zip(asts, compile_many(device, jobs)):
-      if not isinstance(runner, Exception): _runner_cache[key] = runner
+    with _collector_paused():
+      jobs = [(kernel_name(ast), optimize_kernel(lower_for_codegen(ast))) for ast in asts.values()]
+      runners = compile_many(device, jobs)
+    for (key, ast), runner in zip(asts.items(), runners):
+      if isinstance(runner, Exception): continue
+      _runner_cache[key] = runner
+      _remember(device, ast, runner)
 
 def _beam_opts(device: str, name: str, lowered: UOp, bufs: list[Buffer], var_vals: dict, width: int) -> list:
   """The actions BEAM search picks for `lowered`, timing candidates on scratch copies of `bufs`."""

@@ -26,7 +26,8 @@ import math
 from typing import Callable
 from kiln.dtype import DType, dtypes, truncate
 from kiln.renderer import Renderer, kernel_signature, kernel_function_name
-from kiln.codegen.parallel import FEW_OUTER_ITERATIONS, SplitReduction, find_parallel_loop, find_split_reduction
+from kiln.codegen.parallel import (FEW_OUTER_ITERATIONS, ParallelLoop, SplitReduction, find_parallel_loop,
+                                   find_split_reduction)
 from kiln.uop.ops import UOp, Ops, GroupOp
 
 # the C type a value of each dtype lives in while computing, and the type it is stored as in a buffer
@@ -264,6 +265,60 @@ def scratch_symbol(function_name: str) -> str:
   """The name of a split reduction's exported scratch size in bytes (a zeroed buffer passed after its buffers)."""
   return f"{function_name}_scratch"
 
+# ---- vector code (kiln/codegen/vectorize.py): GNU C vector extensions, accepted by gcc and clang alike ----
+# A vector of n lanes is `kiln_<lane type>x<n>` (vector_size), bool vectors are int masks (all ones or zero per
+# lane, what a comparison gives). Loads and stores go through __builtin_memcpy (unaligned; compiles to one move),
+# selects are bitwise (`?:` on vectors is C++ only in gcc), conversions use __builtin_convertvector (gcc >= 9).
+_VECTOR_LANE_TYPES = {dtypes.float32: "float", dtypes.int32: "int", dtypes.uint32: "unsigned int", dtypes.bool: "int"}
+
+def vector_type(dtype: DType) -> str:
+  """The C type name of a vector dtype, e.g. `kiln_floatx8`; bool lanes are `kiln_maskx8` (int masks)."""
+  if dtype.scalar not in _VECTOR_LANE_TYPES:
+    raise TypeError(f"CRenderer: no vector type for lanes of {dtype.scalar} ({dtype!r})")
+  lane = "mask" if dtype.scalar == dtypes.bool else dtype.scalar.name
+  return f"kiln_{lane}x{dtype.count}"
+
+def vector_typedef(dtype: DType) -> str:
+  """The typedef that declares `vector_type(dtype)`."""
+  return (f"typedef {_VECTOR_LANE_TYPES[dtype.scalar]} {vector_type(dtype)} "
+          f"__attribute__((vector_size({4 * dtype.count})));")
+
+def c_type(dtype: DType) -> str:
+  """The C type a value of `dtype` (scalar or vector) is computed in."""
+  return vector_type(dtype) if dtype.count > 1 else VALUE_TYPES[dtype]
+
+def _mask_of(dtype: DType) -> str: return vector_type(dtypes.bool.vec(dtype.count))
+
+def _vector_select(dtype: DType, mask: str, a: str, b: str) -> str:
+  """Lane k of `a` where lane k of `mask` is all ones, else of `b` (bitwise, so NaNs keep their bits)."""
+  m = _mask_of(dtype)
+  return f"(({c_type(dtype)})((({m})({mask})&({m})({a}))|(~({m})({mask})&({m})({b}))))"
+
+def _vector_splat(dtype: DType, value) -> str:
+  lanes = render_c_const(value, dtype.scalar) if dtype.scalar != dtypes.bool else ("-1" if value else "0")
+  return f"(({vector_type(dtype)}){{{', '.join([lanes] * dtype.count)}}})"
+
+def _vector_cast(u: UOp, a: list[str]) -> str:
+  src, dst, x = u.src[0].dtype.scalar, u.dtype, a[0]
+  if dst.scalar == dtypes.bool: return f"(({x})!={_vector_splat(u.src[0].dtype, 0)})"
+  if src == dtypes.bool: x = f"(-({x}))"   # masks -1/0 -> 1/0
+  if dtypes.is_float(src) != dtypes.is_float(dst.scalar) or src == dtypes.bool and dtypes.is_float(dst.scalar):
+    return f"__builtin_convertvector({x}, {vector_type(dst)})"
+  return f"(({vector_type(dst)})({x}))"   # int32 <-> uint32: the same bits, as C converts them
+
+def _vector_max(u: UOp, a: list[str]) -> str:
+  mask = f"(({a[0]})!=({a[0]}))|(({a[0]})>({a[1]}))" if dtypes.is_float(u.dtype.scalar) else f"({a[0]})>({a[1]})"
+  return _vector_select(u.dtype, f"({mask})", a[0], a[1])
+
+VECTOR_EXPRESSIONS: dict[Ops, Callable[[UOp, list[str]], str]] = {
+  **{op: _infix(sym) for op, sym in ((Ops.ADD, "+"), (Ops.SUB, "-"), (Ops.MUL, "*"), (Ops.FDIV, "/"),
+     (Ops.IDIV, "/"), (Ops.MOD, "%"), (Ops.CMPLT, "<"), (Ops.CMPNE, "!="), (Ops.CMPEQ, "=="), (Ops.AND, "&"),
+     (Ops.OR, "|"), (Ops.XOR, "^"), (Ops.SHL, "<<"), (Ops.SHR, ">>"))},
+  Ops.NEG: lambda u, a: f"(-{a[0]})", Ops.RECIP: lambda u, a: f"({_vector_splat(u.dtype, 1.0)}/{a[0]})",
+  Ops.MAX: _vector_max, Ops.WHERE: lambda u, a: _vector_select(u.dtype, a[0], a[1], a[2]),
+  Ops.CAST: _vector_cast, Ops.BITCAST: lambda u, a: f"(({vector_type(u.dtype)})({a[0]}))",
+}
+
 # a split reduction's scratch buffer: a counter of finished chunks (reset by the chunk that combines), then partials
 SCRATCH_HEADER_BYTES = 16
 
@@ -280,6 +335,28 @@ class CRenderer(Renderer):
     """The C source of function `name` (see the module docstring for the semantics)."""
     return _CKernelWriter(kernel_function_name(name), uops).write()
 
+  def vectorize(self, uops: list[UOp]) -> list[UOp]:
+    """`uops` with their upcast lanes as vector uops (kiln/codegen/vectorize.py), rendered with GNU C vector
+    extensions. A split reduction's accumulators stay scalar (its partials are scalars), and a kernel whose thread
+    split would change stays scalar."""
+    from kiln.codegen.vectorize import vectorize
+    parallel, reduction = thread_plan(uops)
+    keep = frozenset(acc for acc, _ in reduction.accumulators) if reduction is not None else frozenset()
+    vector_uops = vectorize(uops, keep)
+    if vector_uops is uops: return uops
+    vector_parallel, vector_reduction = thread_plan(vector_uops)
+    def shape(p, r): return (p.loop if p else None, (r.loop, tuple(a for a, _ in r.accumulators)) if r else None)
+    return vector_uops if shape(parallel, reduction) == shape(vector_parallel, vector_reduction) else uops
+
+def thread_plan(uops: list[UOp]) -> tuple[ParallelLoop | None, SplitReduction | None]:
+  """How a kernel runs on threads: its outermost loop split (kiln/codegen/parallel.py), or, when that is refused or
+  too short, its reduction split into chunks; (None, None) for one thread."""
+  parallel, reduction = find_parallel_loop(uops), None
+  if parallel is None or parallel.loop.src[0].vmax < FEW_OUTER_ITERATIONS:
+    reduction = find_split_reduction(uops)
+    if reduction is not None: parallel = None
+  return parallel, reduction
+
 class _CKernelWriter:
   """Walks one uop list, naming values and emitting lines."""
   def __init__(self, name: str, uops: list[UOp]):
@@ -289,23 +366,29 @@ class _CKernelWriter:
     self.depth = 1
     self.open_ranges: list[str] = []
     self.counter = 0
-    self.parallel = find_parallel_loop(uops)
-    self.reduction: SplitReduction | None = None
-    if self.parallel is None or self.parallel.loop.src[0].vmax < FEW_OUTER_ITERATIONS:
-      self.reduction = find_split_reduction(uops)
-      if self.reduction is not None: self.parallel = None
+    self.parallel, self.reduction = thread_plan(uops)
     self.reduce_lines = (0, 0)   # where the split reduction's loop starts and ends in self.lines
     self.uses_bf16 = self.uses_half = False
     self.uses_fp8: set[DType] = set()
+    self.vector_types: dict[DType, None] = {}   # the vector dtypes used, for their typedefs
+    self.vector_consts: dict[UOp, str] = {}     # vector constants, declared once at file scope
     self.statements: dict[Ops, Callable[[UOp], None]] = {
       Ops.RANGE: self._range, Ops.ENDRANGE: self._endrange, Ops.LOAD: self._load, Ops.STORE: self._store,
       Ops.DEFINE_ACC: self._define_acc, Ops.ASSIGN: self._assign,
-      **{op: self._nothing for op in (Ops.CONST, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.SINK)}}
+      **{op: self._nothing for op in (Ops.CONST, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.SINK, Ops.GEP,
+                                      Ops.VECTORIZE)}}
 
   # ---- names of values ----
   def expr(self, u: UOp) -> str:
     """The C expression that reads the value of `u` at this point of the kernel."""
-    if u.op is Ops.CONST: return render_c_const(u.arg, u.dtype)
+    if u.op is Ops.CONST: return render_c_const(u.arg, u.dtype) if u.dtype.count == 1 else self.vector_const(u)
+    if u.op is Ops.GEP:   # read where it is used: an accumulator's lane has its current value
+      lane = f"{self.expr(u.src[0])}[{u.arg}]"
+      return f"({lane}!=0)" if u.dtype == dtypes.bool else lane
+    if u.op is Ops.VECTORIZE:
+      self.note_dtype(u.dtype)
+      lanes = [f"-(int)({self.expr(s)})" if u.dtype.scalar == dtypes.bool else self.expr(s) for s in u.src]
+      return f"(({vector_type(u.dtype)}){{{', '.join(lanes)}}})"
     if u.op is Ops.DEFINE_GLOBAL: return f"data{u.arg}"
     if u.op is Ops.DEFINE_VAR:
       name = self.var_names[u]
@@ -323,8 +406,19 @@ class _CKernelWriter:
     """Add one line at the current loop depth."""
     self.lines.append("  " * self.depth + line)
 
+  def vector_const(self, u: UOp) -> str:
+    """The name of a vector constant (declared at file scope, once per kernel source)."""
+    self.note_dtype(u.dtype)
+    if u not in self.vector_consts: self.vector_consts[u] = f"kiln_const{len(self.vector_consts)}"
+    return self.vector_consts[u]
+
   def note_dtype(self, dtype: DType) -> None:
     """Check that `dtype` is supported and remember whether the 16-bit float helpers are needed."""
+    if dtype.count > 1:
+      vector_type(dtype)   # raises for lanes without a vector type
+      self.vector_types.setdefault(dtype)
+      self.vector_types.setdefault(dtypes.bool.vec(dtype.count))   # selects and MAX go through a mask
+      dtype = dtype.scalar
     if dtype not in VALUE_TYPES: raise TypeError(f"CRenderer: dtype {dtype} is not supported in kernel {self.name}")
     if dtype == dtypes.bfloat16: self.uses_bf16 = True
     if dtype == dtypes.float16: self.uses_half = True
@@ -372,6 +466,12 @@ class _CKernelWriter:
   def _load(self, u: UOp) -> None:
     buf, index = u.src[0], u.src[1]
     self.note_dtype(u.dtype)
+    if u.dtype.count > 1:   # consecutive lanes from `index` on, unaligned
+      name = self.fresh_name("val")
+      self.emit(f"{vector_type(u.dtype)} {name}; __builtin_memcpy(&{name}, {self.expr(buf)}+({self.expr(index)}), "
+                f"sizeof({name}));")
+      self.names[u] = name
+      return
     read = f"{self.expr(buf)}[{self.expr(index)}]"
     if u.dtype == dtypes.bfloat16: read = f"kiln_bf16_to_f({read})"
     elif u.dtype == dtypes.float16: read = f"kiln_half_to_f({read})"
@@ -385,6 +485,11 @@ class _CKernelWriter:
   def _store(self, u: UOp) -> None:
     buf, index, value = u.src[:3]
     self.note_dtype(value.dtype)
+    if value.dtype.count > 1:
+      if len(u.src) == 4: raise ValueError(f"CRenderer: a vector STORE cannot be gated (kernel {self.name})")
+      self.emit(f"{{ const {vector_type(value.dtype)} kiln_lanes = {self.expr(value)}; "
+                f"__builtin_memcpy({self.expr(buf)}+({self.expr(index)}), &kiln_lanes, sizeof(kiln_lanes)); }}")
+      return
     written = self.expr(value)
     if value.dtype == dtypes.bfloat16: written = f"kiln_f_to_bf16({written})"
     elif value.dtype == dtypes.float16: written = f"kiln_half_bits({written})"
@@ -396,7 +501,7 @@ class _CKernelWriter:
   def _define_acc(self, u: UOp) -> None:
     self.note_dtype(u.dtype)
     name = self.fresh_name("acc")
-    self.emit(f"{VALUE_TYPES[u.dtype]} {name} = {self.expr(u.src[0])};")
+    self.emit(f"{c_type(u.dtype)} {name} = {self.expr(u.src[0])};")
     self.names[u] = name
 
   def _assign(self, u: UOp) -> None:
@@ -408,10 +513,14 @@ class _CKernelWriter:
   def _value(self, u: UOp) -> None:
     """An ALU/CAST/BITCAST value: one `const T name = expr;` line."""
     for dtype in (u.dtype, *(s.dtype for s in u.src)): self.note_dtype(dtype)
-    if u.op in GroupOp.ALU: check_alu_dtypes("CRenderer", u)
-    text = self.value_text(u, [self.expr(s) for s in u.src])
+    if u.dtype.count > 1:
+      if u.op not in VECTOR_EXPRESSIONS: raise NotImplementedError(f"CRenderer: no vector form of {u.op} ({self.name})")
+      text = VECTOR_EXPRESSIONS[u.op](u, [self.expr(s) for s in u.src])
+    else:
+      if u.op in GroupOp.ALU: check_alu_dtypes("CRenderer", u)
+      text = self.value_text(u, [self.expr(s) for s in u.src])
     name = self.fresh_name(_VALUE_PREFIX.get(u.op, "alu"))
-    self.emit(f"const {VALUE_TYPES[u.dtype]} {name} = {text};")
+    self.emit(f"const {c_type(u.dtype)} {name} = {text};")
     self.names[u] = name
 
   def value_text(self, u: UOp, args: list[str]) -> str:
@@ -438,6 +547,11 @@ class _CKernelWriter:
     params += [f"int {self.var_names[v]}" for v in variables] + ["int kiln_tid", "int kiln_nthreads"]
     head = ([HALF_HELPERS] if self.uses_half else []) + ([BF16_HELPERS] if self.uses_bf16 else [])
     if self.uses_fp8: head += [FP8_HELPERS] + [fp8_helpers(dt) for dt in dtypes.fp8s if dt in self.uses_fp8]
+    head += [vector_typedef(dt) for dt in self.vector_types]
+    for const, name in self.vector_consts.items():
+      lanes = [("-1" if v else "0") if const.dtype.scalar == dtypes.bool else render_c_const(v, const.dtype.scalar)
+               for v in const.arg]
+      head.append(f"static const {vector_type(const.dtype)} {name} = {{{', '.join(lanes)}}};")
     if self.reduction is not None: return "\n".join(head + self.split_reduction(buffers, variables, params))
     kernel = [f"void {self.name}({', '.join(params)}) {{", *self.lines, "}"]
     return "\n".join(head + kernel + self.task(buffers, variables))

@@ -20,13 +20,18 @@ import ctypes, functools, os, threading
 from kiln.helpers import ContextVar
 
 THREADS = ContextVar("THREADS", 0, "threads a CPU kernel's outermost loop is split across (0: one per core; 1: none)")
-# a split launch gives each thread at least this many uops (bench/bench_threads.py: on a 16-core machine the pool costs
-# 3-6 us per launch, and a kernel of about 200,000 uops (30-60 us on one core) is where splitting starts to pay)
-MIN_WORK_PER_THREAD = 1 << 17
+# a split launch gives each thread at least this many uops (bench/bench_threads.py). On a 16-core machine the pool
+# costs 3-6 us per launch, and with scalar C a kernel of about 200,000 uops (30-60 us on one core) was where splitting
+# started to pay. Vector code runs several times more uops per microsecond, and on the 2-core EPYC shared with other
+# work (load 1-3) the pool lost on every kernel below about a million uops (256 KB layernorm rows of the anchors'
+# transformer: 10 us on one thread, 17-24 us on two), so each thread now gets at least half a million
+MIN_WORK_PER_THREAD = 1 << 19
 # a split launch is cut into up to CHUNKS_PER_THREAD chunks per thread, each of at least MIN_WORK_PER_CHUNK uops: on a
 # busy machine a worker the OS has descheduled holds only a small chunk, and the threads still running take over the
-# rest (with one chunk per thread the whole launch waits for it)
-CHUNKS_PER_THREAD = 4
+# rest (with one chunk per thread the whole launch waits for it). Measured on the 2-core EPYC under load 2-4
+# (interleaved, best of 6): 8 per thread against 4, conv2d 16x64x56x56 33-48 -> 29-35 ms, matmul 512 2.3-3.4 ->
+# 2.1-2.8 ms; 16 per thread was no better than 4
+CHUNKS_PER_THREAD = 8
 MIN_WORK_PER_CHUNK = 1 << 15
 
 def chunks_for(work: int, threads: int) -> int:
@@ -34,7 +39,7 @@ def chunks_for(work: int, threads: int) -> int:
   CHUNKS_PER_THREAD per thread while each keeps MIN_WORK_PER_CHUNK uops.
 
   >>> chunks_for(1 << 20, 2), chunks_for(1 << 17, 2), chunks_for(1 << 30, 1)
-  (8, 4, 1)
+  (16, 4, 1)
   """
   if threads <= 1: return 1
   return max(threads, min(threads * CHUNKS_PER_THREAD, work // MIN_WORK_PER_CHUNK))

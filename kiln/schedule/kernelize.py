@@ -190,6 +190,56 @@ def _costly(value: UOp, outputs: set[UOp]) -> bool:
         stack.append(s)
   return False
 
+SHARED_MATERIALIZE = ContextVar("SHARED_MATERIALIZE", 1, "1: an elementwise value that several kernels would each "
+                                "recompute from many buffers gets a buffer of its own (e.g. a residual stream)")
+# a buffer costs a kernel launch (microseconds): it must save at least this much memory traffic (a small value, like
+# a fused optimizer's concatenated gradients, is recomputed)
+MATERIALIZE_MIN_SAVED_BYTES = 64 << 10
+_SET_CAP = 16   # sets of consumer kernels and of loaded buffers are only counted: beyond this size, the count is enough
+
+def _materialize_shared(nodes: list[UOp], users: dict[UOp, list[UOp]], outputs: set[UOp]) -> bool:
+  """Add to `outputs` (and say whether it added any) the elementwise values that several kernels would recompute at
+  a higher memory cost than reading them from a buffer of their own.
+
+  A value that loads B buffers, recomputed inside each of its C consumer kernels, reads B*C elements per element; a
+  buffer costs B reads and one write once, then one read per consumer: B + 1 + C. A residual stream (`x = x + f(x)`
+  per layer) is the case that matters: recomputed, layer L's norm and epilogue kernels each load every earlier
+  layer's outputs, so no two layers share a kernel (the anchors' 4-layer transformer: 33 distinct kernels to
+  compile instead of 14). Decided in graph order, so a value downstream of a new buffer loads that buffer only. Only
+  where the traffic saved is worth a kernel launch (MATERIALIZE_MIN_SAVED_BYTES)."""
+  # the kernels that compute each node: the outputs it is reached from through non-output nodes (capped sets)
+  kernels: dict[UOp, set[UOp]] = {}
+  for n in reversed(nodes):
+    found: set[UOp] = set()
+    for u in users[n]:
+      if len(found) >= _SET_CAP: break
+      if u in outputs: found.add(u)
+      else: found |= kernels[u]
+    kernels[n] = found
+  # the buffers each node loads within its kernel, with the decisions made so far (graph order: sources first)
+  loads: dict[UOp, frozenset] = {}
+  # values computed from a reduction inside their kernel (a row chain, a matmul's epilogue) stay where they are
+  after_reduce: set[UOp] = set()
+  added = False
+  for n in nodes:
+    if n.op is Ops.BUFFER: loads[n] = frozenset((n,)); continue
+    found_loads: set[UOp] = set()
+    for s in n.src:
+      if s in outputs: found_loads.add(s)
+      else:
+        if len(found_loads) < _SET_CAP: found_loads |= loads[s]
+        if s.op is Ops.REDUCE_AXIS or s in after_reduce: after_reduce.add(n)
+    # a value whose one user extends it elementwise leaves the choice to that user (it loads at least as much)
+    extended = len(users[n]) == 1 and users[n][0].op in GroupOp.Elementwise
+    if n.op in GroupOp.Elementwise and n not in outputs and n.shape and not extended and n not in after_reduce:
+      b, c = len(found_loads), len(kernels[n])
+      saved = (b * c - (b + 1 + c)) * _largest(n.size) * n.dtype.itemsize
+      if c >= 2 and saved > MATERIALIZE_MIN_SAVED_BYTES:
+        outputs.add(n)
+        added = True
+    loads[n] = frozenset(found_loads)
+  return added
+
 def _prepare(roots: list[UOp]) -> tuple[list[UOp], bool]:
   """Replace realized nodes by their buffers and drop DETACH/CONTIGUOUS_BACKWARD. Also says whether the graph reads a
   DISK buffer (only then does the DISK hook need to walk it)."""
@@ -243,12 +293,19 @@ def create_schedule(roots: list[UOp], use_cache: bool = True) -> Schedule:
         if ROW_FUSION and _row_broadcast_of_reductions(n, src, outputs): per_row.append(src)
         else: outputs.add(src)
   # a reduction that cannot stay in its consumer's registers, nor in its row chain's kernel, gets its own buffer
+  reduce_outputs: list[UOp] = []
   for n in nodes:
     if n.op is Ops.REDUCE_AXIS and n not in outputs and not _reduce_fuses_upward(n, users, outputs) \
-       and not (ROW_FUSION and _reduce_fuses_by_row(n, users, outputs)): outputs.add(n)
+       and not (ROW_FUSION and _reduce_fuses_by_row(n, users, outputs)):
+      outputs.add(n)
+      reduce_outputs.append(n)
   # a per-row value whose reductions all got buffers after all is an ordinary broadcast value again
   for src in per_row:
     if src not in outputs and not _has_fused_reduce(src, outputs) and _costly(src, outputs): outputs.add(src)
+  if SHARED_MATERIALIZE and _materialize_shared(nodes, users, outputs):
+    # a reduction whose consumers now meet in one new buffer (a matmul plus the residual it is added to) joins it
+    for n in reduce_outputs:
+      if _reduce_fuses_upward(n, users, outputs): outputs.discard(n)
   # an assign whose value reads its target at other indices is computed into a temporary, then copied over
   for n in nodes:
     if n.op is Ops.ASSIGN and n.src[1] not in outputs and not _safe_in_place(n.src[1], n.src[0], outputs):

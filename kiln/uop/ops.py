@@ -1,6 +1,6 @@
 """Ops and UOp: the one immutable, hash-consed graph node used from Tensor ops down to kernel code."""
 from __future__ import annotations
-import enum, math, operator, weakref, itertools
+import enum, functools, math, operator, weakref, itertools
 from typing import Any
 from kiln.dtype import DType, dtypes, truncate
 from kiln.helpers import prod
@@ -27,6 +27,8 @@ class Ops(enum.Enum):
   # kernel level
   INDEX = enum.auto(); DEFINE_GLOBAL = enum.auto(); DEFINE_VAR = enum.auto(); RANGE = enum.auto(); ENDRANGE = enum.auto()
   LOAD = enum.auto(); STORE = enum.auto(); REDUCE = enum.auto(); DEFINE_ACC = enum.auto(); KERNEL = enum.auto()
+  # vector code (kiln/codegen/vectorize.py): lanes gathered into a vector, one lane read out of a vector
+  VECTORIZE = enum.auto(); GEP = enum.auto()
   def __repr__(self) -> str: return f"Ops.{self.name}"
   # members are singletons: identity hashing in C instead of Enum's Python-level hash of the name (a hot path)
   __hash__ = object.__hash__
@@ -55,7 +57,13 @@ def identity_element(op: Ops, dtype: DType):
   return truncate(dtype, REDUCE_IDENTITY[op])
 
 binds_made = 0   # how many times UOp.bind was called
-_uop_cache: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+# hash-consing: (op, dtype, src, arg key) -> a weak reference to the one node. A plain dict of weak references rather
+# than a WeakValueDictionary: its get and set are Python-level calls, and codegen makes ~50k nodes a kernel graph
+_uop_refs: dict[tuple, weakref.ref] = {}
+
+def _drop_node(key: tuple, ref: weakref.ref) -> None:
+  """A node died: forget it, unless its key already names a newer node."""
+  if _uop_refs.get(key) is ref: del _uop_refs[key]
 _buffer_ids = itertools.count()
 
 def _cache_key_arg(arg):
@@ -81,14 +89,14 @@ class UOp:
   def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
     key = (op, dtype, src, _cache_key_arg(arg))
     try:
-      cached = _uop_cache.get(key)
+      ref = _uop_refs.get(key)
     except TypeError:
       raise TypeError(f"UOp arg must be hashable, got {arg!r} for {op}") from None
-    if cached is not None: return cached
+    if ref is not None and (cached := ref()) is not None: return cached
     self = object.__new__(cls)
     self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
     self._shape = self._minmax = self.meta = self.buffer = self.forward = self._device = self.origin = None
-    _uop_cache[key] = self
+    _uop_refs[key] = weakref.ref(self, functools.partial(_drop_node, key))
     return self
 
   def __reduce__(self): return UOp, (self.op, self.dtype, self.src, self.arg)

@@ -12,7 +12,7 @@ class UPat:
   >>> from kiln.uop.ops import Ops
   >>> p = UPat(Ops.ADD, src=[UPat.var("x"), UPat.cvar("c")])
   """
-  __slots__ = ("ops", "dtypes", "src", "arg", "name", "allow_any_len", "permutable")
+  __slots__ = ("ops", "dtypes", "src", "arg", "name", "allow_any_len", "permutable", "_orders")
   def __init__(self, op: Ops | tuple[Ops, ...] | frozenset | None = None, dtype: DType | tuple[DType, ...] | None = None,
                src: tuple[UPat, ...] | list[UPat] | UPat | None = None, arg: Any = None, name: str | None = None,
                allow_any_len: bool = False):
@@ -21,6 +21,9 @@ class UPat:
     self.permutable = isinstance(src, list)
     self.src = None if src is None else (tuple(src) if isinstance(src, (list, tuple)) else (src,))
     self.arg, self.name, self.allow_any_len = arg, name, allow_any_len
+    # the source orders `match` tries, made once (a commutative pattern tries every order)
+    self._orders = None if self.src is None else \
+      tuple(itertools.permutations(self.src)) if self.permutable else (self.src,)
 
   @staticmethod
   def var(name: str | None = None, dtype=None) -> UPat:
@@ -58,16 +61,16 @@ class UPat:
                                      isinstance(self.arg, (int, float)) and u.arg == self.arg and not isinstance(u.arg, bool)):
       return []
     if self.name is not None:
-      if self.name in store and store[self.name] is not u: return []
-      store = {**store, self.name: u}
-    if self.src is None: return [store]
+      if (bound := store.get(self.name)) is None: store = {**store, self.name: u}
+      elif bound is not u: return []
+    if self._orders is None: return [store]
     if len(u.src) != len(self.src) and not (self.allow_any_len and len(u.src) >= len(self.src)): return []
-    orders = itertools.permutations(self.src) if self.permutable else (self.src,)
     results: list[dict] = []
-    for pats in orders:
+    for pats in self._orders:
       stores = [store]
       for pat, s in zip(pats, u.src):
-        stores = [new for st in stores for new in pat.match(s, st)]
+        # one binding so far (the usual case): no list to flatten
+        stores = pat.match(s, stores[0]) if len(stores) == 1 else [new for st in stores for new in pat.match(s, st)]
         if not stores: break
       results.extend(stores)
     return results

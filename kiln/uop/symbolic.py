@@ -90,6 +90,9 @@ def _float_alu(op: Ops, dtype: DType, xs: list) -> Any:
     else: return None
   return float(out)
 
+_FAST_INT_OPS = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.NEG, Ops.AND, Ops.OR, Ops.XOR,
+                           Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ})
+
 def exec_alu(op: Ops, dtype: DType, operands: tuple, operand_dtype: DType | None = None) -> Any:
   """The value of ALU `op` on constant `operands` with result `dtype`, or None when it must not be folded.
 
@@ -101,6 +104,17 @@ def exec_alu(op: Ops, dtype: DType, operands: tuple, operand_dtype: DType | None
   -128
   """
   operand_dtype = operand_dtype or dtype
+  if (limits := _INT_LIMITS.get(operand_dtype)) is not None and op in _FAST_INT_OPS:
+    # the common case (index math: int operands that fit, +, *, <, ...): no conversion on the way in
+    lo, hi = limits
+    if all(type(x) is int and lo <= x <= hi for x in operands):
+      if op in GroupOp.Comparison:
+        if op is Ops.CMPLT: return operands[0] < operands[1]
+        return (operands[0] != operands[1]) if op is Ops.CMPNE else (operands[0] == operands[1])
+      out = _int_alu(op, dtype, list(operands))
+      if out is None: return None
+      out_limits = _INT_LIMITS.get(dtype)
+      return out if out_limits is not None and out_limits[0] <= out <= out_limits[1] else truncate(dtype, out)
   xs = [truncate(operand_dtype, x) for x in operands]
   if op in GroupOp.Comparison:
     if op is Ops.CMPLT: return xs[0] < xs[1]

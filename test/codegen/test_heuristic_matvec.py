@@ -10,6 +10,7 @@ from kiln.codegen.lowerer import lower_kernel
 from kiln.codegen.linearizer import linearize
 from kiln.codegen.parallel import find_parallel_loop
 from kiln.codegen.opt import Kernel, Opt, OptOps, heuristic_opts
+from kiln.codegen.opt.heuristic import _matrix_vector, axis_stride, memory_accesses
 from kernel_runs import last_kernel_item, run_lowered
 
 L = OptOps.LANES
@@ -80,6 +81,9 @@ def test_two_fused_products_each_get_lanes():
   lambda: Tensor.empty(1, 36) @ Tensor.empty(20, 36).T,         # 8 does not divide the reduce axis
   lambda: (Tensor.empty(1, 64) * Tensor.empty(16, 64)).max(1),  # not a sum
 ])
-def test_other_kernels_keep_their_heuristics(build):
+def test_other_kernels_are_not_matrix_vector(build):
   kernel = Kernel(lower_kernel(create_schedule([build().uop]).items[-1].ast))
-  assert all(o.op is not OptOps.LANES for o in heuristic_opts(kernel))
+  loads, _ = memory_accesses(kernel.sink)
+  strides = {rng: [axis_stride(ld.src[1], rng) for ld in loads] for rng in kernel.axes}
+  assert _matrix_vector(kernel, loads, kernel.output_axes, strides) is None
+  assert kernel.applied == []

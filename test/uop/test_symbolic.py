@@ -4,7 +4,7 @@ import itertools, math, random
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st, HealthCheck
-from kiln.dtype import DType, dtypes
+from kiln.dtype import DType, dtypes, to_numpy_dtype
 from kiln.uop.ops import UOp, Ops
 from kiln.uop.pattern import graph_rewrite
 from kiln.uop.symbolic import symbolic, symbolic_simple, constant_folding, exec_alu, term_order_key
@@ -442,3 +442,27 @@ def test_many_index_expressions_simplify_to_their_parts():
     flat = a * 48 + b * 16 + d
     assert (flat // 16 % 3).simplify() is b and (flat % 16).simplify() is d and (flat // 48).simplify() is a
     assert ((flat // 4) * 4 + flat % 4).simplify() is flat.simplify()
+
+@pytest.mark.parametrize("dtype", [dtypes.int8, dtypes.uint8, dtypes.int32, dtypes.uint32, dtypes.int64])
+def test_exec_alu_on_ints_wraps_as_numpy(dtype: DType):
+  """exec_alu's fast path for in-range ints and its general path (operands outside the dtype's range are wrapped
+  first) agree with NumPy's wrapping arithmetic and C's truncating division."""
+  np_type = to_numpy_dtype(dtype).type
+  info = np.iinfo(np_type)
+  rng = random.Random(dtype.bitsize)
+  values = [int(info.min), int(info.max), 0, 1, -1 if info.min < 0 else 2, 7]
+  values += [rng.randint(int(info.min), int(info.max)) for _ in range(12)]
+  wide = values + [int(info.max) + 5, int(info.min) - 3]   # not representable: wrapped as the device would
+  ops = {Ops.ADD: np.add, Ops.SUB: np.subtract, Ops.MUL: np.multiply, Ops.MAX: np.maximum, Ops.AND: np.bitwise_and,
+         Ops.OR: np.bitwise_or, Ops.XOR: np.bitwise_xor, Ops.CMPLT: np.less, Ops.CMPNE: np.not_equal}
+  with np.errstate(over="ignore"):
+    for a, b in itertools.product(wide, values):
+      wa = np_type((a % (1 << dtype.bitsize)) - ((1 << dtype.bitsize) if info.min < 0 and
+                                                  a % (1 << dtype.bitsize) > info.max else 0))
+      for op, fn in ops.items():
+        got = exec_alu(op, dtypes.bool if op in (Ops.CMPLT, Ops.CMPNE) else dtype, (a, b), dtype)
+        assert got == fn(wa, np_type(b)).item() and type(got) is (bool if op in (Ops.CMPLT, Ops.CMPNE) else int), \
+          (op, a, b, got)
+      if b != 0 and not (int(wa) == info.min and b == -1):
+        q = abs(int(wa)) // abs(b) * (1 if (int(wa) >= 0) == (b > 0) else -1)
+        assert exec_alu(Ops.IDIV, dtype, (a, b)) == q and exec_alu(Ops.MOD, dtype, (a, b)) == int(wa) - b * q, (a, b)

@@ -24,14 +24,16 @@ The choices follow from how each axis walks memory (its stride in every load and
   on that axis and no register tile (`_matrix_vector`);
 - reduce axes of at most 4 iterations left innermost (pooling windows, the overlap sum of a conv's input gradient)
   are unrolled whole, so their index math folds to constants (`_unroll_tiny_reduce_axes`);
-- a reduction with few accumulators (row reduction) is unrolled, so each loop iteration does several independent
-  operations;
+- a reduction with few accumulators (row reduction, a full sum) gets 8 (or 4) accumulator lanes when its innermost
+  axis is contiguous in every load (LANES: one vector accumulator fed by vector loads; measured on a 16M float32 sum,
+  one core: 2.6-3.2 -> 2.0-2.8 ms), else is unrolled, so each loop iteration does several independent operations;
 - a reduction over a strided axis (column reduction) upcasts the output axis that is contiguous, so each iteration
   reads a contiguous run of elements into separate accumulators;
-- an elementwise kernel upcasts its contiguous inner axis by 4 or 8;
+- an elementwise kernel upcasts its contiguous inner axis by 8 or 4, or whole when short and neither divides it
+  (`_elementwise_upcast`);
 - a fused row kernel (softmax, layernorm: several reductions per row, then the row's elementwise loop) upcasts the
-  row's elementwise loop (its loads do not move in the reduce loops, so it counts as reused) and unrolls each
-  summing reduction.
+  row's elementwise loop (its loads do not move in the reduce loops, so it counts as reused) and gives each
+  reduction over a contiguous row accumulator lanes (`_unroll_row_reductions`).
 """
 from __future__ import annotations
 from kiln.uop.ops import UOp, Ops, GroupOp, toposort
@@ -44,10 +46,11 @@ KBLOCK_MIN_BYTES = 8 << 20   # cache-block a matmul whose `b` panel is larger th
 KBLOCK_LENGTH, KBLOCK_TILES = 256, 16   # the block of the reduce axis; output tiles per thread unit of work
 MAX_NODES = 6000   # a heuristic action that grows the kernel graph past this many nodes is taken back (compile time)
 
-def evaluate_index(expr: UOp, env: dict[UOp, int]) -> int | None:
-  """The integer value of an index expression with loop ranges set by `env` (others 0); None if it reads memory."""
+def evaluate_index(expr: UOp, env: dict[UOp, int], nodes: list[UOp] | None = None) -> int | None:
+  """The integer value of an index expression with loop ranges set by `env` (others 0); None if it reads memory.
+  `nodes` is `toposort([expr])` when the caller has it (one walk for several evaluations)."""
   values: dict[UOp, object] = {}
-  for u in toposort([expr]):
+  for u in nodes if nodes is not None else toposort([expr]):
     if u.op is Ops.CONST: values[u] = u.arg
     elif u.op is Ops.RANGE: values[u] = env.get(u, 0)
     elif u.op is Ops.DEFINE_VAR: values[u] = max(u.arg[1], 1)
@@ -60,7 +63,8 @@ def evaluate_index(expr: UOp, env: dict[UOp, int]) -> int | None:
 
 def axis_stride(index: UOp, rng: UOp) -> int | None:
   """How far `index` moves per step of loop `rng` (probed at the start of the loops), None if not evenly."""
-  points = [evaluate_index(index, {rng: step}) for step in (0, 1, 2)]
+  nodes = toposort([index])
+  points = [evaluate_index(index, {rng: step}, nodes) for step in (0, 1, 2)]
   if any(p is None for p in points) or points[2] - points[1] != points[1] - points[0]: return None
   return points[1] - points[0]
 
@@ -92,7 +96,7 @@ def heuristic_opts(kernel: Kernel) -> list[Opt]:
 
   if not red_axes:   # elementwise: the contiguous inner output axis
     inner = out_axes[-1]
-    if 1 in store_strides[inner] and (k := _first_dividing(Kernel.size(inner), (8, 4))):
+    if 1 in store_strides[inner] and (k := _elementwise_upcast(kernel, Kernel.size(inner))):
       _try(kernel, Opt(OptOps.UPCAST, len(out_axes) - 1, k))
     return kernel.applied
 
@@ -102,18 +106,22 @@ def heuristic_opts(kernel: Kernel) -> list[Opt]:
   # where a wide axis is found (module docstring), else 8x8 (measured on matmul 512/1024: 3-4x faster than 4x4)
   reused = [i for i, rng in enumerate(out_axes)
             if 0 in load_strides[rng] and any(s not in (0, None) for s in load_strides[rng])]
-  # the epilogue is copied once per tile element: with software exp2/log2/sin a 16x8 tile makes megabytes of C (the
-  # anchors' GELU matmul 256x256x1024: 1.2 MB, 6 s of clang, 9.8 ms a run); 8x8 gives 0.6 MB, 2 s, 8.3 ms (8x4:
-  # 0.3 MB, 1 s, 12 ms)
-  costly_epilogue = any(u.op in SOFTWARE_MATH_OPS for u in toposort([kernel.sink]))
-  wide_sizes = (8, 4) if costly_epilogue else (16, 8, 4)
+  # the epilogue is copied once per tile element, software exp2/log2/sin included: once that made a 16x8 tile too
+  # costly to compile, but the anchors' GELU matmul 256x256x1024 (one core) now measures 16x8 against 8x8: 0.55 MB of
+  # C, 0.7 s of clang, 2.5 ms a run against 0.27 MB, 0.35 s, 3.2 ms (with explicit vector types 0.05 MB, 0.14 s,
+  # 1.8 ms against 0.2 s, 3.5 ms), so every matmul gets the 16x8 tile
   if (tile := _wide_tile(loads, out_axes, reused, load_strides, store_strides)) is not None:
     wide, partner = tile
-    if (k := _first_dividing(Kernel.size(wide), wide_sizes)): _try(kernel, Opt(OptOps.UPCAST, out_axes.index(wide), k))
-    axes = kernel.output_axes   # a fully upcast axis is gone from the list: find the partner again
-    if partner in axes and (k := _first_dividing(Kernel.size(partner), (8, 4))):
-      _try(kernel, Opt(OptOps.UPCAST, axes.index(partner), k))
-    if len(kernel.applied) == 2: _cache_block(kernel)
+    # a padded partner goes first: its clamped lanes may store to one address twice, and the vectorizer only bundles
+    # stores that it need not move past such a store (kiln/codegen/vectorize.py)
+    pad_partner_first = partner is out_axes[0] and Kernel.size(partner) % 8 != 0
+    if pad_partner_first: _upcast_padded(kernel, partner, (8, 4))
+    if not _first_dividing(Kernel.size(wide), (16, 8, 4)) and (k := _short_axis(Kernel.size(wide))):
+      _try(kernel, Opt(OptOps.UPCAST, kernel.output_axes.index(wide), k))
+    else: _upcast_padded(kernel, wide, (16, 8, 4))
+    # (a fully upcast axis is gone from the list)
+    if not pad_partner_first and partner in kernel.output_axes: _upcast_padded(kernel, partner, (8, 4))
+    if sum(o.op is OptOps.UPCAST for o in kernel.applied) == 2: _cache_block(kernel)
   else:
     for axis in reversed(reused[-2:]):   # the innermost two, at most
       if (k := _first_dividing(Kernel.size(out_axes[axis]), (8, 4))): _try(kernel, Opt(OptOps.UPCAST, axis, k))
@@ -130,11 +138,45 @@ def heuristic_opts(kernel: Kernel) -> list[Opt]:
   groups = _reduce_groups(kernel.sink)
   if len(groups) > 1: _unroll_row_reductions(kernel, groups)
   elif red_axes and kernel.unrolled <= 16 and (k := _first_dividing(Kernel.size(red_axes[-1]), (8, 4))):
-    _try(kernel, Opt(OptOps.UNROLL, len(kernel.axes) - 1, k))
+    # a contiguous innermost axis of a kernel without an output tile gets separate accumulators (one vector), else
+    # one accumulator per output sums k per step: under a tile of 8 outputs (the LLM's attention scores in prefill,
+    # 8 query rows x head_dim 64) 8 lanes each ran at half the speed of unrolling
+    lanes = kernel.unrolled == 1 and _contiguous_reduce(kernel, red_axes[-1])
+    op = OptOps.LANES if lanes else OptOps.UNROLL
+    _try(kernel, Opt(op, len(kernel.axes) - 1, k))
   if len(groups) == 1: _unroll_tiny_reduce_axes(kernel)
   return kernel.applied
 
+MAX_WHOLE_ROW_UPCAST = 64   # an elementwise row that 8 and 4 do not divide is upcast whole up to this length
+
+def _elementwise_upcast(kernel: Kernel, size: int | None) -> int | None:
+  """How far to upcast an elementwise kernel's contiguous inner axis: 8 or 4, else the whole axis when it is short
+  and the body has no software math (a padded image row of 58: the pad copy in front of the anchors' conv2d ran
+  1.5 -> 0.75 ms on one core, with or without explicit vector types); None to leave it."""
+  if (k := _first_dividing(size, (8, 4))) is not None: return k
+  if size is None or not 4 < size <= MAX_WHOLE_ROW_UPCAST: return None
+  return None if any(u.op in SOFTWARE_MATH_OPS for u in toposort([kernel.sink])) else size
+
 MAX_TINY_REDUCE, MAX_TINY_COPIES = 4, 64
+
+def _upcast_padded(kernel: Kernel, rng: UOp, amounts: tuple[int, ...]) -> None:
+  """UPCAST `rng` by the first of `amounts` where that costs at most 1/8 more iterations (the axis padded, or its
+  last tile overlapping: a 999x999 matmul ran at 4 GFLOP/s untiled, a 1000x1000 one at 52 with an 8x8 tile instead
+  of 16x8), else by the first that divides it, else by the first at any padding PADTO accepts."""
+  size = Kernel.size(rng)
+  if size is None or size < 2: return
+  k = amounts[0]
+  if size % k and (-size) % k * 8 > size and (divides := _first_dividing(size, amounts[1:])): k = divides
+  if size % k == 0 or rng is not kernel.output_axes[0]:
+    # inner axes: an overlapping last tile keeps the lanes' loads contiguous
+    _try(kernel, Opt(OptOps.UPCAST, kernel.axes.index(rng), k))
+    return
+  # the outermost axis is split across threads, whose tiles must not overlap: pad it instead
+  before = (kernel.sink, list(kernel.applied), kernel.unrolled)
+  if not _try(kernel, Opt(OptOps.PADTO, kernel.axes.index(rng), k)): return
+  padded = next(r for r in kernel.output_axes if r.arg == rng.arg)
+  if not _try(kernel, Opt(OptOps.UPCAST, kernel.axes.index(padded), k)):
+    kernel.sink, kernel.applied, kernel.unrolled = before
 
 def _unroll_tiny_reduce_axes(kernel: Kernel) -> None:
   """Unroll whole the innermost reduce axes of at most MAX_TINY_REDUCE iterations (a pooling window, the 4x4 overlap
@@ -200,6 +242,14 @@ def _matrix_vector(kernel: Kernel, loads: list[UOp], out_axes: list[UOp],
     _try(kernel, Opt(OptOps.LANES, kernel.axes.index(key[-1]), _first_dividing(Kernel.size(key[-1]), MATVEC_LANES)))
   return kernel.applied
 
+MAX_WHOLE_TILE_AXIS = 16
+
+def _short_axis(size: int | None) -> int | None:
+  """The size of a tile's wide axis that 16, 8 and 4 do not divide, when it is short enough to upcast whole (an MLP's
+  10 classes: the logits 256x512 @ 512x10 ran 0.27 -> 0.09 ms on one core and its weight gradient 0.36 -> 0.09 ms,
+  against a tile of rows alone with the reduce axis unrolled); else None."""
+  return size if size is not None and 4 < size <= MAX_WHOLE_TILE_AXIS else None
+
 def _cache_block(kernel: Kernel) -> None:
   """SPLIT + KBLOCK for a register-tiled matmul whose `b` panel does not fit in cache (module docstring)."""
   out_axes, red_axes = kernel.output_axes, kernel.reduce_axes
@@ -235,7 +285,7 @@ def _wide_tile(loads: list[UOp], out_axes: list[UOp], reused: list[int], load_st
   if wide is None: return None
   # a partner that 8 or 4 divides (a conv weight gradient's 3-wide kernel axis reuses the same load as its channels)
   partner = next((rng for rng in reversed(candidates) if rng is not wide and zero_loads(rng) != zero_loads(wide)
-                  and _first_dividing(Kernel.size(rng), (8, 4))), None)
+                  and (_first_dividing(Kernel.size(rng), (8, 4)) or Kernel.size(rng) >= 16)), None)
   return None if partner is None else (wide, partner)
 
 def _windowed(loads: list[UOp], out_axes: list[UOp], load_strides: dict[UOp, list[int | None]]) -> set[int]:
@@ -251,14 +301,27 @@ def _reduce_groups(sink: UOp) -> dict[tuple[UOp, ...], set[Ops]]:
     if u.op is Ops.REDUCE: groups.setdefault(tuple(sorted(u.src[1:], key=lambda r: r.arg)), set()).add(u.arg)
   return groups
 
+def _contiguous_reduce(kernel: Kernel, rng: UOp) -> bool:
+  """Whether reduce axis `rng` walks every load that moves along it one element at a time (a row's elements), so
+  that k accumulators of consecutive elements (LANES) are one vector register fed by vector loads."""
+  loads, _ = memory_accesses(kernel.sink)
+  strides = [axis_stride(ld.src[1], rng) for ld in loads]
+  return 1 in strides and all(s in (0, 1) for s in strides)
+
 def _unroll_row_reductions(kernel: Kernel, groups: dict[tuple[UOp, ...], set[Ops]]) -> None:
-  """A fused row kernel runs several reductions over each row one after another: unroll the innermost loop of each
-  summing one, by 8 while the copy budget lasts, else 4. A row max is left rolled: measured on 4096x4096 softmax
-  (16 cores), unrolling it cost 30-40%, while unrolling layernorm's two sums gained 15-30%."""
-  for key in sorted(groups, key=lambda k: k[-1].arg, reverse=True):
-    if Ops.MAX in groups[key]: continue
+  """A fused row kernel (softmax, layernorm) runs several reductions over each row one after another. Each summing
+  one whose innermost axis is contiguous gets 8 accumulator lanes (LANES: a vector accumulator, so clang vectorizes
+  the row's loads and the exp of softmax's sum), then each max gets 8 lanes, or 4 while the copy budget lasts; a
+  reduction over a strided axis is unrolled by 8 or 4 instead. Measured on 4096x4096 softmax (2-core EPYC, one
+  thread): sum unrolled by 8 and the max rolled (before) 80 ms, sum with 8 lanes 47 ms, and the max with 4 lanes
+  (or unrolled by 4) as well 29 ms."""
+  summing = [key for key in groups if Ops.MAX not in groups[key]]
+  maxing = [key for key in groups if Ops.MAX in groups[key]]
+  for key in sorted(summing, key=lambda k: k[-1].arg, reverse=True) + maxing:
     innermost = key[-1]
+    if innermost not in kernel.axes or (size := Kernel.size(innermost)) is None: continue
+    contiguous = _contiguous_reduce(kernel, innermost)
+    if Ops.MAX in groups[key] and not contiguous: continue   # a strided max stays rolled (measured slower unrolled)
+    op = OptOps.LANES if contiguous else OptOps.UNROLL
     for k in (8, 4):
-      axes = kernel.axes
-      if innermost not in axes or (size := Kernel.size(innermost)) is None or size % k: continue
-      if _try(kernel, Opt(OptOps.UNROLL, axes.index(innermost), k)): break
+      if size % k == 0 and _try(kernel, Opt(op, kernel.axes.index(innermost), k)): break

@@ -22,6 +22,12 @@ kernel without knowing about the optimizer:
   Only for kernels whose every STORE writes a plain ADD REDUCE over the axis into a float32/float64/int buffer the
   kernel does not read (the sum is not rounded to a narrower type between blocks). The block loop's iterations
   update the same outputs: UPCAST refuses it, and the thread split (parallel.py) never takes it as its loop.
+- PADTO an axis to a multiple of k, so that UPCAST/UNROLL/LANES by k (a register tile, vector lanes) fit any size:
+  the loop runs ceil(size/k)*k iterations and the extra ones compute again the axis' last element,
+  `r_padded` clamped to `size - 1` everywhere. On an output axis they store that element's value again, to its own
+  address (the same bits: refused for kernels that read a buffer they write); on a reduce axis each REDUCE adds the
+  reduce op's identity instead (`where(r_padded < size, body, identity)`). Clamped, every load stays in bounds, and
+  the extra work is at most k-1 iterations.
 An action that does not fit the kernel raises KernelOptError and leaves the kernel as it was.
 """
 from __future__ import annotations
@@ -38,8 +44,9 @@ class KernelOptError(ValueError):
 class OptOps(enum.Enum):
   """The kinds of action: UPCAST (output axis), UNROLL (reduce axis), SWAP (two axes of one kind), KBLOCK (a summing
   reduce axis: cache blocking), SPLIT (an output axis into two loops), LANES (a reduce axis into separate
-  accumulators)."""
+  accumulators), PADTO (an axis to a multiple of `arg`)."""
   UPCAST = "upcast"; UNROLL = "unroll"; SWAP = "swap"; KBLOCK = "kblock"; SPLIT = "split"; LANES = "lanes"
+  PADTO = "padto"
   def __repr__(self) -> str: return f"OptOps.{self.name}"
 
 @dataclass(frozen=True)
@@ -156,6 +163,7 @@ class Kernel:
     if opt.op is OptOps.SWAP: new_sink = self._swap(opt, axes)
     elif opt.op is OptOps.KBLOCK: new_sink = self._kblock(opt, axes)
     elif opt.op is OptOps.SPLIT: new_sink = self._split_loop(opt, axes)
+    elif opt.op is OptOps.PADTO: new_sink = self._padto(opt, axes)
     elif opt.op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LANES):
       if opt.op is OptOps.UPCAST and self.is_reduce(opt.axis):
         raise KernelOptError(f"{opt}: axis {opt.axis} is a reduce axis; UPCAST splits output axes (use UNROLL)")
@@ -166,8 +174,13 @@ class Kernel:
       if size is None: raise KernelOptError(f"{opt}: axis {opt.axis} has a symbolic size")
       if opt.op is OptOps.UPCAST and self.is_block_loop(rng):
         raise KernelOptError(f"{opt}: axis {opt.axis} is a block loop (its iterations update the same outputs)")
-      if not isinstance(amount, int) or amount < 2 or size % amount != 0:
-        raise KernelOptError(f"{opt}: the amount must be an integer >= 2 that divides the axis size {size}")
+      overlapping = opt.op is OptOps.UPCAST and isinstance(amount, int) and size > amount >= 2 and size % amount != 0
+      if overlapping and self._reads_own_output():
+        raise KernelOptError(f"{opt}: {amount} does not divide the axis size {size}, and the kernel reads a buffer "
+                             f"it writes (an overlapping last tile would see its own results)")
+      if not overlapping and (not isinstance(amount, int) or amount < 2 or size % amount != 0):
+        raise KernelOptError(f"{opt}: the amount must be an integer >= 2 that divides the axis size {size}"
+                             + (" (or, for UPCAST, is smaller than it)" if opt.op is OptOps.UPCAST else ""))
       if self.unrolled * amount > MAX_UNROLLED:
         raise KernelOptError(f"{opt}: the kernel body would be copied {self.unrolled * amount} times "
                              f"(at most {MAX_UNROLLED})")
@@ -251,6 +264,35 @@ class Kernel:
     inner = UOp(Ops.RANGE, rng.dtype, (UOp.const(dtypes.int32, inner_size),), opt.axis + 1)
     return substitute(self.sink, {**renamed, rng: outer * inner_size + inner})
 
+  def _padto(self, opt: Opt, axes: list[UOp]) -> UOp:
+    """Axis `opt.axis` runs to the next multiple of `opt.arg`; the extra iterations repeat its last element (output
+    axis) or add the identity (reduce axis). See the module docstring."""
+    rng, size, multiple = axes[opt.axis], self.size(axes[opt.axis]), opt.arg
+    if size is None: raise KernelOptError(f"{opt}: axis {opt.axis} has a symbolic size")
+    if not isinstance(multiple, int) or multiple < 2 or size % multiple == 0 or size < 2:
+      raise KernelOptError(f"{opt}: the multiple must be an integer >= 2 that does not divide the axis size {size}")
+    if self.is_block_loop(rng):
+      raise KernelOptError(f"{opt}: axis {opt.axis} is a block loop (its iterations update the same outputs)")
+    padded_size = -(-size // multiple) * multiple
+    if padded_size - size > max(size // 4, 1):
+      raise KernelOptError(f"{opt}: padding {size} to {padded_size} would add more than a quarter of extra work")
+    padded = rng.replace(src=(UOp.const(dtypes.int32, padded_size),))
+    inside = padded.lt(size)
+    clamped = inside.where(padded, UOp.const(dtypes.int32, size - 1))
+    if not self.is_reduce(opt.axis):
+      if self._reads_own_output():
+        raise KernelOptError(f"{opt}: the kernel reads a buffer it writes; repeated stores could see their own "
+                             f"results")
+      return substitute(self.sink, {rng: clamped})
+    replaced: dict[UOp, UOp] = {}
+    for red in toposort([self.sink]):
+      if red.op is not Ops.REDUCE or rng not in red.src[1:]: continue
+      body = substitute(red.src[0], {rng: clamped})
+      identity = UOp.const(red.dtype, identity_element(red.arg, red.dtype))
+      ranges = tuple(padded if r is rng else r for r in red.src[1:])
+      replaced[red] = red.replace(src=(inside.where(body, identity),) + ranges)
+    return substitute(self.sink, replaced)
+
   @staticmethod
   def _split(rng: UOp, amount: int) -> tuple[UOp | None, list[UOp]]:
     """The outer range of `rng` split by `amount` (None when it would run once) and `rng` in terms of it, per lane."""
@@ -259,8 +301,20 @@ class Kernel:
     base = outer * amount if outer is not None else UOp.const(dtypes.int32, 0)
     return outer, [base + lane for lane in range(amount)]
 
+  def _reads_own_output(self) -> bool:
+    written = {st.src[0] for st in self.sink.src}
+    return any(u.op is Ops.LOAD and u.src[0] in written for u in toposort([self.sink]))
+
   def _upcast(self, rng: UOp, amount: int) -> UOp:
-    _, lanes = self._split(rng, amount)
+    size = rng.src[0].arg
+    if size % amount == 0: _, lanes = self._split(rng, amount)
+    else:   # the last tile shifts back to end at the axis' last element, overlapping the tile before it
+      whole = size // amount
+      outer = rng.replace(src=(UOp.const(dtypes.int32, whole + 1),))
+      # min(outer*amount, size - amount) as -max(-a, -b): its bounds (vmin/vmax) stay exact, which the thread split's
+      # proof that tiles of different rows do not overlap needs (kiln/codegen/parallel.py)
+      base = -((-(outer * amount)).maximum(amount - size))
+      lanes = [base + lane for lane in range(amount)]
     stores: dict[UOp, None] = {}
     for store in self.sink.src:
       for copy in substitute_copies(store, rng, lanes): stores[copy] = None
@@ -296,17 +350,20 @@ class Kernel:
       size = self.size(rng)
       ops = (OptOps.UNROLL, OptOps.LANES) if axis >= n_out else (OptOps.UPCAST,)
       if size is not None and not self.is_block_loop(rng):
-        opts += [Opt(op, axis, k) for op in ops for k in amounts if size % k == 0 and self.unrolled * k <= MAX_UNROLLED]
+        opts += [Opt(op, axis, k) for op in ops for k in amounts if self.unrolled * k <= MAX_UNROLLED and
+                 (size % k == 0 or (op is OptOps.UPCAST and size > k and not self._reads_own_output()))]
       other_kind = range(n_out, len(axes)) if axis >= n_out else range(n_out)
       opts += [Opt(OptOps.SWAP, axis, other) for other in other_kind if other > axis]
       if size is None: continue
       candidates = [Opt(OptOps.SPLIT, axis, k) for k in amounts] if axis < n_out else \
         [Opt(OptOps.KBLOCK, axis, k) for k in block_sizes]
+      candidates += [Opt(OptOps.PADTO, axis, k) for k in amounts if size % k != 0]
       opts += [opt for opt in candidates if self._accepts(opt)]
     return opts
 
   def _accepts(self, opt: Opt) -> bool:
-    """Whether a SPLIT or KBLOCK would be applied (checked by building it, without changing the kernel)."""
-    try: (self._kblock if opt.op is OptOps.KBLOCK else self._split_loop)(opt, self.axes)
+    """Whether a SPLIT, KBLOCK or PADTO would be applied (checked by building it, without changing the kernel)."""
+    build = {OptOps.KBLOCK: self._kblock, OptOps.SPLIT: self._split_loop, OptOps.PADTO: self._padto}[opt.op]
+    try: build(opt, self.axes)
     except KernelOptError: return False
     return True

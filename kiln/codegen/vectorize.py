@@ -1,0 +1,352 @@
+"""SLP vectorizing: the upcast lanes of a linearized kernel become explicit vector uops (docs/ir.md, "Vector code").
+
+The optimizer upcasts by copying the scalar graph once per lane, so a linearized kernel holds groups of *isomorphic*
+scalar uops: the same op, dtype and arg applied to lanes of operands. `vectorize` finds them bottom-up from seeds,
+in the manner of a superword-level-parallelism (SLP) vectorizer:
+
+- seeds: stores of one value dtype to consecutive addresses of one buffer (`base + c`, `base + c+1`, ...) in one
+  block, and accumulators (DEFINE_ACC with one ASSIGN each) whose updates have the same op;
+- a *bundle* (a tuple of n scalar uops, one per lane) becomes: a vector op over the operands' bundles (same op,
+  dtype and arg); a vector constant (every lane a CONST); a broadcast (every lane the same uop); one vector load (loads
+  of consecutive addresses); a vector accumulator; or, for anything else, a vector built from the scalars
+  (`VECTORIZE`). A seed whose bundles are mostly built from scalars is not worth it and stays scalar;
+- a vector uop is placed where its last lane was; scalar code that reads a lane gets `GEP(vector, lane)`.
+
+It stays bit-identical to the scalar code: every lane computes the same ops in the same order (no reassociation),
+and only ops whose vector form is exact are vectorized (float32, int32, uint32 and bool lanes; no float16/bfloat16/
+fp8/64-bit, no libm calls, no gated loads, integer division only by a constant other than 0 and -1, shifts only by a
+constant below the width). Loads never move past a store to their buffer, nor stores past a load or store of theirs,
+and an accumulator is vectorized only when every scalar read of it comes after all its lanes' updates.
+
+Vector uops (a vector dtype is `dtype.vec(n)`, kiln/dtype.py):
+| op | src | arg | meaning |
+| --- | --- | --- | --- |
+| `LOAD` | `(DEFINE_GLOBAL, index)` | None | lanes `buf[index + k]` |
+| `STORE` | `(DEFINE_GLOBAL, index, vector)` | None | `buf[index + k] = lane k` |
+| `CONST` | `()` | tuple of lane values | a vector constant |
+| `VECTORIZE` | n scalars | None | the vector of those scalars (the same one n times: a broadcast) |
+| `GEP` | `(vector,)` | lane | one lane as a scalar |
+| ALU, `CAST`, `BITCAST`, `DEFINE_ACC`, `ASSIGN` | vectors | as scalar | lane by lane |
+A bool vector's lanes are all-ones or all-zero masks as wide as the lanes they were compared from (32 bits).
+"""
+from __future__ import annotations
+from kiln.dtype import DType, dtypes, truncate
+from kiln.uop.ops import UOp, Ops, GroupOp
+
+VECTOR_WIDTHS = (16, 8, 4)   # lane counts tried, widest first (16 float32 = one AVX-512 register)
+LANE_DTYPES = frozenset({dtypes.float32, dtypes.int32, dtypes.uint32, dtypes.bool})
+MEMORY_DTYPES = frozenset({dtypes.float32, dtypes.int32, dtypes.uint32})   # bool is stored as bytes: stays scalar
+_INTS = frozenset({dtypes.int32, dtypes.uint32})
+# the ALU ops that are exact lane by lane, per lane dtype of their operands
+VECTOR_ALU: dict[DType, frozenset[Ops]] = {
+  dtypes.float32: frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.NEG, Ops.RECIP, Ops.MAX, Ops.CMPLT, Ops.CMPNE,
+                             Ops.CMPEQ, Ops.WHERE}),
+  dtypes.int32: frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR,
+                           Ops.XOR, Ops.SHL, Ops.SHR, Ops.IDIV, Ops.MOD, Ops.WHERE}),
+  dtypes.bool: frozenset({Ops.AND, Ops.OR, Ops.XOR, Ops.CMPNE, Ops.CMPEQ, Ops.WHERE}),
+}
+VECTOR_ALU[dtypes.uint32] = VECTOR_ALU[dtypes.int32]
+# (from, to) conversions whose vector form gives the scalar C conversion's bits
+VECTOR_CASTS = frozenset({(dtypes.float32, dtypes.int32), (dtypes.int32, dtypes.float32), (dtypes.uint32,
+                          dtypes.float32), (dtypes.int32, dtypes.uint32), (dtypes.uint32, dtypes.int32),
+                          *((dtypes.bool, d) for d in MEMORY_DTYPES), *((d, dtypes.bool) for d in MEMORY_DTYPES)})
+
+class _Refused(Exception):
+  """An internal inconsistency: the kernel is left scalar rather than risk wrong code."""
+
+def _split_offset(index: UOp) -> tuple[UOp | None, int]:
+  """`base + c` -> (base, c); a constant index -> (None, c); anything else -> (index, 0)."""
+  if index.op is Ops.CONST and isinstance(index.arg, int): return None, index.arg
+  if index.op is Ops.ADD and len(index.src) == 2:
+    for base, off in (index.src, index.src[::-1]):
+      if off.op is Ops.CONST and isinstance(off.arg, int): return base, off.arg
+  return index, 0
+
+def _consecutive(indices: tuple[UOp, ...]) -> bool:
+  """Whether the indices are `i, i+1, ..., i+n-1` for one base expression."""
+  parts = [_split_offset(i) for i in indices]
+  return all(b is parts[0][0] and off == parts[0][1] + k for k, (b, off) in enumerate(parts))
+
+def _vector_const(dtype: DType, values: tuple) -> UOp:
+  return UOp(Ops.CONST, dtype.vec(len(values)), (), tuple(truncate(dtype, v) for v in values))
+
+class _Vectorizer:
+  """Bundles the lanes of one kernel and writes the vector uop list."""
+  def __init__(self, uops: list[UOp], keep_scalar: frozenset[UOp]):
+    self.uops, self.keep_scalar = uops, keep_scalar
+    self.position: dict[UOp, int] = {}
+    self.block: dict[UOp, UOp | None] = {}   # the innermost loop open where each uop sits (None: outside loops)
+    self.users: dict[UOp, list[UOp]] = {}
+    self.assigns: dict[UOp, list[UOp]] = {}
+    self.stores_at: dict[UOp, list[int]] = {}   # buffer -> positions of its stores
+    self.loads_at: dict[UOp, list[int]] = {}
+    open_loops: list[UOp] = []
+    for i, u in enumerate(uops):
+      if u.op is Ops.ENDRANGE and open_loops: open_loops.pop()
+      self.position.setdefault(u, i)
+      self.block.setdefault(u, open_loops[-1] if open_loops else None)
+      if u.op is Ops.RANGE: open_loops.append(u)
+      for s in u.src: self.users.setdefault(s, []).append(u)
+      if u.op is Ops.ASSIGN: self.assigns.setdefault(u.src[0], []).append(u)
+      if u.op is Ops.STORE: self.stores_at.setdefault(u.src[0], []).append(i)
+      if u.op is Ops.LOAD: self.loads_at.setdefault(u.src[0], []).append(i)
+    self.memo: dict[tuple[UOp, ...], UOp] = {}
+    self.lanes_of: dict[UOp, tuple[UOp, ...]] = {}   # a placed vector uop -> the scalar uops it replaces
+    self.claimed: dict[UOp, tuple[UOp, int]] = {}    # a replaced scalar uop -> (its vector, its lane)
+    self.journal: list[tuple] = []                   # what the seed being tried added, to undo on refusal
+    self.built = self.real = 0                       # the tried seed's bundles built from scalars / vectorized
+
+  # ---- bundles ----
+  def _remember(self, lanes: tuple[UOp, ...], vector: UOp) -> UOp:
+    self.memo[lanes] = vector
+    self.journal.append(("memo", lanes))
+    return vector
+
+  def _claim(self, lanes: tuple[UOp, ...], vector: UOp) -> None:
+    self.lanes_of[vector] = lanes
+    self.journal.append(("vector", vector))
+    for k, u in enumerate(lanes): self.claimed[u] = (vector, k)
+    if vector.op not in (Ops.STORE, Ops.DEFINE_ACC, Ops.ASSIGN): self.real += 1   # the work that got vectorized
+
+  def _build(self, lanes: tuple[UOp, ...]) -> UOp:
+    """The vector of scalars that cannot be vectorized together."""
+    if len(set(lanes)) > 1: self.built += 1
+    return self._remember(lanes, UOp(Ops.VECTORIZE, lanes[0].dtype.vec(len(lanes)), lanes))
+
+  def bundle(self, lanes: tuple[UOp, ...]) -> UOp | None:
+    """The vector uop for `lanes` (None when their dtype cannot be a vector lane)."""
+    first = lanes[0]
+    if first.dtype not in LANE_DTYPES or any(u.dtype is not first.dtype for u in lanes): return None
+    if lanes in self.memo: return self.memo[lanes]
+    if all(u.op is Ops.CONST for u in lanes): return _vector_const(first.dtype, tuple(u.arg for u in lanes))
+    if all(u is first for u in lanes) or any(u in self.claimed for u in lanes) or len(set(lanes)) < len(lanes):
+      return self._build(lanes)
+    same_arg = first.op is not Ops.DEFINE_ACC   # accumulators differ by their ids
+    if any(u.op is not first.op or (same_arg and u.arg != first.arg) or len(u.src) != len(first.src) or
+           self.block.get(u, -1) is not self.block.get(first, -2) for u in lanes): return self._build(lanes)
+    if first.op is Ops.LOAD: vector = self._load(lanes)
+    elif first.op is Ops.DEFINE_ACC: vector = self._accumulator(lanes)
+    elif first.op in GroupOp.ALU or first.op in (Ops.CAST, Ops.BITCAST): vector = self._alu(lanes)
+    else: vector = None
+    return vector if vector is not None else self._build(lanes)
+
+  def _operands(self, lanes: tuple[UOp, ...]) -> list[UOp] | None:
+    operands = []
+    for j in range(len(lanes[0].src)):
+      column = tuple(u.src[j] for u in lanes)
+      if any(s.dtype is not column[0].dtype for s in column): return None
+      operand = self.bundle(column)
+      if operand is None: return None
+      operands.append(operand)
+    return operands
+
+  def _alu(self, lanes: tuple[UOp, ...]) -> UOp | None:
+    first = lanes[0]
+    source = first.src[-1].dtype if first.op is Ops.WHERE else first.src[0].dtype
+    if first.op is Ops.CAST:
+      if (source, first.dtype) not in VECTOR_CASTS: return None
+    elif first.op is Ops.BITCAST:
+      if source not in MEMORY_DTYPES or first.dtype not in MEMORY_DTYPES: return None
+    elif first.op not in VECTOR_ALU.get(source, ()): return None
+    if first.op in (Ops.IDIV, Ops.MOD, Ops.SHL, Ops.SHR):   # by one constant only: exact and never traps
+      divisor = first.src[1]
+      if any(u.src[1] is not divisor for u in lanes) or divisor.op is not Ops.CONST: return None
+      if first.op in (Ops.SHL, Ops.SHR) and not 0 <= divisor.arg < 32: return None
+      if first.op in (Ops.IDIV, Ops.MOD) and divisor.arg in (0, -1): return None
+    operands = self._operands(lanes)
+    if operands is None: return None
+    vector = UOp(first.op, first.dtype.vec(len(lanes)), tuple(operands), first.arg)
+    self._claim(lanes, vector)
+    return self._remember(lanes, vector)
+
+  def _load(self, lanes: tuple[UOp, ...]) -> UOp | None:
+    first = lanes[0]
+    if first.dtype not in MEMORY_DTYPES or len(first.src) != 2: return None
+    if any(u.src[0] is not first.src[0] for u in lanes) or not _consecutive(tuple(u.src[1] for u in lanes)): return None
+    if not self._no_access_between(lanes, self.stores_at): return None   # a load never moves past a store
+    vector = UOp(Ops.LOAD, first.dtype.vec(len(lanes)), first.src[:2])
+    self._claim(lanes, vector)
+    return self._remember(lanes, vector)
+
+  def _no_access_between(self, lanes: tuple[UOp, ...], accesses: dict[UOp, list[int]]) -> bool:
+    """No access of `accesses` to the lanes' buffer lies between the first and the last lane (lanes excluded)."""
+    spots = sorted(self.position[u] for u in lanes)
+    inside = {self.position[u] for u in lanes}
+    return not any(spots[0] < p < spots[-1] and p not in inside for p in accesses.get(lanes[0].src[0], ()))
+
+  def _accumulator(self, lanes: tuple[UOp, ...]) -> UOp | None:
+    """A vector accumulator: its initial values, one vector update per iteration, lanes read after the updates."""
+    if any(u in self.keep_scalar for u in lanes): return None
+    assigns = tuple(self.assigns.get(u, [None])[0] for u in lanes)
+    if any(len(self.assigns.get(u, ())) != 1 for u in lanes): return None
+    if any(self.block[a] is not self.block[assigns[0]] for a in assigns): return None
+    last_assign = max(self.position[a] for a in assigns)
+    for acc, assign in zip(lanes, assigns):   # every other read of a lane comes after all the updates
+      update = assign.src[1]
+      for user in self.users.get(acc, ()):
+        if user is not assign and user is not update and self.position[user] < last_assign: return None
+      if self.position[update] > self.position[assign]: return None
+    init = self.bundle(tuple(u.src[0] for u in lanes))
+    if init is None: return None
+    vector_acc = UOp(Ops.DEFINE_ACC, lanes[0].dtype.vec(len(lanes)), (init,), lanes[0].arg)
+    self._claim(lanes, vector_acc)
+    self._remember(lanes, vector_acc)
+    value = self.bundle(tuple(a.src[1] for a in assigns))
+    if value is None: raise _Refused("an accumulator's updates have no vector form")
+    vector_assign = UOp(Ops.ASSIGN, vector_acc.dtype, (vector_acc, value))
+    self._claim(assigns, vector_assign)
+    return vector_acc
+
+  # ---- seeds ----
+  def try_seed(self, build) -> bool:
+    """Run `build` (which bundles one seed); keep what it made only when more was vectorized than built."""
+    self.journal, self.built, self.real = [], 0, 0
+    ok = build() and self.real > self.built
+    if not ok:
+      for kind, item in reversed(self.journal):
+        if kind == "memo": self.memo.pop(item, None)
+        else:
+          for u in self.lanes_of.pop(item): self.claimed.pop(u, None)
+    return ok
+
+  def store_seed(self, stores: tuple[UOp, ...], disjoint: bool) -> bool:
+    """Stores to consecutive addresses as one vector store. `disjoint`: every store to the buffer has its own
+    address (one base, distinct offsets), so the stores may be reordered among themselves."""
+    if not self._no_access_between(stores, self.loads_at): return False
+    if not disjoint and not self._no_access_between(stores, self.stores_at): return False
+    value = self.bundle(tuple(s.src[2] for s in stores))
+    if value is None: return False
+    vector = UOp(Ops.STORE, dtypes.void, (stores[0].src[0], stores[0].src[1], value))
+    self._claim(stores, vector)
+    return True
+
+  def seed_all(self) -> None:
+    runs: dict[tuple, list[tuple[int, UOp]]] = {}
+    for u in self.uops:
+      if u.op is not Ops.STORE or len(u.src) != 3 or u.src[2].dtype not in MEMORY_DTYPES: continue
+      base, offset = _split_offset(u.src[1])
+      runs.setdefault((u.src[0], base, self.block[u], u.src[2].dtype), []).append((offset, u))
+    runs_per_buffer: dict[UOp, int] = {}
+    for buffer, *_ in runs: runs_per_buffer[buffer] = runs_per_buffer.get(buffer, 0) + 1
+    for (buffer, *_), run in runs.items():
+      by_offset = dict(sorted(run, key=lambda x: x[0]))
+      disjoint = len(by_offset) == len(run) and runs_per_buffer[buffer] == 1 and \
+        len(run) == len(self.stores_at.get(buffer, ()))
+      for lanes in _chunks(by_offset): self.try_seed(lambda lanes=lanes: self.store_seed(lanes, disjoint))
+    groups: dict[tuple, list[UOp]] = {}
+    for u in self.uops:
+      if u.op is not Ops.DEFINE_ACC or u in self.claimed or u in self.keep_scalar or len(self.assigns.get(u, ())) != 1:
+        continue
+      assign = self.assigns[u][0]
+      groups.setdefault((self.block[u], self.block[assign], assign.src[1].op, u.dtype), []).append(u)
+    for accs in groups.values():
+      start = 0
+      while start < len(accs):
+        width = next((w for w in VECTOR_WIDTHS if start + w <= len(accs)), 0)
+        if width == 0: break
+        lanes = tuple(accs[start:start + width])
+        if any(u in self.claimed for u in lanes) or not self.try_seed(lambda: self.bundle(lanes) in self.lanes_of):
+          start += 1   # no bundle at this lane: try from the next one
+        else: start += width
+
+  # ---- writing ----
+  def write(self) -> list[UOp]:
+    """The output list: scalars in their places, each vector where its last lane was, lanes read through GEP."""
+    place = {max(self.position[u] for u in lanes): vector for vector, lanes in self.lanes_of.items()}
+    out: list[UOp] = []
+    emitted: set[UOp] = set()
+    mapped: dict[UOp, UOp] = {}   # unclaimed scalar -> its uop in the output
+    placed: dict[UOp, UOp] = {}   # vector -> its uop in the output (operands renamed)
+    late: dict[UOp, tuple[UOp, UOp | None]] = {}   # claimed scalar recomputed as a scalar -> (uop, its loop)
+    open_loops: list[UOp] = []
+
+    def add(u: UOp) -> UOp:
+      if u.op in (Ops.CONST, Ops.GEP, Ops.VECTORIZE) and u in emitted: return u   # pure and rendered inline
+      out.append(u)
+      emitted.add(u)
+      return u
+
+    def scalar(u: UOp) -> UOp:
+      """`u`'s value as a scalar uop readable here."""
+      if u not in self.claimed: return mapped.get(u, u)
+      vector, lane = self.claimed[u]
+      if vector in placed: return add(UOp(Ops.GEP, u.dtype, (placed[vector],), lane))
+      if u in late and (late[u][1] is None or late[u][1] in open_loops): return late[u][0]
+      # the lane is read before its vector exists: compute it again as a scalar (pure values only)
+      if u.op not in GroupOp.ALU and u.op not in (Ops.CAST, Ops.BITCAST, Ops.LOAD):
+        raise _Refused(f"{u.op.name} read before its vector")
+      new = add(u.replace(src=tuple(scalar(s) for s in u.src)))
+      late[u] = (new, open_loops[-1] if open_loops else None)
+      return new
+
+    def operand(v: UOp) -> UOp:
+      if v.dtype.count == 1: return scalar(v)
+      if v.op is Ops.VECTORIZE: return add(v.replace(src=tuple(scalar(s) for s in v.src)))
+      if v.op is Ops.CONST: return add(v)
+      if v not in placed: raise _Refused(f"vector {v.op.name} used before it is placed")
+      return placed[v]
+
+    for i, u in enumerate(self.uops):
+      if u.op is Ops.RANGE: open_loops.append(u)
+      elif u.op is Ops.ENDRANGE and open_loops: open_loops.pop()
+      if u in self.claimed:
+        if (vector := place.get(i)) is not None:
+          src = tuple(operand(s) for s in vector.src)
+          placed[vector] = add(vector if src == vector.src else vector.replace(src=src))
+        continue
+      new = u.replace(src=tuple(scalar(s) for s in u.src)) if u.src else u
+      mapped[u] = new
+      out.append(new)
+      emitted.add(new)
+    return _without_dead_values(out)
+
+_PURE = GroupOp.ALU | {Ops.CAST, Ops.BITCAST, Ops.CONST, Ops.GEP, Ops.VECTORIZE, Ops.LOAD}
+
+def _without_dead_values(uops: list[UOp]) -> list[UOp]:
+  """`uops` without the pure values nothing reads any more (the lanes' scalar index math, mostly)."""
+  used: set[UOp] = set()
+  keep = [False] * len(uops)
+  for i in range(len(uops) - 1, -1, -1):
+    u = uops[i]
+    if u.op not in _PURE or u in used:
+      keep[i] = True
+      used.update(u.src)
+  return [u for u, k in zip(uops, keep) if k]
+
+def _chunks(by_offset: dict[int, UOp]) -> list[tuple[UOp, ...]]:
+  """Runs of consecutive offsets cut into the widest vectors that fit, in address order."""
+  chunks: list[tuple[UOp, ...]] = []
+  offsets = list(by_offset)
+  start = 0
+  while start < len(offsets):
+    end = start
+    while end + 1 < len(offsets) and offsets[end + 1] == offsets[end] + 1: end += 1
+    i = start
+    while i <= end:
+      width = next((w for w in VECTOR_WIDTHS if i + w <= end + 1), 0)
+      if width == 0: break
+      chunks.append(tuple(by_offset[o] for o in offsets[i:i + width]))
+      i += width
+    start = end + 1
+  return chunks
+
+def vectorize(uops: list[UOp], keep_scalar: frozenset[UOp] = frozenset()) -> list[UOp]:
+  """The linearized kernel `uops` (docs/ir.md, stage 4) with its isomorphic lanes as vector uops (see the module
+  docstring). Accumulators in `keep_scalar` stay scalar. A kernel with nothing to vectorize comes back unchanged.
+
+  >>> from kiln.dtype import dtypes
+  >>> a, out = UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 1), UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0)
+  >>> idx = [UOp.const(dtypes.int32, k) for k in range(4)]
+  >>> loads = [UOp(Ops.LOAD, dtypes.float32, (a, i)) for i in idx]
+  >>> stores = [UOp(Ops.STORE, dtypes.void, (out, i, x + 1.0)) for i, x in zip(idx, loads)]
+  >>> body = [u for x, s in zip(loads, stores) for u in (x, s.src[2], s)]
+  >>> uops = [out, a, *idx, UOp.const(dtypes.float32, 1.0)] + body
+  >>> [(u.op.name, u.dtype.count) for u in vectorize(uops) if u.op in (Ops.LOAD, Ops.ADD, Ops.STORE)]
+  [('LOAD', 4), ('ADD', 4), ('STORE', 1)]
+  """
+  vectorizer = _Vectorizer(uops, keep_scalar)
+  try:
+    vectorizer.seed_all()
+    if not vectorizer.lanes_of: return uops
+    return vectorizer.write()
+  except _Refused: return uops

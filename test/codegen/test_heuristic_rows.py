@@ -1,0 +1,119 @@
+"""Heuristic choices for reductions over contiguous rows (accumulator lanes), short axes (whole upcasts) and
+software-math epilogues (kiln/codegen/opt/heuristic.py), each checked against the unoptimized kernel and NumPy."""
+from __future__ import annotations
+import numpy as np
+import pytest
+from kiln import Tensor
+from kiln.codegen.lowerer import lower_kernel
+from kiln.codegen.opt import Kernel, Opt, OptOps, heuristic_opts
+from kiln.engine.realize import render_lowered
+from kernel_runs import last_kernel_item, run_lowered
+
+U, R, L = OptOps.UPCAST, OptOps.UNROLL, OptOps.LANES
+
+def _optimized_and_plain(t: Tensor) -> tuple[list[Opt], np.ndarray, np.ndarray]:
+  """(the heuristics' actions, the optimized kernel's output, the unoptimized kernel's output) for t's last kernel."""
+  item = last_kernel_item(t)
+  lowered = lower_kernel(item.ast)
+  kernel = Kernel(lowered)
+  applied = list(heuristic_opts(kernel))
+  return applied, run_lowered(item, kernel.sink), run_lowered(item, lowered)
+
+def _close(got: np.ndarray, want: np.ndarray, rtol: float = 1e-5) -> None:
+  np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * max(1.0, float(np.abs(want).max())))
+
+def _rand(rng: np.random.Generator, *shape: int) -> Tensor:
+  return Tensor(rng.standard_normal(shape).astype(np.float32)).realize()
+
+@pytest.mark.parametrize("n", [1 << 16, 4096 + 8])
+def test_full_sum_gets_lanes(n):
+  a = np.random.default_rng(n).random(n, dtype=np.float32)
+  applied, got, want = _optimized_and_plain(Tensor(a).sum())
+  assert [(o.op, o.arg) for o in applied] == [(L, 8)], applied
+  _close(got, want)
+  _close(got, np.atleast_1d(a.astype(np.float64).sum()))
+
+def test_row_reductions_get_lanes_and_max_is_exact():
+  x = _rand(np.random.default_rng(1), 64, 256)
+  applied, got, want = _optimized_and_plain(x.max(axis=1))
+  assert [(o.op, o.arg) for o in applied] == [(L, 8)], applied
+  np.testing.assert_array_equal(got, want)
+  np.testing.assert_array_equal(got, x.numpy().max(axis=1))
+  applied, got, want = _optimized_and_plain(x.sum(axis=1))
+  assert [(o.op, o.arg) for o in applied] == [(L, 8)], applied
+  _close(got, want)
+
+def test_column_sum_keeps_its_output_upcast():
+  x = _rand(np.random.default_rng(2), 256, 64)
+  applied, got, want = _optimized_and_plain(x.sum(axis=0))
+  assert all(o.op is not L for o in applied) and applied[0].op is U, applied
+  _close(got, want)
+  _close(got, x.numpy().sum(axis=0), rtol=1e-4)
+
+def test_softmax_rows_get_lanes_on_both_reductions():
+  x = _rand(np.random.default_rng(3), 32, 512)
+  applied, got, want = _optimized_and_plain(x.softmax(-1))
+  assert [o.op for o in applied] == [U, L, L], applied
+  _close(got, want)
+  ref = np.exp(x.numpy() - x.numpy().max(-1, keepdims=True))
+  _close(got.reshape(32, 512), ref / ref.sum(-1, keepdims=True))
+
+def test_layernorm_sums_get_lanes():
+  x = _rand(np.random.default_rng(4), 16, 256)
+  centered = x - x.mean(-1, keepdim=True)
+  applied, got, want = _optimized_and_plain(centered * ((centered * centered).mean(-1, keepdim=True) + 1e-5).rsqrt())
+  assert any(o.op is L for o in applied), applied
+  _close(got, want)
+  c = x.numpy() - x.numpy().mean(-1, keepdims=True)
+  _close(got.reshape(16, 256), c / np.sqrt((c * c).mean(-1, keepdims=True) + 1e-5), rtol=1e-4)
+
+def test_short_padded_rows_are_upcast_whole():
+  x = _rand(np.random.default_rng(5), 3, 8, 13)
+  applied, got, want = _optimized_and_plain(x.pad(((0, 0), (1, 1), (1, 1))).contiguous())
+  assert [(o.op, o.arg) for o in applied] == [(U, 15)], applied
+  np.testing.assert_array_equal(got, want)
+  applied, got, want = _optimized_and_plain(x.pad(((0, 0), (0, 0), (1, 1))).contiguous() * 2)
+  assert [(o.op, o.arg) for o in applied] == [(U, 15)], applied
+  np.testing.assert_array_equal(got, want)
+  np.testing.assert_array_equal(got.reshape(3, 8, 15), np.pad(x.numpy(), ((0, 0), (0, 0), (1, 1))) * 2)
+
+def test_short_rows_with_software_math_are_left_rolled():
+  x = _rand(np.random.default_rng(6), 64, 58)
+  applied, got, want = _optimized_and_plain(x.exp())
+  assert applied == [], applied
+  _close(got, want)
+
+@pytest.mark.parametrize("m,k,n", [(64, 96, 10), (40, 32, 6)])
+def test_matmul_with_a_short_column_axis_upcasts_it_whole(m, k, n):
+  rng = np.random.default_rng(m + n)
+  a, b = _rand(rng, m, k), _rand(rng, k, n)
+  applied, got, want = _optimized_and_plain(a @ b)
+  assert [(o.op, o.arg) for o in applied][:2] == [(U, n), (U, 8)], applied
+  _close(got, want)
+  _close(got.reshape(m, n), a.numpy() @ b.numpy(), rtol=1e-4)
+
+def test_gelu_matmul_gets_the_wide_tile():
+  rng = np.random.default_rng(7)
+  h, w = _rand(rng, 32, 64), _rand(rng, 64, 64)
+  v = h @ w
+  applied, got, want = _optimized_and_plain(0.5 * v * (1 + (0.79788 * (v + 0.044715 * v * v * v)).tanh()))
+  assert [(o.op, o.arg) for o in applied][:2] == [(U, 16), (U, 8)], applied
+  _close(got, want, rtol=1e-4)
+
+def test_pad_copy_indexes_without_a_division():
+  x = _rand(np.random.default_rng(8), 4, 6, 6)
+  padded = x.pad(((0, 0), (1, 1), (1, 1))).contiguous()
+  item = last_kernel_item(padded)
+  source, _ = render_lowered(item.bufs[0].device, "pad_probe", lower_kernel(item.ast))
+  index_math = [line for line in source.splitlines() if "alu" in line]   # the thread split's bounds divide
+  assert index_math and not any("%" in line or "/" in line for line in index_math), source
+  np.testing.assert_array_equal(padded.numpy(), np.pad(x.numpy(), ((0, 0), (1, 1), (1, 1))))
+
+def test_tiled_contiguous_reduction_is_unrolled_not_laned():
+  # 8 output rows share each load of b: with 8 lanes per row the LLM's prefill attention scores ran at half speed
+  rng = np.random.default_rng(9)
+  a, b = _rand(rng, 64, 64), _rand(rng, 3, 64)
+  applied, got, want = _optimized_and_plain(a @ b.T)
+  assert [(o.op, o.arg) for o in applied] == [(U, 8), (R, 8)], applied
+  _close(got, want)
+  _close(got.reshape(64, 3), a.numpy() @ b.numpy().T, rtol=1e-4)

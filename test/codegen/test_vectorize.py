@@ -1,0 +1,131 @@
+"""The CPU vectorizer (kiln/codegen/vectorize.py): every kernel gives the same bits with VECTORIZE=1 as the scalar
+C (VECTORIZE=0), and a matmul tile really becomes vector code."""
+from __future__ import annotations
+import numpy as np
+import pytest
+from kiln import Tensor
+from kiln.dtype import dtypes
+from kiln.helpers import Context
+from kiln.engine import realize
+from kiln.engine.realize import render_lowered
+from kiln.uop.ops import UOp, Ops
+from kiln.codegen.vectorize import vectorize
+from kiln.codegen.opt import Kernel, Opt, OptOps, optimize_kernel
+from kiln.codegen.lowerer import lower_kernel
+from kernel_runs import last_kernel_item, run_lowered
+
+RNG = np.random.default_rng(42)
+
+def _data(*shape, dtype=np.float32) -> Tensor:
+  if np.issubdtype(dtype, np.integer): return Tensor(RNG.integers(-50, 50, shape, dtype=dtype)).realize()
+  return Tensor(RNG.standard_normal(shape, dtype=dtype)).realize()
+
+def _bits(build, vectorized: int) -> np.ndarray:
+  realize._runner_cache.clear()   # compiled runners are cached per AST, not per setting
+  with Context(VECTORIZE=vectorized): return build().numpy()
+
+def _assert_same_bits(build) -> None:
+  scalar, vector = _bits(build, 0), _bits(build, 1)
+  assert scalar.dtype == vector.dtype and scalar.shape == vector.shape
+  if scalar.tobytes() != vector.tobytes():
+    diff = np.abs(scalar.astype(np.float64) - vector.astype(np.float64))
+    raise AssertionError(f"vectorized result differs: shape {scalar.shape}, worst {np.nanmax(diff)} at "
+                         f"{np.unravel_index(np.nanargmax(diff), diff.shape)}")
+
+h, w, b = _data(2, 16, 64), _data(64, 48), _data(48)
+xs = [_data(2, 16, 48) for _ in range(3)]
+x, y = _data(6, 40), _data(6, 40)
+ints, ints2 = _data(13, 37, dtype=np.int32), _data(13, 37, dtype=np.int32)
+odd_a, odd_b = _data(7, 19), _data(19, 13)
+
+CASES = {
+  "matmul_residuals": lambda: xs[0] + xs[1] + xs[2] + h @ w,
+  "matmul_bias_gelu": lambda: (h @ w + b).gelu(),
+  "matmul_tanh_exp": lambda: (h @ w).tanh() + (h @ w * 0.1).exp(),
+  "odd_matmul_scalar_tail": lambda: odd_a @ odd_b + 1.0,
+  "softmax_rows": lambda: x.softmax(-1),
+  "layernorm_rows": lambda: x.layernorm() * 2.0 + 0.5,
+  "software_exp_log_sin": lambda: x.exp() + y.abs().log() + x.sin(),
+  "broadcast_row_and_column": lambda: x * y[0:1, :] + y[:, 0:1],
+  "int32_lanes": lambda: (ints * 3 + ints2 // 4 - ints % 7).maximum(ints2) ^ (ints & 12),
+  "int32_float_casts": lambda: (ints.float() * 0.75).cast(dtypes.int32) + (x * 100).cast(dtypes.int32).sum(),
+  "bool_lanes": lambda: (((ints > 3) & (ints2 < 20)) | (ints == ints2)).where(ints, ints2),
+  "where_nan_max": lambda: (x > 0).where(x / (y - y), y).maximum(x) + (x - x).maximum(y.sqrt()),
+  "reductions": lambda: x.sum(-1) + x.max(-1) + (ints * ints2).sum(0).float().mean(),
+}
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_vector_code_gives_the_scalar_bits(name):
+  _assert_same_bits(CASES[name])
+
+def test_kernel_reading_its_own_output_assign():
+  def build():
+    target = Tensor(np.arange(48, dtype=np.float32).reshape(6, 8)).realize()
+    target.assign(target * 2.0 + target[:, ::-1])
+    return target.realize()
+  _assert_same_bits(build)
+
+def test_kblock_accumulates_through_the_output():
+  a_np, b_np = RNG.standard_normal((8, 32), dtype=np.float32), RNG.standard_normal((32, 16), dtype=np.float32)
+  item = last_kernel_item(Tensor(a_np) @ Tensor(b_np))
+  kernel = Kernel(lower_kernel(item.ast))
+  for opt in (Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.KBLOCK, 2, 8)): kernel.apply(opt)
+  got = {}
+  for vectorized in (0, 1):
+    with Context(VECTORIZE=vectorized): got[vectorized] = run_lowered(item, kernel.sink, f"kblock_vec{vectorized}")
+  assert got[0].tobytes() == got[1].tobytes()
+  np.testing.assert_allclose(got[1].reshape(8, 16), a_np @ b_np, rtol=1e-4, atol=1e-4)
+  source, uops = render_lowered("CPU", "kblock_vec", kernel.sink)
+  assert any(u.op is Ops.DEFINE_ACC and u.dtype.count == 8 for u in uops), "the tile's accumulators are not vectors"
+
+def test_matmul_tile_renders_vector_code():
+  item = last_kernel_item(_data(256, 32) @ _data(32, 64) + _data(64))   # enough row tiles for a thread split
+  with Context(VECTORIZE=1): source, uops = render_lowered("CPU", "tile", optimize_kernel(lower_kernel(item.ast)))
+  assert "__attribute__((vector_size(" in source and "kiln_floatx" in source
+  vector_accs = [u for u in uops if u.op is Ops.DEFINE_ACC and u.dtype.count > 1]
+  vector_stores = [u for u in uops if u.op is Ops.STORE and u.src[2].dtype.count > 1]
+  assert vector_accs and vector_stores, "the register tile was not vectorized"
+  assert any(u.op is Ops.LOAD and u.dtype.count > 1 for u in uops)
+  flops = 2 * 256 * 64 * 32 + 256 * 64   # multiply-adds and the bias; the rest is index math
+  assert flops <= realize.count_ops(uops) <= realize.count_ops(_scalar_uops(item)), "count_ops must count every lane"
+  with Context(VECTORIZE=0): scalar_source, _ = render_lowered("CPU", "tile", optimize_kernel(lower_kernel(item.ast)))
+  assert "vector_size" not in scalar_source
+
+def _scalar_uops(item) -> list[UOp]:
+  with Context(VECTORIZE=0): return render_lowered("CPU", "tile", optimize_kernel(lower_kernel(item.ast)))[1]
+
+def test_loads_stay_behind_stores_to_their_buffer():
+  out, a = UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0), UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 1)
+  idx = [UOp.const(dtypes.int32, k) for k in range(4)]
+  uops = [out, a, *idx]
+  for k in range(4):   # out[k] = out[k] * a[k], lane by lane: a store to `out` between the loads of `out`
+    load_out, load_a = UOp(Ops.LOAD, dtypes.float32, (out, idx[k])), UOp(Ops.LOAD, dtypes.float32, (a, idx[k]))
+    product = load_out * load_a
+    uops += [load_out, load_a, product, UOp(Ops.STORE, dtypes.void, (out, idx[k], product))]
+  result = vectorize(uops)
+  assert not any(u.op is Ops.LOAD and u.src[0] is out and u.dtype.count > 1 for u in result)
+  assert not any(u.op is Ops.STORE and u.src[2].dtype.count > 1 for u in result)
+
+def test_unsupported_lanes_stay_scalar():
+  halves = Tensor(RNG.standard_normal((4, 32)).astype(np.float16)).realize()
+  doubles = Tensor(RNG.standard_normal((4, 32))).realize()
+  _assert_same_bits(lambda: halves * 2 + 1)
+  _assert_same_bits(lambda: (doubles * 3).exp())
+  item = last_kernel_item(doubles * 3 + 1)
+  _, uops = render_lowered("CPU", "f64", optimize_kernel(lower_kernel(item.ast)))
+  assert all(u.dtype.count == 1 for u in uops)
+
+def test_vector_dtype_identity_and_pickle():
+  import pickle
+  v = dtypes.float32.vec(8)
+  assert v is dtypes.float32.vec(8) and v.scalar is dtypes.float32 and v.count == 8 and v.itemsize == 32
+  assert pickle.loads(pickle.dumps(v)) is v and pickle.loads(pickle.dumps(dtypes.int32)) is dtypes.int32
+  assert dtypes.int32.vec(1) is dtypes.int32 and dtypes.int32.count == 1 and dtypes.int32.scalar is dtypes.int32
+  with pytest.raises(TypeError): v.vec(2)
+  with pytest.raises(ValueError): dtypes.float32.vec(0)
+
+@pytest.mark.skipif(__import__("shutil").which("gcc") is None, reason="gcc is not installed")
+def test_gcc_accepts_the_vector_code():
+  """gcc is the fallback C compiler: the same vector source must compile there and give the same bits."""
+  build = lambda: (h @ w + b).exp() + ((ints > 3) & (ints2 < 20)).where(ints, ints2 // 3).float().sum()   # noqa: E731
+  with Context(CC="gcc", CACHELEVEL=0): _assert_same_bits(build)
