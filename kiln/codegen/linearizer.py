@@ -141,12 +141,13 @@ def linearize(sink: UOp) -> list[UOp]:
   acc_ids = itertools.count()
 
   def emit(node: UOp) -> UOp:
-    if node in mapped: return mapped[node]
+    if (found := mapped.get(node)) is not None: return found
     if node in seeded_adds:   # the accumulator already holds x + the sum
       mapped[node] = mapped[seeded_adds[node]]
       return mapped[node]
     new_src = tuple(mapped.get(s, s) for s in node.src)
-    new = node if all(a is b for a, b in zip(new_src, node.src)) else node.replace(src=new_src)
+    # UOps compare by identity (hash-consed): tuple equality is the C-level `is` on each pair
+    new = node if new_src == node.src else node.replace(src=new_src)
     mapped[node] = new
     out.append(new)
     return new
@@ -172,14 +173,17 @@ def linearize(sink: UOp) -> list[UOp]:
   def emit_items(items) -> None:
     """Emit `items` (and, first, the items of the same block they need), each once, without recursion on depth."""
     for first in items:
+      if first in done: continue
       stack: list[tuple[Item, bool]] = [(first, False)]
       while stack:
         item, ready = stack.pop()
         if item in done: continue
-        if not ready:
-          stack.append((item, True))
-          stack += [(dep, False) for dep in reversed(needs.get(item, {})) if dep not in done]
-          continue
+        if not ready and (deps := needs.get(item)) is not None:
+          pending = [(dep, False) for dep in reversed(deps) if dep not in done]
+          if pending:   # its needs first (most items find theirs emitted already: no round trip on the stack)
+            stack.append((item, True))
+            stack += pending
+            continue
         done.add(item)
         if isinstance(item, tuple): emit_group(item[1])
         else: emit(item)
@@ -196,7 +200,7 @@ def linearize(sink: UOp) -> list[UOp]:
   top = list(block_items[()])
   uses_reduce: set[UOp] = set()
   for node in layout.nodes:
-    if node.op is Ops.REDUCE or any(s in uses_reduce for s in node.src): uses_reduce.add(node)
+    if node.op is Ops.REDUCE or not uses_reduce.isdisjoint(node.src): uses_reduce.add(node)
   invariant = [i for i in top if not isinstance(i, tuple) and not layout.scope[i] and i not in uses_reduce]
   output_ranges = sorted((n for n in layout.nodes if n.op is Ops.RANGE and n not in layout.group_of_range),
                          key=_range_order)

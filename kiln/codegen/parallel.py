@@ -21,7 +21,7 @@ number of chunks reduced independently, whose partials are then combined in chun
 from __future__ import annotations
 from dataclasses import dataclass
 from kiln.dtype import dtypes
-from kiln.uop.ops import UOp, Ops
+from kiln.uop.ops import UOp, Ops, GroupOp
 
 @dataclass(frozen=True)
 class ParallelLoop:
@@ -62,8 +62,9 @@ def _matching_end(uops: list[UOp], start: int) -> int | None:
       if depth == 0: return i if uops[i].src[0] is uops[start] else None
   return None
 
-def _work(body: list[UOp]) -> int:
-  """Uops executed by the loop nest `body` (RANGE ... ENDRANGE), each weighted by the trip counts around it."""
+def _work(body: list[UOp], skip: frozenset[UOp] | set[UOp] = frozenset()) -> int:
+  """Uops executed by the loop nest `body` (RANGE ... ENDRANGE), each weighted by the trip counts around it; the uops
+  in `skip` are not counted."""
   total, trips, stack = 0, 1, []
   for u in body:
     if u.op is Ops.RANGE:
@@ -71,8 +72,22 @@ def _work(body: list[UOp]) -> int:
       stack.append(trips)
       trips *= count
     elif u.op is Ops.ENDRANGE: trips = stack.pop()
-    else: total += trips * u.dtype.count   # a vector uop does its lanes' work
+    elif u not in skip: total += trips * u.dtype.count   # a vector uop does its lanes' work
   return total
+
+def _index_math(uops: list[UOp]) -> set[UOp]:
+  """The uops whose work differs between a kernel's scalar and vector forms (kiln/codegen/vectorize.py): constants,
+  lane reads and builds (GEP, VECTORIZE), and arithmetic read only as a load or store address (a vector load needs
+  its first lane's address only). A split reduction's chunk count leaves them out, so that it, and the bits of a
+  float sum, are the same with VECTORIZE=0 and 1."""
+  users: dict[UOp, list[tuple[UOp, int]]] = {}
+  for u in uops:
+    for i, s in enumerate(u.src): users.setdefault(s, []).append((u, i))
+  addresses: set[UOp] = set()
+  for u in reversed(uops):   # a user comes after what it reads
+    if u.op in GroupOp.ALU and u in users and all(v in addresses or (v.op in (Ops.LOAD, Ops.STORE) and i == 1)
+                                                  for v, i in users[u]): addresses.add(u)
+  return addresses | {u for u in uops if u.op in (Ops.CONST, Ops.GEP, Ops.VECTORIZE)}
 
 def _accesses_are_disjoint(uops: list[UOp], loop: UOp) -> bool:
   """Every access to a written buffer stays inside its own iteration's block (see the module docstring)."""
@@ -159,6 +174,12 @@ _IDENTITIES = {
   Ops.MAX: lambda value, dtype: value == dtypes.min(dtype) if not dtypes.is_float(dtype) else value == float("-inf"),
 }
 
+def _is_identity(op: Ops, init: UOp) -> bool:
+  """Whether the constant `init` (a scalar, or a vector constant: every lane) is the identity of `op`."""
+  if init.op is not Ops.CONST: return False
+  values = init.arg if init.dtype.count > 1 else (init.arg,)
+  return all(_IDENTITIES[op](v, init.dtype.scalar) for v in values)
+
 @dataclass(frozen=True)
 class SplitReduction:
   """A kernel `[outer loops] accumulators; for r: acc = op(acc, ...); [epilogue and stores]` whose reduce loop `loop`
@@ -216,12 +237,13 @@ def find_split_reduction(uops: list[UOp]) -> SplitReduction | None:
     return None   # an outer iteration might read what an earlier one stored, but every chunk runs before any store
   outer_iterations = 1
   for o in outer: outer_iterations *= max(1, int(o.src[0].arg))
-  work = _work([UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 1),)), *uops, UOp(Ops.ENDRANGE, dtypes.void)])
-  chunks = min(MAX_REDUCE_CHUNKS, max(1, int(loop.src[0].vmin)), work // max(1, REDUCE_CHUNK_WORK),
-               MAX_PARTIAL_SLOTS // (outer_iterations * len(accs)))
+  whole = [UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 1),)), *uops, UOp(Ops.ENDRANGE, dtypes.void)]
+  lanes = sum(acc.dtype.count for acc in accs)   # a vector accumulator holds one partial result per lane
+  chunks = min(MAX_REDUCE_CHUNKS, max(1, int(loop.src[0].vmin)), _work(whole, _index_math(uops)) //
+               max(1, REDUCE_CHUNK_WORK), MAX_PARTIAL_SLOTS // (outer_iterations * lanes))
   if chunks < 2: return None
   return SplitReduction(loop, tuple(outer), tuple((acc, combining[acc]) for acc in accs), outer_iterations, chunks,
-                        work)
+                        _work(whole))
 
 def _combining_ops(body: list[UOp], accs: list[UOp]) -> dict[UOp, UOp] | None:
   """For each accumulator, one of the uops that combine it with a new value (all with the same op), when the reduce
@@ -238,8 +260,7 @@ def _combining_ops(body: list[UOp], accs: list[UOp]) -> dict[UOp, UOp] | None:
       owner[u] = acc
   for acc in accs:
     value = combining.get(acc)
-    init = acc.src[0]
-    if value is None or init.op is not Ops.CONST or not _IDENTITIES[value.op](init.arg, acc.dtype): return None
+    if value is None or not _is_identity(value.op, acc.src[0]): return None
   updates = set(combining.values()) | {u.src[1] for u in body if u.op is Ops.ASSIGN and u.src[0] in owner}
   for u in body:   # an accumulator and its updates are read only by its own update and assignment (no running value)
     if u.op is Ops.ASSIGN and u.src[0] in owner: continue

@@ -34,7 +34,7 @@ import math
 from fractions import Fraction
 from kiln.dtype import DType, dtypes
 from kiln.helpers import ContextVar
-from kiln.uop.ops import UOp, Ops
+from kiln.uop.ops import UOp, Ops, toposort
 from kiln.uop.pattern import UPat, PatternMatcher, graph_rewrite
 
 TRANSCENDENTAL = ContextVar("TRANSCENDENTAL", 1, "software exp2/log2/sin and fast division by constants: 0: never; "
@@ -379,6 +379,12 @@ def wants_software_math(renderer) -> bool:
 def apply_software_math(sink: UOp, renderer) -> UOp:
   """A lowered kernel with EXP2/LOG2/SIN (and division by constants) in software where the renderer wants it."""
   from kiln.codegen.divmod import fast_division, wants_fast_division
-  if wants_software_math(renderer): sink = graph_rewrite(sink, software_math, name="transcendental")
-  if wants_fast_division(renderer): sink = graph_rewrite(sink, fast_division, name="divmod")
+  # a rewrite walks (and rebuilds) the whole graph: skipped when no node has an op its rules match (one walk to
+  # find out costs a fraction of a rewrite's; most kernels have no transcendental, many no division)
+  present = {u.op for u in toposort([sink])}
+  if wants_software_math(renderer) and not present.isdisjoint(software_math.by_op):
+    sink = graph_rewrite(sink, software_math, name="transcendental")
+    present = {u.op for u in toposort([sink])}
+  if wants_fast_division(renderer) and not present.isdisjoint(fast_division.by_op):
+    sink = graph_rewrite(sink, fast_division, name="divmod")
   return sink

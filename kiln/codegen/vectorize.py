@@ -67,8 +67,10 @@ def _consecutive(indices: tuple[UOp, ...]) -> bool:
   parts = [_split_offset(i) for i in indices]
   return all(b is parts[0][0] and off == parts[0][1] + k for k, (b, off) in enumerate(parts))
 
-def _vector_const(dtype: DType, values: tuple) -> UOp:
-  return UOp(Ops.CONST, dtype.vec(len(values)), (), tuple(truncate(dtype, v) for v in values))
+def _vector_const(dtype: DType, lanes: tuple[UOp, ...]) -> UOp:
+  # lanes repeat one constant node (a polynomial's coefficient in every lane): each distinct node truncated once
+  values = {u: truncate(dtype, u.arg) for u in dict.fromkeys(lanes)}
+  return UOp(Ops.CONST, dtype.vec(len(lanes)), (), tuple(values[u] for u in lanes))
 
 class _Vectorizer:
   """Bundles the lanes of one kernel and writes the vector uop list."""
@@ -118,7 +120,7 @@ class _Vectorizer:
     first = lanes[0]
     if first.dtype not in LANE_DTYPES or any(u.dtype is not first.dtype for u in lanes): return None
     if lanes in self.memo: return self.memo[lanes]
-    if all(u.op is Ops.CONST for u in lanes): return _vector_const(first.dtype, tuple(u.arg for u in lanes))
+    if all(u.op is Ops.CONST for u in lanes): return _vector_const(first.dtype, lanes)
     if all(u is first for u in lanes) or any(u in self.claimed for u in lanes) or len(set(lanes)) < len(lanes):
       return self._build(lanes)
     same_arg = first.op is not Ops.DEFINE_ACC   # accumulators differ by their ids
@@ -240,6 +242,7 @@ class _Vectorizer:
       assign = self.assigns[u][0]
       groups.setdefault((self.block[u], self.block[assign], assign.src[1].op, u.dtype), []).append(u)
     for accs in groups.values():
+      accs = self._in_address_order(accs)
       start = 0
       while start < len(accs):
         width = next((w for w in VECTOR_WIDTHS if start + w <= len(accs)), 0)
@@ -248,6 +251,19 @@ class _Vectorizer:
         if any(u in self.claimed for u in lanes) or not self.try_seed(lambda: self.bundle(lanes) in self.lanes_of):
           start += 1   # no bundle at this lane: try from the next one
         else: start += width
+
+  def _in_address_order(self, accs: list[UOp]) -> list[UOp]:
+    """Accumulators sorted by the address each one's update loads from, when every update reads one buffer at one
+    base plus its own offset (the simplifier may have put an integer sum's lanes out of order); else as given. Any
+    lane order gives the same bits: the code after the loop reads each accumulator's own lane."""
+    keys = []
+    for acc in accs:
+      update = self.assigns[acc][0].src[1]
+      loads = [s for s in update.src if s.op is Ops.LOAD and len(s.src) == 2]
+      if len(loads) != 1: return accs
+      keys.append((loads[0].src[0], *_split_offset(loads[0].src[1])))
+    if any(k[:2] != keys[0][:2] for k in keys) or len({k[2] for k in keys}) != len(keys): return accs
+    return [acc for _, acc in sorted(zip((k[2] for k in keys), accs), key=lambda pair: pair[0])]
 
   # ---- writing ----
   def write(self) -> list[UOp]:

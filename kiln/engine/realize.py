@@ -56,6 +56,10 @@ def count_ops(uops: list[UOp]) -> int:
 
 _runner_cache: dict[tuple, CompiledRunner] = {}
 
+def runner_key(device: str, ast: UOp, beam: int = 0) -> tuple:
+  """The key of `ast`'s runner in `_runner_cache`: the kernel and the settings that change its code."""
+  return (device, ast, TRANSCENDENTAL.value, VECTORIZE.value, beam)
+
 def render_lowered(device: str, name: str, lowered: UOp) -> tuple[str, list[UOp]]:
   """The source code and linear uops of a lowered (and optimized) kernel: software math, linearize, render."""
   dev = Device[device]
@@ -134,7 +138,7 @@ def get_runner(device: str, ast: UOp, bufs: list[Buffer] | None = None, var_vals
   """The compiled program for `ast` on `device` (compiled once per distinct kernel). With BEAM>=1 and the kernel's
   buffers given, its optimizations are chosen by search (kiln/codegen/opt/search.py) instead of the heuristics."""
   beam = BEAM.value if bufs is not None else 0
-  key = (device, ast, TRANSCENDENTAL.value, beam)
+  key = runner_key(device, ast, beam)
   if (runner := _runner_cache.get(key)) is not None: return runner
   if beam == 0 and (runner := _cached_runner(device, ast)) is not None:
     _runner_cache[key] = runner
@@ -155,7 +159,7 @@ def precompile(items: list[ScheduleItem]) -> None:
   for item in items:
     if item.ast.op is Ops.COPY: continue
     device = item.bufs[0].device
-    key = (device, item.ast, TRANSCENDENTAL.value, 0)
+    key = runner_key(device, item.ast)
     if key in _runner_cache: continue
     if (runner := _cached_runner(device, item.ast)) is not None: _runner_cache[key] = runner
     else: wanted.setdefault(device, {})[key] = item.ast

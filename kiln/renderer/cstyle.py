@@ -22,7 +22,7 @@ function and a combining function instead: the kernel runs every chunk itself, a
 a scratch buffer passed after the kernel's buffers (`<name>_chunks`, `<name>_scratch` say how many and how big).
 """
 from __future__ import annotations
-import math
+import math, operator
 from typing import Callable
 from kiln.dtype import DType, dtypes, truncate
 from kiln.renderer import Renderer, kernel_signature, kernel_function_name
@@ -337,24 +337,39 @@ class CRenderer(Renderer):
 
   def vectorize(self, uops: list[UOp]) -> list[UOp]:
     """`uops` with their upcast lanes as vector uops (kiln/codegen/vectorize.py), rendered with GNU C vector
-    extensions. A split reduction's accumulators stay scalar (its partials are scalars), and a kernel whose thread
-    split would change stays scalar."""
+    extensions. A split reduction's accumulators become vectors too (one partial per lane, combined lane by lane:
+    the same bits). The thread plan must not change: the same split loop, or the same split reduction (loop, outer
+    loops, chunk count, accumulator lanes); otherwise the reduction's accumulators stay scalar, or else the kernel."""
     from kiln.codegen.vectorize import vectorize
     parallel, reduction = thread_plan(uops)
-    keep = frozenset(acc for acc, _ in reduction.accumulators) if reduction is not None else frozenset()
-    vector_uops = vectorize(uops, keep)
-    if vector_uops is uops: return uops
-    vector_parallel, vector_reduction = thread_plan(vector_uops)
-    def shape(p, r): return (p.loop if p else None, (r.loop, tuple(a for a, _ in r.accumulators)) if r else None)
-    return vector_uops if shape(parallel, reduction) == shape(vector_parallel, vector_reduction) else uops
+    plan = _plan_shape(parallel, reduction)
+    keeps = [frozenset()]
+    if reduction is not None: keeps.append(frozenset(acc for acc, _ in reduction.accumulators))
+    for keep in keeps:
+      vector_uops = vectorize(uops, keep)
+      if vector_uops is not uops and _plan_shape(*thread_plan(vector_uops)) == plan: return vector_uops
+    return uops
+
+def _plan_shape(parallel: ParallelLoop | None, reduction: SplitReduction | None) -> tuple:
+  """What of a thread plan must stay the same when a kernel is vectorized (its threads' results depend on it)."""
+  split = None
+  if reduction is not None:
+    split = (reduction.loop, reduction.outer, reduction.chunks, sum(a.dtype.count for a, _ in reduction.accumulators))
+  return (parallel.loop if parallel is not None else None, split)
+
+_last_plan: list = [None, ()]   # the uop list thread_plan saw last (its uops, for `is`) and its plan
 
 def thread_plan(uops: list[UOp]) -> tuple[ParallelLoop | None, SplitReduction | None]:
   """How a kernel runs on threads: its outermost loop split (kiln/codegen/parallel.py), or, when that is refused or
   too short, its reduction split into chunks; (None, None) for one thread."""
+  # vectorize plans the list it returns, and render plans the same list again: the plan is made once
+  if _last_plan[0] is not None and len(_last_plan[0]) == len(uops) and all(map(operator.is_, _last_plan[0], uops)):
+    return _last_plan[1]
   parallel, reduction = find_parallel_loop(uops), None
   if parallel is None or parallel.loop.src[0].vmax < FEW_OUTER_ITERATIONS:
     reduction = find_split_reduction(uops)
     if reduction is not None: parallel = None
+  _last_plan[:] = [tuple(uops), (parallel, reduction)]
   return parallel, reduction
 
 class _CKernelWriter:
@@ -576,20 +591,31 @@ class _CKernelWriter:
     epilogue, closers = after[:len(after) - len(red.outer)], after[len(after) - len(red.outer):]
     indent = "  " * (len(red.outer) + 1)
     slots = red.chunks * red.outer_iterations
+    # each accumulator's partials: one slot per chunk and outer iteration, 8 bytes for a scalar, the vector's size
+    # for a vector (copied with memcpy: the scratch is only 16-byte aligned)
+    sizes = [8 if acc.dtype.count == 1 else acc.dtype.itemsize for acc, _ in red.accumulators]
+    offsets = [slots * sum(sizes[:j]) for j in range(len(sizes))]
+    def slot(j: int, chunk: str) -> str:
+      return f"(kiln_scratch + {offsets[j]} + ({chunk}*{red.outer_iterations}+kiln_outer)*{sizes[j]})"
     def partial(j: int, acc: UOp, chunk: str) -> str:
-      return f"(({VALUE_TYPES[acc.dtype]}*)(kiln_scratch + {j * slots * 8}))[{chunk}*{red.outer_iterations}+kiln_outer]"
-    stores = [f"{indent}{partial(j, acc, 'kiln_chunk')} = {self.names[acc]};"
+      if acc.dtype.count == 1:
+        return f"(({VALUE_TYPES[acc.dtype]}*)(kiln_scratch + {offsets[j]}))[{chunk}*{red.outer_iterations}+kiln_outer]"
+      return (f"({{ {vector_type(acc.dtype)} kiln_part; __builtin_memcpy(&kiln_part, {slot(j, chunk)}, "
+              f"sizeof(kiln_part)); kiln_part; }})")
+    stores = [f"{indent}{partial(j, acc, 'kiln_chunk')} = {self.names[acc]};" if acc.dtype.count == 1 else
+              f"{indent}__builtin_memcpy({slot(j, 'kiln_chunk')}, &{self.names[acc]}, sizeof({self.names[acc]}));"
               for j, (acc, _) in enumerate(red.accumulators)]
     combines = [f"{indent}for (int kiln_chunk = 0; kiln_chunk < {red.chunks}; kiln_chunk++) {{"]
     for j, (acc, update) in enumerate(red.accumulators):
-      combined = self.value_text(update, [self.names[acc], partial(j, acc, "kiln_chunk")])
+      args = [self.names[acc], partial(j, acc, "kiln_chunk")]
+      combined = self.value_text(update, args) if acc.dtype.count == 1 else VECTOR_EXPRESSIONS[update.op](update, args)
       combines.append(f"{indent}  {self.names[acc]} = {combined};")
     combines.append(f"{indent}}}")
     own = params[:-2]   # without kiln_tid, kiln_nthreads
     args = [f"data{b.arg}" for b in buffers] + [self.var_names[v] for v in variables]
     task_args = [f"({STORAGE_TYPES[b.dtype]}*)bufs[{i}]" for i, b in enumerate(buffers)]
     task_args += [f"vals[{i}]" for i in range(len(variables))]
-    part, finish, scratch = f"{self.name}_part", f"{self.name}_finish", slots * 8 * len(red.accumulators)
+    part, finish, scratch = f"{self.name}_part", f"{self.name}_finish", slots * sum(sizes)
     return [
       f"static inline void {part}({', '.join(own + ['int kiln_chunk', 'unsigned char* restrict kiln_scratch'])}) {{",
       "  long long kiln_outer = 0;", *prologue, *loop, *stores, f"{indent}kiln_outer++;", *closers, "}",

@@ -10,7 +10,8 @@ from kiln.device import Compiled, Compiler, CompileError, HostAllocator
 from kiln.helpers import CC, CFLAGS
 from kiln.renderer import kernel_function_name
 from kiln.renderer.cstyle import CRenderer, chunks_symbol, scratch_symbol, task_symbol, work_symbol
-from kiln.runtime.threadpool import MIN_WORK_PER_THREAD, chunks_for, pool_for, thread_count
+from kiln.runtime.threadpool import (MIN_WORK_PER_THREAD, build_library_in_background, chunks_for, pool_for,
+                                     thread_count)
 
 # always on: no FMA contraction (results must match the reference bit for bit), no errno from libm, wrapping signed ints
 BASE_FLAGS = ("-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno", "-fwrapv", "-fno-strict-aliasing")
@@ -35,13 +36,16 @@ def _host_cpu_id() -> str:
 
 class ClangCompiler(Compiler):
   """C source -> shared library bytes, with `CC` (see find_c_compiler) and `CFLAGS` + BASE_FLAGS (+ `extra_flags`,
-  e.g. `-pthread` for the thread pool)."""
+  e.g. `-pthread` for the thread pool). `command` fixes the compiler and flags instead (a build in another thread
+  must not read settings that the caller may change meanwhile)."""
   runs_in_subprocess = True   # the compiler is its own process: several may run at once
-  def __init__(self, extra_flags: tuple[str, ...] = ()):
+  def __init__(self, extra_flags: tuple[str, ...] = (), command: list[str] | None = None):
     self.extra_flags = tuple(extra_flags)
+    self.fixed_command = list(command) if command is not None else None
 
   def command(self) -> list[str]:
-    """The compiler and flags (without file names), read from the current settings."""
+    """The compiler and flags (without file names), read from the current settings unless fixed."""
+    if self.fixed_command is not None: return list(self.fixed_command)
     return [find_c_compiler(), *DEFAULT_FLAGS, *shlex.split(str(CFLAGS.value)), *BASE_FLAGS, *self.extra_flags, "-lm"]
 
   def cache_key(self) -> str:
@@ -179,3 +183,7 @@ class CPUDevice(Compiled):
   """Host memory, C kernels compiled by clang/gcc."""
   def __init__(self, device: str = "CPU"):
     super().__init__(device, HostAllocator(), CRenderer(), ClangCompiler(), CPUProgram)
+    # the pool's own C library is built meanwhile (overlapping the first kernels' codegen), if threads will be used
+    try: threaded = thread_count() > 1
+    except ValueError: threaded = False   # a bad THREADS is reported by the first launch
+    if threaded: build_library_in_background()

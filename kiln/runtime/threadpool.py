@@ -280,25 +280,77 @@ def _forget_pools_after_fork() -> None:
   for pool in _pools.values(): pool.alive = False
   _pools.clear()
   usable_cores.cache_clear()
+  _library_build.forget_unfinished()
 
 if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=_forget_pools_after_fork)
 
-_library: ctypes.CDLL | None = None
+class _LibraryBuild:
+  """The pool library, built at most once per process: in a background thread started when the CPU device opens
+  (`build_library_in_background`: compiling it, 0.17 s on an empty kernel cache, then overlaps the Python codegen of
+  the first kernels), or by the first launch that needs it. A build that failed is tried once more by that launch,
+  under the settings of then, before the error is raised."""
+  def __init__(self):
+    self.lock = threading.Lock()
+    self.library: ctypes.CDLL | None = None
+    self.thread: threading.Thread | None = None
+
+  def start(self) -> None:
+    """Start the background build unless the library is loaded or being built."""
+    with self.lock:
+      if self.library is not None or self.thread is not None: return
+      compiler = _pool_compiler()   # the settings of now: the thread must not read them while they change
+      self.thread = threading.Thread(target=self._build, args=(compiler,), name="kiln-pool-library", daemon=True)
+      self.thread.start()
+
+  def _build(self, compiler) -> None:
+    try: library = _load_library(compiler)
+    except Exception: return   # noqa: BLE001  (the launch that needs the library builds it again and reports)
+    with self.lock: self.library = library
+
+  def get(self) -> ctypes.CDLL:
+    """The loaded library: waits for a build in progress, or builds it now."""
+    if self.library is not None: return self.library
+    thread = self.thread
+    if thread is not None: thread.join()
+    with self.lock:
+      if self.library is None:
+        try: self.library = _load_library(_pool_compiler())
+        except Exception as e:
+          raise RuntimeError(f"thread pool: could not build its C library (THREADS=1 runs every kernel on the calling "
+                             f"thread without it): {e}") from e
+      return self.library
+
+  def forget_unfinished(self) -> None:
+    """After fork: the child has no build thread; a build the parent had not finished is started again when needed."""
+    self.lock = threading.Lock()
+    if self.library is None: self.thread = None
+
+_library_build = _LibraryBuild()
+
+def build_library_in_background() -> None:
+  """Start compiling (or reading from the kernel cache) and loading the pool library in a background thread, unless
+  it is loaded or under way; the first launch on the pool waits for it only if it is not ready then."""
+  _library_build.start()
+
+def _pool_compiler():
+  from kiln.runtime.ops_cpu import ClangCompiler   # here: ops_cpu imports this module
+  compiler = ClangCompiler(extra_flags=("-pthread",))
+  return ClangCompiler(extra_flags=("-pthread",), command=compiler.command())
+
+def _load_library(compiler) -> ctypes.CDLL:
+  """POOL_SOURCE compiled by `compiler` (through the kernel cache) and loaded, with its functions' types set."""
+  import tempfile
+  lib_bytes = compiler.compile_cached(POOL_SOURCE)
+  with tempfile.NamedTemporaryFile(prefix="kiln_pool_", suffix=".so", delete=False) as f: f.write(lib_bytes)
+  try: lib = ctypes.CDLL(f.name)
+  finally: os.unlink(f.name)
+  lib.kiln_pool_create.argtypes, lib.kiln_pool_create.restype = [ctypes.c_int, ctypes.c_longlong], ctypes.c_void_p
+  lib.kiln_pool_run.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int]
+  lib.kiln_pool_run.restype = None
+  lib.kiln_pool_destroy.argtypes, lib.kiln_pool_destroy.restype = [ctypes.c_void_p], None
+  lib.kiln_pool_size.argtypes, lib.kiln_pool_size.restype = [ctypes.c_void_p], ctypes.c_int
+  return lib
 
 def _pool_library() -> ctypes.CDLL:
   """The compiled pool, loaded once per process."""
-  global _library
-  if _library is None:
-    import tempfile
-    from kiln.runtime.ops_cpu import ClangCompiler   # here: ops_cpu imports this module
-    lib_bytes = ClangCompiler(extra_flags=("-pthread",)).compile_cached(POOL_SOURCE)
-    with tempfile.NamedTemporaryFile(prefix="kiln_pool_", suffix=".so", delete=False) as f: f.write(lib_bytes)
-    try: lib = ctypes.CDLL(f.name)
-    finally: os.unlink(f.name)
-    lib.kiln_pool_create.argtypes, lib.kiln_pool_create.restype = [ctypes.c_int, ctypes.c_longlong], ctypes.c_void_p
-    lib.kiln_pool_run.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int]
-    lib.kiln_pool_run.restype = None
-    lib.kiln_pool_destroy.argtypes, lib.kiln_pool_destroy.restype = [ctypes.c_void_p], None
-    lib.kiln_pool_size.argtypes, lib.kiln_pool_size.restype = [ctypes.c_void_p], ctypes.c_int
-    _library = lib
-  return _library
+  return _library_build.get()

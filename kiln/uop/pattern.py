@@ -12,7 +12,7 @@ class UPat:
   >>> from kiln.uop.ops import Ops
   >>> p = UPat(Ops.ADD, src=[UPat.var("x"), UPat.cvar("c")])
   """
-  __slots__ = ("ops", "dtypes", "src", "arg", "name", "allow_any_len", "permutable", "_orders")
+  __slots__ = ("ops", "dtypes", "src", "arg", "name", "allow_any_len", "permutable", "_orders", "_any")
   def __init__(self, op: Ops | tuple[Ops, ...] | frozenset | None = None, dtype: DType | tuple[DType, ...] | None = None,
                src: tuple[UPat, ...] | list[UPat] | UPat | None = None, arg: Any = None, name: str | None = None,
                allow_any_len: bool = False):
@@ -24,6 +24,8 @@ class UPat:
     # the source orders `match` tries, made once (a commutative pattern tries every order)
     self._orders = None if self.src is None else \
       tuple(itertools.permutations(self.src)) if self.permutable else (self.src,)
+    # a pattern that matches every node (UPat.var): `match` binds it inline instead of calling itself
+    self._any = self.ops is None and self.dtypes is None and self.arg is None and self.src is None
 
   @staticmethod
   def var(name: str | None = None, dtype=None) -> UPat:
@@ -69,8 +71,13 @@ class UPat:
     for pats in self._orders:
       stores = [store]
       for pat, s in zip(pats, u.src):
+        if pat._any:   # matches anything: only its name is bound (or must be the node already bound to it)
+          if (name := pat.name) is None: continue
+          stores = [st if bound is s else {**st, name: s} for st in stores
+                    if (bound := st.get(name)) is None or bound is s]
         # one binding so far (the usual case): no list to flatten
-        stores = pat.match(s, stores[0]) if len(stores) == 1 else [new for st in stores for new in pat.match(s, st)]
+        elif len(stores) == 1: stores = pat.match(s, stores[0])
+        else: stores = [new for st in stores for new in pat.match(s, st)]
         if not stores: break
       results.extend(stores)
     return results
@@ -125,7 +132,9 @@ class PatternMatcher:
 
   def rewrite(self, u: UOp, ctx=None) -> UOp | None:
     """The result of the first rule that matches `u` and returns a new node, or None if none does."""
-    for pat, fn, wants_ctx in self._by_op_dtype.get((u.op, u.dtype)) or self.rules_for(u.op, u.dtype):
+    # (an op with no rules has an empty list cached: tested against None, not for truth)
+    if (rules := self._by_op_dtype.get((u.op, u.dtype))) is None: rules = self.rules_for(u.op, u.dtype)
+    for pat, fn, wants_ctx in rules:
       for bindings in pat.match(u, {}):
         ret = fn(ctx, **bindings) if wants_ctx else fn(**bindings)
         if ret is not None and ret is not u: return ret
@@ -164,7 +173,7 @@ def graph_rewrite(root: UOp, pm: PatternMatcher, ctx=None, bottom_up: bool = Fal
         if s not in memo: stack.append((s, 0, s))
     elif stage == 1:
       new_src = tuple(memo[s] for s in cur.src)
-      changed = any(a is not b for a, b in zip(new_src, cur.src))
+      changed = new_src != cur.src   # UOps compare by identity: C-level `is` per pair
       rebuilt = cur.replace(src=new_src) if changed else cur
       new = pm.rewrite(rebuilt, ctx) if (bottom_up or changed) else None
       if new is None: memo[orig] = rebuilt
@@ -178,6 +187,19 @@ def graph_rewrite(root: UOp, pm: PatternMatcher, ctx=None, bottom_up: bool = Fal
       if node not in found_known: known[node] = None if result is node else result
   return memo[root]
 
+def settle(node: UOp, pm: PatternMatcher) -> UOp:
+  """`node`, whose sources are already rewritten by `pm` (a fixed point), rewritten until no rule applies: its own
+  rules are tried, and a rule's result (which may hold new nodes) is rewritten whole: `graph_rewrite(node, pm)`
+  without walking the sources again. Building a graph bottom-up with `settle` on each new node costs one match per
+  node no rule changes (the optimizer's copies of a kernel body: kiln/codegen/opt/kernel.py). For a pure `pm` the
+  result is remembered, so a later graph_rewrite over a graph that holds `node` stops there."""
+  known = pm.results[False] if pm.pure else None
+  if known is not None and (found := known.get(node, known)) is not known: return node if found is None else found
+  new = pm.rewrite(node)
+  result = node if new is None else graph_rewrite(new, pm)
+  if known is not None: known[node] = None if result is node else result
+  return result
+
 def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
   """`root` with every node in `mapping` replaced (sources of replaced nodes are not visited)."""
   memo: dict[UOp, UOp] = {}
@@ -185,7 +207,7 @@ def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
     if node in mapping: memo[node] = mapping[node]
     else:
       new_src = tuple(memo[s] for s in node.src)
-      memo[node] = node if all(a is b for a, b in zip(new_src, node.src)) else node.replace(src=new_src)
+      memo[node] = node if new_src == node.src else node.replace(src=new_src)
   return memo[root]
 
 def _toposort_stop(root: UOp, mapping: dict) -> list[UOp]:

@@ -169,6 +169,10 @@ def term_order_key(u: UOp) -> tuple:
 
 _INT_LIMITS = {dt: (dtypes.min(dt), dtypes.max(dt)) for dt in INTS}
 
+def wrap_int(dtype: DType, value: int) -> int:
+  """`value` wrapped into int `dtype`, as the device's int arithmetic wraps it."""
+  return _wrap(dtype, value)
+
 def _wrap(dtype: DType, value: int) -> int:
   """`value` wrapped into int `dtype` (fast when it already fits)."""
   lo, hi = _INT_LIMITS[dtype]
@@ -208,6 +212,14 @@ def linear_form(u: UOp) -> tuple[dict[UOp, int], int] | None:
   wrapped = {t: _wrap(dtype, a) for t, a in terms.items()}
   return {t: a for t, a in wrapped.items() if a != 0}, _wrap(dtype, const)
 
+# canonical sums made by build_sum: fixed points of canonical_sum, remembered instead of being rebuilt
+_canonical_sums: weakref.WeakSet = weakref.WeakSet()
+
+def mark_canonical(u: UOp) -> UOp:
+  """Note that `u` is a canonical sum (made as build_sum would make it), so canonical_sum leaves it; returns `u`."""
+  _canonical_sums.add(u)
+  return u
+
 def build_sum(dtype: DType, terms: dict[UOp, int], const: int = 0) -> UOp:
   """The canonical node for `sum(t*a for t, a in terms) + const`: sorted terms, `t*a` for a != 1, constant last."""
   out: UOp | None = None
@@ -216,9 +228,14 @@ def build_sum(dtype: DType, terms: dict[UOp, int], const: int = 0) -> UOp:
     if coef == 0: continue
     part = term if coef == 1 else term.alu(Ops.MUL, UOp.const(dtype, coef))
     out = part if out is None else out.alu(Ops.ADD, part)
+    # every partial sum (and `t*a`) is canonical too: canonical_sum need not flatten and rebuild it again (rewriting
+    # a sum of n terms would otherwise build each of its n partial sums again)
+    if out.op is not Ops.CONST and out is not term: _canonical_sums.add(out)
   const = _wrap(dtype, const)
   if out is None: return UOp.const(dtype, const)
-  return out if const == 0 else out.alu(Ops.ADD, UOp.const(dtype, const))
+  out = out if const == 0 else out.alu(Ops.ADD, UOp.const(dtype, const))
+  _canonical_sums.add(out)
+  return out
 
 def linear_bounds(terms: dict[UOp, int], const: int) -> tuple[int, int]:
   """The mathematical (unwrapped) range of `sum(t*a) + const` from the terms' vmin/vmax."""
@@ -464,8 +481,6 @@ def recombine_div_mod(dtype: DType, terms: dict[UOp, int]) -> None:
       changed = True
       break
 
-_canonical_sums: weakref.WeakSet = weakref.WeakSet()
-
 def canonical_sum(u: UOp) -> UOp | None:
   """x*c1 + x*c2 -> x*(c1+c2), (x+c1)+c2 -> x+(c1+c2), (x*c1)*c2 -> x*(c1*c2), (a+b)*c -> a*c+b*c; sorted terms"""
   if u in _canonical_sums: return None
@@ -473,9 +488,7 @@ def canonical_sum(u: UOp) -> UOp | None:
   if form is None: return None
   terms, const = form
   if any(t.op is Ops.MOD for t in terms): recombine_div_mod(u.dtype, terms)
-  out = build_sum(u.dtype, terms, const)
-  _canonical_sums.add(out)   # canonical forms are fixed points: remember them instead of rebuilding them
-  return out
+  return build_sum(u.dtype, terms, const)   # remembered as canonical (a fixed point) there
 
 def order_mul_operands(u: UOp, x: UOp, y: UOp) -> UOp | None:
   """y*x -> x*y in term order (ints, neither a constant)"""

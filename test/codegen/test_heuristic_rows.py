@@ -117,3 +117,14 @@ def test_tiled_contiguous_reduction_is_unrolled_not_laned():
   assert [(o.op, o.arg) for o in applied] == [(U, 8), (R, 8)], applied
   _close(got, want)
   _close(got.reshape(64, 3), a.numpy() @ b.numpy().T, rtol=1e-4)
+
+def test_row_sum_under_an_elementwise_upcast_gets_lanes():
+  # exp(x) / sum(exp(x)): the row's elementwise loop is upcast, but the sum does not depend on it, so the kernel has
+  # one accumulator and the sum gets lanes (as without the upcast), not an unroll (measured 2x slower)
+  x = _rand(np.random.default_rng(4), 4, 16, 64)
+  e = x.exp()
+  applied, got, want = _optimized_and_plain(e / e.sum(-1, keepdim=True))
+  assert [o.op for o in applied] == [U, L], applied
+  _close(got, want)
+  ref = np.exp(x.numpy())
+  _close(got.reshape(4, 16, 64), ref / ref.sum(-1, keepdims=True))

@@ -12,6 +12,10 @@ from kiln.uop.ops import UOp, Ops
 from kiln.codegen.vectorize import vectorize
 from kiln.codegen.opt import Kernel, Opt, OptOps, optimize_kernel
 from kiln.codegen.lowerer import lower_kernel
+from kiln.codegen import parallel
+from kiln.engine import codegen_cache
+from kiln.renderer.cstyle import thread_plan
+from kiln.runtime import ops_cpu
 from kernel_runs import last_kernel_item, run_lowered
 
 RNG = np.random.default_rng(42)
@@ -21,7 +25,6 @@ def _data(*shape, dtype=np.float32) -> Tensor:
   return Tensor(RNG.standard_normal(shape, dtype=dtype)).realize()
 
 def _bits(build, vectorized: int) -> np.ndarray:
-  realize._runner_cache.clear()   # compiled runners are cached per AST, not per setting
   with Context(VECTORIZE=vectorized): return build().numpy()
 
 def _assert_same_bits(build) -> None:
@@ -129,3 +132,57 @@ def test_gcc_accepts_the_vector_code():
   """gcc is the fallback C compiler: the same vector source must compile there and give the same bits."""
   build = lambda: (h @ w + b).exp() + ((ints > 3) & (ints2 < 20)).where(ints, ints2 // 3).float().sum()   # noqa: E731
   with Context(CC="gcc", CACHELEVEL=0): _assert_same_bits(build)
+
+# ---- split reductions (kiln/codegen/parallel.py): vector accumulators, one partial per lane and chunk ----
+# shapes used only here: these kernels are split from a few hundred uops of work on, and a kernel with the default
+# chunk work must not be served their source from the codegen cache
+SPLIT_FLOATS = RNG.standard_normal(24008).astype(np.float32)
+SPLIT_ROWS = RNG.standard_normal((3, 8016)).astype(np.float32)
+SPLIT_INTS = RNG.integers(-1000, 1000, 24016).astype(np.int32)
+SPLIT_CASES = {
+  "sum": (lambda: Tensor(SPLIT_FLOATS).sum(), lambda: SPLIT_FLOATS.astype(np.float64).sum()),
+  "max_with_nan": (lambda: Tensor(np.where(np.arange(24008) == 777, np.nan, SPLIT_FLOATS).astype(np.float32)).max(),
+                   lambda: np.float32(np.nan)),
+  "sum_of_exp": (lambda: (Tensor(SPLIT_FLOATS) * 0.5).exp().sum(), lambda: np.exp(SPLIT_FLOATS * 0.5).sum()),
+  "few_row_sums": (lambda: Tensor(SPLIT_ROWS).sum(axis=1), lambda: SPLIT_ROWS.astype(np.float64).sum(axis=1)),
+  "int_sum": (lambda: Tensor(SPLIT_INTS).sum(), lambda: SPLIT_INTS.sum(dtype=np.int32)),
+}
+
+@pytest.fixture
+def small_split_chunks(monkeypatch):
+  """Split reductions from a few hundred uops on, every launch on the pool (however small)."""
+  monkeypatch.setattr(parallel, "REDUCE_CHUNK_WORK", 256)
+  monkeypatch.setattr(ops_cpu, "MIN_WORK_PER_THREAD", 1)
+
+@pytest.mark.parametrize("name", list(SPLIT_CASES))
+def test_split_reduction_vector_accumulators_give_the_same_bits(name, small_split_chunks):
+  """The same bits for 1, 2 and 3 threads and for scalar and vector accumulators: the chunk count is fixed, and a
+  vector accumulator's lanes are the scalar accumulators, combined lane by lane in chunk order."""
+  build, reference = SPLIT_CASES[name]
+  item = last_kernel_item(build())
+  with Context(VECTORIZE=1): _, uops = render_lowered("CPU", "split", optimize_kernel(lower_kernel(item.ast)))
+  _, reduction = thread_plan(uops)
+  assert reduction is not None and reduction.chunks > 1, "not a split reduction"
+  assert any(acc.dtype.count > 1 for acc, _ in reduction.accumulators), "the split reduction's accumulators are scalar"
+  results = {}
+  for vectorized in (0, 1):
+    for threads in (1, 2, 3):
+      with Context(VECTORIZE=vectorized, THREADS=threads): results[(vectorized, threads)] = build().numpy()
+  expected = results[(0, 1)]
+  for key, got in results.items(): assert got.tobytes() == expected.tobytes(), f"{name} (VECTORIZE, THREADS)={key}"
+  np.testing.assert_allclose(expected, reference(), rtol=2e-5, atol=1e-4)
+
+def test_runner_and_codegen_caches_key_on_vectorize():
+  """`Context(VECTORIZE=0)` in a process that already ran the vector kernel gets the scalar one."""
+  t = _data(64, 40)
+  item = last_kernel_item(t * 3.0 + 1.0)
+  sources = {}
+  for vectorized in (1, 0, 1):
+    with Context(VECTORIZE=vectorized):
+      runner = realize.get_runner("CPU", item.ast)
+      sources.setdefault(vectorized, runner.source)
+      assert runner.source == sources[vectorized]
+      key = codegen_cache._key("CPU", item.ast)
+      sources.setdefault(("codegen", vectorized), key)
+  assert "vector_size" in sources[1] and "vector_size" not in sources[0]
+  assert sources[("codegen", 0)] != sources[("codegen", 1)]

@@ -36,9 +36,10 @@ The choices follow from how each axis walks memory (its stride in every load and
   reduction over a contiguous row accumulator lanes (`_unroll_row_reductions`).
 """
 from __future__ import annotations
+import functools
 from kiln.uop.ops import UOp, Ops, GroupOp, toposort
 from kiln.uop.symbolic import exec_alu
-from kiln.codegen.opt.kernel import Kernel, Opt, OptOps, KernelOptError
+from kiln.codegen.opt.kernel import Kernel, Opt, OptOps, KernelOptError, graph_nodes
 
 SOFTWARE_MATH_OPS = (Ops.EXP2, Ops.LOG2, Ops.SIN)   # rewritten to long polynomial code on the CPU
 
@@ -63,6 +64,12 @@ def evaluate_index(expr: UOp, env: dict[UOp, int], nodes: list[UOp] | None = Non
 
 def axis_stride(index: UOp, rng: UOp) -> int | None:
   """How far `index` moves per step of loop `rng` (probed at the start of the loops), None if not evenly."""
+  # a constant offset does not move: the copies of an upcast tile (`base + c`) share one probe
+  while index.op is Ops.ADD and index.src[1].op is Ops.CONST and not index.src[1].src: index = index.src[0]
+  return _probed_stride(index, rng)
+
+@functools.lru_cache(maxsize=4096)
+def _probed_stride(index: UOp, rng: UOp) -> int | None:
   nodes = toposort([index])
   points = [evaluate_index(index, {rng: step}, nodes) for step in (0, 1, 2)]
   if any(p is None for p in points) or points[2] - points[1] != points[1] - points[0]: return None
@@ -70,7 +77,7 @@ def axis_stride(index: UOp, rng: UOp) -> int | None:
 
 def memory_accesses(sink: UOp) -> tuple[list[UOp], list[UOp]]:
   """The kernel's LOAD and STORE nodes."""
-  nodes = toposort([sink])
+  nodes = graph_nodes(sink)
   return [u for u in nodes if u.op is Ops.LOAD], [u for u in nodes if u.op is Ops.STORE]
 
 def _first_dividing(size: int | None, amounts: tuple[int, ...]) -> int | None:
@@ -81,7 +88,7 @@ def _try(kernel: Kernel, opt: Opt) -> bool:
   before = (kernel.sink, list(kernel.applied), kernel.unrolled)
   try: kernel.apply(opt)
   except KernelOptError: return False
-  if len(toposort([kernel.sink])) > MAX_NODES:
+  if len(graph_nodes(kernel.sink)) > MAX_NODES:
     kernel.sink, kernel.applied, kernel.unrolled = before
     return False
   return True
@@ -140,8 +147,11 @@ def heuristic_opts(kernel: Kernel) -> list[Opt]:
   elif red_axes and kernel.unrolled <= 16 and (k := _first_dividing(Kernel.size(red_axes[-1]), (8, 4))):
     # a contiguous innermost axis of a kernel without an output tile gets separate accumulators (one vector), else
     # one accumulator per output sums k per step: under a tile of 8 outputs (the LLM's attention scores in prefill,
-    # 8 query rows x head_dim 64) 8 lanes each ran at half the speed of unrolling
-    lanes = kernel.unrolled == 1 and _contiguous_reduce(kernel, red_axes[-1])
+    # 8 query rows x head_dim 64) 8 lanes each ran at half the speed of unrolling. An upcast the sum does not depend
+    # on (the elementwise loop of softmax's last kernel, exp(x - max) / sum) leaves it one accumulator: lanes there
+    # (the anchors' transformer, 4x4x64 rows of 64, 2-core EPYC: 146-178 -> 70-72 us a launch)
+    one_accumulator = kernel.unrolled == 1 or sum(u.op is Ops.REDUCE for u in graph_nodes(kernel.sink)) == 1
+    lanes = one_accumulator and _contiguous_reduce(kernel, red_axes[-1])
     op = OptOps.LANES if lanes else OptOps.UNROLL
     _try(kernel, Opt(op, len(kernel.axes) - 1, k))
   if len(groups) == 1: _unroll_tiny_reduce_axes(kernel)
@@ -155,7 +165,7 @@ def _elementwise_upcast(kernel: Kernel, size: int | None) -> int | None:
   1.5 -> 0.75 ms on one core, with or without explicit vector types); None to leave it."""
   if (k := _first_dividing(size, (8, 4))) is not None: return k
   if size is None or not 4 < size <= MAX_WHOLE_ROW_UPCAST: return None
-  return None if any(u.op in SOFTWARE_MATH_OPS for u in toposort([kernel.sink])) else size
+  return None if any(u.op in SOFTWARE_MATH_OPS for u in graph_nodes(kernel.sink)) else size
 
 MAX_TINY_REDUCE, MAX_TINY_COPIES = 4, 64
 
@@ -297,7 +307,7 @@ def _windowed(loads: list[UOp], out_axes: list[UOp], load_strides: dict[UOp, lis
 def _reduce_groups(sink: UOp) -> dict[tuple[UOp, ...], set[Ops]]:
   """The kernel's reduce groups (REDUCEs over one set of loop ranges, sorted by loop id) and their reduce ops."""
   groups: dict[tuple[UOp, ...], set[Ops]] = {}
-  for u in toposort([sink]):
+  for u in graph_nodes(sink):
     if u.op is Ops.REDUCE: groups.setdefault(tuple(sorted(u.src[1:], key=lambda r: r.arg)), set()).add(u.arg)
   return groups
 

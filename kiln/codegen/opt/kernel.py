@@ -35,8 +35,8 @@ import enum
 from dataclasses import dataclass
 from kiln.dtype import dtypes
 from kiln.uop.ops import UOp, Ops, toposort, identity_element
-from kiln.uop.pattern import graph_rewrite
-from kiln.uop.symbolic import symbolic
+from kiln.uop.pattern import graph_rewrite, settle
+from kiln.uop.symbolic import symbolic, canonical_sum, linear_form, wrap_int, mark_canonical
 
 class KernelOptError(ValueError):
   """An optimization action that does not apply to this kernel (wrong axis kind, size that does not divide, ...)."""
@@ -62,30 +62,105 @@ MAX_UNROLLED = 256   # the most copies of a kernel's body that UPCASTs and UNROL
 KBLOCK_SIZES = (64, 128, 256, 512)   # the block lengths `possible_opts` offers (BEAM) for KBLOCK
 _KBLOCK_DTYPES = (dtypes.float32, dtypes.float64)   # float sums kept at full width in memory between blocks
 
+_recent_graphs: dict[UOp, list[UOp]] = {}   # the last few kernel graphs walked, and their nodes
+_RECENT_GRAPHS = 4
+
+def graph_nodes(sink: UOp) -> list[UOp]:
+  """`toposort([sink])` of a kernel graph, remembered for the last few graphs: the optimizer and its heuristics ask
+  about the same graph many times between two actions (callers must not change the list)."""
+  if (nodes := _recent_graphs.get(sink)) is not None: return nodes
+  if len(_recent_graphs) >= _RECENT_GRAPHS: del _recent_graphs[next(iter(_recent_graphs))]
+  nodes = _recent_graphs[sink] = toposort([sink])
+  return nodes
+
 def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
   """`root` with every node in `mapping` replaced by its value (values are not searched again)."""
   done: dict[UOp, UOp] = {}
   for node in toposort([root]):
     if node in mapping: done[node] = mapping[node]; continue
     new_src = tuple(done[s] for s in node.src)
-    done[node] = node if all(a is b for a, b in zip(new_src, node.src)) else node.replace(src=new_src)
+    done[node] = node if new_src == node.src else node.replace(src=new_src)   # UOps compare by identity
   return done[root]
 
-def substitute_copies(root: UOp, rng: UOp, values: list[UOp]) -> list[UOp]:
+_LINEAR_OPS = frozenset({Ops.ADD, Ops.SUB, Ops.NEG, Ops.MUL})
+
+def _inside_sums(dependents: list[UOp]) -> set[UOp]:
+  """The int ADD/SUB/NEG/MUL nodes among `dependents` used only by such nodes of their dtype: the inside of an index
+  sum, which the symbolic rules rewrite as a whole from its top node (a canonical sum), not level by level."""
+  linear = {u for u in dependents if u.op in _LINEAR_OPS and dtypes.is_int(u.dtype)}
+  users_ok = {u: True for u in linear}
+  used = set()
+  for u in dependents:
+    for s in u.src:
+      if s in users_ok:
+        used.add(s)
+        if u not in linear or u.dtype != s.dtype: users_ok[s] = False
+  return {u for u, ok in users_ok.items() if ok and u in used}
+
+def substitute_copies(root: UOp, rng: UOp, values: list[UOp], simplified: bool = False) -> list[UOp]:
   """`substitute(root, {rng: v})` for each v in `values`, walking the graph once: only the nodes that depend on
-  `rng` are rebuilt per value (an upcast's copies share everything else)."""
+  `rng` are rebuilt per value (an upcast's copies share everything else).
+
+  With `simplified` (`root` and `values` are fixed points of `symbolic`), each copy comes out simplified, as
+  `graph_rewrite(copy, symbolic)` would make it, but built bottom-up: a node by its own rules once its sources are
+  simplified (`settle`: one match for most nodes), an index sum flattened once from its top node, and in the copies
+  after the first, a sum linear in `rng` only gets its constant changed (`_SumShifts`). Rewriting a 16x8 tile of
+  copies afterwards matched every copy's nodes twice and rebuilt every sum level by level."""
   dependents: list[UOp] = []
   depends = {rng}
   for node in toposort([root]):
-    if node is not rng and any(s in depends for s in node.src):
+    if node is not rng and not depends.isdisjoint(node.src):
       depends.add(node)
       dependents.append(node)
+  inside = _inside_sums(dependents) if simplified else set()
+  sum_tops = {u for u in dependents if u.op in _LINEAR_OPS and dtypes.is_int(u.dtype) and u not in inside}
+  shifts = _SumShifts(rng, values, depends) if simplified else None
   copies = []
-  for value in values:
+  for lane, value in enumerate(values):
     done = {rng: value}
-    for node in dependents: done[node] = node.replace(src=tuple(done.get(s, s) for s in node.src))
+    raw: set[UOp] = set()   # rebuilt nodes inside a sum, not simplified yet
+    for node in dependents:
+      if shifts is not None and lane and (shifted := shifts.shifted(node, lane)) is not None:
+        done[node] = shifted
+        continue
+      rebuilt = node.replace(src=tuple(done.get(s, s) for s in node.src))
+      if not simplified: done[node] = rebuilt
+      elif node in inside: done[node] = rebuilt; raw.add(rebuilt)
+      elif node in sum_tops:   # the top of an index sum: made canonical in one step
+        flat = canonical_sum(rebuilt)
+        done[node] = graph_rewrite(rebuilt, symbolic) if flat is None else settle(flat, symbolic)
+        if lane == 0 and shifts is not None and done[node] is flat: shifts.remember(node, flat)
+      else: done[node] = settle(rebuilt, symbolic)
     copies.append(done.get(root, root))
   return copies
+
+class _SumShifts:
+  """The copies of an index sum that is linear in `rng` (`rng*a + rest`, `rest` not depending on it) differ by a
+  constant when the lane values do (`base + c`): the first copy's canonical sum `P + k` gives every other one as
+  `P + (k + a*(c - c0))`, the node the symbolic rules would make, without flattening and rebuilding the sum."""
+  def __init__(self, rng: UOp, values: list[UOp], depends: set[UOp]):
+    self.rng, self.depends = rng, depends
+    forms = [linear_form(v) for v in values]
+    # the lanes' constants, when the lanes share their other terms (else no sum is shifted)
+    self.offsets = [f[1] for f in forms] if all(f is not None and f[0] == forms[0][0] for f in forms) else None
+    self.first: dict[UOp, tuple[int, UOp, int]] = {}   # sum -> (coefficient of rng, P, k of the first copy)
+
+  def remember(self, node: UOp, flat: UOp) -> None:
+    """Note the first copy `flat` (a fixed point) of sum `node`, if the others can be shifted from it."""
+    if self.offsets is None or flat.op is not Ops.ADD: return
+    form = linear_form(node)
+    if form is None or (coef := form[0].get(self.rng)) is None: return
+    if any(t in self.depends for t in form[0] if t is not self.rng): return   # rng also inside another term
+    tail = flat.src[1]
+    if tail.op is Ops.CONST and not tail.src: self.first[node] = (coef, flat.src[0], tail.arg)
+    else: self.first[node] = (coef, flat, 0)
+
+  def shifted(self, node: UOp, lane: int) -> UOp | None:
+    """Copy number `lane` of sum `node`, or None when it is not shifted from the first copy."""
+    if (first := self.first.get(node)) is None: return None
+    coef, partial, const = first
+    const = wrap_int(node.dtype, const + coef * (self.offsets[lane] - self.offsets[0]))
+    return partial if const == 0 else mark_canonical(partial.alu(Ops.ADD, UOp.const(node.dtype, const)))
 
 def _balanced(op: Ops, values: list[UOp]) -> UOp:
   """op(v0, v1, ...) as a balanced tree, so the partial results do not wait on each other."""
@@ -117,7 +192,7 @@ class Kernel:
   def _loops(self) -> tuple[list[UOp], list[UOp]]:
     """(output axes, reduce axes) of the current graph, found once per graph (the heuristics ask many times)."""
     if self._loops_of is not None and self._loops_of[0] is self.sink: return self._loops_of[1]
-    nodes = toposort([self.sink])
+    nodes = graph_nodes(self.sink)
     reduced = {r: None for u in nodes if u.op is Ops.REDUCE for r in u.src[1:]}
     outputs = sorted((u for u in nodes if u.op is Ops.RANGE and u not in reduced), key=lambda r: r.arg)
     self._loops_of = (self.sink, (outputs, sorted(reduced, key=lambda r: r.arg)))
@@ -221,7 +296,7 @@ class Kernel:
                              f"({value.op.name} {value.arg}); the output cannot be the accumulator")
       if not (value.dtype in _KBLOCK_DTYPES or dtypes.is_int(value.dtype)) or buf.dtype != value.dtype:
         raise KernelOptError(f"{opt}: the sum is {value.dtype} stored as {buf.dtype}; partial sums would be rounded")
-    nodes = toposort([self.sink])
+    nodes = graph_nodes(self.sink)
     if any(u.op is Ops.REDUCE and rng in u.src[1:] and u not in stored for u in nodes):
       raise KernelOptError(f"{opt}: axis {opt.axis} is also reduced inside the computation of a value")
     written = {st.src[0] for st in self.sink.src}
@@ -285,7 +360,7 @@ class Kernel:
                              f"results")
       return substitute(self.sink, {rng: clamped})
     replaced: dict[UOp, UOp] = {}
-    for red in toposort([self.sink]):
+    for red in graph_nodes(self.sink):
       if red.op is not Ops.REDUCE or rng not in red.src[1:]: continue
       body = substitute(red.src[0], {rng: clamped})
       identity = UOp.const(red.dtype, identity_element(red.arg, red.dtype))
@@ -303,7 +378,7 @@ class Kernel:
 
   def _reads_own_output(self) -> bool:
     written = {st.src[0] for st in self.sink.src}
-    return any(u.op is Ops.LOAD and u.src[0] in written for u in toposort([self.sink]))
+    return any(u.op is Ops.LOAD and u.src[0] in written for u in graph_nodes(self.sink))
 
   def _upcast(self, rng: UOp, amount: int) -> UOp:
     size = rng.src[0].arg
@@ -315,9 +390,12 @@ class Kernel:
       # proof that tiles of different rows do not overlap needs (kiln/codegen/parallel.py)
       base = -((-(outer * amount)).maximum(amount - size))
       lanes = [base + lane for lane in range(amount)]
+    # the body is simplified already: each copy is simplified as it is built (lanes differ by a constant, so few
+    # rules fire), instead of a rewrite of the whole tile of copies afterwards
+    lanes = [graph_rewrite(lane, symbolic) for lane in lanes]
     stores: dict[UOp, None] = {}
     for store in self.sink.src:
-      for copy in substitute_copies(store, rng, lanes): stores[copy] = None
+      for copy in substitute_copies(store, rng, lanes, simplified=True): stores[copy] = None
     return self.sink.replace(src=tuple(stores))
 
   def _unroll(self, rng: UOp, amount: int, separate: bool = False) -> UOp:
@@ -325,10 +403,10 @@ class Kernel:
     combined after the loop)."""
     outer, lanes = self._split(rng, amount)
     replaced: dict[UOp, UOp] = {}
-    for red in toposort([self.sink]):
+    for red in graph_nodes(self.sink):
       if red.op is not Ops.REDUCE or rng not in red.src[1:]: continue
       ranges = tuple(outer if r is rng else r for r in red.src[1:] if r is not rng or outer is not None)
-      bodies = substitute_copies(red.src[0], rng, lanes)
+      bodies = substitute_copies(red.src[0], rng, [graph_rewrite(lane, symbolic) for lane in lanes], simplified=True)
       if separate and ranges:   # LANES: a REDUCE per lane (without a loop left, the same as UNROLL)
         replaced[red] = _balanced(red.arg, [red.replace(src=(b,) + ranges) for b in bodies])
         continue
