@@ -142,7 +142,8 @@ def test_end_to_end_cpu_software_math(name):
   from kiln.engine.realize import _runner_cache
   with Context(TRANSCENDENTAL=2):
     got = fn(Tensor(xs, device="CPU")).numpy()
-    sources = [r.source for key, r in _runner_cache.items() if key[-1] == 2]
+    sources = [r.source for key, r in _runner_cache.items() if key[2] == 2]   # runner_key: (.., TRANSCENDENTAL, ..)
+  assert sources, "no kernel was compiled with TRANSCENDENTAL=2"
   with Context(TRANSCENDENTAL=0): native = fn(Tensor(xs, device="CPU")).numpy()
   assert not any(f"__builtin_{f}f(" in s for s in sources for f in ("exp2", "log2", "sin")), "native math left"
   # kiln's own formulas (exp = exp2(x*log2(e)), ...) round their inputs: compare closely with native kiln, loosely
