@@ -43,16 +43,3 @@ def test_compile_many_reports_a_failure_in_its_place(monkeypatch):
   with Context(CACHELEVEL=0): results = realize.compile_many(device, jobs)   # compiled in groups
   assert isinstance(results[0], CompileError) and bad_name in str(results[0])
   assert all(isinstance(r, realize.CompiledRunner) for r in results[1:])
-
-def test_precompile_collects_the_garbage_of_its_batch(monkeypatch):
-  # the collector is paused while a batch of kernels is made; its collection runs right after the batch (as part of
-  # compiling), not on the user's next call, and the collector is on again
-  if not Device[Device.DEFAULT].compiler.runs_in_subprocess: pytest.skip("the default device compiles in process")
-  import gc
-  out, _ = _graph(11)
-  items = [i for i in create_schedule([out.uop]).items if i.ast.op.name != "COPY"]
-  monkeypatch.setattr(realize, "_runner_cache", {})   # every kernel of the graph is new: one batch
-  collections = []
-  monkeypatch.setattr(gc, "collect", lambda *args: collections.append(args) or 0)
-  with Context(CACHELEVEL=0): realize.precompile(items)
-  assert gc.isenabled() and len(collections) == 1

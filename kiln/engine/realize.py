@@ -123,20 +123,16 @@ def _remember(device: str, ast: UOp, runner: CompiledRunner) -> None:
                                                                                   runner.ops, runner.params))
 
 @contextlib.contextmanager
-def _collector_paused(collect_after: bool = False):
+def _collector_paused():
   """Codegen makes a great many small objects that form no reference cycles (UOps point at their sources only), so
   the cyclic garbage collector's passes over them find nothing: paused while kernels are made (measured: ~10% of
-  the anchors' transformer codegen time). Cycles made meanwhile are collected once it runs again. With
-  `collect_after` (a schedule's batch of kernels) that collection runs here, as part of compiling: left to the
-  collector's own thresholds it fell on the next call (the anchors' transformer graph: 32 of its 75 ms)."""
+  the anchors' transformer codegen time). Cycles made meanwhile are collected once it runs again."""
   if not gc.isenabled():
     yield
     return
   gc.disable()
   try: yield
-  finally:
-    gc.enable()
-    if collect_after: gc.collect()
+  finally: gc.enable()
 
 def get_runner(device: str, ast: UOp, bufs: list[Buffer] | None = None, var_vals: dict | None = None) -> CompiledRunner:
   """The compiled program for `ast` on `device` (compiled once per distinct kernel). With BEAM>=1 and the kernel's
@@ -169,7 +165,7 @@ def precompile(items: list[ScheduleItem]) -> None:
     else: wanted.setdefault(device, {})[key] = item.ast
   for device, asts in wanted.items():
     if len(asts) < 2 or not Device[device].compiler.runs_in_subprocess: continue
-    with _collector_paused(collect_after=True):
+    with _collector_paused():
       jobs = [(kernel_name(ast), optimize_kernel(lower_for_codegen(ast))) for ast in asts.values()]
       runners = compile_many(device, jobs)
     for (key, ast), runner in zip(asts.items(), runners):
