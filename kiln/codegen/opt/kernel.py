@@ -5,6 +5,8 @@ kernel without knowing about the optimizer:
 - UPCAST an output axis by k: its loop becomes `r_outer` and the graph is copied k times with `r = r_outer*k + c`
   (c = 0..k-1); each copy has its own STORE and its own REDUCEs, so k accumulators live side by side (register
   tiling). The copies share every node that does not depend on `r` (hash-consing), e.g. a matmul's loads of `a`.
+  A k that does not divide the axis (but is smaller) shifts the last tile back to end at the axis' last element:
+  `r = min(r_outer*k, size-k) + c`, overlapping the tile before it (refused for kernels that read what they write).
 - UNROLL a reduce axis by k: the REDUCE sums k substituted copies of its value per iteration of `r_outer`.
 - SWAP two axes of one kind: the loops are reordered (the linearizer opens loops in loop-id order).
 - LANES a reduce axis by k: each REDUCE over it becomes k REDUCEs, lane c summing the axis' elements `r_outer*k + c`,
@@ -52,7 +54,7 @@ class OptOps(enum.Enum):
 @dataclass(frozen=True)
 class Opt:
   """One action: `op` on axis number `axis` of the kernel's current axes; `arg` is the split factor (UPCAST,
-  UNROLL) or the other axis number (SWAP)."""
+  UNROLL, LANES), the block or inner length (KBLOCK, SPLIT), the multiple (PADTO) or the other axis number (SWAP)."""
   op: OptOps
   axis: int
   arg: int
