@@ -238,6 +238,10 @@ class Compiler:
     """Everything besides the source that changes the output (class name and flags)."""
     return type(self).__name__
 
+  def snapshot(self) -> Compiler:
+    """This compiler as the current settings configure it, safe to use from another thread while they change."""
+    return self
+
   def cache_path(self, src: str) -> pathlib.Path:
     """Where the output of compiling `src` is cached on disk."""
     digest = hashlib.sha256(f"{self.cache_key()}\0{src}".encode()).hexdigest()
@@ -267,9 +271,8 @@ class Compiler:
     else: built = [build(group) for group in groups]
     groups = [[todo[i] for i in group] for group in groups]
     for group, libs in zip(groups, built):
-      for i, lib in zip(group, libs):
-        out[i] = lib
-        if caching and isinstance(lib, bytes): self._store(sources[i], lib)
+      for i, lib in zip(group, libs): out[i] = lib
+      if caching: self._store_all([(sources[i], lib) for i, lib in zip(group, libs) if isinstance(lib, bytes)])
     return out   # type: ignore[return-value]
 
   def _cached(self, src: str) -> bytes | None:
@@ -284,16 +287,119 @@ class Compiler:
     self._store(src, lib)
     return lib
 
-  def _store(self, src: str, lib: bytes) -> None:
-    """Write `lib` to the disk cache as the output of compiling `src` (a failure to write is only reported)."""
+  def _store(self, src: str, lib: bytes, same_as: pathlib.Path | None = None) -> pathlib.Path | None:
+    """Write `lib` to the disk cache as the output of compiling `src`, as a hard link to the entry `same_as` (which
+    holds the same bytes) where possible; the entry's path, or None if it could not be written (only reported)."""
     path = self.cache_path(src)
     try:
       path.parent.mkdir(parents=True, exist_ok=True)
-      with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
-        tmp.write(lib)
-      os.replace(tmp.name, path)   # atomic: readers see either no file or the whole file
+      temporary = path.parent / f".{path.name}.{os.urandom(6).hex()}"
+      try:
+        if same_as is None: raise OSError("nothing to link to")
+        os.link(same_as, temporary)
+      except OSError:
+        with open(temporary, "wb") as f: f.write(lib)
+      os.replace(temporary, path)   # atomic: readers see either no file or the whole file
+      return path
     except OSError as e:
       if DEBUG >= 1: print(f"compile cache: could not write {path}: {e}")
+      return None
+
+  def _store_all(self, built: list[tuple[str, bytes]]) -> None:
+    """`_store` each (source, library); the kernels of one group library (the same bytes object) share one file."""
+    written: dict[int, pathlib.Path | None] = {}
+    for src, lib in built: written[id(lib)] = self._store(src, lib, same_as=written.get(id(lib)))
+
+class CompilePipeline:
+  """Compiles kernel sources while the caller is still producing them: `add` each source as soon as it is rendered;
+  the sources missing from the disk cache are compiled in groups (`Compiler.compile_group`) on background threads,
+  a group as soon as it is full (with two cores, the first kernels compile while Python renders the next ones);
+  `results` compiles the rest, split over the threads, waits and stores the new binaries in the disk cache.
+
+  Only a compiler that `runs_in_subprocess` compiles in the background (the thread waits on the compiler process,
+  leaving the interpreter to the caller); any other compiles everything in `results`, on the calling thread."""
+  def __init__(self, compiler: Compiler, expected: int, workers: int):
+    self.compiler, self.caching = compiler, compiler.disk_cache and CACHELEVEL >= 1
+    self.background = compiler.runs_in_subprocess and workers > 1
+    self.workers = max(1, workers)
+    # about two groups per thread: each compiler run costs a start (~40 ms), a smaller last group a shorter wait
+    self.expected, self.group_size = expected, max(2, -(-expected // (2 * self.workers)))
+    self.sources: list[str] = []
+    self.names: list[str] = []
+    self.out: list[bytes | Exception | None] = []
+    self.pending: list[int] = []
+    self.running: list[tuple[list[int], concurrent.futures.Future]] = []
+    self.pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+  def add(self, src: str, name: str = "") -> int:
+    """Queue `src` (the kernel `name`) for compiling; its index into `results()`."""
+    index = len(self.sources)
+    self.sources.append(src)
+    self.names.append(name)
+    self.out.append(self.compiler._cached(src) if self.caching else None)
+    if self.out[index] is None:
+      self.pending.append(index)
+      # a full group starts now, unless the last kernels are near: they are split over all threads in `results`
+      coming = self.expected - len(self.sources)
+      if self.background and len(self.pending) >= self.group_size and coming >= self.group_size:
+        self._start(self._next_group())
+    return index
+
+  def _next_group(self) -> list[int]:
+    """The pending kernels to compile next: one per name (same-named kernels need a translation unit each, see
+    ClangCompiler.compile_group) unless that would leave fewer than half of them; the rest stay pending."""
+    first: dict[str, int] = {}
+    for i in self.pending: first.setdefault(self.names[i] or f"#{i}", i)
+    group = list(first.values()) if len(first) * 2 >= len(self.pending) else list(self.pending)
+    chosen = set(group)
+    self.pending = [i for i in self.pending if i not in chosen]
+    return group
+
+  def _final_groups(self) -> list[list[int]]:
+    """The pending kernels split into one group per thread, balanced by source length (the longest first into the
+    cheapest group), a kernel into a group without its name where there is one."""
+    groups: list[list[int]] = [[] for _ in range(min(self.workers, len(self.pending)))]
+    costs = [0] * len(groups)
+    for i in sorted(self.pending, key=lambda i: -len(self.sources[i])):
+      taken = [any(self.names[k] == self.names[i] for k in group) and self.names[i] != "" for group in groups]
+      g = min(range(len(groups)), key=lambda g: (taken[g], costs[g]))
+      groups[g].append(i)
+      costs[g] += _COMPILE_START_BYTES + len(self.sources[i])
+    return groups
+
+  def _start(self, group: list[int]) -> None:
+    if not group: return
+    if self.pool is None:
+      self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="kiln_compile")
+      self.builder = self.compiler.snapshot()   # the settings as they are now, whatever the caller changes meanwhile
+    self.running.append((group, self.pool.submit(self.builder.compile_group, [self.sources[i] for i in group])))
+
+  def results(self) -> list[bytes | Exception]:
+    """The binary (or the compile error) of every source added, in order; stores the new ones in the disk cache."""
+    if self.background:   # the last kernels, split over the threads (the caller has nothing else to do now)
+      for group in self._final_groups(): self._start(group)
+    elif self.pending: self.running.append((self.pending, _done(self.compiler.compile_group,
+                                                                  [self.sources[i] for i in self.pending])))
+    self.pending = []
+    try:
+      for group, future in self.running:
+        try: libs = future.result()
+        except Exception as e: libs = [e] * len(group)   # noqa: BLE001  (reported in each kernel's place)
+        for i, lib in zip(group, libs): self.out[i] = lib
+        if self.caching:
+          self.compiler._store_all([(self.sources[i], lib) for i, lib in zip(group, libs) if isinstance(lib, bytes)])
+    finally:
+      self.running = []
+      if self.pool is not None: self.pool.shutdown(wait=True)
+      self.pool = None
+    return self.out   # type: ignore[return-value]
+
+def _done(fn: Callable, *args) -> concurrent.futures.Future:
+  """A future holding the result (or the exception) of `fn(*args)`, run now on this thread."""
+  future: concurrent.futures.Future = concurrent.futures.Future()
+  try: future.set_result(fn(*args))
+  except Exception as e: future.set_exception(e)   # noqa: BLE001
+  return future
 
 # ---------------- the device ----------------
 

@@ -14,9 +14,18 @@ from __future__ import annotations
 import itertools
 from kiln.dtype import dtypes
 from kiln.uop.ops import UOp, Ops, toposort, identity_element
+# the Ops members these loops over every uop test, bound once: under Python 3.11 each `Ops.X` read costs ~130 ns
+# (EnumType defines __getattr__, which puts every attribute read on the class on a slow path), 10x a global's
+_RANGE, _REDUCE, _SINK, _STORE, _LOAD = Ops.RANGE, Ops.REDUCE, Ops.SINK, Ops.STORE, Ops.LOAD
 
 GroupKey = tuple[UOp, ...]   # the loop ranges of a reduce group, sorted by loop id
-Item = UOp | tuple[str, GroupKey]   # what one block of the kernel holds: a node, or a whole nested reduce group
+
+class _Group:
+  """A whole nested reduce group as one item of the block around it: one object per group, hashed by identity."""
+  __slots__ = ("key",)
+  def __init__(self, key: GroupKey): self.key = key
+
+Item = UOp | _Group   # what one block of the kernel holds: a node, or a whole nested reduce group
 
 def _range_order(rng: UOp):
   return (0, rng.arg) if isinstance(rng.arg, int) else (1, str(rng.arg))
@@ -28,36 +37,42 @@ class _KernelLayout:
     self.groups: dict[GroupKey, list[UOp]] = {}
     self.group_of_range: dict[UOp, GroupKey] = {}
     for node in self.nodes:
-      if node.op is not Ops.REDUCE: continue
+      if node.op is not _REDUCE: continue
       key = tuple(sorted(node.src[1:], key=_range_order))
       self.groups.setdefault(key, []).append(node)
       for rng in key:
         if self.group_of_range.setdefault(rng, key) != key:
           raise ValueError(f"linearize: loop range {rng.arg} is reduced by REDUCEs over different sets of ranges")
+    self.group_item = {key: _Group(key) for key in self.groups}
     # the loop ranges each node depends on (a REDUCE closes its own)
     self.scope: dict[UOp, frozenset[UOp]] = {}
     scope, empty = self.scope, frozenset()
     for node in self.nodes:
       # most nodes share their sources' scope: reuse that set rather than building an equal one per node
-      deps = empty
-      for s in node.src:
-        if (d := scope[s]) is not deps and d and not d <= deps: deps = d if not deps else deps | d
-      if node.op is Ops.RANGE: deps = deps | {node}
-      elif node.op is Ops.REDUCE: deps = deps - frozenset(node.src[1:])
+      if len(node.src) == 1: deps = scope[node.src[0]]
+      else:
+        deps = empty
+        for s in node.src:
+          if (d := scope[s]) is not deps and d and not d <= deps: deps = d if not deps else deps | d
+      if node.op is _RANGE: deps = deps | {node}
+      elif node.op is _REDUCE: deps = deps - frozenset(node.src[1:])
       self.scope[node] = deps
     self.group_path: dict[GroupKey, tuple[GroupKey, ...]] = {}
     for key in self.groups: self._path_of_group(key)
     self.path: dict[UOp, tuple[GroupKey, ...]] = {}
+    self.top_item: dict[UOp, Item | None] = {}   # item_at(node, 0), asked for every source of the top block's nodes
     path_of_scope: dict[frozenset[UOp], tuple[GroupKey, ...]] = {}   # nodes share few distinct scopes
     for node in self.nodes:
-      if node.op is Ops.REDUCE or node in self.group_of_range:
-        self.path[node] = self.group_path[self.group_of_range[node] if node.op is Ops.RANGE else
-                                           tuple(sorted(node.src[1:], key=_range_order))]
+      if node.op is _REDUCE or node in self.group_of_range:
+        path = self.group_path[self.group_of_range[node] if node.op is _RANGE else
+                               tuple(sorted(node.src[1:], key=_range_order))]
       else:
         node_scope = scope[node]
-        if (found := path_of_scope.get(node_scope)) is None:
-          found = path_of_scope[node_scope] = self._path_of_scope(node_scope)
-        self.path[node] = found
+        if (path := path_of_scope.get(node_scope)) is None:
+          path = path_of_scope[node_scope] = self._path_of_scope(node_scope)
+      self.path[node] = path
+      self.top_item[node] = self.group_item[path[0]] if path else \
+        None if node.op is _RANGE or node.op is _REDUCE else node
 
   def _innermost_group(self, scope: frozenset[UOp]) -> GroupKey | None:
     keys = {self.group_of_range[r] for r in scope if r in self.group_of_range}
@@ -79,26 +94,42 @@ class _KernelLayout:
     """What holds `node` in a block `level` groups deep: the node itself, the group it is in, or None (a loop
     range, opened by its group or by the kernel)."""
     path = self.path[node]
-    if len(path) > level: return ("group", path[level])
-    if node.op is Ops.RANGE or node.op is Ops.REDUCE: return None
+    if len(path) > level: return self.group_item[path[level]]
+    if node.op is _RANGE or node.op is _REDUCE: return None
     return node
 
 def _accumulator_seeds(layout: _KernelLayout) -> dict[UOp, tuple[UOp, UOp]]:
   """REDUCE -> (the ADD of it and x, x) for every sum whose only use is `+ x` with x read from a stored buffer, known
   where the reduce group opens (x depends on no reduction and on no loop the REDUCE's own scope lacks)."""
+  reduce_nodes = {red for group in layout.groups.values() for red in group}
   users: dict[UOp, set[UOp]] = {}   # of the REDUCEs only: nothing else is asked
+  readers: list[UOp] = []   # the nodes that read a REDUCE, in graph order: the only candidates
   for node in layout.nodes:
+    if reduce_nodes.isdisjoint(node.src): continue
+    readers.append(node)
     for src in node.src:
-      if src.op is Ops.REDUCE: users.setdefault(src, set()).add(node)
-  written = {u.src[0] for u in layout.nodes if u.op is Ops.STORE}
+      if src.op is _REDUCE: users.setdefault(src, set()).add(node)
+  written: set[UOp] = set()   # the stored buffers, found when the first candidate is asked about
+  # node -> (whether its graph holds a REDUCE, whether it loads from a written buffer), for the candidates' graphs
+  facts: dict[UOp, tuple[bool, bool]] = {}
+  def facts_of(x: UOp) -> tuple[bool, bool]:
+    if not facts: written.update(u.src[0] for u in layout.nodes if u.op is _STORE)
+    if x not in facts:
+      for u in toposort([x], stop=facts.__contains__):   # sources first; the known ones are not walked again
+        if u in facts: continue
+        has_reduce, reads_written = u.op is _REDUCE, u.op is _LOAD and u.src[0] in written
+        for s in u.src:
+          s_reduce, s_reads = facts[s]
+          has_reduce, reads_written = has_reduce or s_reduce, reads_written or s_reads
+        facts[u] = (has_reduce, reads_written)
+    return facts[x]
   seeds: dict[UOp, tuple[UOp, UOp]] = {}
-  for node in layout.nodes:
+  for node in readers:
     if node.op is not Ops.ADD or len(node.src) != 2: continue
     for red, x in (node.src, node.src[::-1]):
-      if red.op is not Ops.REDUCE or red.arg is not Ops.ADD or users.get(red) != {node} or red in seeds: continue
-      inside = toposort([x])
-      if any(u.op is Ops.REDUCE for u in inside) or not layout.scope[x] <= layout.scope[red]: continue
-      if not any(u.op is Ops.LOAD and u.src[0] in written for u in inside): continue
+      if red.op is not _REDUCE or red.arg is not Ops.ADD or users.get(red) != {node} or red in seeds: continue
+      has_reduce, reads_written = facts_of(x)
+      if has_reduce or not layout.scope[x] <= layout.scope[red] or not reads_written: continue
       seeds[red] = (node, x)
       break
   return seeds
@@ -111,43 +142,47 @@ def linearize(sink: UOp) -> list[UOp]:
   # the items of each block (keyed by its group path) in first-use order, and what each item needs first
   block_items: dict[tuple[GroupKey, ...], dict[Item, None]] = {(): {}}
   needs: dict[Item, dict[Item, None]] = {}
-  top_items = block_items[()]
+  top_items, top_item = block_items[()], layout.top_item
   for node in layout.nodes:
-    if node.op is Ops.SINK: continue
+    if node.op is _SINK: continue
     path = layout.path[node]
-    if not path:   # the common case, a node of the kernel's top block: item_at at level 0, inlined
-      if node.op is Ops.RANGE or node.op is Ops.REDUCE: continue   # opened by the kernel: needs nothing
+    if not path:   # the common case, a node of the kernel's top block: it needs its sources' top items
+      if node.op is _RANGE or node.op is _REDUCE: continue   # opened by the kernel: needs nothing
       top_items[node] = None
-      for src in node.src:
-        src_path = layout.path[src]
-        used = ("group", src_path[0]) if src_path else None if src.op is Ops.RANGE or src.op is Ops.REDUCE else src
-        if used is not None and used is not node: needs.setdefault(node, {})[used] = None
+      used = [item for item in map(top_item.__getitem__, node.src) if item is not None]
+      if used: needs[node] = dict.fromkeys(used)
       continue
-    for level in range(len(path) + 1):
-      item = layout.item_at(node, level)
-      if item is not None: block_items.setdefault(path[:level], {})[item] = None
+    # the node's group in every block around it, and the node itself in its own (a loop range is opened by its group)
+    for level, key in enumerate(path): block_items.setdefault(path[:level], {})[layout.group_item[key]] = None
+    if node.op is not _RANGE and node.op is not _REDUCE: block_items.setdefault(path, {})[node] = None
     for src in node.src:
-      # a REDUCE's result exists once its group's loops close: in the block around the group (where a sibling group,
-      # such as a row's sum after the row's max, may read it)
-      src_path = layout.path[src][:-1] if src.op is Ops.REDUCE else layout.path[src]
-      level = min(len(path), len(src_path))
-      if path[:level] != src_path[:level]:
-        raise ValueError(f"linearize: {node.op.name} uses a value from a reduction loop it is not inside")
-      user, used = layout.item_at(node, level), layout.item_at(src, level)
-      if user is not None and used is not None and user != used: needs.setdefault(user, {})[used] = None
+      src_path = layout.path[src]
+      if src_path is path and src.op is not _REDUCE:   # the common cases first: a source of the same block,
+        user, used = layout.item_at(node, len(path)), layout.item_at(src, len(path))
+      elif not src_path: user, used = layout.group_item[path[0]], top_item[src]   # or of the top block
+      else:
+        # a REDUCE's result exists once its group's loops close: in the block around the group (where a sibling
+        # group, such as a row's sum after the row's max, may read it)
+        if src.op is _REDUCE: src_path = src_path[:-1]
+        level = min(len(path), len(src_path))
+        if path[:level] != src_path[:level]:
+          raise ValueError(f"linearize: {node.op.name} uses a value from a reduction loop it is not inside")
+        user, used = layout.item_at(node, level), layout.item_at(src, level)
+      if user is not None and used is not None and user is not used: needs.setdefault(user, {})[used] = None
 
   out: list[UOp] = []
   mapped: dict[UOp, UOp] = {}
   acc_ids = itertools.count()
+  identities: dict[tuple, UOp] = {}   # (reduce op, dtype) -> the constant an accumulator starts at
 
   def emit(node: UOp) -> UOp:
     if (found := mapped.get(node)) is not None: return found
     if node in seeded_adds:   # the accumulator already holds x + the sum
       mapped[node] = mapped[seeded_adds[node]]
       return mapped[node]
-    new_src = tuple(mapped.get(s, s) for s in node.src)
+    new_src = tuple(map(mapped.get, node.src, node.src))   # each source's emitted form, or itself
     # UOps compare by identity (hash-consed): tuple equality is the C-level `is` on each pair
-    new = node if new_src == node.src else node.replace(src=new_src)
+    new = node if new_src == node.src else UOp(node.op, node.dtype, new_src, node.arg)
     mapped[node] = new
     out.append(new)
     return new
@@ -158,7 +193,10 @@ def linearize(sink: UOp) -> list[UOp]:
       if red in seeds:
         emit_items([seeds[red][1]])
         start = mapped[seeds[red][1]]
-      else: start = emit(UOp.const(red.dtype, identity_element(red.arg, red.dtype)))
+      else:
+        if (identity := identities.get((red.arg, red.dtype))) is None:   # made once: it costs a NumPy conversion
+          identity = identities[(red.arg, red.dtype)] = UOp.const(red.dtype, identity_element(red.arg, red.dtype))
+        start = emit(identity)
       mapped[red] = emit(UOp(Ops.DEFINE_ACC, red.dtype, (start,), next(acc_ids)))
     for rng in key: emit(rng)
     emit_block(layout.group_path[key])
@@ -170,23 +208,29 @@ def linearize(sink: UOp) -> list[UOp]:
     for rng in reversed(key): out.append(UOp(Ops.ENDRANGE, dtypes.void, (mapped.get(rng, rng),)))
 
   done: set = set()
+  def emit_item(item: Item) -> None:
+    done.add(item)
+    if isinstance(item, _Group): emit_group(item.key)
+    else: emit(item)
+
   def emit_items(items) -> None:
     """Emit `items` (and, first, the items of the same block they need), each once, without recursion on depth."""
     for first in items:
       if first in done: continue
+      if (deps := needs.get(first)) is None or done.issuperset(deps):   # most items find their needs emitted
+        emit_item(first)
+        continue
       stack: list[tuple[Item, bool]] = [(first, False)]
       while stack:
         item, ready = stack.pop()
         if item in done: continue
         if not ready and (deps := needs.get(item)) is not None:
           pending = [(dep, False) for dep in reversed(deps) if dep not in done]
-          if pending:   # its needs first (most items find theirs emitted already: no round trip on the stack)
+          if pending:   # its needs first
             stack.append((item, True))
             stack += pending
             continue
-        done.add(item)
-        if isinstance(item, tuple): emit_group(item[1])
-        else: emit(item)
+        emit_item(item)
 
   def emit_block(path: tuple[GroupKey, ...]) -> None:
     emit_groups_first(list(block_items.get(path, {})))
@@ -194,20 +238,20 @@ def linearize(sink: UOp) -> list[UOp]:
   def emit_groups_first(items: list[Item]) -> None:
     # a value only the code after a reduce group needs (a matmul's residual add) is computed after the group's loops:
     # computed before, it would stay live, and spill, through every iteration
-    emit_items([item for item in items if isinstance(item, tuple)] + items)
+    emit_items([item for item in items if isinstance(item, _Group)] + items)
 
   # loop-invariant nodes (buffers, constants, loop bounds) first, then the output loops, then the body
   top = list(block_items[()])
   uses_reduce: set[UOp] = set()
   for node in layout.nodes:
-    if node.op is Ops.REDUCE or not uses_reduce.isdisjoint(node.src): uses_reduce.add(node)
-  invariant = [i for i in top if not isinstance(i, tuple) and not layout.scope[i] and i not in uses_reduce]
-  output_ranges = sorted((n for n in layout.nodes if n.op is Ops.RANGE and n not in layout.group_of_range),
+    if node.op is _REDUCE or not uses_reduce.isdisjoint(node.src): uses_reduce.add(node)
+  invariant = [i for i in top if not isinstance(i, _Group) and not layout.scope[i] and i not in uses_reduce]
+  output_ranges = sorted((n for n in layout.nodes if n.op is _RANGE and n not in layout.group_of_range),
                          key=_range_order)
   emit_items(invariant)
   # a reduce group, and a value computed from reductions, opens as soon as the output loops it depends on are open:
   # a fused row reduction (softmax's max and sum) runs once per row, before that row's elementwise loop
-  hoisted = _hoist_depths(layout, [i for i in top if isinstance(i, tuple) or i in uses_reduce], output_ranges)
+  hoisted = _hoist_depths(layout, [i for i in top if isinstance(i, _Group) or i in uses_reduce], output_ranges)
   for depth, rng in enumerate(output_ranges):
     emit_items([item for item, d in hoisted.items() if d == depth])
     emit(rng)
@@ -216,11 +260,33 @@ def linearize(sink: UOp) -> list[UOp]:
   return out
 
 def _hoist_depths(layout: _KernelLayout, items: list[Item], output_ranges: list[UOp]) -> dict[Item, int]:
-  """How many output loops must be open around each item: one past the innermost output loop it depends on."""
+  """How many output loops must be open around each item: one past the innermost output loop it depends on, or
+  that a reduce group it reads depends on (the group runs whole: all its REDUCEs' loops at once)."""
   position = {rng: i for i, rng in enumerate(output_ranges)}
-  depths: dict[Item, int] = {}
-  for item in items:
-    scope = frozenset().union(*(layout.scope[r] for r in layout.groups[item[1]])) if isinstance(item, tuple) \
-      else layout.scope[item]
-    depths[item] = max((position[r] + 1 for r in scope if r in position), default=0)
-  return depths
+  depth_of_scope: dict[frozenset[UOp], int] = {}   # items share few distinct scopes
+  def scope_depth(scope: frozenset[UOp]) -> int:
+    if (depth := depth_of_scope.get(scope)) is None:
+      depth = depth_of_scope[scope] = max((position[r] + 1 for r in scope if r in position), default=0)
+    return depth
+  group_depth = {key: scope_depth(frozenset().union(*(layout.scope[r] for r in reds)))
+                 for key, reds in layout.groups.items()}
+  # a value's own scope covers the groups it reads, unless some REDUCE of a group depends on fewer output loops than
+  # the group (an upcast lane that reads only padding, say): then what reads it must wait for the whole group
+  uneven = any(scope_depth(layout.scope[red]) < group_depth[key] for key, reds in layout.groups.items() for red in reds)
+  read_depth = _group_read_depths(layout, group_depth) if uneven else {}
+  return {item: group_depth[item.key] if isinstance(item, _Group) else
+          max(scope_depth(layout.scope[item]), read_depth.get(item, 0)) for item in items}
+
+def _group_read_depths(layout: _KernelLayout, group_depth: dict[GroupKey, int]) -> dict[UOp, int]:
+  """For each node that reads a REDUCE (itself or through other nodes), the deepest `group_depth` among the groups
+  it reads; `group_depth` is raised in place for groups that read deeper groups (repeated until nothing changes)."""
+  while True:
+    read: dict[UOp, int] = {}
+    for node in layout.nodes:   # sources first
+      if node.op is _REDUCE: read[node] = group_depth[layout.path[node][-1]]
+      elif (depths := [read[s] for s in node.src if s in read]): read[node] = max(depths)
+    changed = False
+    for key, reds in layout.groups.items():
+      deepest = max((read[red.src[0]] for red in reds if red.src[0] in read), default=0)
+      if deepest > group_depth[key]: group_depth[key], changed = deepest, True
+    if not changed: return read

@@ -19,9 +19,14 @@ that would be split (a full `sum`, a `max`, a mean over all but one small axis).
 number of chunks reduced independently, whose partials are then combined in chunk order (see SplitReduction).
 """
 from __future__ import annotations
+import bisect, operator
 from dataclasses import dataclass
 from kiln.dtype import dtypes
 from kiln.uop.ops import UOp, Ops, GroupOp
+# the Ops members these loops over every uop test, bound once: under Python 3.11 each `Ops.X` read costs ~130 ns
+# (EnumType defines __getattr__, which puts every attribute read on the class on a slow path), 10x a global's
+_RANGE, _ENDRANGE, _SINK, _STORE, _LOAD = Ops.RANGE, Ops.ENDRANGE, Ops.SINK, Ops.STORE, Ops.LOAD
+_DEFINE_ACC, _ASSIGN, _CONST, _GEP, _VECTORIZE = Ops.DEFINE_ACC, Ops.ASSIGN, Ops.CONST, Ops.GEP, Ops.VECTORIZE
 
 @dataclass(frozen=True)
 class ParallelLoop:
@@ -30,7 +35,8 @@ class ParallelLoop:
   loop: UOp
   work: int
 
-_SIDE_EFFECTS = (Ops.STORE, Ops.DEFINE_ACC, Ops.ASSIGN, Ops.RANGE)
+_SIDE_EFFECTS = (_STORE, _DEFINE_ACC, _ASSIGN, _RANGE)
+_lane_count = operator.attrgetter("dtype.count")
 
 def find_parallel_loop(uops: list[UOp]) -> ParallelLoop | None:
   """The kernel's outermost loop if splitting its iterations across threads is provably safe, else None.
@@ -46,57 +52,71 @@ def find_parallel_loop(uops: list[UOp]) -> ParallelLoop | None:
   True
   """
   start = next((i for i, u in enumerate(uops) if u.op in _SIDE_EFFECTS), None)
-  if start is None or uops[start].op is not Ops.RANGE: return None
+  if start is None or uops[start].op is not _RANGE: return None
   loop = uops[start]
-  end = _matching_end(uops, start)
-  if end is None or any(u.op is not Ops.SINK for u in uops[end + 1:]): return None
+  marks = _loop_marks(uops)
+  end = _matching_end(uops, start, marks)
+  if end is None or any(u.op is not _SINK for u in uops[end + 1:]): return None
   if not _accesses_are_disjoint(uops, loop): return None
-  return ParallelLoop(loop, _work(uops[start:end + 1]))
+  return ParallelLoop(loop, _work(uops[start:end + 1], marks=[m - start for m in marks if start <= m <= end]))
 
-def _matching_end(uops: list[UOp], start: int) -> int | None:
+def _loop_marks(uops: list[UOp]) -> list[int]:
+  """The positions of the RANGEs and ENDRANGEs in `uops` (the scans below then skip the uops between them)."""
+  return [i for i, u in enumerate(uops) if u.op is _RANGE or u.op is _ENDRANGE]
+
+def _matching_end(uops: list[UOp], start: int, marks: list[int]) -> int | None:
+  """The position of the ENDRANGE that closes the RANGE at `start` (None when the loops are not nested so);
+  `marks` are `_loop_marks(uops)`."""
   depth = 0
-  for i in range(start, len(uops)):
-    if uops[i].op is Ops.RANGE: depth += 1
-    elif uops[i].op is Ops.ENDRANGE:
+  for i in marks[bisect.bisect_left(marks, start):]:
+    if uops[i].op is _RANGE: depth += 1
+    else:
       depth -= 1
       if depth == 0: return i if uops[i].src[0] is uops[start] else None
   return None
 
-def _work(body: list[UOp], skip: frozenset[UOp] | set[UOp] = frozenset()) -> int:
+def _work(body: list[UOp], skip: frozenset[UOp] | set[UOp] = frozenset(), marks: list[int] | None = None) -> int:
   """Uops executed by the loop nest `body` (RANGE ... ENDRANGE), each weighted by the trip counts around it; the uops
-  in `skip` are not counted."""
-  total, trips, stack = 0, 1, []
-  for u in body:
-    if u.op is Ops.RANGE:
-      count = max(1, int(u.src[0].vmax))
+  in `skip` are not counted. `marks`: `_loop_marks(body)`, when the caller has them."""
+  total, trips, stack, start = 0, 1, [], 0
+  def lanes(segment: list[UOp]) -> int:   # a vector uop does its lanes' work
+    return sum(u.dtype.count for u in segment if u not in skip) if skip else sum(map(_lane_count, segment))
+  for i in _loop_marks(body) if marks is None else marks:
+    total += trips * lanes(body[start:i])
+    u, start = body[i], i + 1
+    if u.op is _RANGE:
       stack.append(trips)
-      trips *= count
-    elif u.op is Ops.ENDRANGE: trips = stack.pop()
-    elif u not in skip: total += trips * u.dtype.count   # a vector uop does its lanes' work
-  return total
+      trips *= max(1, int(u.src[0].vmax))
+    else: trips = stack.pop()
+  return total + trips * lanes(body[start:])
 
 def _index_math(uops: list[UOp]) -> set[UOp]:
   """The uops whose work differs between a kernel's scalar and vector forms (kiln/codegen/vectorize.py): constants,
   lane reads and builds (GEP, VECTORIZE), and arithmetic read only as a load or store address (a vector load needs
   its first lane's address only). A split reduction's chunk count leaves them out, so that it, and the bits of a
   float sum, are the same with VECTORIZE=0 and 1."""
-  users: dict[UOp, list[tuple[UOp, int]]] = {}
-  for u in uops:
-    for i, s in enumerate(u.src): users.setdefault(s, []).append((u, i))
+  # one pass from the end (a user comes after what it reads): by the time a uop is reached, all its users were seen,
+  # so whether every read of it is address math is known without a table of users
+  only_addressed: dict[UOp, bool] = {}   # uop -> no read of it so far was anything but address math
   addresses: set[UOp] = set()
-  for u in reversed(uops):   # a user comes after what it reads
-    if u.op in GroupOp.ALU and u in users and all(v in addresses or (v.op in (Ops.LOAD, Ops.STORE) and i == 1)
-                                                  for v, i in users[u]): addresses.add(u)
-  return addresses | {u for u in uops if u.op in (Ops.CONST, Ops.GEP, Ops.VECTORIZE)}
+  for u in reversed(uops):
+    op = u.op
+    if op in GroupOp.ALU and only_addressed.get(u, False): addresses.add(u)
+    is_address = u in addresses
+    for i, s in enumerate(u.src):
+      if is_address or (i == 1 and (op is _LOAD or op is _STORE)): only_addressed.setdefault(s, True)
+      else: only_addressed[s] = False
+  return addresses | {u for u in uops if u.op in (_CONST, _GEP, _VECTORIZE)}
 
 def _accesses_are_disjoint(uops: list[UOp], loop: UOp) -> bool:
   """Every access to a written buffer stays inside its own iteration's block (see the module docstring)."""
-  written = {u.src[0] for u in uops if u.op is Ops.STORE}
+  stores = [u for u in uops if u.op is _STORE]
+  written = {u.src[0] for u in stores}
   contains: dict[UOp, bool] = {}
+  affine: dict[UOp, _Affine] = {}
   blocks: dict[UOp, tuple[int, int, int]] = {}   # buffer -> (stride, lowest rest, highest rest) over its stores
-  for u in uops:
-    if u.op is not Ops.STORE: continue
-    split = _affine_in(u.src[1], loop, contains)
+  for u in stores:
+    split = _affine_in(u.src[1], loop, contains, affine)
     if split is None or split[0] == 0: return False
     stride, low, high = split
     if u.src[0] in blocks:
@@ -105,9 +125,9 @@ def _accesses_are_disjoint(uops: list[UOp], loop: UOp) -> bool:
       low, high = min(low, known_low), max(high, known_high)
     blocks[u.src[0]] = (stride, low, high)
   if any(high - low >= abs(stride) for stride, low, high in blocks.values()): return False
-  for u in uops:
-    if u.op is not Ops.LOAD or u.src[0] not in written: continue
-    split = _affine_in(u.src[1], loop, contains)
+  for u in [u for u in uops if u.op is _LOAD]:
+    if u.src[0] not in written: continue
+    split = _affine_in(u.src[1], loop, contains, affine)
     stride, low, high = blocks[u.src[0]]
     if split is None or split[0] != stride or split[1] < low or split[2] > high: return False
   return True
@@ -116,41 +136,49 @@ def _depends_on(u: UOp, loop: UOp, memo: dict[UOp, bool]) -> bool:
   if u not in memo: memo[u] = u is loop or any(_depends_on(s, loop, memo) for s in u.src)
   return memo[u]
 
-def _affine_in(index: UOp, loop: UOp, memo: dict[UOp, bool]) -> tuple[int, int, int] | None:
-  """`index` as `stride*loop + rest`: (stride, min(rest), max(rest)), or None when it is not of that form."""
+_Affine = tuple[int, int, int] | None
+
+def _affine_in(index: UOp, loop: UOp, memo: dict[UOp, bool], known: dict[UOp, _Affine]) -> _Affine:
+  """`index` as `stride*loop + rest`: (stride, min(rest), max(rest)), or None when it is not of that form. `known`
+  keeps the answers of one kernel (the lanes of an upcast share their base index)."""
+  if index not in known: known[index] = _affine_form(index, loop, memo, known)
+  return known[index]
+
+def _affine_form(index: UOp, loop: UOp, memo: dict[UOp, bool], known: dict[UOp, _Affine]) -> _Affine:
   if not _depends_on(index, loop, memo):
     low, high = index.vmin, index.vmax
     return (0, int(low), int(high)) if isinstance(low, int) and isinstance(high, int) else None
   if index is loop: return (1, 0, 0)
   if index.op is Ops.ADD:
-    parts = [_affine_in(s, loop, memo) for s in index.src]
+    parts = [_affine_in(s, loop, memo, known) for s in index.src]
     if any(p is None for p in parts): return None
     return tuple(sum(values) for values in zip(*parts))   # type: ignore[return-value]
   if index.op is Ops.MUL:
-    factor = next((s for s in index.src if s.op is Ops.CONST), None)
+    factor = next((s for s in index.src if s.op is _CONST), None)
     other = next((s for s in index.src if s is not factor), None)
     if factor is None or other is None or not isinstance(factor.arg, int): return None
-    part = _affine_in(other, loop, memo)
+    part = _affine_in(other, loop, memo, known)
     if part is None: return None
     c = factor.arg
     return (part[0] * c, *sorted((part[1] * c, part[2] * c)))
-  if index.op is Ops.WHERE and _is_last_iteration_test(index.src[0], loop) and not _depends_on(index.src[2], loop, memo):
+  if index.op is Ops.WHERE and _is_last_iteration_test(index.src[0], loop) and \
+     not _depends_on(index.src[2], loop, memo):
     # a PADTO-clamped index (kiln/codegen/opt/kernel.py): `where(r < n-1, a(r), b)` is a(r) except on the last
     # iteration, which gives b: the same stride, with b's offset from that iteration's start among the rests
-    part, other = _affine_in(index.src[1], loop, memo), _affine_in(index.src[2], loop, memo)
+    part, other = _affine_in(index.src[1], loop, memo, known), _affine_in(index.src[2], loop, memo, known)
     if part is None or other is None or other[1] != other[2]: return None
     offset = other[1] - part[0] * (loop.src[0].arg - 1)
     return (part[0], min(part[1], offset), max(part[2], offset))
   if index.op is Ops.CAST and dtypes.is_int(index.dtype) and dtypes.is_int(index.src[0].dtype) \
      and index.dtype.itemsize >= index.src[0].dtype.itemsize and dtypes.is_unsigned(index.dtype) == \
      dtypes.is_unsigned(index.src[0].dtype):   # widening to a type of the same signedness keeps the value
-    return _affine_in(index.src[0], loop, memo)
+    return _affine_in(index.src[0], loop, memo, known)
   return None
 
 def _is_last_iteration_test(cond: UOp, loop: UOp) -> bool:
   """Whether `cond` is `loop < n - 1` for a loop of n iterations (true on every iteration but the last)."""
-  return cond.op is Ops.CMPLT and cond.src[0] is loop and loop.src[0].op is Ops.CONST and \
-    cond.src[1].op is Ops.CONST and cond.src[1].arg == loop.src[0].arg - 1
+  return cond.op is Ops.CMPLT and cond.src[0] is loop and loop.src[0].op is _CONST and \
+    cond.src[1].op is _CONST and cond.src[1].arg == loop.src[0].arg - 1
 
 # ---- split reductions: a reduce loop whose accumulators live outside every loop that could be split ----
 
@@ -176,7 +204,7 @@ _IDENTITIES = {
 
 def _is_identity(op: Ops, init: UOp) -> bool:
   """Whether the constant `init` (a scalar, or a vector constant: every lane) is the identity of `op`."""
-  if init.op is not Ops.CONST: return False
+  if init.op is not _CONST: return False
   values = init.arg if init.dtype.count > 1 else (init.arg,)
   return all(_IDENTITIES[op](v, init.dtype.scalar) for v in values)
 
@@ -216,34 +244,41 @@ def find_split_reduction(uops: list[UOp]) -> SplitReduction | None:
   accs: list[UOp] = []
   position = 0
   for position, u in enumerate(uops):   # the outer loops and the accumulators, up to the reduce loop
-    if u.op is Ops.RANGE:
+    if u.op is _RANGE:
       if accs: break
-      if u.src[0].op is not Ops.CONST: return None
+      if u.src[0].op is not _CONST: return None
       outer.append(u)
-    elif u.op is Ops.DEFINE_ACC: accs.append(u)
-    elif u.op in (Ops.STORE, Ops.ASSIGN, Ops.ENDRANGE): return None
+    elif u.op is _DEFINE_ACC: accs.append(u)
+    elif u.op in (_STORE, _ASSIGN, _ENDRANGE): return None
   else: return None
-  loop, end = uops[position], _matching_end(uops, position)
-  if not accs or end is None: return None
-  combining = _combining_ops(uops[position + 1:end], accs)
-  if combining is None: return None
-  closers = [u for u in uops[end + 1:] if u.op is Ops.ENDRANGE]   # after the reduce loop: epilogue, then closers
-  if [u.src[0] for u in closers] != outer[::-1]: return None
-  if any(u.op in (Ops.RANGE, Ops.DEFINE_ACC, Ops.ASSIGN) for u in uops[end + 1:]): return None
-  first_closer = next((i for i in range(end + 1, len(uops)) if uops[i].op is Ops.ENDRANGE), len(uops))
-  if any(u.op not in (Ops.ENDRANGE, Ops.SINK) for u in uops[first_closer:]): return None
-  written = {u.src[0] for u in uops if u.op is Ops.STORE}
-  if outer and any(u.op is Ops.LOAD and u.src[0] in written for u in uops):
-    return None   # an outer iteration might read what an earlier one stored, but every chunk runs before any store
+  if not accs: return None
+  loop = uops[position]
   outer_iterations = 1
   for o in outer: outer_iterations *= max(1, int(o.src[0].arg))
-  whole = [UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 1),)), *uops, UOp(Ops.ENDRANGE, dtypes.void)]
   lanes = sum(acc.dtype.count for acc in accs)   # a vector accumulator holds one partial result per lane
-  chunks = min(MAX_REDUCE_CHUNKS, max(1, int(loop.src[0].vmin)), _work(whole, _index_math(uops)) //
-               max(1, REDUCE_CHUNK_WORK), MAX_PARTIAL_SLOTS // (outer_iterations * lanes))
+  limit = min(MAX_REDUCE_CHUNKS, max(1, int(loop.src[0].vmin)), MAX_PARTIAL_SLOTS // (outer_iterations * lanes))
+  if limit < 2: return None   # the cheap bound first: too short a loop, or too many partial results to hold
+  marks = _loop_marks(uops)
+  end = _matching_end(uops, position, marks)
+  if end is None: return None
+  combining = _combining_ops(uops[position + 1:end], accs)
+  if combining is None: return None
+  closers = [u for u in uops[end + 1:] if u.op is _ENDRANGE]   # after the reduce loop: epilogue, then closers
+  if [u.src[0] for u in closers] != outer[::-1]: return None
+  if any(u.op in (_RANGE, _DEFINE_ACC, _ASSIGN) for u in uops[end + 1:]): return None
+  first_closer = next((i for i in range(end + 1, len(uops)) if uops[i].op is _ENDRANGE), len(uops))
+  if any(u.op not in (_ENDRANGE, _SINK) for u in uops[first_closer:]): return None
+  written = {u.src[0] for u in uops if u.op is _STORE}
+  if outer and any(u.op is _LOAD and u.src[0] in written for u in uops):
+    return None   # an outer iteration might read what an earlier one stored, but every chunk runs before any store
+  whole = [UOp(_RANGE, dtypes.int32, (UOp.const(dtypes.int32, 1),)), *uops, UOp(_ENDRANGE, dtypes.void)]
+  work = _work(whole, marks=[0, *(m + 1 for m in marks), len(whole) - 1])
+  # the work without index math is at most `work`: when even that makes fewer than two chunks, skip counting it
+  if min(limit, work // max(1, REDUCE_CHUNK_WORK)) < 2: return None
+  chunks = min(limit, _work(whole, _index_math(uops)) // max(1, REDUCE_CHUNK_WORK))
   if chunks < 2: return None
   return SplitReduction(loop, tuple(outer), tuple((acc, combining[acc]) for acc in accs), outer_iterations, chunks,
-                        _work(whole))
+                        work)
 
 def _combining_ops(body: list[UOp], accs: list[UOp]) -> dict[UOp, UOp] | None:
   """For each accumulator, one of the uops that combine it with a new value (all with the same op), when the reduce
@@ -251,8 +286,8 @@ def _combining_ops(body: list[UOp], accs: list[UOp]) -> dict[UOp, UOp] | None:
   owner: dict[UOp, UOp] = {acc: acc for acc in accs}   # the accumulator's DEFINE_ACC and its ASSIGNs -> the acc
   combining: dict[UOp, UOp] = {}
   for u in body:
-    if u.op is Ops.STORE: return None
-    if u.op is Ops.ASSIGN and u.src[0] in owner:
+    if u.op is _STORE: return None
+    if u.op is _ASSIGN and u.src[0] in owner:
       acc, value = owner[u.src[0]], u.src[1]
       chained = [s for s in value.src if owner.get(s) is acc]
       if value.op not in _IDENTITIES or len(chained) != 1 or value.dtype != acc.dtype: return None
@@ -261,8 +296,8 @@ def _combining_ops(body: list[UOp], accs: list[UOp]) -> dict[UOp, UOp] | None:
   for acc in accs:
     value = combining.get(acc)
     if value is None or not _is_identity(value.op, acc.src[0]): return None
-  updates = set(combining.values()) | {u.src[1] for u in body if u.op is Ops.ASSIGN and u.src[0] in owner}
+  updates = set(combining.values()) | {u.src[1] for u in body if u.op is _ASSIGN and u.src[0] in owner}
   for u in body:   # an accumulator and its updates are read only by its own update and assignment (no running value)
-    if u.op is Ops.ASSIGN and u.src[0] in owner: continue
+    if u.op is _ASSIGN and u.src[0] in owner: continue
     if any(s in updates for s in u.src) or (u not in updates and any(s in owner for s in u.src)): return None
   return combining

@@ -376,15 +376,63 @@ def wants_software_math(renderer) -> bool:
   level = int(TRANSCENDENTAL.value)
   return level >= 2 or (level == 1 and not getattr(renderer, "has_native_transcendentals", True))
 
+# (op, dtype, input dtype) -> the software version of `op` built once on a placeholder input: (placeholder, result,
+# the result's nodes that depend on the placeholder in build order, the ops of the result), or None where the rule
+# does not apply. A kernel's copies (the 128 GELUs of a 16x8 matmul tile) are made from it by substitution.
+_templates: dict[tuple[Ops, DType, DType], tuple[UOp, UOp, list[UOp], frozenset[Ops]] | None] = {}
+
+def _software_template(op: Ops, dtype: DType, x_dtype: DType) -> tuple[UOp, UOp, list[UOp], frozenset[Ops]] | None:
+  key = (op, dtype, x_dtype)
+  if key in _templates: return _templates[key]
+  placeholder = UOp(Ops.DEFINE_VAR, x_dtype, (), ("software math input", 0, 0))
+  result = software_transcendental(UOp(op, dtype, (placeholder,)), placeholder)
+  template = None
+  if result is not None:
+    nodes = toposort([result])
+    depends, dependents = {placeholder}, []
+    for u in nodes:
+      if not depends.isdisjoint(u.src): depends.add(u); dependents.append(u)
+    ops = frozenset(u.op for u in nodes if u is not placeholder)
+    # the builders look at nothing but dtypes, so the result for any input is the template with it substituted; a
+    # result that held a transcendental itself would need rewriting again (none does: checked here)
+    if ops.isdisjoint(SOFTWARE): template = (placeholder, result, dependents, ops)
+  _templates[key] = template
+  return template
+
+def _software_rewrite(sink: UOp, nodes: list[UOp]) -> tuple[UOp, set[Ops]] | None:
+  """`graph_rewrite(sink, software_math)` built bottom-up over `nodes` (`toposort([sink])`): each transcendental gets
+  its template with its rewritten input substituted; only the nodes above one are rebuilt. Also the ops the rewrite
+  added. None when some op has no template (then graph_rewrite does it)."""
+  done: dict[UOp, UOp] = {}
+  get = done.get
+  added: set[Ops] = set()
+  for u in nodes:
+    src = tuple(map(get, u.src, u.src))
+    new = u if src == u.src else UOp(u.op, u.dtype, src, u.arg)
+    if u.op in SOFTWARE and (u.dtype in FORMATS or dtypes.is_float(u.dtype)):   # (others: the rule leaves them)
+      if (template := _software_template(u.op, u.dtype, src[0].dtype)) is None: return None
+      placeholder, result, dependents, ops = template
+      copy = {placeholder: src[0]}
+      copy_get = copy.get
+      for t in dependents: copy[t] = UOp(t.op, t.dtype, tuple(map(copy_get, t.src, t.src)), t.arg)
+      new = copy[result]
+      added |= ops
+    if new is not u: done[u] = new
+  return get(sink, sink), added
+
 def apply_software_math(sink: UOp, renderer) -> UOp:
   """A lowered kernel with EXP2/LOG2/SIN (and division by constants) in software where the renderer wants it."""
   from kiln.codegen.divmod import fast_division, wants_fast_division
+  from kiln.codegen.opt.kernel import graph_nodes
   # a rewrite walks (and rebuilds) the whole graph: skipped when no node has an op its rules match (one walk to
-  # find out costs a fraction of a rewrite's; most kernels have no transcendental, many no division)
-  present = {u.op for u in toposort([sink])}
-  if wants_software_math(renderer) and not present.isdisjoint(software_math.by_op):
-    sink = graph_rewrite(sink, software_math, name="transcendental")
-    present = {u.op for u in toposort([sink])}
+  # find out costs a fraction of a rewrite's; most kernels have no transcendental, many no division). The walk is
+  # usually the optimizer's, remembered.
+  nodes = graph_nodes(sink)
+  present = {u.op for u in nodes}
+  if wants_software_math(renderer) and not present.isdisjoint(SOFTWARE):
+    if (rewritten := _software_rewrite(sink, nodes)) is not None: sink, added = rewritten
+    else: sink, added = graph_rewrite(sink, software_math, name="transcendental"), {u.op for u in toposort([sink])}
+    present |= added   # (a superset of the ops left: enough to skip the division pass)
   if wants_fast_division(renderer) and not present.isdisjoint(fast_division.by_op):
     sink = graph_rewrite(sink, fast_division, name="divmod")
   return sink

@@ -30,8 +30,14 @@ Vector uops (a vector dtype is `dtype.vec(n)`, kiln/dtype.py):
 A bool vector's lanes are all-ones or all-zero masks as wide as the lanes they were compared from (32 bits).
 """
 from __future__ import annotations
+import itertools
 from kiln.dtype import DType, dtypes, truncate
 from kiln.uop.ops import UOp, Ops, GroupOp
+# the Ops members these loops over every uop test, bound once: under Python 3.11 each `Ops.X` read costs ~130 ns
+# (EnumType defines __getattr__, which puts every attribute read on the class on a slow path), 10x a global's
+_RANGE, _ENDRANGE, _CONST, _GEP, _VECTORIZE = Ops.RANGE, Ops.ENDRANGE, Ops.CONST, Ops.GEP, Ops.VECTORIZE
+_DEFINE_ACC, _LOAD, _STORE, _ASSIGN, _CAST, _BITCAST = (Ops.DEFINE_ACC, Ops.LOAD, Ops.STORE, Ops.ASSIGN, Ops.CAST,
+                                                        Ops.BITCAST)
 
 VECTOR_WIDTHS = (16, 8, 4)   # lane counts tried, widest first (16 float32 = one AVX-512 register)
 LANE_DTYPES = frozenset({dtypes.float32, dtypes.int32, dtypes.uint32, dtypes.bool})
@@ -51,15 +57,17 @@ VECTOR_CASTS = frozenset({(dtypes.float32, dtypes.int32), (dtypes.int32, dtypes.
                           dtypes.float32), (dtypes.int32, dtypes.uint32), (dtypes.uint32, dtypes.int32),
                           *((dtypes.bool, d) for d in MEMORY_DTYPES), *((d, dtypes.bool) for d in MEMORY_DTYPES)})
 
+_INDEXED_OPS = frozenset({_ASSIGN, _STORE, _LOAD, _DEFINE_ACC})   # what _Vectorizer lists by kind
+
 class _Refused(Exception):
   """An internal inconsistency: the kernel is left scalar rather than risk wrong code."""
 
 def _split_offset(index: UOp) -> tuple[UOp | None, int]:
   """`base + c` -> (base, c); a constant index -> (None, c); anything else -> (index, 0)."""
-  if index.op is Ops.CONST and isinstance(index.arg, int): return None, index.arg
+  if index.op is _CONST and isinstance(index.arg, int): return None, index.arg
   if index.op is Ops.ADD and len(index.src) == 2:
     for base, off in (index.src, index.src[::-1]):
-      if off.op is Ops.CONST and isinstance(off.arg, int): return base, off.arg
+      if off.op is _CONST and isinstance(off.arg, int): return base, off.arg
   return index, 0
 
 def _consecutive(indices: tuple[UOp, ...]) -> bool:
@@ -70,29 +78,32 @@ def _consecutive(indices: tuple[UOp, ...]) -> bool:
 def _vector_const(dtype: DType, lanes: tuple[UOp, ...]) -> UOp:
   # lanes repeat one constant node (a polynomial's coefficient in every lane): each distinct node truncated once
   values = {u: truncate(dtype, u.arg) for u in dict.fromkeys(lanes)}
-  return UOp(Ops.CONST, dtype.vec(len(lanes)), (), tuple(values[u] for u in lanes))
+  return UOp(_CONST, dtype.vec(len(lanes)), (), tuple(values[u] for u in lanes))
 
 class _Vectorizer:
   """Bundles the lanes of one kernel and writes the vector uop list."""
   def __init__(self, uops: list[UOp], keep_scalar: frozenset[UOp]):
     self.uops, self.keep_scalar = uops, keep_scalar
-    self.position: dict[UOp, int] = {}
-    self.block: dict[UOp, UOp | None] = {}   # the innermost loop open where each uop sits (None: outside loops)
-    self.users: dict[UOp, list[UOp]] = {}
+    # built from reversed pairs so that a uop listed twice keeps its first position and block
+    self.position: dict[UOp, int] = dict(zip(reversed(uops), range(len(uops) - 1, -1, -1)))
+    # the innermost loop open where each uop sits (None: outside loops)
+    self.block: dict[UOp, UOp | None] = dict(zip(reversed(uops), reversed(_blocks(uops))))
     self.assigns: dict[UOp, list[UOp]] = {}
     self.stores_at: dict[UOp, list[int]] = {}   # buffer -> positions of its stores
     self.loads_at: dict[UOp, list[int]] = {}
-    open_loops: list[UOp] = []
-    for i, u in enumerate(uops):
-      if u.op is Ops.ENDRANGE and open_loops: open_loops.pop()
-      self.position.setdefault(u, i)
-      self.block.setdefault(u, open_loops[-1] if open_loops else None)
-      if u.op is Ops.RANGE: open_loops.append(u)
-      for s in u.src: self.users.setdefault(s, []).append(u)
-      if u.op is Ops.ASSIGN: self.assigns.setdefault(u.src[0], []).append(u)
-      if u.op is Ops.STORE: self.stores_at.setdefault(u.src[0], []).append(i)
-      if u.op is Ops.LOAD: self.loads_at.setdefault(u.src[0], []).append(i)
+    self.stores: list[UOp] = []
+    self.accumulators: list[UOp] = []
+    for i, u in [(i, u) for i, u in enumerate(uops) if u.op in _INDEXED_OPS]:
+      op = u.op
+      if op is _ASSIGN: self.assigns.setdefault(u.src[0], []).append(u)
+      elif op is _STORE:
+        self.stores_at.setdefault(u.src[0], []).append(i)
+        self.stores.append(u)
+      elif op is _LOAD: self.loads_at.setdefault(u.src[0], []).append(i)
+      elif op is _DEFINE_ACC: self.accumulators.append(u)
+    self._readers: dict[UOp, list[UOp]] | None = None   # accumulator -> the uops reading it, made when first asked
     self.memo: dict[tuple[UOp, ...], UOp] = {}
+    self.constants: dict[tuple[UOp, ...], UOp] = {}
     self.lanes_of: dict[UOp, tuple[UOp, ...]] = {}   # a placed vector uop -> the scalar uops it replaces
     self.claimed: dict[UOp, tuple[UOp, int]] = {}    # a replaced scalar uop -> (its vector, its lane)
     self.journal: list[tuple] = []                   # what the seed being tried added, to undo on refusal
@@ -107,36 +118,46 @@ class _Vectorizer:
   def _claim(self, lanes: tuple[UOp, ...], vector: UOp) -> None:
     self.lanes_of[vector] = lanes
     self.journal.append(("vector", vector))
-    for k, u in enumerate(lanes): self.claimed[u] = (vector, k)
-    if vector.op not in (Ops.STORE, Ops.DEFINE_ACC, Ops.ASSIGN): self.real += 1   # the work that got vectorized
+    self.claimed.update(zip(lanes, zip(itertools.repeat(vector), range(len(lanes)))))   # lane k -> (vector, k)
+    if vector.op not in (_STORE, _DEFINE_ACC, _ASSIGN): self.real += 1   # the work that got vectorized
 
   def _build(self, lanes: tuple[UOp, ...]) -> UOp:
     """The vector of scalars that cannot be vectorized together."""
     if len(set(lanes)) > 1: self.built += 1
-    return self._remember(lanes, UOp(Ops.VECTORIZE, lanes[0].dtype.vec(len(lanes)), lanes))
+    return self._remember(lanes, UOp(_VECTORIZE, lanes[0].dtype.vec(len(lanes)), lanes))
 
   def bundle(self, lanes: tuple[UOp, ...]) -> UOp | None:
     """The vector uop for `lanes` (None when their dtype cannot be a vector lane)."""
     first = lanes[0]
-    if first.dtype not in LANE_DTYPES or any(u.dtype is not first.dtype for u in lanes): return None
-    if lanes in self.memo: return self.memo[lanes]
-    if all(u.op is Ops.CONST for u in lanes): return _vector_const(first.dtype, lanes)
-    if all(u is first for u in lanes) or any(u in self.claimed for u in lanes) or len(set(lanes)) < len(lanes):
-      return self._build(lanes)
-    same_arg = first.op is not Ops.DEFINE_ACC   # accumulators differ by their ids
-    if any(u.op is not first.op or (same_arg and u.arg != first.arg) or len(u.src) != len(first.src) or
-           self.block.get(u, -1) is not self.block.get(first, -2) for u in lanes): return self._build(lanes)
-    if first.op is Ops.LOAD: vector = self._load(lanes)
-    elif first.op is Ops.DEFINE_ACC: vector = self._accumulator(lanes)
-    elif first.op in GroupOp.ALU or first.op in (Ops.CAST, Ops.BITCAST): vector = self._alu(lanes)
+    dtype, op = first.dtype, first.op
+    if dtype not in LANE_DTYPES: return None
+    for u in lanes:
+      if u.dtype is not dtype: return None
+    if (found := self.memo.get(lanes)) is not None: return found
+    if op is _CONST and all(u.op is _CONST for u in lanes): return self._constant(lanes)
+    # a lane repeated (a broadcast, for one) or already in another vector: built from the scalars
+    if len(set(lanes)) < len(lanes) or not self.claimed.keys().isdisjoint(lanes): return self._build(lanes)
+    same_arg = op is not _DEFINE_ACC   # accumulators differ by their ids
+    arg, width, block = first.arg, len(first.src), self.block.get(first, -2)
+    for u in lanes:
+      if u.op is not op or (same_arg and u.arg != arg) or len(u.src) != width or self.block.get(u, -1) is not block:
+        return self._build(lanes)
+    if op is _LOAD: vector = self._load(lanes)
+    elif op is _DEFINE_ACC: vector = self._accumulator(lanes)
+    elif op in GroupOp.ALU or op in (_CAST, _BITCAST): vector = self._alu(lanes)
     else: vector = None
     return vector if vector is not None else self._build(lanes)
 
+  def _constant(self, lanes: tuple[UOp, ...]) -> UOp:
+    """The vector constant of lanes that are all CONSTs (a pure value: kept across seeds)."""
+    if (found := self.constants.get(lanes)) is None:
+      found = self.constants[lanes] = _vector_const(lanes[0].dtype, lanes)
+    return found
+
   def _operands(self, lanes: tuple[UOp, ...]) -> list[UOp] | None:
+    """The bundles of the lanes' sources, position by position (None when one has no vector form)."""
     operands = []
-    for j in range(len(lanes[0].src)):
-      column = tuple(u.src[j] for u in lanes)
-      if any(s.dtype is not column[0].dtype for s in column): return None
+    for column in zip(*[u.src for u in lanes]):
       operand = self.bundle(column)
       if operand is None: return None
       operands.append(operand)
@@ -145,14 +166,14 @@ class _Vectorizer:
   def _alu(self, lanes: tuple[UOp, ...]) -> UOp | None:
     first = lanes[0]
     source = first.src[-1].dtype if first.op is Ops.WHERE else first.src[0].dtype
-    if first.op is Ops.CAST:
+    if first.op is _CAST:
       if (source, first.dtype) not in VECTOR_CASTS: return None
-    elif first.op is Ops.BITCAST:
+    elif first.op is _BITCAST:
       if source not in MEMORY_DTYPES or first.dtype not in MEMORY_DTYPES: return None
     elif first.op not in VECTOR_ALU.get(source, ()): return None
     if first.op in (Ops.IDIV, Ops.MOD, Ops.SHL, Ops.SHR):   # by one constant only: exact and never traps
       divisor = first.src[1]
-      if any(u.src[1] is not divisor for u in lanes) or divisor.op is not Ops.CONST: return None
+      if any(u.src[1] is not divisor for u in lanes) or divisor.op is not _CONST: return None
       if first.op in (Ops.SHL, Ops.SHR) and not 0 <= divisor.arg < 32: return None
       if first.op in (Ops.IDIV, Ops.MOD) and divisor.arg in (0, -1): return None
     operands = self._operands(lanes)
@@ -166,7 +187,7 @@ class _Vectorizer:
     if first.dtype not in MEMORY_DTYPES or len(first.src) != 2: return None
     if any(u.src[0] is not first.src[0] for u in lanes) or not _consecutive(tuple(u.src[1] for u in lanes)): return None
     if not self._no_access_between(lanes, self.stores_at): return None   # a load never moves past a store
-    vector = UOp(Ops.LOAD, first.dtype.vec(len(lanes)), first.src[:2])
+    vector = UOp(_LOAD, first.dtype.vec(len(lanes)), first.src[:2])
     self._claim(lanes, vector)
     return self._remember(lanes, vector)
 
@@ -175,6 +196,17 @@ class _Vectorizer:
     spots = sorted(self.position[u] for u in lanes)
     inside = {self.position[u] for u in lanes}
     return not any(spots[0] < p < spots[-1] and p not in inside for p in accesses.get(lanes[0].src[0], ()))
+
+  def readers(self, acc: UOp) -> list[UOp]:
+    """The uops that read the accumulator `acc` (one entry per read)."""
+    if self._readers is None:
+      self._readers = {}
+      accumulators = set(self.accumulators)
+      for u in self.uops:
+        if accumulators.isdisjoint(u.src): continue   # most uops read no accumulator: one C-level test
+        for s in u.src:
+          if s.op is _DEFINE_ACC: self._readers.setdefault(s, []).append(u)
+    return self._readers.get(acc, [])
 
   def _accumulator(self, lanes: tuple[UOp, ...]) -> UOp | None:
     """A vector accumulator: its initial values, one vector update per iteration, lanes read after the updates."""
@@ -185,17 +217,17 @@ class _Vectorizer:
     last_assign = max(self.position[a] for a in assigns)
     for acc, assign in zip(lanes, assigns):   # every other read of a lane comes after all the updates
       update = assign.src[1]
-      for user in self.users.get(acc, ()):
+      for user in self.readers(acc):
         if user is not assign and user is not update and self.position[user] < last_assign: return None
       if self.position[update] > self.position[assign]: return None
     init = self.bundle(tuple(u.src[0] for u in lanes))
     if init is None: return None
-    vector_acc = UOp(Ops.DEFINE_ACC, lanes[0].dtype.vec(len(lanes)), (init,), lanes[0].arg)
+    vector_acc = UOp(_DEFINE_ACC, lanes[0].dtype.vec(len(lanes)), (init,), lanes[0].arg)
     self._claim(lanes, vector_acc)
     self._remember(lanes, vector_acc)
     value = self.bundle(tuple(a.src[1] for a in assigns))
     if value is None: raise _Refused("an accumulator's updates have no vector form")
-    vector_assign = UOp(Ops.ASSIGN, vector_acc.dtype, (vector_acc, value))
+    vector_assign = UOp(_ASSIGN, vector_acc.dtype, (vector_acc, value))
     self._claim(assigns, vector_assign)
     return vector_acc
 
@@ -218,14 +250,14 @@ class _Vectorizer:
     if not disjoint and not self._no_access_between(stores, self.stores_at): return False
     value = self.bundle(tuple(s.src[2] for s in stores))
     if value is None: return False
-    vector = UOp(Ops.STORE, dtypes.void, (stores[0].src[0], stores[0].src[1], value))
+    vector = UOp(_STORE, dtypes.void, (stores[0].src[0], stores[0].src[1], value))
     self._claim(stores, vector)
     return True
 
   def seed_all(self) -> None:
     runs: dict[tuple, list[tuple[int, UOp]]] = {}
-    for u in self.uops:
-      if u.op is not Ops.STORE or len(u.src) != 3 or u.src[2].dtype not in MEMORY_DTYPES: continue
+    for u in self.stores:
+      if len(u.src) != 3 or u.src[2].dtype not in MEMORY_DTYPES: continue
       base, offset = _split_offset(u.src[1])
       runs.setdefault((u.src[0], base, self.block[u], u.src[2].dtype), []).append((offset, u))
     runs_per_buffer: dict[UOp, int] = {}
@@ -236,8 +268,8 @@ class _Vectorizer:
         len(run) == len(self.stores_at.get(buffer, ()))
       for lanes in _chunks(by_offset): self.try_seed(lambda lanes=lanes: self.store_seed(lanes, disjoint))
     groups: dict[tuple, list[UOp]] = {}
-    for u in self.uops:
-      if u.op is not Ops.DEFINE_ACC or u in self.claimed or u in self.keep_scalar or len(self.assigns.get(u, ())) != 1:
+    for u in self.accumulators:
+      if u in self.claimed or u in self.keep_scalar or len(self.assigns.get(u, ())) != 1:
         continue
       assign = self.assigns[u][0]
       groups.setdefault((self.block[u], self.block[assign], assign.src[1].op, u.dtype), []).append(u)
@@ -259,7 +291,7 @@ class _Vectorizer:
     keys = []
     for acc in accs:
       update = self.assigns[acc][0].src[1]
-      loads = [s for s in update.src if s.op is Ops.LOAD and len(s.src) == 2]
+      loads = [s for s in update.src if s.op is _LOAD and len(s.src) == 2]
       if len(loads) != 1: return accs
       keys.append((loads[0].src[0], *_split_offset(loads[0].src[1])))
     if any(k[:2] != keys[0][:2] for k in keys) or len({k[2] for k in keys}) != len(keys): return accs
@@ -268,16 +300,17 @@ class _Vectorizer:
   # ---- writing ----
   def write(self) -> list[UOp]:
     """The output list: scalars in their places, each vector where its last lane was, lanes read through GEP."""
-    place = {max(self.position[u] for u in lanes): vector for vector, lanes in self.lanes_of.items()}
+    place = {max(map(self.position.__getitem__, lanes)): vector for vector, lanes in self.lanes_of.items()}
     out: list[UOp] = []
     emitted: set[UOp] = set()
     mapped: dict[UOp, UOp] = {}   # unclaimed scalar -> its uop in the output
     placed: dict[UOp, UOp] = {}   # vector -> its uop in the output (operands renamed)
     late: dict[UOp, tuple[UOp, UOp | None]] = {}   # claimed scalar recomputed as a scalar -> (uop, its loop)
     open_loops: list[UOp] = []
+    claimed = self.claimed.keys()
 
     def add(u: UOp) -> UOp:
-      if u.op in (Ops.CONST, Ops.GEP, Ops.VECTORIZE) and u in emitted: return u   # pure and rendered inline
+      if u.op in (_CONST, _GEP, _VECTORIZE) and u in emitted: return u   # pure and rendered inline
       out.append(u)
       emitted.add(u)
       return u
@@ -286,10 +319,10 @@ class _Vectorizer:
       """`u`'s value as a scalar uop readable here."""
       if u not in self.claimed: return mapped.get(u, u)
       vector, lane = self.claimed[u]
-      if vector in placed: return add(UOp(Ops.GEP, u.dtype, (placed[vector],), lane))
+      if vector in placed: return add(UOp(_GEP, u.dtype, (placed[vector],), lane))
       if u in late and (late[u][1] is None or late[u][1] in open_loops): return late[u][0]
       # the lane is read before its vector exists: compute it again as a scalar (pure values only)
-      if u.op not in GroupOp.ALU and u.op not in (Ops.CAST, Ops.BITCAST, Ops.LOAD):
+      if u.op not in GroupOp.ALU and u.op not in (_CAST, _BITCAST, _LOAD):
         raise _Refused(f"{u.op.name} read before its vector")
       new = add(u.replace(src=tuple(scalar(s) for s in u.src)))
       late[u] = (new, open_loops[-1] if open_loops else None)
@@ -297,26 +330,30 @@ class _Vectorizer:
 
     def operand(v: UOp) -> UOp:
       if v.dtype.count == 1: return scalar(v)
-      if v.op is Ops.VECTORIZE: return add(v.replace(src=tuple(scalar(s) for s in v.src)))
-      if v.op is Ops.CONST: return add(v)
+      if v.op is _VECTORIZE: return add(v.replace(src=tuple(scalar(s) for s in v.src)))
+      if v.op is _CONST: return add(v)
       if v not in placed: raise _Refused(f"vector {v.op.name} used before it is placed")
       return placed[v]
 
     for i, u in enumerate(self.uops):
-      if u.op is Ops.RANGE: open_loops.append(u)
-      elif u.op is Ops.ENDRANGE and open_loops: open_loops.pop()
+      if u.op is _RANGE: open_loops.append(u)
+      elif u.op is _ENDRANGE and open_loops: open_loops.pop()
       if u in self.claimed:
         if (vector := place.get(i)) is not None:
           src = tuple(operand(s) for s in vector.src)
           placed[vector] = add(vector if src == vector.src else vector.replace(src=src))
         continue
-      new = u.replace(src=tuple(scalar(s) for s in u.src)) if u.src else u
+      if not u.src: new = u
+      else:
+        # most uops read no lane of a vector: their sources are renamed without a call per source
+        src = tuple(map(mapped.get, u.src, u.src)) if claimed.isdisjoint(u.src) else tuple(scalar(s) for s in u.src)
+        new = u if src == u.src else UOp(u.op, u.dtype, src, u.arg)
       mapped[u] = new
       out.append(new)
       emitted.add(new)
     return _without_dead_values(out)
 
-_PURE = GroupOp.ALU | {Ops.CAST, Ops.BITCAST, Ops.CONST, Ops.GEP, Ops.VECTORIZE, Ops.LOAD}
+_PURE = GroupOp.ALU | {_CAST, _BITCAST, _CONST, _GEP, _VECTORIZE, _LOAD}
 
 def _without_dead_values(uops: list[UOp]) -> list[UOp]:
   """`uops` without the pure values nothing reads any more (the lanes' scalar index math, mostly)."""
@@ -328,6 +365,25 @@ def _without_dead_values(uops: list[UOp]) -> list[UOp]:
       keep[i] = True
       used.update(u.src)
   return [u for u, k in zip(uops, keep) if k]
+
+def _blocks(uops: list[UOp]) -> list[UOp | None]:
+  """For each position of `uops`, the innermost loop open there (None: outside loops); a RANGE sits in the loop
+  around it, and so does its ENDRANGE."""
+  blocks: list[UOp | None] = []
+  open_loops: list[UOp] = []
+  current, start = None, 0
+  for i in [i for i, u in enumerate(uops) if u.op is _RANGE or u.op is _ENDRANGE]:
+    u = uops[i]
+    if u.op is _RANGE:
+      blocks += [current] * (i + 1 - start)
+      open_loops.append(u)
+      current, start = u, i + 1
+    elif u.op is _ENDRANGE:
+      blocks += [current] * (i - start)
+      if open_loops: open_loops.pop()
+      current, start = (open_loops[-1] if open_loops else None), i
+  blocks += [current] * (len(uops) - start)
+  return blocks
 
 def _chunks(by_offset: dict[int, UOp]) -> list[tuple[UOp, ...]]:
   """Runs of consecutive offsets cut into the widest vectors that fit, in address order."""

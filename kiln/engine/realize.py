@@ -2,9 +2,10 @@
 from __future__ import annotations
 import contextlib, gc, os, time
 from dataclasses import dataclass
+from typing import Callable
 from kiln.uop.spec import check_lowered, check_linear
 from kiln.helpers import SPEC, NOOPT, DEBUG, VECTORIZE, GlobalCounters, fmt_time, colored, prod
-from kiln.device import Device, Buffer
+from kiln.device import CompilePipeline, Device, Buffer
 from kiln.renderer import kernel_signature
 from kiln.uop.ops import UOp, Ops, GroupOp
 from kiln.uop.sint import sint_str
@@ -84,23 +85,28 @@ def compile_lowered(device: str, name: str, lowered: UOp) -> CompiledRunner:
   source, uops = render_lowered(device, name, lowered)
   return _load(device, name, source, uops, Device[device].compiler.compile_cached(source))
 
-def compile_many(device: str, jobs: list[tuple[str, UOp]]) -> list[CompiledRunner | Exception]:
-  """`compile_lowered` for each (name, lowered kernel). The kernels missing from the disk cache are compiled in one
-  group per core, each group by one compiler run where the device's compiler is a separate process
-  (`Compiler.compile_cached_many`). Graph work (rendering, loading) stays on this thread: UOps are hash-consed, and
-  building them from several threads at once could make two nodes for one value. A kernel that fails gives its
-  exception in its place."""
+def compile_many(device: str, jobs: list[tuple[str, UOp]],
+                 prepare: Callable[[UOp], UOp] | None = None) -> list[CompiledRunner | Exception]:
+  """`compile_lowered` for each (name, lowered kernel), or for each (name, kernel AST) with `prepare` turning the
+  AST into the lowered and optimized kernel. Each kernel's source goes to a `CompilePipeline` as soon as it is
+  rendered: the kernels missing from the disk cache compile in groups on background threads, one compiler run per
+  group where the device's compiler is a separate process, while this thread renders the next kernels. Graph work
+  (preparing, rendering, loading) stays on this thread: UOps are hash-consed, and building them from several threads
+  at once could make two nodes for one value. A kernel that fails gives its exception in its place."""
+  pipeline = CompilePipeline(Device[device].compiler, len(jobs), workers=os.cpu_count() or 1)
   rendered: list = []
-  for name, lowered in jobs:
-    try: rendered.append(render_lowered(device, name, lowered))
+  for name, kernel in jobs:
+    try:
+      source, uops = render_lowered(device, name, prepare(kernel) if prepare is not None else kernel)
+      rendered.append((source, uops, pipeline.add(source, name)))
     except Exception as e: rendered.append(e)   # noqa: BLE001  (reported in its place)
-  todo = [r[0] for r in rendered if not isinstance(r, Exception)]
-  built = iter(Device[device].compiler.compile_cached_many(todo, workers=os.cpu_count() or 1))
-  libs = [r if isinstance(r, Exception) else next(built) for r in rendered]
+  libs = pipeline.results()
   out: list = []
-  for (name, _), item, lib in zip(jobs, rendered, libs):
-    if isinstance(lib, Exception): out.append(lib); continue
-    try: out.append(_load(device, name, item[0], item[1], lib))
+  for (name, _), item in zip(jobs, rendered):
+    if isinstance(item, Exception): out.append(item); continue
+    source, uops, index = item
+    if isinstance(lib := libs[index], Exception): out.append(lib); continue
+    try: out.append(_load(device, name, source, uops, lib))
     except Exception as e: out.append(e)   # noqa: BLE001
   return out
 
@@ -165,13 +171,16 @@ def precompile(items: list[ScheduleItem]) -> None:
     else: wanted.setdefault(device, {})[key] = item.ast
   for device, asts in wanted.items():
     if len(asts) < 2 or not Device[device].compiler.runs_in_subprocess: continue
-    with _collector_paused():
-      jobs = [(kernel_name(ast), optimize_kernel(lower_for_codegen(ast))) for ast in asts.values()]
-      runners = compile_many(device, jobs)
+    with _collector_paused():   # optimized and rendered one by one, compiled meanwhile (compile_many)
+      runners = compile_many(device, [(kernel_name(ast), ast) for ast in asts.values()], prepare=_prepare_kernel)
     for (key, ast), runner in zip(asts.items(), runners):
       if isinstance(runner, Exception): continue
       _runner_cache[key] = runner
       _remember(device, ast, runner)
+
+def _prepare_kernel(ast: UOp) -> UOp:
+  """A kernel AST lowered and optimized by the heuristics: what `render_lowered` takes."""
+  return optimize_kernel(lower_for_codegen(ast))
 
 def _beam_opts(device: str, name: str, lowered: UOp, bufs: list[Buffer], var_vals: dict, width: int) -> list:
   """The actions BEAM search picks for `lowered`, timing candidates on scratch copies of `bufs`."""

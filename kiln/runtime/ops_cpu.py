@@ -4,7 +4,7 @@ A kernel whose outermost loop can be split (kiln/renderer/cstyle.py, "Threads") 
 (kiln/runtime/threadpool.py) when a launch has enough work; every other launch runs on the calling thread.
 """
 from __future__ import annotations
-import ctypes, functools, os, platform, re, shlex, shutil, subprocess, tempfile, time
+import ctypes, functools, hashlib, os, platform, re, shlex, shutil, subprocess, tempfile, threading, time
 import numpy as np
 from kiln.device import Compiled, Compiler, CompileError, HostAllocator
 from kiln.helpers import CC, CFLAGS
@@ -54,70 +54,150 @@ class ClangCompiler(Compiler):
 
   def compile(self, src: str) -> bytes:
     """Compile `src` to the bytes of a shared library; CompileError (naming the kernel) on failure."""
-    match = re.search(r"\bvoid\s+(\w+)\s*\(", src)
+    match = re.search(r"^void\s+(\w+)\s*\(", src, re.MULTILINE) or re.search(r"\bvoid\s+(\w+)\s*\(", src)
     kernel = match.group(1) if match else "<unnamed kernel>"
     command = self.command()
     with tempfile.TemporaryDirectory(prefix="kiln_cc_") as tmp:
-      src_path, lib_path = os.path.join(tmp, f"{kernel}.c"), os.path.join(tmp, f"{kernel}.so")
+      stem = kernel if kernel.isidentifier() else "kernel"   # the compiler's messages name the file
+      src_path, obj_path, lib_path = (os.path.join(tmp, f"{stem}.{ext}") for ext in ("c", "o", "so"))
       with open(src_path, "w") as f: f.write(src)
-      try: result = subprocess.run([*command, "-o", lib_path, src_path], capture_output=True, text=True)
+      compile_only = [arg for arg in command if arg not in ("-shared", "-lm")]
+      try: result = subprocess.run([*compile_only, "-c", "-o", obj_path, src_path], capture_output=True, text=True)
       except OSError as e: raise CompileError(f"compiling kernel {kernel}: could not run {command[0]!r}: {e}") from None
-      if result.returncode != 0:
-        raise CompileError(f"compiling kernel {kernel} failed ({' '.join(command)}, exit code {result.returncode}):\n"
-                           f"{result.stderr.strip()}")
-      with open(lib_path, "rb") as f: return f.read()
+      if result.returncode == 0 and link_library(tuple(command), obj_path, lib_path):
+        with open(lib_path, "rb") as f: return f.read()
+      if result.returncode == 0:   # the link failed: the driver alone says why
+        result = subprocess.run([*command, "-o", lib_path, src_path], capture_output=True, text=True)
+        if result.returncode == 0:
+          with open(lib_path, "rb") as f: return f.read()
+      raise CompileError(f"compiling kernel {kernel} failed ({' '.join(command)}, exit code {result.returncode}):\n"
+                         f"{result.stderr.strip()}")
+
+  def snapshot(self) -> ClangCompiler:
+    """This compiler with its command fixed now (for builds on other threads)."""
+    return ClangCompiler(self.extra_flags, command=self.command())
 
   def compile_group(self, sources: list[str]) -> list[bytes | Exception]:
-    """Compile several kernels with one compiler process: each source to its own object file (`-c`), each object
-    linked to its own library, so every kernel is cached and loaded on its own as if compiled alone. This saves the
-    compiler driver's start per kernel (~60 ms of ~100-300). If the group does not compile, each source is compiled
-    alone, so that an error names its kernel and the other kernels still build."""
+    """Compile several kernels with one compiler run: the kernels are joined into as few C translation units as their
+    exported names allow (`translation_units`), all compiled by one driver call (`-c`, one compiler process per unit)
+    and each unit linked into one shared library (`link_library`). Every kernel of a unit gets the same library
+    bytes: it holds each of their functions under its own name, so a kernel is still cached and loaded on its own.
+    If the group does not compile, each source is compiled alone, so that an error names its kernel and the other
+    kernels still build."""
     if len(sources) < 2: return super().compile_group(sources)
     command = self.command()
     compile_only = [arg for arg in command if arg not in ("-shared", "-lm")]
+    units = translation_units(sources)
     with tempfile.TemporaryDirectory(prefix="kiln_cc_") as tmp:
-      names = [f"kernel{i}" for i in range(len(sources))]   # kernels may share a name: numbered files
-      for name, src in zip(names, sources):
-        with open(os.path.join(tmp, f"{name}.c"), "w") as f: f.write(src)
-      try: result = subprocess.run([*compile_only, "-c", *[f"{n}.c" for n in names]], cwd=tmp, capture_output=True)
+      for j, unit in enumerate(units):
+        with open(os.path.join(tmp, f"unit{j}.c"), "w") as f: f.write(join_sources([sources[i] for i in unit]))
+      try: result = subprocess.run([*compile_only, "-c", *[f"unit{j}.c" for j in range(len(units))]], cwd=tmp,
+                                   capture_output=True)
       except OSError: return super().compile_group(sources)
       if result.returncode != 0: return super().compile_group(sources)
-      out: list[bytes | Exception] = []
-      for name, src in zip(names, sources):
-        obj, lib = os.path.join(tmp, f"{name}.o"), os.path.join(tmp, f"{name}.so")
-        linked = subprocess.run(_link_command(tuple(command), obj, lib), capture_output=True)
-        if linked.returncode != 0: out.extend(super().compile_group([src])); continue
-        with open(lib, "rb") as f: out.append(f.read())
-      return out
+      out: list[bytes | Exception | None] = [None] * len(sources)
+      for j, unit in enumerate(units):
+        obj, lib = os.path.join(tmp, f"unit{j}.o"), os.path.join(tmp, f"unit{j}.so")
+        if link_library(tuple(command), obj, lib):
+          with open(lib, "rb") as f: built: list = [f.read()] * len(unit)   # one bytes object, shared
+        else: built = super().compile_group([sources[i] for i in unit])
+        for i, one in zip(unit, built): out[i] = one
+      return out   # type: ignore[return-value]
 
-def _link_command(command: tuple[str, ...], obj: str, lib: str) -> list[str]:
-  """The command that links object file `obj` into the shared library `lib` as `command` would: the linker the
-  compiler driver runs (asked once with -###, to save the driver's start per kernel), or the driver itself when its
-  linker line can't be reused (gcc's collect2 takes temporary files)."""
-  template = _linker_line(command, obj)
-  if template is None: return [*command, "-o", lib, obj]
-  return [lib if arg == _LIB_PLACEHOLDER else obj if arg == _OBJ_PLACEHOLDER else arg for arg in template]
+# ---- joining kernels into one translation unit ----
+# A rendered kernel defines at file scope: its exported functions and constants (the kernel, `<name>_task`,
+# `<name>_work`, ...; see kiln/renderer/cstyle.py), static helpers derived from its name (`<name>_part`), vector
+# typedefs (the same text for the same name), `static const` vectors `kiln_constN` numbered per kernel, and the
+# shared half/bfloat16/fp8 helper blocks (the same text in every kernel that uses them).
+_EXPORTED = re.compile(r"^(?:void|const long long)\s+(\w+)\s*[(=]", re.MULTILINE)
+_VECTOR_CONST = re.compile(r"\bkiln_const(\d+)\b")
 
-_LIB_PLACEHOLDER, _OBJ_PLACEHOLDER = "\0kiln-library", "\0kiln-object"
-_linker_lines: dict[tuple[str, ...], list[str] | None] = {}
+def exported_names(src: str) -> frozenset[str]:
+  """The names a kernel's source defines for the loader (functions and constants at file scope, not static)."""
+  return frozenset(_EXPORTED.findall(src))
 
-def _linker_line(command: tuple[str, ...], obj: str) -> list[str] | None:
-  """The linker's arguments for `command` with placeholders for the object and the library (cached per command);
-  None unless the driver runs a plain `ld`-style linker with both files on its line."""
-  if command in _linker_lines: return _linker_lines[command]
-  lib = obj[:-2] + ".probe.so"
-  try: shown = subprocess.run([*command, "-###", "-o", lib, obj], capture_output=True, text=True)
-  except OSError: shown = None
-  line = None
-  if shown is not None and shown.returncode == 0:
-    jobs = [ln for ln in shown.stderr.splitlines() if ln.startswith(" ")]
-    try: args = shlex.split(jobs[-1]) if len(jobs) == 1 else []
-    except ValueError: args = []
-    if args and os.path.basename(args[0]) in ("ld", "ld.lld", "ld.gold", "ld.bfd") and \
-       args.count(lib) == 1 and args.count(obj) == 1:
-      line = [_LIB_PLACEHOLDER if a == lib else _OBJ_PLACEHOLDER if a == obj else a for a in args]
-  _linker_lines[command] = line
-  return line
+def translation_units(sources: list[str]) -> list[list[int]]:
+  """Indices into `sources` grouped into translation units in which no two kernels export the same name (kernels may
+  share a name: BEAM candidates, or different kernels over the same shape): the first unit with room, in order."""
+  units: list[list[int]] = []
+  taken: list[set[str]] = []
+  for i, src in enumerate(sources):
+    names = exported_names(src)
+    j = next((j for j, used in enumerate(taken) if not names & used), None)
+    if j is None: units.append([]); taken.append(set()); j = len(units) - 1
+    units[j].append(i)
+    taken[j] |= names
+  return units
+
+@functools.cache
+def _shared_blocks() -> tuple[str, ...]:
+  """The helper blocks the renderer emits verbatim in every kernel that needs them (kept once per unit)."""
+  from kiln.dtype import dtypes
+  from kiln.renderer.cstyle import BF16_HELPERS, FP8_HELPERS, HALF_HELPERS, fp8_helpers
+  return (HALF_HELPERS, BF16_HELPERS, FP8_HELPERS, *[fp8_helpers(dt) for dt in dtypes.fp8s])
+
+def join_sources(sources: list[str]) -> str:
+  """Kernel sources whose exported names differ joined into one C translation unit: each kernel's vector constants
+  renamed apart (`kiln_const3` of the second kernel -> `kiln_k1_const3`), a shared helper block or typedef kept once."""
+  seen_blocks: set[str] = set()
+  seen_typedefs: set[str] = set()
+  parts: list[str] = []
+  for k, src in enumerate(sources):
+    for block in _shared_blocks():
+      if block in src:
+        if block in seen_blocks: src = src.replace(block, "", 1)
+        seen_blocks.add(block)
+    if k: src = _VECTOR_CONST.sub(lambda m: f"kiln_k{k}_const{m.group(1)}", src)
+    lines = []
+    for line in src.split("\n"):
+      if line.startswith("typedef "):
+        if line in seen_typedefs: continue
+        seen_typedefs.add(line)
+      lines.append(line)
+    parts.append("\n".join(lines))
+  return "\n".join(parts) + "\n"
+
+# ---- linking ----
+def link_library(command: tuple[str, ...], obj: str, lib: str) -> bool:
+  """Link object file `obj` into the shared library `lib`; False if that fails. On Linux, a minimal `ld -shared`
+  against the C and math libraries this process has loaded, with every symbol required to resolve (`-z defs`):
+  ~10 ms against the compiler driver's ~20-40 ms (its start, startup files, library search). A kernel that needs
+  more (e.g. libgcc's 128-bit division) fails that check and is linked by the compiler driver instead."""
+  minimal = _minimal_link_line()
+  if minimal is not None:
+    try:
+      if subprocess.run([minimal[0], "-shared", "-z", "defs", "--as-needed", "-o", lib, obj, *minimal[1:]],
+                        capture_output=True).returncode == 0: return True
+    except OSError: pass
+  try: return subprocess.run([*command, "-o", lib, obj], capture_output=True).returncode == 0
+  except OSError: return False
+
+@functools.cache
+def _minimal_link_line() -> tuple[str, ...] | None:
+  """`ld` and the paths of the libc and libm loaded in this process (where undefined symbols of a kernel resolve
+  when it is loaded), or None where the minimal link is not used (not Linux, no `ld`, libraries not found)."""
+  ld = shutil.which("ld")
+  if platform.system() != "Linux" or ld is None: return None
+  try:
+    with open("/proc/self/maps") as f: mapped = {line.split()[-1] for line in f if ".so" in line}
+  except OSError: return None
+  libc = sorted(p for p in mapped if os.path.basename(p).startswith("libc.so"))
+  libm = sorted(p for p in mapped if os.path.basename(p).startswith("libm.so"))
+  return (ld, libm[0], libc[0]) if libc and libm else None
+
+_loaded_libraries: dict[bytes, ctypes.CDLL] = {}
+_loading = threading.Lock()
+
+def load_library(lib: bytes) -> ctypes.CDLL:
+  """The shared library with the bytes `lib`, loaded once per process: the kernels compiled in one group share one
+  library (ClangCompiler.compile_group), which is then loaded once for all of them."""
+  digest = hashlib.sha256(lib).digest()
+  with _loading:
+    if (loaded := _loaded_libraries.get(digest)) is not None: return loaded
+    with tempfile.NamedTemporaryFile(prefix="kiln_", suffix=".so", delete=False) as f: f.write(lib)
+    try: loaded = _loaded_libraries[digest] = ctypes.CDLL(f.name)
+    finally: os.unlink(f.name)   # the mapping stays valid after the file is gone
+    return loaded
 
 class CPUProgram:
   """A compiled kernel loaded from shared-library bytes. Call as `prg(*buffer_handles, vals=(...), wait=False)`.
@@ -128,11 +208,8 @@ class CPUProgram:
   `scratch_bytes` (a zeroed buffer passed after the kernel's buffers; see `new_scratch`); other kernels have 0."""
   def __init__(self, name: str, lib: bytes):
     self.name = kernel_function_name(name)
-    with tempfile.NamedTemporaryFile(prefix=f"kiln_{self.name}_", suffix=".so", delete=False) as f:
-      f.write(lib)
-    try: self.lib = ctypes.CDLL(f.name)
-    finally: os.unlink(f.name)   # the mapping stays valid after the file is gone
-    try: self.fxn = getattr(self.lib, self.name)
+    self.lib = load_library(lib)
+    try: self.fxn = self.lib[self.name]   # a function object of its own (getattr would share one per library)
     except AttributeError: raise RuntimeError(f"the compiled library has no function {self.name!r}") from None
     self.fxn.restype = None
     self._arg_counts: tuple[int, int] | None = None

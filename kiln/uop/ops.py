@@ -1,6 +1,6 @@
 """Ops and UOp: the one immutable, hash-consed graph node used from Tensor ops down to kernel code."""
 from __future__ import annotations
-import enum, functools, math, operator, weakref, itertools
+import enum, math, operator, weakref, itertools
 from typing import Any
 from kiln.dtype import DType, dtypes, truncate
 from kiln.helpers import prod
@@ -61,9 +61,14 @@ binds_made = 0   # how many times UOp.bind was called
 # than a WeakValueDictionary: its get and set are Python-level calls, and codegen makes ~50k nodes a kernel graph
 _uop_refs: dict[tuple, weakref.ref] = {}
 
-def _drop_node(key: tuple, ref: weakref.ref) -> None:
+class _NodeRef(weakref.ref):
+  """A weak reference to a node that carries the node's key, for `_drop_node` (cheaper to make than a callback
+  bound to the key)."""
+  __slots__ = ("key",)
+
+def _drop_node(ref: _NodeRef) -> None:
   """A node died: forget it, unless its key already names a newer node."""
-  if _uop_refs.get(key) is ref: del _uop_refs[key]
+  if _uop_refs.get(ref.key) is ref: del _uop_refs[ref.key]
 _buffer_ids = itertools.count()
 
 def _cache_key_arg(arg):
@@ -80,14 +85,17 @@ class UOp:
   >>> UOp.const(dtypes.int32, 3) is UOp.const(dtypes.int32, 3)
   True
   """
-  __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "_shape", "_minmax", "meta", "buffer", "forward", "_device", "origin")
+  __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "_shape", "_minmax", "meta", "buffer", "forward", "_device", "origin",
+               "_rewrites")
   op: Ops
   dtype: DType
   src: tuple[UOp, ...]
   arg: Any
 
   def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
-    key = (op, dtype, src, _cache_key_arg(arg))
+    # (_cache_key_arg, inline: this runs for every node built)
+    kind = type(arg)
+    key = (op, dtype, src, (float, arg.hex()) if kind is float else (bool, arg) if kind is bool else arg)
     try:
       ref = _uop_refs.get(key)
     except TypeError:
@@ -96,7 +104,9 @@ class UOp:
     self = object.__new__(cls)
     self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
     self._shape = self._minmax = self.meta = self.buffer = self.forward = self._device = self.origin = None
-    _uop_refs[key] = weakref.ref(self, functools.partial(_drop_node, key))
+    self._rewrites = None   # results of pure rewrites (kiln/uop/pattern.py): the node's own memory, gone with it
+    ref = _uop_refs[key] = _NodeRef(self, _drop_node)
+    ref.key = key
     return self
 
   def __reduce__(self): return UOp, (self.op, self.dtype, self.src, self.arg)
@@ -257,9 +267,9 @@ class UOp:
     return self._min_max()[1]
   def _min_max(self):
     if self._minmax is None:
-      if all(s._minmax is not None for s in self.src): self._minmax = compute_min_max(self)
+      if all(s._minmax is not None for s in self.src) or _range_is_dtypes(self): self._minmax = compute_min_max(self)
       else:   # sources first, iteratively: a deep graph must not hit Python's recursion limit
-        for node in toposort([self], stop=lambda n: n._minmax is not None):
+        for node in toposort([self], stop=lambda n: n._minmax is not None or _range_is_dtypes(n)):
           if node._minmax is None: node._minmax = compute_min_max(node)
     return self._minmax
 
@@ -381,6 +391,11 @@ def _safe_div(a, b):
   if b == 0: return 0
   q = abs(a) // abs(b)
   return q if (a >= 0) == (b > 0) else -q
+
+def _range_is_dtypes(u: UOp) -> bool:
+  """Whether `compute_min_max(u)` needs no source's range: a float node other than a constant is its dtype's whole
+  range (a comparison of floats asks for its operands' ranges, which then need not walk the float graph below)."""
+  return u.op not in (Ops.CONST, Ops.BIND, Ops.RANGE) and dtypes.is_float(u.dtype)
 
 def compute_min_max(u: UOp) -> tuple:
   """The smallest and largest value an integer/bool node can take, from its sources' ranges."""

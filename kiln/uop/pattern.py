@@ -1,6 +1,6 @@
 """UPat, PatternMatcher and graph_rewrite: the one tool that transforms graphs at every stage."""
 from __future__ import annotations
-import inspect, itertools, weakref
+import inspect, itertools, operator
 from typing import Any, Callable
 from kiln.dtype import DType
 from kiln.uop.ops import UOp, Ops
@@ -87,6 +87,19 @@ class UPat:
     return f"UPat({ops}{', name=' + self.name if self.name else ''})"
 
 RuleFn = Callable[..., UOp | None]
+_memo_keys = itertools.count()   # each PatternMatcher's two keys in UOp._rewrites
+_ABSENT = object()
+
+def _remembered(node: UOp, key: int):
+  """The result remembered for `node` under memo key `key` (None: the node itself), or _ABSENT."""
+  memory = node._rewrites
+  return _ABSENT if memory is None else memory.get(key, _ABSENT)
+
+def _remember(node: UOp, key: int, result: UOp) -> None:
+  """Note `result` as `node`'s final result under memo key `key`."""
+  if (memory := node._rewrites) is None: node._rewrites = {key: None if result is node else result}
+  else: memory[key] = None if result is node else result
+_op_of, _dtype_of = operator.attrgetter("op"), operator.attrgetter("dtype")
 
 class PatternMatcher:
   """An ordered list of `(UPat, fn)` rules. `rewrite(u)` returns the first non-None `fn(**bindings)` (or None).
@@ -102,12 +115,15 @@ class PatternMatcher:
   def __init__(self, rules: list[tuple[UPat, RuleFn]], pure: bool = False):
     self.rules = rules
     self.pure = pure
-    # node -> its final result (None: the node itself) under top-down and bottom-up rewriting; weak keys, so a
-    # node's entry goes with the node (a result never holds its own node: the rewrite would not terminate)
-    self.results: tuple[weakref.WeakKeyDictionary, weakref.WeakKeyDictionary] = \
-      (weakref.WeakKeyDictionary(), weakref.WeakKeyDictionary())
+    # the keys of this matcher's final results (None: the node itself) under top-down and bottom-up rewriting, kept
+    # in each node's `_rewrites` dict: a node's entries go with the node, and a lookup is a plain dict's (a weak-keyed
+    # dictionary made a weak reference per lookup). A result never holds its own node (the rewrite would not end).
+    self.memo_keys: tuple[int, int] = (next(_memo_keys), next(_memo_keys))
     self.by_op: dict[Ops, list[tuple[UPat, RuleFn, bool]]] = {}
     self._by_op_dtype: dict[tuple[Ops, DType], list[tuple[UPat, RuleFn, bool]]] = {}   # filled by rules_for
+    # (op, dtype, the sources' ops, their dtypes) -> the rules whose top two levels of patterns allow such a node:
+    # most nodes a rewrite visits match no rule, and are told so by one lookup instead of a failed match per rule
+    self._by_shape: dict[tuple, list[tuple[UPat, RuleFn, bool]]] = {}
     generic: list[tuple[UPat, RuleFn, bool]] = []
     for pat, fn in rules:
       wants_ctx = "ctx" in inspect.signature(fn).parameters
@@ -130,10 +146,30 @@ class PatternMatcher:
       found = self._by_op_dtype[key] = [e for e in self.by_op.get(op, ()) if e[0].dtypes is None or dtype in e[0].dtypes]
     return found
 
+  def _rules_for_shape(self, key: tuple) -> list[tuple[UPat, RuleFn, bool]]:
+    """The rules that can match a node of `key` = (op, dtype, its sources' ops, their dtypes): those of
+    `rules_for(op, dtype)` whose pattern takes that many sources and, in some source order it tries, allows each
+    source's op and dtype."""
+    op, dtype, src_ops, src_dtypes = key
+    def allows(order: tuple[UPat, ...]) -> bool:
+      return all((p.ops is None or o in p.ops) and (p.dtypes is None or d in p.dtypes)
+                 for p, o, d in zip(order, src_ops, src_dtypes))
+    found = []
+    for entry in self.rules_for(op, dtype):
+      pat = entry[0]
+      if pat.src is not None:
+        if len(src_ops) != len(pat.src) and not (pat.allow_any_len and len(src_ops) >= len(pat.src)): continue
+        if not any(allows(order) for order in pat._orders): continue
+      found.append(entry)
+    self._by_shape[key] = found
+    return found
+
   def rewrite(self, u: UOp, ctx=None) -> UOp | None:
     """The result of the first rule that matches `u` and returns a new node, or None if none does."""
-    # (an op with no rules has an empty list cached: tested against None, not for truth)
-    if (rules := self._by_op_dtype.get((u.op, u.dtype))) is None: rules = self.rules_for(u.op, u.dtype)
+    src = u.src
+    key = (u.op, u.dtype, tuple(map(_op_of, src)), tuple(map(_dtype_of, src)))
+    # (a shape no rule can match has an empty list cached: tested against None, not for truth)
+    if (rules := self._by_shape.get(key)) is None: rules = self._rules_for_shape(key)
     for pat, fn, wants_ctx in rules:
       for bindings in pat.match(u, {}):
         ret = fn(ctx, **bindings) if wants_ctx else fn(**bindings)
@@ -147,7 +183,7 @@ def graph_rewrite(root: UOp, pm: PatternMatcher, ctx=None, bottom_up: bool = Fal
   a node rebuilt from rewritten sources, and every rule's result, is rewritten again.
   """
   memo: dict[UOp, UOp] = {}
-  known = pm.results[bottom_up] if pm.pure and ctx is None else None   # results of earlier calls
+  known = pm.memo_keys[bottom_up] if pm.pure and ctx is None else None   # results of earlier calls
   found_known: set[UOp] = set()
   # stack entries: (original node, stage, current node)
   stack: list[tuple[UOp, int, UOp]] = [(root, 0, root)]
@@ -155,7 +191,7 @@ def graph_rewrite(root: UOp, pm: PatternMatcher, ctx=None, bottom_up: bool = Fal
     orig, stage, cur = stack.pop()
     if stage == 0:
       if orig in memo: continue
-      if known is not None and (found := known.get(orig, memo)) is not memo:
+      if known is not None and (found := _remembered(orig, known)) is not _ABSENT:
         memo[orig] = orig if found is None else found
         found_known.add(orig)
         continue
@@ -184,7 +220,7 @@ def graph_rewrite(root: UOp, pm: PatternMatcher, ctx=None, bottom_up: bool = Fal
       memo[orig] = memo[cur]
   if known is not None:
     for node, result in memo.items():
-      if node not in found_known: known[node] = None if result is node else result
+      if node not in found_known: _remember(node, known, result)
   return memo[root]
 
 def settle(node: UOp, pm: PatternMatcher) -> UOp:
@@ -193,11 +229,14 @@ def settle(node: UOp, pm: PatternMatcher) -> UOp:
   without walking the sources again. Building a graph bottom-up with `settle` on each new node costs one match per
   node no rule changes (the optimizer's copies of a kernel body: kiln/codegen/opt/kernel.py). For a pure `pm` the
   result is remembered, so a later graph_rewrite over a graph that holds `node` stops there."""
-  known = pm.results[False] if pm.pure else None
-  if known is not None and (found := known.get(node, known)) is not known: return node if found is None else found
+  if not pm.pure:
+    new = pm.rewrite(node)
+    return node if new is None else graph_rewrite(new, pm)
+  known = pm.memo_keys[False]
+  if (found := _remembered(node, known)) is not _ABSENT: return node if found is None else found
   new = pm.rewrite(node)
   result = node if new is None else graph_rewrite(new, pm)
-  if known is not None: known[node] = None if result is node else result
+  _remember(node, known, result)
   return result
 
 def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:

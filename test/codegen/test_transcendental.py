@@ -187,3 +187,25 @@ if __name__ == "__main__":
     stride = int(next((a.split("=")[1] for a in sys.argv if a.startswith("--stride=")), "1"))
     exhaustive([op.upper() for op in ops], stride=stride)
   else: print(__doc__)
+
+def test_template_rewrite_equals_graph_rewrite():
+  # apply_software_math builds each transcendental from a template made once per (op, dtype), bottom-up; the graph
+  # must be the very one the rule-by-rule rewrite gives, nested calls and float16 (computed in float32) included
+  from kiln.codegen.transcendental import _software_rewrite
+  buf = UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0)
+  rng = UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 16),), 0)
+  x = UOp(Ops.LOAD, dtypes.float32, (buf, rng))
+  half = x.cast(dtypes.float16)
+  values = [UOp(Ops.EXP2, dtypes.float32, (UOp(Ops.LOG2, dtypes.float32, (x,)),)),
+            UOp(Ops.SIN, dtypes.float32, (x * 2.0,)) + UOp(Ops.EXP2, dtypes.float32, (x,)),
+            UOp(Ops.EXP2, dtypes.float16, (half,)).cast(dtypes.float32),
+            UOp(Ops.SIN, dtypes.float64, (x.cast(dtypes.float64),)).cast(dtypes.float32)]
+  stores = [UOp(Ops.STORE, dtypes.void, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), i + 1), rng, v))
+            for i, v in enumerate(values)]
+  sink = UOp(Ops.SINK, dtypes.void, tuple(stores))
+  got = _software_rewrite(sink, toposort([sink]))
+  assert got is not None
+  want = graph_rewrite(sink, software_math)
+  assert got[0] is want
+  assert not any(u.op in NP_REFERENCE for u in toposort([got[0]]))
+  assert {u.op for u in toposort([want])} <= {u.op for u in toposort([sink])} | got[1]

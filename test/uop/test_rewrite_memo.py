@@ -60,3 +60,33 @@ def test_rules_are_dispatched_by_dtype():
   assert len(int_only.rules_for(Ops.ADD, dtypes.int32)) == 1
   assert graph_rewrite(r + 0, int_only) is r
   assert graph_rewrite(f + 0.0, int_only) is (f + 0.0)
+
+def _first_match_by_trying_every_rule(pm: PatternMatcher, u: UOp) -> UOp | None:
+  """What `pm.rewrite(u)` must give: every rule in order, without the dispatch tables."""
+  for pat, fn in pm.rules:
+    for bindings in pat.match(u, {}):
+      if (ret := fn(**bindings)) is not None and ret is not u: return ret
+  return None
+
+def test_dispatch_by_source_ops_and_dtypes_finds_every_match():
+  # rewrite looks rules up by (op, dtype, the sources' ops and dtypes): each node must get the rule a full scan finds,
+  # for nodes whose sources are constants, sums, loads, of int and float dtypes, in either order
+  r = UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 8),), 0)
+  f = UOp(Ops.LOAD, dtypes.float32, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0), r))
+  leaves = [r, r + 3, r * 2, r // 2, UOp.const(dtypes.int32, 0), UOp.const(dtypes.int32, 1), UOp.const(dtypes.int32, -4)]
+  floats = [f, f * 2.0, UOp.const(dtypes.float32, 0.0), UOp.const(dtypes.float32, 1.0), UOp.const(dtypes.float32, -0.0)]
+  nodes = []
+  for group in (leaves, floats):
+    for a in group:
+      for b in group:
+        nodes += [UOp(op, a.dtype, (a, b)) for op in (Ops.ADD, Ops.MUL, Ops.SUB, Ops.MAX)]
+        nodes += [a.alu(Ops.CMPLT, b), a.alu(Ops.CMPNE, b)]
+        if dtypes.is_int(a.dtype): nodes += [UOp(Ops.IDIV, a.dtype, (a, b)), UOp(Ops.MOD, a.dtype, (a, b))]
+      nodes += [UOp(Ops.NEG, a.dtype, (a,)), a.cast(dtypes.float32 if dtypes.is_int(a.dtype) else dtypes.int32)]
+  nodes += [UOp(Ops.NEG, dtypes.float32, (UOp(Ops.NEG, dtypes.float32, (f,)),)), f.lt(1.0).where(f, f)]
+  matched = 0
+  for u in nodes:
+    want = _first_match_by_trying_every_rule(symbolic, u)
+    assert symbolic.rewrite(u) is want, f"{u.op} of {[s.op for s in u.src]}: dispatch disagrees with a full scan"
+    matched += want is not None
+  assert matched > len(nodes) // 4   # the nodes do exercise rules, not only misses

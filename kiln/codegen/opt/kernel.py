@@ -115,24 +115,28 @@ def substitute_copies(root: UOp, rng: UOp, values: list[UOp], simplified: bool =
       depends.add(node)
       dependents.append(node)
   inside = _inside_sums(dependents) if simplified else set()
-  sum_tops = {u for u in dependents if u.op in _LINEAR_OPS and dtypes.is_int(u.dtype) and u not in inside}
+  # how each dependent is rebuilt: 0 as is (unsimplified, or inside a sum), 1 simplified by its own rules, 2 the top
+  # of an index sum (made canonical in one step)
+  plan = [(node, node.op, node.dtype, node.src, node.arg,
+           0 if not simplified or node in inside else
+           2 if node.op in _LINEAR_OPS and dtypes.is_int(node.dtype) else 1) for node in dependents]
   shifts = _SumShifts(rng, values, depends) if simplified else None
   copies = []
   for lane, value in enumerate(values):
     done = {rng: value}
-    raw: set[UOp] = set()   # rebuilt nodes inside a sum, not simplified yet
-    for node in dependents:
-      if shifts is not None and lane and (shifted := shifts.shifted(node, lane)) is not None:
-        done[node] = shifted
+    get = done.get
+    shifted = shifts.first if shifts is not None and lane else {}
+    for node, op, dtype, src, arg, how in plan:
+      if shifted and node in shifted:
+        done[node] = shifts.shifted(node, lane)
         continue
-      rebuilt = node.replace(src=tuple(done.get(s, s) for s in node.src))
-      if not simplified: done[node] = rebuilt
-      elif node in inside: done[node] = rebuilt; raw.add(rebuilt)
-      elif node in sum_tops:   # the top of an index sum: made canonical in one step
+      rebuilt = UOp(op, dtype, tuple(map(get, src, src)), arg)   # done.get(s, s) for each source, in C
+      if how == 0: done[node] = rebuilt
+      elif how == 1: done[node] = settle(rebuilt, symbolic)
+      else:
         flat = canonical_sum(rebuilt)
         done[node] = graph_rewrite(rebuilt, symbolic) if flat is None else settle(flat, symbolic)
         if lane == 0 and shifts is not None and done[node] is flat: shifts.remember(node, flat)
-      else: done[node] = settle(rebuilt, symbolic)
     copies.append(done.get(root, root))
   return copies
 
@@ -395,9 +399,9 @@ class Kernel:
     # the body is simplified already: each copy is simplified as it is built (lanes differ by a constant, so few
     # rules fire), instead of a rewrite of the whole tile of copies afterwards
     lanes = [graph_rewrite(lane, symbolic) for lane in lanes]
-    stores: dict[UOp, None] = {}
-    for store in self.sink.src:
-      for copy in substitute_copies(store, rng, lanes, simplified=True): stores[copy] = None
+    # the copies of the whole sink at once: nodes several stores share (a matmul tile's loads of `a`) are copied once
+    sinks = substitute_copies(self.sink, rng, lanes, simplified=True)
+    stores = dict.fromkeys(copy.src[i] for i in range(len(self.sink.src)) for copy in sinks)
     return self.sink.replace(src=tuple(stores))
 
   def _unroll(self, rng: UOp, amount: int, separate: bool = False) -> UOp:

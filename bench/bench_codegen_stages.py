@@ -1,0 +1,61 @@
+"""CPU time of the Python codegen stages before rendering -- lowering, the optimizer's heuristics, software math --
+over the distinct kernels of the anchors' cold transformer graph (issue 4's cold first call).
+
+Each run is a fresh process (the rewrite memories and node caches start empty, as in a cold first call); the minimum
+of the runs is printed per stage, in milliseconds of process CPU time (less sensitive to other load than wall time).
+
+  PYTHONPATH=. python bench/bench_codegen_stages.py --runs 5
+"""
+from __future__ import annotations
+import argparse, gc, os, subprocess, sys, time
+
+def measure_once() -> dict[str, float]:
+  """One run in this process: CPU seconds per stage, summed over the transformer graph's distinct kernels."""
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "bench"))
+  import numpy as np
+  import anchors
+  from kiln import Tensor
+  from kiln.device import Device
+  from kiln.uop.ops import Ops
+  from kiln.codegen.lowerer import lower_kernel
+  from kiln.codegen.gather import rewrite_gathers
+  from kiln.codegen.opt import optimize_kernel
+  from kiln.codegen.transcendental import apply_software_math
+  x, *params = [Tensor(a) for a in anchors.transformer_inputs(np.random.default_rng(0))]
+  items = anchors.transformer_tensor(x, anchors.split_layers(params)).schedule()
+  asts = list(dict.fromkeys(item.ast for item in items if item.ast.op is not Ops.COPY))
+  renderer = Device[items[0].bufs[0].device].renderer
+  gc.disable()   # as in precompile (kiln/engine/realize.py: the collector is paused during codegen)
+  totals = {"kernels": float(len(asts)), "lower": 0.0, "optimize": 0.0, "software_math": 0.0}
+  for ast in asts:
+    start = time.process_time()
+    lowered = rewrite_gathers(lower_kernel(ast))
+    totals["lower"] += time.process_time() - start
+    start = time.process_time()
+    optimized = optimize_kernel(lowered)
+    totals["optimize"] += time.process_time() - start
+    start = time.process_time()
+    apply_software_math(optimized, renderer)
+    totals["software_math"] += time.process_time() - start
+  return totals
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--runs", type=int, default=5, help="fresh processes to run (the minimum is reported)")
+  parser.add_argument("--once", action="store_true", help=argparse.SUPPRESS)   # a child run: print one line
+  args = parser.parse_args()
+  if args.once:
+    print(" ".join(f"{k}={v}" for k, v in measure_once().items()))
+    return
+  best: dict[str, float] = {}
+  for _ in range(args.runs):
+    out = subprocess.run([sys.executable, __file__, "--once"], capture_output=True, text=True, check=True).stdout
+    for field in out.split():
+      key, value = field.split("=")
+      best[key] = min(best.get(key, float("inf")), float(value))
+  kernels = int(best.pop("kernels"))
+  print(f"{kernels} kernels, min of {args.runs} runs (process CPU ms): " +
+        "  ".join(f"{k} {v * 1000:.1f}" for k, v in best.items()))
+
+if __name__ == "__main__":
+  main()

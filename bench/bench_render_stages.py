@@ -1,0 +1,62 @@
+"""CPU time of the Python codegen stages after the optimizer -- linearize, vectorize (with its thread plans) and
+render -- over the distinct kernels of the anchors' cold transformer graph (issue 4's cold first call).
+
+Each run is a fresh process, so every stage meets its kernels once, as in a cold first call; the minimum over the
+runs is printed per stage, in milliseconds of process CPU time (less disturbed by other load than wall time).
+
+  PYTHONPATH=. python bench/bench_render_stages.py --runs 5
+"""
+from __future__ import annotations
+import argparse, gc, os, subprocess, sys, time
+
+def measure_once() -> dict[str, float]:
+  """One run in this process: CPU seconds per stage, summed over the transformer graph's distinct kernels."""
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "bench"))
+  import numpy as np
+  import anchors
+  from kiln import Tensor
+  from kiln.device import Device
+  from kiln.uop.ops import Ops
+  from kiln.engine.realize import lower_for_codegen
+  from kiln.codegen.opt import optimize_kernel
+  from kiln.codegen.transcendental import apply_software_math
+  from kiln.codegen.linearizer import linearize
+  x, *params = [Tensor(a) for a in anchors.transformer_inputs(np.random.default_rng(0))]
+  items = anchors.transformer_tensor(x, anchors.split_layers(params)).schedule()
+  asts = list(dict.fromkeys(item.ast for item in items if item.ast.op is not Ops.COPY))
+  renderer = Device[items[0].bufs[0].device].renderer
+  kernels = [apply_software_math(optimize_kernel(lower_for_codegen(ast)), renderer) for ast in asts]
+  gc.disable()   # as in precompile (kiln/engine/realize.py pauses the collector during codegen)
+  totals = {"kernels": float(len(kernels)), "linearize": 0.0, "vectorize": 0.0, "render": 0.0}
+  for i, kernel in enumerate(kernels):
+    start = time.process_time()
+    uops = linearize(kernel)
+    totals["linearize"] += time.process_time() - start
+    start = time.process_time()
+    uops = renderer.vectorize(uops) if hasattr(renderer, "vectorize") else uops
+    totals["vectorize"] += time.process_time() - start
+    start = time.process_time()
+    renderer.render(f"k{i}", uops)
+    totals["render"] += time.process_time() - start
+  return totals
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--runs", type=int, default=5, help="fresh processes to run (the minimum is reported)")
+  parser.add_argument("--once", action="store_true", help=argparse.SUPPRESS)   # a child run: print one line
+  args = parser.parse_args()
+  if args.once:
+    print(" ".join(f"{key}={value}" for key, value in measure_once().items()))
+    return
+  best: dict[str, float] = {}
+  for _ in range(args.runs):
+    out = subprocess.run([sys.executable, __file__, "--once"], capture_output=True, text=True, check=True).stdout
+    for field in out.split():
+      key, value = field.split("=")
+      best[key] = min(best.get(key, float("inf")), float(value))
+  kernels = int(best.pop("kernels"))
+  print(f"{kernels} kernels, min of {args.runs} runs (process CPU ms): " +
+        "  ".join(f"{key} {value * 1000:.1f}" for key, value in best.items()))
+
+if __name__ == "__main__":
+  main()
