@@ -314,7 +314,8 @@ class CompilePipeline:
   """Compiles kernel sources while the caller is still producing them: `add` each source as soon as it is rendered;
   the sources missing from the disk cache are compiled in groups (`Compiler.compile_group`) on background threads,
   a group as soon as it is full (with two cores, the first kernels compile while Python renders the next ones);
-  `results` compiles the rest, split over the threads, waits and stores the new binaries in the disk cache.
+  `results` compiles the rest, split over the threads, waits and stores the new binaries in the disk cache. A source
+  added twice (two kernels that render alike) is compiled once.
 
   Only a compiler that `runs_in_subprocess` compiles in the background (the thread waits on the compiler process,
   leaving the interpreter to the caller); any other compiles everything in `results`, on the calling thread."""
@@ -325,44 +326,41 @@ class CompilePipeline:
     # about two groups per thread: each compiler run costs a start (~40 ms), a smaller last group a shorter wait
     self.expected, self.group_size = expected, max(2, -(-expected // (2 * self.workers)))
     self.sources: list[str] = []
-    self.names: list[str] = []
+    self.first_added: dict[str, int] = {}   # source -> the index it was first added under
     self.out: list[bytes | Exception | None] = []
     self.pending: list[int] = []
     self.running: list[tuple[list[int], concurrent.futures.Future]] = []
     self.pool: concurrent.futures.ThreadPoolExecutor | None = None
 
   def add(self, src: str, name: str = "") -> int:
-    """Queue `src` (the kernel `name`) for compiling; its index into `results()`."""
+    """Queue `src` for compiling (`name`, the kernel's, is only informative); its index into `results()`."""
     index = len(self.sources)
     self.sources.append(src)
-    self.names.append(name)
+    if src in self.first_added:   # filled in from the first copy by `results`
+      self.out.append(None)
+      return index
+    self.first_added[src] = index
     self.out.append(self.compiler._cached(src) if self.caching else None)
     if self.out[index] is None:
+      if self.background and len(src) >= _COMPILE_START_BYTES:   # costs more than a compiler run's start: compiled
+        self._start([index])                                     # at once, alone (else it makes the final wait)
+        return index
       self.pending.append(index)
       # a full group starts now, unless the last kernels are near: they are split over all threads in `results`
       coming = self.expected - len(self.sources)
       if self.background and len(self.pending) >= self.group_size and coming >= self.group_size:
-        self._start(self._next_group())
+        self._start(self.pending)
+        self.pending = []
     return index
 
-  def _next_group(self) -> list[int]:
-    """The pending kernels to compile next: one per name (same-named kernels need a translation unit each, see
-    ClangCompiler.compile_group) unless that would leave fewer than half of them; the rest stay pending."""
-    first: dict[str, int] = {}
-    for i in self.pending: first.setdefault(self.names[i] or f"#{i}", i)
-    group = list(first.values()) if len(first) * 2 >= len(self.pending) else list(self.pending)
-    chosen = set(group)
-    self.pending = [i for i in self.pending if i not in chosen]
-    return group
-
   def _final_groups(self) -> list[list[int]]:
-    """The pending kernels split into one group per thread, balanced by source length (the longest first into the
-    cheapest group), a kernel into a group without its name where there is one."""
-    groups: list[list[int]] = [[] for _ in range(min(self.workers, len(self.pending)))]
+    """The pending kernels split into one group per thread not still busy with an earlier group (at least one),
+    balanced by source length (the longest first into the cheapest group)."""
+    free = max(1, self.workers - sum(not future.done() for _, future in self.running))
+    groups: list[list[int]] = [[] for _ in range(min(free, len(self.pending)))]
     costs = [0] * len(groups)
     for i in sorted(self.pending, key=lambda i: -len(self.sources[i])):
-      taken = [any(self.names[k] == self.names[i] for k in group) and self.names[i] != "" for group in groups]
-      g = min(range(len(groups)), key=lambda g: (taken[g], costs[g]))
+      g = min(range(len(groups)), key=lambda g: costs[g])
       groups[g].append(i)
       costs[g] += _COMPILE_START_BYTES + len(self.sources[i])
     return groups
@@ -392,6 +390,8 @@ class CompilePipeline:
       self.running = []
       if self.pool is not None: self.pool.shutdown(wait=True)
       self.pool = None
+    for index, src in enumerate(self.sources):
+      if self.out[index] is None: self.out[index] = self.out[self.first_added[src]]
     return self.out   # type: ignore[return-value]
 
 def _done(fn: Callable, *args) -> concurrent.futures.Future:

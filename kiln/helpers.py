@@ -127,13 +127,21 @@ def kernel_cache_dir() -> pathlib.Path:
 
 _KILN_DIR = os.path.dirname(os.path.abspath(__file__))
 
+# a code file's path -> its base name when it is the user's, None for kiln's own files and Python's frozen modules
+# (a graph's every public Tensor call looks its caller up: the path tests and basename() were ~5% of building it)
+_user_file_names: dict[str, str | None] = {}
+
 def user_frame_location() -> str:
   """'file.py:LINE' of the innermost caller outside the kiln package ('' if none)."""
   frame = sys._getframe(1)
+  names = _user_file_names
   while frame is not None:
     filename = frame.f_code.co_filename
-    if not filename.startswith(_KILN_DIR) and not filename.startswith("<frozen"):
-      return f"{os.path.basename(filename)}:{frame.f_lineno}"
+    if (name := names.get(filename, "")) == "":
+      if len(names) >= 4096: names.clear()   # bounded: exec'd code may name itself anything
+      user = not filename.startswith(_KILN_DIR) and not filename.startswith("<frozen")
+      name = names[filename] = os.path.basename(filename) if user else None
+    if name is not None: return f"{name}:{frame.f_lineno}"
     frame = frame.f_back
   return ""
 

@@ -25,6 +25,9 @@ from kiln.mixin.bytes import BytesMixin
 from kiln.mixin.common import TensorIndexError, where as _where, fmt as _fmt, dtype_arg as _dtype_arg, \
   canonical_device as _canonical_device, broadcast_shape as _broadcast_shape
 
+# hot reads bound once: `Ops.X` is a metaclass attribute lookup (~130 ns under Python 3.11), a global ~10 ns
+_ADD, _MUL = Ops.ADD, Ops.MUL
+
 _requires_grad_tensors: weakref.WeakSet = weakref.WeakSet()
 class _LiveTensors:
   """Every live Tensor, so realizing an assign can first compute the pending tensors that read the old values.
@@ -99,7 +102,9 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     t = Tensor.__new__(Tensor)
     t.uop, t.grad, t._requires_grad = uop, None, None
     _live_tensors.add(t)
-    if TRACEBACK_SOURCE and uop.meta is None: uop.meta = f"{_user_op[0] or name} {_user_location()}".strip()
+    if uop.meta is None:   # a new node
+      uop.shape   # noqa: B018 -- its shape now, while its sources' are known: later it would take a graph walk
+      if TRACEBACK_SOURCE.value: uop.meta = _user_op[2] or _op_label(name)
     return t
 
   # ---------------- properties ----------------
@@ -750,8 +755,11 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     x = self
     if isinstance(other, Tensor):
       y = other
-      if y.device != x.device:
+      x_uop, y_uop = x.uop, y.uop
+      if y_uop.device != x_uop.device:
         raise RuntimeError(f"{op}: operands are on different devices, {x.device} and {y.device}{_where()}")
+      # the common case (two tensors of one dtype and shape, as in a residual add): nothing to convert
+      if x_uop.dtype is y_uop.dtype and x_uop.shape == y_uop.shape: return (y, x) if reverse else (x, y)
     elif isinstance(other, (int, float, bool, np.integer, np.floating)):
       value = other.item() if isinstance(other, np.generic) else other
       dtype, shape = x._const_dtype(value), x.uop.shape
@@ -781,7 +789,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
 
   def add(self, x, reverse: bool = False) -> Tensor:
     """Elementwise self + x, with broadcasting and type promotion (x + self if `reverse`)."""
-    return self._binary(Ops.ADD, x, "add", reverse)
+    return self._binary(_ADD, x, "add", reverse)
   def sub(self, x, reverse: bool = False) -> Tensor:
     """Elementwise self - x (x - self if `reverse`); a TypeError for two bool operands."""
     if self.dtype == dtypes.bool and (not isinstance(x, Tensor) or x.dtype == dtypes.bool) and isinstance(x, (bool, Tensor)):
@@ -789,7 +797,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     return self._binary(Ops.SUB, x, "sub", reverse)
   def mul(self, x, reverse: bool = False) -> Tensor:
     """Elementwise self * x, with broadcasting and type promotion (x * self if `reverse`)."""
-    return self._binary(Ops.MUL, x, "mul", reverse)
+    return self._binary(_MUL, x, "mul", reverse)
   def div(self, x, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
     """True division (ints become floats); rounding_mode 'trunc' or 'floor' as in PyTorch."""
     if rounding_mode not in (None, "trunc", "floor"):
@@ -873,12 +881,14 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     """Elementwise self >> x, for int tensors."""
     return self._bitwise(Ops.SHR, x, "rshift", reverse)
 
-  def __add__(self, x) -> Tensor: return self.add(x)
-  def __radd__(self, x) -> Tensor: return self.add(x, True)
+  # + and * straight to _binary, not through add/mul: each public method is wrapped (_with_user_location), and the
+  # second wrapper was ~5% of building a transformer's graph
+  def __add__(self, x) -> Tensor: return self._binary(_ADD, x, "add")
+  def __radd__(self, x) -> Tensor: return self._binary(_ADD, x, "add", True)
   def __sub__(self, x) -> Tensor: return self.sub(x)
   def __rsub__(self, x) -> Tensor: return self.sub(x, True)
-  def __mul__(self, x) -> Tensor: return self.mul(x)
-  def __rmul__(self, x) -> Tensor: return self.mul(x, True)
+  def __mul__(self, x) -> Tensor: return self._binary(_MUL, x, "mul")
+  def __rmul__(self, x) -> Tensor: return self._binary(_MUL, x, "mul", True)
   def __truediv__(self, x) -> Tensor: return self.div(x)
   def __rtruediv__(self, x) -> Tensor: return self.div(x, True)
   def __floordiv__(self, x) -> Tensor: return self.floordiv(x)
@@ -1216,13 +1226,17 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     if dtype is not None:
       dtype = _dtype_arg(dtype, "matmul")
       return self.cast(dtype).dot(w.cast(dtype))
-    if self.ndim == 0 or w.ndim == 0:
+    x_shape, w_shape = self.uop.shape, w.uop.shape
+    if not x_shape or not w_shape:
       raise ValueError(f"matmul: both operands need at least one dimension, got {_fmt(self.shape)} @ {_fmt(w.shape)}{_where()}")
-    if w.device != self.device: raise RuntimeError(f"matmul: operands on {self.device} and {w.device}{_where()}")
-    k_self = self.shape[-1]
-    k_w = w.shape[-2] if w.ndim > 1 else w.shape[0]
+    if w.uop.device != self.uop.device: raise RuntimeError(f"matmul: operands on {self.device} and {w.device}{_where()}")
+    k_self = x_shape[-1]
+    k_w = w_shape[-2] if len(w_shape) > 1 else w_shape[0]
     if k_self != k_w:
       raise ValueError(f"matmul: inner dimensions differ, {_fmt(self.shape)} @ {_fmt(w.shape)} ({k_self} != {k_w}){_where()}")
+    if len(x_shape) >= 2 and len(w_shape) >= 2 and self.uop.dtype is w.uop.dtype and \
+       _sum_dtype(self.uop.dtype) is self.uop.dtype and all(type(s) is int for s in x_shape + w_shape):
+      return Tensor._wrap(_matmul_graph(self.uop, w.uop), "matmul")
     x = self.reshape(*self.shape[:-1], *[1] * min(self.ndim - 1, w.ndim - 1, 1), k_self)
     wt = w.transpose(-1, -2) if w.ndim > 1 else w
     wt = wt.reshape(*wt.shape[:-2], *[1] * min(self.ndim - 1, w.ndim - 1, 1), *wt.shape[-min(w.ndim, 2):])
@@ -1359,6 +1373,29 @@ def _graphs_needing_gradients(roots: list[UOp]) -> set[UOp]:
       reaches.add(node)
   return reaches & set(roots)
 
+def _matmul_graph(x: UOp, w: UOp) -> UOp:
+  """x @ w for operands of 2+ axes of int sizes and one dtype that sums in itself: the nodes Tensor.dot's general path
+  builds (x as (..., n, 1, k) times w's transpose as (..., 1, m, k), summed over k) without its Tensor-level steps
+  (~40% of building a transformer's graph went to them); the nodes it would wrap in Tensors get its labels."""
+  x_shape, w_shape = x.shape, w.shape
+  ndim_w = len(w_shape)
+  wrapped = [x.reshape(x_shape[:-1] + (1, x_shape[-1]))]
+  wrapped.append(w.permute(tuple(range(ndim_w - 2)) + (ndim_w - 1, ndim_w - 2)))
+  wrapped.append(wrapped[-1].reshape(w_shape[:-2] + (1, w_shape[-1], w_shape[-2])))
+  shape = _broadcast_shape("matmul", wrapped[0].shape, wrapped[2].shape)
+  operands = []
+  for u in (wrapped[0], wrapped[2]):
+    if u.shape != shape: wrapped.append(u := u.reshape((1,) * (len(shape) - len(u.shape)) + u.shape).expand(shape))
+    operands.append(u)
+  wrapped.append(operands[0].alu(_MUL, operands[1]))
+  wrapped.append(wrapped[-1].r(_ADD, (len(shape) - 1,)))
+  for node in wrapped: node.shape   # noqa: B018 -- in order, each from its sources' (later: a graph walk per node)
+  wrapped.append(out := wrapped[-1].reshape(shape[:-1]))
+  if TRACEBACK_SOURCE.value:
+    for node in wrapped:
+      if node.meta is None and node is not x and node is not w: node.meta = _user_op[2] or _op_label("matmul")
+  return out
+
 def _sum_dtype(dt: DType) -> DType:
   if dt == dtypes.bool or (dtypes.is_int(dt) and dt.itemsize < 4): return dtypes.uint32 if dtypes.is_unsigned(dt) else dtypes.int32
   if dt in (dtypes.float16, dtypes.bfloat16, *dtypes.fp8s): return dtypes.float32
@@ -1474,15 +1511,23 @@ def _uop_from_numpy(arr: np.ndarray, device: str, dtype: DType | None) -> UOp:
 # already carry a location pass through untouched.
 _LOCATED_ERRORS = (TypeError, ValueError, IndexError, RuntimeError)
 
-# the public method the user called (outermost), so nodes built inside it are labelled with it in DEBUG output, and
-# the user's file:line for that call, found once per call (a frame walk) when the first node needs it
-_user_op: list[str | None] = [None, None]
+# the public method the user called (outermost), so nodes built inside it are labelled with it in DEBUG output, the
+# user's file:line for that call, found once per call (a frame walk) when the first node needs it, and the label
+# "name file:line" itself, formatted once per call (a graph's every node gets it)
+_user_op: list[str | None] = [None, None, None]
 
 def _user_location() -> str:
   """The user's 'file.py:LINE' for the public method in progress (looked up once per outermost call)."""
   if _user_op[0] is None: return user_frame_location()
   if _user_op[1] is None: _user_op[1] = user_frame_location()
   return _user_op[1]
+
+def _op_label(name: str) -> str:
+  """'op file:LINE' for a node built now: the public method in progress (remembered for its later nodes), else
+  `name` (a node built outside any public method)."""
+  if _user_op[0] is None: return f"{name} {user_frame_location()}".strip()
+  label = _user_op[2] = f"{_user_op[0]} {_user_location()}".strip()
+  return label
 
 _NOT_SAVED = object()
 
@@ -1513,7 +1558,8 @@ def _with_user_location(fn, name: str):
     outermost, saved = _user_op[0] is None, _NOT_SAVED
     if outermost: _user_op[0] = name
     elif not sys._getframe(1).f_code.co_filename.startswith(_KILN_DIR):
-      saved, _user_op[1] = _user_op[1], None   # user code called back from inside a public method: its own line
+      # user code called back from inside a public method: its own line (and label)
+      saved, _user_op[1], _user_op[2] = (_user_op[1], _user_op[2]), None, None
     try: return fn(*args, **kwargs)
     except _LOCATED_ERRORS as e:
       message = str(e)
@@ -1524,8 +1570,8 @@ def _with_user_location(fn, name: str):
       except Exception: raise e from None   # an exception type with another constructor: leave it as it was
       raise located_error.with_traceback(None) from None
     finally:
-      if outermost: _user_op[0] = _user_op[1] = None
-      elif saved is not _NOT_SAVED: _user_op[1] = saved
+      if outermost: _user_op[0] = _user_op[1] = _user_op[2] = None
+      elif saved is not _NOT_SAVED: _user_op[1], _user_op[2] = saved
   return located
 
 def _locate_tensor_errors() -> None:

@@ -351,6 +351,7 @@ class _Vectorizer:
       mapped[u] = new
       out.append(new)
       emitted.add(new)
+    del add, scalar, operand   # `scalar` calls itself: a reference cycle holding the dicts above, broken here
     return _without_dead_values(out)
 
 _PURE = GroupOp.ALU | {_CAST, _BITCAST, _CONST, _GEP, _VECTORIZE, _LOAD}

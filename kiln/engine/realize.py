@@ -211,33 +211,42 @@ class ExecItem:
   bufs: list[Buffer]
   var_vals: dict
 
+_COPY = Ops.COPY   # bound once: `Ops.X` is a metaclass attribute lookup (~130 ns under Python 3.11)
+
 # the TinyJit call in progress (at most one). run_schedule reports each launch to it; Tensor.numpy() raises while set
 capturing: list = []
 
 def run_schedule(items: list[ScheduleItem], var_vals: dict | None = None) -> None:
   """Run each item in order, allocating its buffers first."""
   if len(items) > 1: precompile(items)
+  debug = DEBUG.value
+  # an item's runner by its kernel: the kernels repeat (a transformer's 105 launches run 14 kernels), and the lookup
+  # in get_runner builds a key of the settings each time
+  runners: dict[UOp, CompiledRunner] = {}
   for item in items:
-    if capturing: capturing[0].note_buffers(item.bufs)   # before allocating: which buffers existed already
-    for b in item.bufs: b.allocate()
-    if item.ast.op is Ops.COPY:
-      elapsed = BUFFER_COPY(item.bufs)
-      if capturing: capturing[0].add(ExecItem(BUFFER_COPY, list(item.bufs), {}))
-      GlobalCounters.global_mem += item.bufs[0].nbytes
-      if DEBUG >= 2: print(f"*** {item.bufs[0].device:7s} copy {item.bufs[0].nbytes:10d} bytes from {item.bufs[1].device}"
+    bufs = item.bufs
+    if capturing: capturing[0].note_buffers(bufs)   # before allocating: which buffers existed already
+    for b in bufs: b.allocate()
+    if item.ast.op is _COPY:
+      elapsed = BUFFER_COPY(bufs)
+      if capturing: capturing[0].add(ExecItem(BUFFER_COPY, list(bufs), {}))
+      GlobalCounters.global_mem += bufs[0].nbytes
+      if debug >= 2: print(f"*** {bufs[0].device:7s} copy {bufs[0].nbytes:10d} bytes from {bufs[1].device}"
                            f"  {fmt_time(elapsed)}")
       continue
-    device = item.bufs[0].device
+    device = bufs[0].device
     vals = var_vals or item.var_vals
-    runner = get_runner(device, item.ast, item.bufs, vals)
-    elapsed = runner(item.bufs, vals, wait=DEBUG >= 2)
-    if capturing: capturing[0].add(ExecItem(runner, list(item.bufs), dict(vals) if vals else {}))
-    mem = sum(b.nbytes for b in item.bufs)
+    if (runner := runners.get(item.ast)) is None or runner.device != device:
+      runner = runners[item.ast] = get_runner(device, item.ast, bufs, vals)
+    elapsed = runner(bufs, vals, wait=debug >= 2)
+    if capturing: capturing[0].add(ExecItem(runner, list(bufs), dict(vals) if vals else {}))
+    mem = 0
+    for b in bufs: mem += b.nbytes
     GlobalCounters.kernel_count += 1
     GlobalCounters.global_ops += runner.ops
     GlobalCounters.global_mem += mem
     if elapsed is not None: GlobalCounters.time_sum_s += elapsed
-    if DEBUG >= 2:
+    if debug >= 2:
       t = elapsed or 1e-9
       where = f"  {', '.join(item.metadata[:3])}" if item.metadata else ""
       print(f"*** {device:7s} {GlobalCounters.kernel_count:4d} {colored(runner.name, 'cyan'):30s} {fmt_time(t)} "

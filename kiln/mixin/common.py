@@ -37,6 +37,9 @@ def broadcast_shape(op: str, *shapes: tuple[int, ...]) -> tuple[int, ...]:
   padded = [(1,) * (ndim - len(s)) + tuple(s) for s in shapes]
   out = []
   for sizes in zip(*padded):
+    if sizes.count(sizes[0]) == len(sizes):   # one size on this axis (the usual case): no set to build
+      out.append(sizes[0])
+      continue
     non_one = {s for s in sizes if s != 1}
     if len(non_one) > 1:
       raise ValueError(f"{op}: shapes {' and '.join(fmt(s) for s in shapes)} cannot be broadcast together{where()}")

@@ -333,7 +333,9 @@ class CRenderer(Renderer):
 
   def render(self, name: str, uops: list[UOp]) -> str:
     """The C source of function `name` (see the module docstring for the semantics)."""
-    return _CKernelWriter(kernel_function_name(name), uops).write()
+    writer = _CKernelWriter(kernel_function_name(name), uops)
+    try: return writer.write()
+    finally: writer.statements.clear()   # its own bound methods: a reference cycle, broken so refcounting frees it
 
   def vectorize(self, uops: list[UOp]) -> list[UOp]:
     """`uops` with their upcast lanes as vector uops (kiln/codegen/vectorize.py), rendered with GNU C vector

@@ -4,7 +4,7 @@ A kernel whose outermost loop can be split (kiln/renderer/cstyle.py, "Threads") 
 (kiln/runtime/threadpool.py) when a launch has enough work; every other launch runs on the calling thread.
 """
 from __future__ import annotations
-import ctypes, functools, hashlib, os, platform, re, shlex, shutil, subprocess, tempfile, threading, time
+import ctypes, functools, hashlib, os, platform, re, shlex, shutil, subprocess, tempfile, threading, time, weakref
 import numpy as np
 from kiln.device import Compiled, Compiler, CompileError, HostAllocator
 from kiln.helpers import CC, CFLAGS
@@ -78,10 +78,11 @@ class ClangCompiler(Compiler):
     return ClangCompiler(self.extra_flags, command=self.command())
 
   def compile_group(self, sources: list[str]) -> list[bytes | Exception]:
-    """Compile several kernels with one compiler run: the kernels are joined into as few C translation units as their
-    exported names allow (`translation_units`), all compiled by one driver call (`-c`, one compiler process per unit)
-    and each unit linked into one shared library (`link_library`). Every kernel of a unit gets the same library
-    bytes: it holds each of their functions under its own name, so a kernel is still cached and loaded on its own.
+    """Compile several kernels with one compiler run: the kernels are joined into as few C translation units as
+    possible (`translation_units`: one, unless a kernel's names cannot be renamed apart), all compiled by one driver
+    call (`-c`, one compiler process per unit) and each unit linked into one shared library (`link_library`). Every
+    kernel of a unit gets that library's bytes, so it is still cached and loaded on its own: a kernel that shares its
+    name with an earlier kernel of the unit is renamed inside it, and its bytes carry the new name (`with_symbol`).
     If the group does not compile, each source is compiled alone, so that an error names its kernel and the other
     kernels still build."""
     if len(sources) < 2: return super().compile_group(sources)
@@ -90,7 +91,8 @@ class ClangCompiler(Compiler):
     units = translation_units(sources)
     with tempfile.TemporaryDirectory(prefix="kiln_cc_") as tmp:
       for j, unit in enumerate(units):
-        with open(os.path.join(tmp, f"unit{j}.c"), "w") as f: f.write(join_sources([sources[i] for i in unit]))
+        with open(os.path.join(tmp, f"unit{j}.c"), "w") as f: f.write(join_sources([sources[i] for i, _ in unit],
+                                                                                   [symbol for _, symbol in unit]))
       try: result = subprocess.run([*compile_only, "-c", *[f"unit{j}.c" for j in range(len(units))]], cwd=tmp,
                                    capture_output=True)
       except OSError: return super().compile_group(sources)
@@ -99,9 +101,10 @@ class ClangCompiler(Compiler):
       for j, unit in enumerate(units):
         obj, lib = os.path.join(tmp, f"unit{j}.o"), os.path.join(tmp, f"unit{j}.so")
         if link_library(tuple(command), obj, lib):
-          with open(lib, "rb") as f: built: list = [f.read()] * len(unit)   # one bytes object, shared
-        else: built = super().compile_group([sources[i] for i in unit])
-        for i, one in zip(unit, built): out[i] = one
+          with open(lib, "rb") as f: shared = f.read()   # one bytes object for the kernels that keep their names
+          built: list = [shared if symbol is None else with_symbol(shared, symbol) for _, symbol in unit]
+        else: built = super().compile_group([sources[i] for i, _ in unit])
+        for (i, _), one in zip(unit, built): out[i] = one
       return out   # type: ignore[return-value]
 
 # ---- joining kernels into one translation unit ----
@@ -110,22 +113,39 @@ class ClangCompiler(Compiler):
 # typedefs (the same text for the same name), `static const` vectors `kiln_constN` numbered per kernel, and the
 # shared half/bfloat16/fp8 helper blocks (the same text in every kernel that uses them).
 _EXPORTED = re.compile(r"^(?:void|const long long)\s+(\w+)\s*[(=]", re.MULTILINE)
+_KERNEL_FUNCTION = re.compile(r"^void\s+(\w+)\s*\(", re.MULTILINE)
 _VECTOR_CONST = re.compile(r"\bkiln_const(\d+)\b")
+# the suffixes of the file-scope names the C renderer derives from a kernel's name (task_symbol... in cstyle.py, and
+# a split reduction's static `_part`/`_finish`); a name it derives that is missing here makes a joined unit fail to
+# compile when two kernels share a name, and the group is then compiled kernel by kernel (slower, still correct)
+_DERIVED_SUFFIXES = ("_task", "_work", "_chunks", "_scratch", "_part", "_finish")
 
 def exported_names(src: str) -> frozenset[str]:
   """The names a kernel's source defines for the loader (functions and constants at file scope, not static)."""
   return frozenset(_EXPORTED.findall(src))
 
-def translation_units(sources: list[str]) -> list[list[int]]:
-  """Indices into `sources` grouped into translation units in which no two kernels export the same name (kernels may
-  share a name: BEAM candidates, or different kernels over the same shape): the first unit with room, in order."""
-  units: list[list[int]] = []
+def _renamed(names: frozenset[str], old: str, new: str) -> frozenset[str]:
+  return frozenset(new + name[len(old):] if name == old or name.startswith(old + "_") else name for name in names)
+
+def translation_units(sources: list[str]) -> list[list[tuple[int, str | None]]]:
+  """The kernels of `sources` grouped into C translation units, as (index into `sources`, the kernel's new function
+  name in the unit, or None where it keeps its own). Kernels may share a name (different kernels over one shape, BEAM
+  candidates): a kernel whose names are taken in the unit is renamed (`<name>_k<n>`, with the names derived from
+  it); one that cannot be (no kernel function found) goes to the first unit where its names are free."""
+  units: list[list[tuple[int, str | None]]] = []
   taken: list[set[str]] = []
   for i, src in enumerate(sources):
     names = exported_names(src)
+    if units and names & taken[0] and (match := _KERNEL_FUNCTION.search(src)) is not None:
+      function = match.group(1)
+      symbol = next(f"{function}_k{n}" for n in range(1, len(sources) + 2)
+                    if not _renamed(names, function, f"{function}_k{n}") & taken[0])
+      units[0].append((i, symbol))
+      taken[0] |= _renamed(names, function, symbol)
+      continue
     j = next((j for j, used in enumerate(taken) if not names & used), None)
     if j is None: units.append([]); taken.append(set()); j = len(units) - 1
-    units[j].append(i)
+    units[j].append((i, None))
     taken[j] |= names
   return units
 
@@ -136,13 +156,24 @@ def _shared_blocks() -> tuple[str, ...]:
   from kiln.renderer.cstyle import BF16_HELPERS, FP8_HELPERS, HALF_HELPERS, fp8_helpers
   return (HALF_HELPERS, BF16_HELPERS, FP8_HELPERS, *[fp8_helpers(dt) for dt in dtypes.fp8s])
 
-def join_sources(sources: list[str]) -> str:
-  """Kernel sources whose exported names differ joined into one C translation unit: each kernel's vector constants
-  renamed apart (`kiln_const3` of the second kernel -> `kiln_k1_const3`), a shared helper block or typedef kept once."""
+def rename_kernel(src: str, symbol: str) -> str:
+  """`src` with its kernel function, and the file-scope names derived from the function's name, renamed to `symbol`
+  (and the names derived from it)."""
+  match = _KERNEL_FUNCTION.search(src)
+  if match is None: raise ValueError(f"rename_kernel: no kernel function found to rename to {symbol!r}")
+  function = match.group(1)
+  pattern = re.compile(rf"\b{re.escape(function)}({'|'.join(_DERIVED_SUFFIXES)})?\b")
+  return pattern.sub(lambda m: symbol + (m.group(1) or ""), src)
+
+def join_sources(sources: list[str], symbols: list[str | None] | None = None) -> str:
+  """Kernel sources joined into one C translation unit: kernel k renamed to `symbols[k]` where that is not None
+  (`rename_kernel`), each kernel's vector constants renamed apart (`kiln_const3` of the second kernel ->
+  `kiln_k1_const3`), a shared helper block or typedef kept once."""
   seen_blocks: set[str] = set()
   seen_typedefs: set[str] = set()
   parts: list[str] = []
   for k, src in enumerate(sources):
+    if symbols is not None and symbols[k] is not None: src = rename_kernel(src, symbols[k])
     for block in _shared_blocks():
       if block in src:
         if block in seen_blocks: src = src.replace(block, "", 1)
@@ -156,6 +187,25 @@ def join_sources(sources: list[str]) -> str:
       lines.append(line)
     parts.append("\n".join(lines))
   return "\n".join(parts) + "\n"
+
+# ---- a kernel renamed inside a shared library ----
+# The bytes of a CPU kernel are a shared library, followed, when the kernel was renamed inside it, by a note naming
+# its function: `<symbol><its length, 4 digits>` and _SYMBOL_MARK. The loader strips the note (the library loaded is
+# the same for every kernel of the group) and looks the kernel up under that name.
+_SYMBOL_MARK = b"#kiln-kernel-symbol\n"
+
+def with_symbol(lib: bytes, symbol: str) -> bytes:
+  """The library `lib` with a note that the kernel's function in it is called `symbol`."""
+  name = symbol.encode()
+  if not symbol.isidentifier() or len(name) > 9999: raise ValueError(f"with_symbol: bad kernel symbol {symbol!r}")
+  return lib + name + b"%04d" % len(name) + _SYMBOL_MARK
+
+def split_symbol(lib: bytes) -> tuple[bytes, str | None]:
+  """(the library, the kernel's function name noted after it by `with_symbol`, or None when there is no note)."""
+  if not lib.endswith(_SYMBOL_MARK): return lib, None
+  end = len(lib) - len(_SYMBOL_MARK)
+  length = int(lib[end - 4:end])
+  return lib[:end - 4 - length], lib[end - 4 - length:end - 4].decode()
 
 # ---- linking ----
 def link_library(command: tuple[str, ...], obj: str, lib: str) -> bool:
@@ -199,6 +249,25 @@ def load_library(lib: bytes) -> ctypes.CDLL:
     finally: os.unlink(f.name)   # the mapping stays valid after the file is gone
     return loaded
 
+@functools.cache
+def _c_array_type(item: type, length: int) -> type:
+  """The ctypes type of an array of `length` `item`s, made once: a type made per launch became garbage (a reference
+  cycle) for the collector after each launch."""
+  return item * length
+
+# id of a host array -> (a weak reference to it, its address): `array.ctypes.data` costs ~1 us, and a graph's launches
+# pass the same arrays call after call (the allocator hands freed ones out again)
+_host_addresses: dict[int, tuple] = {}
+
+def host_address(array: np.ndarray) -> int:
+  """The address of the host array `array`'s first byte (remembered while the array lives)."""
+  entry = _host_addresses.get(id(array))
+  if entry is not None and entry[0]() is array: return entry[1]
+  if len(_host_addresses) >= 4096: _host_addresses.clear()
+  address = array.ctypes.data
+  _host_addresses[id(array)] = (weakref.ref(array), address)
+  return address
+
 class CPUProgram:
   """A compiled kernel loaded from shared-library bytes. Call as `prg(*buffer_handles, vals=(...), wait=False)`.
 
@@ -207,7 +276,8 @@ class CPUProgram:
   A split reduction also has `chunks` (its pool launch runs exactly that many chunks, whatever the thread count) and
   `scratch_bytes` (a zeroed buffer passed after the kernel's buffers; see `new_scratch`); other kernels have 0."""
   def __init__(self, name: str, lib: bytes):
-    self.name = kernel_function_name(name)
+    lib, symbol = split_symbol(lib)   # a kernel renamed in its group's library (ClangCompiler.compile_group)
+    self.name = symbol or kernel_function_name(name)
     self.lib = load_library(lib)
     try: self.fxn = self.lib[self.name]   # a function object of its own (getattr would share one per library)
     except AttributeError: raise RuntimeError(f"the compiled library has no function {self.name!r}") from None
@@ -243,17 +313,17 @@ class CPUProgram:
     threads = self.threads()
     start = time.perf_counter() if wait else 0.0
     if threads > 1:
-      pointers = [b.ctypes.data for b in bufs]
+      pointers = [host_address(b) for b in bufs]
       scratch = self.new_scratch() if self.chunks else None   # one per launch (launches may overlap), alive until done
       if scratch is not None: pointers.append(scratch.ctypes.data)
-      addresses = (ctypes.c_void_p * max(1, len(pointers)))(*pointers)
-      values = (ctypes.c_int * max(1, len(vals)))(*vals)
+      addresses = _c_array_type(ctypes.c_void_p, max(1, len(pointers)))(*pointers)
+      values = _c_array_type(ctypes.c_int, max(1, len(vals)))(*vals)
       pool_for(thread_count()).run(self.task, addresses, values, self.pool_chunks())
     else:
       if self._arg_counts != (len(bufs), len(vals)):
         self.fxn.argtypes = [ctypes.c_void_p] * len(bufs) + [ctypes.c_int] * (len(vals) + 2)
         self._arg_counts = (len(bufs), len(vals))
-      self.fxn(*[b.ctypes.data for b in bufs], *vals, 0, 1)
+      self.fxn(*[host_address(b) for b in bufs], *vals, 0, 1)
     return time.perf_counter() - start if wait else None
 
 class CPUDevice(Compiled):

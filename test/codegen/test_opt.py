@@ -114,8 +114,12 @@ U = OptOps.UPCAST
   (lambda: Tensor.empty(4, 64, 32) @ Tensor.empty(4, 32, 48), [Opt(U, 2, 16), Opt(U, 1, 8)]),   # batched
   # conv: 16 output channels share each (padded) input load, 8 output columns share each weight
   (lambda: Tensor.empty(16, 64, 56, 56).conv2d(Tensor.empty(64, 64, 3, 3), padding=1), [Opt(U, 1, 16), Opt(U, 3, 8)]),
-  # no axis is contiguous in both the output and a load (b transposed): the 8x8 tile as before
-  (lambda: Tensor.empty(512, 512) @ Tensor.empty(512, 512).T, [Opt(U, 1, 8), Opt(U, 0, 8)]),
+  # no axis is contiguous in both the output and a load (b transposed): 16x16 where the 16 rows of each load spread
+  # over L1 sets, else (rows 4 KiB apart) 8x8
+  (lambda: Tensor.empty(512, 512) @ Tensor.empty(512, 512).T, [Opt(U, 1, 16), Opt(U, 0, 16)]),
+  (lambda: Tensor.empty(1024, 1024) @ Tensor.empty(1024, 1024).T, [Opt(U, 1, 8), Opt(U, 0, 8)]),
+  # b's rows 4 KiB apart (its panel in one L1 set), a's 1 KiB: 16 rows share each line of b
+  (lambda: Tensor.empty(256, 256) @ Tensor.empty(256, 1024), [Opt(U, 1, 16), Opt(U, 0, 16)]),
   # a software-math epilogue (exp, here in tanh) is copied per tile element, and still gets 16x8 (heuristic.py)
   (lambda: (Tensor.empty(256, 256) @ Tensor.empty(256, 1024)).tanh(), [Opt(U, 1, 16), Opt(U, 0, 8)]),
 ])

@@ -11,7 +11,8 @@ from kiln.codegen import parallel
 from kiln.device import Buffer, CompileError, CompilePipeline, Device
 from kiln.helpers import Context
 from kiln.runtime import ops_cpu
-from kiln.runtime.ops_cpu import ClangCompiler, join_sources, link_library, load_library, translation_units
+from kiln.runtime.ops_cpu import (ClangCompiler, join_sources, link_library, load_library, rename_kernel, split_symbol,
+                                  translation_units, with_symbol)
 
 pytestmark = pytest.mark.skipif(not isinstance(Device["CPU"].compiler, ClangCompiler), reason="CPU device's compiler")
 
@@ -63,7 +64,7 @@ def test_a_graph_of_many_kinds_compiles_in_shared_libraries_and_matches_numpy(mo
   assert joined, f"no group of two or more kernels was compiled: {[len(s) for s, _ in groups]}"
   for sources, libs in joined:   # one library per translation unit: the units compiled (no kernel-alone fallback)
     assert all(isinstance(lib, bytes) for lib in libs), libs
-    assert len({id(lib) for lib in libs}) == len(translation_units(sources))
+    assert len({split_symbol(lib)[0] for lib in libs}) == len(translation_units(sources))
   assert any(len(translation_units(sources)) < len(sources) for sources, _ in joined), "no two kernels joined"
 
 def test_every_rendered_kernel_joins_one_unit_and_loads_alone(small_chunks):
@@ -74,17 +75,53 @@ def test_every_rendered_kernel_joins_one_unit_and_loads_alone(small_chunks):
   runners = list({r.source: r for r in _runner_cache.values() if r.device == "CPU" and r.name != "copy"}.values())
   sources = [r.source for r in runners]
   for helper in ("kiln_half_to_f", "kiln_bf16_to_f", "kiln_fp8_to_f", "kiln_const", "_part("):   # what it covers
-    assert any(sum(helper in sources[i] for i in unit) >= 2 for unit in translation_units(sources)), helper
+    assert any(sum(helper in sources[i] for i, _ in unit) >= 2 for unit in translation_units(sources)), helper
   libs = Device["CPU"].compiler.compile_group(sources)
   assert all(isinstance(lib, bytes) for lib in libs), libs
-  assert len({id(lib) for lib in libs}) == len(translation_units([r.source for r in runners]))
+  assert len({split_symbol(lib)[0] for lib in libs}) == len(translation_units([r.source for r in runners]))
   for runner, lib in zip(runners, libs):
     program = Device["CPU"].runtime(runner.name, lib)
     assert (program.task is None) == (runner.program.task is None) and program.chunks == runner.program.chunks
 
-def test_translation_units_keep_shared_names_apart_and_join_renames_constants():
+def test_same_named_kernels_share_one_unit_renamed_and_each_loads_alone_from_the_cache(tmp_path):
   sources = [_store_kernel("k_a", 1), _store_kernel("k_a", 2), _store_kernel("k_b", 3), _store_kernel("k_a", 4)]
-  assert translation_units(sources) == [[0, 2], [1], [3]]
+  assert translation_units(sources) == [[(0, None), (1, "k_a_k1"), (2, None), (3, "k_a_k2")]]
+  compiler = Device["CPU"].compiler
+  with Context(CACHELEVEL=2, CACHEDB=str(tmp_path / "cache")):
+    libs = compiler.compile_cached_many(sources, workers=1)
+    alone = [compiler.compile_cached(src) for src in sources]   # a later process: each finds its own entry
+  assert libs[0] is libs[2] and split_symbol(libs[1]) == (libs[0], "k_a_k1") and split_symbol(libs[0])[1] is None
+  assert [_run(name, lib) for name, lib in zip(("k_a", "k_a", "k_b", "k_a"), alone)] == [1, 2, 3, 4]
+  programs = [Device["CPU"].runtime("k_a", lib) for lib in alone[:2]]
+  assert programs[0].lib is programs[1].lib and (programs[0].name, programs[1].name) == ("k_a", "k_a_k1")
+
+def test_rename_kernel_renames_the_derived_names_only():
+  src = ("static void r_4_part(int c) {}\nvoid r_4(int* restrict data0) { int r_4_1 = 0; r_4_part(r_4_1); }\n"
+         "void r_4_task(void **bufs) { r_4((int*)bufs[0]); }\nconst long long r_4_work = 5ll;\n")
+  renamed = rename_kernel(src, "r_4_k1")
+  assert renamed == src.replace("r_4(", "r_4_k1(").replace("r_4_part", "r_4_k1_part").replace(
+    "r_4_task", "r_4_k1_task").replace("r_4_work", "r_4_k1_work"), renamed
+  with pytest.raises(ValueError, match="no kernel function"): rename_kernel("int x;", "k")
+  with pytest.raises(ValueError, match="bad kernel symbol"): with_symbol(b"lib", "not a name")
+
+def test_renamed_split_reductions_in_one_group_match_numpy(small_chunks, monkeypatch):
+  """Two split reductions of one name (`_part`, `_finish`, `_chunks`, `_scratch`) joined and run on the pool."""
+  symbols: list = []
+  join = ops_cpu.join_sources
+  def recording(sources, names=None):
+    symbols.append(names)
+    return join(sources, names)
+  monkeypatch.setattr(ops_cpu, "join_sources", recording)
+  monkeypatch.setattr(os, "cpu_count", lambda: 1)   # one compile group for the whole schedule
+  rng = np.random.default_rng(3)
+  a, b = rng.standard_normal(20011).astype(np.float32), rng.standard_normal(20011).astype(np.float32)
+  with Context(CACHELEVEL=0):
+    outs = [(Tensor(a) * 2).sum(), (Tensor(b) + 1).sum()]
+    Tensor.realize(*outs)
+  np.testing.assert_allclose([o.item() for o in outs], [(a * 2).sum(), (b + 1).sum()], rtol=1e-4)
+  assert any(names and any(names) for names in symbols), symbols
+
+def test_join_renames_constants():
   with_const = "typedef float kiln_floatx4 __attribute__((vector_size(16)));\n" \
                "static const kiln_floatx4 kiln_const0 = {{1.0f, 1.0f, 1.0f, 1.0f}};\n" \
                "void {name}(float* restrict data0) {{ kiln_floatx4 v = kiln_const0 * {k}.0f; data0[0] = v[1]; }}\n"

@@ -11,6 +11,11 @@ The choices follow from how each axis walks memory (its stride in every load and
   winner for matmul 512 (an 8x16 tile rows x columns, K unrolled by 2) measured 47-85 GFLOP/s against 16x8's
   87-150, and unrolling K by 2 on top of 16x8 was within noise, so it is left out (compile time). Without such a
   pair (e.g. `a @ b.T`: no axis is contiguous in both), the innermost two reused axes get 8 (or 4) each;
+- 16 rows instead of 8 (a 16x16 tile) where that halves L1 misses and the 16 rows' loads do not thrash one L1 set
+  (rows 4 KiB apart map to one set of 8 ways): a matmul whose `b` rows lie 4 KiB apart (N = 1024: every step of its
+  panel misses L1) gets 16 rows of `a` (`_tall_tile_pays`: 256x256 @ 256x1024 88-93 -> 108-110 GFLOP/s), and
+  `a @ b.T` with both axes multiples of 16 gets 16x16 (`_transposed_tile_pays`: the anchors' attention scores 161 ->
+  124 us, 512^3 52 -> 69 GFLOP/s);
 - a large matmul (its `b` panel, the reduce axis times the inner output axes, over KBLOCK_MIN_BYTES) is cache
   blocked after tiling: SPLIT the outermost output axis so 16 tiles form a thread's unit of work, and KBLOCK the
   reduce axis by 256, so each row block walks its tiles over a 256-row panel of `b` (2 MiB at 2048) that stays in
@@ -127,11 +132,18 @@ def heuristic_opts(kernel: Kernel) -> list[Opt]:
       _try(kernel, Opt(OptOps.UPCAST, kernel.output_axes.index(wide), k))
     else: _upcast_padded(kernel, wide, (16, 8, 4))
     # (a fully upcast axis is gone from the list)
-    if not pad_partner_first and partner in kernel.output_axes: _upcast_padded(kernel, partner, (8, 4))
+    if not pad_partner_first and partner in kernel.output_axes:
+      # 16 rows can exceed MAX_NODES where 8 do not (a GELU epilogue copied 256 times): 8 rows then
+      tall = (Kernel.size(partner) or 1) % 16 == 0 and _tall_tile_pays(loads, wide, partner, red_axes, load_strides)
+      if not (tall and _try(kernel, Opt(OptOps.UPCAST, kernel.axes.index(partner), 16))):
+        _upcast_padded(kernel, partner, (8, 4))
     if sum(o.op is OptOps.UPCAST for o in kernel.applied) == 2: _cache_block(kernel)
   else:
+    tall = _transposed_tile_pays(loads, [out_axes[i] for i in reused[-2:]], red_axes, load_strides)
     for axis in reversed(reused[-2:]):   # the innermost two, at most
-      if (k := _first_dividing(Kernel.size(out_axes[axis]), (8, 4))): _try(kernel, Opt(OptOps.UPCAST, axis, k))
+      size = Kernel.size(out_axes[axis])
+      if tall and size % 16 == 0 and _try(kernel, Opt(OptOps.UPCAST, axis, 16)): continue
+      if (k := _first_dividing(size, (8, 4))): _try(kernel, Opt(OptOps.UPCAST, axis, k))
   contiguous_reduce = any(1 in load_strides[rng] for rng in red_axes)
   if not reused and not contiguous_reduce:
     # column reduction: each step reads a contiguous run of outputs (32 floats: two cache lines) into accumulators
@@ -297,6 +309,54 @@ def _wide_tile(loads: list[UOp], out_axes: list[UOp], reused: list[int], load_st
   partner = next((rng for rng in reversed(candidates) if rng is not wide and zero_loads(rng) != zero_loads(wide)
                   and (_first_dividing(Kernel.size(rng), (8, 4)) or Kernel.size(rng) >= 16)), None)
   return None if partner is None else (wide, partner)
+
+L1_SET_PERIOD = 4096   # bytes after which addresses map to the same L1 set again (32 KiB, 8 ways: Zen 4, most x86)
+MAX_ROWS_PER_SET = 8   # rows of a 16-row tile's load that may share one L1 set (its ways): 16 thrash it
+
+def _rows_spread(load: UOp, stride: int | None) -> bool:
+  """Whether 16 rows of `load`, `stride` elements apart, spread over enough L1 sets to stay in L1 together."""
+  if stride is None: return False
+  step = abs(stride) * load.dtype.itemsize
+  sets = [row * step % L1_SET_PERIOD // 64 for row in range(16)]
+  return max(sets.count(s) for s in sets) <= MAX_ROWS_PER_SET
+
+def _tall_tile_pays(loads: list[UOp], wide: UOp, partner: UOp, red_axes: list[UOp],
+                    load_strides: dict[UOp, list[int | None]]) -> bool:
+  """Whether a matmul's tile gets 16 rows instead of 8 (16x16): when the `b` panel it walks misses L1 at every step
+  of the reduce axis, because b's rows lie a multiple of L1_SET_PERIOD apart (all of the panel maps to one L1 set:
+  N = 1024 float32 columns), and the 16 rows of `a` that the tile reads per step spread over several sets. Twice the
+  rows share each missed line of b. Measured on the 2-core EPYC (one thread, CPU time, interleaved runs): 256x256 @
+  256x1024 88-93 -> 108-110 GFLOP/s, 512x256 @ 256x1024 91 -> 107, 256x512 @ 512x1024 97-99 -> 104; where `a`'s rows
+  alias instead (256x1024 @ 1024x256, 1024^3: a row stride of 4 KiB) 16 rows ran at half the speed (109 -> 48,
+  92 -> 46), and where b's rows do not alias (256^3, 512^3) they were within noise. The anchors' FFN up with its GELU
+  (50 -> 59 GFLOP/s as 16x16) stays 16x8: 16 rows exceed MAX_NODES (its Python codegen took 0.27 -> 0.53 s)."""
+  if len(red_axes) != 1: return False
+  reduce_axis = red_axes[0]
+  panel = [i for i in range(len(loads)) if load_strides[partner][i] == 0 and load_strides[wide][i] == 1]
+  rows = [i for i in range(len(loads)) if load_strides[wide][i] == 0 and load_strides[partner][i] not in (0, None)]
+  if not panel or not rows: return False
+  panel_steps = [load_strides[reduce_axis][i] for i in panel]
+  if any(not step or abs(step) * loads[i].dtype.itemsize % L1_SET_PERIOD for i, step in zip(panel, panel_steps)):
+    return False
+  return all(_rows_spread(loads[i], load_strides[partner][i]) for i in rows)
+
+def _transposed_tile_pays(loads: list[UOp], axes: list[UOp], red_axes: list[UOp],
+                          load_strides: dict[UOp, list[int | None]]) -> bool:
+  """Whether the tile of `a @ b.T` (no axis is contiguous in both the output and a load: each load is read along
+  its rows, one scalar per row and step) is 16x16 instead of 8x8: when every load that moves along the reduce axis
+  moves by one element, both axes are multiples of 16 (a short one, an LLM prefill's few keys, keeps its 8-row tile
+  and unrolled reduce axis) and the 16 rows each load gives the tile spread over L1 sets. Each step's 32 scalars then
+  feed 256 products instead of 16 feeding 64. Measured on the 2-core EPYC (one thread, CPU time, interleaved runs):
+  the anchors' attention scores q @ k.T (4x4 heads of 64x64, head_dim 64) 161 -> 124 us, 256x64 @ (256x64).T 31 ->
+  49 GFLOP/s, 512^3 52 -> 69, 256^3 55 -> 64; 1024^3, whose rows lie 4 KiB apart (one L1 set), would run 52 -> 23."""
+  if len(axes) != 2 or len(red_axes) != 1 or any((Kernel.size(rng) or 1) % 16 for rng in axes): return False
+  along = load_strides[red_axes[0]]
+  if any(s not in (0, 1) for s in along) or 1 not in along: return False
+  for rng in axes:
+    moving = [i for i, s in enumerate(load_strides[rng]) if s not in (0, None)]
+    if not moving or not all(along[i] == 1 and _rows_spread(loads[i], load_strides[rng][i]) for i in moving):
+      return False
+  return True
 
 def _windowed(loads: list[UOp], out_axes: list[UOp], load_strides: dict[UOp, list[int | None]]) -> set[int]:
   """The loads that move by the same step along an output axis and along a reduce axis (a convolution's window)."""
