@@ -15,6 +15,7 @@ from kiln.codegen.gather import rewrite_gathers
 from kiln.codegen.linearizer import linearize
 from kiln.codegen.transcendental import TRANSCENDENTAL, apply_software_math
 from kiln.codegen.opt import optimize_kernel
+from kiln.codegen.opt.kernel import forget_graphs
 from kiln.codegen.opt.search import BEAM, choose_opts
 from kiln.engine import codegen_cache
 
@@ -132,13 +133,17 @@ def _remember(device: str, ast: UOp, runner: CompiledRunner) -> None:
 def _collector_paused():
   """Codegen makes a great many small objects that form no reference cycles (UOps point at their sources only), so
   the cyclic garbage collector's passes over them find nothing: paused while kernels are made (measured: ~10% of
-  the anchors' transformer codegen time). Cycles made meanwhile are collected once it runs again."""
-  if not gc.isenabled():
-    yield
-    return
-  gc.disable()
-  try: yield
-  finally: gc.enable()
+  the anchors' transformer codegen time). Cycles made meanwhile are collected once it runs again. On the way out the
+  optimizer's remembered graphs are dropped: kept, the last kernels' graphs (7k nodes after the anchors' transformer)
+  would be scanned by every later collection (a 6 ms gen1 pass in the second call, 33 ms full passes after)."""
+  try:
+    if not gc.isenabled():
+      yield
+      return
+    gc.disable()
+    try: yield
+    finally: gc.enable()
+  finally: forget_graphs()
 
 def get_runner(device: str, ast: UOp, bufs: list[Buffer] | None = None, var_vals: dict | None = None) -> CompiledRunner:
   """The compiled program for `ast` on `device` (compiled once per distinct kernel). With BEAM>=1 and the kernel's

@@ -75,6 +75,11 @@ def graph_nodes(sink: UOp) -> list[UOp]:
   nodes = _recent_graphs[sink] = toposort([sink])
   return nodes
 
+def forget_graphs() -> None:
+  """Drop the remembered kernel graphs (`graph_nodes`): called when codegen is done, so that the last kernels'
+  graphs (thousands of nodes) are freed rather than kept for the garbage collector to scan again and again."""
+  _recent_graphs.clear()
+
 def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
   """`root` with every node in `mapping` replaced by its value (values are not searched again)."""
   done: dict[UOp, UOp] = {}
