@@ -21,7 +21,12 @@ The choices follow from how each axis walks memory (its stride in every load and
   reduce axis by 256, so each row block walks its tiles over a 256-row panel of `b` (2 MiB at 2048) that stays in
   L2 and L3 instead of the whole of `b` (16 MiB) per row of tiles. Measured on the 2-core EPYC (clang 14, one
   thread, CPU time, busy machine): matmul 2048 37-45 -> 82-86 GFLOP/s (NumPy 100); 1024 85 -> 81-83 (within noise,
-  so not applied), 512 98 -> 105;
+  so not applied), 512 98 -> 105. Re-measured later (one thread, CPU time, best of 8 interleaved, load 1.5-2.8):
+  this choice 74-84 GFLOP/s, NumPy 96-103, and no variant was faster beyond the noise (an A/A pair differs by ~9%):
+  KBLOCK 64/128/512 66-77, 8 or 32 tiles per unit 63-77, columns outside rows in a unit 68-73, SPLIT of the
+  columns instead (units of 8 or 16 column tiles, all rows) 67-72, K unrolled by 2 74; clearly slower: a 16x16 tile
+  33-44 (16 rows of `a` 8 KiB apart share one L1 set), 8x32 48-55, 4x16 46, 4x32 36, no blocking 38. BEAM=2 (2
+  threads) keeps this choice after a 252 s search;
 - a sum over several axes whose innermost axis is contiguous in every load (a conv's weight gradient) gets 8
   accumulator lanes on that axis (LANES: one vector accumulator) and a small output tile (`_lane_reduction`);
 - a matrix-vector product (a load that moves along every output axis, another reused along one, each sum's innermost
