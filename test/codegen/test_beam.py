@@ -1,7 +1,7 @@
 """BEAM search: it finds kernels at least as fast as the heuristics' (by its own timer), never changes results,
 refuses a winner that computes something else, and its sqlite cache round-trips across processes."""
 from __future__ import annotations
-import multiprocessing, subprocess, sys, textwrap
+import multiprocessing, os, subprocess, sys, textwrap, time
 import numpy as np
 import pytest
 from kiln import Tensor
@@ -85,13 +85,31 @@ def test_beam_search_follows_the_timer():
   t, _ = _matmul()
   sink = lower_kernel(_item(t).ast)
   # a made-up timer: more upcast work is faster, so the search must keep extending the best kernel
-  def fake_timer(kernels):
+  def fake_timer(kernels, deadline):
     return [1.0 / (1 + sum(o.arg for o in k.applied if o.op is OptOps.UPCAST)) for k in kernels]
   best = beam_search(sink, fake_timer, width=2, timeout_s=30)
   assert sum(o.arg for o in best.applied if o.op is OptOps.UPCAST) >= 16
   replayed = Kernel(sink)
   for opt in best.applied: replayed.apply(opt)
   assert replayed.sink is best.sink   # the recorded actions rebuild the same kernel (what the cache relies on)
+
+def test_beam_search_keeps_to_its_timeout():
+  t, _ = _matmul()
+  sink = lower_kernel(_item(t).ast)
+  runs, compiled = [], []
+  def slow_run(sink):   # 10 ms per run: a round of ~30 candidates would take over a second
+    time.sleep(0.01)
+    runs.append(sink)
+    return 1.0 / len(runs)   # every new run looks faster: only the deadline stops the search
+  timer = search.make_timer(lambda sinks: compiled.extend(sinks), slow_run)
+  start = time.perf_counter()
+  best = beam_search(sink, timer, width=2, timeout_s=0.3)
+  elapsed = time.perf_counter() - start
+  batch = 2 * (os.cpu_count() or 1)
+  # the two default candidates, then at most one batch started before the deadline: 4 runs of 10 ms each
+  assert elapsed < 0.3 + 0.04 * (2 + batch) + 0.5, f"the search took {elapsed:.2f} s with a 0.3 s timeout"
+  assert len(compiled) < 2 + 2 * batch + batch   # rounds were cut short, not compiled whole
+  assert best.sink in set(compiled)
 
 def test_choose_opts_times_real_candidates_and_caches(own_cache, monkeypatch):
   t, want = _matmul()

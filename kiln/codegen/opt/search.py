@@ -11,7 +11,7 @@ something else is refused and reported), then written to an sqlite database in t
 kernel, the device's compiler and the search width, so later runs and other processes skip the search.
 """
 from __future__ import annotations
-import hashlib, json, sqlite3, time
+import hashlib, json, os, sqlite3, time
 from typing import Callable, Sequence
 import numpy as np
 from kiln.helpers import CACHELEVEL, DEBUG, ContextVar, kernel_cache_dir
@@ -72,7 +72,9 @@ def _extensions(kernel: Kernel) -> list[Kernel]:
     except KernelOptError: continue
   return out
 
-Timer = Callable[[Sequence[Kernel]], list[float]]
+# seconds per kernel (`inf` for one that failed or was not timed) of the kernels given, timing none that would start
+# after the deadline (a `time.perf_counter()` value)
+Timer = Callable[[Sequence[Kernel], float], list[float]]
 
 def beam_search(sink: UOp, time_kernels: Timer, width: int, timeout_s: float) -> Kernel:
   """The fastest kernel found by a `width`-wide beam over actions on `sink`, timed by `time_kernels` (seconds per
@@ -83,9 +85,12 @@ def beam_search(sink: UOp, time_kernels: Timer, width: int, timeout_s: float) ->
   heuristic_opts(heuristic)   # applies in place
   candidates = [base] + ([heuristic] if heuristic.sink is not base.sink else [])
   seen = {k.sink for k in candidates}
-  beam = sorted(zip(time_kernels(candidates), range(len(candidates)), candidates), key=lambda t: t[:2])[:width]
+  # the unoptimized and the heuristics' kernels are always timed: the search never does worse than the default
+  beam = sorted(zip(time_kernels(candidates, float("inf")), range(len(candidates)), candidates),
+                key=lambda t: t[:2])[:width]
   counter = len(candidates)
-  while time.perf_counter() - start < timeout_s:
+  deadline = start + timeout_s
+  while time.perf_counter() < deadline:
     fresh = []
     for _, _, kernel in beam:
       for new in _extensions(kernel):
@@ -93,7 +98,7 @@ def beam_search(sink: UOp, time_kernels: Timer, width: int, timeout_s: float) ->
         seen.add(new.sink)
         fresh.append(new)
     if not fresh: break
-    times = time_kernels(fresh)
+    times = time_kernels(fresh, deadline)
     timed = [(t, counter + i, k) for i, (t, k) in enumerate(zip(times, fresh))]
     counter += len(fresh)
     new_beam = sorted(beam + timed, key=lambda t: t[:2])[:width]
@@ -104,21 +109,32 @@ def beam_search(sink: UOp, time_kernels: Timer, width: int, timeout_s: float) ->
   return beam[0][2]
 
 def make_timer(prepare: Callable[[list[UOp]], None], run: Callable[[UOp], float]) -> Timer:
-  """A Timer from `prepare(sinks)`, which compiles a round of candidates (the caller may compile them in parallel),
-  and `run(sink)`, which runs one compiled candidate once and returns seconds. Timing is sequential; a candidate
-  that fails to compile or run is timed as `inf` (never chosen)."""
-  def time_kernels(kernels: Sequence[Kernel]) -> list[float]:
-    prepare([k.sink for k in kernels])
-    times = []
-    for kernel in kernels:
-      try:
-        run(kernel.sink)   # warm-up (and compile, if prepare left it out): caches, page faults
-        times.append(min(run(kernel.sink) for _ in range(TIMED_RUNS)))
-      except Exception as e:   # noqa: BLE001  (a candidate that fails is simply not chosen)
-        if DEBUG >= 3: print(f"BEAM candidate {kernel.applied} failed: {e}")
-        times.append(float("inf"))
+  """A Timer from `prepare(sinks)`, which compiles candidates (the caller may compile them in parallel), and
+  `run(sink)`, which runs one compiled candidate once and returns seconds. A round is compiled and timed in batches
+  of a few candidates per core, and no batch starts after the deadline (a round of a big kernel can take minutes:
+  the search keeps to BEAM_TIMEOUT); a candidate left out, or that fails to compile or run, is `inf` (never chosen)."""
+  batch = 2 * (os.cpu_count() or 1)
+  def time_kernels(kernels: Sequence[Kernel], deadline: float) -> list[float]:
+    times: list[float] = []
+    for first in range(0, len(kernels), batch):
+      if time.perf_counter() >= deadline: return times + [float("inf")] * (len(kernels) - len(times))
+      chunk = kernels[first:first + batch]
+      prepare([k.sink for k in chunk])
+      times.extend(_time_each(chunk, run))
     return times
   return time_kernels
+
+def _time_each(kernels: Sequence[Kernel], run: Callable[[UOp], float]) -> list[float]:
+  """The best of TIMED_RUNS runs of each compiled kernel after a warm-up, `inf` for one that fails."""
+  times = []
+  for kernel in kernels:
+    try:
+      run(kernel.sink)   # warm-up (and compile, if prepare left it out): caches, page faults
+      times.append(min(run(kernel.sink) for _ in range(TIMED_RUNS)))
+    except Exception as e:   # noqa: BLE001  (a candidate that fails is simply not chosen)
+      if DEBUG >= 3: print(f"BEAM candidate {kernel.applied} failed: {e}")
+      times.append(float("inf"))
+  return times
 
 def outputs_match(expected: list[np.ndarray], got: list[np.ndarray]) -> bool:
   """Whether an optimized kernel's outputs equal the unoptimized kernel's (floats: up to reassociation error)."""
