@@ -1,5 +1,6 @@
-"""CPU time of the Python codegen stages before rendering -- lowering, the optimizer's heuristics, software math --
-over the distinct kernels of the anchors' cold transformer graph (issue 4's cold first call).
+"""CPU time of each Python codegen stage -- lowering, the optimizer's heuristics, software math, linearize, vectorize
+(with its thread plans) and render -- over the distinct kernels of the anchors' cold transformer graph (issue 4's cold
+first call).
 
 Each run is a fresh process (the rewrite memories and node caches start empty, as in a cold first call); the minimum
 of the runs is printed per stage, in milliseconds of process CPU time (less sensitive to other load than wall time).
@@ -21,22 +22,25 @@ def measure_once() -> dict[str, float]:
   from kiln.codegen.gather import rewrite_gathers
   from kiln.codegen.opt import optimize_kernel
   from kiln.codegen.transcendental import apply_software_math
+  from kiln.codegen.linearizer import linearize
   x, *params = [Tensor(a) for a in anchors.transformer_inputs(np.random.default_rng(0))]
   items = anchors.transformer_tensor(x, anchors.split_layers(params)).schedule()
   asts = list(dict.fromkeys(item.ast for item in items if item.ast.op is not Ops.COPY))
   renderer = Device[items[0].bufs[0].device].renderer
   gc.disable()   # as in precompile (kiln/engine/realize.py: the collector is paused during codegen)
-  totals = {"kernels": float(len(asts)), "lower": 0.0, "optimize": 0.0, "software_math": 0.0}
-  for ast in asts:
-    start = time.process_time()
-    lowered = rewrite_gathers(lower_kernel(ast))
-    totals["lower"] += time.process_time() - start
-    start = time.process_time()
-    optimized = optimize_kernel(lowered)
-    totals["optimize"] += time.process_time() - start
-    start = time.process_time()
-    apply_software_math(optimized, renderer)
-    totals["software_math"] += time.process_time() - start
+  stages = {"lower": lambda ast, i: rewrite_gathers(lower_kernel(ast)),
+            "optimize": lambda lowered, i: optimize_kernel(lowered),
+            "software_math": lambda optimized, i: apply_software_math(optimized, renderer),
+            "linearize": lambda kernel, i: linearize(kernel),
+            "vectorize": lambda uops, i: renderer.vectorize(uops) if hasattr(renderer, "vectorize") else uops,
+            "render": lambda uops, i: renderer.render(f"k{i}", uops)}
+  totals = {"kernels": float(len(asts)), **{name: 0.0 for name in stages}}
+  for i, ast in enumerate(asts):
+    value = ast
+    for name, stage in stages.items():   # each stage takes the one before's result
+      start = time.process_time()
+      value = stage(value, i)
+      totals[name] += time.process_time() - start
   return totals
 
 def main() -> None:
