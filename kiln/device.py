@@ -11,7 +11,7 @@ a renderer (uop list -> source), a compiler (source -> binary) and a runtime cla
 [0, 0, 0]
 """
 from __future__ import annotations
-import collections, concurrent.futures, hashlib, importlib, os, pathlib, tempfile
+import collections, concurrent.futures, hashlib, importlib, os, pathlib
 from typing import Any, Callable
 from kiln.dtype import DType, dtypes, to_numpy_dtype, fp8_to_float32
 from kiln.helpers import CACHELEVEL, DEBUG, GlobalCounters, kernel_cache_dir
@@ -210,21 +210,6 @@ class CompileError(RuntimeError):
 # 2.8 us per byte of source (2-core EPYC: 5 KB 0.11 s, 1.26 MB 3.6 s)
 _COMPILE_START_BYTES = 40_000
 
-def _compile_groups(lengths: list[int], workers: int) -> list[list[int]]:
-  """Indices into `lengths` (source lengths) grouped for `workers` threads that each take the next group when done:
-  about three groups per worker of similar cost, the costliest first (a huge kernel is a group of its own)."""
-  costs = [_COMPILE_START_BYTES + n for n in lengths]
-  if workers <= 1 or len(costs) <= 1: return [list(range(len(costs)))] if costs else [[]]
-  target = sum(costs) / (3 * workers)
-  groups: list[list[int]] = []
-  group_costs: list[float] = []
-  for i in sorted(range(len(costs)), key=lambda i: -costs[i]):   # largest first into the first group with room
-    g = next((g for g, c in enumerate(group_costs) if c + costs[i] <= target), None)
-    if g is None: groups.append([]); group_costs.append(0); g = len(groups) - 1
-    groups[g].append(i)
-    group_costs[g] += costs[i]
-  return [groups[g] for g in sorted(range(len(groups)), key=lambda g: -group_costs[g])]
-
 class Compiler:
   """Turns kernel source into a binary. Subclasses implement `compile`; `compile_cached` adds the on-disk cache."""
   disk_cache: bool = True   # False for compilers whose output is as cheap to remake as to read back
@@ -257,23 +242,11 @@ class Compiler:
     return out
 
   def compile_cached_many(self, sources: list[str], workers: int = 1) -> list[bytes | Exception]:
-    """`compile_cached` for each source, an exception in the place of each that fails. The sources missing from
-    the disk cache are compiled in up to `workers` groups at once (threads, each running `compile_group`; only for a
-    compiler that `runs_in_subprocess`), balanced by source length."""
-    caching = self.disk_cache and CACHELEVEL >= 1
-    out: list[bytes | Exception | None] = [self._cached(src) if caching else None for src in sources]
-    todo = [i for i, lib in enumerate(out) if lib is None]
-    workers = max(1, min(workers if self.runs_in_subprocess else 1, len(todo)))
-    groups = _compile_groups([len(sources[i]) for i in todo], workers)
-    def build(group: list[int]) -> list[bytes | Exception]: return self.compile_group([sources[todo[i]] for i in group])
-    if len(groups) > 1 and workers > 1:   # the costliest groups first; a thread that is done takes the next group
-      with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool: built = list(pool.map(build, groups))
-    else: built = [build(group) for group in groups]
-    groups = [[todo[i] for i in group] for group in groups]
-    for group, libs in zip(groups, built):
-      for i, lib in zip(group, libs): out[i] = lib
-      if caching: self._store_all([(sources[i], lib) for i, lib in zip(group, libs) if isinstance(lib, bytes)])
-    return out   # type: ignore[return-value]
+    """`compile_cached` for each source, an exception in the place of each that fails: the sources missing from the
+    disk cache compile in groups on up to `workers` threads (`CompilePipeline`)."""
+    pipeline = CompilePipeline(self, len(sources), workers)
+    for src in sources: pipeline.add(src)
+    return pipeline.results()
 
   def _cached(self, src: str) -> bytes | None:
     try: return self.cache_path(src).read_bytes()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import numpy as np
 import pytest
-from kiln.device import Buffer, Device, CompileError, _compile_groups
+from kiln.device import Buffer, Device, CompileError
 from kiln.dtype import dtypes
 from kiln.helpers import Context
 
@@ -44,14 +44,6 @@ def test_compile_cached_many_uses_the_disk_cache_per_kernel(tmp_path, monkeypatc
     monkeypatch.setattr(subprocess, "run", no_subprocess)
     assert compiler.compile_cached_many(sources, workers=2) == libs
     assert compiler.compile_cached(sources[3]) == libs[3]   # one kernel alone finds its entry
-
-@pytest.mark.parametrize("lengths,workers", [([], 2), ([10], 2), ([5, 1, 3], 1), ([10**6] + [100] * 30, 2),
-                                             ([1000] * 7, 4)])
-def test_compile_groups_cover_every_kernel_once(lengths, workers):
-  groups = _compile_groups(lengths, workers)
-  assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
-  if workers > 1 and len(lengths) > 1: assert len(groups) >= min(len(lengths), workers)
-  if lengths and max(lengths) >= 10**6: assert [i for g in groups if 0 in g for i in g] == [0]   # huge: alone
 
 def test_precompiled_graph_matches_numpy():
   a = np.arange(24, dtype=np.float32).reshape(4, 6)
