@@ -2,7 +2,7 @@
 
 The compile cache (kiln/device.py) saves the compiler's work, but it is keyed by the source: without this cache every
 process still lowers, optimizes, linearizes and renders each kernel before it can look its binary up (30-50 ms of
-Python per kernel; the anchors' transformer graph: 14 kernels). Here the codegen output is keyed by
+Python per kernel; the anchors' transformer graph: 11 kernels). Here the codegen output is keyed by
 
 - the AST's structure (every node's op, dtype, argument and sources, in graph order),
 - the device, its renderer, the compiler's cache key (flags and host CPU) and every setting but DEBUG,
