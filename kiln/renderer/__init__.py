@@ -8,12 +8,15 @@ class Renderer:
 
   Attributes describe the target so lowering can adapt: `device` (the device name it renders for), `has_local`
   (whether it has workgroup-local memory and local ids; host targets do not), `supported_dtypes` (None: all),
-  `has_native_transcendentals` and `has_fast_const_division` (see kiln/codegen/transcendental.py).
+  `has_native_transcendentals` and `has_fast_const_division` (see kiln/codegen/transcendental.py),
+  `packs_matmul_operands` (whether the scheduler copies a large matmul's operands into tile-major layouts first: host
+  CPUs, whose caches it suits; kiln/schedule/pack.py).
   """
   device: str = ""
   has_local: bool = False
   has_native_transcendentals: bool = True   # False: exp2/log2/sin become software (kiln/codegen/transcendental.py)
   has_fast_const_division: bool = True      # False: integer division by constants becomes multiply-shift
+  packs_matmul_operands: bool = False
   supported_dtypes: frozenset[DType] | None = None
 
   def render(self, name: str, uops: list[UOp]) -> str:

@@ -330,6 +330,7 @@ class CRenderer(Renderer):
   # libm's expf/log2f/sinf are calls the compiler cannot vectorize; kiln's software versions (<= 1 ulp, see
   # docs/transcendental.md) vectorize with the rest of the loop: softmax 4096x4096 208 -> 109 ms on 2 cores
   has_native_transcendentals = False
+  packs_matmul_operands = True   # kiln/schedule/pack.py: matmul 2048 120-138 -> 195 GFLOP/s on a 2-core EPYC
 
   def render(self, name: str, uops: list[UOp]) -> str:
     """The C source of function `name` (see the module docstring for the semantics)."""

@@ -15,7 +15,7 @@ each; `_reduce_fuses_by_row`). Anything else downstream of the reduction keeps t
 from __future__ import annotations
 from dataclasses import dataclass, field
 from kiln.dtype import dtypes
-from kiln.device import Buffer
+from kiln.device import Buffer, Device
 from kiln.helpers import SPEC, ContextVar
 from kiln.uop.spec import check_tensor_graph
 from kiln.schedule.memory import plan_memory
@@ -26,6 +26,7 @@ from kiln.uop.sint import sprod, sint_max
 from kiln.schedule.binds import strip_binds
 from kiln.runtime.ops_disk import lower_disk_views, is_disk
 from kiln.schedule.cache import cached_schedule, SCHEDULE_CACHE
+from kiln.schedule.pack import pack_matmuls
 
 # movement ops that visit every element exactly once: a reduction seen through them can stay in registers
 BIJECTIVE = frozenset({Ops.RESHAPE, Ops.PERMUTE, Ops.FLIP})
@@ -266,6 +267,8 @@ def _prepare(roots: list[UOp]) -> tuple[list[UOp], bool]:
       done[node] = node if src == node.src else node.replace(src=src)
   return [done[r] for r in roots], reads_disk
 
+def _packs_matmul_operands(device: str) -> bool: return Device[device].renderer.packs_matmul_operands
+
 def create_schedule(roots: list[UOp], use_cache: bool = True) -> Schedule:
   """The kernels that realize `roots`, in run order, and what realizing them reads and overwrites. A graph of a
   structure scheduled before is served from the schedule cache (kiln/schedule/cache.py) unless `use_cache` is False."""
@@ -274,6 +277,7 @@ def create_schedule(roots: list[UOp], use_cache: bool = True) -> Schedule:
   original_roots = roots
   roots, reads_disk = _prepare(roots)
   if reads_disk: roots = lower_disk_views(roots)   # file tensors: byte-range views become buffers, never kernels
+  roots = pack_matmuls(roots, _packs_matmul_operands)
   if SPEC: check_tensor_graph(roots)
   nodes = toposort(roots)
   users = _consumers(nodes)

@@ -240,13 +240,17 @@ def settle(node: UOp, pm: PatternMatcher) -> UOp:
   return result
 
 def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
-  """`root` with every node in `mapping` replaced (sources of replaced nodes are not visited)."""
+  """`root` with every node in `mapping` replaced (sources of replaced nodes are not visited). A rebuilt node keeps
+  the user-facing label (`meta`) of the node it stands for."""
   memo: dict[UOp, UOp] = {}
   for node in _toposort_stop(root, mapping):
     if node in mapping: memo[node] = mapping[node]
     else:
       new_src = tuple(memo[s] for s in node.src)
-      memo[node] = node if new_src == node.src else node.replace(src=new_src)
+      if new_src == node.src: memo[node] = node
+      else:
+        memo[node] = new = node.replace(src=new_src)
+        if new.meta is None: new.meta = node.meta
   return memo[root]
 
 def _toposort_stop(root: UOp, mapping: dict) -> list[UOp]:

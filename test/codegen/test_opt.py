@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import numpy as np
 import pytest
-from kiln import Tensor, dtypes
+from kiln import Tensor, dtypes, Context
 from kiln.helpers import Context
 from kiln.schedule.kernelize import create_schedule
 from kiln.codegen.lowerer import lower_kernel
@@ -124,7 +124,11 @@ U = OptOps.UPCAST
   (lambda: (Tensor.empty(256, 256) @ Tensor.empty(256, 1024)).tanh(), [Opt(U, 1, 16), Opt(U, 0, 8)]),
 ])
 def test_heuristic_tile_choices(build, want):
-  assert _heuristic_choice(build()) == want
+  with Context(PACK_MATMUL=0): assert _heuristic_choice(build()) == want   # the operands' own layouts
+
+def test_packed_transposed_matmul_gets_the_wide_tile():
+  # packed (kiln/schedule/pack.py), `b.T` is read along its 16-lane runs like any `b`
+  assert _heuristic_choice(Tensor.empty(512, 512) @ Tensor.empty(512, 512).T) == [Opt(U, 1, 16), Opt(U, 0, 8)]
 
 def test_matmul_with_transcendental_epilogue_matches_numpy():
   rng = np.random.default_rng(5)

@@ -4,7 +4,7 @@ the thread split of a blocked matmul."""
 from __future__ import annotations
 import numpy as np
 import pytest
-from kiln import Tensor
+from kiln import Tensor, Context
 from kiln.uop.ops import Ops, toposort
 from kiln.uop.spec import check_linear
 from kiln.schedule.kernelize import create_schedule
@@ -135,13 +135,16 @@ def test_possible_opts_offer_blocking_and_never_a_refused_action():
   blocked = Kernel(kernel.sink).apply(Opt(K, 2, 128))
   for opt in blocked.possible_opts(): Kernel(blocked.sink).apply(opt)   # none raises
 
-def test_heuristics_block_large_matmuls_only():
-  ops = [o.op for o in heuristic_opts(_matmul_kernel((2048, 2048), (2048, 2048)))]
-  assert ops == [U, U, S, K], ops
-  assert K not in [o.op for o in heuristic_opts(_matmul_kernel((1024, 1024), (1024, 1024)))]
+@pytest.mark.parametrize("packed, block", [(0, 256), (1, 512)])
+def test_heuristics_block_large_matmuls_only(packed, block):
+  with Context(PACK_MATMUL=packed):
+    opts = heuristic_opts(_matmul_kernel((2048, 2048), (2048, 2048)))
+    assert [o.op for o in opts] == [U, U, S, K] and opts[-1].arg == block, opts
+    assert K not in [o.op for o in heuristic_opts(_matmul_kernel((1024, 1024), (1024, 1024)))]
 
-def test_blocked_matmul_still_splits_across_threads():
-  kernel = _matmul_kernel((2048, 2048), (2048, 2048))
+@pytest.mark.parametrize("packed", [0, 1])
+def test_blocked_matmul_still_splits_across_threads(packed):
+  with Context(PACK_MATMUL=packed): kernel = _matmul_kernel((2048, 2048), (2048, 2048))
   heuristic_opts(kernel)
   loop = find_parallel_loop(linearize(kernel.sink))
   assert loop is not None and Kernel.size(loop.loop) == 16, "the thread split takes the outer row-block loop"

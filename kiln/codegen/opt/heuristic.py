@@ -26,7 +26,10 @@ The choices follow from how each axis walks memory (its stride in every load and
   KBLOCK 64/128/512 66-77, 8 or 32 tiles per unit 63-77, columns outside rows in a unit 68-73, SPLIT of the
   columns instead (units of 8 or 16 column tiles, all rows) 67-72, K unrolled by 2 74; clearly slower: a 16x16 tile
   33-44 (16 rows of `a` 8 KiB apart share one L1 set), 8x32 48-55, 4x16 46, 4x32 36, no blocking 38. BEAM=2 (2
-  threads) keeps this choice after a 252 s search;
+  threads) keeps this choice after a 252 s search. Where the scheduler packed the operands (kiln/schedule/pack.py:
+  each step of the sum reads one cache line of `b`), the panel counts all of `b` and the reduce axis is blocked by 512
+  (`_panel`); matmul 2048, 2 threads, best of 5 interleaved: KBLOCK 512 with 16 or 32 tiles per unit 188-197
+  GFLOP/s, 256 183, 1024 183, unblocked 121-125; NumPy 187-193;
 - a sum over several axes whose innermost axis is contiguous in every load (a conv's weight gradient) gets 8
   accumulator lanes on that axis (LANES: one vector accumulator) and a small output tile (`_lane_reduction`);
 - a matrix-vector product (a load that moves along every output axis, another reused along one, each sum's innermost
@@ -55,6 +58,7 @@ SOFTWARE_MATH_OPS = (Ops.EXP2, Ops.LOG2, Ops.SIN)   # rewritten to long polynomi
 
 KBLOCK_MIN_BYTES = 8 << 20   # cache-block a matmul whose `b` panel is larger than this (L2 + a share of L3)
 KBLOCK_LENGTH, KBLOCK_TILES = 256, 16   # the block of the reduce axis; output tiles per thread unit of work
+PACKED_KBLOCK_LENGTHS = (512, 256)   # the block of the reduce axis for packed operands (kiln/schedule/pack.py)
 MAX_NODES = 6000   # a heuristic action that grows the kernel graph past this many nodes is taken back (compile time)
 
 def evaluate_index(expr: UOp, env: dict[UOp, int], nodes: list[UOp] | None = None) -> int | None:
@@ -281,16 +285,33 @@ def _cache_block(kernel: Kernel) -> None:
   """SPLIT + KBLOCK for a register-tiled matmul whose `b` panel does not fit in cache (module docstring)."""
   out_axes, red_axes = kernel.output_axes, kernel.reduce_axes
   if len(red_axes) != 1 or not out_axes or any(Kernel.size(r) is None for r in out_axes + red_axes): return
-  # the panel a tile row walks: the reduce axis of the load that strides over whole rows along it (matmul's `b`)
   loads, _ = memory_accesses(kernel.sink)
-  strides = [abs(s) for ld in loads if (s := axis_stride(ld.src[1], red_axes[0])) is not None and abs(s) > 1]
-  panel_bytes = Kernel.size(red_axes[0]) * max(strides, default=0) * kernel.sink.src[0].src[0].dtype.itemsize
-  if panel_bytes <= KBLOCK_MIN_BYTES or Kernel.size(red_axes[0]) % KBLOCK_LENGTH: return
+  panel = _panel(kernel, loads, out_axes[0], red_axes[0])
+  if panel is None or panel[0] <= KBLOCK_MIN_BYTES: return
+  # a packed panel (kiln/schedule/pack.py: one cache line per step of the sum) takes longer blocks
+  lengths, tiles, size = PACKED_KBLOCK_LENGTHS if panel[1] else (KBLOCK_LENGTH,), KBLOCK_TILES, Kernel.size(red_axes[0])
+  if (length := next((n for n in lengths if size % n == 0 and size > n), None)) is None: return
   before = (kernel.sink, list(kernel.applied), kernel.unrolled)
   outer = Kernel.size(out_axes[0])
-  if outer > 2 * KBLOCK_TILES and outer % KBLOCK_TILES == 0: _try(kernel, Opt(OptOps.SPLIT, 0, KBLOCK_TILES))
-  if not _try(kernel, Opt(OptOps.KBLOCK, len(kernel.axes) - 1, KBLOCK_LENGTH)):
+  if outer > 2 * tiles and outer % tiles == 0: _try(kernel, Opt(OptOps.SPLIT, 0, tiles))
+  if not _try(kernel, Opt(OptOps.KBLOCK, len(kernel.axes) - 1, length)):
     kernel.sink, kernel.applied, kernel.unrolled = before   # the split alone does not pay
+
+def _panel(kernel: Kernel, loads: list[UOp], outer: UOp, reduce_axis: UOp) -> tuple[int, bool] | None:
+  """(bytes, packed) of the largest memory a row of tiles walks: a load that moves along the reduce axis and not
+  along the outermost output axis (matmul's `b`), over every other axis; `packed` when each step of the sum reads one
+  cache line of it (a tile-major copy). None without such a load."""
+  found = None
+  for ld in loads:
+    index = ld.src[1]
+    if axis_stride(index, outer) != 0 or (step := axis_stride(index, reduce_axis)) in (0, None): continue
+    nodes = toposort([index])
+    high = evaluate_index(index, {rng: Kernel.size(rng) - 1 for rng in kernel.axes if rng is not outer}, nodes)
+    low = evaluate_index(index, {}, nodes)
+    if high is None or low is None: continue
+    size = (abs(high - low) + 1) * ld.dtype.itemsize
+    if found is None or size > found[0]: found = (size, abs(step) * ld.dtype.itemsize <= 64)
+  return found
 
 def _wide_tile(loads: list[UOp], out_axes: list[UOp], reused: list[int], load_strides: dict[UOp, list[int | None]],
                store_strides: dict[UOp, list[int | None]]) -> tuple[UOp, UOp] | None:

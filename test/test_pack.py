@@ -1,0 +1,105 @@
+"""Packed matmul operands (kiln/schedule/pack.py): which sums are packed, and packed results (forward and backward,
+several shapes and dtypes) against PyTorch/NumPy. The size thresholds are lowered so small matmuls qualify."""
+from __future__ import annotations
+import numpy as np
+import pytest
+import torch
+from kiln import Tensor, Context
+from kiln.uop.ops import Ops, toposort
+from kiln.schedule import pack
+from kiln.schedule.pack import pack_matmuls
+from helpers import check, assert_close
+
+@pytest.fixture
+def small_packs(monkeypatch):
+  """Every matmul with 16-multiple columns and 8-multiple rows is packed (the thresholds are module constants the
+  schedule cache does not see, so it is off)."""
+  monkeypatch.setattr(pack, "PACK_MIN_WORK", 1)
+  monkeypatch.setattr(pack, "PACK_MIN_REUSE", 8)
+  with Context(SCHEDULE_CACHE=0): yield
+
+def packed_sums(t: Tensor) -> int:
+  """How many reductions of `t`'s graph `pack_matmuls` rewrites (on any device)."""
+  (root,) = pack_matmuls([t.uop], lambda device: True)
+  return sum(u.op is Ops.CONTIGUOUS for u in toposort([root])) // 2
+
+MATMULS = [
+  ("a @ b", lambda a, b: a @ b, [(64, 48), (48, 32)]),
+  ("24 rows, 80 columns", lambda a, b: a @ b, [(24, 40), (40, 80)]),
+  ("a.T @ b.T", lambda a, b: a.T @ b.T, [(40, 72), (48, 40)]),
+  ("batched, shared b", lambda a, b: a @ b, [(3, 16, 24), (24, 32)]),
+  ("batched both", lambda a, b: a @ b, [(2, 3, 16, 24), (2, 3, 24, 48)]),
+  ("epilogue", lambda a, b: (a @ b + 1).relu(), [(32, 40), (40, 64)]),
+]
+
+@pytest.mark.parametrize("name, fn, shapes", MATMULS, ids=[m[0] for m in MATMULS])
+def test_packed_matmuls_match_torch_forward_and_backward(small_packs, name, fn, shapes):
+  a, b = (Tensor.empty(*s) for s in shapes)
+  assert packed_sums(fn(a, b)) == 1, f"{name}: the matmul should be packed"
+  check(fn, fn, shapes)
+
+@pytest.mark.parametrize("dtype", ["float16", "int32", "float64"])
+def test_packed_matmul_dtypes(small_packs, dtype):
+  assert packed_sums(Tensor.empty(32, 24, dtype=dtype) @ Tensor.empty(24, 48, dtype=dtype)) == 1
+  check(lambda a, b: a @ b, lambda a, b: a @ b, [(32, 24), (24, 48)], dtype=dtype, grad=dtype == "float64",
+        low=-4, high=4)
+
+def test_backward_matmuls_are_packed_too(small_packs):
+  a, b = Tensor.empty(32, 48, requires_grad=True), Tensor.empty(48, 64, requires_grad=True)
+  (a @ b).relu().sum().backward()
+  assert packed_sums(a.grad) == 1 and packed_sums(b.grad) == 1
+
+def test_packing_adds_two_copy_kernels_labelled_with_the_users_op(small_packs):
+  a, b = (Tensor(np.ones((32, 32), np.float32)).realize() for _ in range(2))
+  with Context(PACK_MATMUL=0): assert len((a @ b).schedule()) == 1
+  items = (a @ b).schedule()
+  assert len(items) == 3 and all(any("matmul" in m for m in item.metadata) for item in items)
+
+def test_packed_views_read_every_element_where_it_was(small_packs):
+  rng = np.random.default_rng(3)
+  an, bn = rng.standard_normal((40, 24), dtype=np.float32), rng.standard_normal((24, 32), dtype=np.float32)
+  got = (Tensor(an) @ Tensor(bn)).numpy()
+  with Context(PACK_MATMUL=0): unpacked = (Tensor(an) @ Tensor(bn)).numpy()
+  np.testing.assert_array_equal(got, unpacked)   # the same sums in the same order
+  assert_close(got, an.astype(np.float64) @ bn, "packed matmul", atol=1e-4)
+
+@pytest.mark.parametrize("why, build", [
+  ("columns not a multiple of 16", lambda: Tensor.empty(64, 32) @ Tensor.empty(32, 40)),
+  ("rows not a multiple of 8", lambda: Tensor.empty(60, 32) @ Tensor.empty(32, 48)),
+  ("a sum over two axes", lambda: (Tensor.empty(64, 1, 8, 4) * Tensor.empty(1, 48, 8, 4)).sum((2, 3))),
+  ("a max, not a sum", lambda: (Tensor.empty(64, 1, 32) * Tensor.empty(1, 48, 32)).max(-1)),
+  ("an elementwise product", lambda: (Tensor.empty(64, 48, 32) * Tensor.empty(64, 48, 32)).sum(-1)),
+])
+def test_sums_that_are_not_tiled_matmuls_are_not_packed(small_packs, why, build):
+  assert packed_sums(build()) == 0, why
+
+def test_a_broadcast_constant_factor_is_not_copied(small_packs):
+  (root,) = pack_matmuls([(Tensor.empty(64, 32) @ Tensor.ones(32, 48)).uop], lambda device: True)
+  assert sum(u.op is Ops.CONTIGUOUS for u in toposort([root])) == 1   # only `a`
+
+def test_thresholds_keep_small_matmuls_and_few_rows_unpacked():
+  assert packed_sums(Tensor.empty(256, 256) @ Tensor.empty(256, 1024)) == 0    # the transformer's FFN: 2^26
+  assert packed_sums(Tensor.empty(512, 512) @ Tensor.empty(512, 512)) == 1
+  assert packed_sums(Tensor.empty(16, 2048) @ Tensor.empty(2048, 8192)) == 0   # 16 rows: a pack used 16 times
+  with Context(PACK_MATMUL=0): assert packed_sums(Tensor.empty(512, 512) @ Tensor.empty(512, 512)) == 0
+
+def test_only_devices_whose_renderer_asks_are_packed(small_packs):
+  a, b = Tensor.empty(32, 32, device="PYTHON"), Tensor.empty(32, 32, device="PYTHON")
+  assert len((a @ b).schedule()) == 1
+
+def test_a_packed_matmul_trains_like_torch(small_packs):
+  rng = np.random.default_rng(5)
+  xn, wn = rng.standard_normal((64, 32), dtype=np.float32), rng.standard_normal((32, 48), dtype=np.float32) * 0.1
+  x, w = Tensor(xn), Tensor(wn, requires_grad=True)
+  tx, tw = torch.tensor(xn), torch.tensor(wn, requires_grad=True)
+  for _ in range(3):
+    loss = (x @ w).relu().square().mean()
+    loss.backward()
+    w.assign(w.detach() - 0.1 * w.grad).realize()
+    w.grad = None
+    tloss = (tx @ tw).relu().square().mean()
+    tloss.backward()
+    with torch.no_grad(): tw -= 0.1 * tw.grad
+    tw.grad = None
+    assert_close(loss.numpy(), tloss.detach().numpy(), "loss", atol=1e-5)
+  assert_close(w.numpy(), tw.detach().numpy(), "trained weight", atol=1e-5)
