@@ -83,6 +83,12 @@ def test_thresholds_keep_small_matmuls_and_few_rows_unpacked():
   assert packed_sums(Tensor.empty(16, 2048) @ Tensor.empty(2048, 8192)) == 0   # 16 rows: a pack used 16 times
   with Context(PACK_MATMUL=0): assert packed_sums(Tensor.empty(512, 512) @ Tensor.empty(512, 512)) == 0
 
+def test_packed_matmul_on_llvm(small_packs):
+  pytest.importorskip("llvmlite")
+  a, b = Tensor.empty(32, 24, device="LLVM"), Tensor.empty(24, 48, device="LLVM")
+  assert len((a @ b).schedule()) == 3
+  check(lambda a, b: a @ b, lambda a, b: a @ b, [(32, 24), (24, 48)], device="LLVM")
+
 def test_only_devices_whose_renderer_asks_are_packed(small_packs):
   a, b = Tensor.empty(32, 32, device="PYTHON"), Tensor.empty(32, 32, device="PYTHON")
   assert len((a @ b).schedule()) == 1

@@ -384,6 +384,7 @@ class LLVMRenderer(Renderer):
   """Renders a linearized kernel as `define void @name(ptr noalias %data0, ..., i32 %var0)` in LLVM IR text."""
   device = "LLVM"
   has_local = False
+  packs_matmul_operands = True   # kiln/schedule/pack.py: matmul 1024 76 -> 91, 2048 60 -> 71 GFLOP/s (2-core EPYC)
 
   def render(self, name: str, uops: list[UOp]) -> str:
     """The LLVM IR module of function `name` (see the module docstring for the semantics)."""
