@@ -277,9 +277,10 @@ def create_schedule(roots: list[UOp], use_cache: bool = True) -> Schedule:
   original_roots = roots
   roots, reads_disk = _prepare(roots)
   if reads_disk: roots = lower_disk_views(roots)   # file tensors: byte-range views become buffers, never kernels
-  roots = pack_matmuls(roots, _packs_matmul_operands)
-  if SPEC: check_tensor_graph(roots)
   nodes = toposort(roots)
+  if (packed := pack_matmuls(roots, nodes, _packs_matmul_operands)) is not roots:
+    roots, nodes = packed, toposort(packed)
+  if SPEC: check_tensor_graph(roots)
   users = _consumers(nodes)
 
   # 1. where buffers are materialized

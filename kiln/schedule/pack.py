@@ -22,8 +22,9 @@ and columns: a prefill's few tokens times a dequantized output head would copy t
 (the two packs 2.5-3 ms each; NumPy 182-192 in the same runs).
 """
 from __future__ import annotations
+from typing import Callable
 from kiln.helpers import ContextVar, prod
-from kiln.uop.ops import UOp, Ops, GroupOp, toposort
+from kiln.uop.ops import UOp, Ops, GroupOp
 from kiln.uop.pattern import substitute
 
 PACK_MATMUL = ContextVar("PACK_MATMUL", 1, "1: on CPU devices, a large matmul's operands are copied into tile-major "
@@ -32,12 +33,13 @@ PACK_MIN_WORK = 1 << 27   # multiply-adds (M*N*K over the batch) from which pack
 PACK_MIN_REUSE = 64   # the rows and columns (each packed value's uses) below which a pack costs more than it saves
 COLUMN_LANES, ROW_LANES = 16, 8   # the heuristics' register tile: 16 along the output's contiguous axis, 8 rows
 
-def pack_matmuls(roots: list[UOp], device_packs) -> list[UOp]:
-  """`roots` with the operands of every large enough matmul read from packed copies (module docstring).
-  `device_packs(device)` says whether a device wants it (a host CPU renderer)."""
+def pack_matmuls(roots: list[UOp], nodes: list[UOp], device_packs: Callable[[str], bool]) -> list[UOp]:
+  """`roots` with the operands of every large enough matmul read from packed copies (module docstring); `roots`
+  itself when there is none. `nodes` is `toposort(roots)`; `device_packs(device)` says whether a device wants it (a
+  host CPU renderer)."""
   if not PACK_MATMUL: return roots
   mapping: dict[UOp, UOp] = {}
-  for node in toposort(roots):
+  for node in nodes:
     if node.op is Ops.REDUCE_AXIS and isinstance(device := node.device, str) and \
        (packed := _packed_matmul(node)) is not None and device_packs(device):
       mapping[node] = packed
