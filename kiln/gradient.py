@@ -1,6 +1,7 @@
 """Autograd as rewrite rules: each rule maps (node, gradient of its output) to the gradients of its sources."""
 from __future__ import annotations
 import math
+from typing import Callable
 from kiln.dtype import dtypes
 from kiln.helpers import argsort
 from kiln.uop.ops import UOp, Ops, toposort
@@ -46,6 +47,17 @@ def grad_pow(g: UOp, a: UOp, b: UOp, ret: UOp):
   db = g * ret * log_a
   return da, db
 
+# CUSTOM_BACKWARD rules by name: rule(gradient, node) -> the gradients of node.src[1:] (None where there is none)
+custom_backward_rules: dict[str, Callable[[UOp, UOp], tuple[UOp | None, ...]]] = {}
+
+def custom_backward(value: UOp, inputs: tuple[UOp, ...], name: str, params: tuple) -> UOp:
+  """`value` with its backward replaced by the rule registered as `name` in `custom_backward_rules`: the rule gets
+  the gradient of `value` and this node (`inputs` are `node.src[1:]`, `params` is `node.arg[1]`) and returns the
+  gradients of `inputs`; nothing flows back through the graph of `value` itself. The scheduler and the lowerer see
+  `value` alone."""
+  if name not in custom_backward_rules: raise KeyError(f"custom_backward: no rule registered as {name!r}")
+  return UOp(Ops.CUSTOM_BACKWARD, value.dtype, (value, *inputs), (name, params))
+
 gradient_rules = PatternMatcher([
   (UPat(Ops.ADD, src=(UPat.var("a"), UPat.var("b"))), lambda ctx, a, b: (ctx, ctx)),
   (UPat(Ops.SUB, src=(UPat.var("a"), UPat.var("b"))), lambda ctx, a, b: (ctx, ctx.alu(Ops.NEG))),
@@ -73,6 +85,7 @@ gradient_rules = PatternMatcher([
   (UPat(Ops.REDUCE_AXIS, src=(UPat.var("x"),), name="ret"), lambda ctx, x, ret: REDUCE_GRADIENTS[ret.arg[0]](ctx, x, ret)),
   (UPat((Ops.CONTIGUOUS, Ops.ASSIGN), name="ret"), lambda ctx, ret: (ctx,) + (None,) * (len(ret.src) - 1)),
   (UPat(Ops.CONTIGUOUS_BACKWARD), lambda ctx: (UOp(Ops.CONTIGUOUS, ctx.dtype, (ctx,)),)),
+  (UPat(Ops.CUSTOM_BACKWARD, name="ret"), lambda ctx, ret: (None, *custom_backward_rules[ret.arg[0]](ctx, ret))),
   (UPat(Ops.COPY, src=(UPat.var("x"),)), lambda ctx, x: (ctx.copy_to(x.device),)),
 ])
 

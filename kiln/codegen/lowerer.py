@@ -144,7 +144,8 @@ lower_index = PatternMatcher([
   _lower_rule(Ops.FLIP, lambda ctx, x, v, idx: index_flip(x.src[0], v, idx, x.arg)),
   _lower_rule(Ops.REDUCE_AXIS, lambda ctx, x, v, idx: index_reduce(ctx, x.src[0], v, idx, *x.arg)),
   _lower_rule(Ops.DEFINE_GLOBAL, lambda ctx, x, v, idx: index_buffer(x, v, idx)),
-  _lower_rule((Ops.CONTIGUOUS, Ops.DETACH, Ops.CONTIGUOUS_BACKWARD), lambda ctx, x, v, idx: index_of(x.src[0], v, idx)),
+  _lower_rule((Ops.CONTIGUOUS, Ops.DETACH, Ops.CONTIGUOUS_BACKWARD, Ops.CUSTOM_BACKWARD),
+              lambda ctx, x, v, idx: index_of(x.src[0], v, idx)),
 ])
 
 lowerer = lower_index + symbolic

@@ -30,7 +30,7 @@ from kiln.schedule.pack import pack_matmuls
 
 # movement ops that visit every element exactly once: a reduction seen through them can stay in registers
 BIJECTIVE = frozenset({Ops.RESHAPE, Ops.PERMUTE, Ops.FLIP})
-PASS_THROUGH = frozenset({Ops.DETACH, Ops.CONTIGUOUS_BACKWARD})
+PASS_THROUGH = frozenset({Ops.DETACH, Ops.CONTIGUOUS_BACKWARD, Ops.CUSTOM_BACKWARD})
 
 @dataclass
 class Schedule:
@@ -242,7 +242,7 @@ def _materialize_shared(nodes: list[UOp], users: dict[UOp, list[UOp]], outputs: 
   return added
 
 def _prepare(roots: list[UOp]) -> tuple[list[UOp], bool]:
-  """Replace realized nodes by their buffers and drop DETACH/CONTIGUOUS_BACKWARD. Also says whether the graph reads a
+  """Replace realized nodes by their buffers and drop DETACH/CONTIGUOUS_BACKWARD/CUSTOM_BACKWARD. Also says whether the graph reads a
   DISK buffer (only then does the DISK hook need to walk it)."""
   mapping: dict[UOp, UOp] = {}
   reads_disk, passes = False, False

@@ -11,6 +11,8 @@ class Ops(enum.Enum):
   SINK = enum.auto(); DEVICE = enum.auto(); BUFFER = enum.auto(); CONST = enum.auto(); IOTA = enum.auto()
   COPY = enum.auto(); CONTIGUOUS = enum.auto(); CONTIGUOUS_BACKWARD = enum.auto(); DETACH = enum.auto()
   ASSIGN = enum.auto(); REDUCE_AXIS = enum.auto(); BIND = enum.auto()
+  # src[0]'s value, whose backward is a registered rule (arg[0] names it) giving the gradients of src[1:]
+  CUSTOM_BACKWARD = enum.auto()
   # movement (never copy; lowered to index arithmetic)
   RESHAPE = enum.auto(); PERMUTE = enum.auto(); EXPAND = enum.auto(); PAD = enum.auto(); SHRINK = enum.auto(); FLIP = enum.auto()
   # type changes
@@ -358,7 +360,7 @@ def toposort(roots: list[UOp], stop=None, sources=None) -> list[UOp]:
 # every tensor-level node's shape comes through _compute_shape: its op tests bound once (`Ops.X` is a metaclass
 # attribute lookup, ~130 ns under Python 3.11; an elementwise node's ~18 of them were ~10% of building a graph)
 _SAME_SHAPE_OPS = GroupOp.Elementwise | {Ops.FLIP, Ops.COPY, Ops.CONTIGUOUS, Ops.CONTIGUOUS_BACKWARD, Ops.DETACH,
-                                         Ops.ASSIGN}
+                                         Ops.ASSIGN, Ops.CUSTOM_BACKWARD}
 _VIEW_OPS = frozenset({Ops.RESHAPE, Ops.EXPAND})
 
 def _compute_shape(u: UOp):

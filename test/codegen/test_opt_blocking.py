@@ -149,6 +149,11 @@ def test_blocked_matmul_still_splits_across_threads(packed):
   loop = find_parallel_loop(linearize(kernel.sink))
   assert loop is not None and Kernel.size(loop.loop) == 16, "the thread split takes the outer row-block loop"
 
+def test_conv_weight_gradient_gets_lanes_and_eight_channels():
+  x, w = Tensor.empty(16, 64, 56, 56, requires_grad=True), Tensor.empty(64, 64, 3, 3, requires_grad=True)
+  (x.conv2d(w, padding=1) * Tensor.empty(16, 64, 56, 56)).sum().backward()
+  assert heuristic_opts(_lowered(w.grad)) == [Opt(U, 0, 8), Opt(U, 3, 3), Opt(L, 5, 8)]
+
 def test_unpadded_conv_puts_sixteen_on_channels():
   opts = heuristic_opts(_lowered(Tensor.empty(16, 64, 58, 58).conv2d(Tensor.empty(64, 64, 3, 3))))
   assert opts == [Opt(U, 1, 16), Opt(U, 3, 16)], opts   # and 16 on its 56 contiguous output columns
