@@ -8,7 +8,9 @@ in the manner of a superword-level-parallelism (SLP) vectorizer:
   block, and accumulators (DEFINE_ACC with one ASSIGN each) whose updates have the same op;
 - a *bundle* (a tuple of n scalar uops, one per lane) becomes: a vector op over the operands' bundles (same op,
   dtype and arg); a vector constant (every lane a CONST); a broadcast (every lane the same uop); one vector load (loads
-  of consecutive addresses); a vector accumulator; or, for anything else, a vector built from the scalars
+  of consecutive addresses, also where they overlap another vector load's: a window's shifted runs of a row); a vector
+  accumulator (seeds tried 16, 8 and 4 lanes wide from each accumulator); or, for anything else, a vector built from
+  the scalars
   (`VECTORIZE`). A seed whose bundles are mostly built from scalars is not worth it and stays scalar;
 - a vector uop is placed where its last lane was; scalar code that reads a lane gets `GEP(vector, lane)`.
 
@@ -116,9 +118,10 @@ class _Vectorizer:
     return vector
 
   def _claim(self, lanes: tuple[UOp, ...], vector: UOp) -> None:
+    """`vector` replaces `lanes`; scalar code reads lane k through it, unless an earlier vector load holds it too."""
     self.lanes_of[vector] = lanes
     self.journal.append(("vector", vector))
-    self.claimed.update(zip(lanes, zip(itertools.repeat(vector), range(len(lanes)))))   # lane k -> (vector, k)
+    for k, u in enumerate(lanes): self.claimed.setdefault(u, (vector, k))
     if vector.op not in (_STORE, _DEFINE_ACC, _ASSIGN): self.real += 1   # the work that got vectorized
 
   def _build(self, lanes: tuple[UOp, ...]) -> UOp:
@@ -135,8 +138,10 @@ class _Vectorizer:
       if u.dtype is not dtype: return None
     if (found := self.memo.get(lanes)) is not None: return found
     if op is _CONST and all(u.op is _CONST for u in lanes): return self._constant(lanes)
-    # a lane repeated (a broadcast, for one) or already in another vector: built from the scalars
-    if len(set(lanes)) < len(lanes) or not self.claimed.keys().isdisjoint(lanes): return self._build(lanes)
+    # a lane repeated (a broadcast, for one) or already in another vector: built from the scalars, except loads: a
+    # run of consecutive addresses that overlaps another (a sliding window's shifted rows) is one more vector load
+    if len(set(lanes)) < len(lanes) or (op is not _LOAD and not self.claimed.keys().isdisjoint(lanes)):
+      return self._build(lanes)
     same_arg = op is not _DEFINE_ACC   # accumulators differ by their ids
     arg, width, block = first.arg, len(first.src), self.block.get(first, -2)
     for u in lanes:
@@ -240,7 +245,8 @@ class _Vectorizer:
       for kind, item in reversed(self.journal):
         if kind == "memo": self.memo.pop(item, None)
         else:
-          for u in self.lanes_of.pop(item): self.claimed.pop(u, None)
+          for u in self.lanes_of.pop(item):
+            if self.claimed.get(u, (None,))[0] is item: del self.claimed[u]
     return ok
 
   def store_seed(self, stores: tuple[UOp, ...], disjoint: bool) -> bool:
@@ -277,12 +283,14 @@ class _Vectorizer:
       accs = self._in_address_order(accs)
       start = 0
       while start < len(accs):
-        width = next((w for w in VECTOR_WIDTHS if start + w <= len(accs)), 0)
-        if width == 0: break
-        lanes = tuple(accs[start:start + width])
-        if any(u in self.claimed for u in lanes) or not self.try_seed(lambda: self.bundle(lanes) in self.lanes_of):
-          start += 1   # no bundle at this lane: try from the next one
-        else: start += width
+        # the widest bundle that vectorizes from this lane (16 lanes of a tile whose runs are 8 long do not: its 8
+        # do), else none: try from the next lane
+        for width in (w for w in VECTOR_WIDTHS if start + w <= len(accs)):
+          lanes = tuple(accs[start:start + width])
+          if not any(u in self.claimed for u in lanes) and self.try_seed(lambda: self.bundle(lanes) in self.lanes_of):
+            start += width
+            break
+        else: start += 1
 
   def _in_address_order(self, accs: list[UOp]) -> list[UOp]:
     """Accumulators sorted by the address each one's update loads from, when every update reads one buffer at one
@@ -300,7 +308,8 @@ class _Vectorizer:
   # ---- writing ----
   def write(self) -> list[UOp]:
     """The output list: scalars in their places, each vector where its last lane was, lanes read through GEP."""
-    place = {max(map(self.position.__getitem__, lanes)): vector for vector, lanes in self.lanes_of.items()}
+    place: dict[int, list[UOp]] = {}   # position -> the vectors whose last lane is there (overlapping loads: several)
+    for vector, lanes in self.lanes_of.items(): place.setdefault(max(map(self.position.__getitem__, lanes)), []).append(vector)
     out: list[UOp] = []
     emitted: set[UOp] = set()
     mapped: dict[UOp, UOp] = {}   # unclaimed scalar -> its uop in the output
@@ -339,7 +348,7 @@ class _Vectorizer:
       if u.op is _RANGE: open_loops.append(u)
       elif u.op is _ENDRANGE and open_loops: open_loops.pop()
       if u in self.claimed:
-        if (vector := place.get(i)) is not None:
+        for vector in place.get(i, ()):
           src = tuple(operand(s) for s in vector.src)
           placed[vector] = add(vector if src == vector.src else vector.replace(src=src))
         continue

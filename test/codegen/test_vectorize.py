@@ -55,7 +55,17 @@ CASES = {
   "bool_lanes": lambda: (((ints > 3) & (ints2 < 20)) | (ints == ints2)).where(ints, ints2),
   "where_nan_max": lambda: (x > 0).where(x / (y - y), y).maximum(x) + (x - x).maximum(y.sqrt()),
   "reductions": lambda: x.sum(-1) + x.max(-1) + (ints * ints2).sum(0).float().mean(),
+  "conv_weight_gradient": lambda: _conv_weight_gradient(),
 }
+
+conv_x, conv_w, conv_g = (RNG.standard_normal(s, dtype=np.float32) for s in ((2, 8, 18, 18), (8, 8, 3, 3), (2, 8, 16, 16)))
+
+def _conv_weight_gradient() -> Tensor:
+  """An unpadded conv's weight gradient: 8 lanes along a row, under 8 output channels times the 3 shifted columns of
+  a window (loads of overlapping runs of one row)."""
+  xg, wg = Tensor(conv_x, requires_grad=True), Tensor(conv_w, requires_grad=True)
+  (xg.conv2d(wg) * Tensor(conv_g)).sum().backward()
+  return wg.grad
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_vector_code_gives_the_scalar_bits(name):
@@ -93,6 +103,15 @@ def test_matmul_tile_renders_vector_code():
   assert flops <= realize.count_ops(uops) <= realize.count_ops(_scalar_uops(item)), "count_ops must count every lane"
   with Context(VECTORIZE=0): scalar_source, _ = render_lowered("CPU", "tile", optimize_kernel(lower_kernel(item.ast)))
   assert "vector_size" not in scalar_source
+
+def test_tile_of_shifted_rows_gets_vector_accumulators():
+  # 8 channels x 3 window columns x 8 lanes: every accumulator bundle is 8 wide (the first 16 span two runs), and
+  # the 3 shifted runs of the input row overlap, each one vector load
+  item = last_kernel_item(_conv_weight_gradient())
+  with Context(VECTORIZE=1): _, uops = render_lowered("CPU", "wgrad", optimize_kernel(lower_kernel(item.ast)))
+  accs = [u for u in uops if u.op is Ops.DEFINE_ACC]
+  assert accs and all(u.dtype.count == 8 for u in accs), sorted({u.dtype.count for u in accs})
+  assert sum(u.op is Ops.LOAD and u.dtype.count == 8 for u in uops) >= 3 + 8
 
 def _scalar_uops(item) -> list[UOp]:
   with Context(VECTORIZE=0): return render_lowered("CPU", "tile", optimize_kernel(lower_kernel(item.ast)))[1]
