@@ -374,6 +374,12 @@ def test_cumulative_special_values():
           [np.stack([x.T] * 4)], grad=False)
   check(lambda x: x.logcumsumexp(0), lambda x: x.logcumsumexp(0), [np.array([1000.0, 1001.0, -50.0], np.float32)])
 
+@pytest.mark.parametrize("shape, axis", [((3, 300), 1), ((260, 2), 0), ((2, 5, 150), -2)])
+def test_cumsum_gradient_is_the_reversed_running_sum(shape, axis):
+  # blocked scans (more than 128 elements); the backward is a CUSTOM_BACKWARD rule, not autograd through the blocks
+  check(lambda x: x.cumsum(axis), lambda x: x.cumsum(axis), [shape], atol=1e-4)
+  check(lambda x: x.cumsum(axis), lambda x: x.cumsum(axis), [shape], dtype="float16", atol=0.5, rtol=2e-2)
+
 def test_cumsum_large_is_fast_and_right():
   x = np.random.default_rng(0).standard_normal((2, 10000)).astype(np.float32)
   start = time.perf_counter()

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 from kiln.dtype import dtypes
+from kiln.gradient import custom_backward, custom_backward_rules
+from kiln.uop.ops import UOp
 if TYPE_CHECKING: from kiln.tensor import Tensor  # noqa: F401
 
 _BLOCK = 64
@@ -34,6 +36,17 @@ def _combine(kind: str, before: Tensor, local: Tensor) -> Tensor:
   if kind == "prod": return before * local
   if kind == "max": return before.maximum(local)
   return _logaddexp(before, local)
+
+def _cumsum_backward(grad: UOp, node: UOp) -> tuple[UOp]:
+  """The gradient of a running sum: each input adds to every output at or after it, so its gradient is the running
+  sum of the output's gradient taken from the end (a CUSTOM_BACKWARD rule). Through the scan's own graph, autograd
+  sums each block's triangle again: measured on a 1024x1024 cumsum (2-core EPYC), one 4.6 ms kernel against the
+  forward's 0.15 ms."""
+  from kiln.tensor import Tensor
+  axis = node.arg[1]
+  return (Tensor._wrap(grad, "cumsum backward").flip(axis).cumsum(axis).flip(axis).uop,)
+
+custom_backward_rules["cumsum"] = _cumsum_backward
 
 class ReduceMixin:
   __slots__ = ()
@@ -69,7 +82,10 @@ class ReduceMixin:
     """
     out_dtype = self.sum().dtype
     acc = dtypes.float32 if out_dtype in (dtypes.float16, dtypes.bfloat16) else out_dtype
-    return self.cast(acc)._scan(axis, "sum", "cumsum").cast(out_dtype)
+    out = self.cast(acc)._scan(axis, "sum", "cumsum").cast(out_dtype)
+    if not dtypes.is_float(out_dtype) or self.ndim == 0: return out
+    # its gradient is the reversed running sum of the output's gradient (_cumsum_backward)
+    return type(self)._wrap(custom_backward(out.uop, (self.uop,), "cumsum", self._axis(axis, "cumsum")), "cumsum")
 
   def cumprod(self, axis: int) -> Tensor:
     """Running product along `axis` (gradients are exact with zeros in the input).
