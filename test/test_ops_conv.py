@@ -28,6 +28,8 @@ CONV_CASES = [
   ((2, 3, 5, 4), (3, 1, 3, 3), {"groups": 3, "padding": (1, 0)}),           # depthwise, per-dim padding
   ((1, 2, 4, 5), (2, 2, 3, 3), {"padding": (1, 0, 2, 1)}),                  # asymmetric flat padding (l, r, t, b)
   ((1, 1, 3, 3), (1, 1, 3, 3), {"padding": 2, "stride": 2}),                # padding bigger than half the kernel
+  ((2, 4, 9, 8), (6, 2, 3, 3), {"groups": 2, "stride": 2, "padding": 1}),   # strided groups (phases per group)
+  ((1, 3, 11, 10), (2, 3, 5, 4), {"stride": (3, 2), "padding": (2, 1)}),    # kernel longer than the strides
 ]
 
 @pytest.mark.parametrize("xs, ws, kw", CONV_CASES)
