@@ -525,6 +525,11 @@ def _div_mod_linear(x: UOp, c: int, is_div: bool) -> UOp | None:
     reduced = build_sum(dtype, {t: a // g for t, a in terms.items()}, const // g)
     if is_div: return reduced.alu(Ops.IDIV, x.const_like(c // g))
     return reduced.alu(Ops.MOD, x.const_like(c // g)).alu(Ops.MUL, x.const_like(g))
+  if lo >= 0 and (split := _factor_split(terms, const, c)) is not None:
+    # x = g*big + rest with g dividing c and rest in [0, g): x//c = big//(c/g), x%c = (big%(c/g))*g + rest
+    g, big, rest = split
+    if is_div: return big.alu(Ops.IDIV, x.const_like(c // g))
+    return big.alu(Ops.MOD, x.const_like(c // g)).alu(Ops.MUL, x.const_like(g)).alu(Ops.ADD, rest)
   # x = c*quotient + rest; truncation is floor for x >= 0 (rest must be >= 0) and ceil for x <= 0 (rest <= 0)
   if lo >= 0: const_quotient = const // c
   elif hi <= 0: const_quotient = -((-const) // c)
@@ -545,6 +550,22 @@ def _div_mod_linear(x: UOp, c: int, is_div: bool) -> UOp | None:
   if not quotient and const_quotient == 0 and not rest_small: return None   # nothing to take out of the division
   quotient_expr = build_sum(dtype, quotient, const_quotient)
   return quotient_expr if rest_small else quotient_expr.alu(Ops.ADD, rest_expr.alu(Ops.IDIV, x.const_like(c)))
+
+def _factor_split(terms: dict[UOp, int], const: int, c: int) -> tuple[int, UOp, UOp] | None:
+  """(g, big, rest) with a sum of `terms` and `const` = g*big + rest, g > 1 dividing c, rest in [0, g) and made of
+  the terms whose coefficients g does not divide (the lanes of an upcast pooling window, (4*i + j)//8 with j < 4 ->
+  i//2), None when no such g leaves the division with less to do. The largest g is taken."""
+  for g in sorted({math.gcd(c, a) for a in terms.values()}, reverse=True):
+    if g <= 1: break
+    rest_terms = {t: a for t, a in terms.items() if a % g}
+    if not rest_terms: continue   # every term divisible: the common-factor rule's case
+    rest_const = const % g
+    rest_lo, rest_hi = linear_bounds(rest_terms, rest_const)
+    if rest_lo < 0 or rest_hi >= g: continue
+    dtype = next(iter(terms)).dtype
+    big = build_sum(dtype, {t: a // g for t, a in terms.items() if not a % g}, (const - rest_const) // g)
+    return g, big, build_sum(dtype, rest_terms, rest_const)
+  return None
 
 def div_linear(x: UOp, c: UOp) -> UOp | None:
   """(a*c + b)//c -> a + b//c when the sum cannot wrap and b has x's sign; (x*g)//(c*g) -> x//c"""

@@ -374,6 +374,18 @@ def test_no_division_rule_when_the_sum_may_wrap():
   small = UOp.variable("small", 0, 2 ** 28)
   assert ((small * 4 + r2) // 4).simplify() is small
 
+def test_division_by_a_factor_ignores_a_small_rest():
+  # (4*i + j)//8 with 0 <= j < 4 is i//2: the upcast lanes of a 2x2 pooling window's gradient (kiln/uop/symbolic.py
+  # _factor_split); checked against the reference evaluator at every point
+  i, j, k = rng(32, 0), rng(4, 1), rng(16, 2)
+  cases = [((i * 4 + j) // 8, "(ridx0//2)"), ((i * 4 + j) % 8, "(((ridx0%2)*4)+ridx1)"),
+           ((i * 32 + j * 8 + 1) // 64, "(ridx0//2)"), ((k * 24 + j * 2 + 5) // 48, None)]
+  for expr, want in cases:
+    got = expr.simplify()
+    if want is not None: assert got.render() == want, (expr.render(), got.render())
+    for env in ({i: a, j: b, k: d} for a in range(32) for b in range(4) for d in range(16)):
+      assert evaluate(got, env)[got] == evaluate(expr, env)[expr], (expr.render(), got.render(), env)
+
 def test_negative_dividends_truncate():
   # x in [-10, 10]: (x*4 + r2)//4 is not x when x < 0 and r2 > 0 (C truncates toward zero)
   assert ((x * 4 + r2) // 4).simplify().render() == "((ridx2+(x*4))//4)"
