@@ -62,6 +62,22 @@ def test_deep_reshape_chain_schedules():
   for i in range(5_000): y = (y + xs[i % 4]).reshape(4).reshape(2, 2) if i % 2 else y.T
   assert len(y.schedule()) == 1
 
+def test_a_graph_deeper_than_the_recursion_limit_is_schedule_cached():
+  from kiln.schedule import cache
+  def chain(t: Tensor) -> Tensor:
+    for i in range(sys.getrecursionlimit() + 500): t = t * 1.0001 if i % 2 else t + 1
+    return t
+  first, second = realized(np.arange(4), np.arange(4) + 10)
+  want = chain(first).numpy()
+  hits = cache.stats["hits"]
+  got = chain(second).numpy()   # the same structure over another buffer: served from the template
+  assert cache.stats["hits"] == hits + 1
+  n = sys.getrecursionlimit() + 500
+  expected = np.arange(4, dtype=np.float64) + 10
+  for i in range(n): expected = expected * 1.0001 if i % 2 else expected + 1
+  assert_close(got, expected.astype(np.float32), "deep chain", rtol=1e-3)
+  assert not np.array_equal(got, want)
+
 def test_10000_node_graph_realizes_and_differentiates():
   a = Tensor(np.ones(4, np.float32), requires_grad=True)
   y = a

@@ -56,31 +56,45 @@ def graph_key(roots: list[UOp]) -> tuple[tuple, list[Buffer]] | None:
   slot_of: dict[int, int] = {}
   buffers: list[Buffer] = []
   symbolic_possible = _ops.binds_made > 0   # no arg can hold a Variable before one was bound
-  def visit(node: UOp) -> int:
-    if (i := index.get(node)) is not None: return i
-    if node.forward is not None:   # realized earlier: read its buffer
-      target = node.forward
-      while target.forward is not None: target = target.forward
-      i = index[node] = visit(target)
-      return i
-    op, arg = node.op, node.arg
-    if op is _BUFFER:
-      buf = node.buffer
-      if buf is None or buf._base is not None or arg[1][:4].upper() == "DISK": raise _Uncacheable
-      if (slot := slot_of.get(id(buf))) is None:
-        slot = slot_of[id(buf)] = len(buffers)
-        buffers.append(buf)
-      entry: tuple = (op, node.dtype, arg[1:], slot)
-    else:
-      if op in _UNCACHED_OPS or (symbolic_possible and _holds_uop(arg)): raise _Uncacheable
-      entry = (op, node.dtype, _cache_key_arg(arg) if type(arg) in _FLOAT_OR_BOOL else arg,
-               tuple([visit(s) for s in node.src]))
-    i = index[node] = len(entries)
-    entries.append(entry)
-    return i
-  try: root_ids = tuple([visit(r) for r in roots])
-  except (_Uncacheable, RecursionError): return None   # a very deep graph: scheduled anew
-  finally: visit = None   # noqa: F841 -- the recursive closure is a cycle that would keep the graph's nodes alive
+  # a post-order walk with an explicit stack (a sort's network of small steps is deeper than Python's recursion
+  # limit): a node's entry comes after its sources', in source order; a realized node shares its buffer's entry
+  stack = list(reversed(roots))
+  pop, push, get = stack.pop, stack.append, index.get
+  try:
+    while stack:
+      node = stack[-1]
+      if node in index:
+        pop()
+        continue
+      if node.forward is not None:   # realized earlier: read its buffer
+        target = node.forward
+        while target.forward is not None: target = target.forward
+        if (i := get(target)) is None: push(target)
+        else:
+          index[node] = i
+          pop()
+        continue
+      op, arg = node.op, node.arg
+      if op is _BUFFER:
+        buf = node.buffer
+        if buf is None or buf._base is not None or arg[1][:4].upper() == "DISK": raise _Uncacheable
+        if (slot := slot_of.get(id(buf))) is None:
+          slot = slot_of[id(buf)] = len(buffers)
+          buffers.append(buf)
+        entry: tuple = (op, node.dtype, arg[1:], slot)
+      else:
+        srcs = [get(src) for src in node.src]
+        if None in srcs:   # sources first, leftmost on top (the node stays below them)
+          if op in _UNCACHED_OPS or (symbolic_possible and _holds_uop(arg)): raise _Uncacheable
+          stack.extend([src for src, i in zip(reversed(node.src), reversed(srcs)) if i is None])
+          continue
+        if op in _UNCACHED_OPS or (symbolic_possible and _holds_uop(arg)): raise _Uncacheable
+        entry = (op, node.dtype, _cache_key_arg(arg) if type(arg) in _FLOAT_OR_BOOL else arg, tuple(srcs))
+      pop()
+      index[node] = len(entries)
+      entries.append(entry)
+  except _Uncacheable: return None
+  root_ids = tuple([index[r] for r in roots])
   return (tuple(entries), root_ids), buffers
 
 def cached_schedule(roots: list[UOp], schedule_fn: Callable, item_cls: type, schedule_cls: type, view_fn: Callable):
