@@ -10,8 +10,7 @@ in the manner of a superword-level-parallelism (SLP) vectorizer:
   dtype and arg); a vector constant (every lane a CONST); a broadcast (every lane the same uop); one vector load (loads
   of consecutive addresses, also where they overlap another vector load's: a window's shifted runs of a row); a vector
   accumulator (seeds tried 16, 8 and 4 lanes wide from each accumulator); or, for anything else, a vector built from
-  the scalars
-  (`VECTORIZE`). A seed whose bundles are mostly built from scalars is not worth it and stays scalar;
+  the scalars (`VECTORIZE`). A seed whose bundles are mostly built from scalars is not worth it and stays scalar;
 - a vector uop is placed where its last lane was; scalar code that reads a lane gets `GEP(vector, lane)`.
 
 It stays bit-identical to the scalar code: every lane computes the same ops in the same order (no reassociation),
@@ -32,7 +31,6 @@ Vector uops (a vector dtype is `dtype.vec(n)`, kiln/dtype.py):
 A bool vector's lanes are all-ones or all-zero masks as wide as the lanes they were compared from (32 bits).
 """
 from __future__ import annotations
-import itertools
 from kiln.dtype import DType, dtypes, truncate
 from kiln.uop.ops import UOp, Ops, GroupOp
 # the Ops members these loops over every uop test, bound once: under Python 3.11 each `Ops.X` read costs ~130 ns
@@ -309,7 +307,8 @@ class _Vectorizer:
   def write(self) -> list[UOp]:
     """The output list: scalars in their places, each vector where its last lane was, lanes read through GEP."""
     place: dict[int, list[UOp]] = {}   # position -> the vectors whose last lane is there (overlapping loads: several)
-    for vector, lanes in self.lanes_of.items(): place.setdefault(max(map(self.position.__getitem__, lanes)), []).append(vector)
+    for vector, lanes in self.lanes_of.items():
+      place.setdefault(max(map(self.position.__getitem__, lanes)), []).append(vector)
     out: list[UOp] = []
     emitted: set[UOp] = set()
     mapped: dict[UOp, UOp] = {}   # unclaimed scalar -> its uop in the output

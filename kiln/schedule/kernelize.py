@@ -242,8 +242,8 @@ def _materialize_shared(nodes: list[UOp], users: dict[UOp, list[UOp]], outputs: 
   return added
 
 def _prepare(roots: list[UOp]) -> tuple[list[UOp], bool]:
-  """Replace realized nodes by their buffers and drop DETACH/CONTIGUOUS_BACKWARD/CUSTOM_BACKWARD. Also says whether the graph reads a
-  DISK buffer (only then does the DISK hook need to walk it)."""
+  """Replace realized nodes by their buffers and drop DETACH/CONTIGUOUS_BACKWARD/CUSTOM_BACKWARD. Also says whether
+  the graph reads a DISK buffer (only then does the DISK hook need to walk it)."""
   mapping: dict[UOp, UOp] = {}
   reads_disk, passes = False, False
   nodes = toposort(roots, stop=lambda u: u.forward is not None)

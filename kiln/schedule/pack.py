@@ -17,9 +17,9 @@ strides. A pack is an elementwise kernel (a copy, or whatever computed the opera
 Only sums of a product over one axis qualify, with each factor broadcast along the other's output axis (matmul,
 batched matmul, and both matmuls of its backward), when c and d are multiples of the lane counts and the work is
 large enough to pay for two more kernels and their memory traffic (PACK_MIN_WORK, and at least PACK_MIN_REUSE rows
-and columns: a prefill's few tokens times a dequantized output head would copy the whole matrix for a few uses). Measured on the 2-core EPYC
-(clang 14, 2 threads, best of 3): 2048x2048x2048 float32 120-138 GFLOP/s unpacked, 195 packed and cache-blocked
-(the two packs 2.5-3 ms each; NumPy 182-192 in the same runs).
+and columns: a prefill's few tokens times a dequantized output head would copy the whole matrix for a few uses).
+Measured on the 2-core EPYC (clang 14, 2 threads, best of 3): 2048x2048x2048 float32 120-138 GFLOP/s unpacked, 195
+packed and cache-blocked (the two packs 2.5-3 ms each; NumPy 182-192 in the same runs).
 """
 from __future__ import annotations
 from typing import Callable
@@ -40,8 +40,8 @@ def pack_matmuls(roots: list[UOp], nodes: list[UOp], device_packs: Callable[[str
   if not PACK_MATMUL: return roots
   mapping: dict[UOp, UOp] = {}
   for node in nodes:
-    if node.op is Ops.REDUCE_AXIS and isinstance(device := node.device, str) and \
-       (packed := _packed_matmul(node)) is not None and device_packs(device):
+    if node.op is Ops.REDUCE_AXIS and isinstance(device := node.device, str) and device_packs(device) and \
+       (packed := _packed_matmul(node)) is not None:
       mapping[node] = packed
   if not mapping: return roots
   return [substitute(r, mapping) for r in roots]

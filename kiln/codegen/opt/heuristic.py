@@ -293,11 +293,11 @@ def _cache_block(kernel: Kernel) -> None:
   panel = _panel(kernel, loads, out_axes[0], red_axes[0])
   if panel is None or panel[0] <= KBLOCK_MIN_BYTES: return
   # a packed panel (kiln/schedule/pack.py: one cache line per step of the sum) takes longer blocks
-  lengths, tiles, size = PACKED_KBLOCK_LENGTHS if panel[1] else (KBLOCK_LENGTH,), KBLOCK_TILES, Kernel.size(red_axes[0])
+  lengths, size = PACKED_KBLOCK_LENGTHS if panel[1] else (KBLOCK_LENGTH,), Kernel.size(red_axes[0])
   if (length := next((n for n in lengths if size % n == 0 and size > n), None)) is None: return
   before = (kernel.sink, list(kernel.applied), kernel.unrolled)
   outer = Kernel.size(out_axes[0])
-  if outer > 2 * tiles and outer % tiles == 0: _try(kernel, Opt(OptOps.SPLIT, 0, tiles))
+  if outer > 2 * KBLOCK_TILES and outer % KBLOCK_TILES == 0: _try(kernel, Opt(OptOps.SPLIT, 0, KBLOCK_TILES))
   if not _try(kernel, Opt(OptOps.KBLOCK, len(kernel.axes) - 1, length)):
     kernel.sink, kernel.applied, kernel.unrolled = before   # the split alone does not pay
 
