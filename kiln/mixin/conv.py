@@ -65,12 +65,12 @@ def _conv_backward(grad: UOp, node: UOp) -> tuple[UOp, UOp]:
   dx = g._conv_transpose(w, None, groups, strides, dilations, list(pairs), out_pads, "conv2d backward")
   if not _phases_pay(x, strides, dilations, pairs, None):
     return dx.uop, _weight_gradient(x._conv_windows(kernel, strides, dilations, list(pairs), groups), g, w.shape).uop
-  # strided: the weight gradient of the stride-1 conv of the phases (the phased output's extra positions get none)
+  # strided: the weight gradient of the stride-1 conv of the phases, over the real output positions only (the phased
+  # output's extra positions read inputs no output reads: an inf there times a zero gradient would give nan)
   phases = _phase_input(x, strides, pairs)
   kq = [-(-k // s) for k, s in zip(kernel, strides)]
-  phased_outs = [p - q + 1 for p, q in zip(phases.shape[2:], kq)]
-  g = g._pad_spatial([(0, po - o) for po, o in zip(phased_outs, outs)])
   windows = phases._conv_windows(tuple(kq), (1,) * n, (1,) * n, [(0, 0)] * n, groups)
+  windows = windows.shrink((*[None] * 3, *[(0, o) for o in outs], *[None] * (1 + n)))
   dw = _weight_gradient(windows, g, (w.shape[0], w.shape[1] * prod(strides), *kq))
   return dx.uop, _unphase_weight(dw, strides, kernel).uop
 
@@ -104,7 +104,8 @@ def _phase_input(x: Tensor, strides: tuple[int, ...], pairs) -> Tensor:
 
 def _phase_weight(w: Tensor, strides: tuple[int, ...]) -> Tensor:
   """A conv weight (C_out, C_in, *kernel) for `_phase_input`'s phases: each kernel axis zero-padded to a multiple of
-  its stride and split the same way, (C_out, C_in*prod(strides), *ceil(kernel/strides))."""
+  its stride and split the same way, (C_out, C_in*prod(strides), *ceil(kernel/strides)). Of a bool weight of Trues:
+  which phased taps are real (the padded ones are False)."""
   n, kernel = len(strides), w.shape[2:]
   kq = [-(-k // s) for k, s in zip(kernel, strides)]
   w = w._pad_spatial([(0, q * s - k) for q, s, k in zip(kq, strides, kernel)])
@@ -131,7 +132,13 @@ class ConvMixin:
     lead = [(0, 0)] * (self.ndim - len(pairs))
     x = self
     if any(b < 0 or a < 0 for b, a in pairs):
-      bounds = [None] * len(lead) + [(max(-b, 0), s - max(-a, 0)) for (b, a), s in zip(pairs, self.shape[len(lead):])]
+      sizes = self.shape[len(lead):]
+      if any(max(-b, 0) > size - max(-a, 0) for (b, a), size in zip(pairs, sizes)):
+        # a crop reaching past the other side's zeros (a transposed conv's (-2, 2) of a size-1 axis): pad first, so
+        # the crop takes the zeros (a crop first would be out of bounds)
+        x = x.pad(tuple(lead + [(max(b, 0), max(a, 0)) for b, a in pairs]), value=value)
+        sizes, pairs = x.shape[len(lead):], [(min(b, 0), min(a, 0)) for b, a in pairs]
+      bounds = [None] * len(lead) + [(max(-b, 0), size - max(-a, 0)) for (b, a), size in zip(pairs, sizes)]
       x = x.shrink(tuple(bounds))
       pairs = [(max(b, 0), max(a, 0)) for b, a in pairs]
     if not any(b or a for b, a in pairs): return x
@@ -198,8 +205,10 @@ class ConvMixin:
     return self._conv(weight, bias, groups, stride, dilation, pairs, dtype, "conv2d")
 
   def _conv(self, weight: Tensor, bias: Tensor | None, groups, stride, dilation, pairs: list[tuple[int, int]], dtype,
-            op: str) -> Tensor:
-    """conv2d with padding already resolved to (before, after) pairs, which may be negative (a crop)."""
+            op: str, taps: Tensor | None = None) -> Tensor:
+    """conv2d with padding already resolved to (before, after) pairs, which may be negative (a crop). `taps` (bool,
+    the weight's shape) selects the kernel taps that count: the products of the others are 0 even where the input
+    is inf or nan (a multiplication by a zero weight would give nan)."""
     x, w = self, weight
     _check_conv_operands(x, w, groups, op)
     n = w.ndim - 2
@@ -221,8 +230,10 @@ class ConvMixin:
                        f"{fmt(padded)} of input {fmt(x.shape)}{where()}")
     if _phases_pay(x, strides, dilations, pairs, dtype):
       # a strided conv is a stride-1 conv of the input's phases with the weight's (_phase_input): contiguous rows
+      # the weight's padded taps read inputs of the next window, or ones no output reads: select them out
+      real_taps = _phase_weight(w.ones_like(dtype=dtypes.bool), strides)
       phased = _phase_input(x, strides, pairs)._conv(_phase_weight(w, strides), None, groups, 1, 1,
-                                                     [(0, 0)] * n, None, op)
+                                                     [(0, 0)] * n, None, op, real_taps)
       outs = [(p - span) // s + 1 for p, span, s in zip(padded, spans, strides)]
       out = phased.shrink(((0, batch), (0, cout), *[(0, o) for o in outs]))
     else:
@@ -230,7 +241,9 @@ class ConvMixin:
       outs = windows.shape[3:3 + n]
       # (N, groups, 1, *out, cin, *kernel) * (1, groups, cout/groups, *1, cin, *kernel), summed over (cin, *kernel)
       w = w.reshape(1, groups, cout // groups, *[1] * n, cin, *kernel)
-      out = (windows * w).sum(tuple(range(-1 - n, 0)), dtype=dtype).reshape(batch, cout, *outs)
+      products = windows * w
+      if taps is not None: products = taps.reshape(w.shape).where(products, 0)
+      out = products.sum(tuple(range(-1 - n, 0)), dtype=dtype).reshape(batch, cout, *outs)
     if dtype is None and all(b >= 0 and a >= 0 for b, a in pairs) and dtypes.is_float(out.dtype):
       # the input gradient as a transposed convolution, not through the windows' view (_conv_backward)
       params = (groups, strides, dilations, tuple(pairs))

@@ -1,0 +1,58 @@
+"""Regressions found by a differential fuzzer against PyTorch (kiln issue 16): each test names the repro it guards."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from kiln import Tensor, dtypes
+
+def assert_close(got: np.ndarray, want: np.ndarray, atol: float = 1e-4, rtol: float = 1e-4) -> None:
+  """Same shape, same nan/inf positions, values close; the message names the shape and the worst difference."""
+  assert got.shape == want.shape, f"shape {got.shape} != {want.shape}"
+  assert np.array_equal(np.isnan(got), np.isnan(want)), f"nan at {np.argwhere(np.isnan(got))} vs {np.argwhere(np.isnan(want))}"
+  finite = np.isfinite(want)
+  assert np.array_equal(got[~finite & ~np.isnan(want)], want[~finite & ~np.isnan(want)]), "infs differ"
+  worst = np.abs(got[finite] - want[finite]).max(initial=0.0)
+  assert np.allclose(got[finite], want[finite], atol=atol, rtol=rtol), f"shape {want.shape}: worst difference {worst}"
+
+# ---------------- strided conv: the phase split's padded taps must not turn an unread inf into nan ----------------
+@pytest.mark.parametrize("size,kernel,stride,padding", [(6, 3, 2, 0), (7, 3, 2, 0), (7, 3, 2, 1), (9, 3, 3, 0),
+                                                        (8, 2, 3, 0), (10, 5, 2, 2)])
+def test_strided_conv_inf_in_unread_or_padded_tap_column(size, kernel, stride, padding):
+  rng = np.random.default_rng(size * 100 + kernel * 10 + stride)
+  x = rng.standard_normal((2, 2, size, size)).astype(np.float32)
+  w = rng.standard_normal((3, 2, kernel, kernel)).astype(np.float32)
+  x[0, 0, :, size - 1] = np.inf   # the last column: read by no output for some shapes, by a padded tap for others
+  x[1, 1, 3, :] = -np.inf         # a row read by a real tap of one output and a padded tap of the one before
+  want = F.conv2d(torch.tensor(x), torch.tensor(w), stride=stride, padding=padding).numpy()
+  assert_close(Tensor(x).conv2d(Tensor(w), stride=stride, padding=padding).numpy(), want)
+
+@pytest.mark.parametrize("size,kernel,stride", [(6, 3, 2), (7, 3, 2), (8, 2, 3)])
+def test_strided_conv_gradients_with_inf_in_unread_column(size, kernel, stride):
+  rng = np.random.default_rng(size + kernel + stride)
+  x = rng.standard_normal((1, 2, size, size)).astype(np.float32)
+  w = rng.standard_normal((2, 2, kernel, kernel)).astype(np.float32)
+  last_read = ((size - kernel) // stride) * stride + kernel - 1
+  x[:, :, :, last_read + 1:] = np.inf   # columns no output reads: no gradient may turn nan because of them
+  xt, wt = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+  F.conv2d(xt, wt, stride=stride).square().sum().backward()
+  xk, wk = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
+  xk.conv2d(wk, stride=stride).square().sum().backward()
+  assert_close(wk.grad.numpy(), wt.grad.numpy(), atol=1e-3)
+  assert_close(xk.grad.numpy(), xt.grad.numpy(), atol=1e-3)
+
+# ---------------- conv backward: a transposed conv's crop reaching past a size-1 axis ----------------
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_conv_backward_groups_stride_dilation_asymmetric_padding(dtype):
+  """x (2,6,2,1) * w (3,2,2,1), groups=3, stride 3, dilation (1,2), padding (left 2, right 0, top 0, bottom 2):
+  backward raised a shrink error from the input gradient's transposed conv."""
+  rng = np.random.default_rng(1)
+  x, w = rng.standard_normal((2, 6, 2, 1)).astype(dtype), rng.standard_normal((3, 2, 2, 1)).astype(dtype)
+  xk, wk = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
+  out = xk.conv2d(wk, groups=3, stride=(3, 3), dilation=(1, 2), padding=(2, 0, 0, 2))
+  (out * out).sum().backward()
+  xt, wt = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+  out_t = F.conv2d(F.pad(xt, (2, 0, 0, 2)), wt, groups=3, stride=3, dilation=(1, 2))
+  (out_t * out_t).sum().backward()
+  assert_close(out.numpy(), out_t.detach().numpy())
+  assert_close(xk.grad.numpy(), xt.grad.numpy())
+  assert_close(wk.grad.numpy(), wt.grad.numpy())
