@@ -47,6 +47,12 @@ def grad_pow(g: UOp, a: UOp, b: UOp, ret: UOp):
   db = g * ret * log_a
   return da, db
 
+def grad_cast(g: UOp, x: UOp, ret: UOp) -> UOp | None:
+  """cast(x): the gradient cast back to x's dtype; none through a bool or int value (x.bool(), x.int(): as in
+  PyTorch, such a tensor cannot require a gradient, and a gradient reaching a bool reduction would divide bools)"""
+  if not (dtypes.is_float(ret.dtype) and dtypes.is_float(x.dtype)): return None
+  return g.cast(x.dtype)
+
 # CUSTOM_BACKWARD rules by name: rule(gradient, node) -> the gradients of node.src[1:] (None where there is none)
 custom_backward_rules: dict[str, Callable[[UOp, UOp], tuple[UOp | None, ...]]] = {}
 
@@ -73,7 +79,7 @@ gradient_rules = PatternMatcher([
   (UPat(Ops.POW, src=(UPat.var("a"), UPat.var("b")), name="ret"), lambda ctx, a, b, ret: grad_pow(ctx, a, b, ret)),
   (UPat(Ops.WHERE, src=(UPat.var("c"), UPat.var("a"), UPat.var("b"))),
    lambda ctx, c, a, b: (None, c.where(ctx, ctx.full_like(0.0)), c.where(ctx.full_like(0.0), ctx))),
-  (UPat(Ops.CAST, src=(UPat.var("x"),)), lambda ctx, x: (ctx.cast(x.dtype),)),
+  (UPat(Ops.CAST, src=(UPat.var("x"),), name="ret"), lambda ctx, x, ret: (grad_cast(ctx, x, ret),)),
   (UPat(Ops.RESHAPE, src=(UPat.var("x"),)), lambda ctx, x: (ctx.reshape(x.shape),)),
   (UPat(Ops.PERMUTE, src=(UPat.var("x"),), name="ret"), lambda ctx, x, ret: (ctx.permute(tuple(argsort(ret.arg))),)),
   (UPat(Ops.EXPAND, src=(UPat.var("x"),)), lambda ctx, x: (_reduce_to(ctx, x.shape),)),
@@ -85,6 +91,7 @@ gradient_rules = PatternMatcher([
   (UPat(Ops.REDUCE_AXIS, src=(UPat.var("x"),), name="ret"), lambda ctx, x, ret: REDUCE_GRADIENTS[ret.arg[0]](ctx, x, ret)),
   (UPat((Ops.CONTIGUOUS, Ops.ASSIGN), name="ret"), lambda ctx, ret: (ctx,) + (None,) * (len(ret.src) - 1)),
   (UPat(Ops.CONTIGUOUS_BACKWARD), lambda ctx: (UOp(Ops.CONTIGUOUS, ctx.dtype, (ctx,)),)),
+  (UPat(Ops.UNIQUE), lambda ctx: (ctx,)),
   (UPat(Ops.CUSTOM_BACKWARD, name="ret"), lambda ctx, ret: (None, *custom_backward_rules[ret.arg[0]](ctx, ret))),
   (UPat(Ops.COPY, src=(UPat.var("x"),)), lambda ctx, x: (ctx.copy_to(x.device),)),
 ])

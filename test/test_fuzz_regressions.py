@@ -56,3 +56,21 @@ def test_conv_backward_groups_stride_dilation_asymmetric_padding(dtype):
   assert_close(out.numpy(), out_t.detach().numpy())
   assert_close(xk.grad.numpy(), xt.grad.numpy())
   assert_close(wk.grad.numpy(), wt.grad.numpy())
+
+# ---------------- gradients stop at bool and int values ----------------
+_BOOL_PATHS = {
+  "any_float_times_x": lambda x: x.any().float() * x,   # raised: FDIV needs float operands, got dtypes.bool
+  "bool_max_float_times_x": lambda x: x.bool().max().float() * x,
+  "bool_plus_x": lambda x: x.bool() + x,                 # gave 2 (a gradient through the bool cast)
+  "int_float_times_x": lambda x: x.int().float() * x,    # gave 2*x
+  "any_where_x": lambda x: x.any().where(x, 0.0) if isinstance(x, Tensor) else torch.where(x.any(), x, 0.0),
+}
+
+@pytest.mark.parametrize("name", sorted(_BOOL_PATHS))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_no_gradient_through_bool_or_int_values(name, dtype):
+  values = np.array([1.5, 0.0, -2.0], dtype=dtype)
+  xk, xt = Tensor(values, requires_grad=True), torch.tensor(values, requires_grad=True)
+  (_BOOL_PATHS[name](xk) * 3).sum().backward()
+  (_BOOL_PATHS[name](xt) * 3).sum().backward()
+  assert_close(xk.grad.numpy(), xt.grad.numpy())
