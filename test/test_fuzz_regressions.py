@@ -74,3 +74,18 @@ def test_no_gradient_through_bool_or_int_values(name, dtype):
   (_BOOL_PATHS[name](xk) * 3).sum().backward()
   (_BOOL_PATHS[name](xt) * 3).sum().backward()
   assert_close(xk.grad.numpy(), xt.grad.numpy())
+
+# ---------------- reductions over an empty axis: no loop, no load (the PYTHON device caught the load out of bounds) --
+@pytest.mark.parametrize("device", ["PYTHON", "CPU"])
+@pytest.mark.parametrize("shape,axis", [((0, 1, 4), (0, 1, 2)), ((0, 1, 4), (0,)), ((3, 0, 2), (1,)), ((2, 0, 3), None)])
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+def test_reduce_over_empty_axis(device, shape, axis, dtype):
+  values = np.zeros(shape, dtype=dtype)
+  for name, reference in (("sum", np.sum), ("prod", np.prod)):
+    got = getattr(Tensor(values, device=device), name)(axis=axis, keepdim=True).numpy()
+    want = reference(values, axis=axis, keepdims=True)
+    np.testing.assert_array_equal(got, want.astype(got.dtype), err_msg=f"{name} of {shape} over {axis}")
+  got = Tensor(values.astype(np.float32), device=device).mean(axis=axis, keepdim=True).numpy()
+  want = torch.tensor(values.astype(np.float32)).mean(dim=axis if axis is not None else tuple(range(len(shape))),
+                                                      keepdim=True).numpy()
+  assert_close(got, want)

@@ -6,7 +6,7 @@ An `INDEX(x, valid, *idx)` node means "the value of tensor node x at indices idx
 from __future__ import annotations
 from kiln.dtype import dtypes
 from kiln.helpers import prod
-from kiln.uop.ops import UOp, Ops, GroupOp
+from kiln.uop.ops import UOp, Ops, GroupOp, identity_element
 from kiln.uop.pattern import UPat, PatternMatcher, graph_rewrite
 from kiln.uop.symbolic import symbolic
 
@@ -95,6 +95,11 @@ def index_reduce(ctx: LowerContext, x: UOp, valid: UOp, idx, op: Ops, axes) -> U
   return ctx.reduces[key]
 
 def _lower_reduce(ctx: LowerContext, x: UOp, valid: UOp, idx, op: Ops, axes) -> UOp:
+  """REDUCE_AXIS(x) at idx -> a REDUCE of x's value over loop ranges for the reduced axes (the identity if empty)"""
+  if prod(x.shape[a] for a in axes) == 0:
+    # nothing to reduce: no loop and no loads (a load of the empty input, hoisted out of the empty loop, read out of
+    # its bounds)
+    return UOp.const(x.dtype, identity_element(op, x.dtype))
   new_ranges, src_idx = [], []
   for axis, (i, s) in enumerate(zip(idx, x.shape)):
     if axis in axes:
@@ -105,7 +110,7 @@ def _lower_reduce(ctx: LowerContext, x: UOp, valid: UOp, idx, op: Ops, axes) -> 
         src_idx.append(rng)
     else: src_idx.append(i)
   body = index_of(x, valid, src_idx)
-  if not new_ranges and prod(x.shape[a] for a in axes) != 0: return body
+  if not new_ranges: return body
   return UOp(Ops.REDUCE, x.dtype, (body,) + tuple(new_ranges), op)
 
 def index_buffer(buf: UOp, valid: UOp, idx) -> UOp:
@@ -144,7 +149,7 @@ lower_index = PatternMatcher([
   _lower_rule(Ops.FLIP, lambda ctx, x, v, idx: index_flip(x.src[0], v, idx, x.arg)),
   _lower_rule(Ops.REDUCE_AXIS, lambda ctx, x, v, idx: index_reduce(ctx, x.src[0], v, idx, *x.arg)),
   _lower_rule(Ops.DEFINE_GLOBAL, lambda ctx, x, v, idx: index_buffer(x, v, idx)),
-  _lower_rule((Ops.CONTIGUOUS, Ops.DETACH, Ops.CONTIGUOUS_BACKWARD, Ops.CUSTOM_BACKWARD),
+  _lower_rule((Ops.CONTIGUOUS, Ops.DETACH, Ops.CONTIGUOUS_BACKWARD, Ops.CUSTOM_BACKWARD, Ops.UNIQUE),
               lambda ctx, x, v, idx: index_of(x.src[0], v, idx)),
 ])
 
