@@ -1155,15 +1155,20 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
   def var(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor:
     """Variance over `axis` with Bessel's `correction`."""
     count = prod(self.shape[a] for a in self._reduce_axes(axis, "var"))
-    centered = self._as_float() - self._as_float().mean(axis, keepdim=True)
-    return centered.square().sum(axis, keepdim) / max(count - correction, 0)
+    def variance(x: Tensor) -> Tensor:
+      centered = x - x.mean(axis, keepdim=True)
+      return centered.square().sum(axis, keepdim) / max(count - correction, 0)
+    # half squares overflow past 255.9 (PyTorch keeps the statistics in float32)
+    return self._as_float()._in_float32_if_reduced(variance)
   def std(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor:
     """Standard deviation over `axis` with Bessel's `correction` (the square root of var)."""
     self._reduce_axes(axis, "std")
-    variance = self.var(axis, keepdim, correction)
-    # PyTorch's gradient is 0 where the std is 0 (sqrt's own slope there is infinite)
-    zero = variance == 0
-    return zero.where(0.0, zero.where(1.0, variance).sqrt())
+    def deviation(x: Tensor) -> Tensor:
+      variance = x.var(axis, keepdim, correction)
+      # PyTorch's gradient is 0 where the std is 0 (sqrt's own slope there is infinite)
+      zero = variance == 0
+      return zero.where(0.0, zero.where(1.0, variance).sqrt())
+    return self._as_float()._in_float32_if_reduced(deviation)
   def any(self, axis=None, keepdim: bool = False) -> Tensor:
     """True where any element along `axis` is nonzero (False over an empty axis)."""
     return self.cast(dtypes.bool)._reduce(Ops.MAX, axis, keepdim, "any")
@@ -1192,24 +1197,31 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     return self._inverse()._argmax(axis, keepdim, "argmin")
 
   def logsumexp(self, axis=None, keepdim: bool = False) -> Tensor:
-    """log(sum(exp(x))) computed stably."""
-    m = self._reduce(Ops.MAX, axis, True, "logsumexp").detach()
-    m = m.isinf().where(0, m)
-    out = (self - m).exp().sum(axis, keepdim=True).log() + m
-    return out if keepdim else out._squeeze_axes(self._reduce_axes(axis, "logsumexp"))
+    """log(sum(exp(x))) computed stably; ints give floats, half floats are summed in float32 and rounded once."""
+    def stable(x: Tensor) -> Tensor:
+      m = x._reduce(Ops.MAX, axis, True, "logsumexp").detach()
+      m = m.isinf().where(0, m)
+      out = (x - m).exp().sum(axis, keepdim=True).log() + m
+      return out if keepdim else out._squeeze_axes(x._reduce_axes(axis, "logsumexp"))
+    # x - max of an int tensor would wrap (int8 83 - -122): work in float, as PyTorch does
+    return self._as_float()._in_float32_if_reduced(stable)
   def _squeeze_axes(self, axes) -> Tensor:
     """This tensor without the axes in `axes` (each must have size 1)."""
     return self.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
   def softmax(self, axis: int = -1, dtype: DType | None = None) -> Tensor:
-    """exp(x) / sum(exp(x)) along `axis` (computed in `dtype` if given)."""
+    """exp(x) / sum(exp(x)) along `axis` (computed in `dtype` if given; half floats in float32, rounded once)."""
+    def stable(x: Tensor) -> Tensor:
+      e = (x - x._reduce(Ops.MAX, x._axis(axis, "softmax"), True, "softmax").detach()).exp()
+      return e / e.sum(axis, keepdim=True)
     x = self._as_float() if dtype is None else self.cast(_dtype_arg(dtype, "softmax"))
-    e = (x - x._reduce(Ops.MAX, x._axis(axis, "softmax"), True, "softmax").detach()).exp()
-    return e / e.sum(axis, keepdim=True)
+    return x._in_float32_if_reduced(stable)
   def log_softmax(self, axis: int = -1, dtype: DType | None = None) -> Tensor:
-    """log(softmax(x)) along `axis`, computed stably (in `dtype` if given)."""
+    """log(softmax(x)) along `axis`, computed stably (in `dtype` if given; half floats in float32, rounded once)."""
+    def stable(x: Tensor) -> Tensor:
+      shifted = x - x._reduce(Ops.MAX, x._axis(axis, "log_softmax"), True, "log_softmax").detach()
+      return shifted - shifted.exp().sum(axis, keepdim=True).log()
     x = self._as_float() if dtype is None else self.cast(_dtype_arg(dtype, "log_softmax"))
-    shifted = x - x._reduce(Ops.MAX, x._axis(axis, "log_softmax"), True, "log_softmax").detach()
-    return shifted - shifted.exp().sum(axis, keepdim=True).log()
+    return x._in_float32_if_reduced(stable)
 
   # ---------------- linear algebra ----------------
   def dot(self, w: Tensor, dtype: DType | str | None = None) -> Tensor:
@@ -1241,6 +1253,10 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     wt = w.transpose(-1, -2) if w.ndim > 1 else w
     wt = wt.reshape(*wt.shape[:-2], *[1] * min(self.ndim - 1, w.ndim - 1, 1), *wt.shape[-min(w.ndim, 2):])
     x, wt = x._broadcasted(wt, "matmul")
+    wide = _sum_dtype(x.dtype)
+    if dtypes.is_float(x.dtype) and wide != x.dtype:
+      # half products are exact in float32; they are summed there and the result rounded once, as in PyTorch
+      return (x.cast(wide) * wt.cast(wide)).sum(-1).cast(x.dtype)
     return (x * wt).sum(-1)
   def matmul(self, x: Tensor, reverse: bool = False, dtype: DType | str | None = None) -> Tensor:
     """Matrix product self @ x (x @ self if `reverse`), computed in `dtype` if given; see dot.

@@ -16,6 +16,9 @@ from kiln.gradient import custom_backward, custom_backward_rules
 from kiln.uop.ops import UOp
 if TYPE_CHECKING: from kiln.tensor import Tensor  # noqa: F401
 
+# float types too narrow to sum in: conv products and sums of them run in float32, rounded to these once
+_HALF_FLOATS = (dtypes.float16, dtypes.bfloat16, *dtypes.fp8s)
+
 PAD_COPY_MIN_ELEMENTS = 1 << 18   # convolutions whose padded input is at least this large pad it in its own kernel
 
 def _is_int(value) -> bool: return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
@@ -79,7 +82,10 @@ def _weight_gradient(windows: Tensor, grad: Tensor, shape: tuple[int, ...]) -> T
   positions; `windows` as `_conv_windows` gives them, `shape` the weight's."""
   n, groups = len(shape) - 2, windows.shape[1]
   per_window = grad.reshape(grad.shape[0], groups, shape[0] // groups, *grad.shape[2:], 1, *[1] * n)
-  return (windows * per_window).sum((0, *range(3, 3 + n))).reshape(shape)
+  if windows.dtype != per_window.dtype or windows.dtype not in _HALF_FLOATS:
+    return (windows * per_window).sum((0, *range(3, 3 + n))).reshape(shape)
+  # half: multiply and sum in float32, round once (as the forward does)
+  return (windows.float() * per_window.float()).sum((0, *range(3, 3 + n))).cast(windows.dtype).reshape(shape)
 
 def _phases_pay(x: Tensor, strides, dilations, pairs, dtype) -> bool:
   """Whether a conv runs as a stride-1 conv of its input's phases: strided, undilated, not cropping, int sizes."""
@@ -241,9 +247,12 @@ class ConvMixin:
       outs = windows.shape[3:3 + n]
       # (N, groups, 1, *out, cin, *kernel) * (1, groups, cout/groups, *1, cin, *kernel), summed over (cin, *kernel)
       w = w.reshape(1, groups, cout // groups, *[1] * n, cin, *kernel)
-      products = windows * w
+      # half products are exact in float32: they are summed there and the output rounded once, as in PyTorch
+      wide = dtype is None and windows.dtype == w.dtype and windows.dtype in _HALF_FLOATS
+      products = windows.float() * w.float() if wide else windows * w
       if taps is not None: products = taps.reshape(w.shape).where(products, 0)
       out = products.sum(tuple(range(-1 - n, 0)), dtype=dtype).reshape(batch, cout, *outs)
+      if wide: out = out.cast(x.dtype)
     if dtype is None and all(b >= 0 and a >= 0 for b, a in pairs) and dtypes.is_float(out.dtype):
       # the input gradient as a transposed convolution, not through the windows' view (_conv_backward)
       params = (groups, strides, dilations, tuple(pairs))

@@ -99,8 +99,11 @@ class NNMixin:
     >>> [round(v, 4) for v in Tensor([1.0, 2.0, 3.0]).layernorm().tolist()]
     [-1.2247, 0.0, 1.2247]
     """
-    centered = self - self.mean(axis, keepdim=True)
-    return centered * (centered.square().mean(axis, keepdim=True) + eps).rsqrt()
+    def normalize(x: Tensor) -> Tensor:
+      centered = x - x.mean(axis, keepdim=True)
+      return centered * (centered.square().mean(axis, keepdim=True) + eps).rsqrt()
+    # half statistics overflow (the square of 858 is past 65504): PyTorch keeps them in float32
+    return self._in_float32_if_reduced(normalize)
 
   def batchnorm(self, weight: Tensor | None, bias: Tensor | None, mean: Tensor, invstd: Tensor,
                 axis: int | tuple[int, ...] = 1) -> Tensor:

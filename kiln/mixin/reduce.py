@@ -9,7 +9,7 @@ A cumulative op ("scan") along an axis of n elements is built from reductions, s
 """
 from __future__ import annotations
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 from kiln.dtype import dtypes
 from kiln.gradient import custom_backward, custom_backward_rules
 from kiln.uop.ops import UOp
@@ -48,8 +48,17 @@ def _cumsum_backward(grad: UOp, node: UOp) -> tuple[UOp]:
 
 custom_backward_rules["cumsum"] = _cumsum_backward
 
+# floats too narrow to accumulate in: their reductions run in float32 and round once (as PyTorch's do)
+_REDUCED_FLOATS = (dtypes.float16, dtypes.bfloat16, *dtypes.fp8s)
+
 class ReduceMixin:
   __slots__ = ()
+
+  def _in_float32_if_reduced(self, fn: Callable[[Tensor], Tensor]) -> Tensor:
+    """fn of this tensor, computed in float32 and rounded back to this dtype once when it is a half, bfloat16 or fp8
+    float (a sum of 100,000 float16 exponentials is past float16's 65504); fn of this tensor itself otherwise."""
+    if self.dtype not in _REDUCED_FLOATS: return fn(self)
+    return fn(self.cast(dtypes.float32)).cast(self.dtype)
 
   def var_mean(self, axis=None, keepdim: bool = False, correction: int = 1) -> tuple[Tensor, Tensor]:
     """The variance (with Bessel's `correction`) and the mean over `axis`, like torch.var_mean.
@@ -73,7 +82,8 @@ class ReduceMixin:
 
   # ---------------- cumulative ops ----------------
   def cumsum(self, axis: int = 0) -> Tensor:
-    """Running sum along `axis`. Accumulates like sum(): bools and small ints give int32, half floats keep their dtype.
+    """Running sum along `axis`. Accumulates like sum(): bools and small ints give int32; half floats sum in float32
+    and keep their dtype.
 
     >>> Tensor([1, 2, 3, 4]).cumsum().tolist()
     [1, 3, 6, 10]
@@ -81,7 +91,7 @@ class ReduceMixin:
     [[1.0, 3.0], [3.0, 7.0]]
     """
     out_dtype = self.sum().dtype
-    acc = dtypes.float32 if out_dtype in (dtypes.float16, dtypes.bfloat16) else out_dtype
+    acc = dtypes.float32 if out_dtype in _REDUCED_FLOATS else out_dtype
     out = self.cast(acc)._scan(axis, "sum", "cumsum").cast(out_dtype)
     if not dtypes.is_float(out_dtype) or self.ndim == 0: return out
     # its gradient is the reversed running sum of the output's gradient (_cumsum_backward)
@@ -94,7 +104,7 @@ class ReduceMixin:
     [1, 2, 6, 24]
     """
     out_dtype = self.prod().dtype
-    acc = dtypes.float32 if out_dtype in (dtypes.float16, dtypes.bfloat16) else out_dtype
+    acc = dtypes.float32 if out_dtype in _REDUCED_FLOATS else out_dtype
     return self.cast(acc)._scan(axis, "prod", "cumprod").cast(out_dtype)
 
   def cummax(self, axis: int = 0) -> Tensor:
