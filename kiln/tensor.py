@@ -7,6 +7,7 @@ import numpy as np
 from kiln.dtype import DType, dtypes, least_upper_dtype, to_numpy_dtype, from_numpy_dtype
 from kiln.helpers import prod, user_frame_location, TRACEBACK_SOURCE, _KILN_DIR
 from kiln.uop.ops import UOp, Ops, GroupOp, toposort, const_value
+from kiln.uop.pattern import substitute
 from kiln.uop.sint import ssimplify, sint_eq, sint_min, sint_max, sint_str, ssub, is_symbolic_shape, sint_value, sprod
 from kiln.device import Buffer
 from kiln.gradient import compute_gradient, gradient_graph
@@ -82,7 +83,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     else:
       device = _canonical_device(device)
       if isinstance(data, (bool, int, float)) and not isinstance(data, np.generic):
-        uop = UOp.const(_scalar_dtype(data, dtype, "Tensor"), data, device)
+        uop = UOp.const(_scalar_dtype(data, dtype, "Tensor"), data, device).unique()
       else:
         if isinstance(data, (bytes, bytearray, memoryview)): arr = np.frombuffer(bytes(data), np.uint8)
         elif isinstance(data, np.ndarray) or isinstance(data, np.generic): arr = np.asarray(data)
@@ -205,21 +206,27 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
       schedule = create_schedule(roots)
     run_schedule(schedule.items)
     differentiable = _graphs_needing_gradients(roots)
+    inputs = {id(buf) for buf in schedule.inputs}
     for t, old in todo:
       new = schedule.results[old]
       if new is not old:
+        if new.base.op is Ops.BUFFER and id(new.base.buffer) in inputs:
+          # nothing was computed (`x.detach()` of a realized x): the result is a view of an input's buffer, so it
+          # gets a node of its own over the same storage, or it would be the input itself to autograd and assign
+          new = _alias_view(new)
         # a graph that reads no buffer (constants, arange) is not redirected to its result: an equal graph built
         # later is computed again, so it stays a constant that folds into the kernels using it (a realized
-        # Tensor.ones(()) would otherwise turn every backward()'s seed into a load)
-        if old.op is not Ops.ASSIGN and schedule.inputs:
+        # Tensor.ones(()) would otherwise turn every backward()'s seed into a load). A UNIQUE root is the one
+        # node of its tensor, so it can be.
+        if old.op is not Ops.ASSIGN and (schedule.inputs or old.op is Ops.UNIQUE):
           old.forward = new
           # its own buffer too: once an assign overwrites it, an equal graph built later must be computed again
           own = [new.base.buffer] if new.base.op is Ops.BUFFER else []
           for buf in [*schedule.inputs, *own]:
             if (readers := _computed_from.get(buf)) is None: readers = _computed_from[buf] = weakref.WeakSet()
             readers.add(old)
-          # the realized node remembers its graph, so backward() still reaches the parameters behind it
-          if old in differentiable and new.origin is None: new.origin = old
+        # the realized node remembers its graph, so backward() still reaches the parameters behind it
+        if old in differentiable and new.origin is None: new.origin = old
         t.uop = new
     for buf in schedule.overwritten: _forget_results_computed_from(buf)
 
@@ -293,7 +300,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     shape = _shape_arg((shape,) if isinstance(shape, int) else tuple(shape))
     dtype = _scalar_dtype(fill_value, _dtype_arg(dtype, "full") if dtype is not None else None, "full")
     const = UOp.const(dtype, fill_value, _canonical_device(device))
-    return Tensor(const.reshape((1,) * len(shape)).expand(shape), **kwargs)
+    return Tensor(const.reshape((1,) * len(shape)).expand(shape).unique(), **kwargs)
 
   @staticmethod
   def zeros(*shape, **kwargs) -> Tensor:
@@ -340,7 +347,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     count = max(0, math.ceil((stop - start) / step))
     dtype = _dtype_arg(dtype, "arange") if dtype is not None else dtypes.from_py([start, stop, step])
     iota = Tensor(UOp(Ops.IOTA, dtypes.int32, (UOp(Ops.DEVICE, arg=_canonical_device(device)),), count))
-    return Tensor((iota.cast(dtype) * step + start).cast(dtype).uop, **kwargs)
+    return Tensor((iota.cast(dtype) * step + start).cast(dtype).uop.unique(), **kwargs)
 
   @staticmethod
   def linspace(start, stop, steps: int, **kwargs) -> Tensor:
@@ -351,7 +358,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     dtype = _dtype_arg(kwargs.pop("dtype", dtypes.default_float), "linspace")
     requires_grad = kwargs.pop("requires_grad", None)   # belongs on the result, not on the arange it is built from
     out = (Tensor.arange(steps, **kwargs).cast(dtypes.float32) * ((stop - start) / (steps - 1)) + start).cast(dtype)
-    return Tensor(out.uop, requires_grad=requires_grad)
+    return Tensor(out.uop.unique(), requires_grad=requires_grad)
 
   @staticmethod
   def eye(n: int, m: int | None = None, **kwargs) -> Tensor:
@@ -363,8 +370,9 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     m = n if m is None else m
     if n < 0 or m < 0: raise ValueError(f"eye: sizes must be non-negative, got n={n}, m={m}{_where()}")
     dtype = kwargs.pop("dtype", dtypes.default_float)
+    requires_grad = kwargs.pop("requires_grad", None)   # belongs on the result, not on the aranges it is built from
     rows, cols = Tensor.arange(n, **kwargs).reshape(n, 1), Tensor.arange(m, **kwargs).reshape(1, m)
-    return (rows == cols).cast(dtype)
+    return Tensor((rows == cols).cast(dtype).uop.unique(), requires_grad=requires_grad)
 
   @staticmethod
   def manual_seed(seed: int = 0) -> None:
@@ -1354,6 +1362,13 @@ def _forget_results_computed_from(buf: Buffer) -> None:
 
 # dtypes a Python scalar is written into by a host copy on assign (besides the ints): NumPy rounds them as kernels do
 _HOST_SCALAR_DTYPES = (dtypes.float32, dtypes.float64, dtypes.bool)
+
+def _alias_view(view: UOp) -> UOp:
+  """`view` (movement ops over a realized BUFFER node) over a new BUFFER node that shares the same storage."""
+  base = view.base
+  fresh = UOp.new_buffer(base.arg[1], base.arg[2], base.dtype)
+  fresh.buffer = base.buffer
+  return substitute(view, {base: fresh})
 
 def _pending_readers(buffers, skip: set[int]) -> list[Tensor]:
   """Live, unrealized tensors (other than those in `skip`) whose graphs read one of `buffers`."""

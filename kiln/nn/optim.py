@@ -106,11 +106,24 @@ class Optimizer:
                          "(Tensor.training is False)")
     grads = []
     for i, p in enumerate(self.params):
-      if p.grad is None:
-        raise RuntimeError(f"{name}: parameter {i} (shape {p.shape}) has no gradient; call loss.backward() before "
-                           "step(), and check that the loss depends on this parameter")
+      if p.grad is None: raise RuntimeError(f"{name}: {self._describe_missing_gradient(i)}")
       grads.append(p.grad)
     return grads
+
+  def _describe_missing_gradient(self, i: int) -> str:
+    """Why parameter `i` has no gradient, naming it by its state-dict key: shared with another parameter (one
+    graph node: the gradient went to the other) or unused by the loss."""
+    from kiln.nn.state import state_dict_key
+    def label(j: int) -> str:
+      key = state_dict_key(self.params[j])
+      return f"parameter {j}" + (f" '{key}'" if key else "") + f" (shape {self.params[j].shape})"
+    node = self.params[i]._grad_identity()
+    for j, q in enumerate(self.params):
+      if j != i and q._grad_identity() is node:
+        return (f"{label(i)} has no gradient: it is the same graph node as {label(j)}, which received the gradient "
+                f"(shared: make each parameter its own tensor, e.g. with .contiguous() or a fresh creation call)")
+    return (f"{label(i)} has no gradient: it is unused (the loss does not depend on it, or only through detach); "
+            f"call loss.backward() before step(), and check that the loss depends on this parameter")
 
   def schedule_step(self) -> list[Tensor]:
     """Build the (lazy) update of every parameter and return the tensors to realize: state, params, buffers.

@@ -5,7 +5,7 @@ Loaded tensors are views of the file on the DISK device: nothing is read until a
 bytes (see docs/state.md).
 """
 from __future__ import annotations
-import builtins, io, json, os, pathlib, pickle, struct, time, types, zipfile
+import builtins, io, json, os, pathlib, pickle, struct, time, types, weakref, zipfile
 from collections import OrderedDict
 from typing import Any
 from kiln.tensor import Tensor
@@ -15,6 +15,21 @@ from kiln.helpers import DEBUG, GlobalCounters, prod
 from kiln.nn.gguf import gguf_load, ggml_data_to_tensor  # noqa: F401  (tinygrad's nn.state names; kiln/nn/gguf.py)
 
 # ---------------- state dicts ----------------
+# the key each Tensor had in the latest get_state_dict that found it, for error messages (an optimizer's "parameter
+# 'layers.0.weight' has no gradient"): id -> (weak reference, key); not a WeakKeyDictionary, which would compare
+# Tensors with their elementwise ==
+_state_dict_keys: dict[int, tuple[weakref.ref, str]] = {}
+
+def state_dict_key(t: Tensor) -> str | None:
+  """The key `t` had in the latest `get_state_dict` that reached it, or None."""
+  ref, key = _state_dict_keys.get(id(t), (None, None))
+  return key if ref is not None and ref() is t else None
+
+def _remember_key(t: Tensor, key: str) -> None:
+  ident = id(t)
+  def forget(ref: weakref.ref) -> None:
+    if _state_dict_keys.get(ident, (None,))[0] is ref: del _state_dict_keys[ident]   # not a newer tensor's entry
+  _state_dict_keys[ident] = (weakref.ref(t, forget), key)
 
 def get_state_dict(obj: Any, prefix: str = "") -> dict[str, Tensor]:
   """Every Tensor reachable from `obj` through attributes, lists, tuples and dicts, keyed by its path.
@@ -30,7 +45,8 @@ def get_state_dict(obj: Any, prefix: str = "") -> dict[str, Tensor]:
   while stack:
     node, path = stack.pop()
     if isinstance(node, Tensor):
-      state.setdefault(path.strip("."), node)
+      key = path.strip(".")
+      if state.setdefault(key, node) is node and key: _remember_key(node, key)
       continue
     if id(node) in visited or isinstance(node, (str, bytes, int, float, bool, type, types.ModuleType)) or node is None:
       continue

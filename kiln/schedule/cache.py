@@ -45,7 +45,7 @@ class _Uncacheable(Exception):
   """Raised inside the walk when the graph must be scheduled anew."""
 
 # hot reads in graph_key bound once: `Ops.X` is a metaclass attribute lookup (~130 ns under Python 3.11)
-_BUFFER = Ops.BUFFER
+_BUFFER, _UNIQUE = Ops.BUFFER, Ops.UNIQUE
 _FLOAT_OR_BOOL = (float, bool)
 
 def graph_key(roots: list[UOp]) -> tuple[tuple, list[Buffer]] | None:
@@ -60,6 +60,7 @@ def graph_key(roots: list[UOp]) -> tuple[tuple, list[Buffer]] | None:
   # limit): a node's entry comes after its sources', in source order; a realized node shares its buffer's entry
   stack = list(reversed(roots))
   pop, push, get = stack.pop, stack.append, index.get
+  root_set = set(roots)
   try:
     while stack:
       node = stack[-1]
@@ -89,6 +90,12 @@ def graph_key(roots: list[UOp]) -> tuple[tuple, list[Buffer]] | None:
           stack.extend([src for src, i in zip(reversed(node.src), reversed(srcs)) if i is None])
           continue
         if op in _UNCACHED_OPS or (symbolic_possible and _holds_uop(arg)): raise _Uncacheable
+        if op is _UNIQUE:   # its id is identity, not structure: inside a graph it is its source (as scheduled)
+          if node not in root_set:
+            index[node] = srcs[0]
+            pop()
+            continue
+          arg = None
         entry = (op, node.dtype, _cache_key_arg(arg) if type(arg) in _FLOAT_OR_BOOL else arg, tuple(srcs))
       pop()
       index[node] = len(entries)

@@ -31,6 +31,9 @@ from kiln.schedule.pack import pack_matmuls
 # movement ops that visit every element exactly once: a reduction seen through them can stay in registers
 BIJECTIVE = frozenset({Ops.RESHAPE, Ops.PERMUTE, Ops.FLIP})
 PASS_THROUGH = frozenset({Ops.DETACH, Ops.CONTIGUOUS_BACKWARD, Ops.CUSTOM_BACKWARD})
+# nodes whose value is src[0] stored in a buffer of their own (a UNIQUE is one only as a root: see _prepare)
+_OWN_BUFFER_OPS = frozenset({Ops.CONTIGUOUS, Ops.UNIQUE})
+_MATERIALIZED_OPS = _OWN_BUFFER_OPS | {Ops.ASSIGN, Ops.COPY}
 
 @dataclass
 class Schedule:
@@ -241,11 +244,17 @@ def _materialize_shared(nodes: list[UOp], users: dict[UOp, list[UOp]], outputs: 
     loads[n] = frozenset(found_loads)
   return added
 
+def _passes_through(node: UOp, roots: set[UOp]) -> bool:
+  """A node the scheduler drops for its source: DETACH and friends, and UNIQUE except as a root (two distinct
+  tensors of one value realized together still get a buffer each)."""
+  return node.op in PASS_THROUGH or (node.op is Ops.UNIQUE and node not in roots)
+
 def _prepare(roots: list[UOp]) -> tuple[list[UOp], bool]:
-  """Replace realized nodes by their buffers and drop DETACH/CONTIGUOUS_BACKWARD/CUSTOM_BACKWARD. Also says whether
-  the graph reads a DISK buffer (only then does the DISK hook need to walk it)."""
+  """Replace realized nodes by their buffers and drop DETACH/CONTIGUOUS_BACKWARD/CUSTOM_BACKWARD/UNIQUE. Also says
+  whether the graph reads a DISK buffer (only then does the DISK hook need to walk it)."""
   mapping: dict[UOp, UOp] = {}
   reads_disk, passes = False, False
+  root_set = set(roots)
   nodes = toposort(roots, stop=lambda u: u.forward is not None)
   for node in nodes:
     if node.forward is not None:
@@ -253,7 +262,7 @@ def _prepare(roots: list[UOp]) -> tuple[list[UOp], bool]:
       base = target.base
       reads_disk = reads_disk or base.op is not Ops.BUFFER or is_disk(base.arg[1])
     elif node.op is Ops.BUFFER: reads_disk = reads_disk or is_disk(node.arg[1])
-    elif node.op in PASS_THROUGH: passes = True
+    elif _passes_through(node, root_set): passes = True
   if not mapping and not passes: return roots, reads_disk
   # a pass-through node becomes its source as rewritten here, not the original source: that would bring back an
   # unrewritten copy of the graph below it, which the scheduler then computes a second time (each softmax's detached
@@ -261,7 +270,7 @@ def _prepare(roots: list[UOp]) -> tuple[list[UOp], bool]:
   done: dict[UOp, UOp] = {}
   for node in nodes:
     if node in mapping: done[node] = mapping[node]
-    elif node.op in PASS_THROUGH: done[node] = done[node.src[0]]
+    elif _passes_through(node, root_set): done[node] = done[node.src[0]]
     else:
       src = tuple(done[s] for s in node.src)
       done[node] = node if src == node.src else node.replace(src=src)
@@ -288,7 +297,7 @@ def create_schedule(roots: list[UOp], use_cache: bool = True) -> Schedule:
   for r in roots:
     if not is_realized_view(r): outputs.add(r)
   for n in nodes:
-    if n.op in (Ops.CONTIGUOUS, Ops.ASSIGN, Ops.COPY): outputs.add(n)
+    if n.op in _MATERIALIZED_OPS: outputs.add(n)
     if n.op is Ops.COPY and not is_contiguous_buffer(n.src[0]): outputs.add(n.src[0])
     if n.op is Ops.BUFFER and n.buffer is None: raise RuntimeError(f"schedule: buffer {n.arg} has no storage")
   # an expensive elementwise value that is broadcast would be recomputed for every copy: compute it once (unless it
@@ -341,7 +350,7 @@ def create_schedule(roots: list[UOp], use_cache: bool = True) -> Schedule:
       src = views.get(n.src[0], n.src[0])
       items.append((n, ScheduleItem(UOp(Ops.COPY, n.dtype, (), n.arg), [out_buf.buffer, src.base.buffer])))
       continue
-    value = n.src[1] if n.op is Ops.ASSIGN else (n.src[0] if n.op is Ops.CONTIGUOUS else n)
+    value = n.src[1] if n.op is Ops.ASSIGN else (n.src[0] if n.op in _OWN_BUFFER_OPS else n)
     inner_views = {o: v for o, v in views.items() if o is not n}
     value = substitute(value, inner_views) if inner_views else value
     if n.op is Ops.ASSIGN and value.op is Ops.RESHAPE and value.src[0] is out_buf: continue   # x.assign(x)
@@ -366,8 +375,11 @@ def _writes_through_view(n: UOp) -> bool:
 def _safe_in_place(value: UOp, target_view: UOp, outputs: set[UOp]) -> bool:
   """`value` can be stored straight into the target's buffer: within its kernel (down to other materialized
   outputs, which run first) it reads that buffer only through `target_view` itself, reached by elementwise ops
-  alone, so each element is read at the index it is written to."""
+  alone, so each element is read at the index it is written to. A pending assign to the same buffer counts as a
+  read of it: its result is read back from that buffer (`b *= 2; b.assign(b.flip(0))`)."""
   target_buf = target_view.base.buffer
+  def reads_target(m: UOp) -> bool:
+    return m.op is Ops.BUFFER and m.buffer is target_buf or m.op is Ops.ASSIGN and m.src[0].base.buffer is target_buf
   aligned, stack = set(), [value]
   while stack:
     node = stack.pop()
@@ -377,7 +389,7 @@ def _safe_in_place(value: UOp, target_view: UOp, outputs: set[UOp]) -> bool:
   for node in aligned:
     if node is target_view or node.op in GroupOp.Elementwise: continue
     inside_kernel = toposort([node], stop=lambda u: u in outputs and u is not node)
-    if any(m.op is Ops.BUFFER and m.buffer is target_buf for m in inside_kernel): return False
+    if any(reads_target(m) for m in inside_kernel): return False
   return True
 
 def _result_node(root: UOp, buffer_of: dict[UOp, UOp]) -> UOp:

@@ -92,7 +92,7 @@ def _packed_matmul(reduce: UOp) -> UOp | None:
   return _labelled(reduce.replace(src=(summed,)), reduce)
 
 def _is_constant(value: UOp) -> bool:
-  while value.op in GroupOp.Movement: value = value.src[0]
+  while value.op in GroupOp.Movement or value.op is Ops.UNIQUE: value = value.src[0]
   return value.op is Ops.CONST
 
 def _labelled(node: UOp, like: UOp) -> UOp:

@@ -13,6 +13,9 @@ class Ops(enum.Enum):
   ASSIGN = enum.auto(); REDUCE_AXIS = enum.auto(); BIND = enum.auto()
   # src[0]'s value, whose backward is a registered rule (arg[0] names it) giving the gradients of src[1:]
   CUSTOM_BACKWARD = enum.auto()
+  # src[0]'s value as a tensor of its own (arg: a fresh id): what creation functions return, so two tensors made by
+  # equal calls are two nodes for autograd, assign and the JIT; the scheduler sees through it
+  UNIQUE = enum.auto()
   # movement (never copy; lowered to index arithmetic)
   RESHAPE = enum.auto(); PERMUTE = enum.auto(); EXPAND = enum.auto(); PAD = enum.auto(); SHRINK = enum.auto(); FLIP = enum.auto()
   # type changes
@@ -72,6 +75,7 @@ def _drop_node(ref: _NodeRef) -> None:
   """A node died: forget it, unless its key already names a newer node."""
   if _uop_refs.get(ref.key) is ref: del _uop_refs[ref.key]
 _buffer_ids = itertools.count()
+_unique_ids = itertools.count()
 
 def _cache_key_arg(arg):
   # 0.0 == -0.0 and 1 == 1.0 == True in Python; constants of different bits must stay different nodes
@@ -136,6 +140,10 @@ class UOp:
   def new_buffer(device: str, size: int, dtype: DType) -> UOp:
     """A fresh BUFFER node of `size` elements; every call gives a new identity."""
     return UOp(Ops.BUFFER, dtype, (), (next(_buffer_ids), device, size))
+
+  def unique(self) -> UOp:
+    """This node's value as a node of its own identity (UNIQUE): never equal to any other node, however built."""
+    return UOp(Ops.UNIQUE, self.dtype, (self,), next(_unique_ids))
 
   @staticmethod
   def variable(name: str, min_val: int, max_val: int, dtype: DType = dtypes.int32) -> UOp:
@@ -360,7 +368,7 @@ def toposort(roots: list[UOp], stop=None, sources=None) -> list[UOp]:
 # every tensor-level node's shape comes through _compute_shape: its op tests bound once (`Ops.X` is a metaclass
 # attribute lookup, ~130 ns under Python 3.11; an elementwise node's ~18 of them were ~10% of building a graph)
 _SAME_SHAPE_OPS = GroupOp.Elementwise | {Ops.FLIP, Ops.COPY, Ops.CONTIGUOUS, Ops.CONTIGUOUS_BACKWARD, Ops.DETACH,
-                                         Ops.ASSIGN, Ops.CUSTOM_BACKWARD}
+                                         Ops.ASSIGN, Ops.CUSTOM_BACKWARD, Ops.UNIQUE}
 _VIEW_OPS = frozenset({Ops.RESHAPE, Ops.EXPAND})
 
 def _compute_shape(u: UOp):
