@@ -563,8 +563,15 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     target = self.uop
     if target.op is Ops.ASSIGN: target = target.src[0]   # a second pending update of the same buffer
     elif target.base.op is not Ops.BUFFER:
-      self.uop = value.uop   # not realized yet: nothing to overwrite, just take the new value
-      return self
+      owners = [t for t in _live_tensors if t is not self and t.uop is target.base] if target.base is not target else []
+      if not owners:
+        self.uop = value.uop   # not realized yet, and no other tensor holds it: nothing to overwrite
+        return self
+      # a view of another tensor's pending value (`b.assign(b + 10); b[2:].assign(x)`): that value is computed into
+      # its buffer first, so the write lands there (and a pending assign is not lost behind this one)
+      from kiln.uop.pattern import substitute
+      Tensor.realize_all(owners)
+      target = substitute(target, {target.base: owners[0].uop})
     if not (target.op is Ops.BUFFER or target.op is Ops.RESHAPE and target.src[0].op is Ops.BUFFER):
       return self._assign_into_view(target, value)
     self.uop = UOp(Ops.ASSIGN, self.dtype, (target, value.uop))
@@ -951,8 +958,8 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     cond, x, y = cond._broadcast_to(shape), x._broadcast_to(shape), y._broadcast_to(shape)
     return Tensor._wrap(cond.uop.alu(Ops.WHERE, x.uop, y.uop), "where")
   def exp(self) -> Tensor:
-    """Elementwise e**x (ints become floats)."""
-    return (self._as_float() * (1 / math.log(2)))._unary(Ops.EXP2, "exp")
+    """Elementwise e**x (ints become floats), within about 1 ulp; half types are computed in float32."""
+    return self._in_float(lambda x: x._exp_reduced())
   def exp2(self) -> Tensor:
     """Elementwise 2**x (ints become floats)."""
     return self._float_unary(Ops.EXP2, "exp2")
@@ -975,12 +982,11 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     """Elementwise sine of x in radians (ints become floats)."""
     return self._float_unary(Ops.SIN, "sin")
   def cos(self) -> Tensor:
-    """cos(x) = 1 - 2*sin(x/2)**2: halving is exact, so large arguments keep their accuracy."""
-    half_sin = (self._as_float() * 0.5).sin()
-    return 1 - 2 * half_sin * half_sin
+    """Elementwise cosine of x in radians (ints become floats), as sin(2x) / (2 sin(x)): accurate near its zeros."""
+    return self._in_float(lambda x: x._cos_accurate())
   def tan(self) -> Tensor:
-    """Elementwise tangent of x in radians, as sin(x) / cos(x)."""
-    return self.sin() / self.cos()
+    """Elementwise tangent of x in radians (ints become floats), as sin(x) / cos(x) with cos as in `cos`."""
+    return self._in_float(lambda x: x._tan_accurate())
   def trunc(self) -> Tensor:
     """Round toward zero (ints and bools are returned unchanged)."""
     return self._unary(Ops.TRUNC, "trunc") if dtypes.is_float(self.dtype) else self
@@ -1039,11 +1045,17 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     return ((self < 0) | (self == 0)).where(0, self)
   def sigmoid(self) -> Tensor:
     """Elementwise logistic function 1 / (1 + e**-x), with finite gradients for any finite x."""
-    x = self._as_float()
-    # exp of -|x| only: exp(100) = inf would make the gradient 0 * inf = NaN
-    positive = x >= 0
-    e = positive.where(-x, x).exp()
-    return positive.where(1 / (1 + e), e / (1 + e))
+    def fn(x: Tensor) -> Tensor:
+      # exp of -|x| only: exp(100) = inf would make the gradient 0 * inf = NaN
+      positive = x >= 0
+      e = positive.where(-x, x).exp()
+      # float32 finishes in float64 (rounded once); float64 corrects for the rounding of 1 + e (its exact error is
+      # e - (d - 1), as e <= 1): n / (1 + e) = q * (1 - error / d) to first order
+      if x.dtype == dtypes.float32: e = e.cast(dtypes.float64)
+      d = 1 + e
+      quotient = positive.where(1.0, e) / d
+      return (quotient - quotient * ((e - (d - 1)) / d)).cast(x.dtype)
+    return self._in_float(fn)
   def tanh(self) -> Tensor:
     """Elementwise hyperbolic tangent: an odd polynomial for |x| < 0.55, else 1 - 2e/(1 + e) with e = exp(-2|x|);
     one exp per element, within 2.5 ulp of the exact value in float32, finite gradients for any finite x.
@@ -1371,17 +1383,46 @@ def _alias_view(view: UOp) -> UOp:
   return substitute(view, {base: fresh})
 
 def _pending_readers(buffers, skip: set[int]) -> list[Tensor]:
-  """Live, unrealized tensors (other than those in `skip`) whose graphs read one of `buffers`."""
+  """Live tensors (other than those in `skip`) that must be computed before `buffers` are overwritten: unrealized
+  graphs reading one of them, and views of one of them that PyTorch would have copied (flip, pad, repeat), which
+  become pending copies here. Views PyTorch aliases (slices, reshapes, permutes, expands) read the new values."""
   found, visited, wanted = [], set(), {id(b) for b in buffers}
   reads: dict[UOp, bool] = {}
   for t in list(_live_tensors):
-    if id(t) in skip or t.uop.base.op is Ops.BUFFER: continue
+    if id(t) in skip: continue
+    view = t.uop
+    if view.base.op is Ops.BUFFER:
+      if view.op in GroupOp.Movement and id(view.base.buffer) in wanted and not _view_aliases_buffer(view):
+        t.uop = UOp(Ops.CONTIGUOUS, view.dtype, (view,))
+        found.append(t)
+      continue
     for node in toposort([t.uop], stop=lambda n: n in visited):
       if node in visited: continue
       visited.add(node)
       reads[node] = (node.op is Ops.BUFFER and id(node.buffer) in wanted) or any(reads.get(s, False) for s in node.src)
     if reads.get(t.uop, False): found.append(t)
   return found
+
+def _view_aliases_buffer(view: UOp) -> bool:
+  """Whether movement ops over a BUFFER are a strided view of it, as PyTorch's views are (every element at an
+  unmasked index affine in the output indices, with no negative stride). A flip, a pad, a repeat or a reshape of a
+  transpose is not: PyTorch copies those, so they keep the values they were built from."""
+  if is_symbolic_shape(view.shape) or 0 in view.shape: return True
+  from kiln.uop.pattern import graph_rewrite, substitute
+  from kiln.codegen.lowerer import index_of, lowerer, LowerContext, TRUE, iconst
+  base = view.base
+  param = UOp(Ops.RESHAPE, base.dtype, (UOp(Ops.DEFINE_GLOBAL, base.dtype, (), 0),), (base.arg[2],))
+  ctx = LowerContext()
+  ranges = [iconst(0) if s == 1 else ctx.new_range(s) for s in view.shape]
+  load = graph_rewrite(index_of(substitute(view, {base: param}), TRUE, ranges), lowerer, ctx, name="view alias")
+  if load.op is not Ops.LOAD or len(load.src) == 3 and load.src[2].vmin is not True: return False
+  stack = [load.src[1]]
+  while stack:
+    node = stack.pop()
+    if node.op is Ops.ADD: stack.extend(node.src)
+    elif node.op is Ops.MUL and node.src[1].op is Ops.CONST and node.src[1].arg >= 0: stack.append(node.src[0])
+    elif node.op not in (Ops.RANGE, Ops.CONST): return False
+  return True
 
 def _grad_identities() -> set[UOp]:
   """The nodes gradients accumulate at, of every live tensor that requires a gradient."""

@@ -337,8 +337,9 @@ def reduce_payne_hanek(ax: UOp, fmt: FloatFormat) -> tuple[UOp, UOp, UOp]:
   r, r_err = two_sum_fast(r_hi, r_lo)
   return quadrant, r, r_err
 
-def sin_float(x: UOp, fmt: FloatFormat) -> UOp:
-  """sin(x) for a float32/float64 node; float32 is reduced exactly and evaluated in float64."""
+def sin_float(x: UOp, fmt: FloatFormat, widened: bool = False) -> UOp:
+  """sin(x) for a float32/float64 node; float32 is reduced exactly and evaluated in float64. `widened` (float32 x
+  only): the float64 value itself, unrounded (for sin(float64(x)), where x is a float32 value)."""
   ax = bitcast(bitcast(x, fmt.uint) & const(fmt.uint, fmt.sign_bit - 1), fmt.dtype)
   finite = ax.lt(math.inf)
   safe = finite.where(ax, const(fmt.dtype, 0.0))            # NaN/inf must not reach the integer conversions
@@ -353,16 +354,28 @@ def sin_float(x: UOp, fmt: FloatFormat) -> UOp:
     large_r, large_r_lo = medium.where(cw_r, large_r), medium.where(cw_r_lo, large_r_lo)
   q = small.where(const(dtypes.uint64, 0), large_q)
   r, r_lo = small.where(wide, large_r), small.where(zero64, large_r_lo)
-  magnitude = sin_by_quadrant(q, r, r_lo).cast(fmt.dtype)
-  result = copy_sign_bit(magnitude, x, fmt)
+  if widened:
+    result = copy_sign_bit(sin_by_quadrant(q, r, r_lo), x.cast(dtypes.float64), F64)
+    return finite.where(result, const(dtypes.float64, math.nan))
+  result = copy_sign_bit(sin_by_quadrant(q, r, r_lo).cast(fmt.dtype), x, fmt)
   return finite.where(result, const(fmt.dtype, math.nan))
+
+def sin_of_widened_float32(x: UOp) -> UOp:
+  """sin(float64(x)) for a float32 node x: the float32 reduction (3 limbs of 2/pi, not 6) with float64 polynomials,
+  as accurate as the float64 version (cos and tan use it: kiln/mixin/elementwise.py `_sin_cos`)."""
+  return sin_float(x, F32, widened=True)
 
 # ---------------- rules ----------------
 
 SOFTWARE = {Ops.EXP2: exp2_float, Ops.LOG2: log2_float, Ops.SIN: sin_float}
 
+def is_widened_float32(node: UOp) -> bool:
+  """Whether `node` is a float32 value cast to float64."""
+  return node.op is Ops.CAST and node.dtype == dtypes.float64 and node.src[0].dtype == dtypes.float32
+
 def software_transcendental(node: UOp, x: UOp) -> UOp | None:
   """EXP2/LOG2/SIN(x) -> the same function built from plain ALU uops (16- and 8-bit floats in float32)"""
+  if node.op is Ops.SIN and is_widened_float32(x): return sin_of_widened_float32(x.src[0])
   if node.dtype in FORMATS: return SOFTWARE[node.op](x, FORMATS[node.dtype])
   if not dtypes.is_float(node.dtype): return None
   return SOFTWARE[node.op](x.cast(dtypes.float32), F32).cast(node.dtype)
@@ -379,13 +392,17 @@ def wants_software_math(renderer) -> bool:
 # (op, dtype, input dtype) -> the software version of `op` built once on a placeholder input: (placeholder, result,
 # the result's nodes that depend on the placeholder in build order, the ops of the result), or None where the rule
 # does not apply. A kernel's copies (the 128 GELUs of a 16x8 matmul tile) are made from it by substitution.
-_templates: dict[tuple[Ops, DType, DType], tuple[UOp, UOp, list[UOp], frozenset[Ops]] | None] = {}
+_templates: dict[tuple[Ops, DType, DType, bool], tuple[UOp, UOp, list[UOp], frozenset[Ops]] | None] = {}
 
-def _software_template(op: Ops, dtype: DType, x_dtype: DType) -> tuple[UOp, UOp, list[UOp], frozenset[Ops]] | None:
-  key = (op, dtype, x_dtype)
+def _software_template(op: Ops, dtype: DType, x_dtype: DType,
+                       widened: bool = False) -> tuple[UOp, UOp, list[UOp], frozenset[Ops]] | None:
+  """The template for `op` (see _templates); `widened`: the input is a float32 value cast to float64 (the
+  placeholder then stands for the float32 value)."""
+  key = (op, dtype, x_dtype, widened)
   if key in _templates: return _templates[key]
-  placeholder = UOp(Ops.DEFINE_VAR, x_dtype, (), ("software math input", 0, 0))
-  result = software_transcendental(UOp(op, dtype, (placeholder,)), placeholder)
+  placeholder = UOp(Ops.DEFINE_VAR, dtypes.float32 if widened else x_dtype, (), ("software math input", 0, 0))
+  x = placeholder.cast(dtypes.float64) if widened else placeholder
+  result = software_transcendental(UOp(op, dtype, (x,)), x)
   template = None
   if result is not None:
     nodes = toposort([result])
@@ -410,9 +427,10 @@ def _software_rewrite(sink: UOp, nodes: list[UOp]) -> tuple[UOp, set[Ops]] | Non
     src = tuple(map(get, u.src, u.src))
     new = u if src == u.src else UOp(u.op, u.dtype, src, u.arg)
     if u.op in SOFTWARE and (u.dtype in FORMATS or dtypes.is_float(u.dtype)):   # (others: the rule leaves them)
-      if (template := _software_template(u.op, u.dtype, src[0].dtype)) is None: return None
+      widened = u.op is Ops.SIN and is_widened_float32(src[0])
+      if (template := _software_template(u.op, u.dtype, src[0].dtype, widened)) is None: return None
       placeholder, result, dependents, ops = template
-      copy = {placeholder: src[0]}
+      copy = {placeholder: src[0].src[0] if widened else src[0]}
       copy_get = copy.get
       for t in dependents: copy[t] = UOp(t.op, t.dtype, tuple(map(copy_get, t.src, t.src)), t.arg)
       new = copy[result]

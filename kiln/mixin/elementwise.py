@@ -9,9 +9,11 @@ keep the results (and their gradients) right at the edges, where PyTorch is the 
   and 0 * inf (from a branch evaluated out of its range) would turn that zero into NaN.
 """
 from __future__ import annotations
-import functools, math
-from typing import TYPE_CHECKING, Callable, Sequence
-from kiln.dtype import dtypes
+import decimal, functools, math
+from fractions import Fraction
+from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
+from kiln.dtype import DType, dtypes
+from kiln.gradient import custom_backward, custom_backward_rules
 from kiln.uop.ops import UOp, Ops
 if TYPE_CHECKING: from kiln.tensor import Tensor  # noqa: F401
 
@@ -45,6 +47,42 @@ def _odd(x: Tensor, positive_half: Callable[[Tensor], Tensor]) -> Tensor:
 _EXPM1_POLY = (2.4737331841606647e-05, 0.00019973977759946138, 0.0013889556284993887, 0.00833314098417759,
                0.041666656732559204, 0.1666666716337204, 0.5)
 
+def _split(value: Fraction, bits: int) -> float:
+  """`value` rounded to a float with at most `bits` significant bits (so small integers times it are exact)."""
+  exponent = math.floor(math.log2(value))
+  scale = Fraction(2) ** (bits - 1 - exponent)
+  return float(round(value * scale) / scale)
+
+class _ExpFormat(NamedTuple):
+  """What exp's range reduction x = k*ln2 + r needs to know about a float format."""
+  k_min: int            # below: the result underflows to 0 for every r; above k_max it overflows
+  k_max: int
+  ln2_hi: float         # ln2 with few enough bits that k*ln2_hi is exact for every k in range
+  ln2_lo: float         # ln2 - ln2_hi
+  bits: DType           # the signed integer type of the same size
+  mantissa_bits: int
+  bias: int
+
+_LN2 = Fraction(decimal.Context(prec=60).ln(decimal.Decimal(2)))
+_EXP_FORMATS = {dtypes.float32: _ExpFormat(-151, 129, _split(_LN2, 16), float(_LN2 - Fraction(_split(_LN2, 16))),
+                                           dtypes.int32, 23, 127),
+                dtypes.float64: _ExpFormat(-1076, 1025, _split(_LN2, 40), float(_LN2 - Fraction(_split(_LN2, 40))),
+                                           dtypes.int64, 52, 1023)}
+
+def _exp_backward(gradient: UOp, node: UOp) -> tuple[UOp]:
+  """d exp(x) = exp(x) dx"""
+  return (gradient * node,)
+
+def _cos_backward(gradient: UOp, node: UOp) -> tuple[UOp]:
+  """d cos(x) = -sin(x) dx"""
+  return ((gradient * node.src[1].alu(Ops.SIN)).alu(Ops.NEG),)
+
+def _tan_backward(gradient: UOp, node: UOp) -> tuple[UOp]:
+  """d tan(x) = (1 + tan(x)**2) dx"""
+  return (gradient * (node * node + node.full_like(1.0)),)
+
+custom_backward_rules.update({"exp": _exp_backward, "cos": _cos_backward, "tan": _tan_backward})
+
 class ElementwiseMixin:
   __slots__ = ()
 
@@ -54,6 +92,54 @@ class ElementwiseMixin:
     out = self.dtype if dtypes.is_float(self.dtype) else dtypes.default_float
     compute = dtypes.float32 if out in (dtypes.float16, dtypes.bfloat16) else out
     return fn(self.cast(compute)).cast(out)
+
+  def _exp_reduced(self) -> Tensor:
+    """e**x for a float32/float64 tensor, within about 1 ulp over the whole range.
+
+    exp2(x*log2(e)) would round the product: an error of half an ulp of 128 in the exponent is 60 ulp of the result
+    near 88. Instead x = k*ln2 + r with k = round(x/ln2) and ln2 in two parts (k*ln2_hi and x - k*ln2_hi are exact),
+    |r| <= ln2/2, and e**x = 2**(r*log2(e)) * 2**k with 2**k built from exponent bits as two factors, so results
+    near overflow and subnormal results are rounded once."""
+    fmt = _EXP_FORMATS[self.dtype]
+    y = self * (1 / math.log(2))
+    # clamped, NaN included (to k_min), so k fits the integer type; r keeps x itself, so NaN and +-inf come through
+    y = (y > fmt.k_min).where(y, float(fmt.k_min))
+    y = (y < fmt.k_max).where(y, float(fmt.k_max))
+    k = (y + (0.5 - fmt.k_min)).cast(fmt.bits) + fmt.k_min   # truncating a positive value: round half up
+    k_float = k.cast(self.dtype)
+    r = (self - k_float * fmt.ln2_hi) - k_float * fmt.ln2_lo
+    half = k >> 1
+    def power_of_two(n: Tensor) -> Tensor: return ((n + fmt.bias) << fmt.mantissa_bits).bitcast(self.dtype)
+    value = (r * (1 / math.log(2))).exp2() * power_of_two(half) * power_of_two(k - half)
+    return self._wrap(custom_backward(value.uop, (self.uop,), "exp", ()), "exp")
+
+  def _sin_cos(self) -> tuple[Tensor, Tensor]:
+    """(sin(x), cos(x)) for a float32/float64 tensor, in float64: cos(x) = sin(2x) / (2 sin(x)).
+
+    Doubling is exact, and sin is accurate relative to its value everywhere, so cos keeps its relative accuracy near
+    its zeros (where 1 - 2 sin(x/2)**2 or sin(x + pi/2) lose every bit). Where 2x would overflow (|x| >= 2**127 in
+    float32) cos(x) = (cos(x/2) - sin(x/2)) * (cos(x/2) + sin(x/2)) from the same two sines. float32 takes the sines
+    of its values widened to float64 (software math reduces those as float32, evaluates in float64 and does not
+    round), so the quotient is rounded once."""
+    huge_limit = 2.0 ** (127 if self.dtype == dtypes.float32 else 1023)
+    huge = (self >= huge_limit) | (self <= -huge_limit)
+    once = huge.where(self * 0.5, self).cast(dtypes.float64).sin()
+    twice = huge.where(self, self * 2).cast(dtypes.float64).sin()
+    zero = once == 0   # only at x == 0, where cos is 1
+    cos_once = zero.where(1.0, twice / (2 * zero.where(1.0, once)))
+    cos_from_half = (cos_once - once) * (cos_once + once)
+    return huge.where(twice, once), huge.where(cos_from_half, cos_once)
+
+  def _cos_accurate(self) -> Tensor:
+    """cos(x) for a float32/float64 tensor (see _sin_cos), gradient -sin(x)."""
+    value = self._sin_cos()[1].cast(self.dtype)
+    return self._wrap(custom_backward(value.uop, (self.uop,), "cos", ()), "cos")
+
+  def _tan_accurate(self) -> Tensor:
+    """tan(x) = sin(x) / cos(x) for a float32/float64 tensor, both from _sin_cos, gradient 1 + tan(x)**2."""
+    sine, cosine = self._sin_cos()
+    value = (sine / cosine).cast(self.dtype)
+    return self._wrap(custom_backward(value.uop, (self.uop,), "tan", ()), "tan")
 
   def _log1p(self) -> Tensor:
     """log(1 + x), accurate for tiny x: log(u) * x / (u - 1) with u = 1 + x cancels u's rounding error (Goldberg)."""
