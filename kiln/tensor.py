@@ -843,12 +843,27 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     """Elementwise self ** x (x ** self if `reverse`)."""
     if not reverse and dtypes.is_int(self.dtype) and isinstance(x, int) and x < 0:
       raise ValueError(f"pow: integers to negative integer powers are not allowed ({self.dtype} ** {x}){_where()}")
+    exponent = x if not reverse and isinstance(x, int) and not isinstance(x, bool) else None
     x, y = self._broadcasted(x, "pow", reverse)
     if not dtypes.is_float(x.dtype):
-      out_dtype = x.dtype
-      power = Tensor._wrap(x.cast(dtypes.float64).uop.alu(Ops.POW, y.cast(dtypes.float64).uop), "pow")
-      # 0 ** -n is 0 for ints in PyTorch (the float power is inf)
-      return power.isinf().where(0.0, power).round().cast(out_dtype)
+      # repeated squaring in the integer dtype, wrapping on overflow as PyTorch does (3 ** 21 in int32 is 1870418611)
+      if x.dtype == dtypes.bool: x, y = x.cast(dtypes.default_int), y.cast(dtypes.default_int)
+      if exponent is not None:   # a Python int: its bits are known, one multiply per bit
+        result, square = x.full_like(1), x
+        while exponent:
+          if exponent & 1: result = result * square
+          exponent >>= 1
+          if exponent: square = square * square
+        return result
+      result, square, bits = x.full_like(1), x, y
+      for _ in range(y.dtype.bitsize - (0 if dtypes.is_unsigned(y.dtype) else 1)):
+        result = ((bits & 1) == 1).where(result * square, result)
+        square, bits = square * square, bits >> 1
+      if dtypes.is_unsigned(y.dtype): return result
+      # negative exponents, as PyTorch's integer pow: 1 ** -n is 1, (-1) ** -n is +-1, anything else gives 0
+      minus_one_power = ((y & 1) == 1).where(x.full_like(-1), x.full_like(1))
+      negative_power = (x == 1).where(x.full_like(1), (x == -1).where(minus_one_power, x.full_like(0)))
+      return (y < 0).where(negative_power, result)
     return Tensor._wrap(x.uop.alu(Ops.POW, y.uop), "pow")
   def maximum(self, x) -> Tensor:
     """Elementwise maximum (NaN propagates)."""
@@ -1006,7 +1021,9 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     down = self.floor()
     diff = self - down
     up_wins = (diff > 0.5) | ((diff == 0.5) & ((down * 0.5).floor() * 2 != down))
-    return up_wins.where(down + 1, down)
+    rounded = up_wins.where(down + 1, down)
+    # a zero result keeps the sign of x (round(-0.5) is -0.0): x * 0 is a zero with that sign
+    return (rounded == 0).where(self * 0, rounded)
   def _as_float(self) -> Tensor: return self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
   def square(self) -> Tensor:
     """Elementwise x * x."""
