@@ -211,6 +211,9 @@ OPTIMIZERS: dict[str, tuple[Callable, Callable]] = {
 def copy_weights(kiln_model, torch_model: torch.nn.Module) -> dict[str, Tensor]:
   """Copy every kiln tensor into the torch tensor of the same state-dict key; returns kiln's state dict."""
   kiln_state, torch_state = get_state_dict(kiln_model), torch_model.state_dict()
+  # realized together, as a first training step does: tensors made by one creation call must still get two buffers
+  # (realizing them one by one would hide the sharing)
+  Tensor.realize_all(list(kiln_state.values()))
   assert sorted(kiln_state) == sorted(torch_state), f"keys differ: {sorted(kiln_state)} != {sorted(torch_state)}"
   with torch.no_grad():
     for key, value in kiln_state.items():
