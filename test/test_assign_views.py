@@ -16,7 +16,8 @@ def check(got: Tensor, want: torch.Tensor, what: str) -> None:
   """Equal values (exact: every value here is a small integer), naming the case and the worst difference."""
   g, w = got.numpy(), want.numpy()
   assert g.shape == w.shape, f"{what}: shape {g.shape} != {w.shape}"
-  assert np.array_equal(g, w.astype(g.dtype)), f"{what}: got {g.tolist()}, want {w.tolist()}, worst {np.abs(g - w).max()}"
+  worst = np.abs(g.astype(np.float64) - w).max(initial=0.0)
+  assert np.array_equal(g, w.astype(g.dtype)), f"{what}: got {g.tolist()}, want {w.tolist()}, worst {worst}"
 
 @pytest.mark.parametrize("np_dtype,torch_dtype", DTYPES)
 @pytest.mark.parametrize("n", [4, 7])
