@@ -194,17 +194,19 @@ MODELS: dict[str, tuple[Callable, Callable, Callable, Callable, Callable]] = {
 # ---------------- optimizers: every hyperparameter given, the same for both sides ----------------
 # name -> (kiln optimizer, torch optimizer)
 OPTIMIZERS: dict[str, tuple[Callable, Callable]] = {
-  "sgd": (lambda ps: SGD(ps, lr=0.1, momentum=0.0, weight_decay=0.0, nesterov=False),
+  "sgd": (lambda ps, fused: SGD(ps, lr=0.1, momentum=0.0, weight_decay=0.0, nesterov=False, fused=fused),
           lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False)),
-  "sgd_momentum": (lambda ps: SGD(ps, lr=0.05, momentum=0.9, weight_decay=0.01, nesterov=False),
+  "sgd_momentum": (lambda ps, fused: SGD(ps, lr=0.05, momentum=0.9, weight_decay=0.01, nesterov=False,
+                                       fused=fused),
                    lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, dampening=0.0, weight_decay=0.01,
                                               nesterov=False)),
-  "sgd_nesterov": (lambda ps: SGD(ps, lr=0.05, momentum=0.9, weight_decay=0.0, nesterov=True),
+  "sgd_nesterov": (lambda ps, fused: SGD(ps, lr=0.05, momentum=0.9, weight_decay=0.0, nesterov=True,
+                                       fused=fused),
                    lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, dampening=0.0, weight_decay=0.0,
                                               nesterov=True)),
-  "adam": (lambda ps: Adam(ps, lr=0.01, b1=0.9, b2=0.99, eps=1e-8),
+  "adam": (lambda ps, fused: Adam(ps, lr=0.01, b1=0.9, b2=0.99, eps=1e-8, fused=fused),
            lambda ps: torch.optim.Adam(ps, lr=0.01, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.0)),
-  "adamw": (lambda ps: AdamW(ps, lr=0.01, b1=0.8, b2=0.999, eps=1e-7, weight_decay=0.1),
+  "adamw": (lambda ps, fused: AdamW(ps, lr=0.01, b1=0.8, b2=0.999, eps=1e-7, weight_decay=0.1, fused=fused),
             lambda ps: torch.optim.AdamW(ps, lr=0.01, betas=(0.8, 0.999), eps=1e-7, weight_decay=0.1)),
 }
 
@@ -222,8 +224,9 @@ def copy_weights(kiln_model, torch_model: torch.nn.Module) -> dict[str, Tensor]:
       torch_state[key].copy_(torch.from_numpy(value.numpy().copy()))
   return kiln_state
 
-def train_and_compare(model_name: str, optimizer_name: str) -> None:
-  """Build, copy, and train both models STEPS steps, asserting gradients, parameters and buffers agree each step."""
+def train_and_compare(model_name: str, optimizer_name: str, fused: bool = False) -> None:
+  """Build, copy, and train both models STEPS steps, asserting gradients, parameters and buffers agree each step.
+  `fused` steps kiln's optimizer over all parameters as one flat vector (the result must not change)."""
   make_kiln, make_torch, make_batch, kiln_loss_fn, torch_loss_fn = MODELS[model_name]
   make_kiln_opt, make_torch_opt = OPTIMIZERS[optimizer_name]
   Tensor.manual_seed(0)
@@ -231,7 +234,7 @@ def train_and_compare(model_name: str, optimizer_name: str) -> None:
   kiln_model, torch_model = make_kiln(), make_torch()
   kiln_state = copy_weights(kiln_model, torch_model)
   torch_state = torch_model.state_dict(keep_vars=True)
-  kiln_opt = make_kiln_opt(get_parameters(kiln_model))
+  kiln_opt = make_kiln_opt(get_parameters(kiln_model), fused=fused)
   torch_opt = make_torch_opt(list(torch_model.parameters()))
   torch_model.train()
   rng = np.random.default_rng(1)
@@ -261,18 +264,30 @@ def train_and_compare(model_name: str, optimizer_name: str) -> None:
 def test_training_parity(model_name: str, optimizer_name: str):
   train_and_compare(model_name, optimizer_name)
 
-def test_same_call_parameters_stay_distinct():
-  """Two BatchNorm2d(8) and two LayerNorm(8) are built by identical calls; training must move them apart."""
-  model = KilnSharedLayerNet()
+@pytest.mark.parametrize("optimizer_name", ["sgd_nesterov", "adamw"])
+@pytest.mark.parametrize("model_name", ["residual_cnn", "tied_embedding"])
+def test_training_parity_fused(model_name: str, optimizer_name: str):
+  """fused=True (one flat vector for all parameters) trains exactly as torch too."""
+  train_and_compare(model_name, optimizer_name, fused=True)
+
+@pytest.mark.parametrize("model_name, first, second", [("shared_layer", "norm_a.weight", "norm_b.weight"),
+                                                        ("residual_cnn", "bn1.weight", "bn2.weight"),
+                                                        ("residual_cnn", "bn2.bias", "bn3.bias")])
+def test_same_call_parameters_stay_distinct(model_name: str, first: str, second: str):
+  """Two layers built by identical calls (LayerNorm(8), BatchNorm2d(8)) start equal; one step must move them apart."""
+  make_kiln, _, make_batch, kiln_loss_fn, _ = MODELS[model_name]
+  Tensor.manual_seed(0)
+  model = make_kiln()
   state = get_state_dict(model)
-  params = get_parameters(model)
-  assert len(params) == len(state), f"{len(state)} state-dict entries but {len(params)} distinct parameters"
-  opt = SGD(params, lr=0.5)
+  Tensor.realize_all(list(state.values()))   # together: one by one would give separate buffers anyway
+  np.testing.assert_array_equal(state[first].numpy(), state[second].numpy())
+  opt = SGD(get_parameters(model), lr=0.5)
+  inputs, target = make_batch(np.random.default_rng(2))
   with Tensor.train():
-    kiln_mse(model(Tensor.randn(4, 6)), Tensor.randn(4, 2)).backward()
+    kiln_loss_fn(model(Tensor(inputs)), Tensor(target)).backward()
     opt.step()
-  assert not np.allclose(model.norm_a.weight.numpy(), model.norm_b.weight.numpy()), \
-    "norm_a.weight and norm_b.weight got the same update: they are one tensor"
+  assert not np.allclose(state[first].numpy(), state[second].numpy()), \
+    f"{model_name}: {first} and {second} got the same update: they are one tensor"
 
 @pytest.mark.parametrize("kiln_cls, torch_cls", [(SGD, torch.optim.SGD), (Adam, torch.optim.Adam),
                                                  (AdamW, torch.optim.AdamW)])
