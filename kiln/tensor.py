@@ -1087,7 +1087,10 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
       # the polynomial only where it is used: x**9 of a huge x would overflow, and 0 * inf poisons the gradient
       near = small.where(x, 0.0)
       square = near * near
-      correction = functools.reduce(lambda acc, c: acc * square + c, _TANH_POLY[1:], _TANH_POLY[0])
+      # float64 needs the series itself (the float32 fit is good to 1e-8)
+      from kiln.mixin.elementwise import _TANH_TAYLOR_F64
+      coefficients = _TANH_TAYLOR_F64 if x.dtype == dtypes.float64 else _TANH_POLY
+      correction = functools.reduce(lambda acc, c: acc * square + c, coefficients[1:], coefficients[0])
       e = (-2 * magnitude).exp()   # in (0, 0.33]: 1 - 2e/(1 + e) loses no precision
       far = 1 - 2 * e / (1 + e)
       poly = (near == 0).where(near, near + near * square * correction)   # tanh(-0.0) is -0.0
