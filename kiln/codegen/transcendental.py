@@ -16,7 +16,8 @@ How each function works:
   reduction's lost low part r_lo carried as sin(r+r_lo) ~ sin(r) + r_lo*cos(r). float64 uses Cody-Waite with pi/2
   in three pieces for |x| < 2**19*pi/2, Payne-Hanek above; float32 reduces by Payne-Hanek in integers (a 96-bit
   window of 2/pi picked by the exponent, multiplied by the 24-bit mantissa) and evaluates the polynomials in float64.
-  The sign is reapplied by XOR on the sign bit, so sin(-0.0) is -0.0.
+  The sign is reapplied by XOR on the sign bit, so sin(-0.0) is -0.0. SIN of a float32 value cast to float64 is
+  reduced as float32 and returns the float64 polynomial value unrounded (cos and tan divide two of those).
 
 Measured maximum errors in ulp of the result, every float32 bit pattern (`python test/codegen/test_transcendental.py
 --exhaustive`, 16 cores, about 6 minutes); float64 on dense and random-bit sweeps (test_transcendental.py):
