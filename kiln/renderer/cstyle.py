@@ -6,9 +6,13 @@ Semantics (shared with the PythonRenderer, which is the reference):
 - float16 and bfloat16 are stored as their 16 bits; their values live in `float` and every op's result is rounded to
   the type (nearest-even). float16 conversions use `_Float16` where the compiler has it (gcc 12; clang >= 15 on
   x86-64) and exact bit manipulation otherwise (clang 14), so any C compiler gives the same bits. Conversion to
-  float16 from float64 and integers is direct; every conversion to bfloat16 goes through float32 first;
+  float16 from float64 and integers is direct; every conversion to bfloat16 goes through float32 first. A value is
+  rounded in place (kiln_half_round_f/_d) by float adds at its float16 ulp, never by a `_Float16` round trip, which
+  gcc 12 folds away in vector code;
 - fp8e4m3 and fp8e5m2 are stored as their 8 bits (unsigned char) and computed in `float` like the 16-bit floats;
   conversion to fp8 is straight from double, nearest-even, finite overflow saturating to +-max (kiln/dtype.py);
+- float -> integer casts truncate through a 32-bit conversion (64-bit for uint32, int64, uint64) whose out-of-range
+  and NaN result is INT_MIN of that width, then wrap to the type (PYTHON's _f2i), in vector and scalar code alike;
 - MAX returns NaN when either float operand is NaN; comparisons give bool; CAST to bool is `!= 0`;
 - a gated LOAD `(buf, idx, gate)` reads `buf[idx]` only when `gate` holds, else gives 0.
 
@@ -46,8 +50,6 @@ static inline float kiln_half_to_f(unsigned short bits) { _Float16 h; __builtin_
 static inline unsigned short kiln_half_bits(double value) {
   _Float16 h = (_Float16)value; unsigned short bits; __builtin_memcpy(&bits, &h, 2); return bits;
 }
-static inline float kiln_half_round_f(float value) { return (float)(_Float16)value; }
-static inline float kiln_half_round_d(double value) { return (float)(_Float16)value; }
 #else  /* no _Float16 in this compiler: the same conversions, bit by bit */
 static inline float kiln_half_to_f(unsigned short bits) {
   unsigned int sign = ((unsigned int)bits & 0x8000u) << 16, exponent = (bits >> 10) & 0x1fu, mantissa = bits & 0x3ffu;
@@ -72,9 +74,35 @@ static inline unsigned short kiln_half_bits(double value) {  /* round to nearest
   if (exponent < -14) return sign | (unsigned short)kept;                             /* subnormal (or min normal) */
   return sign | (unsigned short)(((unsigned long long)(exponent + 15) << 10) + kept - 0x400u);
 }
-static inline float kiln_half_round_d(double value) { return kiln_half_to_f(kiln_half_bits(value)); }
-static inline float kiln_half_round_f(float value) { return kiln_half_round_d((double)value); }
 #endif
+/* Rounding to float16 in place, without _Float16: gcc 12 folds a vectorized (float)(_Float16)x to x (wrong code).
+   Adding 2**13 half-ulps of |x|'s binade (2**-1 below the normal range) leaves the sum's ulp equal to |x|'s float16
+   ulp, so the add rounds |x| to float16 (nearest even) and the subtract is exact; no compiler may fold the pair
+   without -ffast-math, and it vectorizes. Overflow (>= 65520) gives inf, NaN the quiet NaN of its sign. */
+static inline float kiln_half_round_f(float value) {
+  unsigned int bits; __builtin_memcpy(&bits, &value, 4);
+  unsigned int magnitude = bits & 0x7fffffffu, binade = magnitude & 0x7f800000u;
+  binade = binade < (113u << 23) ? (113u << 23) : binade > (142u << 23) ? (142u << 23) : binade;  /* 2**-14..2**15 */
+  unsigned int scale_bits = binade + (13u << 23);
+  float scale, absolute; __builtin_memcpy(&scale, &scale_bits, 4); __builtin_memcpy(&absolute, &magnitude, 4);
+  float rounded = (absolute + scale) - scale;
+  unsigned int out; __builtin_memcpy(&out, &rounded, 4);
+  if (magnitude >= 0x477ff000u) out = magnitude > 0x7f800000u ? 0x7fc00000u : 0x7f800000u;
+  out |= bits & 0x80000000u;
+  float result; __builtin_memcpy(&result, &out, 4); return result;
+}
+static inline float kiln_half_round_d(double value) {  /* the same in double: one rounding, straight from double */
+  unsigned long long bits; __builtin_memcpy(&bits, &value, 8);
+  unsigned long long magnitude = bits & 0x7fffffffffffffffull, binade = magnitude & 0x7ff0000000000000ull;
+  binade = binade < (1009ull << 52) ? (1009ull << 52) : binade > (1038ull << 52) ? (1038ull << 52) : binade;
+  unsigned long long scale_bits = binade + (42ull << 52);
+  double scale, absolute; __builtin_memcpy(&scale, &scale_bits, 8); __builtin_memcpy(&absolute, &magnitude, 8);
+  float rounded = (float)((absolute + scale) - scale);   /* a float16 value: exact in float */
+  unsigned int out; __builtin_memcpy(&out, &rounded, 4);
+  if (magnitude >= 0x40effe0000000000ull) out = magnitude > 0x7ff0000000000000ull ? 0x7fc00000u : 0x7f800000u;
+  out |= (unsigned int)(bits >> 32) & 0x80000000u;
+  float result; __builtin_memcpy(&result, &out, 4); return result;
+}
 """
 
 BF16_HELPERS = """\
@@ -195,9 +223,28 @@ def _c_max(u: UOp, a: list[str]) -> str:
 def _c_recip(u: UOp, a: list[str]) -> str:
   return f"(1.0/{a[0]})" if u.dtype == dtypes.float64 else f"(1.0f/{a[0]})"
 
+def conversion_width(dst: DType) -> int:
+  """The width of the x86-64 conversion instruction C code uses for float -> `dst` (kiln/renderer/python.py _f2i)."""
+  return 64 if dst.bitsize == 64 or dst == dtypes.uint32 else 32
+
+def _c_float_to_int(x: str, src: DType, dst: DType) -> str:
+  """Float -> integer as PYTHON's _f2i defines it: truncation through a 32- or 64-bit conversion whose out-of-range
+  and NaN result is the 'integer indefinite' value (INT_MIN), then wrapped to `dst`. In C an out-of-range conversion
+  is undefined, and clang's vector and scalar code gave different answers for one tensor; here it never happens."""
+  wide = conversion_width(dst)
+  def literal(value: int) -> str: return f"{value}.0" if src == dtypes.float64 else f"{value}.0f"
+  def in_range(low: int, high: int) -> str: return f"({x})>={literal(low)}&&({x})<{literal(high)}"
+  wide_type, indefinite = ("int", "(-2147483647-1)") if wide == 32 else ("long long", "(-9223372036854775807ll-1)")
+  if dst == dtypes.uint64:   # [2**63, 2**64) converts as unsigned, the int64 range as signed, the rest is indefinite
+    unsigned = f"({in_range(0, 2 ** 64)}?(unsigned long long)({x}):0x8000000000000000ull)"
+    return f"({in_range(-2 ** 63, 2 ** 63)}?(unsigned long long)(long long)({x}):{unsigned})"
+  converted = f"({in_range(-2 ** (wide - 1), 2 ** (wide - 1))}?({wide_type})({x}):{indefinite})"
+  return converted if dst.bitsize == wide else f"(({VALUE_TYPES[dst]}){converted})"
+
 def _c_cast(u: UOp, a: list[str]) -> str:
   src, dst, x = u.src[0].dtype, u.dtype, a[0]
   if dst == dtypes.bool: return f"(({x})!=0)"
+  if dtypes.is_int(dst) and dtypes.is_float(src): return _c_float_to_int(x, src, dst)
   if dst in (dtypes.float16, dtypes.bfloat16, *dtypes.fp8s) and src == dtypes.bool: return f"((float){x})"
   if dst in dtypes.fp8s: return f"kiln_{dst.name}_round((double)({x}))"
   if dst == dtypes.bfloat16:
@@ -302,6 +349,15 @@ def _vector_cast(u: UOp, a: list[str]) -> str:
   src, dst, x = u.src[0].dtype.scalar, u.dtype, a[0]
   if dst.scalar == dtypes.bool: return f"(({x})!={_vector_splat(u.src[0].dtype, 0)})"
   if src == dtypes.bool: x = f"(-({x}))"   # masks -1/0 -> 1/0
+  if dtypes.is_float(src) and dtypes.is_int(dst.scalar):
+    # as the scalar cast (_c_float_to_int): out-of-range and NaN lanes give INT_MIN; they are zeroed before the
+    # conversion, since converting them is undefined (clang's vector code gave other values than its scalar code)
+    if conversion_width(dst.scalar) != 32: raise TypeError(f"CRenderer: no vector cast from {src} to {dst.scalar}")
+    limit = 2 ** 31
+    in_range = (f"((({x})>={_vector_splat(u.src[0].dtype, -limit)})&(({x})<{_vector_splat(u.src[0].dtype, limit)}))")
+    safe = _vector_select(u.src[0].dtype, in_range, x, _vector_splat(u.src[0].dtype, 0.0))
+    converted = f"__builtin_convertvector({safe}, {vector_type(dst)})"
+    return _vector_select(dst, in_range, converted, _vector_splat(dst, -limit))
   if dtypes.is_float(src) != dtypes.is_float(dst.scalar) or src == dtypes.bool and dtypes.is_float(dst.scalar):
     return f"__builtin_convertvector({x}, {vector_type(dst)})"
   return f"(({vector_type(dst)})({x}))"   # int32 <-> uint32: the same bits, as C converts them
