@@ -2,9 +2,10 @@
 
 Each program starts from a few leaves built by creation calls (`Tensor.zeros`, `ones`, `full`, `arange`,
 `Tensor(array)`), drawn from a small pool so the same call is often made twice: the two results must stay two tensors
-(two gradients), however alike their values. Some leaves require grad. The program then applies 3-9 random ops: elementwise math,
-broadcasting binary ops, where, reductions, movement ops (reshape, permute, pad, shrink, strided slices, flip, expand),
-matmul and assign into a realized buffer. The loss is the output weighted by fixed values; every leaf's gradient is
+(two gradients), however alike their values. Some leaves require grad. The program then applies 3-9 random ops:
+elementwise math, broadcasting binary ops, where, reductions, movement ops (reshape, permute, pad, shrink, strided
+slices, flip, expand), cat, matmul, detach, realizing an intermediate, and assign into a realized buffer. Every value
+no line reads is an output; the loss weights the outputs by fixed values, and every gradient leaf's gradient is
 compared (None counts as zeros). A failure prints the program as the Python lines that build it in kiln and in torch.
 
 CI runs a few hundred programs on CPU and PYTHON; `KILN_FUZZ_LONG=1` runs 25x as many, `KILN_FUZZ_SEED=n` shifts the
@@ -215,7 +216,7 @@ def op_expand(program: Program, rng: np.random.Generator) -> None:
 def matmul_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
   """The shape of a @ b under NumPy's matmul rules, or None."""
   if not a or not b: return None
-  try: return np.matmul(np.empty(a, np.float32), np.empty(b, np.float32)).shape
+  try: return np.matmul(np.zeros(a, np.float32), np.zeros(b, np.float32)).shape
   except ValueError: return None
 
 def op_matmul(program: Program, rng: np.random.Generator) -> None:
@@ -244,8 +245,35 @@ def op_assign(program: Program, rng: np.random.Generator) -> None:
   program.torch_lines.append(f"{buffer.name}.copy_({x.name}.detach())")
   program.emit(f"{buffer.name} + {old.name}", f"{buffer.name} + {old.name}", x.shape)
 
+def op_cat(program: Program, rng: np.random.Generator) -> None:
+  """Concatenate a value with another of a matching shape, or with a function of itself."""
+  x = pick(program, rng)
+  if not x.shape: return op_unary(program, rng)
+  axis = int(rng.integers(len(x.shape)))
+  fits = [v for v in program.values if len(v.shape) == len(x.shape) and v is not x and
+          all(a == b for i, (a, b) in enumerate(zip(v.shape, x.shape)) if i != axis)]
+  if fits and rng.random() < 0.7:
+    other = fits[int(rng.integers(len(fits)))]
+    other_name, other_size = other.name, other.shape[axis]
+  else:
+    other_name, other_size = f"{x.name}.sin()", x.shape[axis]
+  shape = tuple(s + other_size if i == axis else s for i, s in enumerate(x.shape))
+  if int(np.prod(shape)) > MAX_NUMEL: return op_reduce(program, rng)
+  program.emit(f"{x.name}.cat({other_name}, dim={axis})", f"torch.cat(({x.name}, {other_name}), dim={axis})", shape)
+
+def op_realize(program: Program, rng: np.random.Generator) -> None:
+  """Realize an intermediate in kiln (a no-op in torch): gradients must still flow through it to the leaves."""
+  x = pick(program, rng)
+  if x.name in program.leaves: return op_unary(program, rng)
+  program.emit(f"{x.name}.realize()", x.name, x.shape)
+
+def op_detach(program: Program, rng: np.random.Generator) -> None:
+  x = pick(program, rng)
+  program.emit(f"{x.name}.detach() * 1.5", f"{x.name}.detach() * 1.5", x.shape)
+
 OPS = [(op_unary, 3), (op_binary, 4), (op_where, 1), (op_reduce, 2), (op_reshape, 1), (op_permute, 1), (op_pad, 1),
-       (op_shrink, 1), (op_flip, 1), (op_expand, 1), (op_matmul, 1.5), (op_assign, 0.5)]
+       (op_shrink, 1), (op_flip, 1), (op_expand, 1), (op_matmul, 1.5), (op_assign, 0.5),
+       (op_cat, 0.7), (op_realize, 0.5), (op_detach, 0.3)]
 OP_WEIGHTS = np.array([w for _, w in OPS]) / sum(w for _, w in OPS)
 
 def make_program(seed: int, device: str) -> Program:
@@ -313,8 +341,12 @@ def run_program(program: Program) -> str | None:
   problems = [p for what, got, want in outputs if (p := compare(got, want, what, tolerance)) is not None]
   return "; ".join(problems) if problems else None
 
+# programs of the CI seeds that fail on a listed, not yet fixed bug: (device, seed) -> the test that pins it down
+KNOWN_FAILURES = {("CPU", 100001): "test_gradient_after_a_realized_assign_reads_the_old_values"}
+
 def run_chunk(device: str, first_seed: int, count: int) -> None:
-  """Run `count` programs from `first_seed`; fail listing the first few failing programs' sources."""
+  """Run `count` programs from `first_seed`; fail listing the first few failing programs' sources (xfail when every
+  failure is a known one)."""
   failures = []
   for seed in range(first_seed, first_seed + count):
     program = make_program(seed, device)
@@ -323,7 +355,11 @@ def run_chunk(device: str, first_seed: int, count: int) -> None:
   if failures:
     shown = "\n\n".join(f"--- seed {seed}: {problem}\n{program.source()}"
                         for seed, problem, program in failures[:MAX_REPORTED])
-    pytest.fail(f"{len(failures)} of {count} programs on {device} disagree with torch:\n\n{shown}", pytrace=False)
+    message = f"{len(failures)} of {count} programs on {device} disagree with torch:\n\n{shown}"
+    if all((device, seed) in KNOWN_FAILURES for seed, _, _ in failures):
+      known = sorted({KNOWN_FAILURES[(device, seed)] for seed, _, _ in failures})
+      pytest.xfail(f"known bugs ({', '.join(known)}): {message}")
+    pytest.fail(message, pytrace=False)
 
 CHUNKS = [(device, count * (25 if LONG else 1), chunk) for device, count, chunks in PLAN for chunk in range(chunks)]
 
@@ -341,3 +377,18 @@ def test_program_source_is_a_repro():
   exec(kiln_part, scope)   # pylint: disable=exec-used
   for name in program.outputs:
     assert tuple(scope[name].shape) == next(v.shape for v in program.values if v.name == name)
+
+@pytest.mark.xfail(strict=True, reason="kiln bug: a lazy tensor that read a buffer before an assign, once realized, "
+                   "is recomputed for autograd from the buffer's new contents (found by this fuzzer, seed 100001 CPU)")
+def test_gradient_after_a_realized_assign_reads_the_old_values():
+  """y = (buf + old) * w with old = buf * 2 taken before buf.assign(...): realizing buf + old elsewhere must not change
+  y's gradient (w's gradient is buf + old = 1 + 1.5 = 2.5, as torch)."""
+  w = Tensor.ones(4, requires_grad=True)
+  buf = Tensor.full((4,), 0.75).contiguous().realize()
+  old = buf * 2
+  buf.assign(Tensor.ones(4))
+  y = (buf + old) * w
+  (buf + old).sum().realize()
+  y.sum().backward()
+  np.testing.assert_allclose(y.numpy(), np.full(4, 2.5))
+  np.testing.assert_allclose(w.grad.numpy(), np.full(4, 2.5))
