@@ -1,10 +1,15 @@
 """Reductions accumulate accurately (issue 16): half/bfloat16 inputs reduce in float32 and round once, as PyTorch's do,
 and long float32 sums stay within a blocked-summation error bound of the float64 sum."""
+import os, pathlib, subprocess, sys
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from kiln import Tensor, dtypes, GlobalCounters
+from kiln.codegen.lowerer import lower_kernel
+from kiln.codegen.opt import Kernel, Opt, OptOps, KernelOptError, heuristic_opts, block_long_sums
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "codegen"))
+from kernel_runs import last_kernel_item, run_lowered  # noqa: E402
 
 HALVES = [(dtypes.float16, torch.float16), (dtypes.bfloat16, torch.bfloat16)]
 # one rounding to the output dtype, plus float32 accumulation noise: a few units in the last place of the output
@@ -134,3 +139,108 @@ def test_half_matmul_stays_one_kernel():
   a = Tensor(rng.standard_normal((128, 256)).astype(np.float16)).realize()
   b = Tensor(rng.standard_normal((256, 64)).astype(np.float16)).realize()
   assert _kernels(lambda: a @ b) == 1
+
+# ---------------------------------------------------------------------------------------------------------------------
+# long float32 sums: blocked accumulation (OptOps.BLOCKSUM, docs/ir.md "Blocked accumulation") against float64.
+# A sum of n equal terms in one accumulator drifts by up to ~n/4 ulps (0.1 * 10^7: 1.2e-3 before blocking); blocked,
+# each accumulator adds at most ~2*SUM_BLOCK terms per level, so a few 1e-6 is the bound checked here.
+BLOCKED_SUM_RTOL = 1e-5
+
+def _relative_error(got: float, want: float) -> float: return abs(got - want) / abs(want)
+
+@pytest.mark.parametrize("n", [10**6, 10**7, 10**8])
+def test_long_sum_of_a_constant(n):
+  # a broadcast constant reads no memory: 10^8 terms cost ~0.1 s
+  got, want = Tensor.full((n,), 0.1).sum().item(), float(np.float32(0.1)) * n
+  assert _relative_error(got, want) < BLOCKED_SUM_RTOL, f"sum of {n} x 0.1: {got} vs {want}"
+
+@pytest.mark.parametrize("n", [10**6, 1000003, 3 * 999983])   # even, prime (padded), 3 * a prime
+def test_long_sum_of_an_array(n):
+  x = np.full(n, 0.1, np.float32) + np.random.default_rng(n).random(n, dtype=np.float32) * 1e-3
+  got = Tensor(x).sum().item()
+  assert _relative_error(got, x.sum(dtype=np.float64)) < BLOCKED_SUM_RTOL
+
+@pytest.mark.parametrize("shape, axis", [((4, 2**18), 1), ((3, 250000), 1), ((2**17, 8), 0), ((256, 64, 64), (1, 2)),
+                                         ((1000, 1000), None)])
+def test_long_row_column_and_multi_axis_sums(shape, axis):
+  x = (np.full(shape, 0.1) + np.random.default_rng(0).random(shape) * 1e-3).astype(np.float32)
+  got = Tensor(x).sum(axis).numpy()
+  want = x.astype(np.float64).sum(axis)
+  err = float(np.max(np.abs(got - want) / np.abs(want)))
+  assert err < BLOCKED_SUM_RTOL, f"sum{shape} over {axis}: worst relative error {err:.3g}"
+  np.testing.assert_allclose(Tensor(x).mean(axis).numpy(), x.astype(np.float64).mean(axis), rtol=BLOCKED_SUM_RTOL)
+
+def test_long_softmax_and_logsumexp_rows():
+  x = np.random.default_rng(0).standard_normal((2, 300000)).astype(np.float32) * 0.01
+  probs = Tensor(x).softmax(-1).numpy().astype(np.float64)
+  np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=BLOCKED_SUM_RTOL)
+  want = torch.tensor(x, dtype=torch.float64).logsumexp(-1).numpy()
+  np.testing.assert_allclose(Tensor(x).logsumexp(-1).numpy(), want, rtol=1e-6)
+
+def test_long_sum_gradient_of_a_broadcast():
+  # the gradient of a scalar broadcast over 10^6 terms is their sum: it is blocked too
+  x = np.full(10**6, 0.1, np.float32)
+  w = Tensor([1.0], requires_grad=True)
+  (Tensor(x) * w).sum().backward()
+  assert _relative_error(w.grad.item(), x.sum(dtype=np.float64)) < BLOCKED_SUM_RTOL
+
+@pytest.mark.parametrize("device, n", [("PYTHON", 2**15), ("LLVM", 10**6)])
+def test_long_sum_on_other_devices(device, n):
+  if device == "LLVM": pytest.importorskip("llvmlite")
+  x = np.full(n, 0.1, np.float32)
+  got = Tensor(x, device=device).sum().item()
+  assert _relative_error(got, x.sum(dtype=np.float64)) < BLOCKED_SUM_RTOL
+
+def test_long_sum_without_the_optimizer():
+  # NOOPT=1 turns off every optimization but this one; kernels are cached by AST in-process, so a fresh process
+  code = "import numpy as np; from kiln import Tensor; print(Tensor(np.full(10**6 + 8, 0.1, np.float32)).sum().item())"
+  out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "NOOPT": "1"}, capture_output=True, text=True,
+                       check=True, cwd=pathlib.Path(__file__).resolve().parents[1])
+  assert _relative_error(float(out.stdout), float(np.float32(0.1)) * (10**6 + 8)) < BLOCKED_SUM_RTOL
+
+# ---- the action itself ----
+
+BLOCKSUM_KERNELS = {
+  "full sum": lambda: Tensor.rand(4096).sum(),
+  "row sums": lambda: Tensor.rand(6, 512).sum(1),
+  "column sums": lambda: Tensor.rand(512, 6).sum(0),
+  "softmax rows": lambda: Tensor.rand(4, 256).softmax(-1),
+  "multi-axis sum": lambda: Tensor.rand(8, 16, 32).sum((0, 2)),
+  "conv (three reduce loops)": lambda: Tensor.rand(1, 4, 10, 10).conv2d(Tensor.rand(3, 4, 3, 3)),
+  "max": lambda: Tensor.rand(64, 64).max(),
+}
+
+@pytest.mark.parametrize("name", list(BLOCKSUM_KERNELS))
+def test_every_blocksum_keeps_results(name):
+  item = last_kernel_item(BLOCKSUM_KERNELS[name]())
+  lowered = lower_kernel(item.ast)
+  want = run_lowered(item, lowered)
+  tried = 0
+  for axis, rng in enumerate(Kernel(lowered).axes):
+    if not Kernel(lowered).is_reduce(axis): continue
+    size = Kernel.size(rng)
+    for block in [d for d in range(2, size) if size % d == 0][:6]:
+      kernel = Kernel(lowered).apply(Opt(OptOps.BLOCKSUM, axis, block))
+      assert len(kernel.reduce_axes) == len(Kernel(lowered).reduce_axes) + 1
+      np.testing.assert_allclose(run_lowered(item, kernel.sink), want, rtol=1e-5, atol=1e-6,
+                                 err_msg=f"{name} with BLOCKSUM on axis {axis} by {block}")
+      tried += 1
+  assert tried
+
+def test_blocksum_refusals():
+  lowered = lower_kernel(last_kernel_item(Tensor.rand(4096).sum()).ast)
+  for opt in (Opt(OptOps.BLOCKSUM, 0, 100), Opt(OptOps.BLOCKSUM, 0, 4096), Opt(OptOps.BLOCKSUM, 0, 1)):
+    with pytest.raises(KernelOptError): Kernel(lowered).apply(opt)
+  rows = lower_kernel(last_kernel_item(Tensor.rand(64, 64).sum(1)).ast)
+  with pytest.raises(KernelOptError): Kernel(rows).apply(Opt(OptOps.BLOCKSUM, 0, 8))   # an output axis
+
+def test_heuristics_block_long_sums_only():
+  def applied(t: Tensor) -> list:
+    kernel = Kernel(lower_kernel(last_kernel_item(t).ast))
+    heuristic_opts(kernel)
+    return [o for o in block_long_sums(kernel) if o.op is OptOps.BLOCKSUM]
+  assert applied(Tensor.rand(2**20).sum())   # 2^17 terms per lane: blocked (twice)
+  assert not applied(Tensor.rand(64, 4096).sum(1))   # 512 terms per lane: left alone
+  assert not applied(Tensor.rand(2**20).max())   # exact anyway
+  assert not applied(Tensor.rand(2**20).cast(dtypes.int32).sum())
+  assert not applied(Tensor.rand(256, 4096) @ Tensor.rand(4096, 256))   # a register tile: 128 accumulators

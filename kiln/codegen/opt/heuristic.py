@@ -46,10 +46,15 @@ The choices follow from how each axis walks memory (its stride in every load and
   (`_elementwise_upcast`);
 - a fused row kernel (softmax, layernorm: several reductions per row, then the row's elementwise loop) upcasts the
   row's elementwise loop (its loads do not move in the reduce loops, so it counts as reused) and gives each
-  reduction over a contiguous row accumulator lanes (`_unroll_row_reductions`).
+  reduction over a contiguous row accumulator lanes (`_unroll_row_reductions`);
+- last, for accuracy rather than speed (and also under NOOPT=1), a float sum whose accumulators each add more than
+  2*SUM_BLOCK terms is blocked (BLOCKSUM, repeatedly) until no accumulator adds more than about 2*SUM_BLOCK terms
+  (`block_long_sums`; docs/ir.md, "Blocked accumulation").
 """
 from __future__ import annotations
-import functools
+import functools, math
+from kiln.dtype import dtypes
+from kiln.helpers import prod
 from kiln.uop.ops import UOp, Ops, GroupOp, toposort
 from kiln.uop.symbolic import exec_alu
 from kiln.codegen.opt.kernel import Kernel, Opt, OptOps, KernelOptError, graph_nodes
@@ -437,3 +442,55 @@ def _unroll_row_reductions(kernel: Kernel, groups: dict[tuple[UOp, ...], set[Ops
     op = OptOps.LANES if contiguous else OptOps.UNROLL
     for k in (8, 4):
       if size % k == 0 and _try(kernel, Opt(op, kernel.axes.index(innermost), k)): break
+
+# blocked accumulation (BLOCKSUM): no float accumulator adds more than about 2*SUM_BLOCK terms before its total moves
+# to the next level out; kernels with more accumulators than MAX_BLOCKED_ACCUMULATORS (a matmul's register tile:
+# blocked, its accumulators would double and spill) are left as they are
+SUM_BLOCK = 256
+MAX_BLOCKED_ACCUMULATORS = 32
+MAX_SUM_LEVELS = 6   # BLOCKSUMs (and PADTOs before them) per kernel
+
+def block_long_sums(kernel: Kernel) -> list[Opt]:
+  """BLOCKSUM (in place) each float sum whose accumulators add more than 2*SUM_BLOCK terms, level after level: its
+  error then grows like (levels * SUM_BLOCK) ulps instead of n/2 (a 10^7-term float32 sum: 1.2e-3 -> ~1e-6).
+  Returns the actions applied."""
+  applied = []
+  for _ in range(MAX_SUM_LEVELS):
+    found = _long_float_sum(kernel)
+    if found is None: break
+    opt = _block_opt(kernel, *found)
+    if opt is None or not _try(kernel, opt): break
+    applied.append(opt)
+  return applied
+
+def _long_float_sum(kernel: Kernel) -> tuple[tuple[UOp, ...], int] | None:
+  """(the reduce group's loop ranges, innermost last; the terms each of its accumulators adds) of a float sum that
+  adds more than 2*SUM_BLOCK terms per accumulator, or None."""
+  groups: dict[tuple[UOp, ...], list[UOp]] = {}
+  for u in graph_nodes(kernel.sink):
+    if u.op is Ops.REDUCE: groups.setdefault(tuple(sorted(u.src[1:], key=lambda r: r.arg)), []).append(u)
+  for key, reduces in groups.items():
+    if not any(red.arg is Ops.ADD and dtypes.is_float(red.dtype) for red in reduces): continue
+    if len(reduces) > MAX_BLOCKED_ACCUMULATORS: continue
+    sizes = [Kernel.size(r) for r in key]
+    if None in sizes: continue
+    terms = prod(sizes)
+    if terms > 2 * SUM_BLOCK: return key, terms
+  return None
+
+def _block_opt(kernel: Kernel, key: tuple[UOp, ...], terms: int) -> Opt | None:
+  """The BLOCKSUM that splits group `key` where the loops inside the split add about SUM_BLOCK terms: on the
+  outermost loop whose own trip count, times the loops inside it, passes 2*SUM_BLOCK (a PADTO of that loop first when
+  no block length near the wanted one divides it)."""
+  inside = 1
+  for rng in reversed(key):
+    size = Kernel.size(rng)
+    if inside * size > 2 * SUM_BLOCK:
+      want = max(2, SUM_BLOCK // inside)
+      divisors = [d for d in range(max(2, want // 4), min(size - 1, 4 * want) + 1) if size % d == 0]
+      # an axis of awkward length (a prime) is padded to a multiple of the block first: its extra iterations add 0
+      if not divisors: return Opt(OptOps.PADTO, kernel.axes.index(rng), want)
+      block = min(divisors, key=lambda d: abs(math.log(d / want)))
+      return Opt(OptOps.BLOCKSUM, kernel.axes.index(rng), block)
+    inside *= size
+  return None

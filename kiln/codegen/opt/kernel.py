@@ -24,6 +24,12 @@ kernel without knowing about the optimizer:
   Only for kernels whose every STORE writes a plain ADD REDUCE over the axis into a float32/float64/int buffer the
   kernel does not read (the sum is not rounded to a narrower type between blocks). The block loop's iterations
   update the same outputs: UPCAST refuses it, and the thread split (parallel.py) never takes it as its loop.
+- BLOCKSUM a reduce axis by k (blocked accumulation): every REDUCE over the axis becomes a REDUCE over `r_outer` of
+  a REDUCE over a new inner loop of k iterations (`r = r_outer*k + r_inner`), so each block is summed from zero in
+  an accumulator of its own and only the block's total is added to the outer one. A float sum of n terms in one
+  accumulator carries a rounding error of up to about n/2 ulps of the result; blocked, the two levels add about
+  (k + n/k)/2 (docs/ir.md, "Blocked accumulation"). Exact for max and for ints; the inner REDUCE also takes the
+  reduce loops inside the axis (higher loop ids), the outer one the loops outside it.
 - PADTO an axis to a multiple of k, so that UPCAST/UNROLL/LANES by k (a register tile, vector lanes) fit any size:
   the loop runs ceil(size/k)*k iterations and the extra ones compute again the axis' last element,
   `r_padded` clamped to `size - 1` everywhere. On an output axis they store that element's value again, to its own
@@ -46,9 +52,9 @@ class KernelOptError(ValueError):
 class OptOps(enum.Enum):
   """The kinds of action: UPCAST (output axis), UNROLL (reduce axis), SWAP (two axes of one kind), KBLOCK (a summing
   reduce axis: cache blocking), SPLIT (an output axis into two loops), LANES (a reduce axis into separate
-  accumulators), PADTO (an axis to a multiple of `arg`)."""
+  accumulators), PADTO (an axis to a multiple of `arg`), BLOCKSUM (a reduce axis into blocks summed separately)."""
   UPCAST = "upcast"; UNROLL = "unroll"; SWAP = "swap"; KBLOCK = "kblock"; SPLIT = "split"; LANES = "lanes"
-  PADTO = "padto"
+  PADTO = "padto"; BLOCKSUM = "blocksum"
   def __repr__(self) -> str: return f"OptOps.{self.name}"
 
 @dataclass(frozen=True)
@@ -250,6 +256,7 @@ class Kernel:
     elif opt.op is OptOps.KBLOCK: new_sink = self._kblock(opt, axes)
     elif opt.op is OptOps.SPLIT: new_sink = self._split_loop(opt, axes)
     elif opt.op is OptOps.PADTO: new_sink = self._padto(opt, axes)
+    elif opt.op is OptOps.BLOCKSUM: new_sink = self._blocksum(opt, axes)
     elif opt.op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LANES):
       if opt.op is OptOps.UPCAST and self.is_reduce(opt.axis):
         raise KernelOptError(f"{opt}: axis {opt.axis} is a reduce axis; UPCAST splits output axes (use UNROLL)")
@@ -349,6 +356,33 @@ class Kernel:
     outer = renamed[rng].replace(src=(UOp.const(dtypes.int32, size // inner_size),))
     inner = UOp(Ops.RANGE, rng.dtype, (UOp.const(dtypes.int32, inner_size),), opt.axis + 1)
     return substitute(self.sink, {**renamed, rng: outer * inner_size + inner})
+
+  def _blocksum(self, opt: Opt, axes: list[UOp]) -> UOp:
+    """Every REDUCE over reduce axis `opt.axis` -> a REDUCE over the blocks of one over each block of `opt.arg`
+    (module docstring): the loops inside the axis go with the block, those outside it with the blocks."""
+    if not self.is_reduce(opt.axis): raise KernelOptError(f"{opt}: axis {opt.axis} is an output axis; BLOCKSUM "
+                                                          f"blocks a reduce axis")
+    rng, size, block = axes[opt.axis], self.size(axes[opt.axis]), opt.arg
+    if size is None: raise KernelOptError(f"{opt}: axis {opt.axis} has a symbolic size")
+    if not isinstance(block, int) or block < 2 or block >= size or size % block != 0:
+      raise KernelOptError(f"{opt}: the block length must be an integer >= 2 below the axis size {size} that "
+                           f"divides it")
+    renamed = _renumbered(axes[:opt.axis + 1] + [None] + axes[opt.axis + 1:])
+    outer = renamed[rng].replace(src=(UOp.const(dtypes.int32, size // block),))
+    inner = UOp(Ops.RANGE, rng.dtype, (UOp.const(dtypes.int32, block),), opt.axis + 1)
+    position = outer * block + inner
+    replaced: dict[UOp, UOp] = {}
+    for red in graph_nodes(self.sink):
+      if red.op is not Ops.REDUCE or rng not in red.src[1:]: continue
+      body = substitute(red.src[0], {**renamed, rng: position})
+      inside = tuple(renamed[r] for r in red.src[1:] if r.arg > rng.arg)
+      around = tuple(renamed[r] for r in red.src[1:] if r.arg < rng.arg)
+      block_sum = UOp(Ops.REDUCE, red.dtype, (body, inner) + inside, red.arg)
+      replaced[red] = UOp(Ops.REDUCE, red.dtype, (block_sum,) + around + (outer,), red.arg)
+    if not replaced: raise KernelOptError(f"{opt}: nothing is reduced over axis {opt.axis}")
+    # one substitution: the other loops keep their order (one id further along after the new inner loop); renamed
+    # in a second pass, a loop's new form could equal another loop's old one (hash-consing) and be renamed twice
+    return substitute(self.sink, {**{r: n for r, n in renamed.items() if r is not rng}, **replaced})
 
   def _padto(self, opt: Opt, axes: list[UOp]) -> UOp:
     """Axis `opt.axis` runs to the next multiple of `opt.arg`; the extra iterations repeat its last element (output
