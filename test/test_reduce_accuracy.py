@@ -244,3 +244,14 @@ def test_heuristics_block_long_sums_only():
   assert not applied(Tensor.rand(2**20).max())   # exact anyway
   assert not applied(Tensor.rand(2**20).cast(dtypes.int32).sum())
   assert not applied(Tensor.rand(256, 4096) @ Tensor.rand(4096, 256))   # a register tile: 128 accumulators
+
+@pytest.mark.parametrize("kiln_dtype, torch_dtype", HALVES)
+def test_half_batchnorm_statistics_in_float32(kiln_dtype, torch_dtype):
+  from kiln.nn import BatchNorm
+  x, ref = _half_input((4, 3, 5, 5), torch_dtype, 400.0)   # squares of 400 are past float16's 65504
+  norm, torch_norm = BatchNorm(3), torch.nn.BatchNorm2d(3)
+  with Tensor.train(): got = norm(x)
+  want = torch_norm(ref)
+  # (float32 weights promote the result to float32; the input is centered in its own dtype, one rounding)
+  _assert_close(got.float().numpy(), want, 2 * TOLERANCE[torch_dtype], "batchnorm")
+  _assert_close(norm.running_var.numpy(), torch_norm.running_var, 1e-3, "batchnorm running_var")
