@@ -64,7 +64,7 @@ SOFTWARE_MATH_OPS = (Ops.EXP2, Ops.LOG2, Ops.SIN)   # rewritten to long polynomi
 KBLOCK_MIN_BYTES = 8 << 20   # cache-block a matmul whose `b` panel is larger than this (L2 + a share of L3)
 KBLOCK_LENGTH, KBLOCK_TILES = 256, 16   # the block of the reduce axis; output tiles per thread unit of work
 PACKED_KBLOCK_LENGTHS = (512, 256)   # the block of the reduce axis for packed operands (kiln/schedule/pack.py)
-MAX_NODES = 6000   # a heuristic action that grows the kernel graph past this many nodes is taken back (compile time)
+MAX_NODES = 9000   # a heuristic action that grows the kernel graph past this many nodes is taken back (compile time)
 
 def evaluate_index(expr: UOp, env: dict[UOp, int], nodes: list[UOp] | None = None) -> int | None:
   """The integer value of an index expression with loop ranges set by `env` (others 0); None if it reads memory.
