@@ -205,6 +205,9 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
       roots = list(dict.fromkeys(uop for _, uop in todo))
       schedule = create_schedule(roots)
     run_schedule(schedule.items)
+    # results computed earlier from the old contents of overwritten buffers no longer stand for their graphs; this
+    # run's results do (the scheduler read the old contents before overwriting them), so they are registered after
+    for buf in schedule.overwritten: _forget_results_computed_from(buf)
     differentiable = _graphs_needing_gradients(roots)
     inputs = {id(buf) for buf in schedule.inputs}
     for t, old in todo:
@@ -228,7 +231,6 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
         # the realized node remembers its graph, so backward() still reaches the parameters behind it
         if old in differentiable and new.origin is None: new.origin = old
         t.uop = new
-    for buf in schedule.overwritten: _forget_results_computed_from(buf)
 
   def schedule(self, *others: Tensor) -> list:
     """The kernels that realizing this tensor would run (nothing runs)."""

@@ -342,7 +342,7 @@ def run_program(program: Program) -> str | None:
   return "; ".join(problems) if problems else None
 
 # programs of the CI seeds that fail on a listed, not yet fixed bug: (device, seed) -> the test that pins it down
-KNOWN_FAILURES = {("CPU", 100001): "test_gradient_after_a_realized_assign_reads_the_old_values"}
+KNOWN_FAILURES: dict[tuple[str, int], str] = {}   # (device, seed) -> the regression test that pins the bug
 
 def run_chunk(device: str, first_seed: int, count: int) -> None:
   """Run `count` programs from `first_seed`; fail listing the first few failing programs' sources (xfail when every
@@ -378,8 +378,6 @@ def test_program_source_is_a_repro():
   for name in program.outputs:
     assert tuple(scope[name].shape) == next(v.shape for v in program.values if v.name == name)
 
-@pytest.mark.xfail(strict=True, reason="kiln bug: a lazy tensor that read a buffer before an assign, once realized, "
-                   "is recomputed for autograd from the buffer's new contents (found by this fuzzer, seed 100001 CPU)")
 def test_gradient_after_a_realized_assign_reads_the_old_values():
   """y = (buf + old) * w with old = buf * 2 taken before buf.assign(...): realizing buf + old elsewhere must not change
   y's gradient (w's gradient is buf + old = 1 + 1.5 = 2.5, as torch)."""

@@ -12,7 +12,11 @@ def general_matmul(x: Tensor, w: Tensor) -> Tensor:
   """x @ w as Tensor.dot's general path builds it (x as (..., n, 1, k), w transposed as (..., 1, m, k), summed)."""
   wt = w.transpose(-1, -2)
   wt = wt.reshape(*wt.shape[:-2], 1, *wt.shape[-2:])
-  return (x.reshape(*x.shape[:-1], 1, x.shape[-1]) * wt).sum(-1)
+  xr = x.reshape(*x.shape[:-1], 1, x.shape[-1])
+  if x.dtype in (dtypes.float16, dtypes.bfloat16):   # half products and their sum in float32, rounded once
+    xr, wt = xr._broadcasted(wt, "matmul")
+    return (xr.float() * wt.float()).sum(-1).cast(x.dtype)
+  return (xr * wt).sum(-1)
 
 @pytest.mark.parametrize("x_shape,w_shape", [((3, 4), (4, 5)), ((2, 3, 4), (4, 5)), ((2, 1, 3, 4), (5, 4, 2)),
                                              ((3, 4), (2, 4, 5))])
