@@ -76,9 +76,9 @@ static inline unsigned short kiln_half_bits(double value) {  /* round to nearest
 }
 #endif
 /* Rounding to float16 in place, without _Float16: gcc 12 folds a vectorized (float)(_Float16)x to x (wrong code).
-   Adding 2**13 half-ulps of |x|'s binade (2**-1 below the normal range) leaves the sum's ulp equal to |x|'s float16
-   ulp, so the add rounds |x| to float16 (nearest even) and the subtract is exact; no compiler may fold the pair
-   without -ffast-math, and it vectorizes. Overflow (>= 65520) gives inf, NaN the quiet NaN of its sign. */
+   Adding 2**13 float16 ulps of |x|'s binade (2**-1 below the normal range) leaves the sum's ulp equal to |x|'s
+   float16 ulp, so the add rounds |x| to float16 (nearest even) and the subtract is exact; no compiler may fold the
+   pair without -ffast-math. A rounded 65536 or more overflows to inf; NaN stays NaN. No branches: it vectorizes. */
 static inline float kiln_half_round_f(float value) {
   unsigned int bits; __builtin_memcpy(&bits, &value, 4);
   unsigned int magnitude = bits & 0x7fffffffu, binade = magnitude & 0x7f800000u;
@@ -86,8 +86,8 @@ static inline float kiln_half_round_f(float value) {
   unsigned int scale_bits = binade + (13u << 23);
   float scale, absolute; __builtin_memcpy(&scale, &scale_bits, 4); __builtin_memcpy(&absolute, &magnitude, 4);
   float rounded = (absolute + scale) - scale;
+  rounded = (rounded * 0x1p112f) * 0x1p-112f;   /* 2**16 and more overflow to inf, the rest is exact: no branch */
   unsigned int out; __builtin_memcpy(&out, &rounded, 4);
-  if (magnitude >= 0x477ff000u) out = magnitude > 0x7f800000u ? 0x7fc00000u : 0x7f800000u;
   out |= bits & 0x80000000u;
   float result; __builtin_memcpy(&result, &out, 4); return result;
 }
@@ -97,9 +97,9 @@ static inline float kiln_half_round_d(double value) {  /* the same in double: on
   binade = binade < (1009ull << 52) ? (1009ull << 52) : binade > (1038ull << 52) ? (1038ull << 52) : binade;
   unsigned long long scale_bits = binade + (42ull << 52);
   double scale, absolute; __builtin_memcpy(&scale, &scale_bits, 8); __builtin_memcpy(&absolute, &magnitude, 8);
-  float rounded = (float)((absolute + scale) - scale);   /* a float16 value: exact in float */
+  float rounded = (float)((absolute + scale) - scale);   /* a float16 value (or >= 65536): exact in float */
+  rounded = (rounded * 0x1p112f) * 0x1p-112f;
   unsigned int out; __builtin_memcpy(&out, &rounded, 4);
-  if (magnitude >= 0x40effe0000000000ull) out = magnitude > 0x7ff0000000000000ull ? 0x7fc00000u : 0x7f800000u;
   out |= (unsigned int)(bits >> 32) & 0x80000000u;
   float result; __builtin_memcpy(&result, &out, 4); return result;
 }
@@ -232,13 +232,14 @@ def _c_float_to_int(x: str, src: DType, dst: DType) -> str:
   and NaN result is the 'integer indefinite' value (INT_MIN), then wrapped to `dst`. In C an out-of-range conversion
   is undefined, and clang's vector and scalar code gave different answers for one tensor; here it never happens."""
   wide = conversion_width(dst)
-  def literal(value: int) -> str: return f"{value}.0" if src == dtypes.float64 else f"{value}.0f"
-  def in_range(low: int, high: int) -> str: return f"({x})>={literal(low)}&&({x})<{literal(high)}"
+  suffix = "" if src == dtypes.float64 else "f"
+  # |x| < 2**(wide-1) is the range but for -2**(wide-1), which converts to INT_MIN: the indefinite value anyway
+  in_range = f"__builtin_fabs{suffix}({x})<{2 ** (wide - 1)}.0{suffix}"
   wide_type, indefinite = ("int", "(-2147483647-1)") if wide == 32 else ("long long", "(-9223372036854775807ll-1)")
   if dst == dtypes.uint64:   # [2**63, 2**64) converts as unsigned, the int64 range as signed, the rest is indefinite
-    unsigned = f"({in_range(0, 2 ** 64)}?(unsigned long long)({x}):0x8000000000000000ull)"
-    return f"({in_range(-2 ** 63, 2 ** 63)}?(unsigned long long)(long long)({x}):{unsigned})"
-  converted = f"({in_range(-2 ** (wide - 1), 2 ** (wide - 1))}?({wide_type})({x}):{indefinite})"
+    unsigned = f"(({x})>=0.0{suffix}&&({x})<{2 ** 64}.0{suffix}?(unsigned long long)({x}):0x8000000000000000ull)"
+    return f"({in_range}?(unsigned long long)(long long)({x}):{unsigned})"
+  converted = f"({in_range}?({wide_type})({x}):{indefinite})"
   return converted if dst.bitsize == wide else f"(({VALUE_TYPES[dst]}){converted})"
 
 def _c_cast(u: UOp, a: list[str]) -> str:
@@ -353,9 +354,11 @@ def _vector_cast(u: UOp, a: list[str]) -> str:
     # as the scalar cast (_c_float_to_int): out-of-range and NaN lanes give INT_MIN; they are zeroed before the
     # conversion, since converting them is undefined (clang's vector code gave other values than its scalar code)
     if conversion_width(dst.scalar) != 32: raise TypeError(f"CRenderer: no vector cast from {src} to {dst.scalar}")
-    limit = 2 ** 31
-    in_range = (f"((({x})>={_vector_splat(u.src[0].dtype, -limit)})&(({x})<{_vector_splat(u.src[0].dtype, limit)}))")
-    safe = _vector_select(u.src[0].dtype, in_range, x, _vector_splat(u.src[0].dtype, 0.0))
+    limit, lanes = 2 ** 31, u.src[0].dtype
+    no_sign = _vector_splat(dtypes.int32.vec(lanes.count), 2 ** 31 - 1)
+    magnitude = f"(({vector_type(lanes)})(({_mask_of(lanes)})({x})&{no_sign}))"
+    in_range = f"({magnitude}<{_vector_splat(lanes, limit)})"   # as the scalar cast: -2**31 gives INT_MIN either way
+    safe = _vector_select(lanes, in_range, x, _vector_splat(lanes, 0.0))
     converted = f"__builtin_convertvector({safe}, {vector_type(dst)})"
     return _vector_select(dst, in_range, converted, _vector_splat(dst, -limit))
   if dtypes.is_float(src) != dtypes.is_float(dst.scalar) or src == dtypes.bool and dtypes.is_float(dst.scalar):
