@@ -294,16 +294,20 @@ class Kernel:
     a, b = axes[opt.axis], axes[opt.arg]
     return substitute(self.sink, {a: a.replace(arg=b.arg), b: b.replace(arg=a.arg)})
 
+  def _dividing_split(self, opt: Opt, axes: list[UOp], what: str) -> tuple[UOp, int, int]:
+    """The axis `opt` splits, its size and the length `opt.arg`, which must divide it (KernelOptError otherwise)."""
+    rng, size, length = axes[opt.axis], self.size(axes[opt.axis]), opt.arg
+    if size is None: raise KernelOptError(f"{opt}: axis {opt.axis} has a symbolic size")
+    if not isinstance(length, int) or length < 2 or length >= size or size % length != 0:
+      raise KernelOptError(f"{opt}: the {what} must be an integer >= 2 below the axis size {size} that divides it")
+    return rng, size, length
+
   def _kblock(self, opt: Opt, axes: list[UOp]) -> UOp:
     """Split reduce axis `opt.axis` into blocks of `opt.arg`; the block loop becomes an output loop accumulating in
     the output buffer (module docstring). Refused unless every STORE writes a plain sum over the axis."""
     if not self.is_reduce(opt.axis): raise KernelOptError(f"{opt}: axis {opt.axis} is an output axis; KBLOCK "
                                                           f"blocks a reduce axis")
-    rng, size, block = axes[opt.axis], self.size(axes[opt.axis]), opt.arg
-    if size is None: raise KernelOptError(f"{opt}: axis {opt.axis} has a symbolic size")
-    if not isinstance(block, int) or block < 2 or block >= size or size % block != 0:
-      raise KernelOptError(f"{opt}: the block length must be an integer >= 2 below the axis size {size} that "
-                           f"divides it")
+    rng, size, block = self._dividing_split(opt, axes, "block length")
     out_axes = self.output_axes
     if not out_axes: raise KernelOptError(f"{opt}: the kernel has no output loop to place the block loop inside")
     stored = {st.src[2] for st in self.sink.src}
@@ -345,13 +349,9 @@ class Kernel:
     """Output axis `opt.axis` as an outer loop and an inner loop of `opt.arg` iterations right inside it."""
     if self.is_reduce(opt.axis): raise KernelOptError(f"{opt}: axis {opt.axis} is a reduce axis; SPLIT splits "
                                                       f"output axes")
-    rng, size, inner_size = axes[opt.axis], self.size(axes[opt.axis]), opt.arg
-    if self.is_block_loop(rng):
+    if self.is_block_loop(axes[opt.axis]):
       raise KernelOptError(f"{opt}: axis {opt.axis} is a block loop (its iterations update the same outputs)")
-    if size is None: raise KernelOptError(f"{opt}: axis {opt.axis} has a symbolic size")
-    if not isinstance(inner_size, int) or inner_size < 2 or inner_size >= size or size % inner_size != 0:
-      raise KernelOptError(f"{opt}: the inner length must be an integer >= 2 below the axis size {size} that "
-                           f"divides it")
+    rng, size, inner_size = self._dividing_split(opt, axes, "inner length")
     renamed = _renumbered(axes[:opt.axis + 1] + [None] + axes[opt.axis + 1:])
     outer = renamed[rng].replace(src=(UOp.const(dtypes.int32, size // inner_size),))
     inner = UOp(Ops.RANGE, rng.dtype, (UOp.const(dtypes.int32, inner_size),), opt.axis + 1)
@@ -362,11 +362,7 @@ class Kernel:
     (module docstring): the loops inside the axis go with the block, those outside it with the blocks."""
     if not self.is_reduce(opt.axis): raise KernelOptError(f"{opt}: axis {opt.axis} is an output axis; BLOCKSUM "
                                                           f"blocks a reduce axis")
-    rng, size, block = axes[opt.axis], self.size(axes[opt.axis]), opt.arg
-    if size is None: raise KernelOptError(f"{opt}: axis {opt.axis} has a symbolic size")
-    if not isinstance(block, int) or block < 2 or block >= size or size % block != 0:
-      raise KernelOptError(f"{opt}: the block length must be an integer >= 2 below the axis size {size} that "
-                           f"divides it")
+    rng, size, block = self._dividing_split(opt, axes, "block length")
     renamed = _renumbered(axes[:opt.axis + 1] + [None] + axes[opt.axis + 1:])
     outer = renamed[rng].replace(src=(UOp.const(dtypes.int32, size // block),))
     inner = UOp(Ops.RANGE, rng.dtype, (UOp.const(dtypes.int32, block),), opt.axis + 1)
