@@ -80,6 +80,8 @@ class dtypes:
   default_int: DType = int32
   index: DType = int32
   fp8s = (fp8e4m3, fp8e5m2)
+  # floats narrower than float32: reductions and products of them accumulate in float32 and round once
+  narrow_floats = (float16, bfloat16) + fp8s
   floats = fp8s + (float16, bfloat16, float32, float64)
   uints = (uint8, uint16, uint32, uint64)
   sints = (int8, int16, int32, int64)

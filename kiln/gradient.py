@@ -10,7 +10,7 @@ from kiln.uop.pattern import UPat, PatternMatcher
 def _reduce_to(grad: UOp, shape: tuple[int, ...]) -> UOp:
   """Sum the broadcast axes of `grad` back down to `shape`."""
   axes = tuple(i for i, (g, s) in enumerate(zip(grad.shape, shape)) if s == 1 and g != 1)
-  if axes and grad.dtype in (dtypes.float16, dtypes.bfloat16, *dtypes.fp8s):
+  if axes and grad.dtype in dtypes.narrow_floats:
     # a broadcast's gradient sums in float32 and rounds once, as a forward half sum does (a half bias over a batch)
     return grad.cast(dtypes.float32).r(Ops.ADD, axes).cast(grad.dtype)
   return grad.r(Ops.ADD, axes)

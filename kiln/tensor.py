@@ -1492,7 +1492,7 @@ def _matmul_graph(x: UOp, w: UOp) -> UOp:
 
 def _sum_dtype(dt: DType) -> DType:
   if dt == dtypes.bool or (dtypes.is_int(dt) and dt.itemsize < 4): return dtypes.uint32 if dtypes.is_unsigned(dt) else dtypes.int32
-  if dt in (dtypes.float16, dtypes.bfloat16, *dtypes.fp8s): return dtypes.float32
+  if dt in dtypes.narrow_floats: return dtypes.float32
   return dt
 
 def _mix32(x: int) -> int:

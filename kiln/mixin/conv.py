@@ -16,8 +16,6 @@ from kiln.gradient import custom_backward, custom_backward_rules
 from kiln.uop.ops import UOp
 if TYPE_CHECKING: from kiln.tensor import Tensor  # noqa: F401
 
-# float types too narrow to sum in: conv products and sums of them run in float32, rounded to these once
-_HALF_FLOATS = (dtypes.float16, dtypes.bfloat16, *dtypes.fp8s)
 
 PAD_COPY_MIN_ELEMENTS = 1 << 18   # convolutions whose padded input is at least this large pad it in its own kernel
 
@@ -82,7 +80,7 @@ def _weight_gradient(windows: Tensor, grad: Tensor, shape: tuple[int, ...]) -> T
   positions; `windows` as `_conv_windows` gives them, `shape` the weight's."""
   n, groups = len(shape) - 2, windows.shape[1]
   per_window = grad.reshape(grad.shape[0], groups, shape[0] // groups, *grad.shape[2:], 1, *[1] * n)
-  if windows.dtype != per_window.dtype or windows.dtype not in _HALF_FLOATS:
+  if windows.dtype != per_window.dtype or windows.dtype not in dtypes.narrow_floats:
     return (windows * per_window).sum((0, *range(3, 3 + n))).reshape(shape)
   # half: multiply and sum in float32, round once (as the forward does)
   return (windows.float() * per_window.float()).sum((0, *range(3, 3 + n))).cast(windows.dtype).reshape(shape)
@@ -248,7 +246,7 @@ class ConvMixin:
       # (N, groups, 1, *out, cin, *kernel) * (1, groups, cout/groups, *1, cin, *kernel), summed over (cin, *kernel)
       w = w.reshape(1, groups, cout // groups, *[1] * n, cin, *kernel)
       # half products are exact in float32: they are summed there and the output rounded once, as in PyTorch
-      wide = dtype is None and windows.dtype == w.dtype and windows.dtype in _HALF_FLOATS
+      wide = dtype is None and windows.dtype == w.dtype and windows.dtype in dtypes.narrow_floats
       products = windows.float() * w.float() if wide else windows * w
       if taps is not None: products = taps.reshape(w.shape).where(products, 0)
       out = products.sum(tuple(range(-1 - n, 0)), dtype=dtype).reshape(batch, cout, *outs)

@@ -48,8 +48,6 @@ def _cumsum_backward(grad: UOp, node: UOp) -> tuple[UOp]:
 
 custom_backward_rules["cumsum"] = _cumsum_backward
 
-# floats too narrow to accumulate in: their reductions run in float32 and round once (as PyTorch's do)
-_REDUCED_FLOATS = (dtypes.float16, dtypes.bfloat16, *dtypes.fp8s)
 
 class ReduceMixin:
   __slots__ = ()
@@ -57,7 +55,7 @@ class ReduceMixin:
   def _in_float32_if_reduced(self, fn: Callable[[Tensor], Tensor]) -> Tensor:
     """fn of this tensor, computed in float32 and rounded back to this dtype once when it is a half, bfloat16 or fp8
     float (a sum of 100,000 float16 exponentials is past float16's 65504); fn of this tensor itself otherwise."""
-    if self.dtype not in _REDUCED_FLOATS: return fn(self)
+    if self.dtype not in dtypes.narrow_floats: return fn(self)
     return fn(self.cast(dtypes.float32)).cast(self.dtype)
 
   def var_mean(self, axis=None, keepdim: bool = False, correction: int = 1) -> tuple[Tensor, Tensor]:
@@ -91,7 +89,7 @@ class ReduceMixin:
     [[1.0, 3.0], [3.0, 7.0]]
     """
     out_dtype = self.sum().dtype
-    acc = dtypes.float32 if out_dtype in _REDUCED_FLOATS else out_dtype
+    acc = dtypes.float32 if out_dtype in dtypes.narrow_floats else out_dtype
     out = self.cast(acc)._scan(axis, "sum", "cumsum").cast(out_dtype)
     if not dtypes.is_float(out_dtype) or self.ndim == 0: return out
     # its gradient is the reversed running sum of the output's gradient (_cumsum_backward)
@@ -104,7 +102,7 @@ class ReduceMixin:
     [1, 2, 6, 24]
     """
     out_dtype = self.prod().dtype
-    acc = dtypes.float32 if out_dtype in _REDUCED_FLOATS else out_dtype
+    acc = dtypes.float32 if out_dtype in dtypes.narrow_floats else out_dtype
     return self.cast(acc)._scan(axis, "prod", "cumprod").cast(out_dtype)
 
   def cummax(self, axis: int = 0) -> Tensor:

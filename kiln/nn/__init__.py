@@ -259,7 +259,7 @@ class BatchNorm:
     if self.track_running_stats and not Tensor.training: return self.running_mean, self.running_var
     axes = tuple(a for a in range(x.ndim) if a != 1)
     # half statistics in float32, as PyTorch keeps them (a half square overflows past 256); __call__ casts them back
-    if x.dtype in (dtypes.float16, dtypes.bfloat16, *dtypes.fp8s): x = x.float()
+    if x.dtype in dtypes.narrow_floats: x = x.float()
     mean = x.mean(axes)
     # d(var)/d(mean) is zero at the true mean (the centered values sum to 0), so the mean's graph can be cut here
     centered = x - _channel_view(mean.detach(), x.ndim)
