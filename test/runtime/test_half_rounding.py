@@ -3,7 +3,7 @@ the CPU device (under every C compiler on PATH, scalar and vector code, several 
 PYTHON reference. gcc 12 at -O2 folded the vectorized `(float)(_Float16)x` of the C renderer's rounding helper to `x`,
 so `(x.half() * 2).float()` gave the float32 product on rows that its SLP vectorizer turned into vector code."""
 from __future__ import annotations
-import functools, glob as globbing, os, re, shutil
+import functools, glob, os, re, shutil
 import numpy as np
 import pytest
 from kiln import Tensor, dtypes
@@ -22,7 +22,7 @@ def c_compilers() -> list[str]:
   """Every distinct C compiler on PATH: gcc, gcc-NN, clang, clang-NN (the first name of each real file)."""
   names = []
   for directory in os.environ.get("PATH", "").split(os.pathsep):
-    for path in sorted(globbing.glob(os.path.join(directory, "*"))):
+    for path in sorted(glob.glob(os.path.join(directory, "gcc*")) + glob.glob(os.path.join(directory, "clang*"))):
       if re.fullmatch(r"(gcc|clang)(-\d+)?", os.path.basename(path)) and os.access(path, os.X_OK):
         names.append(os.path.basename(path))
   found: dict[str, str] = {}
@@ -67,7 +67,7 @@ def _bits_of(t: Tensor) -> np.ndarray:
   """The raw bits of a realized tensor, NaNs all mapped to one pattern (payloads are not part of the semantics)."""
   values = t.float().numpy() if t.dtype != dtypes.float64 else t.numpy()
   bits = t.bitcast(BITS_DTYPES[t.dtype.itemsize][0]).numpy()
-  return np.where(np.isnan(values), np.array(-1).astype(bits.dtype), bits)
+  return np.where(np.isnan(values), np.iinfo(bits.dtype).max, bits)
 
 def _chains(dtype: DType, a: Tensor, b: Tensor, c: Tensor) -> dict[str, Tensor]:
   """Elementwise chains of `dtype` values, each op rounded: what every device must agree on."""
