@@ -60,7 +60,7 @@ _runner_cache: dict[tuple, CompiledRunner] = {}
 
 def runner_key(device: str, ast: UOp, beam: int = 0) -> tuple:
   """The key of `ast`'s runner in `_runner_cache`: the kernel and the settings that change its code."""
-  return (device, ast, TRANSCENDENTAL.value, VECTORIZE.value, beam)
+  return (device, ast, TRANSCENDENTAL.value, VECTORIZE.value, NOOPT.value, beam)
 
 def render_lowered(device: str, name: str, lowered: UOp) -> tuple[str, list[UOp]]:
   """The source code and linear uops of a lowered (and optimized) kernel: software math, linearize, render."""

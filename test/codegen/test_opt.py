@@ -203,3 +203,16 @@ def test_python_emulator_runs_optimized_kernels():
 def test_float16_dtype_kept(references):
   item, _, want = references["float16"]
   assert item.bufs[0].dtype == dtypes.float16 and want.dtype == np.float16
+
+def test_noopt_in_a_context_makes_the_kernel_again_unoptimized():
+  """The in-process kernel cache is keyed by NOOPT too: a kernel built optimized is not reused under NOOPT=1."""
+  import kiln.engine.realize as realize
+  x = Tensor(np.random.default_rng(3).random((64, 64), dtype=np.float32)).realize()
+  (x @ x).realize()
+  (item,) = (x @ x).schedule()
+  optimized = realize._runner_cache[realize.runner_key("CPU", item.ast)]
+  with Context(NOOPT=1):
+    out = (x @ x).realize()
+    plain = realize._runner_cache[realize.runner_key("CPU", item.ast)]
+  assert plain is not optimized and plain.source != optimized.source
+  np.testing.assert_allclose(out.numpy(), x.numpy() @ x.numpy(), rtol=1e-4)
