@@ -9,7 +9,7 @@ keep the results (and their gradients) right at the edges, where PyTorch is the 
   and 0 * inf (from a branch evaluated out of its range) would turn that zero into NaN.
 """
 from __future__ import annotations
-import decimal, functools, math
+import decimal, functools, math, struct
 from fractions import Fraction
 from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 from kiln.dtype import DType, dtypes
@@ -62,12 +62,18 @@ class _ExpFormat(NamedTuple):
   bits: DType           # the signed integer type of the same size
   mantissa_bits: int
   bias: int
+  taylor: tuple[float, ...]   # e**r's Taylor coefficients, highest power first
 
 _LN2 = Fraction(decimal.Context(prec=60).ln(decimal.Decimal(2)))
+def _inverse_factorials(degree: int) -> tuple[float, ...]:
+  """1/n! for n = degree .. 0 (Taylor coefficients of e**r, highest power first)."""
+  return tuple(1 / math.factorial(n) for n in range(degree, -1, -1))
+
+# |r| <= ln2/2: the first dropped Taylor terms r**8/8! and r**14/14! are below 2**-27 / 2**-57 of e**r
 _EXP_FORMATS = {dtypes.float32: _ExpFormat(-151, 129, _split(_LN2, 16), float(_LN2 - Fraction(_split(_LN2, 16))),
-                                           dtypes.int32, 23, 127),
+                                           dtypes.int32, 23, 127, _inverse_factorials(7)),
                 dtypes.float64: _ExpFormat(-1076, 1025, _split(_LN2, 40), float(_LN2 - Fraction(_split(_LN2, 40))),
-                                           dtypes.int64, 52, 1023)}
+                                           dtypes.int64, 52, 1023, _inverse_factorials(13))}
 
 def _bernoulli_numbers(count: int) -> list[Fraction]:
   """B_0 .. B_{count-1} (B_1 = -1/2), by the recurrence sum_{j<=m} C(m+1, j) B_j = 0."""
@@ -112,19 +118,23 @@ class ElementwiseMixin:
 
     exp2(x*log2(e)) would round the product: an error of half an ulp of 128 in the exponent is 60 ulp of the result
     near 88. Instead x = k*ln2 + r with k = round(x/ln2) and ln2 in two parts (k*ln2_hi and x - k*ln2_hi are exact),
-    |r| <= ln2/2, and e**x = 2**(r*log2(e)) * 2**k with 2**k built from exponent bits as two factors, so results
-    near overflow and subnormal results are rounded once."""
-    fmt = _EXP_FORMATS[self.dtype]
-    y = self * (1 / math.log(2))
-    # clamped, NaN included (to k_min), so k fits the integer type; r keeps x itself, so NaN and +-inf come through
-    y = (y > fmt.k_min).where(y, float(fmt.k_min))
-    y = (y < fmt.k_max).where(y, float(fmt.k_max))
-    k = (y + (0.5 - fmt.k_min)).cast(fmt.bits) + fmt.k_min   # truncating a positive value: round half up
-    k_float = k.cast(self.dtype)
-    r = (self - k_float * fmt.ln2_hi) - k_float * fmt.ln2_lo
+    |r| <= ln2/2, e**r by its Taylor polynomial and 2**k built from exponent bits as two factors, so results near
+    overflow and subnormal results are rounded once. k is read from the bits of x/ln2 + 1.5*2**mantissa_bits (no
+    float -> int conversion, which costs a range check per lane), and no EXP2 is left to reduce its input again."""
+    fmt, x0 = _EXP_FORMATS[self.dtype], self.detach()   # (the custom backward rule gives the gradient)
+    # clamped (NaN too) to where the result is 0 or inf for every r, so k fits; NaN is put back at the end
+    x = (x0 > fmt.k_min * LN2).where(x0, fmt.k_min * LN2)
+    x = (x < fmt.k_max * LN2).where(x, fmt.k_max * LN2)
+    magic = 1.5 * 2.0 ** fmt.mantissa_bits   # adding it rounds to an integer (ties to even), kept in the low bits
+    shifted = x * (1 / LN2) + magic
+    k_float = shifted - magic
+    magic_bits = int.from_bytes(struct.pack("<f" if self.dtype == dtypes.float32 else "<d", magic), "little")
+    k = shifted.bitcast(fmt.bits) - magic_bits
+    r = (x - k_float * fmt.ln2_hi) - k_float * fmt.ln2_lo
+    p = functools.reduce(lambda acc, c: acc * r + c, fmt.taylor[1:], fmt.taylor[0])
     half = k >> 1
     def power_of_two(n: Tensor) -> Tensor: return ((n + fmt.bias) << fmt.mantissa_bits).bitcast(self.dtype)
-    value = (r * (1 / math.log(2))).exp2() * power_of_two(half) * power_of_two(k - half)
+    value = (x0 != x0).where(x0, p * power_of_two(half) * power_of_two(k - half))
     return self._wrap(custom_backward(value.uop, (self.uop,), "exp", ()), "exp")
 
   def _sin_cos(self) -> tuple[Tensor, Tensor]:
