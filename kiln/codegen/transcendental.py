@@ -243,6 +243,8 @@ PIO2_2 = split_const(PIO2 - Fraction(PIO2_1), 33)
 PIO2_3 = split_const(PIO2 - Fraction(PIO2_1) - Fraction(PIO2_2), 33)
 PIO2_4 = float(PIO2 - Fraction(PIO2_1) - Fraction(PIO2_2) - Fraction(PIO2_3))
 CODY_WAITE_LIMIT = 2.0 ** 19 * math.pi / 2
+# SIN(COS_SHIFT - y) is evaluated as cos(y): the quadrant of y's reduction moved by one, no rounded subtraction
+COS_SHIFT = float(PIO2)
 
 def reduce_cody_waite(ax: UOp) -> tuple[UOp, UOp, UOp]:
   """(q, r, r_lo) with ax = q*pi/2 + r + r_lo, |r| <~ pi/4, for 0 <= ax < CODY_WAITE_LIMIT (float64)."""
@@ -338,9 +340,10 @@ def reduce_payne_hanek(ax: UOp, fmt: FloatFormat) -> tuple[UOp, UOp, UOp]:
   r, r_err = two_sum_fast(r_hi, r_lo)
   return quadrant, r, r_err
 
-def sin_float(x: UOp, fmt: FloatFormat, widened: bool = False) -> UOp:
-  """sin(x) for a float32/float64 node; float32 is reduced exactly and evaluated in float64. `widened` (float32 x
-  only): the float64 value itself, unrounded (for sin(float64(x)), where x is a float32 value)."""
+def sin_float(x: UOp, fmt: FloatFormat, widened: bool = False, quarter_turns: int = 0) -> UOp:
+  """sin(x + quarter_turns*pi/2) for a float32/float64 node (quarter_turns 0: sin, 1: cos); float32 is reduced
+  exactly and evaluated in float64. `widened` (float32 x only): the float64 value itself, unrounded (for
+  sin(float64(x)), where x is a float32 value)."""
   ax = bitcast(bitcast(x, fmt.uint) & const(fmt.uint, fmt.sign_bit - 1), fmt.dtype)
   finite = ax.lt(math.inf)
   safe = finite.where(ax, const(fmt.dtype, 0.0))            # NaN/inf must not reach the integer conversions
@@ -353,18 +356,26 @@ def sin_float(x: UOp, fmt: FloatFormat, widened: bool = False) -> UOp:
     cw_q, cw_r, cw_r_lo = reduce_cody_waite(medium.where(wide, zero64))
     large_q = medium.where(cw_q.cast(dtypes.uint64), large_q)
     large_r, large_r_lo = medium.where(cw_r, large_r), medium.where(cw_r_lo, large_r_lo)
-  q = small.where(const(dtypes.uint64, 0), large_q)
+  q = small.where(const(dtypes.uint64, quarter_turns), large_q + quarter_turns if quarter_turns else large_q)
   r, r_lo = small.where(wide, large_r), small.where(zero64, large_r_lo)
+  value = sin_by_quadrant(q, r, r_lo)   # of |x|: sin is odd (the sign goes back on below), cos even
   if widened:
-    result = copy_sign_bit(sin_by_quadrant(q, r, r_lo), x.cast(dtypes.float64), F64)
+    result = value if quarter_turns else copy_sign_bit(value, x.cast(dtypes.float64), F64)
     return finite.where(result, const(dtypes.float64, math.nan))
-  result = copy_sign_bit(sin_by_quadrant(q, r, r_lo).cast(fmt.dtype), x, fmt)
+  result = value.cast(fmt.dtype) if quarter_turns else copy_sign_bit(value.cast(fmt.dtype), x, fmt)
   return finite.where(result, const(fmt.dtype, math.nan))
 
-def sin_of_widened_float32(x: UOp) -> UOp:
-  """sin(float64(x)) for a float32 node x: the float32 reduction (3 limbs of 2/pi, not 6) with float64 polynomials,
-  as accurate as the float64 version (cos and tan use it: kiln/mixin/elementwise.py `_sin_cos`)."""
-  return sin_float(x, F32, widened=True)
+def sin_of_widened_float32(x: UOp, quarter_turns: int = 0) -> UOp:
+  """sin(float64(x) + quarter_turns*pi/2) for a float32 node x: the float32 reduction (3 limbs of 2/pi, not 6) with
+  float64 polynomials, as accurate as the float64 version (kiln/mixin/elementwise.py `_cos_accurate` and
+  `_tan_accurate` use it)."""
+  return sin_float(x, F32, widened=True, quarter_turns=quarter_turns)
+
+def cos_argument(x: UOp) -> UOp | None:
+  """y where x is the float64 node pi/2 - y (cos(y) as kiln writes it for software math), else None."""
+  if x.op is Ops.SUB and x.dtype == dtypes.float64 and x.src[0].op is Ops.CONST and x.src[0].arg == COS_SHIFT:
+    return x.src[1]
+  return None
 
 # ---------------- rules ----------------
 
@@ -375,8 +386,12 @@ def is_widened_float32(node: UOp) -> bool:
   return node.op is Ops.CAST and node.dtype == dtypes.float64 and node.src[0].dtype == dtypes.float32
 
 def software_transcendental(node: UOp, x: UOp) -> UOp | None:
-  """EXP2/LOG2/SIN(x) -> the same function built from plain ALU uops (16- and 8-bit floats in float32)"""
-  if node.op is Ops.SIN and is_widened_float32(x): return sin_of_widened_float32(x.src[0])
+  """EXP2/LOG2/SIN(x) -> the same function built from plain ALU uops (16- and 8-bit floats in float32); SIN(pi/2 - y)
+  in float64 -> cos(y), without rounding pi/2 - y"""
+  if node.op is Ops.SIN:
+    quarter_turns, y = (1, cos_y) if (cos_y := cos_argument(x)) is not None else (0, x)
+    if is_widened_float32(y): return sin_of_widened_float32(y.src[0], quarter_turns)
+    if quarter_turns: return sin_float(y, F64, quarter_turns=1)
   if node.dtype in FORMATS: return SOFTWARE[node.op](x, FORMATS[node.dtype])
   if not dtypes.is_float(node.dtype): return None
   return SOFTWARE[node.op](x.cast(dtypes.float32), F32).cast(node.dtype)
@@ -390,19 +405,21 @@ def wants_software_math(renderer) -> bool:
   level = int(TRANSCENDENTAL.value)
   return level >= 2 or (level == 1 and not getattr(renderer, "has_native_transcendentals", True))
 
-# (op, dtype, input dtype) -> the software version of `op` built once on a placeholder input: (placeholder, result,
-# the result's nodes that depend on the placeholder in build order, the ops of the result), or None where the rule
-# does not apply. A kernel's copies (the 128 GELUs of a 16x8 matmul tile) are made from it by substitution.
-_templates: dict[tuple[Ops, DType, DType, bool], tuple[UOp, UOp, list[UOp], frozenset[Ops]] | None] = {}
+# (op, dtype, input dtype, widened, cos) -> the software version of `op` built once on a placeholder input:
+# (placeholder, result, the result's nodes that depend on the placeholder in build order, the ops of the result), or
+# None where the rule does not apply. A kernel's copies (the 128 GELUs of a 16x8 matmul tile) are made from it by
+# substitution. The placeholder is one node for every template, so a sin and a cos of one input share their reduction.
+_templates: dict[tuple[Ops, DType, DType, bool, bool], tuple[UOp, UOp, list[UOp], frozenset[Ops]] | None] = {}
 
-def _software_template(op: Ops, dtype: DType, x_dtype: DType,
-                       widened: bool = False) -> tuple[UOp, UOp, list[UOp], frozenset[Ops]] | None:
+def _software_template(op: Ops, dtype: DType, x_dtype: DType, widened: bool = False,
+                       cos: bool = False) -> tuple[UOp, UOp, list[UOp], frozenset[Ops]] | None:
   """The template for `op` (see _templates); `widened`: the input is a float32 value cast to float64 (the
-  placeholder then stands for the float32 value)."""
-  key = (op, dtype, x_dtype, widened)
+  placeholder then stands for the float32 value); `cos`: the input is pi/2 - y (the placeholder stands for y)."""
+  key = (op, dtype, x_dtype, widened, cos)
   if key in _templates: return _templates[key]
   placeholder = UOp(Ops.DEFINE_VAR, dtypes.float32 if widened else x_dtype, (), ("software math input", 0, 0))
   x = placeholder.cast(dtypes.float64) if widened else placeholder
+  if cos: x = UOp(Ops.SUB, dtypes.float64, (const(dtypes.float64, COS_SHIFT), x))
   result = software_transcendental(UOp(op, dtype, (x,)), x)
   template = None
   if result is not None:
@@ -428,10 +445,13 @@ def _software_rewrite(sink: UOp, nodes: list[UOp]) -> tuple[UOp, set[Ops]] | Non
     src = tuple(map(get, u.src, u.src))
     new = u if src == u.src else UOp(u.op, u.dtype, src, u.arg)
     if u.op in SOFTWARE and (u.dtype in FORMATS or dtypes.is_float(u.dtype)):   # (others: the rule leaves them)
-      widened = u.op is Ops.SIN and is_widened_float32(src[0])
-      if (template := _software_template(u.op, u.dtype, src[0].dtype, widened)) is None: return None
+      x = src[0]
+      cos_y = cos_argument(x) if u.op is Ops.SIN else None
+      if cos_y is not None: x = cos_y
+      widened = u.op is Ops.SIN and is_widened_float32(x)
+      if (template := _software_template(u.op, u.dtype, x.dtype, widened, cos_y is not None)) is None: return None
       placeholder, result, dependents, ops = template
-      copy = {placeholder: src[0].src[0] if widened else src[0]}
+      copy = {placeholder: x.src[0] if widened else x}
       copy_get = copy.get
       for t in dependents: copy[t] = UOp(t.op, t.dtype, tuple(map(copy_get, t.src, t.src)), t.arg)
       new = copy[result]

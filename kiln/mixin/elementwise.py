@@ -154,14 +154,30 @@ class ElementwiseMixin:
     cos_from_half = (cos_once - once) * (cos_once + once)
     return huge.where(twice, once), huge.where(cos_from_half, cos_once)
 
+  def _software_sin_cos(self) -> tuple[Tensor, Tensor] | None:
+    """(sin(x), cos(x)) in float64 for a float32/float64 tensor on a device with kiln's software sin, else None.
+
+    cos(y) is written as SIN(pi/2 - y) in float64, which software math evaluates as cos(y) itself: y's reduction
+    with the quadrant moved by one, nothing rounded (kiln/codegen/transcendental.py `cos_argument`); a sin and a cos
+    of one input share their reduction. float32 is widened: those sines are reduced as float32 and returned in
+    float64 unrounded. (Elsewhere that graph means sin of the rounded pi/2 - y, tinygrad's cos: good to about
+    1e-16 * |y| absolute, so the native formula of _sin_cos is used there.)"""
+    from kiln.device import Device
+    from kiln.codegen.transcendental import COS_SHIFT, wants_software_math
+    if not isinstance(self.device, str) or not wants_software_math(Device[self.device].renderer): return None
+    wide = self.detach().cast(dtypes.float64)   # (the custom backward rules give the gradients)
+    return wide.sin(), (COS_SHIFT - wide).sin()
+
   def _cos_accurate(self) -> Tensor:
-    """cos(x) for a float32/float64 tensor (see _sin_cos), gradient -sin(x)."""
-    value = self._sin_cos()[1].cast(self.dtype)
+    """cos(x) for a float32/float64 tensor (see _software_sin_cos and _sin_cos), gradient -sin(x)."""
+    pair = self._software_sin_cos()
+    value = (pair or self._sin_cos())[1].cast(self.dtype)
     return self._wrap(custom_backward(value.uop, (self.uop,), "cos", ()), "cos")
 
   def _tan_accurate(self) -> Tensor:
-    """tan(x) = sin(x) / cos(x) for a float32/float64 tensor, both from _sin_cos, gradient 1 + tan(x)**2."""
-    sine, cosine = self._sin_cos()
+    """tan(x) = sin(x) / cos(x) for a float32/float64 tensor, from _software_sin_cos or _sin_cos, gradient
+    1 + tan(x)**2."""
+    sine, cosine = self._software_sin_cos() or self._sin_cos()
     value = (sine / cosine).cast(self.dtype)
     return self._wrap(custom_backward(value.uop, (self.uop,), "tan", ()), "tan")
 

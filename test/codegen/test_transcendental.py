@@ -227,3 +227,45 @@ def test_sin_of_widened_float32_is_float64_accurate():
   relative = np.where(expected == got, 0, relative)
   worst = int(np.argmax(relative))
   assert relative.max() <= 2.0 ** -45, f"sin(float64({xs[worst]!r})) = {got[worst]!r}, NumPy {expected[worst]!r}"
+
+def _cos_graph(dtype: DType) -> tuple[UOp, UOp]:
+  """(leaf, SIN(pi/2 - y)) with y the leaf in float64 (a float32 leaf widened): cos(y) as kiln writes it."""
+  from kiln.codegen.transcendental import COS_SHIFT
+  leaf = UOp.variable("x", 0, 0, dtype)
+  y = leaf.cast(dtypes.float64) if dtype == dtypes.float32 else leaf
+  return leaf, UOp(Ops.SIN, dtypes.float64, (UOp(Ops.SUB, dtypes.float64, (UOp.const(dtypes.float64, COS_SHIFT), y)),))
+
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float64], ids=str)
+def test_cos_is_sin_with_the_quadrant_moved(dtype):
+  # SIN(pi/2 - y) is evaluated as cos(y) from y's own reduction: relative accuracy near the zeros of cos, where
+  # rounding pi/2 - y would lose every bit, and at huge |y|
+  import mpmath
+  from kiln.codegen.transcendental import _software_rewrite
+  np_dtype = np.float32 if dtype == dtypes.float32 else np.float64
+  huge = [1e22, 3e38, 16367173 * 2.0 ** 72] + ([6381956970095103 * 2.0 ** 797, 1e300] if dtype == dtypes.float64 else [])
+  xs = np.concatenate([np.random.default_rng(7).uniform(-100, 100, 3000), np.arange(-300, 300) * (np.pi / 2), huge,
+                       [0.0, -0.0, np.inf, -np.inf, np.nan]]).astype(np_dtype)
+  leaf, node = _cos_graph(dtype)
+  graph = graph_rewrite(node, software_math)
+  assert not any(u.op is Ops.SIN for u in toposort([graph]))
+  assert _software_rewrite(node, toposort([node]))[0] is graph   # the template path builds the same graph
+  got = evaluate(graph, {leaf: xs})
+  exact = np.array([float(mpmath.cos(mpmath.mpf(float(v)))) if np.isfinite(v) else np.nan for v in xs])
+  with np.errstate(all="ignore"):
+    relative = np.where(np.isnan(got) & np.isnan(exact), 0, np.abs(got - exact) / np.abs(exact))
+  worst = int(np.argmax(relative))
+  # float32 inputs: the float64 result feeds one rounding to float32; float64: within 1 ulp
+  bound = 2.0 ** -40 if dtype == dtypes.float32 else 2.0 ** -52
+  assert relative.max() <= bound, f"cos({xs[worst]!r}) = {got[worst]!r}, exact {exact[worst]!r}"
+
+def test_sin_and_cos_of_one_input_share_the_reduction():
+  # tan = sin/cos: both come from one reduction (the templates share their placeholder, so the copies hash-cons)
+  from kiln.codegen.transcendental import _software_rewrite
+  for dtype in (dtypes.float32, dtypes.float64):
+    leaf, cos_node = _cos_graph(dtype)
+    sin_node = UOp(Ops.SIN, dtypes.float64, (cos_node.src[0].src[1],))
+    def uint64_products(node: UOp) -> int:
+      rewritten = _software_rewrite(node, toposort([node]))[0]
+      return sum(u.op is Ops.MUL and u.dtype == dtypes.uint64 for u in toposort([rewritten]))
+    alone, both = uint64_products(sin_node), uint64_products(sin_node / cos_node)
+    assert alone > 0 and both == alone, f"{dtype}: {alone} uint64 products for sin, {both} for sin/cos"
