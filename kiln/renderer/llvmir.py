@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Callable
 from kiln.dtype import DType, dtypes, truncate, FP8_VALUES
 from kiln.renderer import Renderer, kernel_signature, kernel_function_name
-from kiln.renderer.cstyle import EXACT_FLOAT_OPS, check_alu_dtypes
+from kiln.renderer.cstyle import (EXACT_FLOAT_OPS, SCRATCH_HEADER_BYTES, CRenderer, check_alu_dtypes, chunks_symbol,
+                                  scratch_symbol, task_symbol, thread_plan, work_symbol)
 from kiln.uop.ops import UOp, Ops, GroupOp
 
 SMALL_FLOATS = (dtypes.float16, dtypes.bfloat16, *dtypes.fp8s)   # stored as bits, computed in float
@@ -186,6 +187,46 @@ def fp8_helpers(dtype: DType) -> str:
 HELPER_GROUPS = {dtypes.bfloat16: "bf16", dtypes.float16: "half", **{dt: dt.name for dt in dtypes.fp8s}}
 
 # ---------------- ALU and conversions ----------------
+# Vector uops (kiln/codegen/vectorize.py) are rendered as LLVM vector types, `<8 x float>`, with bool lanes as i1
+# (what a vector compare gives and a vector select takes), so every handler below types its operands with ll_type.
+
+def ll_type(dtype: DType) -> str:
+  """The LLVM type a value of `dtype` is computed in: a scalar type, or `<n x T>` for a vector dtype."""
+  if dtype.count > 1: return f"<{dtype.count} x {VALUE_TYPES[dtype.scalar]}>"
+  return VALUE_TYPES[dtype]
+
+def ll_const(value, dtype: DType) -> str:
+  """A literal of `dtype` (rounded to it): for a vector dtype, `value` in every lane, or one value per lane (tuple)."""
+  if dtype.count == 1: return render_llvm_const(value, dtype)
+  lanes = value if isinstance(value, tuple) else (value,) * dtype.count
+  lane_type = VALUE_TYPES[dtype.scalar]
+  return "<" + ", ".join(f"{lane_type} {render_llvm_const(v, dtype.scalar)}" for v in lanes) + ">"
+
+def _like(dtype: DType, scalar: DType) -> DType:
+  """`scalar` with as many lanes as `dtype` (a conversion's or a comparison's result type)."""
+  return scalar.vec(dtype.count) if dtype.count > 1 else scalar
+
+def _const_lanes(u: UOp) -> tuple | None:
+  """The lane values of a scalar or vector CONST, else None."""
+  if u.op is not Ops.CONST: return None
+  return tuple(u.arg) if u.dtype.count > 1 else (u.arg,)
+
+def _element_offset(index: UOp) -> tuple[UOp | None, int]:
+  """`base + c` -> (base, c); a constant index -> (None, c); anything else -> (index, 0)."""
+  if index.op is Ops.CONST and isinstance(index.arg, int): return None, index.arg
+  if index.op is Ops.ADD:
+    for base, offset in (index.src, index.src[::-1]):
+      if offset.op is Ops.CONST and isinstance(offset.arg, int): return base, offset.arg
+  return index, 0
+
+def _gated_row(u: UOp) -> bool:
+  """Whether VECTORIZE `u` gathers gated 32-bit loads of consecutive elements of one buffer (one masked load)."""
+  first = u.src[0]
+  if first.op is not Ops.LOAD or len(first.src) != 3 or first.dtype not in (dtypes.float32, dtypes.int32,
+                                                                            dtypes.uint32): return False
+  if any(s.op is not Ops.LOAD or len(s.src) != 3 or s.src[0] is not first.src[0] for s in u.src): return False
+  parts = [_element_offset(s.src[1]) for s in u.src]
+  return all(base is parts[0][0] and offset == parts[0][1] + k for k, (base, offset) in enumerate(parts))
 
 def _float_suffix(dtype: DType) -> str: return "f64" if dtype == dtypes.float64 else "f32"
 
@@ -198,99 +239,103 @@ def _intrinsic(name: str) -> Callable[[_LLVMKernelWriter, UOp, list[str]], str]:
 
 def _no_signed_wrap(u: UOp) -> bool:
   """Whether value ranges prove a signed integer op cannot overflow (then `nsw` helps LLVM vectorize indexing)."""
-  if not _is_signed(u.dtype): return False
+  if u.dtype.count > 1 or not _is_signed(u.dtype): return False   # vector uops carry no value ranges of their lanes
   try: lo, hi = u.vmin, u.vmax
   except Exception: return False
   return (lo, hi) != (dtypes.min(u.dtype), dtypes.max(u.dtype))   # value ranges give the full range on overflow
 
 def _arith(int_op: str, float_op: str, bool_op: str) -> Callable[[_LLVMKernelWriter, UOp, list[str]], str]:
   def render(w: _LLVMKernelWriter, u: UOp, a: list[str]) -> str:
-    ty = VALUE_TYPES[u.dtype]
-    if dtypes.is_float(u.dtype): return w.inst(f"{float_op} {ty} {a[0]}, {a[1]}")
-    if u.dtype == dtypes.bool: return w.inst(f"{bool_op} i1 {a[0]}, {a[1]}")
+    ty, lane = ll_type(u.dtype), u.dtype.scalar
+    if dtypes.is_float(lane): return w.inst(f"{float_op} {ty} {a[0]}, {a[1]}")
+    if lane == dtypes.bool: return w.inst(f"{bool_op} {ty} {a[0]}, {a[1]}")
     flags = " nsw" if _no_signed_wrap(u) else ""
     return w.inst(f"{int_op}{flags} {ty} {a[0]}, {a[1]}")
   return render
 
 def _bitwise(op: str) -> Callable[[_LLVMKernelWriter, UOp, list[str]], str]:
-  return lambda w, u, a: w.inst(f"{op} {VALUE_TYPES[u.dtype]} {a[0]}, {a[1]}")
+  return lambda w, u, a: w.inst(f"{op} {ll_type(u.dtype)} {a[0]}, {a[1]}")
 
 def _compare(signed: str, unsigned: str, ordered_float: str) -> Callable[[_LLVMKernelWriter, UOp, list[str]], str]:
   def render(w: _LLVMKernelWriter, u: UOp, a: list[str]) -> str:
     operand = u.src[0].dtype
-    ty = VALUE_TYPES[operand]
-    if dtypes.is_float(operand): return w.inst(f"fcmp {ordered_float} {ty} {a[0]}, {a[1]}")
-    return w.inst(f"icmp {signed if _is_signed(operand) else unsigned} {ty} {a[0]}, {a[1]}")
+    ty, lane = ll_type(operand), operand.scalar
+    if dtypes.is_float(lane): return w.inst(f"fcmp {ordered_float} {ty} {a[0]}, {a[1]}")
+    return w.inst(f"icmp {signed if _is_signed(lane) else unsigned} {ty} {a[0]}, {a[1]}")
   return render
 
 def _is_safe_divisor(u: UOp) -> bool:
-  """A constant divisor that can neither be 0 nor -1, so the division needs no guard."""
-  return u.op is Ops.CONST and u.arg not in (0, -1)
+  """A constant divisor (every lane of a vector one) that can neither be 0 nor -1, so the division needs no guard."""
+  lanes = _const_lanes(u)
+  return lanes is not None and all(v not in (0, -1) for v in lanes)
 
 def _int_division(w: _LLVMKernelWriter, u: UOp, a: list[str], remainder: bool) -> str:
   """Truncating division or remainder; a zero divisor gives 0, `x // -1` is `-x` (wrapping), `x % -1` is 0."""
-  ty, signed = VALUE_TYPES[u.dtype], _is_signed(u.dtype)
+  ty, signed, mask = ll_type(u.dtype), _is_signed(u.dtype.scalar), ll_type(_like(u.dtype, dtypes.bool))
   op = ("srem" if signed else "urem") if remainder else ("sdiv" if signed else "udiv")
-  if _is_safe_divisor(u.src[1]) and (signed or u.src[1].arg > 0): return w.inst(f"{op} {ty} {a[0]}, {a[1]}")
-  is_zero = w.inst(f"icmp eq {ty} {a[1]}, 0")
+  if _is_safe_divisor(u.src[1]) and (signed or all(v > 0 for v in _const_lanes(u.src[1]) or ())):
+    return w.inst(f"{op} {ty} {a[0]}, {a[1]}")
+  zero, one = ll_const(0, u.dtype), ll_const(1, u.dtype)
+  is_zero = w.inst(f"icmp eq {ty} {a[1]}, {zero}")
   if not signed:
-    divisor = w.inst(f"select i1 {is_zero}, {ty} 1, {ty} {a[1]}")
+    divisor = w.inst(f"select {mask} {is_zero}, {ty} {one}, {ty} {a[1]}")
     result = w.inst(f"{op} {ty} {a[0]}, {divisor}")
-    return w.inst(f"select i1 {is_zero}, {ty} 0, {ty} {result}")
-  is_minus_one = w.inst(f"icmp eq {ty} {a[1]}, -1")
-  unsafe = w.inst(f"or i1 {is_zero}, {is_minus_one}")
-  divisor = w.inst(f"select i1 {unsafe}, {ty} 1, {ty} {a[1]}")
+    return w.inst(f"select {mask} {is_zero}, {ty} {zero}, {ty} {result}")
+  is_minus_one = w.inst(f"icmp eq {ty} {a[1]}, {ll_const(-1, u.dtype)}")
+  unsafe = w.inst(f"or {mask} {is_zero}, {is_minus_one}")
+  divisor = w.inst(f"select {mask} {unsafe}, {ty} {one}, {ty} {a[1]}")
   result = w.inst(f"{op} {ty} {a[0]}, {divisor}")   # dividing by 1 gives x, and x % 1 gives 0: right for -1 too
-  if remainder: return w.inst(f"select i1 {is_zero}, {ty} 0, {ty} {result}")
-  negated = w.inst(f"sub {ty} 0, {a[0]}")
-  by_minus_one = w.inst(f"select i1 {is_minus_one}, {ty} {negated}, {ty} {result}")
-  return w.inst(f"select i1 {is_zero}, {ty} 0, {ty} {by_minus_one}")
+  if remainder: return w.inst(f"select {mask} {is_zero}, {ty} {zero}, {ty} {result}")
+  negated = w.inst(f"sub {ty} {zero}, {a[0]}")
+  by_minus_one = w.inst(f"select {mask} {is_minus_one}, {ty} {negated}, {ty} {result}")
+  return w.inst(f"select {mask} {is_zero}, {ty} {zero}, {ty} {by_minus_one}")
 
 def _idiv(w: _LLVMKernelWriter, u: UOp, a: list[str]) -> str: return _int_division(w, u, a, remainder=False)
 
 def _mod(w: _LLVMKernelWriter, u: UOp, a: list[str]) -> str:
-  if dtypes.is_float(u.dtype): return w.inst(f"frem {VALUE_TYPES[u.dtype]} {a[0]}, {a[1]}")   # frem is C's fmod
+  if dtypes.is_float(u.dtype.scalar): return w.inst(f"frem {ll_type(u.dtype)} {a[0]}, {a[1]}")   # frem is C's fmod
   return _int_division(w, u, a, remainder=True)
 
 def _max(w: _LLVMKernelWriter, u: UOp, a: list[str]) -> str:
-  ty = VALUE_TYPES[u.dtype]
-  if u.dtype == dtypes.bool: return w.inst(f"or i1 {a[0]}, {a[1]}")
-  if dtypes.is_float(u.dtype):   # (a != a || a > b) ? a : b, as the C code
+  ty, lane, mask = ll_type(u.dtype), u.dtype.scalar, ll_type(_like(u.dtype, dtypes.bool))
+  if lane == dtypes.bool: return w.inst(f"or {ty} {a[0]}, {a[1]}")
+  if dtypes.is_float(lane):   # (a != a || a > b) ? a : b, as the C code
     is_nan = w.inst(f"fcmp uno {ty} {a[0]}, {a[0]}")
     greater = w.inst(f"fcmp ogt {ty} {a[0]}, {a[1]}")
-    take_first = w.inst(f"or i1 {is_nan}, {greater}")
-  else: take_first = w.inst(f"icmp {'sgt' if _is_signed(u.dtype) else 'ugt'} {ty} {a[0]}, {a[1]}")
-  return w.inst(f"select i1 {take_first}, {ty} {a[0]}, {ty} {a[1]}")
+    take_first = w.inst(f"or {mask} {is_nan}, {greater}")
+  else: take_first = w.inst(f"icmp {'sgt' if _is_signed(lane) else 'ugt'} {ty} {a[0]}, {a[1]}")
+  return w.inst(f"select {mask} {take_first}, {ty} {a[0]}, {ty} {a[1]}")
 
 def _shift(w: _LLVMKernelWriter, u: UOp, a: list[str]) -> str:
   """A shift by any count, as the PYTHON reference does it: bits shifted past the width are gone (a count >= the width
   gives 0, or the sign for an arithmetic right shift) instead of LLVM's poison."""
-  ty, width = VALUE_TYPES[u.dtype], u.dtype.bitsize
-  op = "shl" if u.op is Ops.SHL else ("ashr" if _is_signed(u.dtype) else "lshr")
-  if u.src[1].op is Ops.CONST and 0 <= u.src[1].arg < width: return w.inst(f"{op} {ty} {a[0]}, {a[1]}")
-  too_far = w.inst(f"icmp uge {ty} {a[1]}, {width}")
-  count = w.inst(f"select i1 {too_far}, {ty} {width - 1}, {ty} {a[1]}")
+  ty, width, mask = ll_type(u.dtype), u.dtype.scalar.bitsize, ll_type(_like(u.dtype, dtypes.bool))
+  op = "shl" if u.op is Ops.SHL else ("ashr" if _is_signed(u.dtype.scalar) else "lshr")
+  counts = _const_lanes(u.src[1])
+  if counts is not None and all(0 <= c < width for c in counts): return w.inst(f"{op} {ty} {a[0]}, {a[1]}")
+  too_far = w.inst(f"icmp uge {ty} {a[1]}, {ll_const(width, u.dtype)}")
+  count = w.inst(f"select {mask} {too_far}, {ty} {ll_const(width - 1, u.dtype)}, {ty} {a[1]}")
   shifted = w.inst(f"{op} {ty} {a[0]}, {count}")
-  return shifted if op == "ashr" else w.inst(f"select i1 {too_far}, {ty} 0, {ty} {shifted}")
+  return shifted if op == "ashr" else w.inst(f"select {mask} {too_far}, {ty} {ll_const(0, u.dtype)}, {ty} {shifted}")
 
 def _recip(w: _LLVMKernelWriter, u: UOp, a: list[str]) -> str:
-  return w.inst(f"fdiv {VALUE_TYPES[u.dtype]} {float_literal(1.0)}, {a[0]}")
+  return w.inst(f"fdiv {ll_type(u.dtype)} {ll_const(1.0, u.dtype)}, {a[0]}")
 
 def _neg(w: _LLVMKernelWriter, u: UOp, a: list[str]) -> str:
-  if dtypes.is_float(u.dtype): return w.inst(f"fneg {VALUE_TYPES[u.dtype]} {a[0]}")
-  if u.dtype == dtypes.bool: return a[0]
-  return w.inst(f"sub {VALUE_TYPES[u.dtype]} 0, {a[0]}")
+  if dtypes.is_float(u.dtype.scalar): return w.inst(f"fneg {ll_type(u.dtype)} {a[0]}")
+  if u.dtype.scalar == dtypes.bool: return a[0]
+  return w.inst(f"sub {ll_type(u.dtype)} {ll_const(0, u.dtype)}, {a[0]}")
 
 def _trunc(w: _LLVMKernelWriter, u: UOp, a: list[str]) -> str:
   return _intrinsic("trunc")(w, u, a) if dtypes.is_float(u.dtype) else a[0]
 
 def _where(w: _LLVMKernelWriter, u: UOp, a: list[str]) -> str:
-  ty = VALUE_TYPES[u.dtype]
-  return w.inst(f"select i1 {a[0]}, {ty} {a[1]}, {ty} {a[2]}")
+  ty = ll_type(u.dtype)
+  return w.inst(f"select {ll_type(u.src[0].dtype)} {a[0]}, {ty} {a[1]}, {ty} {a[2]}")
 
 def _int_to_float(w: _LLVMKernelWriter, x: str, src: DType, to_type: str) -> str:
-  op = "sitofp" if _is_signed(src) else "uitofp"
-  return w.inst(f"{op} {VALUE_TYPES[src]} {x} to {to_type}")
+  op = "sitofp" if _is_signed(src.scalar) else "uitofp"
+  return w.inst(f"{op} {ll_type(src)} {x} to {to_type}")
 
 def _to_double(w: _LLVMKernelWriter, x: str, src: DType) -> str:
   """Any non-bool value as a double (exact for floats; integers rounded as C's (double) cast)."""
@@ -299,50 +344,53 @@ def _to_double(w: _LLVMKernelWriter, x: str, src: DType) -> str:
   return _int_to_float(w, x, src, "double")
 
 def _to_float(w: _LLVMKernelWriter, x: str, src: DType) -> str:
-  """Any non-bool value as a float (C's (float) cast)."""
-  if src == dtypes.float64: return w.inst(f"fptrunc double {x} to float")
-  if dtypes.is_float(src): return x
-  return _int_to_float(w, x, src, "float")
+  """Any non-bool value (or vector of them) as float lanes (C's (float) cast)."""
+  if src.scalar == dtypes.float64: return w.inst(f"fptrunc {ll_type(src)} {x} to {ll_type(_like(src, dtypes.float32))}")
+  if dtypes.is_float(src.scalar): return x
+  return _int_to_float(w, x, src, ll_type(_like(src, dtypes.float32)))
 
 def _float_to_int(w: _LLVMKernelWriter, x: str, src: DType, dst: DType) -> str:
   """C's float -> integer conversion as compiled for x86-64: truncation through a 32- or 64-bit conversion whose
-  out-of-range (and NaN) result is the 'integer indefinite' value, then wrapped to `dst` (see _f2i in python.py)."""
-  fty = VALUE_TYPES[src]
-  wide = 64 if dst.bitsize == 64 or dst == dtypes.uint32 else 32
+  out-of-range (and NaN) result is the 'integer indefinite' value, then wrapped to `dst` (see _f2i in python.py).
+  Vector lanes convert the same way, lane by lane."""
+  fty, mask = ll_type(src), ll_type(_like(src, dtypes.bool))
+  wide = 64 if dst.scalar.bitsize == 64 or dst.scalar == dtypes.uint32 else 32
+  wide_dtype = _like(src, dtypes.int64 if wide == 64 else dtypes.int32)
+  wty = ll_type(wide_dtype)
   low, high, indefinite = -(2.0 ** (wide - 1)), 2.0 ** (wide - 1), -(1 << (wide - 1))
-  in_range = w.inst(f"and i1 {w.inst(f'fcmp oge {fty} {x}, {float_literal(low)}')}, "
-                    f"{w.inst(f'fcmp olt {fty} {x}, {float_literal(high)}')}")
-  converted = w.inst(f"fptosi {fty} {x} to i{wide}")   # poison when out of range, but then not selected
-  fallback = str(indefinite)
+  in_range = w.inst(f"and {mask} {w.inst(f'fcmp oge {fty} {x}, {ll_const(low, src)}')}, "
+                    f"{w.inst(f'fcmp olt {fty} {x}, {ll_const(high, src)}')}")
+  converted = w.inst(f"fptosi {fty} {x} to {wty}")   # poison when out of range, but then not selected
+  fallback = ll_const(indefinite, wide_dtype)
   if dst == dtypes.uint64:   # [2**63, 2**64) converts through the unsigned instruction sequence
     unsigned_range = w.inst(f"and i1 {w.inst(f'fcmp oge {fty} {x}, {float_literal(0.0)}')}, "
                             f"{w.inst(f'fcmp olt {fty} {x}, {float_literal(2.0 ** 64)}')}")
     unsigned = w.inst(f"fptoui {fty} {x} to i64")
     fallback = w.inst(f"select i1 {unsigned_range}, i64 {unsigned}, i64 {indefinite}")
-  result = w.inst(f"select i1 {in_range}, i{wide} {converted}, i{wide} {fallback}")
-  return result if dst.bitsize == wide else w.inst(f"trunc i{wide} {result} to {VALUE_TYPES[dst]}")
+  result = w.inst(f"select {mask} {in_range}, {wty} {converted}, {wty} {fallback}")
+  return result if dst.scalar.bitsize == wide else w.inst(f"trunc {wty} {result} to {ll_type(dst)}")
 
 def _cast(w: _LLVMKernelWriter, u: UOp, a: list[str]) -> str:
   src, dst, x = u.src[0].dtype, u.dtype, a[0]
   if src == dst: return x
-  sty, dty = VALUE_TYPES[src], VALUE_TYPES[dst]
-  if dst == dtypes.bool:
-    if dtypes.is_float(src): return w.inst(f"fcmp une {sty} {x}, {float_literal(0.0)}")
-    return w.inst(f"icmp ne {sty} {x}, 0")
-  if src == dtypes.bool:
-    return w.inst(f"zext i1 {x} to {dty}") if dtypes.is_int(dst) else w.inst(f"uitofp i1 {x} to {dty}")
+  sty, dty, source, target = ll_type(src), ll_type(dst), src.scalar, dst.scalar
+  if target == dtypes.bool:
+    if dtypes.is_float(source): return w.inst(f"fcmp une {sty} {x}, {ll_const(0.0, src)}")
+    return w.inst(f"icmp ne {sty} {x}, {ll_const(0, src)}")
+  if source == dtypes.bool:
+    return w.inst(f"zext {sty} {x} to {dty}") if dtypes.is_int(target) else w.inst(f"uitofp {sty} {x} to {dty}")
   if dst in dtypes.fp8s: return w.call(f"kiln_{dst.name}_round", "float", [("double", _to_double(w, x, src))])
   if dst == dtypes.bfloat16: return w.call("kiln_bf16_round", "float", [("float", _to_float(w, x, src))])
   if dst == dtypes.float16:
     if dtypes.is_float(src) and src != dtypes.float64: return w.call("kiln_half_round_f", "float", [("float", x)])
     return w.call("kiln_half_round_d", "float", [("double", _to_double(w, x, src))])
-  if dtypes.is_int(dst):
-    if dtypes.is_float(src): return _float_to_int(w, x, src, dst)
-    if src.bitsize == dst.bitsize: return x
-    if src.bitsize > dst.bitsize: return w.inst(f"trunc {sty} {x} to {dty}")
-    return w.inst(f"{'sext' if _is_signed(src) else 'zext'} {sty} {x} to {dty}")
+  if dtypes.is_int(target):
+    if dtypes.is_float(source): return _float_to_int(w, x, src, dst)
+    if source.bitsize == target.bitsize: return x
+    if source.bitsize > target.bitsize: return w.inst(f"trunc {sty} {x} to {dty}")
+    return w.inst(f"{'sext' if _is_signed(source) else 'zext'} {sty} {x} to {dty}")
   if dst == dtypes.float64: return _to_double(w, x, src)
-  return _to_float(w, x, src)   # float32
+  return _to_float(w, x, src)   # float32 (lanes)
 
 def _to_storage(w: _LLVMKernelWriter, x: str, dtype: DType) -> str:
   """A value of `dtype` as the bits it is stored as (bool as a byte, small floats as their bit patterns)."""
@@ -362,8 +410,9 @@ def _from_storage(w: _LLVMKernelWriter, bits: str, dtype: DType) -> str:
 
 def _bitcast(w: _LLVMKernelWriter, u: UOp, a: list[str]) -> str:
   src, dst = u.src[0].dtype, u.dtype
-  if dtypes.bool in (src, dst) or src.itemsize != dst.itemsize:
+  if dtypes.bool in (src.scalar, dst.scalar) or src.itemsize != dst.itemsize:
     raise TypeError(f"LLVMRenderer: cannot BITCAST {src} to {dst} (sizes must match and bool is not allowed)")
+  if src.count > 1: return w.inst(f"bitcast {ll_type(src)} {a[0]} to {ll_type(dst)}")   # 32-bit lanes: stored as is
   bits, sty, dty = _to_storage(w, a[0], src), STORAGE_TYPES[src], STORAGE_TYPES[dst]
   if sty != dty: bits = w.inst(f"bitcast {sty} {bits} to {dty}")
   return _from_storage(w, bits, dst)
@@ -371,7 +420,7 @@ def _bitcast(w: _LLVMKernelWriter, u: UOp, a: list[str]) -> str:
 # Op -> function(writer, uop, operand values) -> the result value (float16/bfloat16/fp8 operands are floats)
 LLVM_EXPRESSIONS: dict[Ops, Callable[[_LLVMKernelWriter, UOp, list[str]], str]] = {
   Ops.ADD: _arith("add", "fadd", "or"), Ops.SUB: _arith("sub", "fsub", "xor"), Ops.MUL: _arith("mul", "fmul", "and"),
-  Ops.FDIV: lambda w, u, a: w.inst(f"fdiv {VALUE_TYPES[u.dtype]} {a[0]}, {a[1]}"), Ops.IDIV: _idiv, Ops.MOD: _mod,
+  Ops.FDIV: lambda w, u, a: w.inst(f"fdiv {ll_type(u.dtype)} {a[0]}, {a[1]}"), Ops.IDIV: _idiv, Ops.MOD: _mod,
   Ops.MAX: _max, Ops.CMPLT: _compare("slt", "ult", "olt"), Ops.CMPNE: _compare("ne", "ne", "une"),
   Ops.CMPEQ: _compare("eq", "eq", "oeq"), Ops.AND: _bitwise("and"), Ops.OR: _bitwise("or"),
   Ops.XOR: _bitwise("xor"), Ops.SHL: _shift, Ops.SHR: _shift, Ops.POW: _intrinsic("pow"),
@@ -381,14 +430,22 @@ LLVM_EXPRESSIONS: dict[Ops, Callable[[_LLVMKernelWriter, UOp, list[str]], str]] 
 }
 
 class LLVMRenderer(Renderer):
-  """Renders a linearized kernel as `define void @name(ptr noalias %data0, ..., i32 %var0)` in LLVM IR text."""
+  """Renders a linearized kernel as `define void @name(ptr noalias %data0, ..., i32 %var0, ..., i32 %kiln_tid,
+  i32 %kiln_nthreads)` in LLVM IR text, with the C renderer's thread entry points (see `thread plans` below)."""
   device = "LLVM"
   has_local = False
+  # as in the C renderer: llvm.exp2/log2/sin become scalar libm calls the loop vectorizer cannot widen, kiln's
+  # software versions (<= 1 ulp, docs/transcendental.md) vectorize with the rest of the loop
+  has_native_transcendentals = False
   packs_matmul_operands = True   # kiln/schedule/pack.py: matmul 1024 76 -> 91, 2048 60 -> 71 GFLOP/s (2-core EPYC)
+  # the same SLP vectorizer and thread plan as the C renderer, checked the same way (see CRenderer.vectorize)
+  vectorize = CRenderer.vectorize
 
   def render(self, name: str, uops: list[UOp]) -> str:
     """The LLVM IR module of function `name` (see the module docstring for the semantics)."""
-    return _LLVMKernelWriter(kernel_function_name(name), uops).write()
+    writer = _LLVMKernelWriter(kernel_function_name(name), uops)
+    try: return writer.write()
+    finally: writer.statements.clear()   # its own bound methods: a reference cycle, broken so refcounting frees it
 
 @dataclass
 class _Loop:
@@ -398,24 +455,40 @@ class _Loop:
   label: str
   entry_block: str
   phi_line: int
+  start: str
 
 class _LLVMKernelWriter:
-  """Walks one uop list, naming SSA values, opening blocks for loops and gates, and emitting instructions."""
+  """Walks one uop list, naming SSA values, opening blocks for loops and gates, and emitting instructions.
+
+  Thread plans (kiln/codegen/parallel.py, as the C renderer has them, kiln/renderer/cstyle.py "Threads"): a split
+  outermost loop runs only the iterations of chunk `%kiln_tid` of `%kiln_nthreads`, and the module also defines
+  `<name>_task(ptr bufs, ptr vals, i32 chunk, i32 nchunks)` and `@<name>_work` for the thread pool. A split reduction
+  is rendered as `<name>_part` (one chunk's partials into a scratch buffer) and `<name>_finish` (the partials
+  combined in chunk order, then the epilogue); the kernel runs every chunk and then finishes, and `<name>_task` runs
+  one chunk with the scratch after the buffers (`@<name>_chunks`, `@<name>_scratch`), the last chunk to end finishing.
+  """
   def __init__(self, name: str, uops: list[UOp]):
     self.name, self.uops = name, uops
+    self.counter = 0
+    self.declarations: dict[str, str] = {}
+    self.helpers: dict[str, None] = {}
+    self.parallel, self.reduction = thread_plan(uops)
+    self.mode = "kernel"   # which function of a split reduction is being written: "part", "finish" (else "kernel")
+    self.begin_function()
+    self.statements: dict[Ops, Callable[[UOp], None]] = {
+      Ops.RANGE: self._range, Ops.ENDRANGE: self._endrange, Ops.LOAD: self._load, Ops.STORE: self._store,
+      Ops.DEFINE_ACC: self._define_acc, Ops.ASSIGN: self._assign,
+      **{op: self._nothing for op in (Ops.CONST, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.SINK, Ops.GEP,
+                                      Ops.VECTORIZE)}}
+
+  def begin_function(self) -> None:
+    """Forget the values of the previous function of the module (each function computes its own)."""
     self.values: dict[UOp, str] = {}
     self.accumulators: dict[UOp, str] = {}   # DEFINE_ACC (and ASSIGN to it) -> its alloca
     self.lines: list[str] = []
     self.allocas: list[str] = []
     self.loops: list[_Loop] = []
     self.block = "entry"
-    self.counter = 0
-    self.declarations: dict[str, str] = {}
-    self.helpers: dict[str, None] = {}
-    self.statements: dict[Ops, Callable[[UOp], None]] = {
-      Ops.RANGE: self._range, Ops.ENDRANGE: self._endrange, Ops.LOAD: self._load, Ops.STORE: self._store,
-      Ops.DEFINE_ACC: self._define_acc, Ops.ASSIGN: self._assign,
-      **{op: self._nothing for op in (Ops.CONST, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.SINK)}}
 
   # ---- values and instructions ----
   def fresh(self, prefix: str) -> str:
@@ -445,16 +518,51 @@ class _LLVMKernelWriter:
     self.helpers[function.split("_")[1]] = None
 
   def value(self, u: UOp) -> str:
-    """The LLVM operand that reads `u` at this point of the kernel (an accumulator is loaded here)."""
-    if u.op is Ops.CONST: return render_llvm_const(u.arg, u.dtype)
+    """The LLVM operand that reads `u` at this point of the kernel (an accumulator is loaded here, and a lane of a
+    vector or a vector of scalars is formed here, as the C renderer reads them where they are used)."""
+    if u.op is Ops.CONST: return ll_const(u.arg, u.dtype)
     if u.op is Ops.DEFINE_GLOBAL: return f"%data{u.arg}"
-    if u in self.accumulators: return self.inst(f"load {VALUE_TYPES[u.dtype]}, ptr {self.accumulators[u]}", "%acc")
+    if u.op is Ops.GEP: return self.inst(f"extractelement {ll_type(u.src[0].dtype)} {self.value(u.src[0])}, i32 {u.arg}")
+    if u.op is Ops.VECTORIZE: return self.vector_of(u)
+    if u in self.accumulators: return self.inst(f"load {ll_type(u.dtype)}, ptr {self.accumulators[u]}", "%acc")
     if u not in self.values:
       raise ValueError(f"LLVMRenderer: {u.op.name} is used before it is computed in kernel {self.name}")
     return self.values[u]
 
+  def vector_of(self, u: UOp) -> str:
+    """A VECTORIZE: its scalars inserted lane by lane, or one scalar broadcast by a shuffle."""
+    self.note_dtype(u.dtype)
+    ty, lane_type = ll_type(u.dtype), VALUE_TYPES[u.dtype.scalar]
+    if _gated_row(u): return self.masked_row(u)
+    if all(s is u.src[0] for s in u.src):
+      first = self.inst(f"insertelement {ty} poison, {lane_type} {self.value(u.src[0])}, i32 0")
+      return self.inst(f"shufflevector {ty} {first}, {ty} poison, <{u.dtype.count} x i32> zeroinitializer")
+    vector = "poison"
+    for lane, s in enumerate(u.src): vector = self.inst(f"insertelement {ty} {vector}, {lane_type} {self.value(s)}, "
+                                                        f"i32 {lane}")
+    return vector
+
+  def masked_row(self, u: UOp) -> str:
+    """A VECTORIZE of gated loads of consecutive elements (a padded window's row, which kiln/codegen/vectorize.py
+    leaves scalar) as one `llvm.masked.load`: lane k reads memory only where its gate holds, else is 0, as the scalar
+    loads do, in one masked move instead of a branch per lane (the scalar loads are left unused, and removed)."""
+    first = u.src[0]
+    ty, storage = ll_type(u.dtype), STORAGE_TYPES[first.dtype]
+    offset = self.value(first.src[1])
+    if first.src[1].dtype.bitsize < 64: offset = self.inst(f"sext {VALUE_TYPES[first.src[1].dtype]} {offset} to i64")
+    # no `inbounds`: a gated-off lane's address may lie outside the buffer, and the row's address must not be poison
+    pointer = self.inst(f"getelementptr {storage}, ptr {self.value(first.src[0])}, i64 {offset}")
+    mask_type, mask = f"<{u.dtype.count} x i1>", "poison"
+    for lane, load in enumerate(u.src):
+      mask = self.inst(f"insertelement {mask_type} {mask}, i1 {self.value(load.src[2])}, i32 {lane}")
+    lane_name = "f32" if u.dtype.scalar == dtypes.float32 else "i32"
+    function = f"llvm.masked.load.v{u.dtype.count}{lane_name}.p0"
+    self.declarations[function] = f"declare {ty} @{function}(ptr, i32, {mask_type}, {ty})"
+    return self.inst(f"call {ty} @{function}(ptr {pointer}, i32 4, {mask_type} {mask}, {ty} zeroinitializer)")
+
   def note_dtype(self, dtype: DType) -> None:
     """Check that `dtype` is supported and remember the conversion helpers it needs."""
+    if dtype.count > 1: dtype = dtype.scalar
     if dtype not in VALUE_TYPES: raise TypeError(f"LLVMRenderer: dtype {dtype} is not supported in kernel {self.name}")
     if dtype in HELPER_GROUPS: self.helpers[HELPER_GROUPS[dtype]] = None
 
@@ -484,19 +592,34 @@ class _LLVMKernelWriter:
     ty = VALUE_TYPES[dtype]
     return self.inst(f"phi {ty} [ {result}, %{then_end} ], [ {render_llvm_const(0, dtype)}, %{before} ]", "%val")
 
+  def chunk_bounds(self, ty: str, extent: str, chunk: str, chunks: str) -> tuple[str, str]:
+    """[begin, end) of chunk `chunk` (an i32) of `chunks` contiguous, balanced chunks of `extent` iterations."""
+    def wide(x: str, from_type: str) -> str: return x if from_type == "i64" else self.inst(f"sext {from_type} {x} to i64")
+    extent64, chunk64, chunks64 = wide(extent, ty), wide(chunk, "i32"), wide(chunks, "i32")
+    bounds = []
+    for index in (chunk64, self.inst(f"add nsw i64 {chunk64}, 1")):
+      scaled = self.inst(f"mul nsw i64 {extent64}, {index}")
+      bound = self.inst(f"sdiv i64 {scaled}, {chunks64}")
+      bounds.append(bound if ty == "i64" else self.inst(f"trunc i64 {bound} to {ty}"))
+    return bounds[0], bounds[1]
+
   # ---- statements ----
   def _nothing(self, u: UOp) -> None: pass
 
   def _range(self, u: UOp) -> None:
     ty = VALUE_TYPES[u.dtype]
-    end = self.value(u.src[0])
+    start, end = "0", self.value(u.src[0])
+    if self.parallel is not None and u is self.parallel.loop:   # this thread's contiguous chunk
+      start, end = self.chunk_bounds(ty, end, "%kiln_tid", "%kiln_nthreads")
+    elif self.reduction is not None and u is self.reduction.loop and self.mode == "part":
+      start, end = self.chunk_bounds(ty, end, "%kiln_chunk", str(self.reduction.chunks))
     label = self.fresh(f"loop{u.arg}_" if isinstance(u.arg, int) and u.arg >= 0 else "loop_")
     counter = f"%{label}_i"
     entry_block = self.block
     self.emit(f"br label %{label}_head")
     self.start_block(f"{label}_head")
     self.lines.append("")   # the phi, written at ENDRANGE once the block that loops back is known
-    loop = _Loop(counter, ty, label, entry_block, len(self.lines) - 1)
+    loop = _Loop(counter, ty, label, entry_block, len(self.lines) - 1, start)
     self.loops.append(loop)
     more = self.inst(f"icmp slt {ty} {counter}, {end}")
     self.emit(f"br i1 {more}, label %{label}_body, label %{label}_exit")
@@ -508,7 +631,7 @@ class _LLVMKernelWriter:
     loop = self.loops.pop()
     following = f"{loop.counter}_next"
     self.emit(f"{following} = add nuw nsw {loop.ty} {loop.counter}, 1")   # counter < end, so never overflows
-    self.lines[loop.phi_line] = (f"  {loop.counter} = phi {loop.ty} [ 0, %{loop.entry_block} ], "
+    self.lines[loop.phi_line] = (f"  {loop.counter} = phi {loop.ty} [ {loop.start}, %{loop.entry_block} ], "
                                  f"[ {following}, %{self.block} ]")
     self.emit(f"br label %{loop.label}_head")
     self.start_block(f"{loop.label}_exit")
@@ -516,6 +639,10 @@ class _LLVMKernelWriter:
   def _load(self, u: UOp) -> None:
     buf, index = u.src[0], u.src[1]
     self.note_dtype(u.dtype)
+    if u.dtype.count > 1:   # consecutive 32-bit lanes from `index` on, unaligned (never gated: kiln/codegen/vectorize.py)
+      pointer = self.element_pointer(buf, index)
+      self.values[u] = self.inst(f"load {ll_type(u.dtype)}, ptr {pointer}, align {u.dtype.scalar.itemsize}")
+      return
     def read() -> str:
       bits = self.inst(f"load {STORAGE_TYPES[u.dtype]}, ptr {self.element_pointer(buf, index)}")
       return _from_storage(self, bits, u.dtype)
@@ -524,6 +651,12 @@ class _LLVMKernelWriter:
   def _store(self, u: UOp) -> None:
     buf, index, value = u.src[:3]
     self.note_dtype(value.dtype)
+    if value.dtype.count > 1:
+      if len(u.src) == 4: raise ValueError(f"LLVMRenderer: a vector STORE cannot be gated (kernel {self.name})")
+      lanes = self.value(value)
+      self.emit(f"store {ll_type(value.dtype)} {lanes}, ptr {self.element_pointer(buf, index)}, "
+                f"align {value.dtype.scalar.itemsize}")
+      return
     def write() -> None:
       bits = _to_storage(self, self.value(value), value.dtype)
       self.emit(f"store {STORAGE_TYPES[value.dtype]} {bits}, ptr {self.element_pointer(buf, index)}")
@@ -533,50 +666,178 @@ class _LLVMKernelWriter:
   def _define_acc(self, u: UOp) -> None:
     self.note_dtype(u.dtype)
     pointer = self.fresh("%accp")
-    self.allocas.append(f"  {pointer} = alloca {VALUE_TYPES[u.dtype]}")
-    self.emit(f"store {VALUE_TYPES[u.dtype]} {self.value(u.src[0])}, ptr {pointer}")
+    self.allocas.append(f"  {pointer} = alloca {ll_type(u.dtype)}")
+    self.emit(f"store {ll_type(u.dtype)} {self.value(u.src[0])}, ptr {pointer}")
     self.accumulators[u] = pointer
 
   def _assign(self, u: UOp) -> None:
     target, value = u.src
     if target not in self.accumulators:
       raise ValueError(f"LLVMRenderer: ASSIGN must target a DEFINE_ACC, got {target.op}")
-    self.emit(f"store {VALUE_TYPES[u.dtype]} {self.value(value)}, ptr {self.accumulators[target]}")
+    self.emit(f"store {ll_type(u.dtype)} {self.value(value)}, ptr {self.accumulators[target]}")
     self.accumulators[u] = self.accumulators[target]
 
   def _alu(self, u: UOp) -> None:
     """An ALU/CAST/BITCAST value; small-float ALU results are rounded to their type, as in C."""
     for dtype in (u.dtype, *(s.dtype for s in u.src)): self.note_dtype(dtype)
-    if u.op in GroupOp.ALU: check_alu_dtypes("LLVMRenderer", u)
-    result = LLVM_EXPRESSIONS[u.op](self, u, [self.value(s) for s in u.src])
-    if u.op in GroupOp.ALU and u.op not in EXACT_FLOAT_OPS and u.dtype in SMALL_FLOATS:
-      if u.dtype == dtypes.float16: result = self.call("kiln_half_round_f", "float", [("float", result)])
-      elif u.dtype == dtypes.bfloat16: result = self.call("kiln_bf16_round", "float", [("float", result)])
-      else: result = self.call(f"kiln_{u.dtype.name}_round", "float", [("double", _to_double(self, result, u.dtype))])
-    self.values[u] = result
+    if u.op in GroupOp.ALU and u.dtype.count == 1: check_alu_dtypes("LLVMRenderer", u)
+    self.values[u] = self.rounded(u, LLVM_EXPRESSIONS[u.op](self, u, [self.value(s) for s in u.src]))
 
-  def write(self) -> str:
-    """The whole module: helpers, declarations and the kernel function."""
-    buffers, variables = kernel_signature(self.uops)
-    params = [f"ptr noalias %data{b.arg}" for b in buffers] + [f"i32 %arg{i}" for i in range(len(variables))]
-    for i, var in enumerate(variables):   # the runtime passes C ints; other variable dtypes are converted here
+  def rounded(self, u: UOp, result: str) -> str:
+    """`result` of ALU uop `u` rounded to u's dtype where that is a small float (computed in float)."""
+    if u.op not in GroupOp.ALU or u.op in EXACT_FLOAT_OPS or u.dtype not in SMALL_FLOATS: return result
+    if u.dtype == dtypes.float16: return self.call("kiln_half_round_f", "float", [("float", result)])
+    if u.dtype == dtypes.bfloat16: return self.call("kiln_bf16_round", "float", [("float", result)])
+    return self.call(f"kiln_{u.dtype.name}_round", "float", [("double", _to_double(self, result, u.dtype))])
+
+  # ---- functions ----
+  def bind_variables(self, variables: list[UOp]) -> None:
+    """The kernel's variables from its i32 parameters (the runtime passes C ints; other dtypes are converted)."""
+    for i, var in enumerate(variables):
       self.note_dtype(var.dtype)
       if var.dtype == dtypes.int32: self.values[var] = f"%arg{i}"
       elif var.dtype.bitsize < 32: self.values[var] = self.inst(f"trunc i32 %arg{i} to {VALUE_TYPES[var.dtype]}")
       else: self.values[var] = self.inst(f"{'sext' if _is_signed(var.dtype) else 'zext'} i32 %arg{i} to i64")
-    for u in self.uops:
+
+  def walk(self, uops: list[UOp]) -> None:
+    """Emit the statements and values of `uops` in order."""
+    for u in uops:
       handler = self.statements.get(u.op)
       if handler is not None: handler(u)
       elif u.op in LLVM_EXPRESSIONS: self._alu(u)
       else:
         raise NotImplementedError(f"LLVMRenderer: cannot render {u.op} (kernel {self.name}); see docs/ir.md stage 4")
+
+  def function(self, header: str, variables: list[UOp], uops: list[UOp]) -> list[str]:
+    """One function of the module: `header` (`define ... {`) and the body that runs `uops`."""
+    self.begin_function()
+    self.bind_variables(variables)
+    self.walk(uops)
     if self.loops: raise ValueError(f"LLVMRenderer: kernel {self.name} leaves {len(self.loops)} RANGE(s) unclosed")
+    return [header, "entry:", *self.allocas, *self.lines, "  ret void", "}"]
+
+  def write(self) -> str:
+    """The whole module: helpers, declarations, the kernel function and its thread entry points."""
+    buffers, variables = kernel_signature(self.uops)
+    params = [f"ptr noalias %data{b.arg}" for b in buffers] + [f"i32 %arg{i}" for i in range(len(variables))]
+    own_args = [f"ptr %data{b.arg}" for b in buffers] + [f"i32 %arg{i}" for i in range(len(variables))]
+    threads = ["i32 %kiln_tid", "i32 %kiln_nthreads"]
+    if self.reduction is not None: functions = self.split_reduction(buffers, variables, params, own_args)
+    else:
+      functions = self.function(f"define void @{self.name}({', '.join(params + threads)}) nounwind {{", variables,
+                                self.uops)
+      if self.parallel is not None:
+        functions += self.task(buffers, variables, lambda args: [f"  call void @{self.name}({', '.join(args)}, "
+                                                                 f"i32 %kiln_chunk, i32 %kiln_nchunks)"])
+        functions.append(f"@{work_symbol(self.name)} = constant i64 {self.parallel.work}")
     for b in buffers: self.note_dtype(b.dtype)
     if "half" in self.helpers: self.declarations["llvm.fabs.f64"] = "declare double @llvm.fabs.f64(double)"
     if any(dt.name in self.helpers for dt in dtypes.fp8s):
       self.declarations["llvm.umin.i64"] = "declare i64 @llvm.umin.i64(i64, i64)"
     head = ([BF16_HELPERS] if "bf16" in self.helpers else []) + ([HALF_HELPERS] if "half" in self.helpers else [])
     head += [fp8_helpers(dt) for dt in dtypes.fp8s if dt.name in self.helpers]
-    body = ["entry:", *self.allocas, *self.lines, "  ret void"]
-    return "\n".join([*head, *self.declarations.values(),
-                      f"define void @{self.name}({', '.join(params)}) nounwind {{", *body, "}", ""])
+    return "\n".join([*head, *self.declarations.values(), *functions, ""])
+
+  def task(self, buffers: list[UOp], variables: list[UOp], body: Callable[[list[str]], list[str]]) -> list[str]:
+    """`<name>_task(ptr bufs, ptr vals, i32 chunk, i32 nchunks)`: the kernel's arguments read from the pool's tables,
+    then `body(arguments)`'s lines."""
+    lines = [f"define void @{task_symbol(self.name)}(ptr %bufs, ptr %vals, i32 %kiln_chunk, i32 %kiln_nchunks) "
+             "nounwind {", "entry:"]
+    args = []
+    for i, b in enumerate(buffers):
+      lines += [f"  %bufp{i} = getelementptr inbounds ptr, ptr %bufs, i64 {i}", f"  %buf{i} = load ptr, ptr %bufp{i}"]
+      args.append(f"ptr %buf{i}")
+    for i in range(len(variables)):
+      lines += [f"  %valp{i} = getelementptr inbounds i32, ptr %vals, i64 {i}", f"  %val{i} = load i32, ptr %valp{i}"]
+      args.append(f"i32 %val{i}")
+    return lines + body(args) + ["  ret void", "}"]
+
+  # ---- a split reduction ----
+  def split_reduction(self, buffers: list[UOp], variables: list[UOp], params: list[str], own_args: list[str]) -> list[str]:
+    """The functions of a split reduction (see the class docstring); partials are laid out as in the C renderer."""
+    red = self.reduction
+    start = self.uops.index(red.loop)
+    end = next(i for i in range(start + 1, len(self.uops))
+               if self.uops[i].op is Ops.ENDRANGE and self.uops[i].src[0] is red.loop)
+    first_closer = next((i for i in range(end + 1, len(self.uops)) if self.uops[i].op is Ops.ENDRANGE), len(self.uops))
+    slots = red.chunks * red.outer_iterations
+    # one slot per chunk and outer iteration: 8 bytes for a scalar partial, the vector's size for a vector
+    self.partial_sizes = [8 if acc.dtype.count == 1 else acc.dtype.itemsize for acc, _ in red.accumulators]
+    self.partial_offsets = [slots * sum(self.partial_sizes[:j]) for j in range(len(self.partial_sizes))]
+    scratch = slots * sum(self.partial_sizes)
+    part, finish = f"{self.name}_part", f"{self.name}_finish"
+    # the part function: the reduce loop's chunk, its partials stored, and the outer loops closed (no epilogue)
+    self.mode = "part"
+    self.begin_function()
+    self.bind_variables(variables)
+    self.walk(self.uops[:end + 1])
+    self.store_partials("%kiln_chunk")
+    self.walk(self.uops[first_closer:])
+    part_lines = [f"define internal void @{part}({', '.join(params + ['i32 %kiln_chunk', 'ptr noalias %kiln_scratch'])}) "
+                  "nounwind {", "entry:", *self.allocas, *self.lines, "  ret void", "}"]
+    # the finish function: the accumulators start from their identity, take every chunk's partial, then the epilogue
+    self.mode = "finish"
+    self.begin_function()
+    self.bind_variables(variables)
+    self.walk(self.uops[:start])
+    for u in self.uops[start:end + 1]:   # skipped: the reduce loop's ASSIGNs stand for their accumulators after it
+      if u.op is Ops.ASSIGN and u.src[0] in self.accumulators: self.accumulators[u] = self.accumulators[u.src[0]]
+    self.combine_partials()
+    self.walk(self.uops[end + 1:])
+    finish_lines = [f"define internal void @{finish}({', '.join(params + ['ptr noalias %kiln_scratch'])}) nounwind {{",
+                    "entry:", *self.allocas, *self.lines, "  ret void", "}"]
+    self.mode = "kernel"
+    chunk_calls = [f"  call void @{part}({', '.join(own_args + [f'i32 {c}', 'ptr %scratch'])})"
+                   for c in range(red.chunks)]
+    kernel = [f"define void @{self.name}({', '.join(params + ['i32 %kiln_tid', 'i32 %kiln_nthreads'])}) nounwind {{",
+              "entry:", f"  %scratch = alloca [{max(1, scratch)} x i8], align 16", *chunk_calls,
+              f"  call void @{finish}({', '.join(own_args + ['ptr %scratch'])})", "  ret void", "}"]
+    def task_body(args: list[str]) -> list[str]:
+      # the last chunk to end combines the partials, in chunk order whichever thread runs it
+      return [f"  %countp = getelementptr inbounds ptr, ptr %bufs, i64 {len(buffers)}",
+              "  %counter = load ptr, ptr %countp",
+              f"  %partials = getelementptr inbounds i8, ptr %counter, i64 {SCRATCH_HEADER_BYTES}",
+              f"  call void @{part}({', '.join(args + ['i32 %kiln_chunk', 'ptr %partials'])})",
+              "  %before = atomicrmw add ptr %counter, i32 1 acq_rel, align 4",
+              f"  %last = icmp eq i32 %before, {red.chunks - 1}",
+              "  br i1 %last, label %finish, label %done", "finish:",
+              "  store atomic i32 0, ptr %counter monotonic, align 4",
+              f"  call void @{finish}({', '.join(args + ['ptr %partials'])})", "  br label %done", "done:"]
+    return [*kernel, *part_lines, *finish_lines, *self.task(buffers, variables, task_body),
+            f"@{work_symbol(self.name)} = constant i64 {red.work}",
+            f"@{chunks_symbol(self.name)} = constant i64 {red.chunks}",
+            f"@{scratch_symbol(self.name)} = constant i64 {SCRATCH_HEADER_BYTES + scratch}"]
+
+  def outer_index(self) -> str:
+    """The linear index (i64) of the current iteration of the split reduction's outer loops."""
+    index = "0"
+    for loop in self.reduction.outer:
+      extent = int(loop.src[0].arg)
+      counter = self.values[loop]
+      if loop.dtype.bitsize < 64: counter = self.inst(f"sext {VALUE_TYPES[loop.dtype]} {counter} to i64")
+      index = self.inst(f"add nsw i64 {self.inst(f'mul nsw i64 {index}, {extent}')}, {counter}")
+    return index
+
+  def partial_slot(self, j: int, chunk: str) -> str:
+    """The address of accumulator j's partial for chunk `chunk` (an i32 value or literal) and this outer iteration."""
+    red = self.reduction
+    chunk64 = chunk if not chunk.startswith("%") else self.inst(f"sext i32 {chunk} to i64")
+    slot = self.inst(f"add nsw i64 {self.inst(f'mul nsw i64 {chunk64}, {red.outer_iterations}')}, "
+                     f"{self.outer_index()}")
+    offset = self.inst(f"add nsw i64 {self.inst(f'mul nsw i64 {slot}, {self.partial_sizes[j]}')}, "
+                       f"{self.partial_offsets[j]}")
+    return self.inst(f"getelementptr inbounds i8, ptr %kiln_scratch, i64 {offset}")
+
+  def store_partials(self, chunk: str) -> None:
+    """Store every accumulator's value (after the chunk's reduce loop) into its partial slot."""
+    for j, (acc, _) in enumerate(self.reduction.accumulators):
+      self.emit(f"store {ll_type(acc.dtype)} {self.value(acc)}, ptr {self.partial_slot(j, chunk)}, align 4")
+
+  def combine_partials(self) -> None:
+    """Each accumulator combined with every chunk's partial, in chunk order, by its own update op (rounded as it is)."""
+    red = self.reduction
+    for c in range(red.chunks):
+      for j, (acc, update) in enumerate(red.accumulators):
+        partial = self.inst(f"load {ll_type(acc.dtype)}, ptr {self.partial_slot(j, str(c))}, align 4")
+        combined = self.rounded(update, LLVM_EXPRESSIONS[update.op](self, update, [self.value(acc), partial]))
+        self.emit(f"store {ll_type(acc.dtype)} {combined}, ptr {self.accumulators[acc]}")
