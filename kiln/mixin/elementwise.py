@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 from kiln.dtype import DType, dtypes
 from kiln.gradient import custom_backward, custom_backward_rules
 from kiln.uop.ops import UOp, Ops
+from kiln.codegen.transcendental import PI as _PI
 if TYPE_CHECKING: from kiln.tensor import Tensor  # noqa: F401
 
 LN2 = math.log(2)
@@ -30,6 +31,22 @@ _ATAN_Q = [8.05374449538e-2, -1.38776856032e-1, 1.99777106478e-1, -3.33329491539
 # a Chebyshev fit); highest power first
 _ERFC_R = [0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806, 0.09678418, 0.37409196,
            1.00002368, -1.26551223]
+
+# float64 erf: the Taylor series below 1 (19 terms: the first dropped one is below 2**-56 at x = 1, highest first) and
+# erfc(x) = exp(-x*x) * erfcx(x) for x >= 1, erfcx as a Chebyshev series in t = (x - 4) / (x + 4), which maps
+# [0, inf) to [-1, 1): 24 terms, by interpolation at the Chebyshev nodes in 40-digit mpmath (the last coefficient
+# is 4e-17 of the value); the interpolation error is below 2**-60, the float64 evaluation's about 2 ulp of erfcx
+_TWO_OVER_SQRT_PI = 2 / (decimal.Context(prec=50).divide(_PI.numerator, _PI.denominator)).sqrt(decimal.Context(prec=50))
+# erf(x) = x + x * (2/sqrt(pi) - 1 - ...): the last addition is of x itself, so the sum's rounding errors shrink 5x
+_ERF_TAYLOR_F64 = [float(_TWO_OVER_SQRT_PI * (-1) ** n / (math.factorial(n) * (2 * n + 1)) - (n == 0))
+                   for n in range(18, -1, -1)]
+_ERFCX_K = 4.0
+_ERFCX_CHEBYSHEV = (0.2981017936936576, -0.42908644125580536, 0.18027256568771055, -0.06523752449734899,
+                    0.020367256576744864, -0.005449087066459008, 0.0012278515372606755, -0.0002246979421877305,
+                    3.068543113098951e-05, -2.3178234999468535e-06, -1.4628356484727578e-07, 6.927830518748949e-08,
+                    -6.8831107633628464e-09, -6.85848914944545e-10, 2.459373498949661e-10, -7.814909174030975e-12,
+                    -5.8893947338050134e-12, 6.869230439359363e-13, 1.2550492559719304e-13, -2.8232511550081553e-14,
+                    -2.6031612351094214e-15, 1.0250484558877961e-15, 5.722112987811408e-17, -3.829755756713674e-17)
 
 def _poly(x: Tensor, coefficients: Sequence[float]) -> Tensor:
   """The polynomial with `coefficients` (highest power first) at x, by Horner's rule."""
@@ -102,6 +119,27 @@ def _tan_backward(gradient: UOp, node: UOp) -> tuple[UOp]:
   return (gradient * (node * node + node.full_like(1.0)),)
 
 custom_backward_rules.update({"exp": _exp_backward, "cos": _cos_backward, "tan": _tan_backward})
+
+def _erf_float64(a: Tensor) -> Tensor:
+  """erf(a) for float64 a >= 0 (or NaN), within about 1.5 ulp: the Taylor series below 1, else 1 - erfc(a) with
+  erfc(a) = exp(-a*a) * erfcx(a). a*a is split as hi*hi + d (hi: a's top 26 bits, so hi*hi is exact, and
+  d = (a - hi) * (a + hi) < 2e-6), exp(-a*a) = exp(-hi*hi) * (1 - d + d*d/2): rounding a*a would cost up to 36 * 2**-53
+  relative in the tail."""
+  tail = a >= 1
+  near = tail.where(0.0, a)   # each branch on inputs where it is finite, so the gradient of the other stays finite
+  square = near * near
+  series = near + near * functools.reduce(lambda acc, c: acc * square + c, _ERF_TAYLOR_F64[1:], _ERF_TAYLOR_F64[0])
+  far = tail.where((a < 30).where(a, 30.0), 1.0)   # erfc(30) = exp(-900) * ... is 0 in float64, as is its slope
+  t = (far - _ERFCX_K) / (far + _ERFCX_K)
+  # Clenshaw's recurrence for sum c_j T_j(t)
+  later, latest = t * 0, t * 0
+  for c in _ERFCX_CHEBYSHEV[:0:-1]: later, latest = 2 * t * later - latest + c, later
+  erfcx = t * later - latest + _ERFCX_CHEBYSHEV[0]
+  # (the split is constant for autograd: the gradient of hi*hi + d is 2*a all the same)
+  hi = (far.detach().bitcast(dtypes.int64) & ~((1 << 27) - 1)).bitcast(dtypes.float64)
+  d = (far - hi) * (far + hi)
+  erfc = (-(hi * hi)).exp() * (1 - d + d * d * 0.5) * erfcx
+  return tail.where(1 - erfc, series)
 
 class ElementwiseMixin:
   __slots__ = ()
@@ -365,6 +403,7 @@ class ElementwiseMixin:
     # their float32 Horner sums and the 1 - erfc lose 2-3 ulp
     if self.dtype in (dtypes.float32, dtypes.float16, dtypes.bfloat16):
       return _odd(self.cast(dtypes.float64), positive).cast(self.dtype)
+    if self.dtype == dtypes.float64: return _odd(self, _erf_float64)
     return self._in_float(lambda x: _odd(x, positive))
 
   def copysign(self, other) -> Tensor:
