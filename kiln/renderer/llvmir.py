@@ -354,12 +354,14 @@ def _float_to_int(w: _LLVMKernelWriter, x: str, src: DType, dst: DType) -> str:
   out-of-range (and NaN) result is the 'integer indefinite' value, then wrapped to `dst` (see _f2i in python.py).
   Vector lanes convert the same way, lane by lane."""
   fty, mask = ll_type(src), ll_type(_like(src, dtypes.bool))
+  # the limits in the type the value is computed in: rounded to a small float's own dtype, 2**31 would saturate
+  computed = _like(src, dtypes.float64 if src.scalar == dtypes.float64 else dtypes.float32)
   wide = 64 if dst.scalar.bitsize == 64 or dst.scalar == dtypes.uint32 else 32
   wide_dtype = _like(src, dtypes.int64 if wide == 64 else dtypes.int32)
   wty = ll_type(wide_dtype)
   low, high, indefinite = -(2.0 ** (wide - 1)), 2.0 ** (wide - 1), -(1 << (wide - 1))
-  in_range = w.inst(f"and {mask} {w.inst(f'fcmp oge {fty} {x}, {ll_const(low, src)}')}, "
-                    f"{w.inst(f'fcmp olt {fty} {x}, {ll_const(high, src)}')}")
+  in_range = w.inst(f"and {mask} {w.inst(f'fcmp oge {fty} {x}, {ll_const(low, computed)}')}, "
+                    f"{w.inst(f'fcmp olt {fty} {x}, {ll_const(high, computed)}')}")
   converted = w.inst(f"fptosi {fty} {x} to {wty}")   # poison when out of range, but then not selected
   fallback = ll_const(indefinite, wide_dtype)
   if dst == dtypes.uint64:   # [2**63, 2**64) converts through the unsigned instruction sequence
