@@ -1068,9 +1068,8 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
       # exp of -|x| only: exp(100) = inf would make the gradient 0 * inf = NaN
       positive = x >= 0
       e = positive.where(-x, x).exp()
-      # float32 finishes in float64 (rounded once); float64 corrects for the rounding of 1 + e (its exact error is
-      # e - (d - 1), as e <= 1): n / (1 + e) = q * (1 - error / d) to first order
-      if x.dtype == dtypes.float32: e = e.cast(dtypes.float64)
+      # corrected for the rounding of 1 + e (its exact error is e - (d - 1), as e <= 1): n / (1 + e) is
+      # q * (1 - error / d) to first order; float32 stays float32 (float64 lanes are not vectorized: 5x slower)
       d = 1 + e
       quotient = positive.where(1.0, e) / d
       return (quotient - quotient * ((e - (d - 1)) / d)).cast(x.dtype)
