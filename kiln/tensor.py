@@ -35,13 +35,16 @@ class _LiveTensors:
 
   id -> a weak reference without a callback: a WeakSet's add and its removal callback at each tensor's death cost
   ~0.6 us a tensor, ~5% of building a graph. Dead entries are dropped when the table has doubled since the last
-  sweep; an id reused by a newer tensor simply replaces its entry."""
+  sweep; an id reused by a newer tensor replaces its entry, at the end (iteration follows creation order)."""
   def __init__(self) -> None:
     self.refs: dict[int, weakref.ref] = {}
     self.sweep_at = 1024
   def add(self, t: Tensor) -> None:
     """Record `t`."""
     refs = self.refs
+    # an id reused by a newer tensor moves to the end: the table iterates in creation order, so the pending readers
+    # an assign finds come in the same order every training step (their order is part of the schedule cache's key)
+    refs.pop(id(t), None)
     refs[id(t)] = weakref.ref(t)
     if len(refs) >= self.sweep_at:
       self.refs = refs = {k: r for k, r in refs.items() if r() is not None}

@@ -75,12 +75,12 @@ def test_intermediates_and_outputs_are_fresh_buffers_each_time():
   np.testing.assert_array_equal(y1.numpy(), [12] * 4)
   np.testing.assert_array_equal(y2.numpy(), [18] * 4)
 
-def test_assign_is_never_cached_and_readers_of_old_values_still_see_them():
+def test_assign_is_cached_and_readers_of_old_values_still_see_them():
   w = Tensor(np.float32([1, 2])).realize()
   for step in range(3):
     old = w * 1
     _, delta = _stats_delta(lambda: w.assign(w + 1).realize())
-    assert delta["hits"] == 0 and delta["uncached"] >= 1
+    assert delta["uncached"] == 0 and (step == 0 or delta["hits"] >= 1), delta
     np.testing.assert_array_equal(old.numpy(), np.float32([1, 2]) + step)
   np.testing.assert_array_equal(w.numpy(), [4, 5])
 

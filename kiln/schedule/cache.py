@@ -7,9 +7,14 @@ replaced by numbered slots (device, size and dtype kept). A later graph of that 
 AST objects, so the compiled programs are found at once) over its own input buffers and fresh output and
 intermediate buffers, shared exactly as the template shares them (memory planning included).
 
-Graphs whose schedule depends on more than their structure are not cached: an `assign` (what it overwrites, and
-the ordering against readers of the old contents), bound Variables (values), DISK buffers and sub-buffer views
-(byte ranges of a file or of another buffer). `SCHEDULE_CACHE=0` turns the cache off.
+An `assign` is structure too: its target is a slot, so the key says which input buffers are overwritten, and the
+run order the scheduler gives it (every kernel reading a buffer's old contents before the kernel that overwrites it,
+readers of the new contents after) follows from the graph and from which nodes share a buffer, which the key holds.
+A hit overwrites the same slots in place, reports them as overwritten, and gives each assign root the scheduler's
+result: its target view over a fresh BUFFER node of the same storage (a new identity, so nodes built on the old
+contents never look realized). Not cached: bound Variables (values), DISK buffers and sub-buffer views (byte ranges
+of a file or of another buffer), and an assign whose target was realized through another node (`forward`).
+`SCHEDULE_CACHE=0` turns the cache off.
 """
 from __future__ import annotations
 import collections
@@ -17,21 +22,23 @@ from typing import Callable
 from kiln.device import Buffer
 from kiln.helpers import ContextVar
 from kiln.uop import ops as _ops
-from kiln.uop.ops import UOp, Ops, _cache_key_arg
+from kiln.uop.ops import UOp, Ops, GroupOp, _cache_key_arg
 
 SCHEDULE_CACHE = ContextVar("SCHEDULE_CACHE", 1, "1: reuse schedules of graphs with the same structure over other "
                                                  "input buffers (eager dispatch); 0: schedule every graph anew")
 MAX_ENTRIES = 512   # templates kept, least recently used dropped first
 
 # ops whose schedule depends on more than the graph's structure
-_UNCACHED_OPS = frozenset({Ops.ASSIGN, Ops.BIND, Ops.DEFINE_VAR})
+_UNCACHED_OPS = frozenset({Ops.BIND, Ops.DEFINE_VAR})
 
 class _Template:
   """A schedule with its buffers as references: ("in", slot) for the graph's k-th distinct input Buffer, ("new", j)
-  for the j-th buffer the schedule created (device, size, dtype in `new`)."""
-  __slots__ = ("items", "new", "results", "inputs")
-  def __init__(self, items: list, new: list[tuple], results: list[tuple], inputs: list[int]):
-    self.items, self.new, self.results, self.inputs = items, new, results, inputs
+  for the j-th buffer the schedule created (device, size, dtype in `new`). `results` holds per root (j, shape) for
+  a view of new buffer j, (None, None) for a root that was a realized view already, and ("assign", None) for an
+  assign; `overwritten` the slots that assigns write."""
+  __slots__ = ("items", "new", "results", "inputs", "overwritten")
+  def __init__(self, items: list, new: list[tuple], results: list[tuple], inputs: list[int], overwritten: list[int]):
+    self.items, self.new, self.results, self.inputs, self.overwritten = items, new, results, inputs, overwritten
 
 _templates: collections.OrderedDict = collections.OrderedDict()
 _settings: tuple = ()
@@ -45,7 +52,7 @@ class _Uncacheable(Exception):
   """Raised inside the walk when the graph must be scheduled anew."""
 
 # hot reads in graph_key bound once: `Ops.X` is a metaclass attribute lookup (~130 ns under Python 3.11)
-_BUFFER, _UNIQUE = Ops.BUFFER, Ops.UNIQUE
+_BUFFER, _UNIQUE, _ASSIGN = Ops.BUFFER, Ops.UNIQUE, Ops.ASSIGN
 _FLOAT_OR_BOOL = (float, bool)
 
 def graph_key(roots: list[UOp]) -> tuple[tuple, list[Buffer]] | None:
@@ -90,6 +97,7 @@ def graph_key(roots: list[UOp]) -> tuple[tuple, list[Buffer]] | None:
           stack.extend([src for src, i in zip(reversed(node.src), reversed(srcs)) if i is None])
           continue
         if op in _UNCACHED_OPS or (symbolic_possible and _holds_uop(arg)): raise _Uncacheable
+        if op is _ASSIGN and not _target_is_plain_view(node.src[0]): raise _Uncacheable
         if op is _UNIQUE:   # its id is identity, not structure: inside a graph it is its source (as scheduled)
           if node not in root_set:
             index[node] = srcs[0]
@@ -104,11 +112,19 @@ def graph_key(roots: list[UOp]) -> tuple[tuple, list[Buffer]] | None:
   root_ids = tuple([index[r] for r in roots])
   return (tuple(entries), root_ids), buffers
 
-def cached_schedule(roots: list[UOp], schedule_fn: Callable, item_cls: type, schedule_cls: type, view_fn: Callable):
+def _target_is_plain_view(target: UOp) -> bool:
+  """An assign's target is movement ops over a BUFFER node, none of them realized through another node: a hit can
+  then build the assign's result from the new graph's target alone, as the scheduler does."""
+  while target.forward is None and target.op in GroupOp.Movement: target = target.src[0]
+  return target.forward is None and target.op is _BUFFER
+
+def cached_schedule(roots: list[UOp], schedule_fn: Callable, item_cls: type, schedule_cls: type, view_fn: Callable,
+                    assign_result_fn: Callable):
   """`schedule_fn(roots)`, served from a template when a graph of the same structure was scheduled before.
 
   `item_cls`/`schedule_cls` build the ScheduleItems and the Schedule, `view_fn(buffer_node, shape)` the node a
-  root's value lives in (the scheduler's own, so a hit gives exactly what scheduling would)."""
+  root's value lives in, `assign_result_fn(assign_root)` the node an assign root's updated buffer is read through
+  (the scheduler's own functions, so a hit gives exactly what scheduling would)."""
   global _settings
   if not SCHEDULE_CACHE.value: return schedule_fn(roots)
   found = graph_key(roots)
@@ -134,15 +150,16 @@ def cached_schedule(roots: list[UOp], schedule_fn: Callable, item_cls: type, sch
   results = {}
   for root, (j, shape) in zip(roots, template.results):
     if j is None: results[root] = root   # a realized view: nothing to compute
+    elif j == "assign": results[root] = assign_result_fn(root)
     else:
       node = UOp.new_buffer(new[j].device, new[j].size, new[j].dtype)
       node.buffer = new[j]
       results[root] = view_fn(node, shape)
-  return schedule_cls(items, results, [buffers[k] for k in template.inputs], [])
+  return schedule_cls(items, results, [buffers[k] for k in template.inputs], [buffers[k] for k in template.overwritten])
 
 def _make_template(roots: list[UOp], buffers: list[Buffer], schedule) -> _Template | None:
   """The template of `schedule`, or None when it holds something a template cannot express."""
-  if schedule.overwritten or len(schedule.results) != len(roots): return None
+  if len(schedule.results) != len(roots): return None
   slot_of = {id(b): k for k, b in enumerate(buffers)}
   new_of: dict[int, int] = {}
   new: list[tuple] = []
@@ -162,12 +179,16 @@ def _make_template(roots: list[UOp], buffers: list[Buffer], schedule) -> _Templa
     if result is root:
       results.append((None, None))
       continue
+    if root.op is Ops.ASSIGN:
+      results.append(("assign", None))
+      continue
     if result.op is not Ops.RESHAPE or result.src[0].op is not Ops.BUFFER or result.src[0].buffer is None: return None
     kind, j = ref(result.src[0].buffer)
     if kind != "new": return None
     results.append((j, result.arg))
-  inputs = []
-  for buf in schedule.inputs:
-    if (k := slot_of.get(id(buf))) is None: return None
-    inputs.append(k)
-  return _Template(items, new, results, inputs)
+  inputs, overwritten = [], []
+  for buffers_of_schedule, slots in ((schedule.inputs, inputs), (schedule.overwritten, overwritten)):
+    for buf in buffers_of_schedule:
+      if (k := slot_of.get(id(buf))) is None: return None
+      slots.append(k)
+  return _Template(items, new, results, inputs, overwritten)

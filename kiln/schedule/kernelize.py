@@ -282,7 +282,7 @@ def create_schedule(roots: list[UOp], use_cache: bool = True) -> Schedule:
   """The kernels that realize `roots`, in run order, and what realizing them reads and overwrites. A graph of a
   structure scheduled before is served from the schedule cache (kiln/schedule/cache.py) unless `use_cache` is False."""
   if use_cache and SCHEDULE_CACHE.value:
-    return cached_schedule(roots, _schedule_uncached, ScheduleItem, Schedule, buffer_view)
+    return cached_schedule(roots, _schedule_uncached, ScheduleItem, Schedule, buffer_view, _assign_result)
   original_roots = roots
   roots, reads_disk = _prepare(roots)
   if reads_disk: roots = lower_disk_views(roots)   # file tensors: byte-range views become buffers, never kernels
@@ -394,14 +394,18 @@ def _safe_in_place(value: UOp, target_view: UOp, outputs: set[UOp]) -> bool:
 
 def _result_node(root: UOp, buffer_of: dict[UOp, UOp]) -> UOp:
   if root in buffer_of:
-    buf = buffer_of[root]
-    if root.op is Ops.ASSIGN:
-      # a new identity for the updated buffer, so nodes built on the old contents never look realized
-      fresh = UOp.new_buffer(buf.arg[1], buf.arg[2], buf.dtype)
-      fresh.buffer = buf.buffer
-      return substitute(root.src[0], {buf: fresh})
-    return buffer_view(buf, root.shape)
+    if root.op is Ops.ASSIGN: return _assign_result(root)
+    return buffer_view(buffer_of[root], root.shape)
   return root
+
+def _assign_result(root: UOp) -> UOp:
+  """The node an assign root's value is read through once it ran: its target view over a new BUFFER node of the same
+  storage (a new identity, so nodes built on the old contents never look realized)."""
+  target = root.src[0]
+  buf = target.base
+  fresh = UOp.new_buffer(buf.arg[1], buf.arg[2], buf.dtype)
+  fresh.buffer = buf.buffer
+  return substitute(target, {buf: fresh})
 
 # kernels index with 32-bit ints: every shape they see must stay below this many elements
 MAX_INDEXED_ELEMENTS = 2 ** 31 - 1
