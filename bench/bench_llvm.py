@@ -1,9 +1,9 @@
-"""The LLVM device beside the CPU device: compile time of the same kernels (llvmlite O2 vs clang/gcc -O2), and the
-kernel-only run time (program(..., wait=True), median of 30, the two devices interleaved) of a few workloads.
+"""The LLVM device beside the CPU device: compile time of the same kernels (llvmlite O3 vs the C compilers on PATH),
+and the kernel-only run time (program(..., wait=True), median of 30, the two devices interleaved) of a few workloads.
 
-Run: python bench/bench_llvm.py   (on an idle machine for the run times)
+Run: THREADS=1 python bench/bench_llvm.py   (and THREADS=2, ...; on an idle machine for the run times)
 """
-import statistics, time
+import shutil, statistics, time
 import numpy as np
 from kiln import Tensor
 from kiln.device import Device
@@ -60,11 +60,11 @@ def main() -> None:
         for dev, items in launches.items(): times[dev].append(sum(r(b, v, wait=True) for r, b, v in items))
       cpu, llvm = statistics.median(times["CPU"]) * 1e3, statistics.median(times["LLVM"]) * 1e3
       print(f"{name:26s} {cpu:8.3f} {llvm:8.3f} {llvm / cpu:9.2f}")
-  compile_ms = {"LLVM (llvmlite, O2)": [t * 1e3 for _, t in logs["LLVM"]]}
+  compile_ms = {"LLVM (llvmlite, O3)": [t * 1e3 for _, t in logs["LLVM"]]}
   cpu_sources = [src for src, _ in logs["CPU"]]   # a copy: compiling them again adds to the log
-  for cc in ("clang", "gcc"):
+  for cc in [cc for cc in ("clang", "gcc") if shutil.which(cc)]:
     with Context(CC=cc):
-      compile_ms[f"CPU ({cc} -O2)"] = []
+      compile_ms[f"CPU ({cc} -O2)"] = []   # CPU's default flags: -O2 -march=native
       for src in cpu_sources:
         start = time.perf_counter()
         Device["CPU"].compiler.compile(src)

@@ -202,10 +202,11 @@ def test_copies_between_llvm_and_cpu():
 
 # ---------------- whole op test files under DEV=LLVM ----------------
 
-# The op test files run here on LLVM as the default device, in one subprocess (about 25 s warm, 50 s with an empty
-# kernel cache, on 2 cores): the core op table, and the losses that mix index tensors with float inputs. The other
-# op files pass too; docs/developer.md says how to run them all.
-OP_TEST_FILES_ON_LLVM = ["test/test_ops.py", "test/test_ops_nn.py"]
+# The op test files run here on LLVM as the default device, in one subprocess (about 40 s warm on 2 cores): the core
+# op table, the losses that mix index tensors with float inputs, and every dtype's casts and arithmetic (where the
+# LLVM path's vector and conversion code differs most from the C path's). The other op files pass too
+# (`DEV=LLVM python -m pytest test/test_ops*.py`; docs/developer.md).
+OP_TEST_FILES_ON_LLVM = ["test/test_ops.py", "test/test_ops_nn.py", "test/test_ops_dtype.py"]
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 @pytest.mark.skipif(Device.DEFAULT == "LLVM", reason="this run already has LLVM as the default device")

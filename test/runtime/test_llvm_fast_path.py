@@ -1,0 +1,94 @@
+"""The LLVM device's fast path (kiln/renderer/llvmir.py, kiln/runtime/ops_llvm.py): vector uops rendered as LLVM
+vectors, the C path's thread plans (split outer loops, split reductions) run on the shared thread pool, and gated rows
+as masked loads. LLVM and the C path (device CPU) compute the same uops in the same order with no fast-math or FMA
+contraction, so their results must agree bit for bit, on one thread and on two; both are also checked against NumPy
+in float64."""
+import numpy as np
+import pytest
+
+pytest.importorskip("llvmlite")
+
+from kiln import Tensor, dtypes   # noqa: E402
+from kiln.engine import realize   # noqa: E402
+from kiln.helpers import Context   # noqa: E402
+
+def _launches(fn) -> list:
+  """The CompiledRunners that realizing `fn()` launches."""
+  runners, original = [], realize.CompiledRunner.__call__
+  def record(self, bufs, var_vals=None, wait=False):
+    runners.append(self)
+    return original(self, bufs, var_vals, wait)
+  realize.CompiledRunner.__call__ = record
+  try: fn().realize()
+  finally: realize.CompiledRunner.__call__ = original
+  return runners
+
+RNG = np.random.default_rng(7)
+A = RNG.standard_normal((67, 129), dtype=np.float32)
+B = RNG.standard_normal((129, 45), dtype=np.float32)
+SQUARE = RNG.standard_normal((256, 256), dtype=np.float32)
+LONG = RNG.standard_normal(1 << 20, dtype=np.float32)
+ROWS = RNG.standard_normal((4, 1 << 18), dtype=np.float32)
+IMAGE = RNG.standard_normal((2, 8, 19, 21), dtype=np.float32)
+WEIGHT = RNG.standard_normal((16, 8, 3, 3), dtype=np.float32)
+INTS = RNG.integers(-1000, 1000, (64, 300)).astype(np.int32)
+
+# name -> (kiln function of tensors on one device, the inputs, a float64 NumPy reference)
+WORKLOADS = {
+  "matmul odd shapes": (lambda a, b: a @ b, (A, B), lambda a, b: a.astype(np.float64) @ b),
+  "matmul 256": (lambda a: a @ a, (SQUARE,), lambda a: a.astype(np.float64) @ a),
+  "sum of 2**20 (split reduction)": (lambda x: x.sum(), (LONG,), lambda x: x.astype(np.float64).sum()),
+  "max of 2**20": (lambda x: x.max(), (LONG,), lambda x: x.max()),
+  "row sums, 4 x 2**18 (outer loop)": (lambda x: x.sum(axis=1), (ROWS,), lambda x: x.astype(np.float64).sum(1)),
+  "softmax rows": (lambda a: a.softmax(-1), (SQUARE,),
+                   lambda a: np.exp(a - a.max(-1, keepdims=True)) / np.exp(a - a.max(-1, keepdims=True)).sum(-1, keepdims=True)),
+  "padded conv2d (gated rows)": (lambda x, w: x.conv2d(w, padding=1), (IMAGE, WEIGHT), None),
+  "elementwise casts and compares": (lambda a: ((a * 3).cast(dtypes.int32) // 2 + (a > 0).cast(dtypes.int32))
+                                     .cast(dtypes.float32) * a.exp(), (SQUARE,), None),
+  "int32 sum and shifts": (lambda i: ((i << 3) ^ (i >> 2)).sum(axis=0) + i.max(axis=0), (INTS,),
+                           lambda i: ((i << 3) ^ (i >> 2)).sum(axis=0) + i.max(axis=0)),
+}
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_llvm_matches_the_c_path_bit_for_bit(name, threads):
+  fn, arrays, reference = WORKLOADS[name]
+  with Context(THREADS=threads):
+    outs = {dev: fn(*[Tensor(a, device=dev) for a in arrays]).numpy() for dev in ("CPU", "LLVM")}
+  got, want = outs["LLVM"], outs["CPU"]
+  assert got.dtype == want.dtype and got.shape == want.shape, f"{name}: {got.dtype}{got.shape} vs {want.dtype}{want.shape}"
+  differ = np.flatnonzero((got != want) & ~(np.isnan(got) & np.isnan(want)))
+  assert differ.size == 0, (f"{name}, THREADS={threads}: {differ.size} of {got.size} elements differ from CPU, first "
+                            f"at {differ[0]}: LLVM {got.flat[differ[0]]!r}, CPU {want.flat[differ[0]]!r}")
+  if reference is not None:
+    expected = np.asarray(reference(*arrays))
+    if got.dtype.kind in "iu": np.testing.assert_array_equal(got, expected, err_msg=name)
+    else: np.testing.assert_allclose(got, expected, rtol=2e-4, atol=2e-4 * max(1.0, float(np.abs(expected).max())),
+                                     err_msg=name)
+
+def test_upcast_lanes_render_as_llvm_vectors():
+  a = Tensor(SQUARE, device="LLVM")
+  sources = [r.source for r in _launches(lambda: a @ a + 1)]
+  assert any("x float>" in src for src in sources), "no LLVM vector type in the matmul's kernels"
+
+def test_split_reduction_and_split_loop_run_on_the_pool():
+  with Context(THREADS=2):
+    x = Tensor(LONG, device="LLVM")
+    reduction = [r for r in _launches(lambda: x.sum()) if r.program.chunks]
+    assert reduction, "the sum of 2**20 floats has no split reduction on LLVM"
+    program = reduction[0].program
+    assert program.task is not None and program.scratch_bytes > 16 and program.threads() == 2
+    a = Tensor(SQUARE, device="LLVM")
+    split = [r.program for r in _launches(lambda: a * 2 + 1)]
+    assert any(p.task is not None and p.work > 0 and not p.chunks for p in split), "no split outer loop on LLVM"
+
+def test_padded_window_rows_are_masked_loads():
+  x, w = Tensor(IMAGE, device="LLVM"), Tensor(WEIGHT, device="LLVM")
+  sources = [r.source for r in _launches(lambda: x.conv2d(w, padding=1))]
+  assert any("@llvm.masked.load.v" in src for src in sources), "the padded conv's gated rows are not masked loads"
+
+def test_masked_row_never_reads_outside_the_buffer():
+  """A padded row whose gated-off lanes point before the buffer's start: a masked load must not touch them."""
+  small = RNG.standard_normal((1, 1, 1, 16), dtype=np.float32)
+  got = Tensor(small, device="LLVM").pad((8, 8, 0, 0)).numpy()
+  np.testing.assert_array_equal(got, np.pad(small, ((0, 0), (0, 0), (0, 0), (8, 8))))
