@@ -1,6 +1,6 @@
 """Turning schedule items into runnable programs and running them."""
 from __future__ import annotations
-import contextlib, gc, os, time
+import contextlib, functools, gc, os, time
 from dataclasses import dataclass
 from typing import Callable
 from kiln.uop.spec import check_lowered, check_linear
@@ -157,7 +157,7 @@ def get_runner(device: str, ast: UOp, bufs: list[Buffer] | None = None, var_vals
   with _collector_paused():
     name, lowered = kernel_name(ast), lower_for_codegen(ast)
     opts = _beam_opts(device, name, lowered, bufs, var_vals or {}, beam) if beam >= 1 and not NOOPT else None
-    runner = compile_lowered(device, name, optimize_kernel(lowered, opts))
+    runner = compile_lowered(device, name, optimize_kernel(lowered, opts, Device[device].renderer.target))
   if beam == 0: _remember(device, ast, runner)
   _runner_cache[key] = runner
   return runner
@@ -177,15 +177,17 @@ def precompile(items: list[ScheduleItem]) -> None:
   for device, asts in wanted.items():
     if len(asts) < 2 or not Device[device].compiler.runs_in_subprocess: continue
     with _collector_paused():   # optimized and rendered one by one, compiled meanwhile (compile_many)
-      runners = compile_many(device, [(kernel_name(ast), ast) for ast in asts.values()], prepare=_prepare_kernel)
+      prepare = functools.partial(_prepare_kernel, target=Device[device].renderer.target)
+      runners = compile_many(device, [(kernel_name(ast), ast) for ast in asts.values()], prepare=prepare)
     for (key, ast), runner in zip(asts.items(), runners):
       if isinstance(runner, Exception): continue
       _runner_cache[key] = runner
       _remember(device, ast, runner)
 
-def _prepare_kernel(ast: UOp) -> UOp:
-  """A kernel AST lowered and optimized by the heuristics: what `render_lowered` takes."""
-  return optimize_kernel(lower_for_codegen(ast))
+def _prepare_kernel(ast: UOp, target=None) -> UOp:
+  """A kernel AST lowered and optimized by the heuristics for `target` (the renderer's): what `render_lowered`
+  takes."""
+  return optimize_kernel(lower_for_codegen(ast), target=target)
 
 def _beam_opts(device: str, name: str, lowered: UOp, bufs: list[Buffer], var_vals: dict, width: int) -> list:
   """The actions BEAM search picks for `lowered`, timing candidates on scratch copies of `bufs`."""

@@ -1,7 +1,9 @@
 """Renderers: a linearized kernel (docs/ir.md, stage 4) becomes source code for one device."""
 from __future__ import annotations
+from typing import TYPE_CHECKING, Callable
 from kiln.dtype import DType
 from kiln.uop.ops import UOp, Ops
+if TYPE_CHECKING: from kiln.runtime.cpu_target import CPUTarget   # the type only: renderers never import runtimes
 
 class Renderer:
   """Base class of renderers. `render(name, uops)` returns the source of one kernel function called `name`.
@@ -10,7 +12,9 @@ class Renderer:
   (whether it has workgroup-local memory and local ids; host targets do not), `supported_dtypes` (None: all),
   `has_native_transcendentals` and `has_fast_const_division` (see kiln/codegen/transcendental.py),
   `packs_matmul_operands` (whether the scheduler copies a large matmul's operands into tile-major layouts first: host
-  CPUs, whose caches it suits; kiln/schedule/pack.py).
+  CPUs, whose caches it suits; kiln/schedule/pack.py), and `target`: the target description the optimizer and the
+  heuristics read (vector width and registers, caches, cores; kiln/runtime/cpu_target.py), None where the device
+  gives none (the heuristics then plan for their baseline, an AVX2 machine).
   """
   device: str = ""
   has_local: bool = False
@@ -18,6 +22,13 @@ class Renderer:
   has_fast_const_division: bool = True      # False: integer division by constants becomes multiply-shift
   packs_matmul_operands: bool = False
   supported_dtypes: frozenset[DType] | None = None
+  # set by the device (a function, since the description may follow settings: the C compiler's CFLAGS=-march=...)
+  describe_target: Callable[[], CPUTarget] | None = None
+
+  @property
+  def target(self) -> CPUTarget | None:
+    """The target description the optimizer and heuristics read now; None where the device gives none."""
+    return None if self.describe_target is None else self.describe_target()
 
   def render(self, name: str, uops: list[UOp]) -> str:
     """The source of a function `name` that runs the kernel described by `uops`."""

@@ -10,6 +10,7 @@ from kiln.device import Compiled, Compiler, CompileError, HostAllocator
 from kiln.helpers import CC, CFLAGS
 from kiln.renderer import kernel_function_name
 from kiln.renderer.cstyle import CRenderer, chunks_symbol, scratch_symbol, task_symbol, work_symbol
+from kiln.runtime.cpu_target import target_for_flags
 from kiln.runtime.threadpool import (MIN_WORK_PER_THREAD, build_library_in_background, chunks_for, pool_for,
                                      thread_count)
 
@@ -330,6 +331,8 @@ class CPUDevice(Compiled):
   """Host memory, C kernels compiled by clang/gcc."""
   def __init__(self, device: str = "CPU"):
     super().__init__(device, HostAllocator(), CRenderer(), ClangCompiler(), CPUProgram)
+    # the heuristics plan for the instructions the compiler may use (-march=native, or the -march CFLAGS gives)
+    self.renderer.describe_target = lambda: target_for_flags(self.compiler.command())
     # the pool's own C library is built meanwhile (overlapping the first kernels' codegen), if threads will be used
     try: threaded = thread_count() > 1
     except ValueError: threaded = False   # a bad THREADS is reported by the first launch

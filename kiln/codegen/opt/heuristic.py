@@ -53,18 +53,54 @@ The choices follow from how each axis walks memory (its stride in every load and
 """
 from __future__ import annotations
 import functools, math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from kiln.dtype import dtypes
 from kiln.helpers import prod
 from kiln.uop.ops import UOp, Ops, GroupOp, toposort
 from kiln.uop.symbolic import exec_alu
 from kiln.codegen.opt.kernel import Kernel, Opt, OptOps, KernelOptError, graph_nodes
+if TYPE_CHECKING: from kiln.runtime.cpu_target import CPUTarget   # the type only: codegen never imports runtimes
 
 SOFTWARE_MATH_OPS = (Ops.EXP2, Ops.LOG2, Ops.SIN)   # rewritten to long polynomial code on the CPU
 
-KBLOCK_MIN_BYTES = 8 << 20   # cache-block a matmul whose `b` panel is larger than this (L2 + a share of L3)
+KBLOCK_MIN_BYTES = 8 << 20   # the baseline's: cache-block a matmul whose `b` panel is larger (L2 + a share of L3)
+KBLOCK_L2_MULTIPLE = 4   # a target's threshold: this many of its L2s (a panel that large streams from L3 well enough)
 KBLOCK_LENGTH, KBLOCK_TILES = 256, 16   # the block of the reduce axis; output tiles per thread unit of work
 PACKED_KBLOCK_LENGTHS = (512, 256)   # the block of the reduce axis for packed operands (kiln/schedule/pack.py)
 MAX_NODES = 9000   # a heuristic action that grows the kernel graph past this many nodes is taken back (compile time)
+MAX_TILE_ELEMENTS = 256   # outputs of one register tile (kernel.py's MAX_UNROLLED copies of the body)
+TILE_ROWS = 8   # a matmul tile's rows (broadcast values per step); 16 where `_tall_tile_pays`
+
+@dataclass(frozen=True)
+class TilePlan:
+  """The numbers the heuristics take from a target description (kiln/runtime/cpu_target.py): `lanes`, the float32
+  lanes of one vector register (a reduction's vector accumulator); `wide`, a matmul tile's lanes along its vector
+  axis; `kblock_min_bytes`, the `b` panel above which a matmul is cache blocked."""
+  lanes: int
+  wide: int
+  kblock_min_bytes: int
+
+# no target description (the PYTHON emulator, tests that pin choices): the 2-core AVX2 EPYC the constants here were
+# measured on; its 16x8 tile is 8 rows of two 8-lane vectors, 16 accumulators: all of AVX2's 16 ymm registers
+BASELINE_PLAN = TilePlan(lanes=8, wide=16, kblock_min_bytes=KBLOCK_MIN_BYTES)
+
+def plan_for(target: CPUTarget | None) -> TilePlan:
+  """The heuristics' numbers for `target`: the tile's vector axis two registers wide (16 floats on AVX2; 32 on
+  AVX-512, whose 32 zmm registers hold its 8x2 accumulators with room for the loads), as long as its accumulators
+  fit the register file and MAX_TILE_ELEMENTS; the cache-blocking threshold KBLOCK_L2_MULTIPLE L2s."""
+  if target is None: return BASELINE_PLAN
+  lanes = max(4, target.float_lanes)
+  wide = 2 * lanes
+  while wide > lanes and (wide * TILE_ROWS > MAX_TILE_ELEMENTS or wide // lanes * TILE_ROWS > target.vector_registers):
+    wide //= 2
+  return TilePlan(lanes=lanes, wide=wide, kblock_min_bytes=KBLOCK_L2_MULTIPLE * target.l2_bytes)
+
+def _halvings(first: int, last: int = 4) -> tuple[int, ...]:
+  """first, first/2, ... down to `last`: the amounts tried in order (32 -> (32, 16, 8, 4))."""
+  amounts = [first]
+  while amounts[-1] // 2 >= last: amounts.append(amounts[-1] // 2)
+  return tuple(amounts)
 
 def evaluate_index(expr: UOp, env: dict[UOp, int], nodes: list[UOp] | None = None) -> int | None:
   """The integer value of an index expression with loop ranges set by `env` (others 0); None if it reads memory.
@@ -112,8 +148,10 @@ def _try(kernel: Kernel, opt: Opt) -> bool:
     return False
   return True
 
-def heuristic_opts(kernel: Kernel) -> list[Opt]:
-  """Choose and apply actions for `kernel` (in place); returns the actions applied."""
+def heuristic_opts(kernel: Kernel, target: CPUTarget | None = None) -> list[Opt]:
+  """Choose and apply actions for `kernel` (in place) on `target` (the device's renderer.target; None: the
+  baseline plan); returns the actions applied."""
+  plan = plan_for(target)
   loads, stores = memory_accesses(kernel.sink)
   out_axes, red_axes = kernel.output_axes, kernel.reduce_axes
   if not out_axes and not red_axes: return []
@@ -142,9 +180,13 @@ def heuristic_opts(kernel: Kernel) -> list[Opt]:
     # stores that it need not move past such a store (kiln/codegen/vectorize.py)
     pad_partner_first = partner is out_axes[0] and Kernel.size(partner) % 8 != 0
     if pad_partner_first: _upcast_padded(kernel, partner, (8, 4))
-    if not _first_dividing(Kernel.size(wide), (16, 8, 4)) and (k := _short_axis(Kernel.size(wide))):
+    # a matmul's wide axis is its vector axis (contiguous in the output): as wide as the target's plan; a conv's
+    # (its output channels, reusing the input window) stays 16, its columns being the vectors
+    vector_axis = 1 in store_strides[wide]
+    wide_amounts = _halvings(plan.wide) if vector_axis else (16, 8, 4)
+    if not _first_dividing(Kernel.size(wide), wide_amounts) and (k := _short_axis(Kernel.size(wide))):
       _try(kernel, Opt(OptOps.UPCAST, kernel.output_axes.index(wide), k))
-    else: _upcast_padded(kernel, wide, (16, 8, 4))
+    else: _upcast_padded(kernel, wide, wide_amounts)
     # (a fully upcast axis is gone from the list)
     if not pad_partner_first and partner in kernel.output_axes:
       # 16 rows can exceed MAX_NODES where 8 do not (a GELU epilogue copied 256 times): 8 rows then
@@ -152,7 +194,7 @@ def heuristic_opts(kernel: Kernel) -> list[Opt]:
       tall = tall or _vector_partner(partner, load_strides, store_strides)
       if not (tall and _try(kernel, Opt(OptOps.UPCAST, kernel.axes.index(partner), 16))):
         _upcast_padded(kernel, partner, (8, 4))
-    if sum(o.op is OptOps.UPCAST for o in kernel.applied) == 2: _cache_block(kernel)
+    if sum(o.op is OptOps.UPCAST for o in kernel.applied) == 2: _cache_block(kernel, plan)
   else:
     tall = _transposed_tile_pays(loads, [out_axes[i] for i in reused[-2:]], red_axes, load_strides)
     for axis in reversed(reused[-2:]):   # the innermost two, at most
@@ -180,6 +222,8 @@ def heuristic_opts(kernel: Kernel) -> list[Opt]:
     one_accumulator = kernel.unrolled == 1 or sum(u.op is Ops.REDUCE for u in graph_nodes(kernel.sink)) == 1
     lanes = one_accumulator and _contiguous_reduce(kernel, red_axes[-1])
     op = OptOps.LANES if lanes else OptOps.UNROLL
+    # lanes: one vector register of accumulators (16 on AVX-512: a 16M float sum 2.47 -> 2.32 ms, one core, Xeon)
+    if lanes and kernel.unrolled == 1: k = _first_dividing(Kernel.size(red_axes[-1]), _halvings(plan.lanes)) or k
     _try(kernel, Opt(op, len(kernel.axes) - 1, k))
   if len(groups) == 1: _unroll_tiny_reduce_axes(kernel)
   return kernel.applied
@@ -290,13 +334,14 @@ def _short_axis(size: int | None) -> int | None:
   against a tile of rows alone with the reduce axis unrolled); else None."""
   return size if size is not None and 4 < size <= MAX_WHOLE_TILE_AXIS else None
 
-def _cache_block(kernel: Kernel) -> None:
-  """SPLIT + KBLOCK for a register-tiled matmul whose `b` panel does not fit in cache (module docstring)."""
+def _cache_block(kernel: Kernel, plan: TilePlan) -> None:
+  """SPLIT + KBLOCK for a register-tiled matmul whose `b` panel does not fit in cache (module docstring): larger than
+  the plan's kblock_min_bytes."""
   out_axes, red_axes = kernel.output_axes, kernel.reduce_axes
   if len(red_axes) != 1 or not out_axes or any(Kernel.size(r) is None for r in out_axes + red_axes): return
   loads, _ = memory_accesses(kernel.sink)
   panel = _panel(kernel, loads, out_axes[0], red_axes[0])
-  if panel is None or panel[0] <= KBLOCK_MIN_BYTES: return
+  if panel is None or panel[0] <= plan.kblock_min_bytes: return
   # a packed panel (kiln/schedule/pack.py: one cache line per step of the sum) takes longer blocks
   lengths, size = PACKED_KBLOCK_LENGTHS if panel[1] else (KBLOCK_LENGTH,), Kernel.size(red_axes[0])
   if (length := next((n for n in lengths if size % n == 0 and size > n), None)) is None: return
