@@ -11,6 +11,7 @@ from kiln.device import Compiled, Compiler, CompileError, HostAllocator
 from kiln.renderer import kernel_function_name
 from kiln.renderer.cstyle import chunks_symbol, scratch_symbol, task_symbol, work_symbol
 from kiln.renderer.llvmir import LLVMRenderer
+from kiln.runtime.cpu_target import host_target
 from kiln.runtime.ops_cpu import CPUProgram
 
 OPT_LEVEL = 3   # LLVM's full O3 pipeline for the target machine and the pass builder
@@ -104,3 +105,4 @@ class LLVMDevice(Compiled):
   def __init__(self, device: str = "LLVM"):
     _llvm()   # fail when the device is opened, not at the first kernel
     super().__init__(device, HostAllocator(), LLVMRenderer(), LLVMCompiler(), LLVMProgram)
+    self.renderer.describe_target = host_target   # compiled for the host CPU, all its features (-march=native)
