@@ -11,7 +11,12 @@ from kiln.schedule.kernelize import create_schedule
 from kiln.codegen.lowerer import lower_kernel
 from kiln.codegen.linearizer import linearize
 from kiln.codegen.opt import Kernel, Opt, OptOps, KernelOptError, optimize_kernel, heuristic_opts
+from kiln.runtime.cpu_target import CPUTarget
 from kernel_runs import last_kernel_item, run_lowered
+
+# the two machines the tile choices below were measured on, as target descriptions (kiln/runtime/cpu_target.py)
+AVX2_EPYC = CPUTarget("x86_64", "avx2", 32, 16, 32 << 10, 2 << 20, 32 << 20, 2)
+AVX512_XEON = CPUTarget("x86_64", "avx512", 64, 32, 48 << 10, 2 << 20, 105 << 20, 2)
 
 def _inputs(seed: int = 0):
   rng = np.random.default_rng(seed)
@@ -100,10 +105,10 @@ def test_matmul_heuristic_tiles_registers(references):
   accumulators = [u for u in linearize(kernel.sink) if u.op.name == "DEFINE_ACC"]
   assert len(accumulators) == 128, f"a 16x8 register tile needs 128 accumulators, got {len(accumulators)}"
 
-def _heuristic_choice(t: Tensor) -> list[Opt]:
-  """The actions the heuristics apply to `t`'s last kernel (lowered only, never run)."""
+def _heuristic_choice(t: Tensor, target: CPUTarget | None = AVX2_EPYC) -> list[Opt]:
+  """The actions the heuristics apply to `t`'s last kernel on `target` (lowered only, never run)."""
   kernel = Kernel(lower_kernel(create_schedule([t.uop]).items[-1].ast))
-  return heuristic_opts(kernel)
+  return heuristic_opts(kernel, target)
 
 U = OptOps.UPCAST
 
@@ -128,9 +133,25 @@ U = OptOps.UPCAST
 def test_heuristic_tile_choices(build, want):
   with Context(PACK_MATMUL=0): assert _heuristic_choice(build()) == want   # the operands' own layouts
 
+@pytest.mark.parametrize("build, want", [
+  # AVX-512: a matmul's vector axis is two zmm registers wide (32 columns x 8 rows, 16 accumulators of 32)
+  (lambda: Tensor.empty(512, 512) @ Tensor.empty(512, 512), [Opt(U, 1, 32), Opt(U, 0, 8)]),
+  (lambda: Tensor.empty(1024, 1024) @ Tensor.empty(1024, 1024), [Opt(U, 1, 32), Opt(U, 0, 8)]),
+  (lambda: Tensor.empty(4, 64, 32) @ Tensor.empty(4, 32, 48), [Opt(U, 2, 16), Opt(U, 1, 8)]),   # 32 would pad 48
+  # 16 rows would make a 32x16 tile, over kiln's 256 copies: 8 rows
+  (lambda: Tensor.empty(256, 256) @ Tensor.empty(256, 1024), [Opt(U, 1, 32), Opt(U, 0, 8)]),
+  # a conv's columns are its vectors and stay 16 (one zmm) under 16 output channels
+  (lambda: Tensor.empty(16, 64, 56, 56).conv2d(Tensor.empty(64, 64, 3, 3), padding=1), [Opt(U, 1, 16), Opt(U, 3, 16)]),
+  (lambda: Tensor.empty(512, 512) @ Tensor.empty(512, 512).T, [Opt(U, 1, 16), Opt(U, 0, 16)]),
+])
+def test_heuristic_tile_choices_avx512(build, want):
+  with Context(PACK_MATMUL=0): assert _heuristic_choice(build(), AVX512_XEON) == want
+
 def test_packed_transposed_matmul_gets_the_wide_tile():
   # packed (kiln/schedule/pack.py), `b.T` is read along its 16-lane runs like any `b`
   assert _heuristic_choice(Tensor.empty(512, 512) @ Tensor.empty(512, 512).T) == [Opt(U, 1, 16), Opt(U, 0, 8)]
+  assert _heuristic_choice(Tensor.empty(512, 512) @ Tensor.empty(512, 512).T, AVX512_XEON) == \
+    [Opt(U, 1, 32), Opt(U, 0, 8)]
 
 def test_matmul_with_transcendental_epilogue_matches_numpy():
   rng = np.random.default_rng(5)

@@ -12,7 +12,12 @@ from kiln.codegen.lowerer import lower_kernel
 from kiln.codegen.linearizer import linearize
 from kiln.codegen.parallel import find_parallel_loop
 from kiln.codegen.opt import Kernel, Opt, OptOps, KernelOptError, heuristic_opts, substitute
+from kiln.runtime.cpu_target import CPUTarget
 from kernel_runs import last_kernel_item, run_lowered
+
+# the machines these choices were measured on (kiln/runtime/cpu_target.py descriptions; L2 2 MiB: blocked above 8 MiB)
+AVX2_EPYC = CPUTarget("x86_64", "avx2", 32, 16, 32 << 10, 2 << 20, 32 << 20, 2)
+AVX512_XEON = CPUTarget("x86_64", "avx512", 64, 32, 48 << 10, 2 << 20, 105 << 20, 2)
 
 U, K, S, L, SW = OptOps.UPCAST, OptOps.KBLOCK, OptOps.SPLIT, OptOps.LANES, OptOps.SWAP
 
@@ -135,12 +140,16 @@ def test_possible_opts_offer_blocking_and_never_a_refused_action():
   blocked = Kernel(kernel.sink).apply(Opt(K, 2, 128))
   for opt in blocked.possible_opts(): Kernel(blocked.sink).apply(opt)   # none raises
 
+@pytest.mark.parametrize("target, wide", [(AVX2_EPYC, 16), (AVX512_XEON, 32)])
 @pytest.mark.parametrize("packed, block", [(0, 256), (1, 512)])
-def test_heuristics_block_large_matmuls_only(packed, block):
+def test_heuristics_block_large_matmuls_only(packed, block, target, wide):
   with Context(PACK_MATMUL=packed):
-    opts = heuristic_opts(_matmul_kernel((2048, 2048), (2048, 2048)))
-    assert [o.op for o in opts] == [U, U, S, K] and opts[-1].arg == block, opts
-    assert K not in [o.op for o in heuristic_opts(_matmul_kernel((1024, 1024), (1024, 1024)))]
+    opts = heuristic_opts(_matmul_kernel((2048, 2048), (2048, 2048)), target)
+    assert [o.op for o in opts] == [U, U, S, K] and opts[0].arg == wide and opts[-1].arg == block, opts
+    assert K not in [o.op for o in heuristic_opts(_matmul_kernel((1024, 1024), (1024, 1024)), target)]
+    # a smaller L2 (a 512 KiB one: blocked above 2 MiB) blocks the 1024 matmul's 4 MiB panel too
+    small_l2 = CPUTarget("x86_64", "avx2", 32, 16, 32 << 10, 512 << 10, 32 << 20, 2)
+    assert K in [o.op for o in heuristic_opts(_matmul_kernel((1024, 1024), (1024, 1024)), small_l2)]
 
 @pytest.mark.parametrize("packed", [0, 1])
 def test_blocked_matmul_still_splits_across_threads(packed):
@@ -152,11 +161,13 @@ def test_blocked_matmul_still_splits_across_threads(packed):
 def test_conv_weight_gradient_gets_lanes_and_eight_channels():
   x, w = Tensor.empty(16, 64, 56, 56, requires_grad=True), Tensor.empty(64, 64, 3, 3, requires_grad=True)
   (x.conv2d(w, padding=1) * Tensor.empty(16, 64, 56, 56)).sum().backward()
-  assert heuristic_opts(_lowered(w.grad)) == [Opt(U, 0, 8), Opt(U, 3, 3), Opt(L, 5, 8)]
+  for target in (AVX2_EPYC, AVX512_XEON):   # 8 lanes on both: 56 columns are not a multiple of 16
+    assert heuristic_opts(_lowered(w.grad), target) == [Opt(U, 0, 8), Opt(U, 3, 3), Opt(L, 5, 8)]
 
 def test_unpadded_conv_puts_sixteen_on_channels():
-  opts = heuristic_opts(_lowered(Tensor.empty(16, 64, 58, 58).conv2d(Tensor.empty(64, 64, 3, 3))))
-  assert opts == [Opt(U, 1, 16), Opt(U, 3, 16)], opts   # and 16 on its 56 contiguous output columns
+  for target in (AVX2_EPYC, AVX512_XEON):
+    opts = heuristic_opts(_lowered(Tensor.empty(16, 64, 58, 58).conv2d(Tensor.empty(64, 64, 3, 3))), target)
+    assert opts == [Opt(U, 1, 16), Opt(U, 3, 16)], opts   # and 16 on its 56 contiguous output columns
 
 def test_large_padded_conv_copies_its_padded_input_once():
   rng = np.random.default_rng(10)
