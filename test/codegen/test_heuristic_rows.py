@@ -7,16 +7,19 @@ from kiln import Tensor
 from kiln.codegen.lowerer import lower_kernel
 from kiln.codegen.opt import Kernel, Opt, OptOps, heuristic_opts
 from kiln.engine.realize import render_lowered
+from kiln.runtime.cpu_target import CPUTarget
 from kernel_runs import last_kernel_item, run_lowered
 
 U, R, L = OptOps.UPCAST, OptOps.UNROLL, OptOps.LANES
 
-def _optimized_and_plain(t: Tensor) -> tuple[list[Opt], np.ndarray, np.ndarray]:
+AVX512_XEON = CPUTarget("x86_64", "avx512", 64, 32, 48 << 10, 2 << 20, 105 << 20, 2)
+
+def _optimized_and_plain(t: Tensor, target: CPUTarget | None = None) -> tuple[list[Opt], np.ndarray, np.ndarray]:
   """(the heuristics' actions, the optimized kernel's output, the unoptimized kernel's output) for t's last kernel."""
   item = last_kernel_item(t)
   lowered = lower_kernel(item.ast)
   kernel = Kernel(lowered)
-  applied = list(heuristic_opts(kernel))
+  applied = list(heuristic_opts(kernel, target))
   return applied, run_lowered(item, kernel.sink), run_lowered(item, lowered)
 
 def _close(got: np.ndarray, want: np.ndarray, rtol: float = 1e-5) -> None:
@@ -25,11 +28,13 @@ def _close(got: np.ndarray, want: np.ndarray, rtol: float = 1e-5) -> None:
 def _rand(rng: np.random.Generator, *shape: int) -> Tensor:
   return Tensor(rng.standard_normal(shape).astype(np.float32)).realize()
 
+@pytest.mark.parametrize("target, lanes", [(None, 8), (AVX512_XEON, 16)])   # one AVX2 / AVX-512 vector
 @pytest.mark.parametrize("n", [1 << 16, 4096 + 8])
-def test_full_sum_gets_lanes(n):
+def test_full_sum_gets_lanes(n, target, lanes):
   a = np.random.default_rng(n).random(n, dtype=np.float32)
-  applied, got, want = _optimized_and_plain(Tensor(a).sum())
-  assert [(o.op, o.arg) for o in applied] == [(L, 8)], applied
+  applied, got, want = _optimized_and_plain(Tensor(a).sum(), target)
+  lanes = lanes if n % lanes == 0 else 8   # 4104 floats: 8 lanes divide them, 16 do not
+  assert [(o.op, o.arg) for o in applied] == [(L, lanes)], applied
   _close(got, want)
   _close(got, np.atleast_1d(a.astype(np.float64).sum()))
 
