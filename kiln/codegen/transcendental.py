@@ -340,10 +340,9 @@ def reduce_payne_hanek(ax: UOp, fmt: FloatFormat) -> tuple[UOp, UOp, UOp]:
   r, r_err = two_sum_fast(r_hi, r_lo)
   return quadrant, r, r_err
 
-def sin_float(x: UOp, fmt: FloatFormat, widened: bool = False, quarter_turns: int = 0) -> UOp:
-  """sin(x + quarter_turns*pi/2) for a float32/float64 node (quarter_turns 0: sin, 1: cos); float32 is reduced
-  exactly and evaluated in float64. `widened` (float32 x only): the float64 value itself, unrounded (for
-  sin(float64(x)), where x is a float32 value)."""
+def reduce_quadrant(x: UOp, fmt: FloatFormat) -> tuple[UOp, UOp, UOp, UOp]:
+  """(finite, q, r, r_lo) with |x| = q*pi/2 + r + r_lo (float64 r, r_lo, |r| <~ pi/4) for a float32/float64 node;
+  q, r and r_lo are those of 0 where x is not finite."""
   ax = bitcast(bitcast(x, fmt.uint) & const(fmt.uint, fmt.sign_bit - 1), fmt.dtype)
   finite = ax.lt(math.inf)
   safe = finite.where(ax, const(fmt.dtype, 0.0))            # NaN/inf must not reach the integer conversions
@@ -356,14 +355,50 @@ def sin_float(x: UOp, fmt: FloatFormat, widened: bool = False, quarter_turns: in
     cw_q, cw_r, cw_r_lo = reduce_cody_waite(medium.where(wide, zero64))
     large_q = medium.where(cw_q.cast(dtypes.uint64), large_q)
     large_r, large_r_lo = medium.where(cw_r, large_r), medium.where(cw_r_lo, large_r_lo)
-  q = small.where(const(dtypes.uint64, quarter_turns), large_q + quarter_turns if quarter_turns else large_q)
-  r, r_lo = small.where(wide, large_r), small.where(zero64, large_r_lo)
-  value = sin_by_quadrant(q, r, r_lo)   # of |x|: sin is odd (the sign goes back on below), cos even
-  if widened:
-    result = value if quarter_turns else copy_sign_bit(value, x.cast(dtypes.float64), F64)
-    return finite.where(result, const(dtypes.float64, math.nan))
-  result = value.cast(fmt.dtype) if quarter_turns else copy_sign_bit(value.cast(fmt.dtype), x, fmt)
-  return finite.where(result, const(fmt.dtype, math.nan))
+  q = small.where(const(dtypes.uint64, 0), large_q)
+  return finite, q, small.where(wide, large_r), small.where(zero64, large_r_lo)
+
+def sin_float(x: UOp, fmt: FloatFormat, widened: bool = False, quarter_turns: int = 0) -> UOp:
+  """sin(x + quarter_turns*pi/2) for a float32/float64 node (quarter_turns 0: sin, 1: cos); float32 is reduced
+  exactly and evaluated in float64. `widened` (float32 x only): the float64 value itself, unrounded (for
+  sin(float64(x)), where x is a float32 value)."""
+  finite, q, r, r_lo = reduce_quadrant(x, fmt)
+  value = sin_by_quadrant(q + quarter_turns if quarter_turns else q, r, r_lo)   # of |x|: sin is odd, cos even
+  if not widened: value = value.cast(fmt.dtype)
+  out = dtypes.float64 if widened else fmt.dtype
+  result = value if quarter_turns else copy_sign_bit(value, x.cast(out) if widened else x, FORMATS[out])
+  return finite.where(result, const(out, math.nan))
+
+def two_product(a: UOp, b: UOp) -> tuple[UOp, UOp]:
+  """(p, e) with p = fl(a*b) and p + e = a*b exactly (Dekker's product of 26+26-bit halves; float64, no FMA)."""
+  a_hi, b_hi = clear_low_bits(a, F64, 27), clear_low_bits(b, F64, 27)
+  a_lo, b_lo = a - a_hi, b - b_hi
+  p = a * b
+  return p, ((a_hi * b_hi - p) + a_hi * b_lo + a_lo * b_hi) + a_lo * b_lo
+
+def tan_float(x: UOp, fmt: FloatFormat, widened: bool = False) -> UOp:
+  """tan(x) for a float32/float64 node (`widened`: a float32 x, the float64 result unrounded): sin(r) and cos(r) as
+  unrounded pairs hi + lo from the kernels' own sums, divided by quadrant (s/c, or -c/s), and the quotient corrected
+  by its residual (n - q*d, with q*d exact by two_product), so the result is rounded about once."""
+  finite, q, r, r_lo = reduce_quadrant(x, fmt)
+  z, z_err = two_product(r, r)   # (z's rounding would be 0.3 ulp of cos(r) near pi/4)
+  sin_hi, sin_lo = r, r * (z * polynomial(z, SIN_S)) + r_lo * (1.0 - z * 0.5)
+  half_z = z * 0.5
+  cos_hi = 1.0 - half_z
+  cos_lo = ((1.0 - cos_hi) - half_z) + ((z * z * polynomial(z, COS_C) - r * r_lo) - z_err * 0.5)
+  odd = (q.cast(dtypes.int32) & const(dtypes.int32, 1)).ne(0)
+  num_hi, num_lo = odd.where(-cos_hi, sin_hi), odd.where(-cos_lo, sin_lo)   # tan(r + pi/2) = -cos(r)/sin(r)
+  den_hi, den_lo = odd.where(sin_hi, cos_hi), odd.where(sin_lo, cos_lo)
+  den = den_hi + den_lo
+  quotient = (num_hi + num_lo) / den
+  product, product_err = two_product(quotient, den_hi)
+  # num_hi - product is exact (within a factor 2 of each other); the rest is small against the quotient
+  residual = ((num_hi - product) - product_err) + (num_lo - quotient * den_lo)
+  value = quotient + residual / den
+  if not widened: value = value.cast(fmt.dtype)
+  out = dtypes.float64 if widened else fmt.dtype
+  result = copy_sign_bit(value, x.cast(out) if widened else x, FORMATS[out])   # tan is odd
+  return finite.where(result, const(out, math.nan))
 
 def sin_of_widened_float32(x: UOp, quarter_turns: int = 0) -> UOp:
   """sin(float64(x) + quarter_turns*pi/2) for a float32 node x: the float32 reduction (3 limbs of 2/pi, not 6) with
@@ -375,6 +410,13 @@ def cos_argument(x: UOp) -> UOp | None:
   """y where x is the float64 node pi/2 - y (cos(y) as kiln writes it for software math), else None."""
   if x.op is Ops.SUB and x.dtype == dtypes.float64 and x.src[0].op is Ops.CONST and x.src[0].arg == COS_SHIFT:
     return x.src[1]
+  return None
+
+def tan_argument(node: UOp) -> UOp | None:
+  """y where node is the float64 FDIV(SIN(y), SIN(pi/2 - y)) (tan(y) as kiln writes it for software math), else None."""
+  if node.op is not Ops.FDIV or node.dtype != dtypes.float64: return None
+  sine, cosine = node.src
+  if sine.op is Ops.SIN and cosine.op is Ops.SIN and cos_argument(cosine.src[0]) is sine.src[0]: return sine.src[0]
   return None
 
 # ---------------- rules ----------------
@@ -396,8 +438,19 @@ def software_transcendental(node: UOp, x: UOp) -> UOp | None:
   if not dtypes.is_float(node.dtype): return None
   return SOFTWARE[node.op](x.cast(dtypes.float32), F32).cast(node.dtype)
 
+def software_tan(node: UOp) -> UOp | None:
+  """FDIV(SIN(y), SIN(pi/2 - y)) in float64 -> tan(y) from one reduction, rounded about once"""
+  if (y := tan_argument(node)) is None: return None
+  return tan_float(y.src[0], F32, widened=True) if is_widened_float32(y) else tan_float(y, F64)
+
+def software_replacement(node: UOp) -> UOp | None:
+  """What software_math rewrites `node` to (None: nothing)."""
+  return software_tan(node) if node.op is Ops.FDIV else software_transcendental(node, node.src[0])
+
+# (rewrites run top-down: a tan's FDIV is seen before its SINs)
 software_math = PatternMatcher([
   (UPat((Ops.EXP2, Ops.LOG2, Ops.SIN), src=(UPat.var("x"),), name="node"), software_transcendental),
+  (UPat(Ops.FDIV, name="node"), software_tan),
 ])
 
 def wants_software_math(renderer) -> bool:
@@ -405,7 +458,7 @@ def wants_software_math(renderer) -> bool:
   level = int(TRANSCENDENTAL.value)
   return level >= 2 or (level == 1 and not getattr(renderer, "has_native_transcendentals", True))
 
-# (op, dtype, input dtype, widened, cos) -> the software version of `op` built once on a placeholder input:
+# (op, dtype, input dtype, widened, cos) -> the software version of `op` (FDIV: tan) built once on a placeholder input:
 # (placeholder, result, the result's nodes that depend on the placeholder in build order, the ops of the result), or
 # None where the rule does not apply. A kernel's copies (the 128 GELUs of a 16x8 matmul tile) are made from it by
 # substitution. The placeholder is one node for every template, so a sin and a cos of one input share their reduction.
@@ -419,8 +472,10 @@ def _software_template(op: Ops, dtype: DType, x_dtype: DType, widened: bool = Fa
   if key in _templates: return _templates[key]
   placeholder = UOp(Ops.DEFINE_VAR, dtypes.float32 if widened else x_dtype, (), ("software math input", 0, 0))
   x = placeholder.cast(dtypes.float64) if widened else placeholder
-  if cos: x = UOp(Ops.SUB, dtypes.float64, (const(dtypes.float64, COS_SHIFT), x))
-  result = software_transcendental(UOp(op, dtype, (x,)), x)
+  cos_x = UOp(Ops.SUB, dtypes.float64, (const(dtypes.float64, COS_SHIFT), x)) if cos or op is Ops.FDIV else x
+  if op is Ops.FDIV: node = UOp(Ops.FDIV, dtype, (UOp(Ops.SIN, dtype, (x,)), UOp(Ops.SIN, dtype, (cos_x,))))
+  else: node = UOp(op, dtype, (cos_x,))
+  result = software_replacement(node)
   template = None
   if result is not None:
     nodes = toposort([result])
@@ -444,12 +499,15 @@ def _software_rewrite(sink: UOp, nodes: list[UOp]) -> tuple[UOp, set[Ops]] | Non
   for u in nodes:
     src = tuple(map(get, u.src, u.src))
     new = u if src == u.src else UOp(u.op, u.dtype, src, u.arg)
-    if u.op in SOFTWARE and (u.dtype in FORMATS or dtypes.is_float(u.dtype)):   # (others: the rule leaves them)
-      x = src[0]
-      cos_y = cos_argument(x) if u.op is Ops.SIN else None
-      if cos_y is not None: x = cos_y
-      widened = u.op is Ops.SIN and is_widened_float32(x)
-      if (template := _software_template(u.op, u.dtype, x.dtype, widened, cos_y is not None)) is None: return None
+    tan_y = tan_argument(u) if u.op is Ops.FDIV else None
+    if tan_y is not None or (u.op in SOFTWARE and (u.dtype in FORMATS or dtypes.is_float(u.dtype))):
+      # (other nodes: the rules leave them; a tan's SINs are rewritten too, and left unused)
+      if tan_y is not None: x, cos = get(tan_y, tan_y), False
+      else:
+        cos_y = cos_argument(src[0]) if u.op is Ops.SIN else None
+        x, cos = (src[0], False) if cos_y is None else (cos_y, True)
+      widened = u.op in (Ops.SIN, Ops.FDIV) and is_widened_float32(x)
+      if (template := _software_template(u.op, u.dtype, x.dtype, widened, cos)) is None: return None
       placeholder, result, dependents, ops = template
       copy = {placeholder: x.src[0] if widened else x}
       copy_get = copy.get

@@ -213,8 +213,8 @@ class ElementwiseMixin:
     return self._wrap(custom_backward(value.uop, (self.uop,), "cos", ()), "cos")
 
   def _tan_accurate(self) -> Tensor:
-    """tan(x) = sin(x) / cos(x) for a float32/float64 tensor, from _software_sin_cos or _sin_cos, gradient
-    1 + tan(x)**2."""
+    """tan(x) = sin(x) / cos(x) for a float32/float64 tensor, from _software_sin_cos (software math evaluates that
+    quotient as one tan from one reduction, rounded about once) or _sin_cos, gradient 1 + tan(x)**2."""
     sine, cosine = self._software_sin_cos() or self._sin_cos()
     value = (sine / cosine).cast(self.dtype)
     return self._wrap(custom_backward(value.uop, (self.uop,), "tan", ()), "tan")

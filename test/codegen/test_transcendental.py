@@ -269,3 +269,29 @@ def test_sin_and_cos_of_one_input_share_the_reduction():
       return sum(u.op is Ops.MUL and u.dtype == dtypes.uint64 for u in toposort([rewritten]))
     alone, both = uint64_products(sin_node), uint64_products(sin_node / cos_node)
     assert alone > 0 and both == alone, f"{dtype}: {alone} uint64 products for sin, {both} for sin/cos"
+
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float64], ids=str)
+def test_tan_from_one_reduction(dtype):
+  # FDIV(SIN(y), SIN(pi/2 - y)) is evaluated as tan(y): sin and cos of the reduced argument as unrounded pairs, the
+  # quotient corrected by its residual, so float64 is within about 1 ulp (two rounded sines divided: 1.96 ulp)
+  import mpmath
+  from kiln.codegen.transcendental import _software_rewrite
+  np_dtype = np.float32 if dtype == dtypes.float32 else np.float64
+  xs = np.concatenate([np.random.default_rng(8).uniform(-100, 100, 3000), np.arange(-300, 300) * (np.pi / 2),
+                       [-42603.91009619343, 16.437746820048602, 7.332904820674937e+283 if np_dtype == np.float64 else 3e38,
+                        1e22, 0.0, -0.0, np.inf, np.nan]]).astype(np_dtype)
+  leaf, cos_node = _cos_graph(dtype)
+  node = UOp(Ops.FDIV, dtypes.float64, (UOp(Ops.SIN, dtypes.float64, (cos_node.src[0].src[1],)), cos_node))
+  graph = graph_rewrite(node, software_math)
+  assert not any(u.op is Ops.SIN for u in toposort([graph]))
+  assert _software_rewrite(node, toposort([node]))[0] is graph   # the template path builds the same graph
+  got = evaluate(graph, {leaf: xs})
+  mpmath.mp.dps = 40
+  exact = np.array([float(mpmath.tan(mpmath.mpf(float(v)))) if np.isfinite(v) else np.nan for v in xs])
+  with np.errstate(all="ignore"):
+    ulps = np.where(np.isnan(got) & np.isnan(exact), 0, np.abs(got - exact) / np.spacing(np.abs(exact)))
+  assert np.signbit(got[-3]) and not np.signbit(got[-4]), "tan(-0.0) must be -0.0"
+  # float32 inputs: the float64 result feeds one rounding to float32 (near a pole the float32 reduction keeps ~2**-41)
+  bound = 2.0 ** 13 if dtype == dtypes.float32 else 1.2
+  worst = int(np.argmax(ulps))
+  assert ulps.max() <= bound, f"tan({xs[worst]!r}) = {got[worst]!r}, exact {exact[worst]!r}: {ulps[worst]:.3g} ulp"
