@@ -351,6 +351,15 @@ def _load_library(compiler) -> ctypes.CDLL:
   lib.kiln_pool_size.argtypes, lib.kiln_pool_size.restype = [ctypes.c_void_p], ctypes.c_int
   return lib
 
+# loaders of the same pool built without a C compiler (kiln/runtime/ops_llvm.py registers its JIT-compiled one), tried
+# in order when the C library cannot be built: a machine with only pip-installed packages still runs kernels on threads
+POOL_LIBRARY_FALLBACKS: list = []
+
 def _pool_library() -> ctypes.CDLL:
-  """The compiled pool, loaded once per process."""
-  return _library_build.get()
+  """The compiled pool, loaded once per process (or a fallback's, where the C pool cannot be built)."""
+  try: return _library_build.get()
+  except RuntimeError:
+    for load in POOL_LIBRARY_FALLBACKS:
+      try: return load()
+      except Exception: continue   # noqa: BLE001  (the C build's error is the one to report)
+    raise

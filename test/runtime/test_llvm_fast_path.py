@@ -23,6 +23,10 @@ def _launches(fn) -> list:
   finally: realize.CompiledRunner.__call__ = original
   return runners
 
+def _softmax(a: np.ndarray) -> np.ndarray:
+  e = np.exp(a - a.max(-1, keepdims=True))
+  return e / e.sum(-1, keepdims=True)
+
 RNG = np.random.default_rng(7)
 A = RNG.standard_normal((67, 129), dtype=np.float32)
 B = RNG.standard_normal((129, 45), dtype=np.float32)
@@ -40,8 +44,7 @@ WORKLOADS = {
   "sum of 2**20 (split reduction)": (lambda x: x.sum(), (LONG,), lambda x: x.astype(np.float64).sum()),
   "max of 2**20": (lambda x: x.max(), (LONG,), lambda x: x.max()),
   "row sums, 4 x 2**18 (outer loop)": (lambda x: x.sum(axis=1), (ROWS,), lambda x: x.astype(np.float64).sum(1)),
-  "softmax rows": (lambda a: a.softmax(-1), (SQUARE,),
-                   lambda a: np.exp(a - a.max(-1, keepdims=True)) / np.exp(a - a.max(-1, keepdims=True)).sum(-1, keepdims=True)),
+  "softmax rows": (lambda a: a.softmax(-1), (SQUARE,), lambda a: _softmax(a.astype(np.float64))),
   "padded conv2d (gated rows)": (lambda x, w: x.conv2d(w, padding=1), (IMAGE, WEIGHT), None),
   "elementwise casts and compares": (lambda a: ((a * 3).cast(dtypes.int32) // 2 + (a > 0).cast(dtypes.int32))
                                      .cast(dtypes.float32) * a.exp(), (SQUARE,), None),
@@ -56,7 +59,7 @@ def test_llvm_matches_the_c_path_bit_for_bit(name, threads):
   with Context(THREADS=threads):
     outs = {dev: fn(*[Tensor(a, device=dev) for a in arrays]).numpy() for dev in ("CPU", "LLVM")}
   got, want = outs["LLVM"], outs["CPU"]
-  assert got.dtype == want.dtype and got.shape == want.shape, f"{name}: {got.dtype}{got.shape} vs {want.dtype}{want.shape}"
+  assert (got.dtype, got.shape) == (want.dtype, want.shape), f"{name}: LLVM {got.dtype} {got.shape}, CPU {want.dtype}"
   differ = np.flatnonzero((got != want) & ~(np.isnan(got) & np.isnan(want)))
   assert differ.size == 0, (f"{name}, THREADS={threads}: {differ.size} of {got.size} elements differ from CPU, first "
                             f"at {differ[0]}: LLVM {got.flat[differ[0]]!r}, CPU {want.flat[differ[0]]!r}")
@@ -92,3 +95,44 @@ def test_masked_row_never_reads_outside_the_buffer():
   small = RNG.standard_normal((1, 1, 1, 16), dtype=np.float32)
   got = Tensor(small, device="LLVM").pad((8, 8, 0, 0)).numpy()
   np.testing.assert_array_equal(got, np.pad(small, ((0, 0), (0, 0), (0, 0), (8, 8))))
+
+# ---- the thread pool built by LLVM (kiln/runtime/ops_llvm.py POOL_IR), for machines without a C compiler ----
+
+def test_llvm_built_pool_runs_every_chunk_once():
+  import ctypes
+  from kiln.runtime import threadpool
+  from kiln.runtime.ops_llvm import llvm_pool_library
+  library = llvm_pool_library()
+  handle = library.kiln_pool_create(3, threadpool.SPIN_NS)
+  assert handle and library.kiln_pool_size(handle) == 3
+  counts = np.zeros(64, np.int64)
+  seen_chunks = []
+  @ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int)
+  def task(bufs, vals, chunk, nchunks):   # a Python task: the pool calls it from its worker threads too
+    counts[chunk] += 1
+    seen_chunks.append(nchunks)
+  try:
+    for nchunks in (1, 2, 7, 64):
+      counts[:] = 0
+      library.kiln_pool_run(handle, ctypes.cast(task, ctypes.c_void_p), None, None, nchunks)
+      assert counts[:nchunks].tolist() == [1] * nchunks and not counts[nchunks:].any(), f"{nchunks} chunks: {counts}"
+  finally: library.kiln_pool_destroy(handle)
+  assert set(seen_chunks) == {1, 2, 7, 64}
+
+def test_kernels_run_on_the_llvm_built_pool_without_a_c_compiler(monkeypatch):
+  """With no C pool library (no C compiler), threads come from the LLVM-built pool, with the same results."""
+  from kiln.runtime import threadpool
+  from kiln.runtime.ops_llvm import LLVMPoolLibrary
+  def no_compiler(): raise RuntimeError("thread pool: could not build its C library (test: no C compiler)")
+  monkeypatch.setattr(threadpool._library_build, "get", no_compiler)
+  monkeypatch.setattr(threadpool, "_pools", {})
+  try:
+    for name in ("sum of 2**20 (split reduction)", "matmul 256", "softmax rows"):
+      fn, arrays, _ = WORKLOADS[name]
+      with Context(THREADS=1): want = fn(*[Tensor(a, device="LLVM") for a in arrays]).numpy()
+      with Context(THREADS=2): got = fn(*[Tensor(a, device="LLVM") for a in arrays]).numpy()
+      np.testing.assert_array_equal(got, want, err_msg=f"{name} on the LLVM-built pool")
+    assert 2 in threadpool._pools, "no launch ran on a pool of 2 threads"
+    assert isinstance(threadpool._pools[2].lib, LLVMPoolLibrary)
+  finally:
+    for pool in threadpool._pools.values(): pool.close()
