@@ -80,7 +80,8 @@ CACHEDB = ContextVar("CACHEDB", "", "where compiled kernels and BEAM results are
                      "XDG_CACHE_HOME/kiln). tinygrad's name; tinygrad keeps one sqlite file there")
 TRACEBACK_SOURCE = ContextVar("TRACEBACK_SOURCE", 1, "1: record the user's file:line on each Tensor op (for errors)")
 CC = ContextVar("CC", "", "C compiler for the CPU device (default: clang if on PATH, else gcc, else cc)")
-CFLAGS = ContextVar("CFLAGS", "-O2", "flags for the CPU device's C compiler")
+CFLAGS = ContextVar("CFLAGS", "", "extra flags for the CPU device's C compiler, after its defaults (-O2 -march=native), "
+                   "so a later -O or -march here wins")
 VECTORIZE = ContextVar("VECTORIZE", 1, "1: the C renderer turns a kernel's upcast lanes into explicit vector code "
                        "(kiln/codegen/vectorize.py); 0: scalar C, left to the C compiler's vectorizer")
 JIT = ContextVar("JIT", 1, "0: TinyJit runs the function eagerly every call; 2: replays without device graphs")

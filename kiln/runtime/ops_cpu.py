@@ -16,8 +16,9 @@ from kiln.runtime.threadpool import (MIN_WORK_PER_THREAD, build_library_in_backg
 
 # always on: no FMA contraction (results must match the reference bit for bit), no errno from libm, wrapping signed ints
 BASE_FLAGS = ("-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno", "-fwrapv", "-fno-strict-aliasing")
-# on by default, before CFLAGS so that a CFLAGS=-march=... (e.g. for a cache shared between machines) overrides it
-DEFAULT_FLAGS = ("-march=native",)
+# on by default, before CFLAGS so that a CFLAGS=-march=... or -O... (e.g. for a cache shared between machines)
+# overrides it: setting CFLAGS=-march=x86-64-v3 alone must not drop the optimization level
+DEFAULT_FLAGS = ("-O2", "-march=native")
 
 def find_c_compiler() -> str:
   """The C compiler to use: the CC setting if set, else clang if on PATH, else gcc, else cc."""
