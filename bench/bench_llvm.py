@@ -2,10 +2,13 @@
 and the kernel-only run time (program(..., wait=True), median of 30, the two devices interleaved) of a few workloads.
 
 Run: THREADS=1 python bench/bench_llvm.py   (and THREADS=2, ...; on an idle machine for the run times)
+     THREADS=2 python bench/bench_llvm.py --anchors   the compute rows of anchors.py (same shapes) on CPU and LLVM in
+     one process, whole calls (graph building, scheduling, kernels) interleaved call by call: the best wall time and
+     the best process CPU time of each, so that a machine shared with other work still gives a fair A/B
 """
-import shutil, statistics, time
+import shutil, statistics, sys, time
 import numpy as np
-from kiln import Tensor
+from kiln import Tensor, TinyJit, nn
 from kiln.device import Device
 from kiln.engine import realize
 from kiln.helpers import Context
@@ -74,4 +77,62 @@ def main() -> None:
   for name, ms in compile_ms.items():
     print(f"{name:26s} {statistics.median(ms):8.1f} {statistics.mean(ms):8.1f} {max(ms):8.1f}")
 
-if __name__ == "__main__": main()
+def anchor_workloads(device: str, rng: np.random.Generator) -> dict:
+  """name -> (a call that runs the row once on `device`, its work for the throughput column, unit)."""
+  def tensor(*shape: int) -> Tensor:
+    return Tensor(rng.standard_normal(shape, dtype=np.float32), device=device).realize()
+  rows = {}
+  for n in (512, 1024, 2048):
+    a, b = tensor(n, n), tensor(n, n)
+    rows[f"matmul {n}"] = (lambda a=a, b=b: (a @ b).realize(), 2 * n ** 3 / 1e9, "GFLOP/s")
+  a, b, c = tensor(1 << 24), tensor(1 << 24), tensor(1 << 24)
+  rows["elementwise exp(relu(a*b+c)*0.5) 16M"] = (lambda: ((a * b + c).relu() * 0.5).exp().realize(),
+                                                  4 * 4 * 2 ** 24 / 1e9, "GB/s")
+  rows["sum 16M"] = (lambda: a.sum().realize(), 4 * 2 ** 24 / 1e9, "GB/s")
+  x = tensor(4096, 4096)
+  rows["softmax 4096x4096"] = (lambda: x.softmax(-1).realize(), 2 * 4 * 4096 * 4096 / 1e9, "GB/s")
+  image, weight = tensor(16, 64, 56, 56), tensor(64, 64, 3, 3)
+  rows["conv2d 16x64x56x56 3x3"] = (lambda: image.conv2d(weight, padding=1).realize(),
+                                    2 * 16 * 64 * 56 * 56 * 64 * 9 / 1e9, "GFLOP/s")
+  sizes = (784, 512, 512, 10)
+  params = [tensor(i, o) * (1 / i ** 0.5) for i, o in zip(sizes, sizes[1:])]
+  params = [p for w in params for p in (w.realize(), Tensor.zeros(w.shape[1], device=device).contiguous().realize())]
+  for p in params: p.requires_grad = True
+  data = tensor(256, 784)
+  onehot = Tensor(np.eye(10, dtype=np.float32)[rng.integers(0, 10, 256)], device=device).realize()
+  optimizer = nn.optim.SGD(params, lr=0.01)
+  @TinyJit
+  def step(x: Tensor, y: Tensor) -> Tensor:
+    with Tensor.train():
+      optimizer.zero_grad()
+      w1, b1, w2, b2, w3, b3 = params
+      hidden = ((x @ w1 + b1).relu() @ w2 + b2).relu()
+      loss = -((hidden @ w3 + b3).log_softmax(-1) * y).sum(-1).mean()
+      loss.backward()
+      optimizer.step()
+      return loss.realize()
+  rows["MLP 784-512-512-10 SGD step, batch 256 (TinyJit)"] = (lambda: step(data, onehot), 1, "steps/s")
+  return rows
+
+def anchors(reps: int = 15) -> None:
+  """The anchors' compute rows on CPU and LLVM, call by call interleaved (see the module docstring)."""
+  from kiln.runtime.threadpool import thread_count
+  rows = {dev: anchor_workloads(dev, np.random.default_rng(0)) for dev in ("CPU", "LLVM")}
+  print(f"THREADS={thread_count()}; best of {reps} interleaved calls after 3 warm-ups; wall ms and process CPU ms")
+  print(f"{'row':50s} {'CPU wall':>9s} {'LLVM wall':>9s} {'ratio':>6s} {'CPU cpu':>9s} {'LLVM cpu':>9s} {'ratio':>6s} "
+        f"{'LLVM speed':>12s}")
+  for name in rows["CPU"]:
+    best = {dev: [float("inf"), float("inf")] for dev in rows}
+    for _ in range(3):
+      for dev in rows: rows[dev][name][0]()
+    for _ in range(reps):
+      for dev in rows:
+        wall, cpu = time.perf_counter(), time.process_time()
+        rows[dev][name][0]()
+        best[dev] = [min(best[dev][0], time.perf_counter() - wall), min(best[dev][1], time.process_time() - cpu)]
+    (cw, cc), (lw, lc) = best["CPU"], best["LLVM"]
+    work, unit = rows["LLVM"][name][1], rows["LLVM"][name][2]
+    print(f"{name:50s} {cw * 1e3:9.2f} {lw * 1e3:9.2f} {lw / cw:6.2f} {cc * 1e3:9.2f} {lc * 1e3:9.2f} {lc / cc:6.2f} "
+          f"{work / lw:7.1f} {unit}", flush=True)
+
+if __name__ == "__main__": anchors() if "--anchors" in sys.argv else main()

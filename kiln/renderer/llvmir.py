@@ -15,6 +15,12 @@ The generated code has the semantics of the C kernels (kiln/renderer/cstyle.py),
 
 Loops are `phi`-counted blocks; accumulators live in allocas that LLVM's mem2reg turns into registers. No fast-math
 flags are used: results must match the C and PYTHON devices bit for bit.
+
+Speed comes from what the C path has too: the upcast lanes become vector uops (kiln/codegen/vectorize.py, the same
+pass and thread-plan check as CRenderer.vectorize), rendered as LLVM vectors (`<16 x float>`, bool lanes `<16 x i1>`);
+a row of gated loads of consecutive elements (a padded window) is one `llvm.masked.load`; buffers are `noalias`; and
+kernels run split across the thread pool as the C kernels do (`_LLVMKernelWriter`'s docstring; kiln/runtime/ops_llvm.py
+compiles for the host CPU at O3).
 """
 from __future__ import annotations
 import math, struct
@@ -524,7 +530,8 @@ class _LLVMKernelWriter:
     vector or a vector of scalars is formed here, as the C renderer reads them where they are used)."""
     if u.op is Ops.CONST: return ll_const(u.arg, u.dtype)
     if u.op is Ops.DEFINE_GLOBAL: return f"%data{u.arg}"
-    if u.op is Ops.GEP: return self.inst(f"extractelement {ll_type(u.src[0].dtype)} {self.value(u.src[0])}, i32 {u.arg}")
+    if u.op is Ops.GEP:
+      return self.inst(f"extractelement {ll_type(u.src[0].dtype)} {self.value(u.src[0])}, i32 {u.arg}")
     if u.op is Ops.VECTORIZE: return self.vector_of(u)
     if u in self.accumulators: return self.inst(f"load {ll_type(u.dtype)}, ptr {self.accumulators[u]}", "%acc")
     if u not in self.values:
@@ -596,7 +603,8 @@ class _LLVMKernelWriter:
 
   def chunk_bounds(self, ty: str, extent: str, chunk: str, chunks: str) -> tuple[str, str]:
     """[begin, end) of chunk `chunk` (an i32) of `chunks` contiguous, balanced chunks of `extent` iterations."""
-    def wide(x: str, from_type: str) -> str: return x if from_type == "i64" else self.inst(f"sext {from_type} {x} to i64")
+    def wide(x: str, from_type: str) -> str:
+      return x if from_type == "i64" else self.inst(f"sext {from_type} {x} to i64")
     extent64, chunk64, chunks64 = wide(extent, ty), wide(chunk, "i32"), wide(chunks, "i32")
     bounds = []
     for index in (chunk64, self.inst(f"add nsw i64 {chunk64}, 1")):
@@ -641,7 +649,7 @@ class _LLVMKernelWriter:
   def _load(self, u: UOp) -> None:
     buf, index = u.src[0], u.src[1]
     self.note_dtype(u.dtype)
-    if u.dtype.count > 1:   # consecutive 32-bit lanes from `index` on, unaligned (never gated: kiln/codegen/vectorize.py)
+    if u.dtype.count > 1:   # consecutive 32-bit lanes from `index` on, unaligned (never gated: codegen/vectorize.py)
       pointer = self.element_pointer(buf, index)
       self.values[u] = self.inst(f"load {ll_type(u.dtype)}, ptr {pointer}, align {u.dtype.scalar.itemsize}")
       return
@@ -755,7 +763,8 @@ class _LLVMKernelWriter:
     return lines + body(args) + ["  ret void", "}"]
 
   # ---- a split reduction ----
-  def split_reduction(self, buffers: list[UOp], variables: list[UOp], params: list[str], own_args: list[str]) -> list[str]:
+  def split_reduction(self, buffers: list[UOp], variables: list[UOp], params: list[str],
+                      own_args: list[str]) -> list[str]:
     """The functions of a split reduction (see the class docstring); partials are laid out as in the C renderer."""
     red = self.reduction
     start = self.uops.index(red.loop)
@@ -775,8 +784,9 @@ class _LLVMKernelWriter:
     self.walk(self.uops[:end + 1])
     self.store_partials("%kiln_chunk")
     self.walk(self.uops[first_closer:])
-    part_lines = [f"define internal void @{part}({', '.join(params + ['i32 %kiln_chunk', 'ptr noalias %kiln_scratch'])}) "
-                  "nounwind {", "entry:", *self.allocas, *self.lines, "  ret void", "}"]
+    part_params = ", ".join(params + ["i32 %kiln_chunk", "ptr noalias %kiln_scratch"])
+    part_lines = [f"define internal void @{part}({part_params}) nounwind {{", "entry:", *self.allocas, *self.lines,
+                  "  ret void", "}"]
     # the finish function: the accumulators start from their identity, take every chunk's partial, then the epilogue
     self.mode = "finish"
     self.begin_function()
