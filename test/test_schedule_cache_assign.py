@@ -188,3 +188,62 @@ def test_results_of_an_overwritten_buffer_are_recomputed_after_a_hit():
     again = (w * 2).realize()     # the same graph over the new identity: computed from the new contents
     np.testing.assert_array_equal(doubled.numpy(), (np.float32([1, 2]) + step) * 2)
     np.testing.assert_array_equal(again.numpy(), (np.float32([1, 2]) + step + 1) * 2)
+
+# ---------------- distinct tensors of one value keep distinct buffers ----------------
+
+class TwinNorms:
+  """Two same-shaped BatchNorms over one input, summed: their weights and biases get identical gradient graphs."""
+  def __init__(self):
+    self.conv, self.out = nn.Conv2d(2, 4, 1, bias=False), nn.Conv2d(4, 3, 1, bias=False)
+    self.norm_a, self.norm_b = nn.BatchNorm2d(4), nn.BatchNorm2d(4)
+  def __call__(self, x: Tensor) -> Tensor:
+    h = self.conv(x)
+    return self.out((self.norm_a(h) + self.norm_b(h)).relu()).mean((2, 3))
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_parameters_with_identical_gradients_train_apart_like_torch(momentum):
+  # their first updates (and zero momentum states) differ only below a UNIQUE, which the scheduler drops: they used to
+  # share one buffer, so one parameter's update overwrote the other's and the next gradients were doubled
+  import torch
+  Tensor.manual_seed(0)
+  net = TwinNorms()
+  conv, out = torch.nn.Conv2d(2, 4, 1, bias=False), torch.nn.Conv2d(4, 3, 1, bias=False)
+  conv.weight.data, out.weight.data = torch.tensor(net.conv.weight.numpy()), torch.tensor(net.out.weight.numpy())
+  norm_a, norm_b = torch.nn.BatchNorm2d(4), torch.nn.BatchNorm2d(4)
+  opt = SGD(get_parameters(net), lr=0.1, momentum=momentum)
+  torch_opt = torch.optim.SGD([*conv.parameters(), *out.parameters(), *norm_a.parameters(), *norm_b.parameters()],
+                              lr=0.1, momentum=momentum)
+  images = np.random.default_rng(0).standard_normal((2, 2, 3, 3)).astype(np.float32)
+  labels = np.int32([0, 2])
+  x, y = Tensor(images).realize(), Tensor(labels).realize()
+  with Tensor.train():
+    for step in range(4):
+      opt.zero_grad()
+      loss = net(x).sparse_categorical_crossentropy(y)
+      loss.backward()
+      Tensor.realize(loss, *opt.schedule_step())
+      torch_opt.zero_grad()
+      h = conv(torch.tensor(images))
+      torch_loss = torch.nn.functional.cross_entropy(out(torch.relu(norm_a(h) + norm_b(h))).mean((2, 3)),
+                                                     torch.tensor(labels).long())
+      torch_loss.backward()
+      torch_opt.step()
+      np.testing.assert_allclose(loss.item(), torch_loss.item(), rtol=1e-5, err_msg=f"step {step}")
+      for name, mine, theirs in (("norm_a.bias", net.norm_a.bias, norm_a.bias), ("norm_b.weight", net.norm_b.weight,
+                                 norm_b.weight), ("out.weight", net.out.weight, out.weight)):
+        np.testing.assert_allclose(mine.grad.numpy(), theirs.grad.numpy(), rtol=1e-4, atol=1e-6,
+                                   err_msg=f"step {step}: {name}.grad")
+        np.testing.assert_allclose(mine.numpy(), theirs.detach().numpy(), rtol=1e-4, atol=1e-6,
+                                   err_msg=f"step {step}: {name}")
+  assert net.norm_a.bias.uop.base.buffer is not net.norm_b.bias.uop.base.buffer
+
+def test_two_tensors_whose_graphs_differ_below_a_detach_get_their_own_buffers():
+  a, b = Tensor.zeros(3).contiguous(), Tensor.zeros(3).contiguous()   # distinct zeros, equal once UNIQUE is dropped
+  g = Tensor([1.0, 2.0, 3.0]).realize()
+  a.assign(a.detach() + g)
+  b.assign(b.detach() + g)
+  Tensor.realize(a, b)
+  assert a.uop.base.buffer is not b.uop.base.buffer
+  a.assign(a * 10).realize()
+  np.testing.assert_array_equal(a.numpy(), [10, 20, 30])
+  np.testing.assert_array_equal(b.numpy(), [1, 2, 3])

@@ -274,7 +274,17 @@ def _prepare(roots: list[UOp]) -> tuple[list[UOp], bool]:
     else:
       src = tuple(done[s] for s in node.src)
       done[node] = node if src == node.src else node.replace(src=src)
-  return [done[r] for r in roots], reads_disk
+  # distinct roots that became one node (they differed only below a UNIQUE or DETACH: two optimizers' zero states
+  # updated by one gradient, two same-shaped parameters' first updates) are distinct tensors: each keeps a buffer of
+  # its own, or assigning one of them later would overwrite the other (the later ones copy the first's value)
+  prepared: list[UOp] = []
+  seen: set[UOp] = set()
+  for r in roots:
+    node = done[r]
+    if node in seen and not is_realized_view(node): node = node.unique()
+    seen.add(node)
+    prepared.append(node)
+  return prepared, reads_disk
 
 def _packs_matmul_operands(device: str) -> bool: return Device[device].renderer.packs_matmul_operands
 
