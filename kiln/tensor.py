@@ -200,13 +200,24 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     todo = [(t, t.uop) for t in dict.fromkeys(tensors) if not t.uop.base.op is Ops.BUFFER]
     if not todo: return
     roots = list(dict.fromkeys(uop for _, uop in todo))
-    schedule = create_schedule(roots)
-    if schedule.overwritten and (stale := _pending_readers(schedule.overwritten, {id(t) for t, _ in todo})):
-      # PyTorch order: a tensor built before the assign holds the old values, so it is computed in the same run,
-      # ordered before the overwrite (the scheduler runs reads of a buffer's old value before its assign)
-      todo += [(t, t.uop) for t in stale]
-      roots = list(dict.fromkeys(uop for _, uop in todo))
-      schedule = create_schedule(roots)
+    schedule = None
+    # PyTorch order: a tensor built before an assign holds the old values, so it is computed in the same run, ordered
+    # before the overwrite (the scheduler runs reads of a buffer's old value before its assign). The buffers that
+    # assign roots overwrite are known before scheduling (an optimizer step's are all roots), so their readers join
+    # the first schedule; one that a pending assign deeper in the graph overwrites is found in the schedule
+    targets = [root.src[0].base for root in roots if root.op is Ops.ASSIGN]
+    overwritten = [target.buffer for target in targets if target.op is Ops.BUFFER and target.buffer is not None]
+    checked: set[int] = set()
+    while True:
+      unchecked = [buf for buf in overwritten if id(buf) not in checked]
+      checked.update(id(buf) for buf in unchecked)
+      if unchecked and (stale := _pending_readers(unchecked, {id(t) for t, _ in todo})):
+        todo += [(t, t.uop) for t in stale]
+        roots = list(dict.fromkeys(uop for _, uop in todo))
+        schedule = None
+      if schedule is None: schedule = create_schedule(roots)
+      overwritten = schedule.overwritten
+      if all(id(buf) in checked for buf in overwritten): break
     run_schedule(schedule.items)
     # results computed earlier from the old contents of overwritten buffers no longer stand for their graphs; this
     # run's results do (the scheduler read the old contents before overwriting them), so they are registered after
@@ -216,7 +227,8 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     for t, old in todo:
       new = schedule.results[old]
       if new is not old:
-        if new.base.op is Ops.BUFFER and id(new.base.buffer) in inputs:
+        # (an assign's result is a node of its own already: see kernelize._assign_result)
+        if old.op is not Ops.ASSIGN and new.base.op is Ops.BUFFER and id(new.base.buffer) in inputs:
           # nothing was computed (`x.detach()` of a realized x): the result is a view of an input's buffer, so it
           # gets a node of its own over the same storage, or it would be the input itself to autograd and assign
           new = _alias_view(new)
