@@ -43,12 +43,13 @@ class CPUGraph(GraphRunner):
 
   def __init__(self, items: list[ExecItem], swapped: set[tuple[int, int]]):
     super().__init__(items, swapped)
-    calls, pointers, values, functions = [], [], [], []
+    pointers, values, functions = [], [], []
     self.dynamic: list[tuple[int, list, int]] = []   # (pointer table index, the item's buffer list, position)
     self.threads = max(it.runner.program.threads() for it in items)
     self.var_slots: list[tuple[int, dict, object]] = []
     self.scratch: list = []   # split reductions' scratch buffers, kept alive with the graph
-    run_type = "void (*)(void*, void*, void**, const int*, int)"
+    plan: list[tuple] = []   # per kernel: ("pool", i, first pointer, first value, chunks) or ("direct", i, first
+                             # pointer, pointer count, first value, value count), rendered by graph_source
     for i, item in enumerate(items):
       runner, program = item.runner, item.runner.program
       first_pointer, first_value = len(pointers), len(values)
@@ -64,24 +65,34 @@ class CPUGraph(GraphRunner):
         if program.chunks:   # a split reduction: its scratch follows its buffers
           self.scratch.append(program.new_scratch())
           pointers.append(self.scratch[-1].ctypes.data)
-        chunks = program.pool_chunks()
-        calls.append(f"  (({run_type})run)(pool, f[{i}], p + {first_pointer}, v + {first_value}, {chunks});")
+        plan.append(("pool", i, first_pointer, first_value, program.pool_chunks()))
         continue
       functions.append(ctypes.cast(program.fxn, ctypes.c_void_p).value)
-      args = [f"p[{first_pointer + k}]" for k in range(len(runner.params))]
-      args += [f"v[{first_value + k}]" for k in range(len(runner.vars))] + ["0", "1"]
-      arg_types = ", ".join(["void*"] * len(runner.params) + ["int"] * (len(runner.vars) + 2))
-      calls.append(f"  ((void (*)({arg_types}))f[{i}])({', '.join(args)});")
-    source = ("void kiln_graph(void **f, void **p, const int *v, void *pool, void *run) {\n" + "\n".join(calls)
-              + "\n}\n")
+      plan.append(("direct", i, first_pointer, len(runner.params), first_value, len(runner.vars)))
     device = Device[items[0].runner.device]
-    lib = device.compiler.compile_cached(source)
+    lib = device.compiler.compile_cached(self.graph_source(plan))
     self.program = device.runtime("kiln_graph", lib)   # keeps the library loaded
     self.program.fxn.argtypes = [ctypes.c_void_p] * 5
     self.functions = (ctypes.c_void_p * len(items))(*functions)
     self.pointers = (ctypes.c_void_p * max(1, len(pointers)))(*pointers)
     self.values = (ctypes.c_int * max(1, len(values)))(*values)
     self._bind_pool()
+
+  @staticmethod
+  def graph_source(plan: list[tuple]) -> str:
+    """The C function `kiln_graph(f, p, v, pool, run)` that makes the calls of `plan` in order (see __init__)."""
+    run_type = "void (*)(void*, void*, void**, const int*, int)"
+    calls = []
+    for kind, i, first_pointer, *rest in plan:
+      if kind == "pool":
+        first_value, chunks = rest
+        calls.append(f"  (({run_type})run)(pool, f[{i}], p + {first_pointer}, v + {first_value}, {chunks});")
+        continue
+      pointers, first_value, values = rest
+      args = [f"p[{first_pointer + k}]" for k in range(pointers)] + [f"v[{first_value + k}]" for k in range(values)]
+      arg_types = ", ".join(["void*"] * pointers + ["int"] * (values + 2))
+      calls.append(f"  ((void (*)({arg_types}))f[{i}])({', '.join(args + ['0', '1'])});")
+    return "void kiln_graph(void **f, void **p, const int *v, void *pool, void *run) {\n" + "\n".join(calls) + "\n}\n"
 
   def _bind_pool(self) -> None:
     """The call with this process's thread pool (again after a fork: the child gets a new pool)."""
@@ -97,8 +108,35 @@ class CPUGraph(GraphRunner):
     if self.pool is not None and not self.pool.alive: self._bind_pool()
     self._call()
 
+class LLVMGraph(CPUGraph):
+  """The CPU graph for the LLVM device (the same kernels' entry points and thread pool): its function in LLVM IR."""
+  @staticmethod
+  def graph_source(plan: list[tuple]) -> str:
+    """`kiln_graph(f, p, v, pool, run)` as CPUGraph.graph_source, in LLVM IR."""
+    lines = ["define void @kiln_graph(ptr %f, ptr %p, ptr %v, ptr %pool, ptr %run) {", "entry:"]
+    for kind, i, first_pointer, *rest in plan:
+      lines += [f"  %fp{i} = getelementptr inbounds ptr, ptr %f, i64 {i}", f"  %fn{i} = load ptr, ptr %fp{i}"]
+      if kind == "pool":
+        first_value, chunks = rest
+        lines += [f"  %pp{i} = getelementptr inbounds ptr, ptr %p, i64 {first_pointer}",
+                  f"  %vp{i} = getelementptr inbounds i32, ptr %v, i64 {first_value}",
+                  f"  call void %run(ptr %pool, ptr %fn{i}, ptr %pp{i}, ptr %vp{i}, i32 {chunks})"]
+        continue
+      pointers, first_value, values = rest
+      args = []
+      for k in range(pointers):
+        lines += [f"  %p{i}_{k}p = getelementptr inbounds ptr, ptr %p, i64 {first_pointer + k}",
+                  f"  %p{i}_{k} = load ptr, ptr %p{i}_{k}p"]
+        args.append(f"ptr %p{i}_{k}")
+      for k in range(values):
+        lines += [f"  %v{i}_{k}p = getelementptr inbounds i32, ptr %v, i64 {first_value + k}",
+                  f"  %v{i}_{k} = load i32, ptr %v{i}_{k}p"]
+        args.append(f"i32 %v{i}_{k}")
+      lines.append(f"  call void %fn{i}({', '.join(args + ['i32 0', 'i32 1'])})")
+    return "\n".join(lines + ["  ret void", "}", ""])
+
 # device name -> its graph class; a device without an entry replays launch by launch
-GRAPHS: dict[str, type[GraphRunner]] = {"CPU": CPUGraph}
+GRAPHS: dict[str, type[GraphRunner]] = {"CPU": CPUGraph, "LLVM": LLVMGraph}
 
 def _device_of(item: ExecItem) -> str | None:
   return getattr(item.runner, "device", None)

@@ -49,6 +49,9 @@ def _target_id() -> str:
 class LLVMCompiler(Compiler):
   """LLVM IR text -> object code: parse, verify, optimize at O3 (loop and SLP vectorizers on) for the host CPU, emit
   an object file."""
+  # llvmlite calls LLVM through ctypes (the GIL released) under its own lock: compiles on background threads run one
+  # at a time, but overlap the Python codegen of the next kernels (kiln/device.py, CompilePipeline)
+  runs_in_subprocess = True
   def cache_key(self) -> str:
     """Class name, optimization level and the target the code is made for (see _target_id)."""
     return f"{type(self).__name__} O{OPT_LEVEL} {_target_id()}"
