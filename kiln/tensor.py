@@ -224,6 +224,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     for buf in schedule.overwritten: _forget_results_computed_from(buf)
     differentiable = _graphs_needing_gradients(roots)
     inputs = {id(buf) for buf in schedule.inputs}
+    realized_from_inputs: list[UOp] = []
     for t, old in todo:
       new = schedule.results[old]
       if new is not old:
@@ -239,13 +240,14 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
         if old.op is not Ops.ASSIGN and (schedule.inputs or old.op is Ops.UNIQUE):
           old.forward = new
           # its own buffer too: once an assign overwrites it, an equal graph built later must be computed again
-          own = [new.base.buffer] if new.base.op is Ops.BUFFER else []
-          for buf in [*schedule.inputs, *own]:
-            if (readers := _computed_from.get(buf)) is None: readers = _computed_from[buf] = weakref.WeakSet()
-            readers.add(old)
+          if new.base.op is Ops.BUFFER: _results_of(new.base.buffer).add_nodes([old])
+          realized_from_inputs.append(old)
         # the realized node remembers its graph, so backward() still reaches the parameters behind it
         if old in differentiable and new.origin is None: new.origin = old
         t.uop = new
+    if realized_from_inputs:   # one set of this run's results, shared by every input buffer (hundreds in a step)
+      group = weakref.WeakSet(realized_from_inputs)
+      for buf in schedule.inputs: _results_of(buf).add_group(group)
 
   def schedule(self, *others: Tensor) -> list:
     """The kernels that realizing this tensor would run (nothing runs)."""
@@ -1400,8 +1402,33 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     try: yield
     finally: Tensor.training = previous
 
+class _ComputedFrom:
+  """The realized graph nodes computed from one buffer, iterated as nodes. Kept as weak sets that several buffers
+  share (one per realize run for all its inputs), so registering a run's results under each of its many input
+  buffers costs one append per buffer, not one per result and buffer."""
+  __slots__ = ("groups", "prune_at")
+  def __init__(self) -> None:
+    self.groups: list[weakref.WeakSet] = []
+    self.prune_at = 16
+  def add_group(self, group: weakref.WeakSet) -> None:
+    """Record the nodes of `group` (shared, not copied)."""
+    self.groups.append(group)
+    if len(self.groups) >= self.prune_at:   # sets whose nodes all died are dropped; amortized by doubling
+      self.groups = [g for g in self.groups if len(g)]
+      self.prune_at = max(16, 2 * len(self.groups))
+  def add_nodes(self, nodes: list[UOp]) -> None:
+    """Record `nodes` in a set of their own."""
+    self.add_group(weakref.WeakSet(nodes))
+  def __iter__(self):
+    return iter([node for group in list(self.groups) for node in list(group)])
+
 # realized graph nodes (whose `forward` points at their result) by the buffers they were computed from
 _computed_from: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+def _results_of(buf: Buffer) -> _ComputedFrom:
+  """The record of nodes computed from `buf`, made on first use."""
+  if (found := _computed_from.get(buf)) is None: found = _computed_from[buf] = _ComputedFrom()
+  return found
 
 def _forget_results_computed_from(buf: Buffer) -> None:
   """`buf` was overwritten: results computed from its old contents no longer stand for their graphs, so a graph
