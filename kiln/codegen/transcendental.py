@@ -228,12 +228,18 @@ def cos_kernel(r: UOp, r_lo: UOp) -> UOp:
   # (1 - w) - half_z recovers what rounding w lost
   return w + (((1.0 - w) - half_z) + (z * z * polynomial(z, COS_C) - r * r_lo))
 
+def quadrant_parts(quadrant: UOp) -> tuple[UOp, UOp, UOp]:
+  """(odd, even, sign) of the quadrant q as float64 0.0/1.0, 1.0/0.0 and +-1.0 (q mod 2 and q mod 4), for blending
+  by multiplication (exact): gcc compiles WHEREs on a quadrant, random from lane to lane, to mispredicted branches."""
+  q = quadrant.cast(dtypes.uint64)
+  odd = (q & const(dtypes.uint64, 1)).cast(dtypes.float64)
+  sign = 1.0 - shr(q & const(dtypes.uint64, 2), 1).cast(dtypes.float64) * 2.0
+  return odd, 1.0 - odd, sign
+
 def sin_by_quadrant(quadrant: UOp, r: UOp, r_lo: UOp) -> UOp:
   """sin(q*pi/2 + r) from the quadrant q (any integer dtype; only q mod 4 matters)."""
-  q = quadrant.cast(dtypes.int32) & const(dtypes.int32, 3)
-  s, c = sin_kernel(r, r_lo), cos_kernel(r, r_lo)
-  value = (q & const(dtypes.int32, 1)).eq(0).where(s, c)
-  return (q & const(dtypes.int32, 2)).eq(0).where(value, -value)
+  odd, even, sign = quadrant_parts(quadrant)
+  return (sin_kernel(r, r_lo) * even + cos_kernel(r, r_lo) * odd) * sign
 
 # pi/2 in four pieces: the first three have 33 significant bits, so n*piece is exact for n < 2**20; their sum is
 # within 2**-150 of pi/2, enough for the closest float64 to a multiple of pi/2 below the limit
@@ -262,10 +268,12 @@ TWO_OVER_PI_LIMBS = [0, 0] + [(_TWO_OVER_PI_INT >> (TWO_OVER_PI_BITS - 32 * (i +
                               for i in range(TWO_OVER_PI_BITS // 32)]
 
 def select_limb(index: UOp, first: int, last: int) -> UOp:
-  """TWO_OVER_PI_LIMBS[index] as uint64, for index in [first, last] (a chain of WHEREs: uops have no tables)."""
-  value = const(dtypes.uint64, TWO_OVER_PI_LIMBS[last])
-  for i in range(last - 1, first - 1, -1):
-    value = index.eq(i).where(const(dtypes.uint64, TWO_OVER_PI_LIMBS[i]), value)
+  """TWO_OVER_PI_LIMBS[index] as uint64, for index in [first, last]: uops have no tables, so the OR of each limb
+  masked by index == i (a chain of WHEREs would be compiled to a jump table, mispredicted when exponents vary)."""
+  value = const(dtypes.uint64, 0)
+  for i in range(first, last + 1):
+    mask = const(dtypes.uint64, 0) - index.eq(i).cast(dtypes.uint64)
+    value = value | (mask & const(dtypes.uint64, TWO_OVER_PI_LIMBS[i]))
   return value
 
 def two_over_pi_window(bit_offset: UOp, limbs: int, lo_limb: int, hi_limb: int) -> list[UOp]:
@@ -377,26 +385,34 @@ def two_product(a: UOp, b: UOp) -> tuple[UOp, UOp]:
   return p, ((a_hi * b_hi - p) + a_hi * b_lo + a_lo * b_hi) + a_lo * b_lo
 
 def tan_float(x: UOp, fmt: FloatFormat, widened: bool = False) -> UOp:
-  """tan(x) for a float32/float64 node (`widened`: a float32 x, the float64 result unrounded): sin(r) and cos(r) as
-  unrounded pairs hi + lo from the kernels' own sums, divided by quadrant (s/c, or -c/s), and the quotient corrected
-  by its residual (n - q*d, with q*d exact by two_product), so the result is rounded about once."""
+  """tan(x) for a float32/float64 node (`widened`: a float32 x, the float64 result unrounded, already ~2**-45
+  relative as sin/cos; float32 is not meant to come here unwidened): sin(r) and cos(r) as unrounded pairs hi + lo
+  from the kernels' own sums, divided by quadrant (s/c, or -c/s); float64 corrects the quotient by its residual
+  (n - q*d, with q*d exact by two_product), so it is rounded about once, not after three roundings."""
   finite, q, r, r_lo = reduce_quadrant(x, fmt)
-  z, z_err = two_product(r, r)   # (z's rounding would be 0.3 ulp of cos(r) near pi/4)
+  exact_z = fmt is F64 and not widened
+  # (z's rounding would be 0.3 ulp of cos(r) near pi/4)
+  z, z_err = two_product(r, r) if exact_z else (r * r, const(dtypes.float64, 0.0))
   sin_hi, sin_lo = r, r * (z * polynomial(z, SIN_S)) + r_lo * (1.0 - z * 0.5)
   half_z = z * 0.5
   cos_hi = 1.0 - half_z
-  cos_lo = ((1.0 - cos_hi) - half_z) + ((z * z * polynomial(z, COS_C) - r * r_lo) - z_err * 0.5)
-  odd = (q.cast(dtypes.int32) & const(dtypes.int32, 1)).ne(0)
-  num_hi, num_lo = odd.where(-cos_hi, sin_hi), odd.where(-cos_lo, sin_lo)   # tan(r + pi/2) = -cos(r)/sin(r)
-  den_hi, den_lo = odd.where(sin_hi, cos_hi), odd.where(sin_lo, cos_lo)
+  cos_tail = z * z * polynomial(z, COS_C) - r * r_lo
+  cos_lo = ((1.0 - cos_hi) - half_z) + ((cos_tail - z_err * 0.5) if exact_z else cos_tail)
+  # by quadrant: tan(r + pi/2) = -cos(r)/sin(r). Blended by multiplying with the parity 0.0/1.0 (exact), not selected:
+  # gcc compiles these selects of random parity to branches (a 4096x4096 float32 tan ran 2x slower than sin)
+  odd = (q & const(dtypes.uint64, 1)).cast(dtypes.float64)
+  even = 1.0 - odd
+  num_hi, num_lo = sin_hi * even - cos_hi * odd, sin_lo * even - cos_lo * odd
+  den_hi, den_lo = cos_hi * even + sin_hi * odd, cos_lo * even + sin_lo * odd
   den = den_hi + den_lo
-  quotient = (num_hi + num_lo) / den
-  product, product_err = two_product(quotient, den_hi)
-  # num_hi - product is exact (within a factor 2 of each other); the rest is small against the quotient
-  residual = ((num_hi - product) - product_err) + (num_lo - quotient * den_lo)
-  value = quotient + residual / den
-  if not widened: value = value.cast(fmt.dtype)
+  value = (num_hi + num_lo) / den
+  if exact_z:
+    product, product_err = two_product(value, den_hi)
+    # num_hi - product is exact (within a factor 2 of each other); the rest is small against the quotient
+    residual = ((num_hi - product) - product_err) + (num_lo - value * den_lo)
+    value = value + residual / den
   out = dtypes.float64 if widened else fmt.dtype
+  if not widened: value = value.cast(out)
   result = copy_sign_bit(value, x.cast(out) if widened else x, FORMATS[out])   # tan is odd
   return finite.where(result, const(out, math.nan))
 
