@@ -19,27 +19,17 @@ from kiln.codegen.transcendental import PI as _PI
 if TYPE_CHECKING: from kiln.tensor import Tensor  # noqa: F401
 
 LN2 = math.log(2)
-# Taylor coefficients of erf(x)/x in powers of x*x: 2/sqrt(pi) * (-1)^n / (n! (2n+1)); 12 terms: exact to 1e-9 on |x|<1
-_ERF_TAYLOR = [2 / math.sqrt(math.pi) * (-1) ** n / (math.factorial(n) * (2 * n + 1)) for n in range(12)]
 # sinh(x)/x in powers of x*x: 1/(2n+1)!; 6 terms are exact to 2e-10 on |x|<1
 _SINH_TAYLOR = [1 / math.factorial(2 * n + 1) for n in range(6)]
 # asin(x) = x + x^3 * P(x^2) on |x| <= 0.5 and atan(x) = x + x^3 * Q(x^2) on |x| <= tan(pi/8): minimax fits
 # (Moshier's Cephes asinf/atanf), accurate to float32 rounding; highest power first
 _ASIN_P = [4.2163199048e-2, 2.4181311049e-2, 4.5470025998e-2, 7.4953002686e-2, 1.6666752422e-1]
 _ATAN_Q = [8.05374449538e-2, -1.38776856032e-1, 1.99777106478e-1, -3.33329491539e-1]
-# erfc(x) ~ t*exp(-x^2 + R(t)) with t = 1/(1 + x/2), relative error < 1.2e-7 for x >= 0 (Numerical Recipes' erfcc,
-# a Chebyshev fit); highest power first
-_ERFC_R = [0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806, 0.09678418, 0.37409196,
-           1.00002368, -1.26551223]
-
-# float64 erf: the Taylor series below 1 (19 terms: the first dropped one is below 2**-56 at x = 1, highest first) and
-# erfc(x) = exp(-x*x) * erfcx(x) for x >= 1, erfcx as a Chebyshev series in t = (x - 4) / (x + 4), which maps
-# [0, inf) to [-1, 1): 24 terms, by interpolation at the Chebyshev nodes in 40-digit mpmath (the last coefficient
-# is 4e-17 of the value); the interpolation error is below 2**-60, the float64 evaluation's about 2 ulp of erfcx
+# erf: the Taylor series below 1 and erfc(x) = exp(-x*x) * erfcx(x) above, erfcx as a Chebyshev series in
+# t = (x - 4) / (x + 4), which maps [0, inf) to [-1, 1): 24 terms, by interpolation at the Chebyshev nodes in 40-digit
+# mpmath (the last coefficient is 4e-17 of the value); the interpolation error is below 2**-60, the float64
+# evaluation's about 2 ulp of erfcx (see _erf_positive)
 _TWO_OVER_SQRT_PI = 2 / (decimal.Context(prec=50).divide(_PI.numerator, _PI.denominator)).sqrt(decimal.Context(prec=50))
-# erf(x) = x + x * (2/sqrt(pi) - 1 - ...): the last addition is of x itself, so the sum's rounding errors shrink 5x
-_ERF_TAYLOR_F64 = [float(_TWO_OVER_SQRT_PI * (-1) ** n / (math.factorial(n) * (2 * n + 1)) - (n == 0))
-                   for n in range(18, -1, -1)]
 _ERFCX_K = 4.0
 _ERFCX_CHEBYSHEV = (0.2981017936936576, -0.42908644125580536, 0.18027256568771055, -0.06523752449734899,
                     0.020367256576744864, -0.005449087066459008, 0.0012278515372606755, -0.0002246979421877305,
@@ -120,23 +110,40 @@ def _tan_backward(gradient: UOp, node: UOp) -> tuple[UOp]:
 
 custom_backward_rules.update({"exp": _exp_backward, "cos": _cos_backward, "tan": _tan_backward})
 
-def _erf_float64(a: Tensor) -> Tensor:
-  """erf(a) for float64 a >= 0 (or NaN), within about 1.5 ulp: the Taylor series below 1, else 1 - erfc(a) with
-  erfc(a) = exp(-a*a) * erfcx(a). a*a is split as hi*hi + d (hi: a's top 26 bits, so hi*hi is exact, and
-  d = (a - hi) * (a + hi) < 2e-6), exp(-a*a) = exp(-hi*hi) * (1 - d + d*d/2): rounding a*a would cost up to 36 * 2**-53
-  relative in the tail."""
+class _ErfFormat(NamedTuple):
+  """What the erf evaluation needs to know about a float format."""
+  taylor: list[float]    # erf(x)/x - 1 in powers of x*x, highest first: the first dropped term is below 2**-26 / 2**-56
+  chebyshev: tuple[float, ...]   # erfcx's series, truncated where its terms fall below 1e-9 / 4e-17 of the value
+  bits: DType            # the integer type of the same size (to clear low mantissa bits)
+  low_bits: int          # cleared: hi keeps 12 / 26 significant bits, so hi*hi is exact
+  limit: float           # beyond, exp(-x*x) is 0 (float32: 3.7e-44 at 10), and so is the slope
+
+def _erf_taylor(terms: int) -> list[float]:
+  """The Taylor coefficients of erf(x)/x - 1 (2/sqrt(pi) * (-1)**n / (n! (2n+1)), less 1 for n = 0), highest first."""
+  return [float(_TWO_OVER_SQRT_PI * (-1) ** n / (math.factorial(n) * (2 * n + 1)) - (n == 0))
+          for n in range(terms - 1, -1, -1)]
+
+_ERF_FORMATS = {dtypes.float32: _ErfFormat(_erf_taylor(11), _ERFCX_CHEBYSHEV[:13], dtypes.int32, 12, 10.0),
+                dtypes.float64: _ErfFormat(_erf_taylor(19), _ERFCX_CHEBYSHEV, dtypes.int64, 27, 30.0)}
+
+def _erf_positive(a: Tensor) -> Tensor:
+  """erf(a) for float32/float64 a >= 0 (or NaN), within about 1 ulp: x + x*(Taylor tail) below 1 (adding x last
+  shrinks the sum's rounding errors), else 1 - erfc(a) with erfc(a) = exp(-a*a) * erfcx(a). a*a is split as
+  hi*hi + d (hi*hi exact, d = (a - hi) * (a + hi) small), exp(-a*a) = exp(-hi*hi) * (1 - d + d*d/2): rounding a*a
+  would cost up to a*a ulp of erfc."""
+  fmt = _ERF_FORMATS[a.dtype]
   tail = a >= 1
   near = tail.where(0.0, a)   # each branch on inputs where it is finite, so the gradient of the other stays finite
   square = near * near
-  series = near + near * functools.reduce(lambda acc, c: acc * square + c, _ERF_TAYLOR_F64[1:], _ERF_TAYLOR_F64[0])
-  far = tail.where((a < 30).where(a, 30.0), 1.0)   # erfc(30) = exp(-900) * ... is 0 in float64, as is its slope
+  series = near + near * functools.reduce(lambda acc, c: acc * square + c, fmt.taylor[1:], fmt.taylor[0])
+  far = tail.where((a < fmt.limit).where(a, fmt.limit), 1.0)
   t = (far - _ERFCX_K) / (far + _ERFCX_K)
   # Clenshaw's recurrence for sum c_j T_j(t)
   later, latest = t * 0, t * 0
-  for c in _ERFCX_CHEBYSHEV[:0:-1]: later, latest = 2 * t * later - latest + c, later
-  erfcx = t * later - latest + _ERFCX_CHEBYSHEV[0]
+  for c in fmt.chebyshev[:0:-1]: later, latest = 2 * t * later - latest + c, later
+  erfcx = t * later - latest + fmt.chebyshev[0]
   # (the split is constant for autograd: the gradient of hi*hi + d is 2*a all the same)
-  hi = (far.detach().bitcast(dtypes.int64) & ~((1 << 27) - 1)).bitcast(dtypes.float64)
+  hi = (far.detach().bitcast(fmt.bits) & ~((1 << fmt.low_bits) - 1)).bitcast(a.dtype)
   d = (far - hi) * (far + hi)
   erfc = (-(hi * hi)).exp() * (1 - d + d * d * 0.5) * erfcx
   return tail.where(1 - erfc, series)
@@ -392,19 +399,8 @@ class ElementwiseMixin:
     >>> Tensor([0.0]).erf().item()
     0.0
     """
-    def positive(a: Tensor) -> Tensor:
-      tail = a >= 1
-      series = tail.where(0.0, a)
-      a_tail = tail.where(a, 1.0)
-      t = 1 / (1 + 0.5 * a_tail)
-      erfc = t * (_poly(t, _ERFC_R) - a_tail * a_tail).exp()
-      return tail.where(1 - erfc, series * _poly(series * series, _ERF_TAYLOR[::-1]))
-    # float32 (and half types) are evaluated in float64: both approximations are good to about 1e-9 relative, but
-    # their float32 Horner sums and the 1 - erfc lose 2-3 ulp
-    if self.dtype in (dtypes.float32, dtypes.float16, dtypes.bfloat16):
-      return _odd(self.cast(dtypes.float64), positive).cast(self.dtype)
-    if self.dtype == dtypes.float64: return _odd(self, _erf_float64)
-    return self._in_float(lambda x: _odd(x, positive))
+    # (see _erf_positive; half types in float32, rounded once)
+    return self._in_float(lambda x: _odd(x, _erf_positive))
 
   def copysign(self, other) -> Tensor:
     """The magnitude of this tensor with the sign (bit) of `other`, elementwise; the result is float, as in PyTorch.
