@@ -242,8 +242,11 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
           # its own buffer too: once an assign overwrites it, an equal graph built later must be computed again
           if new.base.op is Ops.BUFFER: _results_of(new.base.buffer).add_nodes([old])
           realized_from_inputs.append(old)
-        # the realized node remembers its graph, so backward() still reaches the parameters behind it
-        if old in differentiable and new.origin is None: new.origin = old
+        # the realized node remembers its graph, so backward() still reaches the parameters behind it. An assign's
+        # gradient flows to its target alone (gradient.py), so its result remembers a marker over the target's
+        # identity instead (_origin_of): remembering the assign itself chained every optimizer step to the one
+        # before (their updates, gradients and forward passes stayed alive and every backward() walked them all)
+        if old in differentiable and new.origin is None: new.origin = _origin_of(old)
         t.uop = new
     if realized_from_inputs:   # one set of this run's results, shared by every input buffer (hundreds in a step)
       group = weakref.WeakSet(realized_from_inputs)
@@ -1437,6 +1440,23 @@ def _forget_results_computed_from(buf: Buffer) -> None:
 
 # dtypes a Python scalar is written into by a host copy on assign (besides the ints): NumPy rounds them as kernels do
 _HOST_SCALAR_DTYPES = (dtypes.float32, dtypes.float64, dtypes.bool)
+
+def _origin_of(realized: UOp) -> UOp:
+  """The node a realized root's result remembers for autograd: the root itself, or for an assign a new UNIQUE over
+  its target's identity (the end of the target's `origin` chain). A UNIQUE passes its gradient on unchanged, as an
+  assign passes it to its target, so gradients reach the target's history as before; being new, it is this
+  update's own identity (two parameters' identities never contain each other), and a marker an earlier update made
+  is looked through, so the chain stays one node long however many steps run."""
+  if realized.op is not Ops.ASSIGN: return realized
+  node = realized.src[0]
+  while node.origin is not None: node = node.origin
+  if node.op is Ops.UNIQUE and node in _assign_identities: node = node.src[0]
+  marker = node.unique()
+  _assign_identities.add(marker)
+  return marker
+
+# the UNIQUE markers _origin_of made (weakly held): only those are looked through
+_assign_identities: weakref.WeakSet = weakref.WeakSet()
 
 def _alias_view(view: UOp) -> UOp:
   """`view` (movement ops over a realized BUFFER node) over a new BUFFER node that shares the same storage."""

@@ -247,3 +247,29 @@ def test_two_tensors_whose_graphs_differ_below_a_detach_get_their_own_buffers():
   a.assign(a * 10).realize()
   np.testing.assert_array_equal(a.numpy(), [10, 20, 30])
   np.testing.assert_array_equal(b.numpy(), [1, 2, 3])
+
+def test_training_steps_do_not_chain_their_graphs_together():
+  # an assigned parameter's result used to remember the whole assign (its update, gradients and forward pass), whose
+  # target remembered the previous step's: every backward() walked all earlier steps and none of them was freed
+  from kiln.gradient import gradient_graph
+  Tensor.manual_seed(2)
+  net = SmallNet()
+  opt = SGD(get_parameters(net), lr=0.01, momentum=0.9)
+  x = Tensor(np.random.default_rng(2).standard_normal((2, 2, 5, 5)).astype(np.float32)).realize()
+  y = Tensor(np.int32([0, 2])).realize()
+  sizes = []
+  with Tensor.train():
+    for _ in range(6):
+      opt.zero_grad()
+      loss = net(x).sparse_categorical_crossentropy(y)
+      sizes.append(len(gradient_graph(loss.uop, whole=True)))
+      loss.backward()
+      Tensor.realize(loss, *opt.schedule_step())
+  assert len(set(sizes[2:])) == 1, f"the graph behind the loss grows step by step: {sizes}"
+
+def test_gradients_still_reach_the_history_of_an_assigned_tensor():
+  x = Tensor([1.0, 2.0], requires_grad=True)
+  b = (x * 3).contiguous().realize()
+  for _ in range(3): b.assign(b + 1).realize()   # in place, as PyTorch's b.add_(1) on a non-leaf
+  (b * b).sum().backward()
+  np.testing.assert_allclose(x.grad.numpy(), 2 * (np.float32([3, 6]) + 3) * 3)
