@@ -16,6 +16,10 @@ from kiln.runtime.ops_cpu import CPUProgram
 from kiln.runtime.threadpool import POOL_LIBRARY_FALLBACKS
 
 OPT_LEVEL = 3   # LLVM's full O3 pipeline for the target machine and the pass builder
+# with its loop and SLP vectorizers, unrolling and interleaving (the renderer forbids unrolling long loops, where it
+# slowed memory-bound kernels: kiln/renderer/llvmir.py, unroll_hint)
+PIPELINE_TUNING = {"loop_vectorization": True, "slp_vectorization": True, "loop_unrolling": True,
+                   "loop_interleaving": True}
 
 def _llvm():
   """The llvmlite binding module, with a clear error when llvmlite is not installed."""
@@ -47,14 +51,15 @@ def _target_id() -> str:
           f"{llvm.get_host_cpu_name()} {llvm.get_host_cpu_features().flatten()}")
 
 class LLVMCompiler(Compiler):
-  """LLVM IR text -> object code: parse, verify, optimize at O3 (loop and SLP vectorizers on) for the host CPU, emit
-  an object file."""
+  """LLVM IR text -> object code: parse, verify, optimize at O3 (PIPELINE_TUNING) for the host CPU, emit an object
+  file."""
   # llvmlite calls LLVM through ctypes (the GIL released) under its own lock: compiles on background threads run one
   # at a time, but overlap the Python codegen of the next kernels (kiln/device.py, CompilePipeline)
   runs_in_subprocess = True
   def cache_key(self) -> str:
     """Class name, optimization level and the target the code is made for (see _target_id)."""
-    return f"{type(self).__name__} O{OPT_LEVEL} {_target_id()}"
+    tuning = " ".join(f"{k}={v}" for k, v in PIPELINE_TUNING.items())
+    return f"{type(self).__name__} O{OPT_LEVEL} {tuning} {_target_id()}"
 
   def compile(self, src: str) -> bytes:
     """Compile `src` to the bytes of an object file; CompileError (naming the kernel) on failure."""
@@ -68,7 +73,7 @@ class LLVMCompiler(Compiler):
     except RuntimeError as e: raise CompileError(f"compiling kernel {kernel}: invalid LLVM IR: {e}") from None
     module.triple, module.data_layout = machine.triple, str(machine.target_data)
     tuning = llvm.create_pipeline_tuning_options(speed_level=OPT_LEVEL)
-    tuning.loop_vectorization = tuning.slp_vectorization = tuning.loop_interleaving = tuning.loop_unrolling = True
+    for option, value in PIPELINE_TUNING.items(): setattr(tuning, option, value)
     passes = llvm.create_pass_builder(machine, tuning)
     passes.getModulePassManager().run(module, passes)
     return machine.emit_object(module)

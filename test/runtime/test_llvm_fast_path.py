@@ -136,3 +136,14 @@ def test_kernels_run_on_the_llvm_built_pool_without_a_c_compiler(monkeypatch):
     assert isinstance(threadpool._pools[2].lib, LLVMPoolLibrary)
   finally:
     for pool in threadpool._pools.values(): pool.close()
+
+def test_long_loops_are_kept_from_llvm_unrolling_short_ones_are_not():
+  from kiln.renderer.llvmir import FULL_UNROLL_MAX_TRIPS
+  x = Tensor(LONG, device="LLVM")
+  long_loops = [r.source for r in _launches(lambda: x.sum())]
+  assert any("llvm.loop.unroll.disable" in src for src in long_loops), "a 2**20 sum's loops may be unrolled by LLVM"
+  rows = Tensor(RNG.standard_normal((4, FULL_UNROLL_MAX_TRIPS), dtype=np.float32), device="LLVM")
+  with Context(NOOPT=1): (source,) = [r.source for r in _launches(lambda: rows.sum(axis=1))]
+  lines = source.splitlines()
+  back_edges = [line for before, line in zip(lines, lines[1:]) if "_i_next = add" in before]   # a loop's latch
+  assert len(back_edges) == 2 and sum("!llvm.loop" not in line for line in back_edges) == 1, back_edges
