@@ -75,12 +75,16 @@ class Optimizer:
                      requires_grad=False).contiguous().realize()
 
   def _new_state(self) -> list[Tensor]:
-    """Zero-filled state buffers, one per parameter (or one flat one when fused); each is updated in place."""
+    """Zero-filled state buffers, one per parameter (or one flat one when fused); each is updated in place.
+    Realized now, so the first step's graph has the shape of every later one (one schedule and one set of kernels)."""
     if self.fused:
-      return [Tensor.zeros(self.offsets[-1], dtype=self.state_dtype, device=self.device, requires_grad=False)
-              .contiguous()]
-    return [Tensor.zeros(*p.shape, dtype=_state_dtype(p.dtype), device=p.device, requires_grad=False).contiguous()
-            for p in self.params]
+      state = [Tensor.zeros(self.offsets[-1], dtype=self.state_dtype, device=self.device, requires_grad=False)
+               .contiguous()]
+    else:
+      state = [Tensor.zeros(*p.shape, dtype=_state_dtype(p.dtype), device=p.device, requires_grad=False).contiguous()
+               for p in self.params]
+    Tensor.realize_all(state)
+    return state
 
   def _norm(self, x: Tensor) -> Tensor:
     """L2 norm of one parameter's values, for trust ratios. Fused, `x` is the flat vector of all parameters and the
