@@ -231,9 +231,9 @@ def test_noopt_in_a_context_makes_the_kernel_again_unoptimized():
   x = Tensor(np.random.default_rng(3).random((64, 64), dtype=np.float32)).realize()
   (x @ x).realize()
   (item,) = (x @ x).schedule()
-  optimized = realize._runner_cache[realize.runner_key("CPU", item.ast)]
+  optimized = realize._runner_cache[realize.runner_key(item.bufs[0].device, item.ast)]
   with Context(NOOPT=1):
     out = (x @ x).realize()
-    plain = realize._runner_cache[realize.runner_key("CPU", item.ast)]
+    plain = realize._runner_cache[realize.runner_key(item.bufs[0].device, item.ast)]
   assert plain is not optimized and plain.source != optimized.source
   np.testing.assert_allclose(out.numpy(), x.numpy() @ x.numpy(), rtol=1e-4)
