@@ -17,7 +17,9 @@ How each function works:
   in three pieces for |x| < 2**19*pi/2, Payne-Hanek above; float32 reduces by Payne-Hanek in integers (a 96-bit
   window of 2/pi picked by the exponent, multiplied by the 24-bit mantissa) and evaluates the polynomials in float64.
   The sign is reapplied by XOR on the sign bit, so sin(-0.0) is -0.0. SIN of a float32 value cast to float64 is
-  reduced as float32 and returns the float64 polynomial value unrounded (cos and tan divide two of those).
+  reduced as float32 and returns the float64 polynomial value unrounded.
+- cos and tan, as kiln's Tensor writes them for software math: SIN(pi/2 - y) in float64 is cos(y) from y's own
+  reduction, the quadrant moved by one (pi/2 - y is never rounded); SIN(y) / SIN(pi/2 - y) is one tan (tan_float).
 
 Measured maximum errors in ulp of the result, every float32 bit pattern (`python test/codegen/test_transcendental.py
 --exhaustive`, 16 cores, about 6 minutes); float64 on dense and random-bit sweeps (test_transcendental.py):
