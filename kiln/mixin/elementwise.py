@@ -69,18 +69,12 @@ class _ExpFormat(NamedTuple):
   bits: DType           # the signed integer type of the same size
   mantissa_bits: int
   bias: int
-  taylor: tuple[float, ...]   # e**r's Taylor coefficients, highest power first
 
 _LN2 = Fraction(decimal.Context(prec=60).ln(decimal.Decimal(2)))
-def _inverse_factorials(degree: int) -> tuple[float, ...]:
-  """1/n! for n = degree .. 0 (Taylor coefficients of e**r, highest power first)."""
-  return tuple(1 / math.factorial(n) for n in range(degree, -1, -1))
-
-# |r| <= ln2/2: the first dropped Taylor terms r**8/8! and r**14/14! are below 2**-27 / 2**-57 of e**r
 _EXP_FORMATS = {dtypes.float32: _ExpFormat(-151, 129, _split(_LN2, 16), float(_LN2 - Fraction(_split(_LN2, 16))),
-                                           dtypes.int32, 23, 127, _inverse_factorials(7)),
+                                           dtypes.int32, 23, 127),
                 dtypes.float64: _ExpFormat(-1076, 1025, _split(_LN2, 40), float(_LN2 - Fraction(_split(_LN2, 40))),
-                                           dtypes.int64, 52, 1023, _inverse_factorials(13))}
+                                           dtypes.int64, 52, 1023)}
 
 def _bernoulli_numbers(count: int) -> list[Fraction]:
   """B_0 .. B_{count-1} (B_1 = -1/2), by the recurrence sum_{j<=m} C(m+1, j) B_j = 0."""
@@ -163,9 +157,9 @@ class ElementwiseMixin:
 
     exp2(x*log2(e)) would round the product: an error of half an ulp of 128 in the exponent is 60 ulp of the result
     near 88. Instead x = k*ln2 + r with k = round(x/ln2) and ln2 in two parts (k*ln2_hi and x - k*ln2_hi are exact),
-    |r| <= ln2/2, e**r by its Taylor polynomial and 2**k built from exponent bits as two factors, so results near
-    overflow and subnormal results are rounded once. k is read from the bits of x/ln2 + 1.5*2**mantissa_bits (no
-    float -> int conversion, which costs a range check per lane), and no EXP2 is left to reduce its input again."""
+    |r| <= ln2/2, e**r = 2**(r*log2(e)) and 2**k built from exponent bits as two factors, so results near overflow
+    and subnormal results are rounded once. k is read from the bits of x/ln2 + 1.5*2**mantissa_bits (no float -> int
+    conversion, which the C renderer range-checks lane by lane)."""
     fmt, x0 = _EXP_FORMATS[self.dtype], self.detach()   # (the custom backward rule gives the gradient)
     # clamped (NaN too) to where the result is 0 or inf for every r, so k fits; NaN is put back at the end
     x = (x0 > fmt.k_min * LN2).where(x0, fmt.k_min * LN2)
@@ -176,7 +170,7 @@ class ElementwiseMixin:
     magic_bits = int.from_bytes(struct.pack("<f" if self.dtype == dtypes.float32 else "<d", magic), "little")
     k = shifted.bitcast(fmt.bits) - magic_bits
     r = (x - k_float * fmt.ln2_hi) - k_float * fmt.ln2_lo
-    p = functools.reduce(lambda acc, c: acc * r + c, fmt.taylor[1:], fmt.taylor[0])
+    p = (r * (1 / LN2)).exp2()   # |r * log2(e)| <= 1/2; an EXP2 in the graph is one node while kernels are optimized
     half = k >> 1
     def power_of_two(n: Tensor) -> Tensor: return ((n + fmt.bias) << fmt.mantissa_bits).bitcast(self.dtype)
     value = (x0 != x0).where(x0, p * power_of_two(half) * power_of_two(k - half))
