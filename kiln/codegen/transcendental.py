@@ -166,6 +166,30 @@ def exp2_float(x: UOp, fmt: FloatFormat) -> UOp:
   result = (p * pow2(half, fmt)) * pow2(n - half, fmt)
   return is_nan(x).where(x, result)
 
+# exp(x) as kiln's Tensor writes it: x = k*ln2 + r with ln2 in two parts (k*ln2_hi exact), then EXP2(r * (1/ln2)),
+# |r| <= ln2/2. Software math recognizes that EXP2 (`reduced_exp_argument`) and evaluates e**r from r by its Taylor
+# polynomial (degree 7 / 13: the first dropped term is below 2**-27 / 2**-57), skipping exp2's own reduction.
+EXP_LN2_PARTS = {dtypes.float32: (split_const(LN2, 16), float(LN2 - Fraction(split_const(LN2, 16)))),
+                 dtypes.float64: (split_const(LN2, 40), float(LN2 - Fraction(split_const(LN2, 40))))}
+EXP_TAYLOR = {dtypes.float32: [1 / math.factorial(n) for n in range(8)],
+              dtypes.float64: [1 / math.factorial(n) for n in range(14)]}
+
+def reduced_exp_argument(x: UOp) -> UOp | None:
+  """r where x is r * (1/ln2) with r = (a - k*ln2_hi) - k*ln2_lo (exp's reduced argument), else None."""
+  if x.dtype not in EXP_LN2_PARTS or x.op is not Ops.MUL: return None
+  r, scale = x.src
+  if scale.op is not Ops.CONST or abs(scale.arg - 1 / math.log(2)) > 1e-15: return None
+  hi, lo = EXP_LN2_PARTS[x.dtype]
+  if r.op is not Ops.SUB or r.src[0].op is not Ops.SUB: return None
+  low_term, high_term = r.src[1], r.src[0].src[1]
+  def times(node: UOp, value: float) -> bool:
+    return node.op is Ops.MUL and node.src[1].op is Ops.CONST and node.src[1].arg == value
+  return r if times(low_term, lo) and times(high_term, hi) else None
+
+def exp_of_reduced(r: UOp, fmt: FloatFormat) -> UOp:
+  """e**r for |r| <= ln2/2 (exp's reduced argument; NaN stays NaN)."""
+  return polynomial(r, EXP_TAYLOR[fmt.dtype])
+
 # ---------------- log2 ----------------
 
 def log_series_coefficients(terms: int) -> list[float]:
@@ -447,6 +471,7 @@ def software_transcendental(node: UOp, x: UOp) -> UOp | None:
     quarter_turns, y = (1, cos_y) if (cos_y := cos_argument(x)) is not None else (0, x)
     if is_widened_float32(y): return sin_of_widened_float32(y.src[0], quarter_turns)
     if quarter_turns: return sin_float(y, F64, quarter_turns=1)
+  if node.op is Ops.EXP2 and (r := reduced_exp_argument(x)) is not None: return exp_of_reduced(r, FORMATS[r.dtype])
   if node.dtype in FORMATS: return SOFTWARE[node.op](x, FORMATS[node.dtype])
   if not dtypes.is_float(node.dtype): return None
   return SOFTWARE[node.op](x.cast(dtypes.float32), F32).cast(node.dtype)
@@ -471,7 +496,8 @@ def wants_software_math(renderer) -> bool:
   level = int(TRANSCENDENTAL.value)
   return level >= 2 or (level == 1 and not getattr(renderer, "has_native_transcendentals", True))
 
-# (op, dtype, input dtype, widened, cos) -> the software version of `op` (FDIV: tan) built once on a placeholder input:
+# (op, dtype, input dtype, widened, cos) -> the software version of `op` (FDIV: tan; SIN with cos: cos; EXP2 with cos:
+# e**r of exp's reduced argument) built once on a placeholder input:
 # (placeholder, result, the result's nodes that depend on the placeholder in build order, the ops of the result), or
 # None where the rule does not apply. A kernel's copies (the 128 GELUs of a 16x8 matmul tile) are made from it by
 # substitution. The placeholder is one node for every template, so a sin and a cos of one input share their reduction.
@@ -488,7 +514,8 @@ def _software_template(op: Ops, dtype: DType, x_dtype: DType, widened: bool = Fa
   cos_x = UOp(Ops.SUB, dtypes.float64, (const(dtypes.float64, COS_SHIFT), x)) if cos or op is Ops.FDIV else x
   if op is Ops.FDIV: node = UOp(Ops.FDIV, dtype, (UOp(Ops.SIN, dtype, (x,)), UOp(Ops.SIN, dtype, (cos_x,))))
   else: node = UOp(op, dtype, (cos_x,))
-  result = software_replacement(node)
+  # (op EXP2 with cos set: the placeholder is exp's reduced argument r)
+  result = exp_of_reduced(placeholder, FORMATS[dtype]) if op is Ops.EXP2 and cos else software_replacement(node)
   template = None
   if result is not None:
     nodes = toposort([result])
@@ -517,8 +544,9 @@ def _software_rewrite(sink: UOp, nodes: list[UOp]) -> tuple[UOp, set[Ops]] | Non
       # (other nodes: the rules leave them; a tan's SINs are rewritten too, and left unused)
       if tan_y is not None: x, cos = get(tan_y, tan_y), False
       else:
-        cos_y = cos_argument(src[0]) if u.op is Ops.SIN else None
-        x, cos = (src[0], False) if cos_y is None else (cos_y, True)
+        special = cos_argument(src[0]) if u.op is Ops.SIN else reduced_exp_argument(src[0]) if u.op is Ops.EXP2 \
+          else None
+        x, cos = (src[0], False) if special is None else (special, True)
       widened = u.op in (Ops.SIN, Ops.FDIV) and is_widened_float32(x)
       if (template := _software_template(u.op, u.dtype, x.dtype, widened, cos)) is None: return None
       placeholder, result, dependents, ops = template

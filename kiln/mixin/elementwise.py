@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 from kiln.dtype import DType, dtypes
 from kiln.gradient import custom_backward, custom_backward_rules
 from kiln.uop.ops import UOp, Ops
-from kiln.codegen.transcendental import PI as _PI
+from kiln.codegen.transcendental import PI as _PI, EXP_LN2_PARTS
 if TYPE_CHECKING: from kiln.tensor import Tensor  # noqa: F401
 
 LN2 = math.log(2)
@@ -54,12 +54,6 @@ def _odd(x: Tensor, positive_half: Callable[[Tensor], Tensor]) -> Tensor:
 _EXPM1_POLY = (2.4737331841606647e-05, 0.00019973977759946138, 0.0013889556284993887, 0.00833314098417759,
                0.041666656732559204, 0.1666666716337204, 0.5)
 
-def _split(value: Fraction, bits: int) -> float:
-  """`value` rounded to a float with at most `bits` significant bits (so small integers times it are exact)."""
-  exponent = math.floor(math.log2(value))
-  scale = Fraction(2) ** (bits - 1 - exponent)
-  return float(round(value * scale) / scale)
-
 class _ExpFormat(NamedTuple):
   """What exp's range reduction x = k*ln2 + r needs to know about a float format."""
   k_min: int            # below: the result underflows to 0 for every r; above k_max it overflows
@@ -70,11 +64,8 @@ class _ExpFormat(NamedTuple):
   mantissa_bits: int
   bias: int
 
-_LN2 = Fraction(decimal.Context(prec=60).ln(decimal.Decimal(2)))
-_EXP_FORMATS = {dtypes.float32: _ExpFormat(-151, 129, _split(_LN2, 16), float(_LN2 - Fraction(_split(_LN2, 16))),
-                                           dtypes.int32, 23, 127),
-                dtypes.float64: _ExpFormat(-1076, 1025, _split(_LN2, 40), float(_LN2 - Fraction(_split(_LN2, 40))),
-                                           dtypes.int64, 52, 1023)}
+_EXP_FORMATS = {dtypes.float32: _ExpFormat(-151, 129, *EXP_LN2_PARTS[dtypes.float32], dtypes.int32, 23, 127),
+                dtypes.float64: _ExpFormat(-1076, 1025, *EXP_LN2_PARTS[dtypes.float64], dtypes.int64, 52, 1023)}
 
 def _bernoulli_numbers(count: int) -> list[Fraction]:
   """B_0 .. B_{count-1} (B_1 = -1/2), by the recurrence sum_{j<=m} C(m+1, j) B_j = 0."""
@@ -170,7 +161,8 @@ class ElementwiseMixin:
     magic_bits = int.from_bytes(struct.pack("<f" if self.dtype == dtypes.float32 else "<d", magic), "little")
     k = shifted.bitcast(fmt.bits) - magic_bits
     r = (x - k_float * fmt.ln2_hi) - k_float * fmt.ln2_lo
-    p = (r * (1 / LN2)).exp2()   # |r * log2(e)| <= 1/2; an EXP2 in the graph is one node while kernels are optimized
+    # one EXP2 node while kernels are optimized; software math evaluates this form as e**r, skipping exp2's reduction
+    p = (r * (1 / math.log(2))).exp2()
     half = k >> 1
     def power_of_two(n: Tensor) -> Tensor: return ((n + fmt.bias) << fmt.mantissa_bits).bitcast(self.dtype)
     value = (x0 != x0).where(x0, p * power_of_two(half) * power_of_two(k - half))

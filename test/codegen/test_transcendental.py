@@ -296,3 +296,20 @@ def test_tan_from_one_reduction(dtype):
   bound = 2.0 ** 13 if dtype == dtypes.float32 else 1.2
   worst = int(np.argmax(ulps))
   assert ulps.max() <= bound, f"tan({xs[worst]!r}) = {got[worst]!r}, exact {exact[worst]!r}: {ulps[worst]:.3g} ulp"
+
+def test_exp_of_its_reduced_argument_is_a_polynomial():
+  # exp's EXP2(((x - k*ln2_hi) - k*ln2_lo) * (1/ln2)) is evaluated as e**r by its Taylor polynomial (no second
+  # reduction, no float -> int conversion), through both rewrite paths, and the Tensor exp is built that way
+  import math
+  from kiln.codegen.transcendental import EXP_LN2_PARTS, _software_rewrite
+  for dtype in (dtypes.float32, dtypes.float64):
+    hi, lo = EXP_LN2_PARTS[dtype]
+    x, k = UOp.variable("x", 0, 0, dtype), UOp.variable("k", 0, 0, dtype)
+    r = UOp(Ops.SUB, dtype, (UOp(Ops.SUB, dtype, (x, k * hi)), k * lo))
+    node = UOp(Ops.EXP2, dtype, (r * (1 / math.log(2)),))
+    graph = graph_rewrite(node, software_math)
+    assert _software_rewrite(node, toposort([node]))[0] is graph
+    assert not any(u.op in (Ops.CAST, Ops.BITCAST, Ops.EXP2) for u in toposort([graph])), f"{dtype}: not a polynomial"
+    xs = np.linspace(-0.3, 0.3, 101).astype(np.float32 if dtype == dtypes.float32 else np.float64)
+    got = evaluate(graph, {x: xs, k: np.zeros_like(xs)})
+    np.testing.assert_allclose(got, np.exp(xs.astype(np.float64)), rtol=2.5e-7 if dtype == dtypes.float32 else 3e-16)
