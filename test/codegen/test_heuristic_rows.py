@@ -28,13 +28,13 @@ def _close(got: np.ndarray, want: np.ndarray, rtol: float = 1e-5) -> None:
 def _rand(rng: np.random.Generator, *shape: int) -> Tensor:
   return Tensor(rng.standard_normal(shape).astype(np.float32)).realize()
 
-@pytest.mark.parametrize("target, lanes", [(None, 8), (AVX512_XEON, 16)])   # one AVX2 / AVX-512 vector
+@pytest.mark.parametrize("target", [None, AVX512_XEON])
 @pytest.mark.parametrize("n", [1 << 16, 4096 + 8])
-def test_full_sum_gets_lanes(n, target, lanes):
+def test_full_sum_gets_lanes(n, target):
+  """8 lanes on every target: the lanes fix the order of the sum, so its bits are the same on every machine."""
   a = np.random.default_rng(n).random(n, dtype=np.float32)
   applied, got, want = _optimized_and_plain(Tensor(a).sum(), target)
-  lanes = lanes if n % lanes == 0 else 8   # 4104 floats: 8 lanes divide them, 16 do not
-  assert [(o.op, o.arg) for o in applied] == [(L, lanes)], applied
+  assert [(o.op, o.arg) for o in applied][:1] == [(L, 8)], applied
   _close(got, want)
   _close(got, np.atleast_1d(a.astype(np.float64).sum()))
 
