@@ -49,6 +49,7 @@ def test_a_failed_build_raises_a_clear_error(monkeypatch):
   build = threadpool._LibraryBuild()
   monkeypatch.setattr(threadpool, "_library_build", build)
   monkeypatch.setattr(threadpool, "POOL_SOURCE", "this is not C;\n")
+  monkeypatch.setattr(threadpool, "POOL_LIBRARY_FALLBACKS", [])   # no LLVM-IR pool to fall back on (ops_llvm adds one)
   with Context(CACHELEVEL=0):
     threadpool.build_library_in_background()
     build.thread.join(timeout=120)
