@@ -1001,8 +1001,8 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     """Elementwise 2**x (ints become floats)."""
     return self._float_unary(Ops.EXP2, "exp2")
   def log(self) -> Tensor:
-    """Elementwise natural logarithm (ints become floats)."""
-    return self._float_unary(Ops.LOG2, "log") * math.log(2)
+    """Elementwise natural logarithm (ints become floats; half types computed in float32 and rounded once)."""
+    return self._in_float(lambda x: x._float_unary(Ops.LOG2, "log") * math.log(2))
   def log2(self) -> Tensor:
     """Elementwise base-2 logarithm (ints become floats)."""
     return self._float_unary(Ops.LOG2, "log2")
@@ -1010,8 +1010,8 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     """Elementwise square root (ints become floats)."""
     return self._float_unary(Ops.SQRT, "sqrt")
   def rsqrt(self) -> Tensor:
-    """Elementwise 1 / sqrt(x)."""
-    return self.sqrt().reciprocal()
+    """Elementwise 1 / sqrt(x) (half types computed in float32 and rounded once)."""
+    return self._in_float(lambda x: x.sqrt().reciprocal())
   def reciprocal(self) -> Tensor:
     """Elementwise 1 / x (ints become floats)."""
     return self._float_unary(Ops.RECIP, "reciprocal")

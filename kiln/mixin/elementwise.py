@@ -138,9 +138,10 @@ class ElementwiseMixin:
 
   # ---------------- numerics shared by the functions below ----------------
   def _in_float(self, fn: Callable[[Tensor], Tensor]) -> Tensor:
-    """fn of this tensor as a float, computed in float32 for half types and ints, rounded to the result dtype once."""
+    """fn of this tensor as a float, computed in float32 for half, bfloat16 and fp8 (and float32 for ints), rounded to
+    the result dtype once."""
     out = self.dtype if dtypes.is_float(self.dtype) else dtypes.default_float
-    compute = dtypes.float32 if out in (dtypes.float16, dtypes.bfloat16) else out
+    compute = dtypes.float32 if out in dtypes.narrow_floats else out
     return fn(self.cast(compute)).cast(out)
 
   def _exp_reduced(self) -> Tensor:

@@ -164,3 +164,15 @@ def test_float32_pow_native():
   with np.errstate(all="ignore"): exact = np.power(base.astype(np.float64), exponent.astype(np.float64))
   error = ulp_error(got, exact, np.float32)
   assert error.max() <= 2, f"pow: {error.max():.3g} ulp at {base[np.argmax(error)]!r} ** {exponent[np.argmax(error)]!r}"
+
+@pytest.mark.parametrize("fn", ["exp", "log", "sin", "cos", "sigmoid", "tanh", "erf", "sqrt", "rsqrt"])
+@pytest.mark.parametrize("dtype, torch_dtype", [(dtypes.fp8e4m3, "float8_e4m3fn"), (dtypes.fp8e5m2, "float8_e5m2"),
+                                                (dtypes.float16, "float16"), (dtypes.bfloat16, "bfloat16")])
+def test_narrow_float_math_is_computed_in_float32_and_rounded_once(fn, dtype, torch_dtype):
+  """fp8/half/bfloat16 math runs in float32 and rounds once, as PyTorch does (fp8 exp raised a KeyError)."""
+  import torch
+  values = np.array([0.25, 0.5, 1.0, 1.5, 2.0, 3.0], np.float32)
+  got = getattr(Tensor(values).cast(dtype), fn)().float().numpy()
+  rounded = torch.tensor(values).to(getattr(torch, torch_dtype)).float()
+  want = getattr(torch, fn)(rounded).to(getattr(torch, torch_dtype)).float().numpy()
+  np.testing.assert_array_equal(got, want)
