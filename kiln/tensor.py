@@ -995,8 +995,11 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     cond, x, y = cond._broadcast_to(shape), x._broadcast_to(shape), y._broadcast_to(shape)
     return Tensor._wrap(cond.uop.alu(Ops.WHERE, x.uop, y.uop), "where")
   def exp(self) -> Tensor:
-    """Elementwise e**x (ints become floats), within about 1 ulp; half types are computed in float32."""
-    return self._in_float(lambda x: x._exp_reduced())
+    """Elementwise e**x (ints become floats); half types are computed in float32.
+
+    Written as 2**(x * (1/ln2)), a small graph; software math (kiln/codegen/transcendental.py `exp_argument`) and
+    the PYTHON device evaluate that form as e**x itself, within about 1 ulp."""
+    return self._in_float(lambda x: (x * (1 / math.log(2)))._float_unary(Ops.EXP2, "exp"))
   def exp2(self) -> Tensor:
     """Elementwise 2**x (ints become floats)."""
     return self._float_unary(Ops.EXP2, "exp2")

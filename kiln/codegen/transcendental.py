@@ -166,29 +166,47 @@ def exp2_float(x: UOp, fmt: FloatFormat) -> UOp:
   result = (p * pow2(half, fmt)) * pow2(n - half, fmt)
   return is_nan(x).where(x, result)
 
-# exp(x) as kiln's Tensor writes it: x = k*ln2 + r with ln2 in two parts (k*ln2_hi exact), then EXP2(r * (1/ln2)),
-# |r| <= ln2/2. Software math recognizes that EXP2 (`reduced_exp_argument`) and evaluates e**r from r by its Taylor
-# polynomial (degree 7 / 13: the first dropped term is below 2**-27 / 2**-57), skipping exp2's own reduction.
+# exp(x) as kiln's Tensor writes it: EXP2(x * (1/ln2)). Rounding that product would cost up to half an ulp of 128
+# in 2**'s argument near overflow (60 ulp of the result), so software math recognizes the form (`exp_argument`) and
+# reduces x itself: x = k*ln2 + r with ln2 in two parts (k*ln2_hi exact for every k in range), |r| <= ln2/2, then
+# e**r by its Taylor polynomial (degree 7 / 13: the first dropped term is below 2**-27 / 2**-57).
+INV_LN2 = 1 / math.log(2)
 EXP_LN2_PARTS = {dtypes.float32: (split_const(LN2, 16), float(LN2 - Fraction(split_const(LN2, 16)))),
                  dtypes.float64: (split_const(LN2, 40), float(LN2 - Fraction(split_const(LN2, 40))))}
 EXP_TAYLOR = {dtypes.float32: [1 / math.factorial(n) for n in range(8)],
               dtypes.float64: [1 / math.factorial(n) for n in range(14)]}
+# k beyond these: the result is 0 (below) or inf (above) for every r, so x is clamped there and k always fits
+EXP_K_LIMITS = {dtypes.float32: (-151, 129), dtypes.float64: (-1076, 1025)}
 
-def reduced_exp_argument(x: UOp) -> UOp | None:
-  """r where x is r * (1/ln2) with r = (a - k*ln2_hi) - k*ln2_lo (exp's reduced argument), else None."""
-  if x.dtype not in EXP_LN2_PARTS or x.op is not Ops.MUL: return None
-  r, scale = x.src
-  if scale.op is not Ops.CONST or abs(scale.arg - 1 / math.log(2)) > 1e-15: return None
-  hi, lo = EXP_LN2_PARTS[x.dtype]
-  if r.op is not Ops.SUB or r.src[0].op is not Ops.SUB: return None
-  low_term, high_term = r.src[1], r.src[0].src[1]
-  def times(node: UOp, value: float) -> bool:
-    return node.op is Ops.MUL and node.src[1].op is Ops.CONST and node.src[1].arg == value
-  return r if times(low_term, lo) and times(high_term, hi) else None
+def exp_argument(x: UOp) -> UOp | None:
+  """a where x is the float32/float64 node a * (1/ln2) (the argument of EXP2 in exp(a) as kiln writes it), else None."""
+  if x.op is not Ops.MUL or x.dtype not in FORMATS: return None
+  a, scale = x.src
+  if a.op is Ops.CONST and scale.op is not Ops.CONST: a, scale = scale, a
+  return a if scale.op is Ops.CONST and scale.arg == INV_LN2 else None
 
 def exp_of_reduced(r: UOp, fmt: FloatFormat) -> UOp:
   """e**r for |r| <= ln2/2 (exp's reduced argument; NaN stays NaN)."""
   return polynomial(r, EXP_TAYLOR[fmt.dtype])
+
+def exp_float(x: UOp, fmt: FloatFormat) -> UOp:
+  """e**x for a float32/float64 node, within about 1 ulp: x = k*ln2 + r, e**r * 2**k (NaN stays NaN)."""
+  dt, (k_min, k_max) = fmt.dtype, EXP_K_LIMITS[fmt.dtype]
+  lowest, highest = const(dt, k_min * math.log(2)), const(dt, k_max * math.log(2))
+  # (written so that NaN is clamped too: no NaN bits reach the integer ops; it is put back at the end)
+  clamped = lowest.lt(x).where(x, lowest)
+  clamped = clamped.lt(highest).where(clamped, highest)
+  magic = 1.5 * 2.0 ** fmt.mantissa_bits   # adding it rounds to an integer (ties to even), kept in the low bits
+  shifted = clamped * INV_LN2 + magic
+  k_float = shifted - magic
+  # k from those bits, not by a float -> int conversion (the C renderer range-checks each lane)
+  k = bitcast(shifted, fmt.sint) - bitcast(const(dt, magic), fmt.sint)
+  ln2_hi, ln2_lo = EXP_LN2_PARTS[dt]
+  r = (clamped - k_float * ln2_hi) - k_float * ln2_lo
+  half = shr(k, 1)
+  # 2**k as two factors, so that results near overflow and subnormal results are rounded once
+  result = (exp_of_reduced(r, fmt) * pow2(half, fmt)) * pow2(k - half, fmt)
+  return is_nan(x).where(x, result)
 
 # ---------------- log2 ----------------
 
@@ -466,12 +484,12 @@ def is_widened_float32(node: UOp) -> bool:
 
 def software_transcendental(node: UOp, x: UOp) -> UOp | None:
   """EXP2/LOG2/SIN(x) -> the same function built from plain ALU uops (16- and 8-bit floats in float32); SIN(pi/2 - y)
-  in float64 -> cos(y), without rounding pi/2 - y"""
+  in float64 -> cos(y), without rounding pi/2 - y; EXP2(a * (1/ln2)) -> e**a, without rounding a * (1/ln2)"""
   if node.op is Ops.SIN:
     quarter_turns, y = (1, cos_y) if (cos_y := cos_argument(x)) is not None else (0, x)
     if is_widened_float32(y): return sin_of_widened_float32(y.src[0], quarter_turns)
     if quarter_turns: return sin_float(y, F64, quarter_turns=1)
-  if node.op is Ops.EXP2 and (r := reduced_exp_argument(x)) is not None: return exp_of_reduced(r, FORMATS[r.dtype])
+  if node.op is Ops.EXP2 and (a := exp_argument(x)) is not None: return exp_float(a, FORMATS[a.dtype])
   if node.dtype in FORMATS: return SOFTWARE[node.op](x, FORMATS[node.dtype])
   if not dtypes.is_float(node.dtype): return None
   return SOFTWARE[node.op](x.cast(dtypes.float32), F32).cast(node.dtype)
@@ -496,26 +514,28 @@ def wants_software_math(renderer) -> bool:
   level = int(TRANSCENDENTAL.value)
   return level >= 2 or (level == 1 and not getattr(renderer, "has_native_transcendentals", True))
 
-# (op, dtype, input dtype, widened, cos) -> the software version of `op` (FDIV: tan; SIN with cos: cos; EXP2 with cos:
-# e**r of exp's reduced argument) built once on a placeholder input:
+# (op, dtype, input dtype, widened, special) -> the software version of `op` (FDIV: tan; SIN, special: cos; EXP2,
+# special: exp) built once on a placeholder input:
 # (placeholder, result, the result's nodes that depend on the placeholder in build order, the ops of the result), or
 # None where the rule does not apply. A kernel's copies (the 128 GELUs of a 16x8 matmul tile) are made from it by
 # substitution. The placeholder is one node for every template, so a sin and a cos of one input share their reduction.
 _templates: dict[tuple[Ops, DType, DType, bool, bool], tuple[UOp, UOp, list[UOp], frozenset[Ops]] | None] = {}
 
 def _software_template(op: Ops, dtype: DType, x_dtype: DType, widened: bool = False,
-                       cos: bool = False) -> tuple[UOp, UOp, list[UOp], frozenset[Ops]] | None:
+                       special: bool = False) -> tuple[UOp, UOp, list[UOp], frozenset[Ops]] | None:
   """The template for `op` (see _templates); `widened`: the input is a float32 value cast to float64 (the
-  placeholder then stands for the float32 value); `cos`: the input is pi/2 - y (the placeholder stands for y)."""
-  key = (op, dtype, x_dtype, widened, cos)
+  placeholder then stands for the float32 value); `special`: the input is pi/2 - y for SIN (the placeholder stands
+  for y: cos(y)), a * (1/ln2) for EXP2 (the placeholder stands for a: e**a)."""
+  key = (op, dtype, x_dtype, widened, special)
   if key in _templates: return _templates[key]
   placeholder = UOp(Ops.DEFINE_VAR, dtypes.float32 if widened else x_dtype, (), ("software math input", 0, 0))
   x = placeholder.cast(dtypes.float64) if widened else placeholder
-  cos_x = UOp(Ops.SUB, dtypes.float64, (const(dtypes.float64, COS_SHIFT), x)) if cos or op is Ops.FDIV else x
-  if op is Ops.FDIV: node = UOp(Ops.FDIV, dtype, (UOp(Ops.SIN, dtype, (x,)), UOp(Ops.SIN, dtype, (cos_x,))))
-  else: node = UOp(op, dtype, (cos_x,))
-  # (op EXP2 with cos set: the placeholder is exp's reduced argument r)
-  result = exp_of_reduced(placeholder, FORMATS[dtype]) if op is Ops.EXP2 and cos else software_replacement(node)
+  argument = x
+  if op is Ops.EXP2 and special: argument = x * INV_LN2
+  elif special or op is Ops.FDIV: argument = UOp(Ops.SUB, dtypes.float64, (const(dtypes.float64, COS_SHIFT), x))
+  if op is Ops.FDIV: node = UOp(Ops.FDIV, dtype, (UOp(Ops.SIN, dtype, (x,)), UOp(Ops.SIN, dtype, (argument,))))
+  else: node = UOp(op, dtype, (argument,))
+  result = software_replacement(node)
   template = None
   if result is not None:
     nodes = toposort([result])
@@ -542,13 +562,12 @@ def _software_rewrite(sink: UOp, nodes: list[UOp]) -> tuple[UOp, set[Ops]] | Non
     tan_y = tan_argument(u) if u.op is Ops.FDIV else None
     if tan_y is not None or (u.op in SOFTWARE and (u.dtype in FORMATS or dtypes.is_float(u.dtype))):
       # (other nodes: the rules leave them; a tan's SINs are rewritten too, and left unused)
-      if tan_y is not None: x, cos = get(tan_y, tan_y), False
+      if tan_y is not None: x, special = get(tan_y, tan_y), False
       else:
-        special = cos_argument(src[0]) if u.op is Ops.SIN else reduced_exp_argument(src[0]) if u.op is Ops.EXP2 \
-          else None
-        x, cos = (src[0], False) if special is None else (special, True)
+        argument = cos_argument(src[0]) if u.op is Ops.SIN else exp_argument(src[0]) if u.op is Ops.EXP2 else None
+        x, special = (src[0], False) if argument is None else (argument, True)
       widened = u.op in (Ops.SIN, Ops.FDIV) and is_widened_float32(x)
-      if (template := _software_template(u.op, u.dtype, x.dtype, widened, cos)) is None: return None
+      if (template := _software_template(u.op, u.dtype, x.dtype, widened, special)) is None: return None
       placeholder, result, dependents, ops = template
       copy = {placeholder: x.src[0] if widened else x}
       copy_get = copy.get

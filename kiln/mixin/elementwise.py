@@ -9,13 +9,13 @@ keep the results (and their gradients) right at the edges, where PyTorch is the 
   and 0 * inf (from a branch evaluated out of its range) would turn that zero into NaN.
 """
 from __future__ import annotations
-import decimal, functools, math, struct
+import decimal, functools, math
 from fractions import Fraction
 from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 from kiln.dtype import DType, dtypes
 from kiln.gradient import custom_backward, custom_backward_rules
 from kiln.uop.ops import UOp, Ops
-from kiln.codegen.transcendental import PI as _PI, EXP_LN2_PARTS
+from kiln.codegen.transcendental import PI as _PI
 if TYPE_CHECKING: from kiln.tensor import Tensor  # noqa: F401
 
 LN2 = math.log(2)
@@ -54,19 +54,6 @@ def _odd(x: Tensor, positive_half: Callable[[Tensor], Tensor]) -> Tensor:
 _EXPM1_POLY = (2.4737331841606647e-05, 0.00019973977759946138, 0.0013889556284993887, 0.00833314098417759,
                0.041666656732559204, 0.1666666716337204, 0.5)
 
-class _ExpFormat(NamedTuple):
-  """What exp's range reduction x = k*ln2 + r needs to know about a float format."""
-  k_min: int            # below: the result underflows to 0 for every r; above k_max it overflows
-  k_max: int
-  ln2_hi: float         # ln2 with few enough bits that k*ln2_hi is exact for every k in range
-  ln2_lo: float         # ln2 - ln2_hi
-  bits: DType           # the signed integer type of the same size
-  mantissa_bits: int
-  bias: int
-
-_EXP_FORMATS = {dtypes.float32: _ExpFormat(-151, 129, *EXP_LN2_PARTS[dtypes.float32], dtypes.int32, 23, 127),
-                dtypes.float64: _ExpFormat(-1076, 1025, *EXP_LN2_PARTS[dtypes.float64], dtypes.int64, 52, 1023)}
-
 def _bernoulli_numbers(count: int) -> list[Fraction]:
   """B_0 .. B_{count-1} (B_1 = -1/2), by the recurrence sum_{j<=m} C(m+1, j) B_j = 0."""
   numbers: list[Fraction] = []
@@ -81,10 +68,6 @@ _BERNOULLI = _bernoulli_numbers(42)
 _TANH_TAYLOR_F64 = tuple(float(Fraction(2 ** (2 * n) * (2 ** (2 * n) - 1)) * _BERNOULLI[2 * n] / math.factorial(2 * n))
                          for n in range(20, 1, -1))
 
-def _exp_backward(gradient: UOp, node: UOp) -> tuple[UOp]:
-  """d exp(x) = exp(x) dx"""
-  return (gradient * node,)
-
 def _cos_backward(gradient: UOp, node: UOp) -> tuple[UOp]:
   """d cos(x) = -sin(x) dx"""
   return ((gradient * node.src[1].alu(Ops.SIN)).alu(Ops.NEG),)
@@ -93,7 +76,7 @@ def _tan_backward(gradient: UOp, node: UOp) -> tuple[UOp]:
   """d tan(x) = (1 + tan(x)**2) dx"""
   return (gradient * (node * node + node.full_like(1.0)),)
 
-custom_backward_rules.update({"exp": _exp_backward, "cos": _cos_backward, "tan": _tan_backward})
+custom_backward_rules.update({"cos": _cos_backward, "tan": _tan_backward})
 
 class _ErfFormat(NamedTuple):
   """What the erf evaluation needs to know about a float format."""
@@ -143,31 +126,6 @@ class ElementwiseMixin:
     out = self.dtype if dtypes.is_float(self.dtype) else dtypes.default_float
     compute = dtypes.float32 if out in dtypes.narrow_floats else out
     return fn(self.cast(compute)).cast(out)
-
-  def _exp_reduced(self) -> Tensor:
-    """e**x for a float32/float64 tensor, within about 1 ulp over the whole range.
-
-    exp2(x*log2(e)) would round the product: an error of half an ulp of 128 in the exponent is 60 ulp of the result
-    near 88. Instead x = k*ln2 + r with k = round(x/ln2) and ln2 in two parts (k*ln2_hi and x - k*ln2_hi are exact),
-    |r| <= ln2/2, e**r = 2**(r*log2(e)) and 2**k built from exponent bits as two factors, so results near overflow
-    and subnormal results are rounded once. k is read from the bits of x/ln2 + 1.5*2**mantissa_bits (no float -> int
-    conversion, which the C renderer range-checks lane by lane)."""
-    fmt, x0 = _EXP_FORMATS[self.dtype], self.detach()   # (the custom backward rule gives the gradient)
-    # clamped (NaN too) to where the result is 0 or inf for every r, so k fits; NaN is put back at the end
-    x = (x0 > fmt.k_min * LN2).where(x0, fmt.k_min * LN2)
-    x = (x < fmt.k_max * LN2).where(x, fmt.k_max * LN2)
-    magic = 1.5 * 2.0 ** fmt.mantissa_bits   # adding it rounds to an integer (ties to even), kept in the low bits
-    shifted = x * (1 / LN2) + magic
-    k_float = shifted - magic
-    magic_bits = int.from_bytes(struct.pack("<f" if self.dtype == dtypes.float32 else "<d", magic), "little")
-    k = shifted.bitcast(fmt.bits) - magic_bits
-    r = (x - k_float * fmt.ln2_hi) - k_float * fmt.ln2_lo
-    # one EXP2 node while kernels are optimized; software math evaluates this form as e**r, skipping exp2's reduction
-    p = (r * (1 / math.log(2))).exp2()
-    half = k >> 1
-    def power_of_two(n: Tensor) -> Tensor: return ((n + fmt.bias) << fmt.mantissa_bits).bitcast(self.dtype)
-    value = (x0 != x0).where(x0, p * power_of_two(half) * power_of_two(k - half))
-    return self._wrap(custom_backward(value.uop, (self.uop,), "exp", ()), "exp")
 
   def _sin_cos(self) -> tuple[Tensor, Tensor]:
     """(sin(x), cos(x)) for a float32/float64 tensor, in float64: cos(x) = sin(2x) / (2 sin(x)).

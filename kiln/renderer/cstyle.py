@@ -32,6 +32,7 @@ from kiln.dtype import DType, dtypes, truncate
 from kiln.renderer import Renderer, kernel_signature, kernel_function_name
 from kiln.codegen.parallel import (FEW_OUTER_ITERATIONS, ParallelLoop, SplitReduction, find_parallel_loop,
                                    find_split_reduction)
+from kiln.codegen.transcendental import exp_argument
 from kiln.uop.ops import UOp, Ops, GroupOp
 
 # the C type a value of each dtype lives in while computing, and the type it is stored as in a buffer
@@ -595,7 +596,11 @@ class _CKernelWriter:
       text = VECTOR_EXPRESSIONS[u.op](u, [self.expr(s) for s in u.src])
     else:
       if u.op in GroupOp.ALU: check_alu_dtypes("CRenderer", u)
-      text = self.value_text(u, [self.expr(s) for s in u.src])
+      # EXP2(a * (1/ln2)) (float32/float64) is kiln's exp(a): libm's exp of a, not exp2 of the rounded product (60
+      # ulp near overflow)
+      exp_of = exp_argument(u.src[0]) if u.op is Ops.EXP2 else None
+      if exp_of is not None: text = _libm("exp")(u, [self.expr(exp_of)])
+      else: text = self.value_text(u, [self.expr(s) for s in u.src])
     name = self.fresh_name(_VALUE_PREFIX.get(u.op, "alu"))
     self.emit(f"const {c_type(u.dtype)} {name} = {text};")
     self.names[u] = name

@@ -15,6 +15,7 @@ from typing import Callable
 from kiln.dtype import DType, dtypes, truncate, fp8_bits, FP8_VALUES
 from kiln.renderer import Renderer, kernel_signature, kernel_function_name
 from kiln.renderer.cstyle import EXACT_FLOAT_OPS, check_alu_dtypes
+from kiln.codegen.transcendental import exp_argument
 from kiln.uop.ops import UOp, Ops, GroupOp
 
 # ---------------- runtime helpers used by the generated code ----------------
@@ -109,6 +110,10 @@ def _exp2(x: float) -> float:
   try: return math.exp2(x)
   except OverflowError: return inf
 
+def _exp(x: float) -> float:
+  try: return math.exp(x)
+  except OverflowError: return inf
+
 def _log2(x: float) -> float:
   if x > 0: return math.log2(x)
   return -inf if x == 0 else nan
@@ -142,7 +147,7 @@ def _bitcast(bits, src_format: str, dst_format: str):
   return struct.unpack(dst_format, struct.pack(src_format, bits))[0]
 
 EMULATOR_HELPERS = ("inf", "nan", "_r32", "_r16", "_rbf16", "_f16_bits", "_bf16_bits", "_H2F", "_BF2F", "_i2f32",
-                    "_f2i", "_fdiv0", "_fmod", "_idiv", "_imod", "_exp2", "_log2", "_sin", "_sqrt", "_pow", "_trunc",
+                    "_f2i", "_fdiv0", "_fmod", "_idiv", "_imod", "_exp2", "_exp", "_log2", "_sin", "_sqrt", "_pow", "_trunc",
                     "_check_index", "_bitcast", "_E4M3_TO_F", "_E5M2_TO_F", "_fp8e4m3_bits", "_fp8e5m2_bits",
                     "_rfp8e4m3", "_rfp8e5m2")
 
@@ -363,7 +368,10 @@ class _PyKernelWriter:
 
   def _value(self, u: UOp) -> None:
     for dtype in (u.dtype, *(s.dtype for s in u.src)): self.check_dtype(dtype)
-    text = PY_EXPRESSIONS[u.op](u, [self.expr(s) for s in u.src])
+    # EXP2(a * (1/ln2)) is kiln's exp(a): e**a itself, as software math computes it (rounding the product first
+    # would cost up to 60 ulp near overflow)
+    if u.op is Ops.EXP2 and (exp_of := exp_argument(u.src[0])) is not None: text = f"_exp({self.expr(exp_of)})"
+    else: text = PY_EXPRESSIONS[u.op](u, [self.expr(s) for s in u.src])
     if u.op in GroupOp.ALU:
       check_alu_dtypes("PythonRenderer", u)
       text = round_to_dtype(u, text)

@@ -297,19 +297,62 @@ def test_tan_from_one_reduction(dtype):
   worst = int(np.argmax(ulps))
   assert ulps.max() <= bound, f"tan({xs[worst]!r}) = {got[worst]!r}, exact {exact[worst]!r}: {ulps[worst]:.3g} ulp"
 
-def test_exp_of_its_reduced_argument_is_a_polynomial():
-  # exp's EXP2(((x - k*ln2_hi) - k*ln2_lo) * (1/ln2)) is evaluated as e**r by its Taylor polynomial (no second
-  # reduction, no float -> int conversion), through both rewrite paths, and the Tensor exp is built that way
+EXP_SWEEPS = {dtypes.float32: [np.linspace(-110, 90, 20001), [-103.97, -87.34, 88.72, 88.73, 0.0, -0.0]],
+              dtypes.float64: [np.linspace(-750, 710, 20001), [-745.13, -708.4, 709.78, 709.79, 0.0, -0.0]]}
+
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float64])
+def test_exp_form_is_exp_of_its_argument(dtype):
+  # EXP2(x * (1/ln2)), exp as the Tensor writes it, is evaluated as e**x (reduced from x itself), through both rewrite
+  # paths, within 1.2 ulp near overflow and for subnormal results (exp2 of the rounded product: up to 60 ulp at 88)
   import math
-  from kiln.codegen.transcendental import EXP_LN2_PARTS, _software_rewrite
+  from kiln.codegen.transcendental import _software_rewrite
+  x = UOp.variable("x", 0, 0, dtype)
+  node = UOp(Ops.EXP2, dtype, (x * (1 / math.log(2)),))
+  graph = graph_rewrite(node, software_math)
+  assert _software_rewrite(node, toposort([node]))[0] is graph
+  assert not any(u.op is Ops.EXP2 for u in toposort([graph]))
+  npdt = np.float32 if dtype == dtypes.float32 else np.float64
+  xs = np.concatenate([np.asarray(part, dtype=np.float64) for part in EXP_SWEEPS[dtype]]).astype(npdt)
+  specials = np.array([np.nan, np.inf, -np.inf, 1e30, -1e30], dtype=npdt)
+  with np.errstate(all="ignore"):
+    got = evaluate(graph, {x: np.concatenate([xs, specials])})
+    if dtype == dtypes.float32: exact = np.exp(xs.astype(np.float64))
+    else:
+      import mpmath
+      mpmath.mp.dps = 40
+      exact = np.array([float(mpmath.exp(mpmath.mpf(float(v)))) for v in xs])
+    rounded = exact.astype(npdt)   # (inf beyond the largest float)
+    ulps = np.where(got[:len(xs)] == rounded, 0, np.abs(got[:len(xs)] - exact) / np.spacing(np.abs(rounded)))
+  worst = int(np.argmax(ulps))
+  assert ulps.max() <= 1.2, f"exp({xs[worst]!r}) = {got[worst]!r}, exact {exact[worst]!r}: {ulps[worst]:.3g} ulp"
+  np.testing.assert_array_equal(got[len(xs):], np.array([np.nan, np.inf, 0.0, np.inf, 0.0], dtype=npdt))
+  # any other scale is plain exp2 of the product
+  other = UOp(Ops.EXP2, dtype, (x * 1.5,))
+  assert graph_rewrite(other, software_math) is graph_rewrite(UOp(Ops.EXP2, dtype, (x * 1.5,)), software_math)
+  np.testing.assert_array_equal(evaluate(graph_rewrite(other, software_math), {x: np.array([2.0], dtype=npdt)}), [8.0])
+
+def test_tensor_exp_is_a_small_graph_with_exps_gradient():
+  # Tensor.exp builds EXP2(x * (1/ln2)): a few nodes for the optimizer (its accuracy is software math's), and the
+  # gradient of EXP2 and MUL gives g * exp(x)
+  import torch
+  assert len(Tensor.empty(64).exp().uop.toposort()) <= 10
+  xs = np.linspace(-20, 20, 41)
   for dtype in (dtypes.float32, dtypes.float64):
-    hi, lo = EXP_LN2_PARTS[dtype]
-    x, k = UOp.variable("x", 0, 0, dtype), UOp.variable("k", 0, 0, dtype)
-    r = UOp(Ops.SUB, dtype, (UOp(Ops.SUB, dtype, (x, k * hi)), k * lo))
-    node = UOp(Ops.EXP2, dtype, (r * (1 / math.log(2)),))
-    graph = graph_rewrite(node, software_math)
-    assert _software_rewrite(node, toposort([node]))[0] is graph
-    assert not any(u.op in (Ops.CAST, Ops.BITCAST, Ops.EXP2) for u in toposort([graph])), f"{dtype}: not a polynomial"
-    xs = np.linspace(-0.3, 0.3, 101).astype(np.float32 if dtype == dtypes.float32 else np.float64)
-    got = evaluate(graph, {x: xs, k: np.zeros_like(xs)})
-    np.testing.assert_allclose(got, np.exp(xs.astype(np.float64)), rtol=2.5e-7 if dtype == dtypes.float32 else 3e-16)
+    t = Tensor(xs, dtype=dtype, requires_grad=True)
+    (t.exp() * 3).sum().backward()
+    expected = 3 * torch.tensor(xs).exp().numpy()
+    np.testing.assert_allclose(t.grad.numpy(), expected, rtol=1e-6 if dtype == dtypes.float32 else 1e-14)
+
+@pytest.mark.parametrize("device,transcendental,call", [("PYTHON", 1, "_exp("), ("CPU", 0, "__builtin_expf(")])
+def test_native_math_renders_exp_form_as_exp(device, transcendental, call):
+  # devices with native transcendentals evaluate EXP2(x * (1/ln2)) as their exp of x, not exp2 of the product
+  import torch
+  from kiln.engine.realize import _runner_cache
+  xs = np.concatenate([np.linspace(80, 88.7, 300), np.linspace(-103.9, -87, 300)]).astype(np.float32)
+  with Context(TRANSCENDENTAL=transcendental):
+    got = Tensor(xs, device=device).exp().numpy()
+    sources = [r.source for key, r in _runner_cache.items() if call in r.source]
+  assert sources, f"no {device} kernel calls {call}"
+  exact = torch.tensor(xs.astype(np.float64)).exp().numpy()
+  ulps = np.abs(got - exact) / np.spacing(np.abs(exact).astype(np.float32))
+  assert ulps.max() <= 1.0, f"{device}: exp({xs[int(np.argmax(ulps))]!r}) off by {ulps.max():.3g} ulp"
