@@ -190,8 +190,11 @@ def heuristic_opts(kernel: Kernel, target: CPUTarget | None = None) -> list[Opt]
     else: _upcast_padded(kernel, wide, wide_amounts)
     # (a fully upcast axis is gone from the list)
     if not pad_partner_first and partner in kernel.output_axes:
-      # 16 rows can exceed MAX_NODES where 8 do not (a GELU epilogue copied 256 times): 8 rows then
-      tall = (Kernel.size(partner) or 1) % 16 == 0 and _tall_tile_pays(loads, wide, partner, red_axes, load_strides)
+      # 16 rows can exceed MAX_NODES where 8 do not (a GELU epilogue copied 256 times): 8 rows then. A software-math
+      # epilogue stays 8 rows even where its graph fits: exp is one EXP2 node until software math expands it
+      software_epilogue = any(u.op in SOFTWARE_MATH_OPS for u in graph_nodes(kernel.sink))
+      tall = (Kernel.size(partner) or 1) % 16 == 0 and not software_epilogue \
+        and _tall_tile_pays(loads, wide, partner, red_axes, load_strides)
       tall = tall or _vector_partner(partner, load_strides, store_strides)
       if not (tall and _try(kernel, Opt(OptOps.UPCAST, kernel.axes.index(partner), 16))):
         _upcast_padded(kernel, partner, (8, 4))
