@@ -154,7 +154,9 @@ class ElementwiseMixin:
     1e-16 * |y| absolute, so the native formula of _sin_cos is used there.)"""
     from kiln.device import Device
     from kiln.codegen.transcendental import COS_SHIFT, wants_software_math
-    if not isinstance(self.device, str) or not wants_software_math(Device[self.device].renderer): return None
+    if not isinstance(self.device, str): return None
+    renderer = Device[self.device].renderer
+    if not (wants_software_math(renderer) or renderer.renders_math_forms): return None
     wide = self.detach().cast(dtypes.float64)   # (the custom backward rules give the gradients)
     return wide.sin(), (COS_SHIFT - wide).sin()
 

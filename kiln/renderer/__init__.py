@@ -19,6 +19,9 @@ class Renderer:
   device: str = ""
   has_local: bool = False
   has_native_transcendentals: bool = True   # False: exp2/log2/sin become software (kiln/codegen/transcendental.py)
+  # True: renders kiln's float64 cos and tan forms, SIN(pi/2 - y) and SIN(y) / SIN(pi/2 - y), as cos(y) and tan(y)
+  # themselves, as software math evaluates them (kiln/mixin/elementwise.py `_software_sin_cos`)
+  renders_math_forms: bool = False
   has_fast_const_division: bool = True      # False: integer division by constants becomes multiply-shift
   packs_matmul_operands: bool = False
   supported_dtypes: frozenset[DType] | None = None

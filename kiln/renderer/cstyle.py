@@ -32,7 +32,7 @@ from kiln.dtype import DType, dtypes, truncate
 from kiln.renderer import Renderer, kernel_signature, kernel_function_name
 from kiln.codegen.parallel import (FEW_OUTER_ITERATIONS, ParallelLoop, SplitReduction, find_parallel_loop,
                                    find_split_reduction)
-from kiln.codegen.transcendental import exp_argument
+from kiln.codegen.transcendental import exp_argument, cos_argument, tan_argument
 from kiln.uop.ops import UOp, Ops, GroupOp
 
 # the C type a value of each dtype lives in while computing, and the type it is stored as in a buffer
@@ -390,6 +390,7 @@ class CRenderer(Renderer):
   # libm's expf/log2f/sinf are calls the compiler cannot vectorize; kiln's software versions (<= 1 ulp, see
   # docs/transcendental.md) vectorize with the rest of the loop: softmax 4096x4096 208 -> 109 ms on 2 cores
   has_native_transcendentals = False
+  renders_math_forms = True   # for TRANSCENDENTAL=0 (software math rewrites the forms first otherwise)
   packs_matmul_operands = True   # kiln/schedule/pack.py: matmul 2048 120-138 -> 195 GFLOP/s on a 2-core EPYC
 
   def render(self, name: str, uops: list[UOp]) -> str:
@@ -598,8 +599,12 @@ class _CKernelWriter:
       if u.op in GroupOp.ALU: check_alu_dtypes("CRenderer", u)
       # EXP2(a * (1/ln2)) (float32/float64) is kiln's exp(a): libm's exp of a, not exp2 of the rounded product (60
       # ulp near overflow)
+      # (likewise the float64 cos and tan forms, SIN(pi/2 - y) and SIN(y) / SIN(pi/2 - y), when software math is off)
       exp_of = exp_argument(u.src[0]) if u.op is Ops.EXP2 else None
+      cos_of = cos_argument(u.src[0]) if u.op is Ops.SIN else None
       if exp_of is not None: text = _libm("exp")(u, [self.expr(exp_of)])
+      elif cos_of is not None: text = _libm("cos")(u, [self.expr(cos_of)])
+      elif (tan_of := tan_argument(u)) is not None: text = f"__builtin_tan({self.expr(tan_of)})"
       else: text = self.value_text(u, [self.expr(s) for s in u.src])
     name = self.fresh_name(_VALUE_PREFIX.get(u.op, "alu"))
     self.emit(f"const {c_type(u.dtype)} {name} = {text};")

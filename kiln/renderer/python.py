@@ -15,7 +15,7 @@ from typing import Callable
 from kiln.dtype import DType, dtypes, truncate, fp8_bits, FP8_VALUES
 from kiln.renderer import Renderer, kernel_signature, kernel_function_name
 from kiln.renderer.cstyle import EXACT_FLOAT_OPS, check_alu_dtypes
-from kiln.codegen.transcendental import exp_argument
+from kiln.codegen.transcendental import exp_argument, cos_argument, tan_argument
 from kiln.uop.ops import UOp, Ops, GroupOp
 
 # ---------------- runtime helpers used by the generated code ----------------
@@ -122,6 +122,14 @@ def _sin(x: float) -> float:
   try: return math.sin(x)
   except ValueError: return nan
 
+def _cos(x: float) -> float:
+  try: return math.cos(x)
+  except ValueError: return nan
+
+def _tan(x: float) -> float:
+  try: return math.tan(x)
+  except ValueError: return nan
+
 def _sqrt(x: float) -> float:
   return math.sqrt(x) if x >= 0 else nan
 
@@ -147,7 +155,7 @@ def _bitcast(bits, src_format: str, dst_format: str):
   return struct.unpack(dst_format, struct.pack(src_format, bits))[0]
 
 EMULATOR_HELPERS = ("inf", "nan", "_r32", "_r16", "_rbf16", "_f16_bits", "_bf16_bits", "_H2F", "_BF2F", "_i2f32",
-                    "_f2i", "_fdiv0", "_fmod", "_idiv", "_imod", "_exp2", "_exp", "_log2", "_sin", "_sqrt", "_pow", "_trunc",
+                    "_f2i", "_fdiv0", "_fmod", "_idiv", "_imod", "_exp2", "_exp", "_log2", "_sin", "_cos", "_tan", "_sqrt", "_pow", "_trunc",
                     "_check_index", "_bitcast", "_E4M3_TO_F", "_E5M2_TO_F", "_fp8e4m3_bits", "_fp8e5m2_bits",
                     "_rfp8e4m3", "_rfp8e5m2")
 
@@ -272,6 +280,7 @@ class PythonRenderer(Renderer):
   """Renders a linearized kernel as the source of a Python function (plain `for` loops over memoryviews)."""
   device = "PYTHON"
   has_local = False
+  renders_math_forms = True
 
   def render(self, name: str, uops: list[UOp]) -> str:
     """The Python source of function `name`; see the module docstring for its arguments."""
@@ -370,7 +379,10 @@ class _PyKernelWriter:
     for dtype in (u.dtype, *(s.dtype for s in u.src)): self.check_dtype(dtype)
     # EXP2(a * (1/ln2)) is kiln's exp(a): e**a itself, as software math computes it (rounding the product first
     # would cost up to 60 ulp near overflow)
+    # likewise SIN(pi/2 - y) and SIN(y) / SIN(pi/2 - y) in float64 are kiln's cos(y) and tan(y) (renders_math_forms)
     if u.op is Ops.EXP2 and (exp_of := exp_argument(u.src[0])) is not None: text = f"_exp({self.expr(exp_of)})"
+    elif u.op is Ops.SIN and (cos_of := cos_argument(u.src[0])) is not None: text = f"_cos({self.expr(cos_of)})"
+    elif (tan_of := tan_argument(u)) is not None: text = f"_tan({self.expr(tan_of)})"
     else: text = PY_EXPRESSIONS[u.op](u, [self.expr(s) for s in u.src])
     if u.op in GroupOp.ALU:
       check_alu_dtypes("PythonRenderer", u)

@@ -176,3 +176,20 @@ def test_narrow_float_math_is_computed_in_float32_and_rounded_once(fn, dtype, to
   rounded = torch.tensor(values).to(getattr(torch, torch_dtype)).float()
   want = getattr(torch, fn)(rounded).to(getattr(torch, torch_dtype)).float().numpy()
   np.testing.assert_array_equal(got, want)
+
+HARD_COS_TAN_F64 = np.array([7.332904820674937e283, 1.5707963267948966, -64.4026, 3.0, 1e5, 1e-300, 0.0, 710.0,
+                             4.71238898038469, 3.141592653589793 * 1e6], np.float64)
+
+@pytest.mark.parametrize("device, transcendental", [("PYTHON", 1), ("CPU", 0)])
+@pytest.mark.parametrize("fn", ["cos", "tan"])
+def test_float64_cos_and_tan_off_software_math_are_within_one_ulp(device, transcendental, fn):
+  """The PYTHON emulator and the C path with TRANSCENDENTAL=0 render kiln's float64 cos/tan forms as cos/tan
+  themselves (renders_math_forms): dividing two rounded sines cost 2.2/3.1 ulp."""
+  mpmath = pytest.importorskip("mpmath")
+  from kiln import Context
+  mpmath.mp.prec = 200
+  with Context(TRANSCENDENTAL=transcendental):
+    got = getattr(Tensor(HARD_COS_TAN_F64, device=device), fn)().numpy()
+  for value, x in zip(got, HARD_COS_TAN_F64):
+    want = float(getattr(mpmath, fn)(mpmath.mpf(float(x))))
+    assert abs(value - want) <= np.spacing(abs(want)), (fn, device, x, value, want)
