@@ -484,7 +484,7 @@ def test_cpu_graph_with_state_updates_and_a_copy_from_another_device():
   w = Tensor(np.float32([1, 2, 3])).realize()
   @TinyJit
   def f(x):
-    w.assign(w + x.to("CPU"))
+    w.assign(w + x.to(w.device))
     return (w * 2).realize()
   ref = np.float32([1, 2, 3])
   for _ in range(5):
