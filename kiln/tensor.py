@@ -16,7 +16,7 @@ from kiln.engine.realize import run_schedule, capturing as _jit_calls
 from kiln.mixin.creation import CreationMixin
 from kiln.mixin.movement import MovementMixin
 from kiln.mixin.indexing import IndexingMixin
-from kiln.mixin.elementwise import ElementwiseMixin
+from kiln.mixin.elementwise import ElementwiseMixin, _TANH_TAYLOR_F64
 from kiln.mixin.reduce import ReduceMixin
 from kiln.mixin.conv import ConvMixin
 from kiln.mixin.nn import NNMixin
@@ -591,7 +591,6 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
         return self
       # a view of another tensor's pending value (`b.assign(b + 10); b[2:].assign(x)`): that value is computed into
       # its buffer first, so the write lands there (and a pending assign is not lost behind this one)
-      from kiln.uop.pattern import substitute
       Tensor.realize_all(owners)
       target = substitute(target, {target.base: owners[0].uop})
     if not (target.op is Ops.BUFFER or target.op is Ops.RESHAPE and target.src[0].op is Ops.BUFFER):
@@ -1112,7 +1111,6 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
       near = small.where(x, 0.0)
       square = near * near
       # float64 needs the series itself (the float32 fit is good to 1e-8)
-      from kiln.mixin.elementwise import _TANH_TAYLOR_F64
       coefficients = _TANH_TAYLOR_F64 if x.dtype == dtypes.float64 else _TANH_POLY
       correction = functools.reduce(lambda acc, c: acc * square + c, coefficients[1:], coefficients[0])
       e = (-2 * magnitude).exp()   # in (0, 0.33]: 1 - 2e/(1 + e) loses no precision

@@ -106,29 +106,19 @@ def _imod(a: int, b: int) -> int:
   r = abs(a) % abs(b)
   return -r if a < 0 else r
 
-def _exp2(x: float) -> float:
-  try: return math.exp2(x)
-  except OverflowError: return inf
+def _ieee(fn, error: type[Exception], result: float):
+  """`fn` with the IEEE result where Python's math raises `error` (exp overflow: inf; sin of inf: NaN)."""
+  def call(x: float) -> float:
+    try: return fn(x)
+    except error: return result
+  return call
 
-def _exp(x: float) -> float:
-  try: return math.exp(x)
-  except OverflowError: return inf
+_exp2, _exp = _ieee(math.exp2, OverflowError, inf), _ieee(math.exp, OverflowError, inf)
+_sin, _cos, _tan = (_ieee(fn, ValueError, nan) for fn in (math.sin, math.cos, math.tan))
 
 def _log2(x: float) -> float:
   if x > 0: return math.log2(x)
   return -inf if x == 0 else nan
-
-def _sin(x: float) -> float:
-  try: return math.sin(x)
-  except ValueError: return nan
-
-def _cos(x: float) -> float:
-  try: return math.cos(x)
-  except ValueError: return nan
-
-def _tan(x: float) -> float:
-  try: return math.tan(x)
-  except ValueError: return nan
 
 def _sqrt(x: float) -> float:
   return math.sqrt(x) if x >= 0 else nan
