@@ -11,7 +11,7 @@ from typing import Any
 from kiln.tensor import Tensor
 from kiln.dtype import DType, dtypes
 from kiln.device import Device
-from kiln.helpers import DEBUG, GlobalCounters, prod
+from kiln.helpers import DEBUG, prod
 from kiln.nn.gguf import gguf_load, ggml_data_to_tensor  # noqa: F401  (tinygrad's nn.state names; kiln/nn/gguf.py)
 
 # ---------------- state dicts ----------------
@@ -81,7 +81,7 @@ def load_state_dict(model: Any, state_dict: dict[str, Tensor], strict: bool = Tr
   model tensor on DISK gets the bytes written through to its file. `consume=True` removes each loaded key from
   `state_dict` (so its memory can go); `verbose` prints one line with the count, size and time.
   """
-  start, start_mem = time.perf_counter(), GlobalCounters.mem_used
+  start = time.perf_counter()
   model_state = get_state_dict(model)
   missing = [key for key in model_state if key not in state_dict]
   if strict and missing:
@@ -111,8 +111,9 @@ def load_state_dict(model: Any, state_dict: dict[str, Tensor], strict: bool = Tr
     loaded.append(target)
   if verbose:
     elapsed = time.perf_counter() - start
-    print(f"loaded {len(loaded)} tensors ({(GlobalCounters.mem_used - start_mem) / 1e6:.2f} MB allocated) "
-          f"in {elapsed * 1e3:.1f} ms")
+    # the loaded tensors' own size: the change in memory use is not it (replaced buffers are freed meanwhile)
+    size_mb = sum(tensor.nbytes() for tensor in loaded) / 1e6
+    print(f"loaded {len(loaded)} tensors ({size_mb:.2f} MB) in {elapsed * 1e3:.1f} ms")
   return loaded
 
 # ---------------- file access ----------------
