@@ -23,8 +23,8 @@ from kiln.mixin.nn import NNMixin
 from kiln.mixin.sorting import SortMixin
 from kiln.mixin.linalg import LinalgMixin
 from kiln.mixin.bytes import BytesMixin
-from kiln.mixin.common import TensorIndexError, where as _where, fmt as _fmt, dtype_arg as _dtype_arg, \
-  canonical_device as _canonical_device, broadcast_shape as _broadcast_shape
+from kiln.mixin.common import TensorIndexError, TensorValueError, UnsupportedError, EmptyAxisError, where as _where, \
+  fmt as _fmt, dtype_arg as _dtype_arg, canonical_device as _canonical_device, broadcast_shape as _broadcast_shape
 
 # hot reads bound once: `Ops.X` is a metaclass attribute lookup (~130 ns under Python 3.11), a global ~10 ns
 _ADD, _MUL = Ops.ADD, Ops.MUL
@@ -291,7 +291,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
 
   def item(self) -> int | float | bool:
     """The single value of a one-element tensor."""
-    if self.numel() != 1: raise ValueError(f"item: a tensor of shape {_fmt(self.shape)} has {self.numel()} elements, not 1{_where()}")
+    if self.numel() != 1: raise TensorValueError(f"item: a tensor of shape {_fmt(self.shape)} has {self.numel()} elements, not 1{_where()}")
     return self.numpy().reshape(()).item()
 
   def tolist(self) -> Any:
@@ -365,7 +365,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     [1, 4, 7]
     """
     if stop is None: start, stop = 0, start
-    if step == 0: raise ValueError(f"arange: step must not be 0{_where()}")
+    if step == 0: raise TensorValueError(f"arange: step must not be 0{_where()}")
     count = max(0, math.ceil((stop - start) / step))
     dtype = _dtype_arg(dtype, "arange") if dtype is not None else dtypes.from_py([start, stop, step])
     iota = Tensor(UOp(Ops.IOTA, dtypes.int32, (UOp(Ops.DEVICE, arg=_canonical_device(device)),), count))
@@ -375,7 +375,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
   def linspace(start, stop, steps: int, **kwargs) -> Tensor:
     """`steps` evenly spaced values from `start` to `stop` inclusive."""
     if not isinstance(steps, int) or steps < 0:
-      raise ValueError(f"linspace: steps must be a non-negative int, got {steps!r}{_where()}")
+      raise TensorValueError(f"linspace: steps must be a non-negative int, got {steps!r}{_where()}")
     if steps == 1: return Tensor.full((1,), float(start), **kwargs)
     dtype = _dtype_arg(kwargs.pop("dtype", dtypes.default_float), "linspace")
     requires_grad = kwargs.pop("requires_grad", None)   # belongs on the result, not on the arange it is built from
@@ -390,7 +390,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     [[1.0, 0.0], [0.0, 1.0]]
     """
     m = n if m is None else m
-    if n < 0 or m < 0: raise ValueError(f"eye: sizes must be non-negative, got n={n}, m={m}{_where()}")
+    if n < 0 or m < 0: raise TensorValueError(f"eye: sizes must be non-negative, got n={n}, m={m}{_where()}")
     dtype = kwargs.pop("dtype", dtypes.default_float)
     requires_grad = kwargs.pop("requires_grad", None)   # belongs on the result, not on the aranges it is built from
     rows, cols = Tensor.arange(n, **kwargs).reshape(n, 1), Tensor.arange(m, **kwargs).reshape(1, m)
@@ -444,7 +444,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     """
     shape, device = _shape_arg(shape), _canonical_device(device)
     dtype = _dtype_arg(dtype or dtypes.default_float, "rand")
-    if not dtypes.is_float(dtype): raise ValueError(f"rand: only float dtypes are supported, got {dtype}{_where()}")
+    if not dtypes.is_float(dtype): raise UnsupportedError(f"rand: only float dtypes are supported, got {dtype}{_where()}")
     if is_symbolic_shape(shape):
       raise NotImplementedError(f"rand: shape {_fmt(shape)} has bound Variables; draw the largest shape and shrink it"
                                 f"{_where()}")
@@ -578,7 +578,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     value = x if isinstance(x, Tensor) else Tensor.full(self.shape, x, device=self.device, dtype=self.dtype)
     if value.shape != self.shape and not all(sint_eq(a, b) for a, b in zip(value.shape, self.shape)) or \
        len(value.shape) != len(self.shape):
-      raise ValueError(f"assign: shape {_fmt(value.shape)} does not match the target's {_fmt(self.shape)}{_where()}")
+      raise TensorValueError(f"assign: shape {_fmt(value.shape)} does not match the target's {_fmt(self.shape)}{_where()}")
     if value.device != self.device:
       raise RuntimeError(f"assign: value on {value.device} but the target is on {self.device}{_where()}")
     if value.dtype != self.dtype: value = value.cast(self.dtype)
@@ -637,7 +637,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
   def replace(self, x: Tensor, allow_shape_mismatch: bool = False) -> Tensor:
     """Make this tensor hold `x`'s graph; the shapes must match unless `allow_shape_mismatch`."""
     if x.shape != self.shape and not allow_shape_mismatch:
-      raise ValueError(f"replace: shape {_fmt(x.shape)} != {_fmt(self.shape)}{_where()}")
+      raise TensorValueError(f"replace: shape {_fmt(x.shape)} != {_fmt(self.shape)}{_where()}")
     self.uop = x.uop
     return self
 
@@ -657,16 +657,16 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
         return self if new == old else Tensor._wrap(self.uop.reshape(new), "reshape")
     shape = (shape, *args)
     shape = tuple(s if s is not None else self.shape[i] for i, s in enumerate(_shape_arg(shape, allow_negative=True)))
-    if shape.count(-1) > 1: raise ValueError(f"reshape: only one axis can be -1, got {_fmt(shape)}{_where()}")
+    if shape.count(-1) > 1: raise TensorValueError(f"reshape: only one axis can be -1, got {_fmt(shape)}{_where()}")
     if is_symbolic_shape(shape) or is_symbolic_shape(self.shape): return self._reshape_symbolic(shape)
     if -1 in shape:
       known = prod(s for s in shape if s != -1)
       if known == 0 or self.numel() % known:
-        raise ValueError(f"reshape: cannot reshape {_fmt(self.shape)} ({self.numel()} elements) to {_fmt(shape)}{_where()}")
+        raise TensorValueError(f"reshape: cannot reshape {_fmt(self.shape)} ({self.numel()} elements) to {_fmt(shape)}{_where()}")
       shape = tuple(self.numel() // known if s == -1 else s for s in shape)
-    if any(s < 0 for s in shape): raise ValueError(f"reshape: negative size in {_fmt(shape)}{_where()}")
+    if any(s < 0 for s in shape): raise TensorValueError(f"reshape: negative size in {_fmt(shape)}{_where()}")
     if prod(shape) != self.numel():
-      raise ValueError(f"reshape: cannot reshape {_fmt(self.shape)} ({self.numel()} elements) to {_fmt(shape)} "
+      raise TensorValueError(f"reshape: cannot reshape {_fmt(self.shape)} ({self.numel()} elements) to {_fmt(shape)} "
                        f"({prod(shape)} elements){_where()}")
     return self if shape == self.shape else Tensor._wrap(self.uop.reshape(shape), "reshape")
   def _reshape_symbolic(self, shape: tuple) -> Tensor:
@@ -676,7 +676,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
       known = prod(s for s in shape if not isinstance(s, int) or s != -1)
       shape = tuple(ssimplify(self.numel() // known) if isinstance(s, int) and s == -1 else s for s in shape)
     if not sint_eq(prod(shape), self.numel()):
-      raise ValueError(f"reshape: cannot reshape {_fmt(self.shape)} ({sint_str(self.numel())} elements) to "
+      raise TensorValueError(f"reshape: cannot reshape {_fmt(self.shape)} ({sint_str(self.numel())} elements) to "
                        f"{_fmt(shape)} ({sint_str(prod(shape))} elements){_where()}")
     return self if shape == self.shape else Tensor._wrap(self.uop.reshape(shape), "reshape")
   def view(self, shape=(), *args) -> Tensor:
@@ -687,11 +687,11 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     """Broadcast size-1 axes to `shape` (-1 keeps an axis); new axes may be added in front."""
     shape = _shape_arg((shape, *args), allow_negative=True)
     if len(shape) < self.ndim:
-      raise ValueError(f"expand: cannot expand {_fmt(self.shape)} to fewer dimensions {_fmt(shape)}{_where()}")
+      raise TensorValueError(f"expand: cannot expand {_fmt(self.shape)} to fewer dimensions {_fmt(shape)}{_where()}")
     src = (1,) * (len(shape) - self.ndim) + self.shape
     new = tuple(s if t == -1 else t for s, t in zip(src, shape))
     for s, t in zip(src, new):
-      if s != t and s != 1: raise ValueError(f"expand: cannot expand {_fmt(self.shape)} to {_fmt(shape)}{_where()}")
+      if s != t and s != 1: raise TensorValueError(f"expand: cannot expand {_fmt(self.shape)} to {_fmt(shape)}{_where()}")
     return self._broadcast_to(new)
 
   def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
@@ -708,9 +708,11 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     (3, 1, 2)
     """
     order = tuple(order) if isinstance(order, (tuple, list)) and not args else (order, *args)
+    if len(order) != self.ndim:
+      raise TensorValueError(f"permute: {order} names {len(order)} axes but {_fmt(self.shape)} has {self.ndim}{_where()}")
     resolved = tuple(self._axis(a, "permute") for a in order)
     if sorted(resolved) != list(range(self.ndim)):
-      raise ValueError(f"permute: {order} is not a permutation of the {self.ndim} axes of {_fmt(self.shape)}{_where()}")
+      raise TensorValueError(f"permute: {order} is not a permutation of the axes of {_fmt(self.shape)}{_where()}")
     return Tensor._wrap(self.uop.permute(resolved), "permute")
 
   def transpose(self, dim0: int = 1, dim1: int = 0) -> Tensor:
@@ -729,25 +731,25 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     """Reverse the order of elements along `axis` (an int, a tuple, or several ints as arguments)."""
     axis = tuple(axis) if isinstance(axis, (tuple, list)) and not args else (axis, *args)
     axes = tuple(self._axis(a, "flip") for a in axis)
-    if len(set(axes)) != len(axes): raise ValueError(f"flip: repeated axis in {axis}{_where()}")
+    if len(set(axes)) != len(axes): raise TensorValueError(f"flip: repeated axis in {axis}{_where()}")
     if self.ndim == 0: return self
     return Tensor._wrap(self.uop.flip(axes), "flip")
 
   def shrink(self, arg: Sequence[tuple[int, int] | None]) -> Tensor:
     """Keep `[start, end)` of each axis (None keeps the whole axis)."""
-    if len(arg) != self.ndim: raise ValueError(f"shrink: {len(arg)} bounds for a {self.ndim}-d tensor {_fmt(self.shape)}{_where()}")
+    if len(arg) != self.ndim: raise TensorValueError(f"shrink: {len(arg)} bounds for a {self.ndim}-d tensor {_fmt(self.shape)}{_where()}")
     bounds = tuple((0, s) if b is None else (_bound_arg(b[0], "shrink"), _bound_arg(b[1], "shrink"))
                    for b, s in zip(arg, self.shape))
     if any(isinstance(x, UOp) for bound in bounds for x in bound) or is_symbolic_shape(self.shape):
       for (b, e), s in zip(bounds, self.shape):
         # checked over the Variables' whole ranges: the kernel is reused for every value they can be bound to
         if sint_min(b) < 0 or sint_min(ssub(e, b)) < 0 or sint_min(ssub(s, e)) < 0:
-          raise ValueError(f"shrink: bounds {_fmt_bounds(bounds)} do not fit shape {_fmt(self.shape)} for every "
+          raise TensorValueError(f"shrink: bounds {_fmt_bounds(bounds)} do not fit shape {_fmt(self.shape)} for every "
                            f"value of their Variables (0 <= start <= end <= size must hold over each [min, max])"
                            f"{_where()}")
       return Tensor._wrap(self.uop.shrink(bounds), "shrink")
     for (b, e), s in zip(bounds, self.shape):
-      if not 0 <= b <= e <= s: raise ValueError(f"shrink: bounds {bounds} do not fit shape {_fmt(self.shape)}{_where()}")
+      if not 0 <= b <= e <= s: raise TensorValueError(f"shrink: bounds {bounds} do not fit shape {_fmt(self.shape)}{_where()}")
     return Tensor._wrap(self.uop.shrink(bounds), "shrink")
 
   def squeeze(self, dim: int | None = None) -> Tensor:
@@ -759,7 +761,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
   def unsqueeze(self, dim: int) -> Tensor:
     """Insert a size-1 axis at `dim`."""
     axis = dim + self.ndim + 1 if dim < 0 else dim
-    if not 0 <= axis <= self.ndim: raise ValueError(f"unsqueeze: dim {dim} out of range for {_fmt(self.shape)}{_where()}")
+    if not 0 <= axis <= self.ndim: raise TensorIndexError(f"unsqueeze: dim {dim} out of range for {_fmt(self.shape)}{_where()}")
     return self.reshape(self.shape[:axis] + (1,) + self.shape[axis:])
   def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     """Merge axes start_dim..end_dim into one."""
@@ -829,7 +831,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
   def sub(self, x, reverse: bool = False) -> Tensor:
     """Elementwise self - x (x - self if `reverse`); a TypeError for two bool operands."""
     if self.dtype == dtypes.bool and (not isinstance(x, Tensor) or x.dtype == dtypes.bool) and isinstance(x, (bool, Tensor)):
-      raise TypeError(f"sub: subtraction of bool tensors is not supported, use logical_xor{_where()}")
+      raise UnsupportedError(f"sub: subtraction of bool tensors is not supported, use logical_xor{_where()}")
     return self._binary(Ops.SUB, x, "sub", reverse)
   def mul(self, x, reverse: bool = False) -> Tensor:
     """Elementwise self * x, with broadcasting and type promotion (x * self if `reverse`)."""
@@ -837,7 +839,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
   def div(self, x, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
     """True division (ints become floats); rounding_mode 'trunc' or 'floor' as in PyTorch."""
     if rounding_mode not in (None, "trunc", "floor"):
-      raise ValueError(f"div: rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}{_where()}")
+      raise TensorValueError(f"div: rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}{_where()}")
     x, y = self._broadcasted(x, "div", reverse)
     if rounding_mode == "trunc":
       return Tensor._wrap(x.uop.alu(Ops.IDIV, y.uop), "div") if dtypes.is_int(x.dtype) else (x / y).trunc()
@@ -863,7 +865,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
   def pow(self, x, reverse: bool = False) -> Tensor:
     """Elementwise self ** x (x ** self if `reverse`)."""
     if not reverse and dtypes.is_int(self.dtype) and isinstance(x, int) and x < 0:
-      raise ValueError(f"pow: integers to negative integer powers are not allowed ({self.dtype} ** {x}){_where()}")
+      raise TensorValueError(f"pow: integers to negative integer powers are not allowed ({self.dtype} ** {x}){_where()}")
     exponent = x if not reverse and isinstance(x, int) and not isinstance(x, bool) else None
     x, y = self._broadcasted(x, "pow", reverse)
     if not dtypes.is_float(x.dtype):
@@ -898,13 +900,13 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     return -self if dtypes.is_float(self.dtype) else ~self
 
   def __neg__(self) -> Tensor:
-    if self.dtype == dtypes.bool: raise TypeError(f"neg: negation of a bool tensor is not supported, use ~{_where()}")
+    if self.dtype == dtypes.bool: raise UnsupportedError(f"neg: negation of a bool tensor is not supported, use ~{_where()}")
     return self._unary(Ops.NEG, "neg") if dtypes.is_float(self.dtype) else self * -1
   def neg(self) -> Tensor:
     """Elementwise -x (a TypeError for bool tensors: use ~ or logical_not)."""
     return -self
   def __invert__(self) -> Tensor:
-    if dtypes.is_float(self.dtype): raise TypeError(f"invert: ~ needs an int or bool tensor, got {self.dtype}{_where()}")
+    if dtypes.is_float(self.dtype): raise UnsupportedError(f"invert: ~ needs an int or bool tensor, got {self.dtype}{_where()}")
     return self._binary(Ops.XOR, True if self.dtype == dtypes.bool else -1, "invert")
   def bitwise_not(self) -> Tensor:
     """Elementwise ~x: bitwise NOT of ints, logical NOT of bools (a TypeError for floats)."""
@@ -914,7 +916,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     return self.cast(dtypes.bool) != True  # noqa: E712
   def _bitwise(self, op: Ops, other, name: str, reverse: bool = False) -> Tensor:
     x, y = self._broadcasted(other, name, reverse)
-    if dtypes.is_float(x.dtype): raise TypeError(f"{name}: needs int or bool tensors, got {x.dtype}{_where()}")
+    if dtypes.is_float(x.dtype): raise UnsupportedError(f"{name}: needs int or bool tensors, got {x.dtype}{_where()}")
     return Tensor._wrap(x.uop.alu(op, y.uop), name)
   def bitwise_and(self, x, reverse: bool = False) -> Tensor:
     """Elementwise bitwise AND of int or bool tensors (logical AND for bools)."""
@@ -1061,7 +1063,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     return (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype) if self.dtype != dtypes.bool else self
   def clip(self, min_=None, max_=None) -> Tensor:
     """Limit values to [min_, max_] (NaN stays NaN; the gradient passes at the bounds, as in torch.clamp)."""
-    if min_ is None and max_ is None: raise ValueError(f"clip: at least one of min_ and max_ must be given{_where()}")
+    if min_ is None and max_ is None: raise TensorValueError(f"clip: at least one of min_ and max_ must be given{_where()}")
     x = self if min_ is None else (self < min_).where(min_, self)
     return x if max_ is None else (x > max_).where(max_, x)
   clamp = clip
@@ -1199,7 +1201,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     axes = self._reduce_axes(axis, op)
     kept = prod(s for a, s in enumerate(self.shape) if a not in axes)
     if prod(self.shape[a] for a in axes) == 0 and kept != 0:
-      raise RuntimeError(f"{op}: cannot reduce over an empty axis of a tensor of shape {_fmt(self.shape)}{_where()}")
+      raise EmptyAxisError(f"{op}: cannot reduce over an empty axis of a tensor of shape {_fmt(self.shape)}{_where()}")
   def min(self, axis=None, keepdim: bool = False) -> Tensor:
     """Minimum over `axis`."""
     self._check_nonempty_reduce(axis, "min")
@@ -1249,7 +1251,8 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     axis = self._axis(axis, op)
     if self.ndim == 0: return Tensor.full((), 0, device=self.device, dtype=dtypes.int32)
     n = self.shape[axis]
-    if n == 0: raise RuntimeError(f"{op}: cannot reduce over the empty axis {axis} of shape {_fmt(self.shape)}{_where()}")
+    if n == 0:
+      raise EmptyAxisError(f"{op}: cannot reduce over the empty axis {axis} of shape {_fmt(self.shape)}{_where()}")
     # NaN is the maximum, as in PyTorch: where max() propagated one, only the NaNs compare as maxima
     is_max = (self == self.max(axis, keepdim=True)) | self.isnan()
     countdown = Tensor.arange(n, 0, -1, device=self.device).reshape((n,) + (1,) * (self.ndim - axis - 1))
@@ -1302,12 +1305,12 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
       return self.cast(dtype).dot(w.cast(dtype))
     x_shape, w_shape = self.uop.shape, w.uop.shape
     if not x_shape or not w_shape:
-      raise ValueError(f"matmul: both operands need at least one dimension, got {_fmt(self.shape)} @ {_fmt(w.shape)}{_where()}")
+      raise TensorValueError(f"matmul: both operands need at least one dimension, got {_fmt(self.shape)} @ {_fmt(w.shape)}{_where()}")
     if w.uop.device != self.uop.device: raise RuntimeError(f"matmul: operands on {self.device} and {w.device}{_where()}")
     k_self = x_shape[-1]
     k_w = w_shape[-2] if len(w_shape) > 1 else w_shape[0]
     if k_self != k_w:
-      raise ValueError(f"matmul: inner dimensions differ, {_fmt(self.shape)} @ {_fmt(w.shape)} ({k_self} != {k_w}){_where()}")
+      raise TensorValueError(f"matmul: inner dimensions differ, {_fmt(self.shape)} @ {_fmt(w.shape)} ({k_self} != {k_w}){_where()}")
     if len(x_shape) >= 2 and len(w_shape) >= 2 and self.uop.dtype is w.uop.dtype and \
        _sum_dtype(self.uop.dtype) is self.uop.dtype and all(type(s) is int for s in x_shape + w_shape):
       return Tensor._wrap(_matmul_graph(self.uop, w.uop), "matmul")
@@ -1584,7 +1587,7 @@ def _shape_arg(shape, allow_negative: bool = False) -> tuple[int, ...]:
       continue
     if not isinstance(s, (int, np.integer)) or isinstance(s, bool):
       raise TypeError(f"shape entries must be ints, got {s!r} in {shape}{_where()}")
-    if s < 0 and not (allow_negative and s == -1): raise ValueError(f"negative size {s} in shape {tuple(shape)}{_where()}")
+    if s < 0 and not (allow_negative and s == -1): raise TensorValueError(f"negative size {s} in shape {tuple(shape)}{_where()}")
     out.append(int(s))
   return tuple(out)
 
@@ -1603,13 +1606,13 @@ def _symbolic_size(s: UOp, shape, allow_negative: bool = False) -> int | UOp:
                     f"{_fmt(shape)}{_where()}")
   for u in s.toposort():
     if u.op is Ops.DEFINE_VAR and not any(b.op is Ops.BIND and b.src[0] is u for b in s.toposort()):
-      raise ValueError(f"shape entry {sint_str(s)} uses the unbound Variable {u.arg[0]!r}; pass "
+      raise TensorValueError(f"shape entry {sint_str(s)} uses the unbound Variable {u.arg[0]!r}; pass "
                        f"Variable(...).bind(value){_where()}")
   s = ssimplify(s)
   if allow_negative: return s
   if isinstance(s, UOp) and sint_min(s) < 0:
-    raise ValueError(f"shape entry {sint_str(s)} can be negative (its smallest value is {sint_min(s)}){_where()}")
-  if not isinstance(s, UOp) and s < 0: raise ValueError(f"negative size {s} in shape {_fmt(shape)}{_where()}")
+    raise TensorValueError(f"shape entry {sint_str(s)} can be negative (its smallest value is {sint_min(s)}){_where()}")
+  if not isinstance(s, UOp) and s < 0: raise TensorValueError(f"negative size {s} in shape {_fmt(shape)}{_where()}")
   return s
 
 # views whose elements map one-to-one onto buffer elements, so writing through them is well defined
@@ -1622,14 +1625,14 @@ def _scalar_dtype(value, dtype: DType | None, op: str) -> DType:
     dtype = dtypes.from_py(value)
     if dtype == dtypes.default_int and not dtypes.min(dtype) <= value <= dtypes.max(dtype): dtype = dtypes.int64
   if dtypes.is_int(dtype) and not isinstance(value, float) and not dtypes.min(dtype) <= value <= dtypes.max(dtype):
-    raise ValueError(f"{op}: value {value} does not fit {dtype}{_where()}")
+    raise TensorValueError(f"{op}: value {value} does not fit {dtype}{_where()}")
   return dtype
 
 def _array_from_list(data, dtype: DType | None) -> np.ndarray:
   try:
     arr = np.array(data)
   except ValueError as e:
-    raise ValueError(f"Tensor: ragged nested lists cannot form a tensor ({e}){_where()}") from None
+    raise TensorValueError(f"Tensor: ragged nested lists cannot form a tensor ({e}){_where()}") from None
   if arr.dtype == object: raise TypeError(f"Tensor: cannot make a tensor from a list of {type(data[0]).__name__}{_where()}")
   inferred = dtype is None
   if inferred: dtype = dtypes.from_py(list(data)) if arr.size else dtypes.default_float
@@ -1638,14 +1641,14 @@ def _array_from_list(data, dtype: DType | None) -> np.ndarray:
     if not dtypes.min(dtype) <= lo <= hi <= dtypes.max(dtype):
       # like NumPy, a Python int too large for the default int widens; an explicit dtype that cannot hold it is an error
       if inferred and dtypes.min(dtypes.int64) <= lo <= hi <= dtypes.max(dtypes.int64): dtype = dtypes.int64
-      else: raise ValueError(f"Tensor: value {hi if hi > dtypes.max(dtype) else lo} does not fit {dtype}{_where()}")
+      else: raise TensorValueError(f"Tensor: value {hi if hi > dtypes.max(dtype) else lo} does not fit {dtype}{_where()}")
   if dtype in (dtypes.bfloat16, *dtypes.fp8s): return arr.astype(np.float32)   # no numpy type: cast on the device
   return arr.astype(to_numpy_dtype(dtype))
 
 def _uop_from_file(path: pathlib.Path) -> UOp:
   """A uint8 BUFFER node over the bytes of the file at `path`, on DISK:<absolute path> (the file is not opened)."""
   try: size = os.stat(path).st_size
-  except OSError as e: raise ValueError(f"Tensor: cannot open file {str(path)!r}: {e.strerror}{_where()}") from None
+  except OSError as e: raise TensorValueError(f"Tensor: cannot open file {str(path)!r}: {e.strerror}{_where()}") from None
   device = f"DISK:{os.path.abspath(path)}"
   buf = UOp.new_buffer(device, size, dtypes.uint8)
   buf.buffer = Buffer(device, size, dtypes.uint8)
@@ -1720,7 +1723,8 @@ def _with_user_location(fn, name: str):
     except _LOCATED_ERRORS as e:
       message = str(e)
       if " (at " in message: raise
-      error_type = TensorIndexError if type(e) is IndexError else type(e)
+      # a plain error from inside a helper becomes kiln's class for it (PyTorch's class, and the plain one)
+      error_type = {IndexError: TensorIndexError, ValueError: TensorValueError}.get(type(e), type(e))
       prefix = "" if message.startswith(f"{name}:") else f"{name}: "
       try: located_error = error_type(f"{prefix}{message}{_where()}")
       except Exception: raise e from None   # an exception type with another constructor: leave it as it was

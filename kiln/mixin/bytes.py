@@ -6,7 +6,7 @@ import numpy as np
 from kiln.dtype import DType, dtypes
 from kiln.helpers import prod
 from kiln.uop.ops import UOp, Ops
-from kiln.mixin.common import where, dtype_arg, fmt
+from kiln.mixin.common import TensorValueError, where, dtype_arg, fmt
 if TYPE_CHECKING: from kiln.tensor import Tensor
 
 _UINT_OF_SIZE = {1: dtypes.uint8, 2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.uint64}
@@ -113,9 +113,9 @@ class BytesMixin:
     old, new = self.dtype.itemsize, dtype.itemsize
     if old != new:
       if self.ndim == 0:
-        raise ValueError(f"bitcast: a 0-d tensor cannot change item size ({self.dtype} -> {dtype}){where()}")
+        raise TensorValueError(f"bitcast: a 0-d tensor cannot change item size ({self.dtype} -> {dtype}){where()}")
       if self.shape[-1] * old % new:
-        raise ValueError(f"bitcast: the last axis of {fmt(self.shape)} {self.dtype} ({self.shape[-1] * old} bytes) "
+        raise TensorValueError(f"bitcast: the last axis of {fmt(self.shape)} {self.dtype} ({self.shape[-1] * old} bytes) "
                          f"does not divide into {dtype} items of {new} bytes{where()}")
     x = self.cast(dtypes.uint8) if self.dtype == dtypes.bool else self   # a bool is stored as its 0/1 byte
     if dtype == dtypes.bool: return x.bitcast(dtypes.uint8) != 0
@@ -153,15 +153,15 @@ class BytesMixin:
     """
     if isinstance(cfg, str):
       if cfg not in KECCAK_CONFIGS:
-        raise ValueError(f"keccak: unknown cfg {cfg!r}; expected one of {', '.join(KECCAK_CONFIGS)} "
+        raise TensorValueError(f"keccak: unknown cfg {cfg!r}; expected one of {', '.join(KECCAK_CONFIGS)} "
                          f"or a (rate, domain byte) pair{where()}")
       rate, domain = KECCAK_CONFIGS[cfg]
     elif isinstance(cfg, tuple) and len(cfg) == 2 and all(isinstance(v, int) for v in cfg):
       rate, domain = cfg
       if not (0 < rate < 200 and rate % 8 == 0 and 0 <= domain < 256):
-        raise ValueError(f"keccak: cfg {cfg} needs a rate that is a multiple of 8 below 200 and a byte{where()}")
+        raise TensorValueError(f"keccak: cfg {cfg} needs a rate that is a multiple of 8 below 200 and a byte{where()}")
     else: raise TypeError(f"keccak: cfg must be a name or a (rate, domain byte) pair, got {cfg!r}{where()}")
-    if self.ndim == 0: raise ValueError(f"keccak: needs at least one axis to hash along, got a 0-d tensor{where()}")
+    if self.ndim == 0: raise TensorValueError(f"keccak: needs at least one axis to hash along, got a 0-d tensor{where()}")
     data = self.cast(dtypes.uint8) if self.dtype == dtypes.bool else self.bitcast(dtypes.uint8)
     lead, length, out_bytes = data.shape[:-1], data.shape[-1], (200 - rate) // 2
     batch = prod(lead)

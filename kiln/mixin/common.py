@@ -4,8 +4,20 @@ from kiln.dtype import DType, to_dtype
 from kiln.helpers import user_frame_location
 from kiln.device import Device
 
+# Each error class is the class PyTorch raises for the same misuse (tinygrad's tests and user code catch those) and
+# also the Python class kiln raised before (so `except ValueError` code keeps working).
 class TensorIndexError(IndexError, ValueError):
-  """An index outside a tensor's shape (both an IndexError and a ValueError)."""
+  """An index or axis outside a tensor's shape (PyTorch: IndexError)."""
+
+class TensorValueError(RuntimeError, ValueError):
+  """Shapes that do not fit together, or an argument value an op cannot take (PyTorch: RuntimeError)."""
+
+class UnsupportedError(NotImplementedError, TypeError, ValueError):
+  """A dtype or mode an op does not support (PyTorch: NotImplementedError, "not implemented for 'Float'")."""
+
+class EmptyAxisError(IndexError, RuntimeError):
+  """A reduction without an identity (max, argmax) over an empty axis (PyTorch: IndexError with a dim, RuntimeError
+  without one)."""
 
 def where() -> str:
   loc = user_frame_location()
@@ -29,7 +41,7 @@ def canonical_device(device: str | None) -> str:
   name = Device.canonicalize(device)
   if not _known_devices: _known_devices.extend(Device.known())
   if name.partition(":")[0] not in _known_devices:
-    raise ValueError(f"unknown device {device!r}; known devices: {', '.join(_known_devices)}{where()}")
+    raise TensorValueError(f"unknown device {device!r}; known devices: {', '.join(_known_devices)}{where()}")
   return name
 
 def broadcast_shape(op: str, *shapes: tuple[int, ...]) -> tuple[int, ...]:
@@ -42,6 +54,6 @@ def broadcast_shape(op: str, *shapes: tuple[int, ...]) -> tuple[int, ...]:
       continue
     non_one = {s for s in sizes if s != 1}
     if len(non_one) > 1:
-      raise ValueError(f"{op}: shapes {' and '.join(fmt(s) for s in shapes)} cannot be broadcast together{where()}")
+      raise TensorValueError(f"{op}: shapes {' and '.join(fmt(s) for s in shapes)} cannot be broadcast together{where()}")
     out.append(non_one.pop() if non_one else 1)
   return tuple(out)

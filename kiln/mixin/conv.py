@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 from kiln.dtype import dtypes
 from kiln.helpers import prod, flatten
-from kiln.mixin.common import where, fmt
+from kiln.mixin.common import UnsupportedError, TensorValueError, where, fmt
 from kiln.gradient import custom_backward, custom_backward_rules
 from kiln.uop.ops import UOp
 if TYPE_CHECKING: from kiln.tensor import Tensor  # noqa: F401
@@ -26,9 +26,9 @@ def _int_tuple(value, n: int, what: str, op: str, minimum: int = 1) -> tuple[int
   if _is_int(value): values = (int(value),) * n
   elif isinstance(value, (tuple, list)) and len(value) == n and all(_is_int(v) for v in value):
     values = tuple(int(v) for v in value)
-  else: raise ValueError(f"{op}: {what} must be an int or a sequence of {n} ints, got {value!r}{where()}")
+  else: raise TensorValueError(f"{op}: {what} must be an int or a sequence of {n} ints, got {value!r}{where()}")
   if any(v < minimum for v in values):
-    raise ValueError(f"{op}: {what} must be at least {minimum}, got {value!r}{where()}")
+    raise TensorValueError(f"{op}: {what} must be at least {minimum}, got {value!r}{where()}")
   return values
 
 def _pad_pairs(padding, n: int, op: str) -> list[tuple[int, int]]:
@@ -38,17 +38,17 @@ def _pad_pairs(padding, n: int, op: str) -> list[tuple[int, int]]:
   if isinstance(padding, (tuple, list)) and all(_is_int(p) for p in padding):
     if len(padding) == n: return [(int(p), int(p)) for p in padding]
     if len(padding) == 2 * n: return [(int(padding[i]), int(padding[i + 1])) for i in range(0, 2 * n, 2)][::-1]
-  raise ValueError(f"{op}: padding must be an int or a sequence of {n} or {2 * n} ints for {n} spatial dims, "
+  raise TensorValueError(f"{op}: padding must be an int or a sequence of {n} or {2 * n} ints for {n} spatial dims, "
                    f"got {padding!r}{where()}")
 
 def _check_conv_operands(x: Tensor, w: Tensor, groups, op: str) -> None:
   """Errors for operands no convolution can take: dims, devices, groups."""
   if w.ndim < 3 or x.ndim != w.ndim:
-    raise ValueError(f"{op}: input {fmt(x.shape)} and weight {fmt(w.shape)} need the same number of dims, at least 3 "
+    raise TensorValueError(f"{op}: input {fmt(x.shape)} and weight {fmt(w.shape)} need the same number of dims, at least 3 "
                      f"(batch, channels, *spatial){where()}")
   if x.device != w.device: raise RuntimeError(f"{op}: input on {x.device} but weight on {w.device}{where()}")
   if not _is_int(groups) or groups < 1:
-    raise ValueError(f"{op}: groups must be a positive int, got {groups!r}{where()}")
+    raise TensorValueError(f"{op}: groups must be a positive int, got {groups!r}{where()}")
 
 def _conv_backward(grad: UOp, node: UOp) -> tuple[UOp, UOp]:
   """The gradients of a convolution's input and weight (a CUSTOM_BACKWARD rule). Autograd through the windows' view
@@ -156,12 +156,12 @@ class ConvMixin:
     x[..., o*stride + j*dilation] at [..., o, j]. Made of movement ops only (no copy, no gather).
     """
     n = len(kernel)
-    if self.ndim < n: raise ValueError(f"pool: a {n}-d kernel needs at least {n} dims, got {fmt(self.shape)}{where()}")
+    if self.ndim < n: raise TensorValueError(f"pool: a {n}-d kernel needs at least {n} dims, got {fmt(self.shape)}{where()}")
     strides, dilations = _int_tuple(stride, n, "stride", "pool"), _int_tuple(dilation, n, "dilation", "pool")
     lead, sizes = list(self.shape[:-n]), self.shape[self.ndim - n:]
     spans = [d * (k - 1) + 1 for k, d in zip(kernel, dilations)]
     if any(span > size for span, size in zip(spans, sizes)):
-      raise ValueError(f"pool: kernel {fmt(kernel)} with dilation {fmt(dilations)} spans {fmt(spans)}, more than the "
+      raise TensorValueError(f"pool: kernel {fmt(kernel)} with dilation {fmt(dilations)} spans {fmt(spans)}, more than the "
                        f"(padded) input's spatial size {fmt(sizes)}{where()}")
     outs = [(size - span) // s + 1 for size, span, s in zip(sizes, spans, strides)]
     keep = [None] * len(lead)
@@ -205,7 +205,7 @@ class ConvMixin:
     if not isinstance(weight, type(self)):
       raise TypeError(f"conv2d: weight must be a Tensor, got {type(weight).__name__}{where()}")
     pairs = _pad_pairs(padding, max(weight.ndim - 2, 0), "conv2d")
-    if any(b < 0 or a < 0 for b, a in pairs): raise ValueError(f"conv2d: negative padding {padding!r}{where()}")
+    if any(b < 0 or a < 0 for b, a in pairs): raise TensorValueError(f"conv2d: negative padding {padding!r}{where()}")
     return self._conv(weight, bias, groups, stride, dilation, pairs, dtype, "conv2d")
 
   def _conv(self, weight: Tensor, bias: Tensor | None, groups, stride, dilation, pairs: list[tuple[int, int]], dtype,
@@ -218,19 +218,19 @@ class ConvMixin:
     n = w.ndim - 2
     (batch, channels), (cout, cin), kernel = x.shape[:2], w.shape[:2], w.shape[2:]
     if cin * groups != channels:
-      raise ValueError(f"{op}: input {fmt(x.shape)} has {channels} channels but weight {fmt(w.shape)} with "
+      raise TensorValueError(f"{op}: input {fmt(x.shape)} has {channels} channels but weight {fmt(w.shape)} with "
                        f"groups={groups} expects {cin}*{groups} = {cin * groups}{where()}")
     if cout % groups:
-      raise ValueError(f"{op}: weight {fmt(w.shape)} has {cout} output channels, not divisible by "
+      raise TensorValueError(f"{op}: weight {fmt(w.shape)} has {cout} output channels, not divisible by "
                        f"groups={groups}{where()}")
     if bias is not None and (not isinstance(bias, type(self)) or bias.shape != (cout,)):
       got = fmt(bias.shape) if isinstance(bias, type(self)) else type(bias).__name__
-      raise ValueError(f"{op}: bias must have shape ({cout},) for weight {fmt(w.shape)}, got {got}{where()}")
+      raise TensorValueError(f"{op}: bias must have shape ({cout},) for weight {fmt(w.shape)}, got {got}{where()}")
     strides, dilations = _int_tuple(stride, n, "stride", op), _int_tuple(dilation, n, "dilation", op)
     padded = [size + b + a for size, (b, a) in zip(x.shape[2:], pairs)]
     spans = [d * (k - 1) + 1 for k, d in zip(kernel, dilations)]
     if any(p < span for p, span in zip(padded, spans)) or 0 in kernel:
-      raise ValueError(f"{op}: kernel {fmt(kernel)} (dilation {fmt(dilations)}) is larger than the padded input "
+      raise TensorValueError(f"{op}: kernel {fmt(kernel)} (dilation {fmt(dilations)}) is larger than the padded input "
                        f"{fmt(padded)} of input {fmt(x.shape)}{where()}")
     if _phases_pay(x, strides, dilations, pairs, dtype):
       # a strided conv is a stride-1 conv of the input's phases with the weight's (_phase_input): contiguous rows
@@ -290,20 +290,20 @@ class ConvMixin:
     _check_conv_operands(x, w, groups, op)
     n, cin, kernel = w.ndim - 2, w.shape[0], w.shape[2:]
     if x.shape[1] != cin or cin % groups:
-      raise ValueError(f"{op}: input {fmt(x.shape)} has {x.shape[1]} channels but weight {fmt(w.shape)} expects {cin} "
+      raise TensorValueError(f"{op}: input {fmt(x.shape)} has {x.shape[1]} channels but weight {fmt(w.shape)} expects {cin} "
                        f"(and a multiple of groups={groups}){where()}")
     strides, dilations = _int_tuple(stride, n, "stride", op), _int_tuple(dilation, n, "dilation", op)
     out_pads = _int_tuple(output_padding, n, "output_padding", op, minimum=0)
     pairs = _pad_pairs(padding, n, op)
-    if any(b < 0 or a < 0 for b, a in pairs): raise ValueError(f"{op}: negative padding {padding!r}{where()}")
+    if any(b < 0 or a < 0 for b, a in pairs): raise TensorValueError(f"{op}: negative padding {padding!r}{where()}")
     if any(p >= max(s, d) for p, s, d in zip(out_pads, strides, dilations)):
-      raise ValueError(f"{op}: output_padding {fmt(out_pads)} must be smaller than stride {fmt(strides)} or dilation "
+      raise TensorValueError(f"{op}: output_padding {fmt(out_pads)} must be smaller than stride {fmt(strides)} or dilation "
                        f"{fmt(dilations)}{where()}")
     sizes = x.shape[2:]
     outs = [(i - 1) * s - b - a + d * (k - 1) + p + 1
             for i, s, (b, a), d, k, p in zip(sizes, strides, pairs, dilations, kernel, out_pads)]
     if 0 in sizes or any(o <= 0 for o in outs):
-      raise ValueError(f"{op}: input {fmt(x.shape)} with weight {fmt(w.shape)} gives output size {fmt(outs)}{where()}")
+      raise TensorValueError(f"{op}: input {fmt(x.shape)} with weight {fmt(w.shape)} gives output size {fmt(outs)}{where()}")
     return x._conv_transpose(w, bias, groups, strides, dilations, pairs, out_pads, op)
 
   def _conv_transpose(self, w: Tensor, bias: Tensor | None, groups: int, strides: tuple[int, ...],
@@ -330,16 +330,16 @@ class ConvMixin:
     n = len(kernel_size) if isinstance(kernel_size, (tuple, list)) else 2
     kernel = _int_tuple(kernel_size, n, "kernel_size", op)
     if self.ndim < n:
-      raise ValueError(f"{op}: a {n}-d kernel needs an input with at least {n} dims, got {fmt(self.shape)}{where()}")
+      raise TensorValueError(f"{op}: a {n}-d kernel needs an input with at least {n} dims, got {fmt(self.shape)}{where()}")
     strides = kernel if stride is None else _int_tuple(stride, n, "stride", op)
     dilations = _int_tuple(dilation, n, "dilation", op)
     pairs = _pad_pairs(padding, n, op)
-    if any(b < 0 or a < 0 for b, a in pairs): raise ValueError(f"{op}: negative padding {padding!r}{where()}")
+    if any(b < 0 or a < 0 for b, a in pairs): raise TensorValueError(f"{op}: negative padding {padding!r}{where()}")
     sizes = self.shape[self.ndim - n:]
     spans = [d * (k - 1) + 1 for k, d in zip(kernel, dilations)]
     padded = [i + b + a for i, (b, a) in zip(sizes, pairs)]
     if any(p < span for p, span in zip(padded, spans)):
-      raise ValueError(f"{op}: kernel {fmt(kernel)} (dilation {fmt(dilations)}) is larger than the padded input "
+      raise TensorValueError(f"{op}: kernel {fmt(kernel)} (dilation {fmt(dilations)}) is larger than the padded input "
                        f"{fmt(padded)} of input {fmt(self.shape)}{where()}")
     extra = [0] * n
     if ceil_mode:
@@ -415,9 +415,9 @@ class ConvMixin:
     op = "max_unpool2d"
     if not isinstance(indices, type(self)):
       raise TypeError(f"{op}: indices must be a Tensor, got {type(indices).__name__}{where()}")
-    if self.ndim < 3: raise ValueError(f"{op}: input must be (N, C, *spatial), got {fmt(self.shape)}{where()}")
+    if self.ndim < 3: raise TensorValueError(f"{op}: input must be (N, C, *spatial), got {fmt(self.shape)}{where()}")
     if indices.shape != self.shape:
-      raise ValueError(f"{op}: indices {fmt(indices.shape)} must have the input's shape {fmt(self.shape)}{where()}")
+      raise TensorValueError(f"{op}: indices {fmt(indices.shape)} must have the input's shape {fmt(self.shape)}{where()}")
     batch, channels, *spatial = self.shape
     n = len(spatial)
     if output_size is None:
@@ -430,9 +430,9 @@ class ConvMixin:
     else:
       size = tuple(output_size)
       if len(size) not in (n, n + 2) or not all(_is_int(s) for s in size):
-        raise ValueError(f"{op}: output_size must have {n} or {n + 2} ints, got {output_size!r}{where()}")
+        raise TensorValueError(f"{op}: output_size must have {n} or {n + 2} ints, got {output_size!r}{where()}")
       out_size = tuple(int(s) for s in size[len(size) - n:])
-    if any(s <= 0 for s in out_size): raise ValueError(f"{op}: output size {fmt(out_size)} is empty{where()}")
+    if any(s <= 0 for s in out_size): raise TensorValueError(f"{op}: output size {fmt(out_size)} is empty{where()}")
     plane, count = prod(out_size), prod(spatial)
     targets = self.arange(plane, device=self.device)
     hits = indices.reshape(batch, channels, count, 1) == targets                    # (N, C, count, plane)
@@ -458,16 +458,16 @@ class ConvMixin:
     """
     op = "interpolate"
     if not isinstance(size, (tuple, list)) or not size or not all(_is_int(s) and s > 0 for s in size):
-      raise ValueError(f"{op}: size must be a non-empty sequence of positive ints, got {size!r}{where()}")
+      raise TensorValueError(f"{op}: size must be a non-empty sequence of positive ints, got {size!r}{where()}")
     if len(size) > self.ndim:
-      raise ValueError(f"{op}: size {fmt(size)} has more axes than the input {fmt(self.shape)}{where()}")
+      raise TensorValueError(f"{op}: size {fmt(size)} has more axes than the input {fmt(self.shape)}{where()}")
     modes = {"nearest": None, "nearest-exact": None, "linear": None, "bilinear": 2, "trilinear": 3}
-    if mode not in modes: raise ValueError(f"{op}: mode must be one of {', '.join(modes)}, got {mode!r}{where()}")
+    if mode not in modes: raise UnsupportedError(f"{op}: mode must be one of {', '.join(modes)}, got {mode!r}{where()}")
     if modes[mode] is not None and len(size) != modes[mode]:
-      raise ValueError(f"{op}: mode {mode!r} resizes {modes[mode]} axes, but size {fmt(size)} has {len(size)}{where()}")
+      raise TensorValueError(f"{op}: mode {mode!r} resizes {modes[mode]} axes, but size {fmt(size)} has {len(size)}{where()}")
     linear = mode in ("linear", "bilinear", "trilinear")
     if align_corners and not linear:
-      raise ValueError(f"{op}: align_corners only applies to the linear modes, not {mode!r}{where()}")
+      raise TensorValueError(f"{op}: align_corners only applies to the linear modes, not {mode!r}{where()}")
     x = self.cast(dtypes.default_float) if linear and not dtypes.is_float(self.dtype) else self
     for axis in range(self.ndim - len(size), self.ndim):
       n_in, n_out = self.shape[axis], int(size[axis - self.ndim + len(size)])

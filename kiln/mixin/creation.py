@@ -4,7 +4,7 @@ import ctypes, pathlib
 from typing import TYPE_CHECKING
 from kiln.dtype import DType, dtypes
 from kiln.helpers import prod, fetch
-from kiln.mixin.common import where, fmt, dtype_arg, canonical_device
+from kiln.mixin.common import UnsupportedError, TensorValueError, where, fmt, dtype_arg, canonical_device
 if TYPE_CHECKING: from kiln.tensor import Tensor
 
 # above this size randperm sorts its random keys instead of ranking them in n*n compares
@@ -36,10 +36,10 @@ class CreationMixin:
       raise TypeError(f"randint: low and high must be ints, got low={low!r}, high={high!r}{where()}")
     dtype = dtype_arg(dtype, "randint")
     if not dtypes.is_int(dtype) or dtype == dtypes.bool:
-      raise TypeError(f"randint: dtype must be an integer type, got {dtype}{where()}")
-    if low >= high: raise ValueError(f"randint: low must be less than high, got low={low}, high={high}{where()}")
+      raise UnsupportedError(f"randint: dtype must be an integer type, got {dtype}{where()}")
+    if low >= high: raise TensorValueError(f"randint: low must be less than high, got low={low}, high={high}{where()}")
     if low < dtypes.min(dtype) or high - 1 > dtypes.max(dtype):
-      raise ValueError(f"randint: [{low}, {high}) does not fit {dtype}{where()}")
+      raise TensorValueError(f"randint: [{low}, {high}) does not fit {dtype}{where()}")
     shape, device = _shape_arg(shape), canonical_device(kwargs.pop("device", None))
     span, n = high - low, prod(shape)
     # draws reduced modulo the span: the bias is at most span / 2**32 (or 2**64), negligible for ordinary ranges
@@ -60,7 +60,7 @@ class CreationMixin:
     [0, 1, 2, 3, 4]
     """
     from kiln.tensor import Tensor
-    if not _is_int(n) or n < 0: raise ValueError(f"randperm: n must be a non-negative int, got {n!r}{where()}")
+    if not _is_int(n) or n < 0: raise TensorValueError(f"randperm: n must be a non-negative int, got {n!r}{where()}")
     dtype, device = dtype_arg(dtype, "randperm"), canonical_device(device)
     if n == 0: return Tensor.zeros(0, device=device, dtype=dtype, **kwargs)
     keys = Tensor._random_bits(n, device)
@@ -79,13 +79,13 @@ class CreationMixin:
     [1, 1, 1, 1]
     """
     if not 1 <= self.ndim <= 2:
-      raise ValueError(f"multinomial: weights must be 1-d or 2-d, got shape {fmt(self.shape)}{where()}")
+      raise TensorValueError(f"multinomial: weights must be 1-d or 2-d, got shape {fmt(self.shape)}{where()}")
     if not _is_int(num_samples) or num_samples <= 0:
-      raise ValueError(f"multinomial: num_samples must be a positive int, got {num_samples!r}{where()}")
+      raise TensorValueError(f"multinomial: num_samples must be a positive int, got {num_samples!r}{where()}")
     n = self.shape[-1]
-    if n == 0: raise ValueError(f"multinomial: weights of shape {fmt(self.shape)} have no categories{where()}")
+    if n == 0: raise TensorValueError(f"multinomial: weights of shape {fmt(self.shape)} have no categories{where()}")
     if not replacement and num_samples > n:
-      raise ValueError(f"multinomial: cannot draw {num_samples} samples without replacement from {n} "
+      raise TensorValueError(f"multinomial: cannot draw {num_samples} samples without replacement from {n} "
                        f"categories{where()}")
     weights = (self.unsqueeze(0) if self.ndim == 1 else self).detach().cast(dtypes.float32)
     rows = weights.shape[0]
@@ -124,7 +124,7 @@ class CreationMixin:
     device = canonical_device(kwargs.pop("device", None))
     nbytes = prod(shape) * dtype.itemsize
     if not _is_int(ptr) or (ptr <= 0 and nbytes):
-      raise ValueError(f"from_blob: ptr must be a valid (non-null) address, got {ptr!r}{where()}")
+      raise TensorValueError(f"from_blob: ptr must be a valid (non-null) address, got {ptr!r}{where()}")
     out = Tensor.empty(*shape, dtype=dtype, device=device)
     if nbytes: out.uop.base.buffer.copyin(memoryview(ctypes.string_at(ptr, nbytes)))
     return Tensor(out.uop, **kwargs)
@@ -142,7 +142,7 @@ class CreationMixin:
     path = _fetch(url, gunzip)
     data = path.read_bytes()
     if len(data) % dtype.itemsize:
-      raise ValueError(f"from_url: {len(data)} bytes are not a whole number of {dtype} elements{where()}")
+      raise TensorValueError(f"from_url: {len(data)} bytes are not a whole number of {dtype} elements{where()}")
     if dtype == dtypes.uint8: return Tensor(data, **kwargs)
     device = canonical_device(kwargs.pop("device", None))
     out = Tensor.empty(len(data) // dtype.itemsize, dtype=dtype, device=device)

@@ -12,7 +12,7 @@ from kiln.dtype import dtypes
 from kiln.helpers import prod
 from kiln.uop.ops import Ops, UOp
 from kiln.uop.sint import ssimplify, ssub, sint_min, sint_str
-from kiln.mixin.common import TensorIndexError, where, fmt, broadcast_shape
+from kiln.mixin.common import UnsupportedError, TensorValueError, TensorIndexError, where, fmt, broadcast_shape
 if TYPE_CHECKING: from kiln.tensor import Tensor
 
 _INT32_MAX = 2 ** 31 - 1
@@ -58,6 +58,8 @@ class IndexingMixin:
       elif isinstance(item, (list, tuple, np.ndarray)):
         arr = _host_index_array(item, op)
         parsed.append(("mask" if arr.dtype == np.bool_ else "adv", arr))
+      # PyTorch: an IndexError for a float, a TypeError for other objects
+      elif isinstance(item, float): raise TensorIndexError(f"{op}: unsupported index {item!r} of type float{where()}")
       else: raise TypeError(f"{op}: unsupported index {item!r} of type {type(item).__name__}{where()}")
     if sum(1 for kind, _ in parsed if kind == "ellipsis") > 1:
       raise TensorIndexError(f"{op}: an index can only have a single Ellipsis (...){where()}")
@@ -310,9 +312,9 @@ class IndexingMixin:
     if not isinstance(index, type(self)):
       raise TypeError(f"{op}: index must be a Tensor, got {type(index).__name__}{where()}")
     if not dtypes.is_int(index.dtype):
-      raise TypeError(f"{op}: index must have an int dtype, got {index.dtype}{where()}")
+      raise UnsupportedError(f"{op}: index must have an int dtype, got {index.dtype}{where()}")
     if index.ndim != self.ndim:
-      raise ValueError(f"{op}: index of shape {fmt(index.shape)} needs as many dimensions as the tensor of shape "
+      raise TensorValueError(f"{op}: index of shape {fmt(index.shape)} needs as many dimensions as the tensor of shape "
                        f"{fmt(self.shape)}{where()}")
 
   def gather(self, dim: int, index: Tensor) -> Tensor:
@@ -328,7 +330,7 @@ class IndexingMixin:
     self._check_index_tensor(index, "gather")
     if self.ndim == 0: return self.reshape(1).gather(0, index.reshape(1)).reshape(())
     if any(i > s for d, (i, s) in enumerate(zip(index.shape, self.shape)) if d != dim):
-      raise ValueError(f"gather: index of shape {fmt(index.shape)} is larger than the tensor of shape "
+      raise TensorValueError(f"gather: index of shape {fmt(index.shape)} is larger than the tensor of shape "
                        f"{fmt(self.shape)} outside dim {dim}{where()}")
     index, size = index.to(self.device), self.shape[dim]
     x = self.shrink(tuple((0, s) if d == dim else (0, i) for d, (i, s) in enumerate(zip(index.shape, self.shape))))
@@ -344,9 +346,9 @@ class IndexingMixin:
     elif src.dtype != self.dtype:
       raise RuntimeError(f"{op}: src dtype {src.dtype} differs from the tensor's {self.dtype}{where()}")
     if src.ndim != self.ndim:
-      raise ValueError(f"{op}: src of shape {fmt(src.shape)} needs {self.ndim} dimensions{where()}")
+      raise TensorValueError(f"{op}: src of shape {fmt(src.shape)} needs {self.ndim} dimensions{where()}")
     if any(i > s or (d != dim and i > t) for d, (i, s, t) in enumerate(zip(index.shape, src.shape, self.shape))):
-      raise ValueError(f"{op}: index of shape {fmt(index.shape)} must fit in src {fmt(src.shape)} and, outside dim "
+      raise TensorValueError(f"{op}: index of shape {fmt(index.shape)} must fit in src {fmt(src.shape)} and, outside dim "
                        f"{dim}, in the tensor {fmt(self.shape)}{where()}")
     index, src = index.to(self.device), src.to(self.device)
     src = src.shrink(tuple((0, i) for i in index.shape)).unsqueeze(-1)
@@ -370,7 +372,7 @@ class IndexingMixin:
     [1.0, 5.0, 1.0]
     """
     if reduce not in (None, "add", "multiply"):
-      raise ValueError(f"scatter: reduce must be None, 'add' or 'multiply', got {reduce!r}{where()}")
+      raise TensorValueError(f"scatter: reduce must be None, 'add' or 'multiply', got {reduce!r}{where()}")
     if reduce is not None: return self.scatter_reduce(dim, index, src, "sum" if reduce == "add" else "prod")
     if self.ndim == 0: return self.reshape(1).scatter(0, index.reshape(1), src if not isinstance(src, type(self)) else
                                                       src.reshape(1)).reshape(())
@@ -396,7 +398,7 @@ class IndexingMixin:
     [1.0, 5.0]
     """
     if reduce not in ("sum", "prod", "mean", "amax", "amin"):
-      raise ValueError(f"scatter_reduce: reduce must be 'sum', 'prod', 'mean', 'amax' or 'amin', "
+      raise TensorValueError(f"scatter_reduce: reduce must be 'sum', 'prod', 'mean', 'amax' or 'amin', "
                        f"got {reduce!r}{where()}")
     if self.ndim == 0:
       src = src.reshape(1) if isinstance(src, type(self)) else src
@@ -429,13 +431,13 @@ class IndexingMixin:
     [0, 2, 0]
     """
     if not isinstance(mask, type(self)) or mask.dtype != dtypes.bool:
-      raise TypeError(f"masked_fill: mask must be a bool Tensor, got {_describe(mask)}{where()}")
+      raise UnsupportedError(f"masked_fill: mask must be a bool Tensor, got {_describe(mask)}{where()}")
     if broadcast_shape("masked_fill", self.shape, mask.shape) != self.shape:
-      raise ValueError(f"masked_fill: mask of shape {fmt(mask.shape)} does not broadcast to {fmt(self.shape)}{where()}")
+      raise TensorValueError(f"masked_fill: mask of shape {fmt(mask.shape)} does not broadcast to {fmt(self.shape)}{where()}")
     if isinstance(value, type(self)):
       value = value.cast(self.dtype)
       if broadcast_shape("masked_fill", self.shape, value.shape) != self.shape:
-        raise ValueError(f"masked_fill: value of shape {fmt(value.shape)} does not broadcast to "
+        raise TensorValueError(f"masked_fill: value of shape {fmt(value.shape)} does not broadcast to "
                          f"{fmt(self.shape)}{where()}")
     else: value = self.full((), value, device=self.device).cast(self.dtype)
     return mask.where(value, self)
@@ -450,7 +452,7 @@ class IndexingMixin:
     [1, 4]
     """
     if not isinstance(mask, type(self)) or mask.dtype != dtypes.bool:
-      raise TypeError(f"masked_select: mask must be a bool Tensor, got {_describe(mask)}{where()}")
+      raise UnsupportedError(f"masked_select: mask must be a bool Tensor, got {_describe(mask)}{where()}")
     shape = broadcast_shape("masked_select", self.shape, mask.shape)
     x = self.expand(shape) if shape != self.shape else self
     return x.flatten()[mask.expand(shape).flatten()]
@@ -519,6 +521,6 @@ def _broadcast_value(value: Tensor, shape: tuple[int, ...]) -> Tensor:
   while value.ndim > len(shape) and value.shape[0] == 1: value = value.reshape(value.shape[1:])
   padded = (1,) * (len(shape) - value.ndim) + value.shape
   if value.ndim > len(shape) or any(v != s and v != 1 for v, s in zip(padded, shape)):
-    raise ValueError(f"setitem: value of shape {fmt(value.shape)} cannot be broadcast to the indexed shape "
+    raise TensorValueError(f"setitem: value of shape {fmt(value.shape)} cannot be broadcast to the indexed shape "
                      f"{fmt(shape)}{where()}")
   return value.reshape(padded).expand(shape)

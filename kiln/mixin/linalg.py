@@ -2,7 +2,7 @@
 from __future__ import annotations
 from typing import TYPE_CHECKING
 from kiln.dtype import dtypes
-from kiln.mixin.common import where, fmt
+from kiln.mixin.common import TensorValueError, where, fmt
 if TYPE_CHECKING: from kiln.tensor import Tensor
 
 JACOBI_SWEEPS = 8   # one-sided Jacobi converges quadratically: 8 sweeps reach float32 rounding for small matrices
@@ -62,7 +62,7 @@ class LinalgMixin:
 def _matrices(x: Tensor, op: str) -> Tensor:
   """`x` checked to be a stack of matrices, as floats."""
   if x.ndim < 2:
-    raise ValueError(f"{op}: expects a matrix or a batch of matrices (..., m, n), got shape {fmt(x.shape)}{where()}")
+    raise TensorValueError(f"{op}: expects a matrix or a batch of matrices (..., m, n), got shape {fmt(x.shape)}{where()}")
   return x if dtypes.is_float(x.dtype) else x.cast(dtypes.default_float)
 
 def _shrink_last2(x: Tensor, rows: int, cols: int) -> Tensor:

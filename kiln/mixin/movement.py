@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 from kiln.dtype import dtypes, least_upper_dtype
 from kiln.helpers import prod
-from kiln.mixin.common import where, fmt
+from kiln.mixin.common import TensorIndexError, TensorValueError, where, fmt
 from kiln.uop.ops import UOp
 from kiln.uop.sint import ssimplify, sint_min, sint_str, is_symbolic_shape
 if TYPE_CHECKING: from kiln.tensor import Tensor
@@ -24,7 +24,7 @@ def _as_tuple(x) -> tuple:
 def _tensor_list(first, rest: tuple, op: str, tensor_type) -> list:
   """`(first, *rest)` as a list of tensors; a single list/tuple argument is unpacked (torch.cat([a, b]) style)."""
   items = list(first) if isinstance(first, (list, tuple)) and not rest else [first, *rest]
-  if not items: raise ValueError(f"{op}: expected a non-empty list of tensors{where()}")
+  if not items: raise TensorValueError(f"{op}: expected a non-empty list of tensors{where()}")
   for i, t in enumerate(items):
     if not isinstance(t, tensor_type):
       raise TypeError(f"{op}: argument {i} is a {type(t).__name__}, not a Tensor{where()}")
@@ -37,10 +37,10 @@ def _parse_einops_side(side: str, formula: str) -> list:
   group: list[str] | None = None
   for token in side.replace("\u2026", "...").replace("(", " ( ").replace(")", " ) ").split():
     if token == "(":
-      if group is not None: raise ValueError(f"rearrange: nested parentheses in {formula!r}{where()}")
+      if group is not None: raise TensorValueError(f"rearrange: nested parentheses in {formula!r}{where()}")
       group = []
     elif token == ")":
-      if group is None: raise ValueError(f"rearrange: unbalanced parentheses in {formula!r}{where()}")
+      if group is None: raise TensorValueError(f"rearrange: unbalanced parentheses in {formula!r}{where()}")
       axes.append(group)
       group = None
     elif token == "1":   # a unit axis; inside a group it merges nothing
@@ -49,9 +49,9 @@ def _parse_einops_side(side: str, formula: str) -> list:
       if group is None: axes.append(token)
       else: group.append(token)
     else:
-      raise ValueError(f"rearrange: {token!r} in {formula!r} is not an axis name (an identifier not starting or "
+      raise TensorValueError(f"rearrange: {token!r} in {formula!r} is not an axis name (an identifier not starting or "
                        f"ending with _), 1 or ...{where()}")
-  if group is not None: raise ValueError(f"rearrange: unbalanced parentheses in {formula!r}{where()}")
+  if group is not None: raise TensorValueError(f"rearrange: unbalanced parentheses in {formula!r}{where()}")
   return axes
 
 def _expand_ellipsis(axes: list, names: list[str]) -> list[list[str]]:
@@ -71,14 +71,14 @@ class MovementMixin:
     """`padding` as one (before, after) pair per axis, from flat PyTorch-style or per-axis form."""
     padding = tuple(padding)
     if all(_is_int(p) for p in padding):   # flat: (last_before, last_after, second_last_before, ...)
-      if len(padding) % 2: raise ValueError(f"pad: flat padding {padding} must have an even length{where()}")
+      if len(padding) % 2: raise TensorValueError(f"pad: flat padding {padding} must have an even length{where()}")
       if len(padding) // 2 > self.ndim:
-        raise ValueError(f"pad: flat padding {padding} pads {len(padding) // 2} axes but the tensor "
+        raise TensorValueError(f"pad: flat padding {padding} pads {len(padding) // 2} axes but the tensor "
                          f"{fmt(self.shape)} has {self.ndim}{where()}")
       pairs = [(_as_size(padding[i]), _as_size(padding[i + 1])) for i in range(0, len(padding), 2)]
       return tuple([(0, 0)] * (self.ndim - len(pairs)) + pairs[::-1])
     if len(padding) != self.ndim:
-      raise ValueError(f"pad: {len(padding)} (before, after) pairs for a {self.ndim}-d tensor "
+      raise TensorValueError(f"pad: {len(padding)} (before, after) pairs for a {self.ndim}-d tensor "
                        f"{fmt(self.shape)}{where()}")
     pairs = []
     for p in padding:
@@ -104,13 +104,13 @@ class MovementMixin:
     if mode not in _PAD_MODES:
       raise NotImplementedError(f"pad: mode {mode!r} is not one of {', '.join(_PAD_MODES)}{where()}")
     if mode != "constant" and value != 0:
-      raise ValueError(f"pad: mode {mode!r} does not take a fill value (got value={value}){where()}")
+      raise TensorValueError(f"pad: mode {mode!r} does not take a fill value (got value={value}){where()}")
     pairs = self._pad_pairs(padding)
     if any(isinstance(x, UOp) for pair in pairs for x in pair) or is_symbolic_shape(self.shape):
       return self._pad_symbolic(pairs, mode, value)
     for axis, ((before, after), size) in enumerate(zip(pairs, self.shape)):
       if size + before + after < 0 or -before > size or -after > size:
-        raise ValueError(f"pad: padding {(before, after)} crops more than the {size} elements of axis {axis} "
+        raise TensorValueError(f"pad: padding {(before, after)} crops more than the {size} elements of axis {axis} "
                          f"of {fmt(self.shape)}{where()}")
     if mode == "circular": return self._pad_circular(pairs)
     grow = tuple((max(b, 0), max(a, 0)) for b, a in pairs)
@@ -124,10 +124,10 @@ class MovementMixin:
       if before == 0 and after == 0: continue
       size = x.shape[axis]
       if mode == "reflect" and (before >= size or after >= size):
-        raise ValueError(f"pad: reflect padding {(before, after)} must be smaller than the size {size} of axis {axis} "
+        raise TensorValueError(f"pad: reflect padding {(before, after)} must be smaller than the size {size} of axis {axis} "
                          f"of {fmt(self.shape)}{where()}")
       if mode == "replicate" and size == 0:
-        raise ValueError(f"pad: replicate padding {(before, after)} needs a non-empty axis {axis} "
+        raise TensorValueError(f"pad: replicate padding {(before, after)} needs a non-empty axis {axis} "
                          f"of {fmt(self.shape)}{where()}")
       pieces = [x]
       if before:   # reflect: x[before], ..., x[1]; replicate: x[0] repeated
@@ -147,7 +147,7 @@ class MovementMixin:
                                 f"only constant padding takes bound Variables{where()}")
     for axis, (before, after) in enumerate(pairs):
       if sint_min(before) < 0 or sint_min(after) < 0:
-        raise ValueError(f"pad: symbolic padding ({sint_str(before)}, {sint_str(after)}) on axis {axis} can be "
+        raise TensorValueError(f"pad: symbolic padding ({sint_str(before)}, {sint_str(after)}) on axis {axis} can be "
                          f"negative; padding with bound Variables must be >= 0 over their ranges{where()}")
     pairs = tuple((ssimplify(b), ssimplify(a)) for b, a in pairs)
     return self._pad_constant(pairs, value)
@@ -168,7 +168,7 @@ class MovementMixin:
     grow = tuple((max(b, 0), max(a, 0)) for b, a in pairs)
     for axis, ((before, after), size) in enumerate(zip(grow, x.shape)):
       if before > size or after > size:
-        raise ValueError(f"pad: circular padding {(before, after)} wraps around more than once on axis {axis} "
+        raise TensorValueError(f"pad: circular padding {(before, after)} wraps around more than once on axis {axis} "
                          f"of size {size}{where()}")
     # three copies side by side hold every wrapped window of at most one extra period on each side
     tiled = x.repeat(tuple(3 if b or a else 1 for b, a in grow))
@@ -192,9 +192,9 @@ class MovementMixin:
     repeats = _as_tuple(repeats) + args
     if not all(_is_int(r) for r in repeats): raise TypeError(f"repeat: repeats must be ints, got {repeats}{where()}")
     if len(repeats) < self.ndim:
-      raise ValueError(f"repeat: {len(repeats)} repeats for a {self.ndim}-d tensor {fmt(self.shape)}; "
+      raise TensorValueError(f"repeat: {len(repeats)} repeats for a {self.ndim}-d tensor {fmt(self.shape)}; "
                        f"give at least one per axis{where()}")
-    if any(r < 0 for r in repeats): raise ValueError(f"repeat: repeats must be non-negative, got {repeats}{where()}")
+    if any(r < 0 for r in repeats): raise TensorValueError(f"repeat: repeats must be non-negative, got {repeats}{where()}")
     shape = (1,) * (len(repeats) - self.ndim) + self.shape
     # a new size-r axis in front of each axis, broadcast, then merged: copy i of the whole axis comes before copy i+1
     spread = self.reshape(tuple(v for s in shape for v in (1, s)))
@@ -208,7 +208,7 @@ class MovementMixin:
     [1, 1, 2, 2, 3, 3]
     """
     if not _is_int(repeats): raise TypeError(f"repeat_interleave: repeats must be an int, got {repeats!r}{where()}")
-    if repeats < 0: raise ValueError(f"repeat_interleave: repeats must be non-negative, got {repeats}{where()}")
+    if repeats < 0: raise TensorValueError(f"repeat_interleave: repeats must be non-negative, got {repeats}{where()}")
     x = self.flatten() if dim is None else self
     axis = 0 if dim is None else x._axis(dim, "repeat_interleave")
     if x.ndim == 0: x = x.reshape(1)
@@ -227,11 +227,11 @@ class MovementMixin:
     if not all(_is_int(s) for s in shifts): raise TypeError(f"roll: shifts must be ints, got {shifts}{where()}")
     if dims is None:
       if len(shifts) != 1:
-        raise ValueError(f"roll: {len(shifts)} shifts need as many dims, got dims=None{where()}")
+        raise TensorValueError(f"roll: {len(shifts)} shifts need as many dims, got dims=None{where()}")
       return self.flatten().roll(shifts, 0).reshape(self.shape)
     dims = _as_tuple(dims)
     if len(dims) != len(shifts):
-      raise ValueError(f"roll: shifts {shifts} and dims {dims} must have the same length{where()}")
+      raise TensorValueError(f"roll: shifts {shifts} and dims {dims} must have the same length{where()}")
     total = [0] * max(self.ndim, 1)
     for d, s in zip(dims, shifts): total[self._axis(d, "roll")] += int(s)
     if self.ndim == 0: return self
@@ -255,14 +255,14 @@ class MovementMixin:
     if any(t.ndim != 1 for t in tensors): tensors = [t for t in tensors if t.shape != (0,)] or tensors[:1]
     first = tensors[0]
     for i, t in enumerate(tensors):
-      if t.ndim == 0: raise ValueError(f"cat: tensor {i} is 0-d and cannot be joined (unsqueeze it first){where()}")
+      if t.ndim == 0: raise TensorValueError(f"cat: tensor {i} is 0-d and cannot be joined (unsqueeze it first){where()}")
       if t.device != first.device:
         raise RuntimeError(f"cat: tensors are on different devices, {first.device} (tensor 0) and {t.device} "
                            f"(tensor {i}){where()}")
     axis = first._axis(dim, "cat")
     for i, t in enumerate(tensors):
       if t.ndim != first.ndim or any(a != b for k, (a, b) in enumerate(zip(t.shape, first.shape)) if k != axis):
-        raise ValueError(f"cat: shape {fmt(t.shape)} of tensor {i} does not match {fmt(first.shape)} of tensor 0 "
+        raise TensorValueError(f"cat: shape {fmt(t.shape)} of tensor {i} does not match {fmt(first.shape)} of tensor 0 "
                          f"outside dim {axis}{where()}")
     tensors = [t if t.dtype == dtype else t.cast(dtype) for t in tensors]
     pieces = [t for t in tensors if t.shape[axis] > 0] or tensors[:1]
@@ -291,7 +291,7 @@ class MovementMixin:
     tensors = _tensor_list(self, args, "stack", MovementMixin)
     for i, t in enumerate(tensors):
       if t.shape != tensors[0].shape:
-        raise ValueError(f"stack: tensors must have equal shapes, got {fmt(tensors[0].shape)} (tensor 0) and "
+        raise TensorValueError(f"stack: tensors must have equal shapes, got {fmt(tensors[0].shape)} (tensor 0) and "
                          f"{fmt(t.shape)} (tensor {i}){where()}")
     ndim = tensors[0].ndim + 1
     if not _is_int(dim) or not -ndim <= dim < ndim:
@@ -309,18 +309,18 @@ class MovementMixin:
     [[0], [1, 2, 3, 4]]
     """
     axis = self._axis(dim, "split")
-    if self.ndim == 0: raise ValueError(f"split: a 0-d tensor cannot be split{where()}")
+    if self.ndim == 0: raise TensorValueError(f"split: a 0-d tensor cannot be split{where()}")
     n = self.shape[axis]
     if _is_int(sizes):
       if sizes < 0 or (sizes == 0 and n > 0):
-        raise ValueError(f"split: split size {sizes} must be positive for axis {axis} of size {n}{where()}")
+        raise TensorValueError(f"split: split size {sizes} must be positive for axis {axis} of size {n}{where()}")
       sizes = [min(sizes, n - start) for start in range(0, n, sizes)] if n else [0]
     else:
       sizes = list(sizes)
       if not all(_is_int(s) and s >= 0 for s in sizes):
-        raise ValueError(f"split: sizes must be non-negative ints, got {sizes}{where()}")
+        raise TensorValueError(f"split: sizes must be non-negative ints, got {sizes}{where()}")
       if sum(sizes) != n:
-        raise ValueError(f"split: sizes {sizes} sum to {sum(sizes)}, not to the size {n} of axis {axis} "
+        raise TensorValueError(f"split: sizes {sizes} sum to {sum(sizes)}, not to the size {n} of axis {axis} "
                          f"of {fmt(self.shape)}{where()}")
     starts = np.cumsum([0] + sizes).tolist()
     return tuple(self._narrow(axis, starts[i], starts[i + 1]) for i in range(len(sizes)))
@@ -332,7 +332,7 @@ class MovementMixin:
     [[0, 1], [2, 3], [4]]
     """
     if not _is_int(chunks) or chunks <= 0:
-      raise ValueError(f"chunk: chunks must be a positive int, got {chunks!r}{where()}")
+      raise TensorValueError(f"chunk: chunks must be a positive int, got {chunks!r}{where()}")
     axis = self._axis(dim, "chunk")
     n = self.shape[axis] if self.ndim else 1
     return list(self.split(-(-n // chunks) if n else [0] * chunks, axis))   # an empty axis gives `chunks` empty pieces
@@ -344,11 +344,11 @@ class MovementMixin:
     [[[1, 1, 1], [2, 2, 2]], [[3, 4, 5], [3, 4, 5]]]
     """
     if indexing not in ("ij", "xy"):
-      raise ValueError(f'meshgrid: indexing must be "ij" or "xy", got {indexing!r}{where()}')
+      raise TensorValueError(f'meshgrid: indexing must be "ij" or "xy", got {indexing!r}{where()}')
     tensors = _tensor_list(self, args, "meshgrid", MovementMixin)
     for i, t in enumerate(tensors):
       if t.ndim > 1:
-        raise ValueError(f"meshgrid: tensor {i} has shape {fmt(t.shape)}; only 0-d or 1-d tensors{where()}")
+        raise TensorValueError(f"meshgrid: tensor {i} has shape {fmt(t.shape)}; only 0-d or 1-d tensors{where()}")
       if t.device != tensors[0].device:
         raise RuntimeError(f"meshgrid: tensors on different devices, {tensors[0].device} and {t.device}{where()}")
     sizes = [t.numel() for t in tensors]
@@ -369,12 +369,12 @@ class MovementMixin:
     (2, 3)
     """
     axis = self._axis(dim, "unflatten")
-    if self.ndim == 0: raise ValueError(f"unflatten: a 0-d tensor has no axis to unflatten{where()}")
+    if self.ndim == 0: raise TensorValueError(f"unflatten: a 0-d tensor has no axis to unflatten{where()}")
     sizes = tuple(sizes)
-    if not sizes: raise ValueError(f"unflatten: sizes must not be empty{where()}")
+    if not sizes: raise TensorValueError(f"unflatten: sizes must not be empty{where()}")
     n, known = self.shape[axis], prod(s for s in sizes if s != -1)
     if sizes.count(-1) > 1 or (-1 not in sizes and known != n) or (-1 in sizes and (known == 0 or n % known)):
-      raise ValueError(f"unflatten: sizes {sizes} do not multiply up to the size {n} of axis {axis} "
+      raise TensorValueError(f"unflatten: sizes {sizes} do not multiply up to the size {n} of axis {axis} "
                        f"of {fmt(self.shape)}{where()}")
     sizes = tuple(n // known if s == -1 else s for s in sizes)
     return self.reshape(self.shape[:axis] + sizes + self.shape[axis + 1:])
@@ -394,10 +394,10 @@ class MovementMixin:
       raise TypeError(f"unfold: size and step must be ints, got size={size!r}, step={step!r}{where()}")
     axis = self._axis(dim, "unfold")
     length = self.shape[axis] if self.ndim else 1   # a 0-d tensor unfolds as one element, as in PyTorch
-    if size < 0: raise ValueError(f"unfold: size must be >= 0, got {size}{where()}")
-    if step <= 0: raise ValueError(f"unfold: step must be > 0, got {step}{where()}")
+    if size < 0: raise TensorValueError(f"unfold: size must be >= 0, got {size}{where()}")
+    if step <= 0: raise TensorValueError(f"unfold: step must be > 0, got {step}{where()}")
     if size > length:
-      raise ValueError(f"unfold: window size {size} is larger than axis {axis} (size {length}) of "
+      raise TensorValueError(f"unfold: window size {size} is larger than axis {axis} (size {length}) of "
                        f"{fmt(self.shape)}{where()}")
     if self.ndim == 0: return self.reshape(1)._narrow(0, 0, size)
     to_last = [a for a in range(self.ndim) if a != axis] + [axis]
@@ -418,43 +418,43 @@ class MovementMixin:
     (12, 2, 1)
     """
     if not isinstance(formula, str) or formula.count("->") != 1:
-      raise ValueError(f"rearrange: the formula needs exactly one '->', got {formula!r}{where()}")
+      raise TensorValueError(f"rearrange: the formula needs exactly one '->', got {formula!r}{where()}")
     left_text, right_text = formula.split("->")
     left, right = _parse_einops_side(left_text, formula), _parse_einops_side(right_text, formula)
     flat = {side: [n for axis in axes for n in ([axis] if isinstance(axis, str) else axis)]
             for side, axes in (("left", left), ("right", right))}
     for side, names in flat.items():
       repeated = sorted({n for n in names if names.count(n) > 1})
-      if repeated: raise ValueError(f"rearrange: {', '.join(repeated)} repeated on the {side} of {formula!r}{where()}")
+      if repeated: raise TensorValueError(f"rearrange: {', '.join(repeated)} repeated on the {side} of {formula!r}{where()}")
     if set(flat["left"]) != set(flat["right"]):
       one_side = sorted(set(flat["left"]) ^ set(flat["right"]))
-      raise ValueError(f"rearrange: {', '.join(one_side)} must appear on both sides of {formula!r}{where()}")
+      raise TensorValueError(f"rearrange: {', '.join(one_side)} must appear on both sides of {formula!r}{where()}")
     if any(not isinstance(axis, str) and "..." in axis for axis in left):
-      raise ValueError(f"rearrange: ... cannot be inside parentheses on the left of {formula!r}{where()}")
+      raise TensorValueError(f"rearrange: ... cannot be inside parentheses on the left of {formula!r}{where()}")
     for name, value in sizes.items():
       if name not in flat["left"]:
-        raise ValueError(f"rearrange: size given for {name!r}, not an axis of {formula!r}{where()}")
+        raise TensorValueError(f"rearrange: size given for {name!r}, not an axis of {formula!r}{where()}")
       if not _is_int(value) or value < 0:
-        raise ValueError(f"rearrange: size of {name!r} must be a non-negative int, got {value!r}{where()}")
+        raise TensorValueError(f"rearrange: size of {name!r} must be a non-negative int, got {value!r}{where()}")
     n_named = len(left) - ("..." in left)
     if self.ndim < n_named or ("..." not in left and self.ndim != n_named):
-      raise ValueError(f"rearrange: the left of {formula!r} names {n_named} axes but the tensor {fmt(self.shape)} "
+      raise TensorValueError(f"rearrange: the left of {formula!r} names {n_named} axes but the tensor {fmt(self.shape)} "
                        f"has {self.ndim}{where()}")
     rest = [f"...{i}" for i in range(self.ndim - n_named)]
     left_axes, right_axes = _expand_ellipsis(left, rest), _expand_ellipsis(right, rest)
     size_of: dict[str, int] = {}
     for position, (group, length) in enumerate(zip(left_axes, self.shape)):
       if not group and length != 1:
-        raise ValueError(f"rearrange: axis {position} is 1 in {formula!r} but has size {length} in "
+        raise TensorValueError(f"rearrange: axis {position} is 1 in {formula!r} but has size {length} in "
                          f"{fmt(self.shape)}{where()}")
       unknown = [n for n in group if n not in sizes]
       known = prod(sizes[n] for n in group if n in sizes)
       if len(unknown) > 1:
-        raise ValueError(f"rearrange: cannot infer the sizes of {', '.join(unknown)} in {formula!r}; pass all but one "
+        raise TensorValueError(f"rearrange: cannot infer the sizes of {', '.join(unknown)} in {formula!r}; pass all but one "
                          f"as keyword arguments{where()}")
       if unknown and known and length % known == 0: size_of[unknown[0]] = length // known
       elif unknown or known != length:
-        raise ValueError(f"rearrange: axis ({' '.join(group)}) of {formula!r} has size {length}, which does "
+        raise TensorValueError(f"rearrange: axis ({' '.join(group)}) of {formula!r} has size {length}, which does "
                          f"not match the sizes {sizes}{where()}")
       size_of.update((n, sizes[n]) for n in group if n in sizes)
     elementary = [n for group in left_axes for n in group]
@@ -469,7 +469,7 @@ class MovementMixin:
     >>> Tensor([1, 2]).diag().tolist()
     [[1, 0], [0, 2]]
     """
-    if self.ndim != 1: raise ValueError(f"diag: expected a 1-d tensor, got shape {fmt(self.shape)}{where()}")
+    if self.ndim != 1: raise TensorValueError(f"diag: expected a 1-d tensor, got shape {fmt(self.shape)}{where()}")
     n = self.shape[0]
     # each element followed by n zeros, written out row by row of width n, lands at (i, i)
     return self.reshape(n, 1).pad(((0, 0), (0, n))).flatten()._narrow(0, 0, n * n).reshape(n, n)
@@ -482,9 +482,9 @@ class MovementMixin:
     >>> Tensor.arange(9).reshape(3, 3).diagonal(1).tolist()
     [1, 5]
     """
-    if self.ndim < 2: raise ValueError(f"diagonal: needs at least 2 dims, got shape {fmt(self.shape)}{where()}")
+    if self.ndim < 2: raise TensorIndexError(f"diagonal: needs at least 2 dims, got shape {fmt(self.shape)}{where()}")
     a, b = self._axis(dim1, "diagonal"), self._axis(dim2, "diagonal")
-    if a == b: raise ValueError(f"diagonal: dim1 and dim2 must differ, both are {a}{where()}")
+    if a == b: raise TensorValueError(f"diagonal: dim1 and dim2 must differ, both are {a}{where()}")
     if not _is_int(offset): raise TypeError(f"diagonal: offset must be an int, got {offset!r}{where()}")
     rest = [k for k in range(self.ndim) if k not in (a, b)]
     x = self.permute(rest + [a, b])
@@ -499,7 +499,7 @@ class MovementMixin:
     return flat.reshape(lead + (m, m + 1))._narrow(len(lead) + 1, 0, 1).reshape(lead + (m,))
 
   def _triangle_mask(self, diagonal: int, upper: bool, op: str) -> Tensor:
-    if self.ndim < 2: raise ValueError(f"{op}: needs at least 2 dims, got shape {fmt(self.shape)}{where()}")
+    if self.ndim < 2: raise TensorValueError(f"{op}: needs at least 2 dims, got shape {fmt(self.shape)}{where()}")
     if not _is_int(diagonal): raise TypeError(f"{op}: diagonal must be an int, got {diagonal!r}{where()}")
     rows, cols = self.shape[-2:]
     r = self.arange(rows, device=self.device).reshape(rows, 1)

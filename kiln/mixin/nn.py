@@ -3,7 +3,7 @@ from __future__ import annotations
 import math, string
 from typing import TYPE_CHECKING, Sequence
 from kiln.dtype import DType, dtypes, least_upper_dtype
-from kiln.mixin.common import where, fmt, dtype_arg
+from kiln.mixin.common import UnsupportedError, TensorValueError, where, fmt, dtype_arg
 if TYPE_CHECKING: from kiln.tensor import Tensor
 
 REDUCTIONS = ("none", "sum", "mean")
@@ -34,10 +34,10 @@ class NNMixin:
     acc = dtype_arg(dtype, "einsum") if dtype is not None else None
     spec = formula.replace(" ", "")
     lhs, arrow, rhs = spec.partition("->")
-    if "->" in rhs: raise ValueError(f"einsum: formula {formula!r} has more than one '->'{where()}")
+    if "->" in rhs: raise TensorValueError(f"einsum: formula {formula!r} has more than one '->'{where()}")
     in_specs = lhs.split(",")
     if len(in_specs) != len(xs):
-      raise ValueError(f"einsum: formula {formula!r} names {len(in_specs)} operand(s) but {len(xs)} were "
+      raise TensorValueError(f"einsum: formula {formula!r} names {len(in_specs)} operand(s) but {len(xs)} were "
                        f"given{where()}")
     # each operand's axes as labels: letters, and "...k" for the k-th of the shared broadcast (ellipsis) axes
     n_ellipsis = max([_ellipsis_ndim(s, x, i, formula) for i, (s, x) in enumerate(zip(in_specs, xs))], default=0)
@@ -50,7 +50,7 @@ class NNMixin:
         while labels.count(label) > 1:
           a, b = [k for k, l in enumerate(labels) if l == label][:2]
           if x.shape[a] != x.shape[b]:
-            raise ValueError(f"einsum: subscript {label!r} is repeated in operand {i} {fmt(x.shape)} over axes of "
+            raise TensorValueError(f"einsum: subscript {label!r} is repeated in operand {i} {fmt(x.shape)} over axes of "
                              f"sizes {x.shape[a]} and {x.shape[b]}{where()}")
           x, labels = _diagonal(x, a, b), [l for k, l in enumerate(labels) if k not in (a, b)] + [label]
       diagonalized.append((x, labels))
@@ -62,18 +62,18 @@ class NNMixin:
         if seen is None or seen[0] == 1: sizes[label] = (size, i)
         elif size != 1 and size != seen[0]:
           what = "the broadcast axes '...'" if label.startswith("...") else f"subscript {label!r}"
-          raise ValueError(f"einsum: {what} has size {seen[0]} in operand {seen[1]} {fmt(xs[seen[1]].shape)} but "
+          raise TensorValueError(f"einsum: {what} has size {seen[0]} in operand {seen[1]} {fmt(xs[seen[1]].shape)} but "
                            f"{size} in operand {i} {fmt(xs[i].shape)}{where()}")
     if arrow:
       if rhs.count("...") > 1 or "." in rhs.replace("...", ""):
-        raise ValueError(f"einsum: malformed output subscripts {rhs!r} in {formula!r}{where()}")
+        raise TensorValueError(f"einsum: malformed output subscripts {rhs!r} in {formula!r}{where()}")
       out_labels: list[str] = []
       for part_index, part in enumerate(rhs.split("...")):
         if part_index: out_labels += ellipsis_labels
         for c in part:
-          if c not in string.ascii_letters: raise ValueError(f"einsum: invalid subscript {c!r} in {formula!r}{where()}")
-          if c not in sizes: raise ValueError(f"einsum: output subscript {c!r} does not appear in any operand{where()}")
-          if c in out_labels: raise ValueError(f"einsum: output subscript {c!r} appears more than once{where()}")
+          if c not in string.ascii_letters: raise TensorValueError(f"einsum: invalid subscript {c!r} in {formula!r}{where()}")
+          if c not in sizes: raise TensorValueError(f"einsum: output subscript {c!r} does not appear in any operand{where()}")
+          if c in out_labels: raise TensorValueError(f"einsum: output subscript {c!r} appears more than once{where()}")
           out_labels.append(c)
     else:
       # implicit output: the broadcast axes, then the letters used exactly once, in alphabetical order
@@ -121,7 +121,7 @@ class NNMixin:
     shape = tuple(s if a in axes else 1 for a, s in enumerate(self.shape))
     def laid_out(t: Tensor, name: str) -> Tensor:
       if t.numel() != math.prod(param_shape):
-        raise ValueError(f"batchnorm: {name} of shape {fmt(t.shape)} does not match the {fmt(param_shape)} entries of "
+        raise TensorValueError(f"batchnorm: {name} of shape {fmt(t.shape)} does not match the {fmt(param_shape)} entries of "
                          f"axis {axis} of the input {fmt(self.shape)}{where()}")
       return t.reshape(shape)
     x = self - laid_out(mean, "mean")
@@ -138,7 +138,7 @@ class NNMixin:
     True
     """
     if not isinstance(p, (int, float)) or not 0 <= p <= 1:
-      raise ValueError(f"dropout: p={p!r} is not in [0, 1]{where()}")
+      raise TensorValueError(f"dropout: p={p!r} is not in [0, 1]{where()}")
     if not self.training or p == 0: return self
     if p == 1: return self.zeros_like()
     keep = self.rand(*self.shape, device=self.device) >= p
@@ -154,14 +154,14 @@ class NNMixin:
     [[1, 0, 0], [0, 0, 1], [0, 1, 0]]
     """
     if not dtypes.is_int(self.dtype):
-      raise TypeError(f"one_hot: needs an int tensor of class indices, got {self.dtype}{where()}")
+      raise UnsupportedError(f"one_hot: needs an int tensor of class indices, got {self.dtype}{where()}")
     if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < -1:
-      raise ValueError(f"one_hot: num_classes must be -1 or a non-negative int, got {num_classes!r}{where()}")
+      raise TensorValueError(f"one_hot: num_classes must be -1 or a non-negative int, got {num_classes!r}{where()}")
     if num_classes == -1:
-      if self.numel() == 0: raise ValueError(f"one_hot: cannot infer num_classes from an empty tensor{where()}")
+      if self.numel() == 0: raise TensorValueError(f"one_hot: cannot infer num_classes from an empty tensor{where()}")
       low, high = self.min(), self.max()
       low.realize(high)
-      if low.item() < 0: raise ValueError(f"one_hot: class values must be non-negative, got {low.item()}{where()}")
+      if low.item() < 0: raise TensorValueError(f"one_hot: class values must be non-negative, got {low.item()}{where()}")
       num_classes = int(high.item()) + 1
     classes = self.arange(num_classes, device=self.device)
     return (self.unsqueeze(-1) == classes).where(1, 0)
@@ -182,16 +182,16 @@ class NNMixin:
     """
     query = self
     if query.ndim < 2 or key.ndim < 2 or value.ndim < 2:
-      raise ValueError(f"scaled_dot_product_attention: query, key and value need at least 2 dims, got "
+      raise TensorValueError(f"scaled_dot_product_attention: query, key and value need at least 2 dims, got "
                        f"{fmt(query.shape)}, {fmt(key.shape)}, {fmt(value.shape)}{where()}")
     if query.shape[-1] != key.shape[-1]:
-      raise ValueError(f"scaled_dot_product_attention: query {fmt(query.shape)} and key {fmt(key.shape)} differ in "
+      raise TensorValueError(f"scaled_dot_product_attention: query {fmt(query.shape)} and key {fmt(key.shape)} differ in "
                        f"their last (embedding) dim{where()}")
     if key.shape[-2] != value.shape[-2]:
-      raise ValueError(f"scaled_dot_product_attention: key {fmt(key.shape)} and value {fmt(value.shape)} differ in "
+      raise TensorValueError(f"scaled_dot_product_attention: key {fmt(key.shape)} and value {fmt(value.shape)} differ in "
                        f"their sequence length (dim -2){where()}")
     if is_causal and attn_mask is not None:
-      raise ValueError(f"scaled_dot_product_attention: give either attn_mask or is_causal=True, not both{where()}")
+      raise TensorValueError(f"scaled_dot_product_attention: give either attn_mask or is_causal=True, not both{where()}")
     if enable_gqa:
       key, value = _repeat_heads(key, query, "key"), _repeat_heads(value, query, "value")
     # the scores and softmax run in at least float32 so half-precision attention keeps its accuracy
@@ -247,7 +247,7 @@ class NNMixin:
     _check_reduction(reduction, "sparse_categorical_crossentropy")
     _check_smoothing(label_smoothing, "sparse_categorical_crossentropy")
     if self.ndim < 1 or Y.shape != self.shape[:-1]:
-      raise ValueError(f"sparse_categorical_crossentropy: labels {fmt(Y.shape)} must have the shape of the logits "
+      raise TensorValueError(f"sparse_categorical_crossentropy: labels {fmt(Y.shape)} must have the shape of the logits "
                        f"{fmt(self.shape)} without the last (class) axis{where()}")
     keep = Y != ignore_index
     loss = _class_index_loss(self.log_softmax(-1), Y, self.ndim - 1, label_smoothing)
@@ -266,21 +266,21 @@ class NNMixin:
     """
     _check_reduction(reduction, "cross_entropy")
     _check_smoothing(label_smoothing, "cross_entropy")
-    if self.ndim == 0: raise ValueError(f"cross_entropy: input must have a class axis, got a 0-d tensor{where()}")
+    if self.ndim == 0: raise TensorValueError(f"cross_entropy: input must have a class axis, got a 0-d tensor{where()}")
     class_axis = 0 if self.ndim == 1 else 1
     classes = self.shape[class_axis]
     log_probs = self.log_softmax(class_axis)
     if Y.shape == self.shape:
       if not dtypes.is_float(Y.dtype):
-        raise TypeError(f"cross_entropy: probability targets must be floats, got {Y.dtype}{where()}")
+        raise UnsupportedError(f"cross_entropy: probability targets must be floats, got {Y.dtype}{where()}")
       target = Y * (1 - label_smoothing) + label_smoothing / classes if label_smoothing else Y
       loss = -(log_probs * target).sum(class_axis)
     elif Y.shape == self.shape[:class_axis] + self.shape[class_axis + 1:]:
       if not dtypes.is_int(Y.dtype):
-        raise TypeError(f"cross_entropy: class-index targets must be ints, got {Y.dtype}{where()}")
+        raise UnsupportedError(f"cross_entropy: class-index targets must be ints, got {Y.dtype}{where()}")
       loss = _class_index_loss(log_probs, Y, class_axis, label_smoothing)
     else:
-      raise ValueError(f"cross_entropy: target {fmt(Y.shape)} must be the input's shape {fmt(self.shape)} "
+      raise TensorValueError(f"cross_entropy: target {fmt(Y.shape)} must be the input's shape {fmt(self.shape)} "
                        f"(probabilities) or that shape without the class axis {class_axis} (class indices){where()}")
     return _reduce_loss(loss, reduction)
 
@@ -295,16 +295,16 @@ class NNMixin:
     0.75
     """
     _check_reduction(reduction, "nll_loss")
-    if self.ndim == 0: raise ValueError(f"nll_loss: input must have a class axis, got a 0-d tensor{where()}")
+    if self.ndim == 0: raise TensorValueError(f"nll_loss: input must have a class axis, got a 0-d tensor{where()}")
     class_axis = 0 if self.ndim == 1 else 1
     classes = self.shape[class_axis]
     if Y.shape != self.shape[:class_axis] + self.shape[class_axis + 1:]:
-      raise ValueError(f"nll_loss: target {fmt(Y.shape)} must be the input's shape {fmt(self.shape)} without the "
+      raise TensorValueError(f"nll_loss: target {fmt(Y.shape)} must be the input's shape {fmt(self.shape)} without the "
                        f"class axis {class_axis}{where()}")
     if not dtypes.is_int(Y.dtype):
-      raise TypeError(f"nll_loss: targets must be int class indices, got {Y.dtype}{where()}")
+      raise UnsupportedError(f"nll_loss: targets must be int class indices, got {Y.dtype}{where()}")
     if weight is not None and weight.shape != (classes,):
-      raise ValueError(f"nll_loss: weight {fmt(weight.shape)} must have one entry per class ({classes},){where()}")
+      raise TensorValueError(f"nll_loss: weight {fmt(weight.shape)} must have one entry per class ({classes},){where()}")
     hit = _class_mask(Y, classes, class_axis)
     loss = -hit.where(self, 0).sum(class_axis)
     per_class = weight.reshape((classes,) + (1,) * (self.ndim - class_axis - 1)) if weight is not None else None
@@ -320,16 +320,16 @@ def _ellipsis_ndim(spec: str, x: Tensor, index: int, formula: str) -> int:
   """How many axes of operand `index` the '...' in its subscripts stands for (0 without one); checks the subscripts."""
   letters = spec.replace("...", "")
   if spec.count("...") > 1 or "." in letters:
-    raise ValueError(f"einsum: malformed subscripts {spec!r} in {formula!r}{where()}")
+    raise TensorValueError(f"einsum: malformed subscripts {spec!r} in {formula!r}{where()}")
   for c in letters:
-    if c not in string.ascii_letters: raise ValueError(f"einsum: invalid subscript {c!r} in {formula!r}{where()}")
+    if c not in string.ascii_letters: raise TensorValueError(f"einsum: invalid subscript {c!r} in {formula!r}{where()}")
   if "..." in spec:
     if len(letters) > x.ndim:
-      raise ValueError(f"einsum: operand {index} {fmt(x.shape)} has {x.ndim} dims but subscripts {spec!r} name "
+      raise TensorValueError(f"einsum: operand {index} {fmt(x.shape)} has {x.ndim} dims but subscripts {spec!r} name "
                        f"{len(letters)} and '...'{where()}")
     return x.ndim - len(letters)
   if len(letters) != x.ndim:
-    raise ValueError(f"einsum: operand {index} {fmt(x.shape)} has {x.ndim} dims but subscripts {spec!r} name "
+    raise TensorValueError(f"einsum: operand {index} {fmt(x.shape)} has {x.ndim} dims but subscripts {spec!r} name "
                      f"{len(letters)}{where()}")
   return 0
 
@@ -353,11 +353,11 @@ def _diagonal(x: Tensor, a: int, b: int) -> Tensor:
 def _repeat_heads(t: Tensor, query: Tensor, name: str) -> Tensor:
   """`t` (..., Hkv, S, D) with each head repeated to the query's head count (axis -3), for grouped-query attention."""
   if t.ndim < 3 or query.ndim < 3:
-    raise ValueError(f"scaled_dot_product_attention: enable_gqa needs (..., heads, L, D) tensors, got query "
+    raise TensorValueError(f"scaled_dot_product_attention: enable_gqa needs (..., heads, L, D) tensors, got query "
                      f"{fmt(query.shape)} and {name} {fmt(t.shape)}{where()}")
   heads, kv_heads = query.shape[-3], t.shape[-3]
   if kv_heads == 0 or heads % kv_heads:
-    raise ValueError(f"scaled_dot_product_attention: query heads {heads} are not a multiple of {name} heads "
+    raise TensorValueError(f"scaled_dot_product_attention: query heads {heads} are not a multiple of {name} heads "
                      f"{kv_heads}{where()}")
   grouped = t.unsqueeze(-3).expand(*t.shape[:-2], heads // kv_heads, *t.shape[-2:])
   return grouped.reshape(*t.shape[:-3], heads, *t.shape[-2:])
@@ -375,15 +375,15 @@ def _class_index_loss(log_probs: Tensor, Y: Tensor, class_axis: int, label_smoot
 
 def _check_reduction(reduction: str, op: str) -> None:
   if reduction not in REDUCTIONS:
-    raise ValueError(f"{op}: unknown reduction {reduction!r}; expected one of 'none', 'sum', 'mean'{where()}")
+    raise TensorValueError(f"{op}: unknown reduction {reduction!r}; expected one of 'none', 'sum', 'mean'{where()}")
 
 def _check_smoothing(label_smoothing: float, op: str) -> None:
   if not 0.0 <= label_smoothing <= 1.0:
-    raise ValueError(f"{op}: label_smoothing={label_smoothing} is not in [0, 1]{where()}")
+    raise TensorValueError(f"{op}: label_smoothing={label_smoothing} is not in [0, 1]{where()}")
 
 def _check_same_shape(x: Tensor, Y: Tensor, op: str) -> None:
   if x.shape != Y.shape:
-    raise ValueError(f"{op}: target {fmt(Y.shape)} must have the input's shape {fmt(x.shape)}{where()}")
+    raise TensorValueError(f"{op}: target {fmt(Y.shape)} must have the input's shape {fmt(x.shape)}{where()}")
 
 def _reduce_loss(loss: Tensor, reduction: str) -> Tensor:
   return loss.mean() if reduction == "mean" else loss.sum() if reduction == "sum" else loss

@@ -2,7 +2,7 @@
 from __future__ import annotations
 from typing import TYPE_CHECKING
 from kiln.dtype import dtypes
-from kiln.mixin.common import where, fmt
+from kiln.mixin.common import TensorValueError, where, fmt
 if TYPE_CHECKING: from kiln.tensor import Tensor
 
 class SortMixin:
@@ -53,7 +53,7 @@ class SortMixin:
     if not isinstance(k, int) or isinstance(k, bool):
       raise TypeError(f"topk: k must be an int, got {type(k).__name__}{where()}")
     if not 0 <= k <= n:
-      raise ValueError(f"topk: k={k} is out of range for dim {dim} of size {n} (shape {fmt(self.shape)}){where()}")
+      raise TensorValueError(f"topk: k={k} is out of range for dim {dim} of size {n} (shape {fmt(self.shape)}){where()}")
     values, indices = self.sort(axis, descending=largest)
     if self.ndim == 0: return values, indices
     keep = tuple((0, k) if a == axis else None for a in range(self.ndim))
