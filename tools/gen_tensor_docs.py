@@ -36,7 +36,7 @@ GROUPS: dict[str, str] = {
   "Linear algebra and nn functional": """dot matmul einsum linear sequential conv2d conv_transpose2d avg_pool2d
     max_pool2d max_unpool2d interpolate batchnorm layernorm dropout one_hot scaled_dot_product_attention
     binary_crossentropy binary_crossentropy_logits sparse_categorical_crossentropy cross_entropy nll_loss sort topk
-    argsort qr svd""",
+    argsort qr svd newton_schulz""",
   "Bytes": """keccak hash""",
   "Autograd": """backward gradient train test training""",
 }

@@ -1,4 +1,4 @@
-"""Linear algebra decompositions built from tensor ops: qr and svd."""
+"""Linear algebra built from tensor ops: the qr and svd decompositions, and Newton-Schulz orthogonalization."""
 from __future__ import annotations
 from typing import TYPE_CHECKING
 from kiln.dtype import dtypes
@@ -58,6 +58,31 @@ class LinalgMixin:
     else:
       u = _shrink_last2(q, m, n) @ u_small
     return u, s, v.transpose(-1, -2)
+
+  def newton_schulz(self, steps: int, params: tuple[float, ...], eps: float = 1.0e-7) -> Tensor:
+    """Approximately orthogonalize (..., m, n) matrices (push every singular value towards 1, keep the singular
+    vectors): scale each matrix to Frobenius norm 1, then apply `steps` times the odd polynomial
+    X <- params[0] X + params[1] (X X^T) X + params[2] (X X^T)^2 X + ... (Muon's update; tinygrad's signature).
+
+    Tall matrices are worked on transposed, so X X^T is the smaller Gram matrix.
+
+    >>> x = Tensor([[3.0, 0.0], [0.0, 1.0]]).newton_schulz(10, (1.5, -0.5))   # the cubic iteration converges to 1
+    >>> [[round(v, 3) for v in row] for row in x.tolist()]
+    [[1.0, 0.0], [0.0, 1.0]]
+    """
+    x = _matrices(self, "newton_schulz")
+    if not params: raise TensorValueError(f"newton_schulz: params must name at least one coefficient{where()}")
+    tall = x.shape[-2] > x.shape[-1]
+    x = x / (x.square().sum(axis=(-2, -1), keepdim=True).sqrt() + eps)
+    if tall: x = x.transpose(-2, -1)
+    for _ in range(steps):
+      gram = x @ x.transpose(-2, -1)
+      term, total = x, params[0] * x
+      for coefficient in params[1:]:
+        term = gram @ term
+        total = total + coefficient * term
+      x = total
+    return x.transpose(-2, -1) if tall else x
 
 def _matrices(x: Tensor, op: str) -> Tensor:
   """`x` checked to be a stack of matrices, as floats."""

@@ -1,4 +1,4 @@
-"""Optimizers: SGD, LARS, Adam, AdamW, LAMB and OptimizerGroup (tinygrad's API, PyTorch's update rules).
+"""Optimizers: SGD, LARS, Muon, Adam, AdamW, LAMB and OptimizerGroup (tinygrad's API, PyTorch's update rules).
 
 Every step is lazy graph work: `schedule_step()` builds the updates (parameters and state are overwritten in place
 with `assign`) and returns the tensors to realize; `step()` realizes them in one schedule. The learning rate and
@@ -195,14 +195,22 @@ class LARS(Optimizer):
   for each parameter is scaled by the trust ratio `tcoef * ||w|| / (||g|| + weight_decay * ||w||)` (1 when either
   norm is 0). Weight decay is added to the gradient (L2). `classic=True` applies the learning rate (and trust ratio)
   before the momentum buffer, as in the paper; `classic=False` after it. `tcoef=0` turns the trust ratio off (SGD).
+
+  With `ns_params` (Muon), each parameter's update, as a (shape[0], -1) matrix, is orthogonalized by `ns_steps`
+  Newton-Schulz iterations (`Tensor.newton_schulz`) after the momentum buffer. `pre_wd=True` adds weight decay to
+  the gradient (L2); `pre_wd=False` shrinks the weights by `1 - lr * weight_decay` instead (decoupled, after momentum).
   """
   def __init__(self, params: list[Tensor], lr: float = 0.001, momentum: float = 0.9, weight_decay: float = 1e-4,
-               nesterov: bool = False, classic: bool = True, tcoef: float = 0.001, fused: bool | None = None):
+               ns_steps: int = 0, ns_params: tuple[float, ...] | None = None, nesterov: bool = False,
+               classic: bool = True, pre_wd: bool = True, tcoef: float = 0.001, fused: bool | None = None):
     super().__init__(params, lr, fused)
     name = type(self).__name__
-    _check_nonnegative(name, momentum=momentum, weight_decay=weight_decay, tcoef=tcoef)
+    _check_nonnegative(name, momentum=momentum, weight_decay=weight_decay, tcoef=tcoef, ns_steps=ns_steps)
     if nesterov and momentum == 0: raise ValueError(f"{name}: nesterov=True needs momentum > 0")
+    if ns_params and self.fused:
+      raise ValueError(f"{name}: Newton-Schulz orthogonalizes each parameter's own matrix, so it cannot be fused=True")
     self.momentum, self.wd, self.nesterov, self.classic, self.tcoef = momentum, weight_decay, nesterov, classic, tcoef
+    self.ns_steps, self.ns_params, self.pre_wd = ns_steps, tuple(ns_params or ()), pre_wd
     self.b: list[Tensor] = self._new_state() if momentum else []
 
   def _step(self, params: list[Tensor], grads: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
@@ -215,12 +223,16 @@ class LARS(Optimizer):
         ratio = (weight_norm > 0).where(
           (grad_norm > 0).where(self.tcoef * weight_norm / (grad_norm + self.wd * weight_norm), 1.0), 1.0)
         scale = lr * ratio
-      if self.wd: grad = grad + self.wd * param
+      if self.wd and self.pre_wd: grad = grad + self.wd * param
       if self.classic: grad = grad * scale
       if self.momentum:
         # the buffer starts at zero, so the first step needs no special case
         self.b[i].assign(self.momentum * self.b[i] + grad)
         grad = grad + self.momentum * self.b[i] if self.nesterov else self.b[i]
+      if self.ns_params:
+        matrix = grad.reshape(grad.shape[0] if grad.ndim else 1, -1)
+        grad = matrix.newton_schulz(self.ns_steps, self.ns_params).reshape(grad.shape)
+      if self.wd and not self.pre_wd: param = param * (1.0 - self.wd * lr)
       if not self.classic: grad = grad * scale
       new_params.append(param - grad)
     return new_params, self.b
@@ -240,7 +252,29 @@ class SGD(LARS):
   """
   def __init__(self, params: list[Tensor], lr: float = 0.001, momentum: float = 0.0, weight_decay: float = 0.0,
                nesterov: bool = False, classic: bool = False, fused: bool | None = None):
-    super().__init__(params, lr, momentum, weight_decay, nesterov, classic, tcoef=0.0, fused=fused)
+    super().__init__(params, lr, momentum, weight_decay, nesterov=nesterov, classic=classic, tcoef=0.0, fused=fused)
+
+class Muon(LARS):
+  """SGD with Nesterov momentum whose update is orthogonalized by Newton-Schulz iterations, with decoupled weight
+  decay (Keller Jordan's Muon, https://kellerjordan.github.io/posts/muon/; tinygrad's signature and defaults).
+
+  Per parameter, with the update seen as a (shape[0], -1) matrix: `b = momentum*b + g`; `u = g + momentum*b`
+  (nesterov) or `b`; `u = newton_schulz(u, ns_steps, ns_params)`; `w = w * (1 - lr*weight_decay) - lr*u`.
+  Each parameter is its own matrix, so Muon is never fused (`fused=None` means False here, whatever FUSE_OPTIM says).
+
+  >>> w = Tensor([[1.0, 0.0], [0.0, 1.0]], requires_grad=True)
+  >>> opt = Muon([w], lr=0.1)
+  >>> with Tensor.train():
+  ...   _ = (w * Tensor([[2.0, 0.0], [0.0, 0.5]])).sum().backward()
+  ...   opt.step()
+  >>> [[round(v, 2) for v in row] for row in w.tolist()]   # both directions move about lr, whatever their gradient
+  [[0.93, 0.0], [0.0, 0.93]]
+  """
+  def __init__(self, params: list[Tensor], lr: float = 0.02, momentum: float = 0.95, weight_decay: float = 0.0,
+               ns_steps: int = 5, ns_params: tuple[float, ...] = (3.4445, -4.775, 2.0315), nesterov: bool = True,
+               fused: bool | None = None):
+    super().__init__(params, lr, momentum, weight_decay, ns_steps, ns_params, nesterov, classic=False, pre_wd=False,
+                     tcoef=0.0, fused=bool(fused))
 
 class LAMB(Optimizer):
   """LAMB (You et al., https://arxiv.org/abs/1904.00962): Adam moments with a per-parameter trust ratio

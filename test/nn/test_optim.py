@@ -1,4 +1,4 @@
-"""kiln.nn.optim against torch.optim (SGD, Adam, AdamW) and NumPy references (LAMB, LARS), step for step.
+"""kiln.nn.optim against torch.optim (SGD, Adam, AdamW) and NumPy references (LAMB, LARS, Muon), step for step.
 
 The model has parameters of several shapes, a 0-d one included; every run takes 5 steps in float32.
 """
@@ -11,7 +11,7 @@ import kiln.tensor
 from kiln import Tensor, TinyJit, GlobalCounters
 from kiln.nn import Linear
 from kiln.dtype import dtypes
-from kiln.nn.optim import Optimizer, OptimizerGroup, SGD, LARS, Adam, AdamW, LAMB
+from kiln.nn.optim import Optimizer, OptimizerGroup, SGD, LARS, Muon, Adam, AdamW, LAMB
 from helpers import assert_close
 
 STEPS = 5
@@ -162,6 +162,54 @@ NUMPY_CASES = {
     lambda p, **kw: LARS(p, lr=2.0, momentum=0.8, weight_decay=0.05, nesterov=True, classic=False, tcoef=0.02, **kw),
     lambda: lars_reference(2.0, 0.8, 0.05, True, False, 0.02)),
 }
+
+def numpy_newton_schulz(g: np.ndarray, steps: int, coefficients: tuple[float, ...], eps: float = 1e-7) -> np.ndarray:
+  """X <- sum_i c_i (X X^T)^i X on the Frobenius-normalized matrix, worked on transposed when it is tall."""
+  x = g / (np.sqrt((g * g).sum(axis=(-2, -1), keepdims=True)) + eps)
+  tall = g.shape[-2] > g.shape[-1]
+  if tall: x = np.swapaxes(x, -1, -2)
+  for _ in range(steps):
+    gram = x @ np.swapaxes(x, -1, -2)
+    x = sum(c * np.linalg.matrix_power(gram, i) @ x for i, c in enumerate(coefficients))
+  return np.swapaxes(x, -1, -2) if tall else x
+
+def muon_reference(lr: float, momentum: float, wd: float, ns_steps: int, coefficients: tuple[float, ...],
+                   nesterov: bool):
+  buffers: dict[str, np.ndarray] = {}
+  def update(step, _lr, values, grads):
+    for name, g in grads.items():
+      buffers[name] = momentum * buffers.get(name, 0.0) + g
+      u = g + momentum * buffers[name] if nesterov else buffers[name]
+      u = numpy_newton_schulz(u.reshape(u.shape[0] if u.ndim else 1, -1), ns_steps, coefficients).reshape(g.shape)
+      values[name] = values[name] * (1 - lr * wd) - lr * u
+  return update
+
+MUON = (3.4445, -4.775, 2.0315)
+NUMPY_CASES["muon"] = (lambda p, **kw: Muon(p, lr=0.02, **kw), lambda: muon_reference(0.02, 0.95, 0.0, 5, MUON, True))
+NUMPY_CASES["muon_wd_plain_momentum"] = (
+  lambda p, **kw: Muon(p, lr=0.05, momentum=0.8, weight_decay=0.1, ns_steps=3, ns_params=(2.0, -1.5, 0.5),
+                       nesterov=False, **kw),
+  lambda: muon_reference(0.05, 0.8, 0.1, 3, (2.0, -1.5, 0.5), False))
+
+@pytest.mark.parametrize("shape", [(3, 5), (5, 3), (2, 4, 4), (2, 3, 6)])
+@pytest.mark.parametrize("coefficients", [MUON, (1.5, -0.5), (2.0,)])
+def test_newton_schulz_matches_numpy(shape, coefficients):
+  g = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+  got = Tensor(g).newton_schulz(4, coefficients).numpy()
+  assert got.shape == shape
+  assert_close(got, numpy_newton_schulz(g.astype(np.float64), 4, coefficients), f"newton_schulz {shape}", atol=1e-4)
+
+def test_newton_schulz_orthogonalizes():
+  x = Tensor(np.random.default_rng(4).standard_normal((4, 6)).astype(np.float32)).newton_schulz(30, (1.5, -0.5))
+  assert_close((x @ x.T).numpy(), np.eye(4), "cubic Newton-Schulz converges to an orthogonal matrix", atol=1e-3)
+  with pytest.raises(RuntimeError, match="newton_schulz"): Tensor.ones(3).newton_schulz(1, MUON)
+
+def test_muon_defaults_are_tinygrads_and_it_is_never_fused():
+  opt = Muon([Tensor.ones(2, 2, requires_grad=True)])
+  assert (opt.momentum, opt.wd, opt.ns_steps, opt.ns_params, opt.nesterov) == (0.95, 0.0, 5, MUON, True)
+  assert (opt.classic, opt.pre_wd, opt.tcoef, opt.fused) == (False, False, 0.0, False)
+  assert abs(opt.lr.item() - 0.02) < 1e-9 and isinstance(opt, LARS)
+  with pytest.raises(ValueError, match="Muon: .*fused"): Muon([Tensor.ones(2, 2, requires_grad=True)], fused=True)
 
 @pytest.mark.parametrize("case", sorted(NUMPY_CASES))
 def test_matches_numpy_reference(case: str):
