@@ -14,7 +14,8 @@ from __future__ import annotations
 import collections, concurrent.futures, hashlib, importlib, os, pathlib
 from typing import Any, Callable
 from kiln.dtype import DType, dtypes, to_numpy_dtype, fp8_to_float32
-from kiln.helpers import CACHELEVEL, DEBUG, GlobalCounters, kernel_cache_dir
+from kiln.helpers import (ALLOW_DEVICE_USAGE, CACHELEVEL, DEBUG, DISABLE_COMPILER_CACHE, LRU, MAX_BUFFER_SIZE,
+                          GlobalCounters, kernel_cache_dir)
 
 # ---------------- allocators ----------------
 
@@ -45,7 +46,7 @@ class Allocator:
 class LRUAllocator(Allocator):
   """An allocator that keeps freed handles, per size, and hands them out again before allocating new memory.
 
-  At most `max_cached_bytes` are kept; `free_cache()` releases them all.
+  At most `max_cached_bytes` are kept; `free_cache()` releases them all. With LRU=0 nothing is kept.
   """
   def __init__(self, max_cached_bytes: int = 1 << 30):
     self.cache: dict[int, list[Any]] = collections.defaultdict(list)
@@ -62,7 +63,7 @@ class LRUAllocator(Allocator):
       return self._alloc(nbytes)
   def free(self, handle: Any, nbytes: int) -> None:
     """Keep `handle` for reuse (or really free it when the cache is full)."""
-    if self.cached_bytes + nbytes <= self.max_cached_bytes:
+    if LRU and self.cached_bytes + nbytes <= self.max_cached_bytes:
       self.cache[nbytes].append(handle)
       self.cached_bytes += nbytes
     else: self._free(handle, nbytes)
@@ -136,6 +137,8 @@ class Buffer:
       self._buf = allocator.offset_view(self._base.allocate()._buf, self._offset, self.nbytes)
       self._allocator = allocator
     elif self._allocator is None:
+      if MAX_BUFFER_SIZE > 0 and self.size > MAX_BUFFER_SIZE.value:
+        raise RuntimeError(f"Buffer: {self.size} elements is more than MAX_BUFFER_SIZE={MAX_BUFFER_SIZE.value}")
       allocator = Device[self.device].allocator
       self._buf = allocator.alloc(self.nbytes)
       self._allocator = allocator
@@ -253,8 +256,9 @@ class Compiler:
     except FileNotFoundError: return None
 
   def compile_cached(self, src: str) -> bytes:
-    """`compile(src)`, read from / written to the on-disk cache when CACHELEVEL>=1 (safe with several processes)."""
-    if not self.disk_cache or CACHELEVEL < 1: return self.compile(src)
+    """`compile(src)`, read from / written to the on-disk cache when CACHELEVEL>=1 and not DISABLE_COMPILER_CACHE
+    (safe with several processes)."""
+    if not self.disk_cache or CACHELEVEL < 1 or DISABLE_COMPILER_CACHE: return self.compile(src)
     if (lib := self._cached(src)) is not None: return lib
     lib = self.compile(src)
     self._store(src, lib)
@@ -293,7 +297,7 @@ class CompilePipeline:
   Only a compiler that `runs_in_subprocess` compiles in the background (the thread waits on the compiler process,
   leaving the interpreter to the caller); any other compiles everything in `results`, on the calling thread."""
   def __init__(self, compiler: Compiler, expected: int, workers: int):
-    self.compiler, self.caching = compiler, compiler.disk_cache and CACHELEVEL >= 1
+    self.compiler, self.caching = compiler, compiler.disk_cache and CACHELEVEL >= 1 and not DISABLE_COMPILER_CACHE
     self.background = compiler.runs_in_subprocess and workers > 1
     self.workers = max(1, workers)
     # about two groups per thread: each compiler run costs a start (~40 ms), a smaller last group a shorter wait
@@ -435,6 +439,8 @@ class _DeviceRegistry:
     base = canonical.partition(":")[0]
     known = self.known()
     if base not in known: raise ValueError(f"unknown device {name!r}; known devices: {', '.join(known)}")
+    if not ALLOW_DEVICE_USAGE and base not in ("DISK", "NPY", "PYTHON"):
+      raise RuntimeError(f"opening device {canonical} is not allowed with ALLOW_DEVICE_USAGE=0")
     module = importlib.import_module(f"kiln.runtime.ops_{base.lower()}")
     classes = [v for k, v in vars(module).items() if isinstance(v, type) and issubclass(v, Compiled)
                and k.lower() == f"{base.lower()}device"]
@@ -446,3 +452,18 @@ class _DeviceRegistry:
   def __repr__(self) -> str: return f"<Device default={self.DEFAULT} opened={sorted(self._opened)}>"
 
 Device = _DeviceRegistry()
+
+# tinygrad's list of accelerator and CPU device names (kiln has runtimes for those in `Device.known()`)
+ALL_DEVICES = ["METAL", "AMD", "NV", "CUDA", "QCOM", "GPU", "CPU", "LLVM", "DSP", "WEBGPU"]
+
+def is_dtype_supported(dtype: DType, device: str | None = None) -> bool:
+  """Whether tensors of `dtype` work on `device` (default: `Device.DEFAULT`). Every kiln device computes every dtype
+  kiln has (bfloat16 and fp8 through float32 where the hardware lacks them), so this is False only for void and
+  pointer dtypes; an unknown device name is a ValueError.
+
+  >>> is_dtype_supported(dtypes.bfloat16), is_dtype_supported(dtypes.fp8e4m3, "PYTHON"), is_dtype_supported(dtypes.void)
+  (True, True, False)
+  """
+  base = Device.canonicalize(device if device is not None else Device.DEFAULT).partition(":")[0]
+  if base not in Device.known(): raise ValueError(f"is_dtype_supported: unknown device {device!r}; known: {Device.known()}")
+  return dtype in dtypes.all

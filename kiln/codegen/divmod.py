@@ -89,7 +89,9 @@ fast_division = PatternMatcher([
 ])
 
 def wants_fast_division(renderer) -> bool:
-  """Whether division by constants is rewritten for `renderer` (TRANSCENDENTAL=2, or a target without fast division)."""
-  from kiln.codegen.transcendental import TRANSCENDENTAL
+  """Whether division by constants is rewritten for `renderer` (TRANSCENDENTAL=2, or a target without fast division;
+  never with DISABLE_FAST_IDIV=1)."""
+  from kiln.helpers import DISABLE_FAST_IDIV, TRANSCENDENTAL
+  if DISABLE_FAST_IDIV: return False
   level = int(TRANSCENDENTAL.value)
   return level >= 2 or (level == 1 and not getattr(renderer, "has_fast_const_division", True))

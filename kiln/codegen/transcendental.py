@@ -36,12 +36,9 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 from kiln.dtype import DType, dtypes
-from kiln.helpers import ContextVar
+from kiln.helpers import TRANSCENDENTAL
 from kiln.uop.ops import UOp, Ops, toposort
 from kiln.uop.pattern import UPat, PatternMatcher, graph_rewrite
-
-TRANSCENDENTAL = ContextVar("TRANSCENDENTAL", 1, "software exp2/log2/sin and fast division by constants: 0: never; "
-                            "1: where the device lacks native versions; 2: everywhere (for testing)")
 
 # ---------------- small builders ----------------
 

@@ -15,7 +15,7 @@ A split reduction runs its fixed number of chunks, with a scratch buffer (owned 
 from __future__ import annotations
 import ctypes, functools
 from typing import Callable
-from kiln.helpers import DEBUG
+from kiln.helpers import DEBUG, JIT_BATCH_SIZE
 from kiln.device import Device, CompileError
 from kiln.engine.realize import ExecItem, CompiledRunner
 from kiln.runtime.threadpool import pool_for, thread_count
@@ -147,22 +147,24 @@ def plain_launch(item: ExecItem) -> Callable[[], None]:
 
 def batch_launches(items: list[ExecItem], swapped: set[tuple[int, int]]) -> list[Callable[[], None]]:
   """The launches of a replay as callables run in order: each run of two or more consecutive kernels that one
-  device's graph supports becomes one GraphRunner; anything else stays a plain launch. A graph that fails to build
+  device's graph supports becomes one GraphRunner (with JIT_BATCH_SIZE=n, the first holds at most n kernels, each
+  later one at most twice as many as the one before); anything else stays a plain launch. A graph that fails to build
   falls back to plain launches."""
   launches: list[Callable[[], None]] = []
-  start = 0
+  start, max_batch = 0, int(JIT_BATCH_SIZE.value)
   while start < len(items):
     graph = GRAPHS.get((_device_of(items[start]) or "").split(":")[0])
     end = start
     if graph is not None:
-      while end < len(items) and _device_of(items[end]) == _device_of(items[start]) and graph.supports(items[end]):
+      while end < len(items) and _device_of(items[end]) == _device_of(items[start]) and graph.supports(items[end]) \
+          and (max_batch <= 0 or end - start < max_batch):
         end += 1
     if end - start >= 2:
       batch = items[start:end]
       local = {(i - start, pos) for i, pos in swapped if start <= i < end}
       try:
         launches.append(graph(batch, local))
-        start = end
+        start, max_batch = end, max_batch * 2
         continue
       except (CompileError, OSError, AttributeError) as e:
         if DEBUG >= 1: print(f"TinyJit: no {graph.__name__} for {len(batch)} kernels ({e}); replaying them one by one")

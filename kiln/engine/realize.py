@@ -1,10 +1,10 @@
 """Turning schedule items into runnable programs and running them."""
 from __future__ import annotations
-import contextlib, functools, gc, os, time
+import contextlib, functools, gc, os, sys, time
 from dataclasses import dataclass
 from typing import Callable
 from kiln.uop.spec import check_lowered, check_linear
-from kiln.helpers import SPEC, NOOPT, DEBUG, VECTORIZE, GlobalCounters, fmt_time, colored, prod
+from kiln.helpers import SPEC, NOOPT, DEBUG, VECTORIZE, DISABLE_FAST_IDIV, GlobalCounters, fmt_time, colored, prod
 from kiln.device import CompilePipeline, Device, Buffer
 from kiln.renderer import kernel_signature
 from kiln.uop.ops import UOp, Ops, GroupOp
@@ -60,7 +60,7 @@ _runner_cache: dict[tuple, CompiledRunner] = {}
 
 def runner_key(device: str, ast: UOp, beam: int = 0) -> tuple:
   """The key of `ast`'s runner in `_runner_cache`: the kernel and the settings that change its code."""
-  return (device, ast, TRANSCENDENTAL.value, VECTORIZE.value, NOOPT.value, beam)
+  return (device, ast, TRANSCENDENTAL.value, VECTORIZE.value, NOOPT.value, beam, DISABLE_FAST_IDIV.value)
 
 def render_lowered(device: str, name: str, lowered: UOp) -> tuple[str, list[UOp]]:
   """The source code and linear uops of a lowered (and optimized) kernel: software math, linearize, render."""
@@ -256,5 +256,6 @@ def run_schedule(items: list[ScheduleItem], var_vals: dict | None = None) -> Non
     if debug >= 2:
       t = elapsed or 1e-9
       where = f"  {', '.join(item.metadata[:3])}" if item.metadata else ""
-      print(f"*** {device:7s} {GlobalCounters.kernel_count:4d} {colored(runner.name, 'cyan'):30s} {fmt_time(t)} "
+      name = colored(runner.name, "cyan" if sys.stdout.isatty() else None)   # no color codes in logs and pipes
+      print(f"*** {device:7s} {GlobalCounters.kernel_count:4d} {name:30s} {fmt_time(t)} "
             f"{runner.ops / t / 1e9:9.2f} GFLOP/s {mem / t / 1e9:8.2f} GB/s{where}")

@@ -8,10 +8,7 @@ from __future__ import annotations
 import itertools
 from kiln.tensor import Tensor
 from kiln.dtype import DType, dtypes, least_upper_dtype
-from kiln.helpers import ContextVar
-
-FUSE_OPTIM = ContextVar("FUSE_OPTIM", 0, "1: optimizers default to fused=True (all parameters updated as one flat "
-                                         "vector: fewer kernels per step)")
+from kiln.helpers import FUSE_OPTIM
 
 def _unique(tensors: list[Tensor]) -> list[Tensor]:
   """Drop repeated tensors, by identity (Tensor's == is elementwise, so it can't be used to compare them)."""

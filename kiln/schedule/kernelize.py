@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from kiln.dtype import dtypes
 from kiln.device import Buffer, Device
-from kiln.helpers import SPEC, ContextVar
+from kiln.helpers import NO_MEMORY_PLANNER, SPEC, ContextVar
 from kiln.uop.spec import check_tensor_graph
 from kiln.schedule.memory import plan_memory
 from kiln.uop import ops as _ops
@@ -373,7 +373,7 @@ def create_schedule(roots: list[UOp], use_cache: bool = True) -> Schedule:
   ordered = _order(items)
   root_set = set(roots)
   intermediates = {id(buffer_of[n].buffer) for n in outputs if n not in root_set and n.op is not Ops.ASSIGN}
-  plan_memory(ordered, intermediates)
+  if not NO_MEMORY_PLANNER: plan_memory(ordered, intermediates)
   result_map = {orig: _result_node(r, buffer_of) for orig, r in zip(original_roots, roots)}
   inputs = list({id(n.buffer): n.buffer for n in nodes if n.op is Ops.BUFFER}.values())
   overwritten = [buffer_of[n].buffer for n in outputs if n.op is Ops.ASSIGN]

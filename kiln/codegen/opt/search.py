@@ -14,13 +14,11 @@ from __future__ import annotations
 import hashlib, json, os, sqlite3, time
 from typing import Callable, Sequence
 import numpy as np
-from kiln.helpers import CACHELEVEL, DEBUG, ContextVar, kernel_cache_dir
+from kiln.helpers import BEAM, CACHELEVEL, DEBUG, IGNORE_BEAM_CACHE, ContextVar, kernel_cache_dir
 from kiln.uop.ops import UOp, toposort
 from kiln.codegen.opt.kernel import Kernel, Opt, OptOps, KernelOptError
 from kiln.codegen.opt.heuristic import heuristic_opts
 
-BEAM = ContextVar("BEAM", 0, "n>=1: choose each kernel's optimizations by an n-wide search, timed on the device and "
-                  "cached on disk (docs/beam.md)")
 BEAM_TIMEOUT = ContextVar("BEAM_TIMEOUT", 60.0, "seconds one kernel's BEAM search may take before it keeps the best "
                           "kernel found so far")
 
@@ -45,7 +43,7 @@ def _database() -> sqlite3.Connection:
 
 def cache_get(key: str) -> list[Opt] | None:
   """The cached winning actions for `key`, or None."""
-  if CACHELEVEL < 1: return None
+  if CACHELEVEL < 1 or IGNORE_BEAM_CACHE: return None
   with _database() as db: row = db.execute("SELECT opts FROM beam WHERE key = ?", (key,)).fetchone()
   if row is None: return None
   return [Opt(OptOps(op), axis, arg) for op, axis, arg in json.loads(row[0])]
