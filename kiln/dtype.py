@@ -1,7 +1,8 @@
 """Data types: DType, the `dtypes` namespace, promotion and safe casts."""
 from __future__ import annotations
 from dataclasses import dataclass
-import math
+import enum, math, struct
+from typing import Callable
 
 @dataclass(frozen=True, eq=False)
 class DType:
@@ -10,29 +11,57 @@ class DType:
   A scalar dtype has `count` 1 and is its own `scalar`. `dt.vec(n)` is the dtype of `n` lanes of `dt` (made by the
   CPU vectorizer, kiln/codegen/vectorize.py, for kernel code only; tensors never have one); it is cached, so vector
   dtypes compare by identity too. The classifiers (`dtypes.is_float`, ...) answer for scalar dtypes only.
+  `dt.ptr(size)` describes a pointer to `dt` elements (tinygrad's PtrDType, for introspection).
+
+  `scalar` is a property; tinygrad has a method, so calling a DType returns it and `dt.scalar()` works too.
 
   >>> dtypes.float32.vec(8), dtypes.float32.vec(8) is dtypes.float32.vec(8), dtypes.float32.vec(8).scalar
   (dtypes.float.vec(8), True, dtypes.float)
+  >>> dtypes.half.vec(4).scalar(), dtypes.half.vec(4).vcount, dtypes.int8.ptr(16).nbytes()
+  (dtypes.half, 4, 16)
   """
   priority: int
   itemsize: int
   name: str
   fmt: str | None
   count: int = 1
-  base: DType | None = None   # the lane dtype of a vector dtype; None for a scalar
-  # every DType is a singleton (module level, or cached by `vec`): equality is identity (fast), and unpickling
+  _scalar: DType | None = None   # the lane dtype of a vector dtype; None for a scalar
+  # every DType is a singleton (module level, or cached by `vec`/`ptr`): equality is identity (fast), and unpickling
   # returns the singleton
-  def __repr__(self) -> str: return f"dtypes.{self.name}" if self.base is None else f"{self.base!r}.vec({self.count})"
+  def __repr__(self) -> str:
+    return f"dtypes.{self.name}" if self._scalar is None else f"{self._scalar!r}.vec({self.count})"
   def __reduce__(self):
-    if self.base is not None: return _vector_dtype, (self.base.name, self.count)
+    if self._scalar is not None: return _vector_dtype, (self._scalar.name, self.count)
     return _dtype_by_name, (self.name,)
+  def __call__(self) -> DType: return self
+  @staticmethod
+  def new(priority: int, itemsize: int, name: str, fmt: str | None) -> DType:
+    """A new scalar DType (not one of `dtypes`'; it equals only itself)."""
+    return DType(priority, itemsize, name, fmt, 1, None)
   @property
   def scalar(self) -> DType:
     """The dtype of one lane (the dtype itself for a scalar)."""
-    return self if self.base is None else self.base
+    return self if self._scalar is None else self._scalar
+  @property
+  def base(self) -> DType:
+    """What the dtype is made of: itself (a PtrDType's is the element dtype)."""
+    return self
+  @property
+  def vcount(self) -> int:
+    """The number of lanes (1 for a scalar)."""
+    return self.count
+  def nbytes(self) -> int:
+    """Only a pointer dtype has a size in bytes: a RuntimeError here."""
+    raise RuntimeError(f"{self!r} is not a pointer dtype: only ptr types have nbytes")
+  def ptr(self, size: int = -1, addrspace: AddrSpace | None = None) -> PtrDType:
+    """The dtype of a pointer to `size` elements of this dtype (-1: unknown size) in `addrspace` (default GLOBAL)."""
+    key = (self, size, addrspace or AddrSpace.GLOBAL)
+    if key not in _PTR_DTYPES:
+      _PTR_DTYPES[key] = PtrDType(self.priority, self.itemsize, self.name, self.fmt, self.count, None, self, key[2], 1, size)
+    return _PTR_DTYPES[key]
   def vec(self, count: int) -> DType:
     """The dtype of `count` lanes of this scalar dtype (the dtype itself for 1)."""
-    if self.base is not None: raise TypeError(f"vec: {self!r} is already a vector dtype")
+    if self._scalar is not None: raise TypeError(f"vec: {self!r} is already a vector dtype")
     if not isinstance(count, int) or count < 1: raise ValueError(f"vec: lane count must be an int >= 1, got {count!r}")
     if self.itemsize == 0: raise TypeError(f"vec: {self!r} has no size and cannot have lanes")
     if count == 1: return self
@@ -53,6 +82,49 @@ class DType:
   def max(self):
     """The largest value of this dtype (as `dtypes.max`)."""
     return dtypes.max(self)
+
+class AddrSpace(enum.Enum):
+  """Where a pointer points: device memory, a block's shared memory, registers."""
+  GLOBAL = enum.auto()
+  LOCAL = enum.auto()
+  REG = enum.auto()
+
+@dataclass(frozen=True, eq=False)
+class PtrDType(DType):
+  """A pointer to elements of `_base` (made by `DType.ptr`), in memory `addrspace`, `size` elements long (-1: unknown).
+
+  >>> dtypes.float32.ptr(8), dtypes.float32.ptr(8).base, dtypes.float32.ptr(8).nbytes()
+  (dtypes.float.ptr(8), dtypes.float, 32)
+  """
+  _base: DType = None  # type: ignore[assignment]
+  addrspace: AddrSpace = AddrSpace.GLOBAL
+  v: int = 1
+  size: int = -1
+  def __repr__(self) -> str:
+    space = "" if self.addrspace is AddrSpace.GLOBAL else f", {self.addrspace}"
+    return f"{self._base!r}.ptr({self.size}{space})"
+  def __reduce__(self): return _pointer_dtype, (self._base, self.size, self.addrspace)
+  @property
+  def base(self) -> DType:
+    """The element dtype."""
+    return self._base
+  @property
+  def vcount(self) -> int:
+    """The number of pointer lanes (1)."""
+    return self.v
+  def nbytes(self) -> int:
+    """The size of the memory pointed to in bytes (0 when the size is unknown)."""
+    return 0 if self.size == -1 else self.size * self.itemsize
+  def ptr(self, size: int = -1, addrspace: AddrSpace | None = None) -> PtrDType:
+    """A RuntimeError: there are no pointers to pointers."""
+    raise RuntimeError(f"ptr: {self!r} is a pointer already; there are no pointers to pointers")
+  def vec(self, count: int) -> DType:
+    """A TypeError: kiln has no vectors of pointers."""
+    raise TypeError(f"vec: kiln has no vectors of pointers ({self!r})")
+
+_PTR_DTYPES: dict[tuple, PtrDType] = {}
+
+def _pointer_dtype(base: DType, size: int, addrspace: AddrSpace) -> PtrDType: return base.ptr(size, addrspace)
 
 class dtypes:
   """The namespace of all dtypes, with classification helpers."""
@@ -233,7 +305,7 @@ def from_numpy_dtype(npdt) -> DType:
     if npdt.name == name: return dt
   raise TypeError(f"numpy dtype {npdt} has no kiln equivalent")
 
-def truncate(dt: DType, x):
+def _truncate(dt: DType, x):
   """Round a Python scalar to what `dt` can hold (wrap ints, round floats), as the device would."""
   import numpy as np
   if dt == dtypes.bool: return bool(x)
@@ -247,6 +319,21 @@ def truncate(dt: DType, x):
     bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000 if not math.isnan(x) else 0x7FC00000
     return float(np.array(bits, np.uint32).view(np.float32))
   with np.errstate(all="ignore"): return float(to_numpy_dtype(dt).type(x))
+
+class _Truncate:
+  """`truncate(dt, x)`: `x` rounded to what `dt` holds, as kiln's devices round a cast (ints wrap, floats round to
+  nearest even). `truncate[dt]` is the same as a one-argument function, as tinygrad's dict of them is indexed.
+
+  >>> truncate(dtypes.int8, 130), truncate[dtypes.uint8](-1), truncate[dtypes.float16](1/3)
+  (-126, 255, 0.333251953125)
+  """
+  def __call__(self, dt: DType, x): return _truncate(dt, x)
+  def __getitem__(self, dt: DType) -> Callable:
+    if dt not in DTYPES_BY_NAME.values(): raise KeyError(dt)
+    return lambda x: _truncate(dt, x)
+  def __contains__(self, dt: DType) -> bool: return dt in DTYPES_BY_NAME.values()
+
+truncate = _Truncate()
 
 # ---------------- fp8 ----------------
 # Conversions to fp8 round to nearest, ties to even, and saturate: a finite value beyond the largest becomes +-max, as
@@ -302,3 +389,76 @@ def fp8_to_float32(bits, dt: DType):
   """A numpy array of fp8 bit patterns (uint8) as the float32 values they stand for."""
   import numpy as np
   return np.array(FP8_VALUES[dt], np.float32)[np.asarray(bits, np.uint8)]
+
+# ---------------- tinygrad's names ----------------
+
+DTYPES_DICT: dict[str, DType] = DTYPES_BY_NAME   # every dtype by name, aliases included
+INVERSE_DTYPES_DICT: dict[str, str] = {**{dt.name: key for key, dt in DTYPES_DICT.items()}, "void": "void"}
+promo_lattice: dict[DType, tuple[DType, ...]] = _PARENTS   # each dtype -> the dtypes it promotes to directly
+env_default_float: str = ""   # tinygrad's DEFAULT_FLOAT environment variable; kiln sets dtypes.default_float in code
+
+def least_upper_float(dt: DType) -> DType:
+  """`dt` if it is a float dtype, else the float it promotes to together with dtypes.default_float."""
+  return dt if dtypes.is_float(dt) else least_upper_dtype(dt, dtypes.default_float)
+
+_SAFE_CASTS: dict[DType, tuple[DType, ...]] = {
+  dtypes.float64: (dtypes.float32, dtypes.float16, dtypes.bfloat16), dtypes.float32: (dtypes.float16, dtypes.bfloat16),
+  dtypes.uint64: (dtypes.uint32, dtypes.uint16, dtypes.uint8), dtypes.uint32: (dtypes.uint16, dtypes.uint8),
+  dtypes.int64: (dtypes.uint32, dtypes.uint16, dtypes.uint8, dtypes.int32, dtypes.int16, dtypes.int8),
+  dtypes.int32: (dtypes.uint16, dtypes.uint8, dtypes.int16, dtypes.int8), dtypes.int16: (dtypes.uint8, dtypes.int8)}
+
+def can_safe_cast(dt0: DType, dt1: DType) -> bool:
+  """Whether every value of `dt0` survives a cast to `dt1` (as tinygrad's table; bool casts safely to anything).
+
+  >>> can_safe_cast(dtypes.uint8, dtypes.int16), can_safe_cast(dtypes.int32, dtypes.float32)
+  (True, False)
+  """
+  return dt0 == dt1 or dt0 == dtypes.bool or dt0 in _SAFE_CASTS.get(dt1, ())
+
+def truncate_fp16(x) -> float:
+  """`x` rounded to float16 (to nearest even); beyond float16's range it becomes +-inf."""
+  try: return struct.unpack("e", struct.pack("e", float(x)))[0]
+  except OverflowError: return math.copysign(math.inf, x)
+
+def truncate_bf16(x) -> float:
+  """`x` as bfloat16 the way tinygrad's helper does it: float32 bits with the low 16 cut off (toward zero, no
+  rounding); beyond bfloat16's largest value it becomes +-inf. (kiln's devices round: see `truncate`.)"""
+  if abs(x) > _BF16_MAX: return math.copysign(math.inf, x)
+  bits = struct.unpack("I", struct.pack("f", x))[0]
+  return struct.unpack("f", struct.pack("I", bits & 0xFFFF0000))[0]
+
+_BF16_MAX = struct.unpack("f", struct.pack("I", 0x7F7F0000))[0]
+
+def float_to_fp8(x: float, dtype: DType) -> int:
+  """The fp8 bit pattern (an int 0..255) of `x`: round to nearest even, saturating to +-max (inf too, as tinygrad)."""
+  if dtype not in FP8_FORMATS: raise ValueError(f"float_to_fp8: {dtype!r} is not an fp8 dtype ({dtypes.fp8s})")
+  if math.isinf(x): return (0x80 if x < 0 else 0) | FP8_FORMATS[dtype].max_code
+  return fp8_bits(float(x), dtype)
+
+def fp8_to_float(x: int, dtype: DType) -> float:
+  """The value of the fp8 bit pattern `x` (an int 0..255)."""
+  if dtype not in FP8_FORMATS: raise ValueError(f"fp8_to_float: {dtype!r} is not an fp8 dtype ({dtypes.fp8s})")
+  return FP8_VALUES[dtype][x & 0xFF]
+
+def _to_np_dtype(dtype: DType) -> type | None:
+  """The numpy scalar type of `dtype` (np.float32, ...), None for dtypes numpy lacks (bfloat16, fp8)."""
+  import numpy as np
+  return np.dtype(dtype.fmt).type if dtype.fmt is not None else None
+
+def _from_np_dtype(npdtype) -> DType:
+  """The dtype of a numpy dtype (or scalar type)."""
+  import numpy as np
+  return DTYPES_DICT[np.dtype(npdtype).name]
+
+def _to_torch_dtype(dtype: DType):
+  """The torch dtype of `dtype` (None where torch has none)."""
+  import torch
+  names = {dtypes.fp8e4m3: "float8_e4m3fn", dtypes.fp8e5m2: "float8_e5m2", dtypes.bfloat16: "bfloat16",
+           **{dt: name for dt, name in _NP_NAMES.items()}}
+  return getattr(torch, names[dtype], None) if dtype in names else None
+
+def _from_torch_dtype(torchdtype) -> DType:
+  """The dtype of a torch dtype; a KeyError if kiln has none."""
+  for dt in dtypes.all:
+    if _to_torch_dtype(dt) == torchdtype: return dt
+  raise KeyError(torchdtype)

@@ -9,7 +9,10 @@ from kiln.helpers import prod, user_frame_location, TRACEBACK_SOURCE, _KILN_DIR
 from kiln.uop.ops import UOp, Ops, GroupOp, toposort, const_value
 from kiln.uop.pattern import substitute
 from kiln.uop.sint import ssimplify, sint_eq, sint_min, sint_max, sint_str, ssub, is_symbolic_shape, sint_value, sprod
-from kiln.device import Buffer
+from kiln.device import Buffer, Device  # noqa: F401  (Device, _to_np_dtype, fetch, Variable: tinygrad.tensor has them)
+from kiln.dtype import _to_np_dtype, _from_np_dtype  # noqa: F401
+from kiln.helpers import fetch  # noqa: F401
+from kiln.uop.ops import Variable  # noqa: F401
 from kiln.gradient import compute_gradient, gradient_graph
 from kiln.schedule.kernelize import create_schedule, is_contiguous_buffer
 from kiln.engine.realize import run_schedule, capturing as _jit_calls
