@@ -129,9 +129,15 @@ def dequantize_blocks(blocks: Tensor, ggml_type: int) -> Tensor:
   return _DEQUANTIZERS[ggml_type](blocks)
 
 def ggml_data_to_tensor(t: Tensor, n: int, ggml_type: int) -> Tensor:
-  """The first `n` values stored as `ggml_type` at the start of the 1-d uint8 tensor `t`, as a flat (n,) Tensor.
+  """The first `n` values stored as `ggml_type` at the start of the 1-d uint8 tensor `t` (tinygrad's helper).
 
-  (tinygrad's name; tinygrad returns quantized types as (n // block_size, block_size), kiln always flat.)
+  Plain types (F32, F16, BF16, I8...) give a flat (n,) Tensor of their dtype; quantized types give float32 in
+  blocks, shaped (n // block_size, block_size), as tinygrad returns them (reshape to the tensor's shape).
+
+  >>> import numpy as np
+  >>> block = np.concatenate([np.array([0.5], np.float16).view(np.uint8), np.arange(32, dtype=np.int8).view(np.uint8)])
+  >>> ggml_data_to_tensor(Tensor(block), 32, 8).shape   # Q8_0: one block of 32
+  (1, 32)
   """
   kind = _ggml_type(ggml_type, "ggml_data_to_tensor")
   if n % kind.block_size:
@@ -140,7 +146,8 @@ def ggml_data_to_tensor(t: Tensor, n: int, ggml_type: int) -> Tensor:
   if t.ndim != 1 or t.dtype != dtypes.uint8 or t.shape[0] < nbytes:
     raise ValueError(f"ggml_data_to_tensor: {n} {kind.name} values need a 1-d uint8 tensor of at least {nbytes} "
                      f"bytes, got {t.dtype} {tuple(t.shape)}")
-  return dequantize_blocks(t[:nbytes].reshape(n // kind.block_size, kind.block_bytes), ggml_type).reshape(n)
+  values = dequantize_blocks(t[:nbytes].reshape(n // kind.block_size, kind.block_bytes), ggml_type)
+  return values.reshape(n) if kind.block_size == 1 else values
 
 # ---------------- the file ----------------
 

@@ -1,11 +1,12 @@
 """Model state: find a model's Tensors by attribute path ("l1.weight"), load new values into them, and read and
-write weight files: safetensors (`safe_load`, `safe_save`) and PyTorch checkpoints (`torch_load`).
+write weight files: safetensors (`safe_load`, `safe_save`), PyTorch checkpoints (`torch_load`), tar archives
+(`tar_extract`) and GGUF (`gguf_load`, kiln/nn/gguf.py).
 
 Loaded tensors are views of the file on the DISK device: nothing is read until a tensor is used, and then only its
 bytes (see docs/state.md).
 """
 from __future__ import annotations
-import builtins, io, json, os, pathlib, pickle, struct, time, types, weakref, zipfile
+import builtins, io, json, os, pathlib, pickle, struct, tarfile, time, types, weakref, zipfile
 from collections import OrderedDict
 from typing import Any
 from kiln.tensor import Tensor
@@ -31,26 +32,28 @@ def _remember_key(t: Tensor, key: str) -> None:
     if _state_dict_keys.get(ident, (None,))[0] is ref: del _state_dict_keys[ident]   # not a newer tensor's entry
   _state_dict_keys[ident] = (weakref.ref(t, forget), key)
 
-def get_state_dict(obj: Any, prefix: str = "") -> dict[str, Tensor]:
-  """Every Tensor reachable from `obj` through attributes, lists, tuples and dicts, keyed by its path.
+def get_state_dict(obj: Any, prefix: str = "", tensor_type: type = Tensor) -> dict[str, Tensor]:
+  """Every `tensor_type` instance reachable from `obj` through attributes, lists, tuples, dicts (OrderedDict and
+  other dict subclasses too) and namedtuples, keyed by its path (`obj` may be a Tensor itself: its key is `prefix`).
 
   Keys join attribute names, list indices and dict keys with dots: a model with `self.layers = [Linear(2, 3)]` gives
-  `{"layers.0.weight": ..., "layers.0.bias": ...}`. A Tensor reachable by two paths gets both keys; any other object
-  is walked once, at its first path, so reference cycles are safe.
+  `{"layers.0.weight": ..., "layers.0.bias": ...}`. A Tensor or a layer reachable by two paths (tied weights, a
+  shared block) gets both keys, as in tinygrad; a reference cycle is followed once (an object is not walked again
+  inside itself).
   """
   state: dict[str, Tensor] = {}
-  visited: set[int] = set()
-  # explicit stack instead of recursion: deeply nested models don't hit the recursion limit
-  stack: list[tuple[Any, str]] = [(obj, prefix)]
+  # explicit stack instead of recursion: deeply nested models don't hit the recursion limit. Each entry carries the
+  # ids of the objects it lies inside, to stop at a cycle without skipping an object shared by two paths
+  stack: list[tuple[Any, str, frozenset[int]]] = [(obj, prefix, frozenset())]
   while stack:
-    node, path = stack.pop()
-    if isinstance(node, Tensor):
+    node, path, inside = stack.pop()
+    if isinstance(node, tensor_type):
       key = path.strip(".")
       if state.setdefault(key, node) is node and key: _remember_key(node, key)
       continue
-    if id(node) in visited or isinstance(node, (str, bytes, int, float, bool, type, types.ModuleType)) or node is None:
+    if id(node) in inside or isinstance(node, (str, bytes, int, float, bool, type, types.ModuleType)) or node is None:
       continue
-    visited.add(id(node))
+    inside = inside | {id(node)}
     children: list[tuple[Any, str]] = []
     if hasattr(node, "_asdict"):  # namedtuple
       children = [(value, f"{path}{key}.") for key, value in node._asdict().items()]
@@ -61,11 +64,12 @@ def get_state_dict(obj: Any, prefix: str = "") -> dict[str, Tensor]:
     elif isinstance(getattr(node, "__dict__", None), dict):
       children = [(value, f"{path}{key}.") for key, value in node.__dict__.items()]
     # pushed in reverse so the stack pops them in declaration order
-    stack.extend(reversed(children))
+    stack.extend((child, child_path, inside) for child, child_path in reversed(children))
   return state
 
 def get_parameters(obj: Any) -> list[Tensor]:
-  """The distinct Tensors of `get_state_dict(obj)`, in the same order (the list to hand to an optimizer)."""
+  """The distinct Tensors of `get_state_dict(obj)`, in the same order (the list to hand to an optimizer; a tied
+  weight is listed once, where tinygrad lists it once per path)."""
   by_id: dict[int, Tensor] = {}
   for t in get_state_dict(obj).values(): by_id.setdefault(id(t), t)
   return list(by_id.values())
@@ -178,6 +182,26 @@ class TensorIO(io.RawIOBase):
     out[:len(chunk)] = chunk
     self._position += len(chunk)
     return len(chunk)
+
+# ---------------- tar ----------------
+
+def tar_extract(fn: Tensor | str | os.PathLike) -> dict[str, Tensor]:
+  """The regular files of a tar archive (a path or a 1-d uint8 Tensor), as name -> uint8 Tensor of the file's bytes.
+
+  Each tensor is a slice of the archive's tensor (a lazy DISK view for a path): nothing is copied until it is used.
+  Uncompressed archives only, as torch's legacy checkpoints are; the names are those the archive stores.
+  """
+  t = _file_tensor(fn, "tar_extract")
+  try:
+    with tarfile.open(fileobj=TensorIO(t), mode="r:") as archive:
+      members = [m for m in archive.getmembers() if m.isfile()]
+  except (tarfile.TarError, EOFError, ValueError) as e:
+    raise ValueError(f"tar_extract: {_name(t)} is not an uncompressed tar archive ({e})") from None
+  for m in members:
+    if m.offset_data + m.size > t.shape[0]:
+      raise ValueError(f"tar_extract: {_name(t)}: {m.name!r} ({m.size} bytes at offset {m.offset_data}) is truncated: "
+                       f"the archive has {t.shape[0]} bytes")
+  return {m.name: t[m.offset_data:m.offset_data + m.size] for m in members}
 
 # ---------------- safetensors ----------------
 
@@ -403,8 +427,9 @@ def _tensor_from_bytes(raw, dtype: DType, shape: tuple[int, ...], device: str) -
 def torch_load(fn: Tensor | str | os.PathLike) -> Any:
   """The object a `torch.save` file holds (usually a dict of name -> Tensor), read without importing torch.
 
-  Both formats are read: the zip archive (`archive/data.pkl` and one `archive/data/<key>` file per storage) and the
-  legacy pickle stream (`_use_new_zipfile_serialization=False`). Contiguous tensors are lazy views of the file on the
+  Every format torch.load reads: the zip archive (`archive/data.pkl` and one `archive/data/<key>` file per storage),
+  the legacy pickle stream (`_use_new_zipfile_serialization=False`) and the oldest one, a tar archive of `storages`,
+  `tensors` and `pickle` (read with `tar_extract`). Contiguous tensors are lazy views of the file on the
   DISK device; non-contiguous ones are rebuilt on the default device. Tensors that share a storage share its bytes.
   Only containers, numbers, strings and tensors are rebuilt: other objects in the pickle become inert placeholders.
   A corrupted or truncated file raises ValueError naming the file and what is wrong.
@@ -412,6 +437,7 @@ def torch_load(fn: Tensor | str | os.PathLike) -> Any:
   t = _file_tensor(fn, "torch_load")
   where = _name(t)
   if t.shape[0] >= 4 and t[0:4].numpy().tobytes() == b"PK\x03\x04": return _load_zip(t, where)
+  if t.shape[0] >= 263 and t[257:262].numpy().tobytes() == b"ustar": return _load_tar(t, where)
   return _load_legacy(t, where)
 
 def _finish(unpickler: _TorchUnpickler, result: Any, where: str) -> Any:
@@ -468,6 +494,58 @@ def _zip_member(t: Tensor, archive: zipfile.ZipFile, name: str, dtype: DType, wh
     raise ValueError(f"torch_load: {where}: storage {name!r} ({info.file_size} bytes at offset {start}) is truncated: "
                      f"the file has {t.shape[0]} bytes")
   return _bytes_as(t[start:start + info.file_size], dtype, (info.file_size // dtype.itemsize,))
+
+class _TarUnpickler(_TorchUnpickler):
+  """The tar format's main pickle: a persistent id is the key of a tensor the `tensors` member describes."""
+  def __init__(self, file, tensors: dict[str, Tensor], where: str):
+    super().__init__(file, None, where)
+    self._tensors = tensors
+  def persistent_load(self, pid: Any) -> Any:
+    if isinstance(pid, tuple): return pid[0]   # (module, source file, source): a container, saved with its source
+    if str(pid) not in self._tensors: raise ValueError(f"torch_load: {self._where}: unknown tensor key {pid!r}")
+    return self._tensors[str(pid)]
+
+def _read_tar_storages(data: Tensor, where: str) -> dict[str, Tensor]:
+  """The `storages` member: a count, then per storage a pickled (key, location, storage class), an int64 element
+  count and the bytes; then a pickled list of (view key, root key, offset, numel) views into them."""
+  f, storages = TensorIO(data), {}
+  for _ in range(pickle.load(f)):
+    key, _location, dtype = _TorchUnpickler(f, None, where).load()
+    if not isinstance(dtype, DType): raise ValueError(f"torch_load: {where}: storage {key} has a type kiln cannot read")
+    numel = struct.unpack("<q", f.read(8))[0]
+    start, nbytes = f.tell(), numel * dtype.itemsize
+    if numel < 0 or start + nbytes > data.shape[0]:
+      raise ValueError(f"torch_load: {where}: storage {key} ({nbytes} bytes at offset {start}) is truncated")
+    storages[str(key)] = _bytes_as(data[start:start + nbytes], dtype, (numel,))
+    f.seek(start + nbytes)
+  for view_key, root_key, offset, numel in pickle.load(f):
+    storages[str(view_key)] = storages[str(root_key)][offset:offset + numel]
+  return storages
+
+def _read_tar_tensors(data: Tensor, storages: dict[str, Tensor], where: str) -> dict[str, Tensor]:
+  """The `tensors` member: a count, then per tensor a pickled (key, storage key, tensor class), an int32 ndim (in 8
+  bytes), int64 sizes, strides and storage offset."""
+  f, tensors = TensorIO(data), {}
+  for _ in range(pickle.load(f)):
+    key, storage_key, _tensor_class = _TorchUnpickler(f, None, where).load()
+    ndim = struct.unpack("<i", f.read(8)[:4])[0]
+    size, stride = struct.unpack(f"<{ndim}q", f.read(8 * ndim)), struct.unpack(f"<{ndim}q", f.read(8 * ndim))
+    offset = struct.unpack("<q", f.read(8))[0]
+    if str(storage_key) not in storages: raise ValueError(f"torch_load: {where}: unknown storage {storage_key!r}")
+    tensors[str(key)] = _tensor_from_storage(storages[str(storage_key)], offset, size, stride, str(storage_key), where)
+  return tensors
+
+def _load_tar(t: Tensor, where: str) -> Any:
+  members = tar_extract(t)
+  missing = [name for name in ("storages", "tensors", "pickle") if name not in members]
+  if missing: raise ValueError(f"torch_load: {where}: a tar checkpoint needs members {missing} it does not have")
+  try:
+    tensors = _read_tar_tensors(members["tensors"], _read_tar_storages(members["storages"], where), where)
+    return _TarUnpickler(TensorIO(members["pickle"]), tensors, where).load()
+  except ValueError: raise
+  except (pickle.UnpicklingError, EOFError, AttributeError, IndexError, TypeError, KeyError, struct.error,
+          UnicodeDecodeError, OverflowError) as e:
+    raise ValueError(f"torch_load: {where} is not a valid tar checkpoint ({type(e).__name__}: {e})") from None
 
 def _load_legacy(t: Tensor, where: str) -> Any:
   f = TensorIO(t)

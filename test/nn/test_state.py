@@ -215,3 +215,114 @@ def test_corrupted_torch_files_raise(tmp_path):
   legacy = _saved(tmp_path, legacy=True)
   path.write_bytes(legacy[:-40])
   with pytest.raises(ValueError, match=r"bad\.pt.*storage \d+ .* truncated"): torch_load(path)
+
+# ---------------- tar archives and torch's oldest (tar) checkpoint format ----------------
+
+def _tar_bytes(files: dict[str, bytes], with_dir: bool = True) -> bytes:
+  import tarfile
+  buf = io.BytesIO()
+  with tarfile.open(fileobj=buf, mode="w") as tar:
+    if with_dir:
+      folder = tarfile.TarInfo("folder")
+      folder.type = tarfile.DIRTYPE
+      tar.addfile(folder)
+    for name, data in files.items():
+      info = tarfile.TarInfo(name)
+      info.size = len(data)
+      tar.addfile(info, io.BytesIO(data))
+  return buf.getvalue()
+
+def test_tar_extract_from_a_path_and_a_tensor(tmp_path):
+  from kiln.nn.state import tar_extract
+  files = {"a.txt": b"hello", "folder/b.bin": bytes(range(200)), "empty": b""}
+  path = tmp_path / "archive.tar"
+  path.write_bytes(_tar_bytes(files))
+  for source in (path, str(path), Tensor(path), Tensor(path.read_bytes())):
+    got = tar_extract(source)
+    assert list(got) == list(files), "regular files only (no directory), in archive order"
+    for name, data in files.items():
+      assert got[name].dtype == dtypes.uint8 and got[name].shape == (len(data),)
+      assert got[name].numpy().tobytes() == data, name
+  assert tar_extract(path)["a.txt"].device.startswith("DISK"), "a path's members are lazy views of the file"
+  path.write_bytes(b"not a tar archive" * 40)
+  with pytest.raises(ValueError, match=r"tar_extract: .*archive\.tar.*not an uncompressed tar"): tar_extract(path)
+
+class _Ref:
+  """A tensor of a hand-written tar checkpoint, pickled as its key (a persistent id)."""
+  def __init__(self, key: int): self.key = key
+
+def _write_tar_checkpoint(path: pathlib.Path) -> dict[str, torch.Tensor]:
+  """A checkpoint in torch's tar format (what torch.load's legacy_load reads), written member by member: a storage
+  with a view into it, a transposed tensor and a 0-d one. Returns the tensors it describes."""
+  import pickle, tarfile
+  base = torch.arange(12, dtype=torch.float32)
+  storages = io.BytesIO()
+  pickle.dump(2, storages, protocol=2)
+  for key, values in (("s1", base), ("s2", torch.tensor([7, 8, 9], dtype=torch.int64))):
+    pickle.dump((key, "cpu", torch.FloatStorage if values.dtype == torch.float32 else torch.LongStorage), storages,
+                protocol=2)
+    storages.write(struct.pack("<q", values.numel()) + values.numpy().tobytes())
+  pickle.dump([("view", "s1", 4, 8)], storages, protocol=2)   # elements 4..11 of s1
+  layout = {1: ("s1", (3, 4), (4, 1), 0), 2: ("view", (2, 3), (1, 2), 1), 3: ("s2", (), (), 2), 4: ("s2", (2,), (1,), 0)}
+  tensors = io.BytesIO()
+  pickle.dump(len(layout), tensors, protocol=2)
+  for key, (storage, size, stride, offset) in layout.items():
+    pickle.dump((key, storage, torch.FloatTensor), tensors, protocol=2)
+    tensors.write(struct.pack("<i", len(size)) + b"\0" * 4 + struct.pack(f"<{len(size)}q", *size)
+                  + struct.pack(f"<{len(size)}q", *stride) + struct.pack("<q", offset))
+  class RefPickler(pickle.Pickler):
+    def persistent_id(self, obj): return obj.key if isinstance(obj, _Ref) else None
+  main = io.BytesIO()
+  RefPickler(main, protocol=2).dump({"weight": _Ref(1), "strided": _Ref(2), "nested": [_Ref(3), {"ints": _Ref(4)}]})
+  with open(path, "wb") as f: f.write(_tar_bytes({"sys_info": b"", "pickle": main.getvalue(),
+                                                    "storages": storages.getvalue(), "tensors": tensors.getvalue()},
+                                                   with_dir=False))
+  return {"weight": base.reshape(3, 4), "strided": base.as_strided((2, 3), (1, 2), 4 + 1),
+          "scalar": torch.tensor(9), "ints": torch.tensor([7, 8])}
+
+def test_torch_load_reads_the_tar_format(tmp_path):
+  path = tmp_path / "old.pt"
+  expected = _write_tar_checkpoint(path)
+  want = torch.load(path, weights_only=False)   # torch reads the hand-written file: it is the real format
+  for name in ("weight", "strided"): torch.testing.assert_close(want[name], expected[name])
+  got = torch_load(path)
+  _same(got["weight"], want["weight"], "weight")
+  _same(got["strided"], want["strided"], "strided (a transposed view of a storage view)")
+  _same(got["nested"][0], want["nested"][0], "0-d")
+  _same(got["nested"][1]["ints"], want["nested"][1]["ints"], "ints")
+  assert got["weight"].device.startswith("DISK"), "a contiguous tensor stays a lazy view of the file"
+
+# ---------------- get_state_dict on every container tinygrad walks ----------------
+
+def test_get_state_dict_walks_every_container_shape():
+  import collections, dataclasses
+  from kiln.nn.state import get_parameters
+  Pair = collections.namedtuple("Pair", "left right")
+  @dataclasses.dataclass
+  class Block:
+    scale: Tensor
+    extra: dict
+  class Net:
+    def __init__(self):
+      self.t = Tensor([1.0])
+      self.layers = [Linear(2, 2, bias=False), (Tensor([2.0]), [Tensor([3.0])])]
+      self.table = {"a": Tensor([4.0]), 5: {"deep": Tensor([5.0])}}
+      self.ordered = collections.OrderedDict(x=Tensor([6.0]))
+      self.pair = Pair(Tensor([7.0]), None)
+      self.block = Block(Tensor([8.0]), {"n": 3, "s": "text", "none": None})
+      self.shared = self.block        # a layer reachable by two paths gets both keys, as in tinygrad
+      self.tied = self.t              # and so does a tensor
+      self.cycle = self               # a reference cycle is not walked forever
+  net = Net()
+  state = get_state_dict(net)
+  assert list(state) == ["t", "layers.0.weight", "layers.1.0", "layers.1.1.0", "table.a", "table.5.deep",
+                         "ordered.x", "pair.left", "block.scale", "shared.scale", "tied"]
+  assert state["shared.scale"] is net.block.scale and state["tied"] is net.t
+  assert [float(v.numpy()[0]) for k, v in state.items() if k not in ("layers.0.weight",)] == \
+         [1, 2, 3, 4, 5, 6, 7, 8, 8, 1]
+  params = get_parameters(net)
+  assert len(params) == 9 and params[0] is net.t, "each tensor once (a tied weight too), in state-dict order"
+  assert get_state_dict(net.t, prefix="solo.") == {"solo": net.t}
+  assert list(get_state_dict([{"a": net.t}, (net.block,)], prefix="p.")) == ["p.0.a", "p.1.0.scale"]
+  # tensor_type picks which objects count as leaves, as in tinygrad
+  assert get_state_dict(net, tensor_type=Linear) == {"layers.0": net.layers[0]}
