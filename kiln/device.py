@@ -465,5 +465,6 @@ def is_dtype_supported(dtype: DType, device: str | None = None) -> bool:
   (True, True, False)
   """
   base = Device.canonicalize(device if device is not None else Device.DEFAULT).partition(":")[0]
-  if base not in Device.known(): raise ValueError(f"is_dtype_supported: unknown device {device!r}; known: {Device.known()}")
+  if base not in Device.known():
+    raise ValueError(f"is_dtype_supported: unknown device {device!r}; known: {Device.known()}")
   return dtype in dtypes.all

@@ -4,6 +4,12 @@ from dataclasses import dataclass
 import enum, math, struct
 from typing import Callable
 
+class AddrSpace(enum.Enum):
+  """Where a pointer points: device memory, a block's shared memory, registers."""
+  GLOBAL = enum.auto()
+  LOCAL = enum.auto()
+  REG = enum.auto()
+
 @dataclass(frozen=True, eq=False)
 class DType:
   """An element type. `priority` orders types for promotion; `fmt` is the struct/numpy format char.
@@ -53,21 +59,22 @@ class DType:
   def nbytes(self) -> int:
     """Only a pointer dtype has a size in bytes: a RuntimeError here."""
     raise RuntimeError(f"{self!r} is not a pointer dtype: only ptr types have nbytes")
-  def ptr(self, size: int = -1, addrspace: AddrSpace | None = None) -> PtrDType:
-    """The dtype of a pointer to `size` elements of this dtype (-1: unknown size) in `addrspace` (default GLOBAL)."""
-    key = (self, size, addrspace or AddrSpace.GLOBAL)
+  def ptr(self, size: int = -1, addrspace: AddrSpace = AddrSpace.GLOBAL) -> PtrDType:
+    """The dtype of a pointer to `size` elements of this dtype (-1: unknown size) in `addrspace`."""
+    key = (self, size, addrspace)
     if key not in _PTR_DTYPES:
-      _PTR_DTYPES[key] = PtrDType(self.priority, self.itemsize, self.name, self.fmt, self.count, None, self, key[2], 1, size)
+      _PTR_DTYPES[key] = PtrDType(self.priority, self.itemsize, self.name, self.fmt, self.count, None, self, addrspace, 1,
+                                  size)
     return _PTR_DTYPES[key]
-  def vec(self, count: int) -> DType:
-    """The dtype of `count` lanes of this scalar dtype (the dtype itself for 1)."""
+  def vec(self, sz: int) -> DType:
+    """The dtype of `sz` lanes of this scalar dtype (the dtype itself for 1)."""
     if self._scalar is not None: raise TypeError(f"vec: {self!r} is already a vector dtype")
-    if not isinstance(count, int) or count < 1: raise ValueError(f"vec: lane count must be an int >= 1, got {count!r}")
+    if not isinstance(sz, int) or sz < 1: raise ValueError(f"vec: lane count must be an int >= 1, got {sz!r}")
     if self.itemsize == 0: raise TypeError(f"vec: {self!r} has no size and cannot have lanes")
-    if count == 1: return self
-    key = (self.name, count)
+    if sz == 1: return self
+    key = (self.name, sz)
     if key not in _VECTOR_DTYPES:
-      _VECTOR_DTYPES[key] = DType(self.priority, self.itemsize * count, f"{self.name}x{count}", None, count, self)
+      _VECTOR_DTYPES[key] = DType(self.priority, self.itemsize * sz, f"{self.name}x{sz}", None, sz, self)
     return _VECTOR_DTYPES[key]
   def __lt__(self, other: DType) -> bool: return (self.priority, self.itemsize, self.name) < (other.priority, other.itemsize, other.name)
   @property
@@ -82,12 +89,6 @@ class DType:
   def max(self):
     """The largest value of this dtype (as `dtypes.max`)."""
     return dtypes.max(self)
-
-class AddrSpace(enum.Enum):
-  """Where a pointer points: device memory, a block's shared memory, registers."""
-  GLOBAL = enum.auto()
-  LOCAL = enum.auto()
-  REG = enum.auto()
 
 @dataclass(frozen=True, eq=False)
 class PtrDType(DType):
@@ -115,10 +116,10 @@ class PtrDType(DType):
   def nbytes(self) -> int:
     """The size of the memory pointed to in bytes (0 when the size is unknown)."""
     return 0 if self.size == -1 else self.size * self.itemsize
-  def ptr(self, size: int = -1, addrspace: AddrSpace | None = None) -> PtrDType:
+  def ptr(self, size: int = -1, addrspace: AddrSpace = AddrSpace.GLOBAL) -> PtrDType:
     """A RuntimeError: there are no pointers to pointers."""
     raise RuntimeError(f"ptr: {self!r} is a pointer already; there are no pointers to pointers")
-  def vec(self, count: int) -> DType:
+  def vec(self, sz: int) -> DType:
     """A TypeError: kiln has no vectors of pointers."""
     raise TypeError(f"vec: kiln has no vectors of pointers ({self!r})")
 
@@ -185,46 +186,46 @@ class dtypes:
     if isinstance(x, (list, tuple)): return max((dtypes.from_py(v) for v in x), default=dtypes.default_float)
     raise TypeError(f"cannot infer a dtype from {type(x).__name__} {x!r}")
   @staticmethod
-  def as_const(value, dt: DType):
+  def as_const(val, dtype: DType):
     """`value` as the Python type of `dt` (int, float or bool); a tuple converts elementwise.
 
     >>> dtypes.as_const(2.7, dtypes.int32), dtypes.as_const(3, dtypes.float32), dtypes.as_const(2, dtypes.bool)
     (2, 3.0, True)
     """
-    if isinstance(value, tuple): return tuple(dtypes.as_const(v, dt) for v in value)
-    if dtypes.is_int(dt): return int(value)
-    return float(value) if dtypes.is_float(dt) else bool(value)
+    if isinstance(val, tuple): return tuple(dtypes.as_const(v, dtype) for v in val)
+    if dtypes.is_int(dtype): return int(val)
+    return float(val) if dtypes.is_float(dtype) else bool(val)
   @staticmethod
-  def min(dt: DType):
-    """The smallest value of `dt` (-inf for floats, as in tinygrad).
+  def min(dtype: DType):
+    """The smallest value of `dtype` (-inf for floats, as in tinygrad).
 
     >>> dtypes.min(dtypes.int8), dtypes.min(dtypes.uint16), dtypes.min(dtypes.float32)
     (-128, 0, -inf)
     """
-    if dt == dtypes.bool: return False
-    if dtypes.is_unsigned(dt): return 0
-    if dtypes.is_int(dt): return -(2 ** (dt.bitsize - 1))
+    if dtype == dtypes.bool: return False
+    if dtypes.is_unsigned(dtype): return 0
+    if dtypes.is_int(dtype): return -(2 ** (dtype.bitsize - 1))
     return -math.inf
   @staticmethod
-  def max(dt: DType):
-    """The largest value of `dt` (inf for floats, as in tinygrad).
+  def max(dtype: DType):
+    """The largest value of `dtype` (inf for floats, as in tinygrad).
 
     >>> dtypes.max(dtypes.int8), dtypes.max(dtypes.uint32), dtypes.max(dtypes.bool)
     (127, 4294967295, True)
     """
-    if dt == dtypes.bool: return True
-    if dtypes.is_unsigned(dt): return 2 ** dt.bitsize - 1
-    if dtypes.is_int(dt): return 2 ** (dt.bitsize - 1) - 1
+    if dtype == dtypes.bool: return True
+    if dtypes.is_unsigned(dtype): return 2 ** dtype.bitsize - 1
+    if dtypes.is_int(dtype): return 2 ** (dtype.bitsize - 1) - 1
     return math.inf
   @staticmethod
-  def finfo(dt: DType) -> tuple[int, int]:
+  def finfo(dtype: DType) -> tuple[int, int]:
     """(exponent bits, mantissa bits) of a float dtype; a ValueError for any other dtype.
 
     >>> dtypes.finfo(dtypes.float16), dtypes.finfo(dtypes.fp8e4m3)
     ((5, 10), (4, 3))
     """
-    if not dtypes.is_float(dt): raise ValueError(f"finfo: {dt} is not a floating-point dtype")
-    return _FLOAT_BITS[dt]
+    if not dtypes.is_float(dtype): raise ValueError(f"finfo: {dtype} is not a floating-point dtype")
+    return _FLOAT_BITS[dtype]
   @staticmethod
   def fields() -> dict[str, DType]:
     """Every dtype by name, aliases included ('float32', 'float', 'half', ...; not void or index)."""
@@ -278,16 +279,16 @@ def sum_acc_dtype(dt: DType) -> DType:
   if dt == dtypes.bool or dtypes.is_int(dt): return dtypes.uint64 if dtypes.is_unsigned(dt) and dt.itemsize == 8 else dtypes.int64
   return dt
 
-def to_dtype(x) -> DType:
+def to_dtype(dtype) -> DType:
   """Accept a DType or a dtype name ('float32', 'half', ...); raise TypeError for anything else."""
-  if isinstance(x, DType): return x
-  if isinstance(x, str):
-    if x in DTYPES_BY_NAME: return DTYPES_BY_NAME[x]
-    raise TypeError(f"unknown dtype name {x!r}; known names: {', '.join(sorted(DTYPES_BY_NAME))}")
-  if x is None: raise TypeError("a dtype is required, got None")
+  if isinstance(dtype, DType): return dtype
+  if isinstance(dtype, str):
+    if dtype in DTYPES_BY_NAME: return DTYPES_BY_NAME[dtype]
+    raise TypeError(f"unknown dtype name {dtype!r}; known names: {', '.join(sorted(DTYPES_BY_NAME))}")
+  if dtype is None: raise TypeError("a dtype is required, got None")
   import numpy as np
-  try: return from_numpy_dtype(np.dtype(x))
-  except TypeError: raise TypeError(f"cannot interpret {x!r} as a dtype") from None
+  try: return from_numpy_dtype(np.dtype(dtype))
+  except TypeError: raise TypeError(f"cannot interpret {dtype!r} as a dtype") from None
 
 _NP_NAMES = {dtypes.bool: "bool", dtypes.int8: "int8", dtypes.uint8: "uint8", dtypes.int16: "int16", dtypes.uint16: "uint16",
              dtypes.int32: "int32", dtypes.uint32: "uint32", dtypes.int64: "int64", dtypes.uint64: "uint64",

@@ -71,7 +71,8 @@ def merge_dicts(ds: Iterable[dict[T, U]]) -> dict[T, U]:
   merged: dict[T, U] = {}
   for d in ds:
     for k, v in d.items():
-      if k in merged and merged[k] != v: raise ValueError(f"merge_dicts: key {k!r} has two values, {merged[k]!r} and {v!r}")
+      if k in merged and merged[k] != v:
+        raise ValueError(f"merge_dicts: key {k!r} has two values, {merged[k]!r} and {v!r}")
       merged[k] = v
   return merged
 def partition(xs: Iterable[T], predicate: Callable[[T], bool]) -> tuple[list[T], list[T]]:
@@ -174,7 +175,8 @@ class ContextVar:
   registry: dict[str, ContextVar] = {}
   def __init__(self, key: str, default: Any, doc: str = "", effect: bool = True, alias: str | None = None):
     for name in (key, alias):
-      if name in ContextVar.registry: raise RuntimeError(f"ContextVar {name} is declared already; import it from kiln.helpers")
+      if name in ContextVar.registry:
+        raise RuntimeError(f"ContextVar {name} is declared already; import it from kiln.helpers")
     self.key, self.default, self.doc, self.effect, self.alias = key, default, doc, effect, alias
     from_env = os.environ.get(key, os.environ.get(alias, default) if alias else default)
     self.value = type(default)(from_env)
@@ -236,10 +238,10 @@ TRANSCENDENTAL = ContextVar("TRANSCENDENTAL", 1, "software exp2/log2/sin and fas
 DISABLE_FAST_IDIV = ContextVar("DISABLE_FAST_IDIV", 0, "1: integer division by a constant stays a division (no "
                                "multiply-shift rewrite, whatever TRANSCENDENTAL says)")
 JIT = ContextVar("JIT", 1, "0: TinyJit runs the function eagerly every call; 2: replays without device graphs")
-JIT_BATCH_SIZE = ContextVar("JIT_BATCH_SIZE", 0, "n>0: a TinyJit replay's first device graph holds at most n kernels, "
-                            "each later one twice as many as the one before; 0: one graph per run of kernels (tinygrad's "
-                            "default is 32: its GPUs start on a graph while the next is built; kiln's CPU graph compiles "
-                            "once per graph)")
+JIT_BATCH_SIZE = ContextVar("JIT_BATCH_SIZE", 0, "n>0: a TinyJit replay's first device graph holds at most n "
+                            "kernels, each later one twice as many as the one before; 0: one graph per run of kernels "
+                            "(tinygrad's default is 32: its GPUs start on a graph while the next is built; kiln's CPU "
+                            "graph compiles once per graph)")
 NO_MEMORY_PLANNER = ContextVar("NO_MEMORY_PLANNER", 0, "1: every intermediate buffer of a schedule gets its own memory "
                                "(no sharing between buffers whose lifetimes do not overlap)")
 LRU = ContextVar("LRU", 1, "1: freed device memory is kept per size and handed out again; 0: it is freed at once")
@@ -293,7 +295,8 @@ def settings_markdown() -> str:
   ordered = sorted(ContextVar.registry.items())
   for name, var in ordered:
     if var.effect and name == var.key: lines.append(f"| `{name}` | `{var.default!r}` | {var.doc} |")
-    elif var.effect: lines.append(f"| `{name}` | `{var.default!r}` | tinygrad's name for `{var.key}` (the same setting) |")
+    elif var.effect:
+      lines.append(f"| `{name}` | `{var.default!r}` | tinygrad's name for `{var.key}` (the same setting) |")
   lines += ["", "## tinygrad's settings that do nothing in kiln", "",
             "Accepted, no effect in kiln: `Context(NAME=...)`, `getenv` and the environment take these names so a "
             "tinygrad script runs unchanged, but kiln has no such behaviour (yet). What each does in tinygrad:", "",
@@ -355,7 +358,8 @@ def diskcache_get(table: str, key: dict | str | int) -> Any:
   import pickle, sqlite3
   key = _db_key(key)
   where = " AND ".join(f"{k}=?" for k in key)
-  try: row = db_connection().execute(f"SELECT val FROM '{table}_{VERSION}' WHERE {where}", tuple(key.values())).fetchone()
+  query = f"SELECT val FROM '{table}_{VERSION}' WHERE {where}"
+  try: row = db_connection().execute(query, tuple(key.values())).fetchone()
   except sqlite3.OperationalError: return None   # no such table yet
   return pickle.loads(row[0]) if row is not None else None
 

@@ -257,7 +257,6 @@ EXCLUDED = {
   "image_dot": "tinygrad's IMAGE=1 path for Qualcomm image textures; kiln has no image dtypes",
   "llvm_bf16_cast": "a tinygrad workaround for devices without bfloat16; kiln casts bfloat16 on every device",
   "threefry": "tinygrad's random bits; kiln's random functions use their own counter-based hash",
-  "newton_schulz": "an optimizer helper (Muon) outside SYSTEM.md's Tensor API",
   "alu": "builds a raw UOp ALU node: tinygrad-internal, not user API",
   "ufix": "tinygrad-internal scalar-to-tensor helper of its MathTrait",
   "from_uop": "tinygrad-internal constructor from a UOp (kiln's Tensor(uop) does this)",
@@ -266,9 +265,19 @@ EXCLUDED = {
 
 P = inspect.Parameter
 
+class _SettingDefault:
+  """tinygrad's `fused=FUSE_OPTIM` default reads the setting when called; kiln's `fused=None` does the same."""
+  def __eq__(self, other) -> bool:
+    from kiln.helpers import FUSE_OPTIM
+    return other is None or other is FUSE_OPTIM
+  def __repr__(self) -> str: return "FUSE_OPTIM"
+
 def tinygrad_parameters(spec: str) -> list[inspect.Parameter]:
-  """The parameters a stored signature text describes (defaults evaluated with kiln's dtypes)."""
-  return list(inspect.signature(eval(f"lambda {spec}: None", {"dtypes": dtypes})).parameters.values())
+  """The parameters a stored signature text describes (defaults evaluated with kiln's dtypes, Tensor, AddrSpace)."""
+  import ctypes
+  from kiln.dtype import AddrSpace
+  names = {"dtypes": dtypes, "Tensor": Tensor, "ctypes": ctypes, "AddrSpace": AddrSpace, "FUSE_OPTIM": _SettingDefault()}
+  return list(inspect.signature(eval(f"lambda {spec}: None", names)).parameters.values())
 
 def kiln_parameters(name: str) -> list[inspect.Parameter]:
   attr = inspect.getattr_static(Tensor, name)
@@ -279,15 +288,17 @@ def same_default(a, b) -> bool:
   if isinstance(a, float) and isinstance(b, float): return math.isclose(a, b, rel_tol=1e-4)   # selu's constants
   return a == b
 
-def signature_problems(name: str, spec: str) -> list[str]:
-  """How kiln's Tensor.<name> fails to accept a call written for tinygrad's (empty when it accepts every one)."""
-  want, got = tinygrad_parameters(spec), kiln_parameters(name)
+def signature_problems(name: str, spec: str, got: list[inspect.Parameter] | None = None,
+                       check_names: bool = True) -> list[str]:
+  """How kiln's Tensor.<name> (or the callable with parameters `got`) fails to accept a call written for tinygrad's
+  (empty when it accepts every one). `check_names=False` accepts other names for positional parameters."""
+  want, got = tinygrad_parameters(spec), kiln_parameters(name) if got is None else got
   problems = []
   for i, w in enumerate(want):
     if w.name.startswith("_"): continue   # tinygrad-private knobs (softmax's _single_kernel)
     g = got[i] if i < len(got) else None
     if w.kind is P.POSITIONAL_OR_KEYWORD:
-      if g is None or g.kind is not P.POSITIONAL_OR_KEYWORD or g.name != w.name:
+      if g is None or g.kind is not P.POSITIONAL_OR_KEYWORD or (check_names and g.name != w.name):
         problems.append(f"parameter {i} should be {w.name!r}, kiln has {g}")
       elif w.default is not P.empty and (g.default is P.empty or not same_default(g.default, w.default)):
         problems.append(f"{w.name} defaults to {w.default!r} in tinygrad, kiln has {g}")
@@ -550,3 +561,431 @@ def test_backward_still_reaches_detached_targets_without_error():
   v = Tensor([1.0, 2.0], requires_grad=True)
   (v.detach() * 2).sum().backward()
   assert v.grad is None or v.grad.tolist() == [0.0, 0.0]
+
+# ---------------------------------------------------------------------------------------------------------------------
+# tinygrad 0.11.0's other public modules: the names a script imports from tinygrad, tinygrad.helpers, .dtype, .device,
+# .tensor, .nn, .nn.optim, .nn.state and .nn.datasets, keyed by kiln's module of the same name. "class(...)" is a class
+# and its constructor's parameters, "class" one whose constructor takes anything, "attribute" a value. Produced with
+# tinygrad installed by walking vars(module): the names defined in that module (for tinygrad itself and
+# tinygrad.helpers: every public name), plus the names users import from it that it re-exports (Device, dtypes,
+# _to_np_dtype, ...), typing helpers left out; signatures as for TINYGRAD_TENSOR_API, a ContextVar default written
+# FUSE_OPTIM and a class default by its name.
+TINYGRAD_MODULE_API = {
+  'kiln': {
+    'Context': 'class(**kwargs)',
+    'Device': 'attribute',
+    'GlobalCounters': 'class',
+    'Tensor': 'class(data, device=None, dtype=None, requires_grad=None)',
+    'TinyJit': 'class(fxn, captured=None, prune=False, optimize=False)',
+    'UOp': 'class',
+    'Variable': 'name, min_val, max_val, dtype=dtypes.int',
+    'dtypes': 'class',
+    'fetch': 'url, name=None, subdir=None, gunzip=False, allow_caching=True',
+    'getenv': 'key, default=0',
+  },
+  'kiln.helpers': {
+    'ALLOW_DEVICE_USAGE': 'attribute',
+    'AMD_LLVM': 'attribute',
+    'AMX': 'attribute',
+    'BEAM': 'attribute',
+    'CACHEDB': 'attribute',
+    'CACHELEVEL': 'attribute',
+    'CAPTURING': 'attribute',
+    'CI': 'attribute',
+    'CORRECT_DIVMOD_FOLDING': 'attribute',
+    'Context': 'class(**kwargs)',
+    'ContextVar': 'class(key, default_value)',
+    'DEBUG': 'attribute',
+    'DEVECTORIZE': 'attribute',
+    'DISABLE_COMPILER_CACHE': 'attribute',
+    'DISABLE_FAST_IDIV': 'attribute',
+    'DONT_GROUP_REDUCES': 'attribute',
+    'DONT_REALIZE_EXPAND': 'attribute',
+    'FUSE_ARANGE': 'attribute',
+    'FUSE_CONV_BW': 'attribute',
+    'FUSE_OPTIM': 'attribute',
+    'GlobalCounters': 'class',
+    'IGNORE_BEAM_CACHE': 'attribute',
+    'IMAGE': 'attribute',
+    'JIT': 'attribute',
+    'JIT_BATCH_SIZE': 'attribute',
+    'LRU': 'attribute',
+    'LazySeq': 'class(gen)',
+    'MAX_BUFFER_SIZE': 'attribute',
+    'Metadata': 'class(name, caller, backward=False)',
+    'NOLOCALS': 'attribute',
+    'NOOPT': 'attribute',
+    'NO_MEMORY_PLANNER': 'attribute',
+    'OSX': 'attribute',
+    'PICKLE_BUFFERS': 'attribute',
+    'PROFILE': 'attribute',
+    'ProfileEvent': 'class',
+    'ProfilePointEvent': 'class',
+    'ProfileRangeEvent': 'class(device, name, st, en=None, is_copy=False)',
+    'Profiling': "class(enabled=True, sort='cumtime', frac=0.2, fn=None, ts=1)",
+    'QUANTIZE': 'attribute',
+    'RING': 'attribute',
+    'SPLIT_REDUCEOP': 'attribute',
+    'TC_OPT': 'attribute',
+    'TC_SEARCH_OVER_SHAPE': 'attribute',
+    'TC_SELECT': 'attribute',
+    'TRACEMETA': 'attribute',
+    'TRANSCENDENTAL': 'attribute',
+    'Timing': "class(prefix='', on_exit=None, enabled=True)",
+    'TracingKey': 'class(display_name, keys=(), cat=None, ret=None)',
+    'USE_TC': 'attribute',
+    'VALIDATE_WITH_CPU': 'attribute',
+    'VERSION': 'attribute',
+    'WINO': 'attribute',
+    'all_int': 't',
+    'all_same': 'items',
+    'ansilen': 's',
+    'ansistrip': 's',
+    'argfix': '*x',
+    'argsort': 'x',
+    'cache_dir': 'attribute',
+    'capstone_flatdump': 'lib',
+    'cdiv': 'x, y',
+    'ceildiv': 'num, amt',
+    'cmod': 'x, y',
+    'colored': 'st, color, background=False',
+    'colorize_float': 'x',
+    'cpu_events': 'attribute',
+    'cpu_objdump': "lib, objdump_tool='objdump'",
+    'cpu_profile': "name, device='CPU', is_copy=False, display=True",
+    'data64': 'data',
+    'data64_le': 'data',
+    'db_connection': '',
+    'dedup': 'x',
+    'diskcache': 'func',
+    'diskcache_clear': '',
+    'diskcache_get': 'table, key',
+    'diskcache_put': 'table, key, val, prepickled=False',
+    'fetch': 'url, name=None, subdir=None, gunzip=False, allow_caching=True',
+    'flat_mv': 'mv',
+    'flatten': 'l',
+    'from_mv': 'mv, to_type=ctypes.c_char',
+    'fromimport': 'mod, frm',
+    'fully_flatten': 'l',
+    'get_child': 'obj, key',
+    'get_single_element': 'x',
+    'getbits': 'value, start, end',
+    'getenv': 'key, default=0',
+    'hi32': 'x',
+    'i2u': 'bits, value',
+    'init_c_struct_t': 'fields',
+    'init_c_var': 'ctypes_var, creat_cb',
+    'is_numpy_ndarray': 'x',
+    'lo32': 'x',
+    'make_tuple': 'x, cnt',
+    'merge_dicts': 'ds',
+    'mv_address': 'mv',
+    'partition': 'itr, fxn',
+    'pluralize': 'st, cnt',
+    'polyN': 'x, p',
+    'prod': 'x',
+    'round_down': 'num, amt',
+    'round_up': 'num, amt',
+    'strip_parens': 'fst',
+    'suppress_finalizing': 'func',
+    'temp': 'x, append_user=False',
+    'time_to_str': 't, w=8',
+    'to_char_p_p': 'options, to_type=ctypes.c_char',
+    'to_function_name': 's',
+    'to_mv': 'ptr, sz',
+    'tqdm': "class(iterable=None, desc='', disable=False, unit='it', unit_scale=False, total=None, rate=100)",
+    'trange': 'class(n, **kwargs)',
+    'unwrap': 'x',
+    'wait_cond': "cb, value=True, timeout_ms=10000, msg=''",
+    'word_wrap': 'x, wrap=80',
+  },
+  'kiln.dtype': {
+    'AddrSpace': 'class',
+    'DTYPES_DICT': 'attribute',
+    'DType': 'class(priority, itemsize, name, fmt, count, _scalar)',
+    'DTypeMetaClass': 'class',
+    'INVERSE_DTYPES_DICT': 'attribute',
+    'ImageDType': 'class(priority, itemsize, name, fmt, count, _scalar, _base, addrspace, v, size=-1, shape=())',
+    'PtrDType': 'class(priority, itemsize, name, fmt, count, _scalar, _base, addrspace, v, size=-1)',
+    '_from_np_dtype': 'npdtype',
+    '_from_torch_dtype': 'torchdtype',
+    '_to_np_dtype': 'dtype',
+    '_to_torch_dtype': 'dtype',
+    'can_safe_cast': 'dt0, dt1',
+    'dtypes': 'class',
+    'env_default_float': 'attribute',
+    'float_to_fp8': 'x, dtype',
+    'fp8_to_float': 'x, dtype',
+    'least_upper_dtype': '*ds',
+    'least_upper_float': 'dt',
+    'promo_lattice': 'attribute',
+    'sum_acc_dtype': 'dt',
+    'to_dtype': 'dtype',
+    'truncate': 'attribute',
+    'truncate_bf16': 'x',
+    'truncate_fp16': 'x',
+  },
+  'kiln.device': {
+    'ALL_DEVICES': 'attribute',
+    'Allocator': 'class(dev)',
+    'Buffer': 'class(device, size, dtype, opaque=None, options=None, initial_value=None, uop_refcount=0, base=None, '
+              'offset=0, preallocate=False)',
+    'BufferSpec': 'class(image=None, uncached=False, cpu_access=False, host=False, nolru=False, external_ptr=None)',
+    'CompileError': 'class',
+    'Compiled': 'class(device, allocator, renderer, compiler, runtime, graph=None, group_id=None)',
+    'Compiler': 'class(cachekey=None)',
+    'DMACPURef': 'class(addr, size)',
+    'DMAFdRef': 'class(fd, offset, size)',
+    'Device': 'attribute',
+    'LRUAllocator': 'class(dev)',
+    'MultiBuffer': 'class(device, size, dtype)',
+    'ProfileDeviceEvent': "class(device, comp_tdiff=Decimal('0'), copy_tdiff=Decimal('0'))",
+    'ProfileGraphEntry': 'class(device, name, st_id, en_id, is_copy)',
+    'ProfileGraphEvent': 'class(ents, deps, sigs)',
+    'ProfileProgramEvent': 'class(device, name, lib, base)',
+    'cpu_events': 'attribute',
+    'is_dtype_supported': 'dtype, device=None',
+  },
+  'kiln.tensor': {
+    'Device': 'attribute',
+    'Tensor': 'class(data, device=None, dtype=None, requires_grad=None)',
+    'Variable': 'class',
+    '_from_np_dtype': 'npdtype',
+    '_to_np_dtype': 'dtype',
+    'dtypes': 'class',
+    'fetch': 'url, name=None, subdir=None, gunzip=False, allow_caching=True',
+  },
+  'kiln.nn': {
+    'BatchNorm': 'class(sz, eps=1e-05, affine=True, track_running_stats=True, momentum=0.1)',
+    'BatchNorm2d': 'class(sz, eps=1e-05, affine=True, track_running_stats=True, momentum=0.1)',
+    'BatchNorm3d': 'class(sz, eps=1e-05, affine=True, track_running_stats=True, momentum=0.1)',
+    'Conv1d': 'in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True',
+    'Conv2d': 'class(in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True)',
+    'ConvTranspose1d': 'in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, dilation=1, '
+                       'groups=1, bias=True',
+    'ConvTranspose2d': 'class(in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, '
+                       'dilation=1, groups=1, bias=True)',
+    'Embedding': 'class(vocab_size, embed_size)',
+    'GroupNorm': 'class(num_groups, num_channels, eps=1e-05, affine=True)',
+    'InstanceNorm': 'class(num_features, eps=1e-05, affine=True)',
+    'LSTMCell': 'class(input_size, hidden_size, bias=True)',
+    'LayerNorm': 'class(normalized_shape, eps=1e-05, elementwise_affine=True)',
+    'LayerNorm2d': 'class(normalized_shape, eps=1e-05, elementwise_affine=True)',
+    'Linear': 'class(in_features, out_features, bias=True)',
+    'RMSNorm': 'class(dim, eps=1e-06, elementwise_affine=True)',
+  },
+  'kiln.nn.optim': {
+    'Adam': 'params, lr=0.001, b1=0.9, b2=0.999, eps=1e-08, fused=FUSE_OPTIM',
+    'AdamW': 'params, lr=0.001, b1=0.9, b2=0.999, eps=1e-08, weight_decay=0.01, fused=FUSE_OPTIM',
+    'LAMB': 'class(params, lr=0.001, b1=0.9, b2=0.999, eps=1e-06, weight_decay=0.0, adam=False, fused=FUSE_OPTIM)',
+    'LARS': 'class(params, lr=0.001, momentum=0.9, weight_decay=0.0001, ns_steps=0, ns_params=None, nesterov=False, '
+            'classic=True, pre_wd=True, tcoef=0.001, fused=FUSE_OPTIM)',
+    'Muon': 'params, lr=0.02, momentum=0.95, weight_decay=0.0, ns_steps=5, ns_params=(3.4445, -4.775, 2.0315), '
+            'nesterov=True, fused=FUSE_OPTIM',
+    'Optimizer': 'class(params, lr, fused=FUSE_OPTIM)',
+    'OptimizerGroup': 'class(*optimizers)',
+    'SGD': 'params, lr=0.001, momentum=0.0, weight_decay=0.0, nesterov=False, classic=False, fused=FUSE_OPTIM',
+  },
+  'kiln.nn.state': {
+    'TensorIO': 'class(t)',
+    'accept_filename': 'func',
+    'get_parameters': 'obj',
+    'get_state_dict': "obj, prefix='', tensor_type=Tensor",
+    'ggml_data_to_tensor': 't, n, ggml_type',
+    'gguf_load': 'tensor',
+    'inverse_safe_dtypes': 'attribute',
+    'load_state_dict': 'model, state_dict, strict=True, verbose=True, consume=False, realize=True',
+    'safe_dtypes': 'attribute',
+    'safe_load': 'fn',
+    'safe_load_metadata': 't',
+    'safe_save': 'tensors, fn, metadata=None',
+    'tar_extract': 't',
+    'torch_load': 't',
+  },
+  'kiln.nn.datasets': {
+    'cifar': 'device=None',
+    'mnist': 'device=None, fashion=False',
+  },
+}
+
+TINYGRAD_CLASS_API = {
+  'kiln.dtype.DType': {
+    'base': 'property',
+    'max': 'property',
+    'min': 'property',
+    'nbytes': '',
+    'new': 'priority, itemsize, name, fmt',
+    'ptr': 'size=-1, addrspace=AddrSpace.GLOBAL',
+    'scalar': '',
+    'vcount': 'property',
+    'vec': 'sz',
+  },
+  'kiln.dtype.dtypes': {
+    'all': 'attribute',
+    'as_const': 'val, dtype',
+    'bfloat16': 'attribute',
+    'bool': 'attribute',
+    'char': 'attribute',
+    'default_float': 'attribute',
+    'default_int': 'attribute',
+    'double': 'attribute',
+    'fields': '',
+    'finfo': 'dtype',
+    'float': 'attribute',
+    'float16': 'attribute',
+    'float32': 'attribute',
+    'float64': 'attribute',
+    'floats': 'attribute',
+    'fp8e4m3': 'attribute',
+    'fp8e5m2': 'attribute',
+    'fp8s': 'attribute',
+    'from_py': 'x',
+    'half': 'attribute',
+    'imagef': 'shp',
+    'imageh': 'shp',
+    'int': 'attribute',
+    'int16': 'attribute',
+    'int32': 'attribute',
+    'int64': 'attribute',
+    'int8': 'attribute',
+    'ints': 'attribute',
+    'is_bool': 'x',
+    'is_float': 'x',
+    'is_int': 'x',
+    'is_unsigned': 'x',
+    'long': 'attribute',
+    'max': 'dtype',
+    'min': 'dtype',
+    'short': 'attribute',
+    'sints': 'attribute',
+    'uchar': 'attribute',
+    'uint': 'attribute',
+    'uint16': 'attribute',
+    'uint32': 'attribute',
+    'uint64': 'attribute',
+    'uint8': 'attribute',
+    'uints': 'attribute',
+    'ulong': 'attribute',
+    'ushort': 'attribute',
+    'void': 'attribute',
+  },
+  'kiln.TinyJit': {
+    'add': 'ei',
+    'add_buffer': 'b',
+    'input_replace': 'property',
+    'jit_cache': 'property',
+    'reset': '',
+  },
+  'kiln.nn.optim.Optimizer': {
+    'schedule_step': '',
+    'step': '',
+    'zero_grad': '',
+  },
+}
+
+# names kiln leaves out on purpose
+MODULE_EXCLUDED = {
+  **{f"kiln.helpers.{name}": "tinygrad's profiler timeline (PROFILE=1, VIZ); kiln has no timeline yet"
+     for name in ("ProfileEvent", "ProfilePointEvent", "ProfileRangeEvent", "TracingKey", "cpu_events", "cpu_profile")},
+  "kiln.helpers.cpu_objdump": "tinygrad's DEBUG=7 disassembly of CPU kernels; kiln prints kernel source (DEBUG=4)",
+  "kiln.helpers.capstone_flatdump": "tinygrad's DEBUG=7 disassembly through capstone; not a kiln dependency",
+  "kiln.dtype.ImageDType": "Qualcomm image textures (IMAGE=1); kiln has no image dtypes",
+  "kiln.dtype.DTypeMetaClass": "tinygrad's cache of DType instances; kiln's dtypes are module-level singletons",
+  "kiln.device.BufferSpec": "tinygrad's buffer options (image, uncached, host, external_ptr); kiln's Buffer has none",
+  "kiln.device.MultiBuffer": "multi-device tensors come later (SYSTEM.md: Multi-device)",
+  "kiln.device.DMACPURef": "DMA references for multi-device copies (SYSTEM.md: Multi-device)",
+  "kiln.device.DMAFdRef": "DMA references for multi-device copies (SYSTEM.md: Multi-device)",
+  **{f"kiln.device.{name}": "tinygrad's profiler timeline (PROFILE=1, VIZ); kiln has no timeline yet"
+     for name in ("ProfileDeviceEvent", "ProfileGraphEntry", "ProfileGraphEvent", "ProfileProgramEvent", "cpu_events")},
+  "kiln.nn.datasets.cifar": "downloads CIFAR-10 (no network here); kiln's datasets read local files (docs/datasets.md)",
+}
+# names kiln has whose signature or value differs from tinygrad's on purpose (their existence is still checked)
+MODULE_DIFFERS = {
+  "kiln.UOp": "kiln's own IR node (op, dtype, src, arg): tinygrad's tag/children are internal",
+  "kiln.helpers.cache_dir": "a function returning the folder (created on demand) as a Path; tinygrad's is a str",
+  "kiln.helpers.CACHEDB": "a setting naming kiln's cache folder; tinygrad's is the path of its sqlite file",
+  "kiln.helpers.ContextVar": "kiln's takes (key, default, doc='', effect=True, alias=None): tinygrad's default_value "
+                             "is kiln's default",
+  "kiln.helpers.tqdm": "disable=None (off when stderr is not a terminal); tinygrad's default is False",
+  "kiln.device.Allocator": "kiln's allocators need no device argument",
+  "kiln.device.LRUAllocator": "kiln's allocators need no device argument; max_cached_bytes bounds the cache",
+  "kiln.device.Buffer": "kiln's Buffer(device, size, dtype, initial_value=None) takes no options, base or offset "
+                        "(Buffer.view makes views)",
+  "kiln.device.Compiled": "kiln's Compiled(device, allocator, renderer, compiler, runtime) registers graphs in "
+                          "kiln.engine.graph.GRAPHS",
+  "kiln.device.Compiler": "kiln's compilers key their disk cache by cache_key(), not a constructor argument",
+  **{f"{module}.fetch": "allow_caching=None reads DISABLE_HTTP_CACHE at each call; tinygrad reads it at import"
+     for module in ("kiln", "kiln.helpers", "kiln.tensor")},
+  "kiln.tensor.Variable": "tinygrad.tensor's Variable is its UOp class; kiln.tensor's is kiln.Variable (the "
+                          "constructor that tinygrad exports as tinygrad.Variable)",
+}
+# callables whose positional parameters kiln names differently: tinygrad's utilities are called positionally, and
+# kiln keeps descriptive names (STYLE.md) where tinygrad's are single letters; order, kinds and defaults still match
+NAMES_DIFFER = ("kiln.helpers.", "kiln.nn.state.safe_load_metadata", "kiln.nn.state.tar_extract",
+                "kiln.nn.state.torch_load")
+
+def _module(name: str):
+  import importlib
+  return importlib.import_module(name)
+
+def _callable_parameters(obj) -> list[inspect.Parameter]:
+  fn = obj.__init__ if inspect.isclass(obj) else obj
+  return [p for p in inspect.signature(fn).parameters.values() if p.name not in ("self", "cls")]
+
+_MODULE_NAMES = [f"{module}.{name}" for module, names in TINYGRAD_MODULE_API.items() for name in names]
+
+@pytest.mark.parametrize("qualname", _MODULE_NAMES)
+def test_tinygrad_module_names_exist_with_same_parameters(qualname):
+  module, name = qualname.rsplit(".", 1)
+  spec = TINYGRAD_MODULE_API[module][name]
+  mod = _module(module)
+  if qualname in MODULE_EXCLUDED:
+    assert not hasattr(mod, name), f"{qualname} exists now: remove it from MODULE_EXCLUDED"
+    return
+  assert hasattr(mod, name), f"{qualname} (tinygrad 0.11: {spec}) is missing"
+  obj = getattr(mod, name)
+  if qualname in MODULE_DIFFERS: return
+  if spec.startswith("class"): assert inspect.isclass(obj), f"{qualname} should be a class"
+  elif spec != "attribute": assert callable(obj), f"{qualname} should be callable"
+  if spec in ("class", "attribute"): return
+  spec = spec[len("class("):-1] if spec.startswith("class(") else spec
+  problems = signature_problems(name, spec, got=_callable_parameters(obj),
+                                check_names=not qualname.startswith(NAMES_DIFFER))
+  assert not problems, f"{qualname}: tinygrad's is ({spec}); " + "; ".join(problems)
+
+# public methods and attributes of tinygrad's DType, dtypes, TinyJit and Optimizer, as for TINYGRAD_TENSOR_API
+CLASS_EXCLUDED = {
+  "kiln.dtype.dtypes.imageh": "Qualcomm image textures (IMAGE=1); kiln has no image dtypes",
+  "kiln.dtype.dtypes.imagef": "Qualcomm image textures (IMAGE=1); kiln has no image dtypes",
+  "kiln.TinyJit.add": "tinygrad's capture internals (ExecItems appended while capturing); kiln's CapturedJit "
+                      "records them",
+  "kiln.TinyJit.add_buffer": "tinygrad's capture internals; kiln's CapturedJit plans its intermediate buffers itself",
+  "kiln.TinyJit.input_replace": "tinygrad's capture internals; kiln's CapturedJit swaps input buffers itself",
+}
+
+_CLASS_NAMES = [f"{cls}.{name}" for cls, names in TINYGRAD_CLASS_API.items() for name in names]
+
+@pytest.mark.parametrize("qualname", _CLASS_NAMES)
+def test_tinygrad_class_members_exist_with_same_parameters(qualname):
+  cls_name, name = qualname.rsplit(".", 1)
+  module, cls_attr = cls_name.rsplit(".", 1)
+  spec = TINYGRAD_CLASS_API[cls_name][name]
+  cls = getattr(_module(module), cls_attr)
+  if qualname in CLASS_EXCLUDED:
+    assert not hasattr(cls, name), f"{qualname} exists now: remove it from CLASS_EXCLUDED"
+    return
+  assert hasattr(cls, name), f"{qualname} (tinygrad 0.11: {spec}) is missing"
+  if spec in ("property", "attribute"): return
+  attr = inspect.getattr_static(cls, name)
+  if qualname == "kiln.dtype.DType.scalar":   # a property in kiln; a DType called returns itself, so scalar() works
+    assert isinstance(attr, property) and dtypes.half.vec(4).scalar() is dtypes.half
+    return
+  if isinstance(attr, property): pytest.fail(f"{qualname} is a property in kiln, a method in tinygrad")
+  fn = getattr(attr, "__func__", attr)
+  problems = signature_problems(name, spec, got=[p for p in inspect.signature(fn).parameters.values()
+                                                 if p.name not in ("self", "cls")])
+  assert not problems, f"{qualname}: tinygrad's is ({spec}); " + "; ".join(problems)
+
+def test_module_exclusions_are_tinygrad_names():
+  assert set(MODULE_EXCLUDED) | set(MODULE_DIFFERS) <= set(_MODULE_NAMES)
+  assert set(CLASS_EXCLUDED) <= set(_CLASS_NAMES)

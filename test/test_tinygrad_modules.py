@@ -244,3 +244,20 @@ def test_tensor_module_reexports():
   assert tensor_module.fetch is fetch
   import kiln
   assert kiln.fetch is fetch
+
+# ---- tinygrad.nn.state ----
+
+def test_accept_filename_and_safe_dtype_tables(tmp_path):
+  from kiln import Tensor
+  from kiln.nn.state import accept_filename, safe_dtypes, inverse_safe_dtypes, safe_save
+  @accept_filename
+  def first_byte(t: Tensor) -> int: return int(t[0].item())
+  path = tmp_path / "blob.bin"
+  path.write_bytes(bytes([9, 8, 7]))
+  assert first_byte(str(path)) == 9 and first_byte(path) == 9
+  assert first_byte(Tensor(bytes([5]))) == 5   # a Tensor goes through as it is
+  assert safe_dtypes["F32"] is dtypes.float32 and safe_dtypes["BF16"] is dtypes.bfloat16 and safe_dtypes["BOOL"] is dtypes.bool
+  assert all(inverse_safe_dtypes[dt] == name for name, dt in safe_dtypes.items())
+  safe_save({"w": Tensor([1, 2], dtype=dtypes.int16)}, tmp_path / "w.safetensors")
+  header = (tmp_path / "w.safetensors").read_bytes()
+  assert b'"dtype":"I16"' in header.replace(b" ", b"") and inverse_safe_dtypes[dtypes.int16] == "I16"

@@ -6,9 +6,9 @@ Loaded tensors are views of the file on the DISK device: nothing is read until a
 bytes (see docs/state.md).
 """
 from __future__ import annotations
-import builtins, io, json, os, pathlib, pickle, struct, tarfile, time, types, weakref, zipfile
+import builtins, functools, io, json, os, pathlib, pickle, struct, tarfile, time, types, weakref, zipfile
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Callable
 from kiln.tensor import Tensor
 from kiln.dtype import DType, dtypes
 from kiln.device import Device
@@ -134,6 +134,13 @@ def _file_tensor(fn: Tensor | str | os.PathLike, op: str) -> Tensor:
   if not path.is_file(): raise ValueError(f"{op}: no such file {str(path)!r}")
   return Tensor(path)
 
+def accept_filename(func: Callable[[Tensor], Any]) -> Callable[[Tensor | str | os.PathLike], Any]:
+  """`func` (which reads a uint8 Tensor of a file's bytes) made to accept a file path as well."""
+  @functools.wraps(func)
+  def wrapper(fn: Tensor | str | os.PathLike) -> Any:
+    return func(fn if isinstance(fn, Tensor) else _file_tensor(fn, func.__name__))
+  return wrapper
+
 def _name(t: Tensor) -> str:
   """The file a tensor reads, for error messages."""
   if t.device.startswith("DISK"): return repr(t.device.partition(":")[2])
@@ -211,6 +218,7 @@ SAFETENSORS_DTYPES: dict[str, DType] = {
   "U64": dtypes.uint64, "U32": dtypes.uint32, "U16": dtypes.uint16, "U8": dtypes.uint8, "BOOL": dtypes.bool,
   "F8_E4M3": dtypes.fp8e4m3, "F8_E5M2": dtypes.fp8e5m2}
 _SAFETENSORS_NAME = {dtype: name for name, dtype in SAFETENSORS_DTYPES.items()}
+safe_dtypes, inverse_safe_dtypes = SAFETENSORS_DTYPES, _SAFETENSORS_NAME   # tinygrad's names for the two tables
 # a header this large is not a real file's (the safetensors package refuses more than 100 MB too)
 MAX_HEADER_BYTES = 100_000_000
 
