@@ -897,7 +897,6 @@ MODULE_EXCLUDED = {
   "kiln.device.DMAFdRef": "DMA references for multi-device copies (SYSTEM.md: Multi-device)",
   **{f"kiln.device.{name}": "tinygrad's profiler timeline (PROFILE=1, VIZ); kiln has no timeline yet"
      for name in ("ProfileDeviceEvent", "ProfileGraphEntry", "ProfileGraphEvent", "ProfileProgramEvent", "cpu_events")},
-  "kiln.nn.datasets.cifar": "downloads CIFAR-10 (no network here); kiln's datasets read local files (docs/datasets.md)",
 }
 # names kiln has whose signature or value differs from tinygrad's on purpose (their existence is still checked)
 MODULE_DIFFERS = {

@@ -1,12 +1,13 @@
-"""Small standard data sets as tensors: MNIST and Fashion-MNIST (IDX files) and scikit-learn's 8x8 digits.
+"""Small standard data sets as tensors: MNIST and Fashion-MNIST (IDX files), CIFAR-10 and scikit-learn's 8x8 digits.
 
-Each loader returns `(X_train, Y_train, X_test, Y_test)`. MNIST-style files are looked for in a local folder first
-(a `path=` argument, the folder named by the environment variable KILN_DATASETS, and for Fashion-MNIST the folder
-Debian's `dataset-fashion-mnist` package installs) and downloaded with `kiln.helpers.fetch` otherwise.
+Each loader returns `(X_train, Y_train, X_test, Y_test)`. MNIST-style and CIFAR-10 files are looked for in a local
+folder first (a `path=` argument, the folder named by the environment variable KILN_DATASETS, and for Fashion-MNIST
+the folder Debian's `dataset-fashion-mnist` package installs) and downloaded with `kiln.helpers.fetch` otherwise.
 """
 from __future__ import annotations
 import gzip, os, pathlib
 import numpy as np
+from kiln.device import Device
 from kiln.helpers import fetch, prod
 from kiln.tensor import Tensor
 
@@ -15,6 +16,10 @@ FASHION_MNIST_URL = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/
 # where `apt-get install dataset-fashion-mnist` (Debian, Ubuntu) puts the four gzipped IDX files
 DEBIAN_FASHION_MNIST_DIR = pathlib.Path("/usr/share/datasets/fashion-mnist")
 MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz"
+CIFAR_FOLDER = "cifar-10-batches-bin"   # the archive's folder of batch files
+CIFAR_BATCHES = tuple(f"data_batch_{i}.bin" for i in range(1, 6)) + ("test_batch.bin",)
+CIFAR_RECORD = 1 + 3 * 32 * 32   # a label byte, then the red, green and blue 32x32 planes
 
 # IDX type codes -> big-endian NumPy dtypes (the format stores every multi-byte value big-endian)
 IDX_DTYPES = {0x08: np.dtype(">u1"), 0x09: np.dtype(">i1"), 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),
@@ -107,6 +112,42 @@ def fashion_mnist(device: str | None = None, path: str | os.PathLike | None = No
   Offline, `apt-get install dataset-fashion-mnist` provides the files.
   """
   return mnist(device, fashion=True, path=path)
+
+def _cifar_batches(path: str | os.PathLike | None) -> dict[str, Tensor]:
+  """Each CIFAR-10 batch file's bytes as a uint8 Tensor, by file name: from the batch folder or the archive in
+  `path` or $KILN_DATASETS (or their `cifar10/` subfolder), else from the downloaded archive."""
+  from kiln.nn.state import tar_extract
+  roots = [pathlib.Path(p) for p in (path, os.environ.get("KILN_DATASETS")) if p]
+  for folder in (folder for root in roots for folder in (root, root / "cifar10")):
+    if all((folder / CIFAR_FOLDER / name).is_file() for name in CIFAR_BATCHES):
+      return {name: Tensor(folder / CIFAR_FOLDER / name) for name in CIFAR_BATCHES}
+    for archive, gunzip in ((folder / "cifar-10-binary.tar", False), (folder / "cifar-10-binary.tar.gz", True)):
+      if archive.is_file():
+        members = tar_extract(fetch(str(archive.resolve()), gunzip=True) if gunzip else archive)
+        return {name: members[f"{CIFAR_FOLDER}/{name}"] for name in CIFAR_BATCHES}
+  if path is not None:
+    raise FileNotFoundError(f"cifar: neither {CIFAR_FOLDER}/ nor cifar-10-binary.tar[.gz] is in {path} (or its "
+                            "cifar10/ subfolder)")
+  members = tar_extract(fetch(CIFAR_URL, gunzip=True, subdir="cifar10"))
+  return {name: members[f"{CIFAR_FOLDER}/{name}"] for name in CIFAR_BATCHES}
+
+def cifar(device: str | None = None, path: str | os.PathLike | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+  """CIFAR-10 as uint8 tensors `(X_train, Y_train, X_test, Y_test)`: images of shape (50000, 3, 32, 32) and
+  (10000, 3, 32, 32), labels 0-9 of shape (50000,) and (10000,).
+
+  The binary version's files (`cifar-10-batches-bin/data_batch_1.bin` ... `test_batch.bin`, or the archive
+  `cifar-10-binary.tar[.gz]` holding them) are read from `path`, then from $KILN_DATASETS (or their `cifar10/`
+  subfolder); else the archive is downloaded with `fetch` (cached, decompressed).
+  """
+  batches = _cifar_batches(path)
+  for name, data in batches.items():
+    if data.shape[0] % CIFAR_RECORD:
+      raise ValueError(f"cifar: {name} has {data.shape[0]} bytes, not a whole number of {CIFAR_RECORD}-byte records")
+  device = device or Device.DEFAULT
+  train = Tensor.cat(*[batches[name].to(device).reshape(-1, CIFAR_RECORD) for name in CIFAR_BATCHES[:-1]])
+  test = batches[CIFAR_BATCHES[-1]].to(device).reshape(-1, CIFAR_RECORD)
+  return (train[:, 1:].reshape(-1, 3, 32, 32).contiguous(), train[:, 0].contiguous(),
+          test[:, 1:].reshape(-1, 3, 32, 32).contiguous(), test[:, 0].contiguous())
 
 def digits(device: str | None = None, test_size: int = 360, seed: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
   """scikit-learn's bundled 8x8 handwritten digits (1797 images, no download) as `(X_train, Y_train, X_test, Y_test)`:

@@ -2,6 +2,7 @@
 import functools, gzip, http.server, io, pathlib, threading
 import numpy as np
 import pytest
+from kiln.dtype import dtypes
 from kiln.helpers import fetch, tqdm, trange
 from kiln.nn import datasets
 from kiln.nn.datasets import parse_idx, read_idx, mnist, fashion_mnist, digits
@@ -206,3 +207,51 @@ def test_digits_split():
   assert sorted(map(tuple, images.round().astype(int))) == sorted(map(tuple, reference.astype(int)))
   assert np.array_equal(digits()[3].numpy(), y_test.numpy())  # fixed
   with pytest.raises(ValueError, match="digits: test_size"): digits(test_size=0)
+
+# ---- CIFAR-10 ----
+
+def cifar_records(n: int, seed: int) -> np.ndarray:
+  """n CIFAR-10 binary records: a label byte 0-9, then 3072 pixel bytes."""
+  rng = np.random.default_rng(seed)
+  records = rng.integers(0, 256, (n, datasets.CIFAR_RECORD), dtype=np.uint8)
+  records[:, 0] = rng.integers(0, 10, n)
+  return records
+
+def write_cifar(folder: pathlib.Path, archive: str | None) -> tuple[np.ndarray, np.ndarray]:
+  """The six batch files (2 records each, 3 in the test batch) in folder/cifar-10-batches-bin/, or packed into
+  folder/`archive` (a .tar or .tar.gz) instead; returns (train records, test records)."""
+  import tarfile
+  batches = {name: cifar_records(3 if name == "test_batch.bin" else 2, seed)
+             for seed, name in enumerate(datasets.CIFAR_BATCHES)}
+  (folder / datasets.CIFAR_FOLDER).mkdir(parents=True)
+  for name, records in batches.items(): (folder / datasets.CIFAR_FOLDER / name).write_bytes(records.tobytes())
+  if archive is not None:
+    with tarfile.open(folder / archive, "w:gz" if archive.endswith(".gz") else "w") as tar:
+      tar.add(folder / datasets.CIFAR_FOLDER, arcname=datasets.CIFAR_FOLDER)
+    for name in batches: (folder / datasets.CIFAR_FOLDER / name).unlink()
+  return np.concatenate([batches[name] for name in datasets.CIFAR_BATCHES[:-1]]), batches["test_batch.bin"]
+
+@pytest.mark.parametrize("archive", [None, "cifar-10-binary.tar", "cifar-10-binary.tar.gz"])
+def test_cifar_from_path(tmp_path, cache, archive):
+  train, test = write_cifar(tmp_path, archive)
+  x_train, y_train, x_test, y_test = datasets.cifar(path=tmp_path)
+  assert x_train.shape == (10, 3, 32, 32) and x_test.shape == (3, 3, 32, 32) and x_train.dtype == dtypes.uint8
+  np.testing.assert_array_equal(x_train.numpy(), train[:, 1:].reshape(-1, 3, 32, 32))
+  np.testing.assert_array_equal(y_train.numpy(), train[:, 0])
+  np.testing.assert_array_equal(x_test.numpy(), test[:, 1:].reshape(-1, 3, 32, 32))
+  np.testing.assert_array_equal(y_test.numpy(), test[:, 0])
+
+def test_cifar_from_env_and_download(tmp_path, monkeypatch, cache):
+  train, _ = write_cifar(tmp_path / "data" / "cifar10", None)
+  monkeypatch.setenv("KILN_DATASETS", str(tmp_path / "data"))
+  np.testing.assert_array_equal(datasets.cifar()[1].numpy(), train[:, 0])
+  monkeypatch.delenv("KILN_DATASETS")
+  _, test = write_cifar(tmp_path / "www", "cifar-10-binary.tar.gz")
+  monkeypatch.setattr(datasets, "CIFAR_URL", (tmp_path / "www" / "cifar-10-binary.tar.gz").as_uri())
+  np.testing.assert_array_equal(datasets.cifar()[3].numpy(), test[:, 0])
+
+def test_cifar_errors(tmp_path):
+  with pytest.raises(FileNotFoundError, match="cifar-10-binary"): datasets.cifar(path=tmp_path)
+  write_cifar(tmp_path, None)
+  (tmp_path / datasets.CIFAR_FOLDER / "data_batch_3.bin").write_bytes(bytes(5000))
+  with pytest.raises(ValueError, match="data_batch_3.bin has 5000 bytes"): datasets.cifar(path=tmp_path)
