@@ -173,13 +173,13 @@ class ContextVar:
   RuntimeError, as in tinygrad.
   """
   registry: dict[str, ContextVar] = {}
-  def __init__(self, key: str, default: Any, doc: str = "", effect: bool = True, alias: str | None = None):
+  def __init__(self, key: str, default_value: Any, doc: str = "", effect: bool = True, alias: str | None = None):
     for name in (key, alias):
       if name in ContextVar.registry:
         raise RuntimeError(f"ContextVar {name} is declared already; import it from kiln.helpers")
-    self.key, self.default, self.doc, self.effect, self.alias = key, default, doc, effect, alias
-    from_env = os.environ.get(key, os.environ.get(alias, default) if alias else default)
-    self.value = type(default)(from_env)
+    self.key, self.default, self.doc, self.effect, self.alias = key, default_value, doc, effect, alias
+    from_env = os.environ.get(key, os.environ.get(alias, default_value) if alias else default_value)
+    self.value = type(default_value)(from_env)
     ContextVar.registry[key] = self
     if alias: ContextVar.registry[alias] = self
   def __bool__(self) -> bool: return bool(self.value)
@@ -249,6 +249,9 @@ MAX_BUFFER_SIZE = ContextVar("MAX_BUFFER_SIZE", 0, "n>0: allocating a buffer of 
                              "RuntimeError")
 ALLOW_DEVICE_USAGE = ContextVar("ALLOW_DEVICE_USAGE", 1, "0: opening a device other than DISK, NPY or PYTHON raises a "
                                 "RuntimeError")
+SPLIT_REDUCEOP = ContextVar("SPLIT_REDUCEOP", 1, "1: a large reduction whose output is too small to split over threads "
+                            "(a full sum, a max) is cut into chunks reduced in parallel, then combined (tinygrad makes "
+                            "two kernels of it; kiln's CPU runs the chunks in one); 0: it runs on one thread")
 FUSE_OPTIM = ContextVar("FUSE_OPTIM", 0, "1: optimizers default to fused=True (all parameters updated as one flat "
                                          "vector: fewer kernels per step)")
 
@@ -266,7 +269,6 @@ _NO_EFFECT = {
   "NOLOCALS": (0, "1: GPU kernels without local (shared) memory"),
   "FUSE_ARANGE": (1, "fuse arange into the kernels that index with it"),
   "FUSE_CONV_BW": (0, "1: fuse the convolution backward pass"),
-  "SPLIT_REDUCEOP": (1, "split a large reduction into two kernels (kiln's CPU splits it over threads in one kernel)"),
   "RING": (1, "all-reduce algorithm across devices (multi-device is not in kiln yet)"),
   "PICKLE_BUFFERS": (1, "pickle a realized Tensor with its data"),
   "PROFILE": (0, "1: record a timeline of kernels and copies (VIZ's profiler)"),
@@ -283,7 +285,7 @@ _NO_EFFECT = {
 }
 for _key, (_default, _what) in _NO_EFFECT.items(): ContextVar(_key, _default, f"tinygrad: {_what}", effect=False)
 IMAGE, WINO, CAPTURING, USE_TC, TC_SELECT, TC_OPT, TC_SEARCH_OVER_SHAPE, AMX, NOLOCALS, FUSE_ARANGE, FUSE_CONV_BW, \
-  SPLIT_REDUCEOP, RING, PICKLE_BUFFERS, PROFILE, VIZ, TRACK_MATCH_STATS, DEVECTORIZE, DONT_REALIZE_EXPAND, \
+  RING, PICKLE_BUFFERS, PROFILE, VIZ, TRACK_MATCH_STATS, DEVECTORIZE, DONT_REALIZE_EXPAND, \
   DONT_GROUP_REDUCES, QUANTIZE, VALIDATE_WITH_CPU, CORRECT_DIVMOD_FOLDING, AMD_LLVM, IGNORE_OOB = \
   (ContextVar.registry[k] for k in _NO_EFFECT)
 

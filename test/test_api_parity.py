@@ -903,8 +903,6 @@ MODULE_DIFFERS = {
   "kiln.UOp": "kiln's own IR node (op, dtype, src, arg): tinygrad's tag/children are internal",
   "kiln.helpers.cache_dir": "a function returning the folder (created on demand) as a Path; tinygrad's is a str",
   "kiln.helpers.CACHEDB": "a setting naming kiln's cache folder; tinygrad's is the path of its sqlite file",
-  "kiln.helpers.ContextVar": "kiln's takes (key, default, doc='', effect=True, alias=None): tinygrad's default_value "
-                             "is kiln's default",
   "kiln.helpers.tqdm": "disable=None (off when stderr is not a terminal); tinygrad's default is False",
   "kiln.device.Allocator": "kiln's allocators need no device argument",
   "kiln.device.LRUAllocator": "kiln's allocators need no device argument; max_cached_bytes bounds the cache",

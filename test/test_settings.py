@@ -42,11 +42,12 @@ def test_every_tinygrad_setting_is_importable_and_settable(name):
 def test_no_effect_settings_are_marked_and_documented():
   docs = (pathlib.Path(__file__).parent.parent / "docs" / "env_vars.md").read_text()
   effect_table, no_effect_table = docs.split("## tinygrad's settings that do nothing in kiln")
-  for key in ("WINO", "IMAGE", "RING", "FUSE_ARANGE", "IGNORE_OOB", "SPLIT_REDUCEOP", "TC"):
+  for key in ("WINO", "IMAGE", "RING", "FUSE_ARANGE", "IGNORE_OOB", "TC"):
     assert not ContextVar.registry[key].effect
     assert f"| `{key}` |" in no_effect_table and f"| `{key}` |" not in effect_table
   for key in ("NO_MEMORY_PLANNER", "LRU", "DISABLE_COMPILER_CACHE", "IGNORE_BEAM_CACHE", "MAX_BUFFER_SIZE",
-              "ALLOW_DEVICE_USAGE", "JIT_BATCH_SIZE", "DISABLE_FAST_IDIV", "TRACEMETA", "BEAM", "TRANSCENDENTAL"):
+              "ALLOW_DEVICE_USAGE", "JIT_BATCH_SIZE", "DISABLE_FAST_IDIV", "TRACEMETA", "BEAM", "TRANSCENDENTAL",
+              "SPLIT_REDUCEOP"):
     assert ContextVar.registry[key].effect and f"| `{key}` |" in effect_table
 
 def test_a_typo_still_raises():
@@ -186,3 +187,15 @@ def test_jit_batch_size_caps_the_graphs():
   np.testing.assert_array_equal(got, want)
   sizes = [len(launch.items) for launch in step.captured._launches if hasattr(launch, "items")]
   assert sizes[:2] == [2, 4], sizes   # 2 kernels, then twice as many; the last kernel is left alone
+
+def test_split_reduceop_off_reduces_on_one_thread():
+  from kiln.engine.realize import _runner_cache
+  x = np.random.default_rng(0).standard_normal(1 << 20).astype(np.float32)
+  sources = {}
+  for flag in (1, 0):
+    with Context(SPLIT_REDUCEOP=flag):
+      before = set(_runner_cache)
+      total = Tensor(x, device="CPU").sum().item()
+      sources[flag] = "".join(r.source for k, r in _runner_cache.items() if k not in before)
+    assert abs(total - float(x.astype(np.float64).sum())) < 1e-2, (flag, total)
+  assert "_part" in sources[1] and "_part" not in sources[0]   # chunks reduced apart, then combined; or not at all

@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect, operator
 from dataclasses import dataclass
 from kiln.dtype import dtypes
+from kiln.helpers import SPLIT_REDUCEOP
 from kiln.uop.ops import UOp, Ops, GroupOp
 # the Ops members these loops over every uop test, bound once: under Python 3.11 each `Ops.X` read costs ~130 ns
 # (EnumType defines __getattr__, which puts every attribute read on the class on a slow path), 10x a global's
@@ -223,7 +224,8 @@ class SplitReduction:
   work: int
 
 def find_split_reduction(uops: list[UOp]) -> SplitReduction | None:
-  """The kernel's reduce loop if its work can be split into independently reduced chunks, else None.
+  """The kernel's reduce loop if its work can be split into independently reduced chunks, else None (always None
+  with SPLIT_REDUCEOP=0).
 
   The kernel must be: loops that enclose everything (constant extents), then accumulators initialized to their op's
   identity, one reduce loop holding every update of them (`acc = acc + x`, `max`, `*`) and no store, then stores and
@@ -240,6 +242,7 @@ def find_split_reduction(uops: list[UOp]) -> SplitReduction | None:
   >>> find_split_reduction([out, a, acc, r, value, update, assign, UOp(Ops.ENDRANGE, dtypes.void, (r,)), store]).chunks
   12
   """
+  if not SPLIT_REDUCEOP: return None
   outer: list[UOp] = []
   accs: list[UOp] = []
   position = 0
