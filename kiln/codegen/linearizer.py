@@ -16,7 +16,7 @@ from kiln.dtype import dtypes
 from kiln.uop.ops import UOp, Ops, toposort, identity_element
 # the Ops members these loops over every uop test, bound once: under Python 3.11 each `Ops.X` read costs ~130 ns
 # (EnumType defines __getattr__, which puts every attribute read on the class on a slow path), 10x a global's
-_RANGE, _REDUCE, _SINK, _STORE, _LOAD = Ops.RANGE, Ops.REDUCE, Ops.SINK, Ops.STORE, Ops.LOAD
+_RANGE, _REDUCE, _SINK, _STORE, _LOAD, _MUL = Ops.RANGE, Ops.REDUCE, Ops.SINK, Ops.STORE, Ops.LOAD, Ops.MUL
 
 GroupKey = tuple[UOp, ...]   # the loop ranges of a reduce group, sorted by loop id
 
@@ -173,6 +173,7 @@ def linearize(sink: UOp) -> list[UOp]:
   out: list[UOp] = []
   mapped: dict[UOp, UOp] = {}
   acc_ids = itertools.count()
+  sums_of_products: list[UOp] = []   # accumulator updates `acc + a*b` (fuse_multiply_accumulate)
   identities: dict[tuple, UOp] = {}   # (reduce op, dtype) -> the constant an accumulator starts at
 
   def emit(node: UOp) -> UOp:
@@ -202,7 +203,8 @@ def linearize(sink: UOp) -> list[UOp]:
     emit_block(layout.group_path[key])
     for red in reduces:
       acc = mapped[red]
-      update = UOp(red.arg, red.dtype, (acc, mapped.get(red.src[0], red.src[0])))
+      update = UOp(red.arg, red.dtype, (acc, body := mapped.get(red.src[0], red.src[0])))
+      if red.arg is Ops.ADD and body.op is _MUL and red.dtype in FUSED_DTYPES: sums_of_products.append(update)
       out.append(update)
       out.append(UOp(Ops.ASSIGN, red.dtype, (acc, update)))
     for rng in reversed(key): out.append(UOp(Ops.ENDRANGE, dtypes.void, (mapped.get(rng, rng),)))
@@ -260,6 +262,28 @@ def linearize(sink: UOp) -> list[UOp]:
   # the nested functions refer to each other (a reference cycle holding the layout and every dict above): unbound
   # here, all of it is freed now rather than by the cyclic collector (paused during codegen, ~60 ms per graph later)
   del emit, emit_group, emit_item, emit_items, emit_block, emit_groups_first
+  return fuse_multiply_accumulate(out, sums_of_products) if sums_of_products else out
+
+FUSED_DTYPES = frozenset({dtypes.float32, dtypes.float64})   # accumulations whose `acc + a*b` becomes MULACC
+
+def fuse_multiply_accumulate(uops: list[UOp], updates: list[UOp]) -> list[UOp]:
+  """`uops` with each accumulator update `acc + a*b` of `updates` (float, the product read by nothing else) as one
+  `MULACC(a, b, acc)`: a fused multiply-add, rounded once, as every renderer computes it (C's fma, LLVM's llvm.fma,
+  the PYTHON emulator's exact _fma). It is what a matmul's inner loop is made of: one instruction for two."""
+  uses = dict.fromkeys((u.src[1] for u in updates), 0)
+  for u in uops:
+    if not uses.keys().isdisjoint(u.src):
+      for s in u.src:
+        if s in uses: uses[s] += 1
+  fused = {u: UOp(Ops.MULACC, u.dtype, (*u.src[1].src, u.src[0])) for u in updates if uses[u.src[1]] == 1}
+  if not fused: return uops
+  products = {u.src[1] for u in fused}
+  out: list[UOp] = []
+  for u in uops:
+    if u in products: continue
+    if u in fused: out.append(fused[u])
+    elif fused.keys().isdisjoint(u.src): out.append(u)
+    else: out.append(u.replace(src=tuple(fused.get(s, s) for s in u.src)))
   return out
 
 def _hoist_depths(layout: _KernelLayout, items: list[Item], output_ranges: list[UOp]) -> dict[Item, int]:

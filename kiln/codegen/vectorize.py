@@ -46,7 +46,7 @@ _INTS = frozenset({dtypes.int32, dtypes.uint32})
 # the ALU ops that are exact lane by lane, per lane dtype of their operands
 VECTOR_ALU: dict[DType, frozenset[Ops]] = {
   dtypes.float32: frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.NEG, Ops.RECIP, Ops.MAX, Ops.CMPLT, Ops.CMPNE,
-                             Ops.CMPEQ, Ops.WHERE}),
+                             Ops.CMPEQ, Ops.WHERE, Ops.MULACC}),
   dtypes.int32: frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR,
                            Ops.XOR, Ops.SHL, Ops.SHR, Ops.IDIV, Ops.MOD, Ops.WHERE}),
   dtypes.bool: frozenset({Ops.AND, Ops.OR, Ops.XOR, Ops.CMPNE, Ops.CMPEQ, Ops.WHERE}),

@@ -43,7 +43,7 @@ def kernel_name(ast: UOp) -> str:
 
 def count_ops(uops: list[UOp]) -> int:
   """ALU operations the kernel executes, weighting each by the trip counts of the loops around it (a vector op
-  counts its lanes)."""
+  counts its lanes, a fused multiply-add two)."""
   total, trips = 0, 1
   stack = []
   for u in uops:
@@ -54,7 +54,7 @@ def count_ops(uops: list[UOp]) -> int:
     elif u.op is Ops.ENDRANGE:
       n = stack.pop()
       trips = trips // n if n else prod(stack)
-    elif u.op in GroupOp.ALU: total += trips * u.dtype.count
+    elif u.op in GroupOp.ALU: total += trips * u.dtype.count * (2 if u.op is Ops.MULACC else 1)   # a multiply and an add
   return total
 
 _runner_cache: dict[tuple, CompiledRunner] = {}

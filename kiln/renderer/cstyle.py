@@ -279,8 +279,9 @@ C_EXPRESSIONS: dict[Ops, Callable[[UOp, list[str]], str]] = {
   Ops.POW: _libm("pow"), Ops.EXP2: _libm("exp2"), Ops.LOG2: _libm("log2"), Ops.SIN: _libm("sin"),
   Ops.SQRT: _libm("sqrt"), Ops.RECIP: _c_recip, Ops.NEG: lambda u, a: f"(-{a[0]})", Ops.TRUNC: _c_trunc,
   Ops.WHERE: lambda u, a: f"({a[0]}?{a[1]}:{a[2]})", Ops.CAST: _c_cast, Ops.BITCAST: _c_bitcast,
+  Ops.MULACC: _libm("fma"),   # an fma instruction under -march=native where the CPU has one, libm's fma otherwise
 }
-FLOAT_ONLY_OPS = frozenset({Ops.FDIV, Ops.POW, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP})
+FLOAT_ONLY_OPS = frozenset({Ops.MULACC, Ops.FDIV, Ops.POW, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP})
 INT_ONLY_OPS = frozenset({Ops.IDIV, Ops.SHL, Ops.SHR})
 _VALUE_PREFIX = {Ops.LOAD: "val", Ops.CAST: "cast", Ops.BITCAST: "cast", Ops.DEFINE_ACC: "acc"}
 
@@ -377,7 +378,28 @@ VECTOR_EXPRESSIONS: dict[Ops, Callable[[UOp, list[str]], str]] = {
   Ops.NEG: lambda u, a: f"(-{a[0]})", Ops.RECIP: lambda u, a: f"({_vector_splat(u.dtype, 1.0)}/{a[0]})",
   Ops.MAX: _vector_max, Ops.WHERE: lambda u, a: _vector_select(u.dtype, a[0], a[1], a[2]),
   Ops.CAST: _vector_cast, Ops.BITCAST: lambda u, a: f"(({vector_type(u.dtype)})({a[0]}))",
+  Ops.MULACC: lambda u, a: f"{vector_fma_name(u.dtype)}({', '.join(a)})",
 }
+
+def vector_fma_name(dtype: DType) -> str: return f"kiln_fma_{vector_type(dtype)}"
+
+# the x86 builtins GCC's own fmaintrin.h/avx512fintrin.h call, by lane count (float32 lanes), with the macro of the
+# CPU feature each needs; clang has __builtin_elementwise_fma, and anything else gets one libm fmaf per lane
+_X86_VECTOR_FMA = {16: ("__AVX512F__", "__builtin_ia32_vfmaddps512_mask(a, b, c, (unsigned short)-1, 4)"),
+                   8: ("__FMA__", "__builtin_ia32_vfmaddps256(a, b, c)"), 4: ("__FMA__", "__builtin_ia32_vfmaddps(a, b, c)")}
+
+def vector_fma_helper(dtype: DType) -> str:
+  """The inline function that computes a vector MULACC lane by lane, each lane rounded once (a fused multiply-add
+  instruction where the compiler and CPU have one): C's a*b+c is two roundings under -ffp-contract=off."""
+  t, n = vector_type(dtype), dtype.count
+  feature, builtin = _X86_VECTOR_FMA.get(n, ("__KILN_NO_VECTOR_FMA__", ""))
+  lanes = ", ".join(f"__builtin_fmaf(a[{k}], b[{k}], c[{k}])" for k in range(n))
+  return "\n".join([
+    "#ifndef __has_builtin", "#define __has_builtin(x) 0", "#endif",
+    f"static inline {t} {vector_fma_name(dtype)}({t} a, {t} b, {t} c) {{",
+    "#if __has_builtin(__builtin_elementwise_fma)", "  return __builtin_elementwise_fma(a, b, c);",
+    f"#elif defined({feature}) && !defined(__clang__)", f"  return {builtin or 'a'};",
+    "#else", f"  return ({t}){{{lanes}}};", "#endif", "}"])
 
 # a split reduction's scratch buffer: a counter of finished chunks (reset by the chunk that combines), then partials
 SCRATCH_HEADER_BYTES = 16
@@ -451,6 +473,7 @@ class _CKernelWriter:
     self.uses_fp8: set[DType] = set()
     self.vector_types: dict[DType, None] = {}   # the vector dtypes used, for their typedefs
     self.vector_consts: dict[UOp, str] = {}     # vector constants, declared once at file scope
+    self.vector_fmas: dict[DType, None] = {}    # the vector dtypes of MULACCs, for their helpers
     self.statements: dict[Ops, Callable[[UOp], None]] = {
       Ops.RANGE: self._range, Ops.ENDRANGE: self._endrange, Ops.LOAD: self._load, Ops.STORE: self._store,
       Ops.DEFINE_ACC: self._define_acc, Ops.ASSIGN: self._assign,
@@ -594,6 +617,7 @@ class _CKernelWriter:
     for dtype in (u.dtype, *(s.dtype for s in u.src)): self.note_dtype(dtype)
     if u.dtype.count > 1:
       if u.op not in VECTOR_EXPRESSIONS: raise NotImplementedError(f"CRenderer: no vector form of {u.op} ({self.name})")
+      if u.op is Ops.MULACC: self.vector_fmas.setdefault(u.dtype)
       text = VECTOR_EXPRESSIONS[u.op](u, [self.expr(s) for s in u.src])
     else:
       if u.op in GroupOp.ALU: check_alu_dtypes("CRenderer", u)
@@ -634,7 +658,7 @@ class _CKernelWriter:
     params += [f"int {self.var_names[v]}" for v in variables] + ["int kiln_tid", "int kiln_nthreads"]
     head = ([HALF_HELPERS] if self.uses_half else []) + ([BF16_HELPERS] if self.uses_bf16 else [])
     if self.uses_fp8: head += [FP8_HELPERS] + [fp8_helpers(dt) for dt in dtypes.fp8s if dt in self.uses_fp8]
-    head += [vector_typedef(dt) for dt in self.vector_types]
+    head += [vector_typedef(dt) for dt in self.vector_types] + [vector_fma_helper(dt) for dt in self.vector_fmas]
     for const, name in self.vector_consts.items():
       lanes = [("-1" if v else "0") if const.dtype.scalar == dtypes.bool else render_c_const(v, const.dtype.scalar)
                for v in const.arg]

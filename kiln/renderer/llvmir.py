@@ -244,6 +244,11 @@ def _intrinsic(name: str) -> Callable[[_LLVMKernelWriter, UOp, list[str]], str]:
     return w.call(f"llvm.{name}.{_float_suffix(u.src[0].dtype)}", ty, [(ty, x) for x in a])
   return render
 
+def _fma(w: _LLVMKernelWriter, u: UOp, a: list[str]) -> str:
+  """MULACC: llvm.fma, lane by lane for a vector (one rounding per lane)."""
+  ty, suffix = ll_type(u.dtype), _float_suffix(u.dtype.scalar)
+  return w.call(f"llvm.fma.{f'v{u.dtype.count}' if u.dtype.count > 1 else ''}{suffix}", ty, [(ty, x) for x in a])
+
 def _no_signed_wrap(u: UOp) -> bool:
   """Whether value ranges prove a signed integer op cannot overflow (then `nsw` helps LLVM vectorize indexing)."""
   if u.dtype.count > 1 or not _is_signed(u.dtype): return False   # vector uops carry no value ranges of their lanes
@@ -435,7 +440,7 @@ LLVM_EXPRESSIONS: dict[Ops, Callable[[_LLVMKernelWriter, UOp, list[str]], str]] 
   Ops.XOR: _bitwise("xor"), Ops.SHL: _shift, Ops.SHR: _shift, Ops.POW: _intrinsic("pow"),
   Ops.EXP2: _intrinsic("exp2"), Ops.LOG2: _intrinsic("log2"), Ops.SIN: _intrinsic("sin"),
   Ops.SQRT: _intrinsic("sqrt"), Ops.RECIP: _recip, Ops.NEG: _neg, Ops.TRUNC: _trunc, Ops.WHERE: _where,
-  Ops.CAST: _cast, Ops.BITCAST: _bitcast,
+  Ops.CAST: _cast, Ops.BITCAST: _bitcast, Ops.MULACC: _fma,
 }
 
 class LLVMRenderer(Renderer):

@@ -11,6 +11,7 @@ buffers as their 8-bit patterns (rounded as in kiln/dtype.py: nearest-even, satu
 """
 from __future__ import annotations
 import math, struct
+from fractions import Fraction
 from typing import Callable
 from kiln.dtype import DType, dtypes, truncate, fp8_bits, FP8_VALUES
 from kiln.renderer import Renderer, kernel_signature, kernel_function_name
@@ -27,6 +28,26 @@ def _r32(x: float) -> float:
   """`x` rounded to float32 (nearest-even; overflow gives inf)."""
   try: return _F32.unpack(_F32.pack(x))[0]
   except OverflowError: return math.copysign(inf, x)
+
+def _fma(a: float, b: float, c: float) -> float:
+  """a*b + c rounded once to float64 (a fused multiply-add; math.fma arrives with Python 3.13)."""
+  if not (math.isfinite(a) and math.isfinite(b) and math.isfinite(c)): return a * b + c   # as IEEE fma for these
+  try: return float(Fraction(a) * Fraction(b) + Fraction(c))   # exact, then one correctly rounded division
+  except OverflowError: return math.copysign(inf, a * b if a * b != 0 else c)
+
+def _fma32(a: float, b: float, c: float) -> float:
+  """a*b + c of float32 values rounded once to float32. The product of two float32 values is exact in float64 and
+  the float64 sum s is the nearest double to the exact v = s + e (TwoSum's e); rounding s to float32 rounds v the
+  same way unless s falls exactly halfway between two float32 values, where the sign of e decides."""
+  s = a * b + c
+  r = _r32(s)
+  if r == s or not math.isfinite(s): return r
+  p = a * b
+  t = s - p
+  e = (p - (s - t)) + (c - t)
+  other = 2 * s - r   # the float32 on s's other side, if s is halfway
+  if e == 0 or _r32(other) != other or other - s != s - r: return r
+  return max(r, other) if e > 0 else min(r, other)
 
 def _r16(x: float) -> float:
   """`x` rounded to float16 (nearest-even; overflow gives inf)."""
@@ -144,7 +165,7 @@ def _check_index(i: int) -> int:
 def _bitcast(bits, src_format: str, dst_format: str):
   return struct.unpack(dst_format, struct.pack(src_format, bits))[0]
 
-EMULATOR_HELPERS = ("inf", "nan", "_r32", "_r16", "_rbf16", "_f16_bits", "_bf16_bits", "_H2F", "_BF2F", "_i2f32",
+EMULATOR_HELPERS = ("inf", "nan", "_r32", "_fma", "_fma32", "_r16", "_rbf16", "_f16_bits", "_bf16_bits", "_H2F", "_BF2F", "_i2f32",
                     "_f2i", "_fdiv0", "_fmod", "_idiv", "_imod", "_exp2", "_exp", "_log2", "_sin", "_cos", "_tan", "_sqrt", "_pow", "_trunc",
                     "_check_index", "_bitcast", "_E4M3_TO_F", "_E5M2_TO_F", "_fp8e4m3_bits", "_fp8e5m2_bits",
                     "_rfp8e4m3", "_rfp8e5m2")
@@ -251,6 +272,7 @@ PY_EXPRESSIONS: dict[Ops, Callable[[UOp, list[str]], str]] = {
   Ops.POW: _call("_pow"), Ops.EXP2: _call("_exp2"), Ops.LOG2: _call("_log2"), Ops.SIN: _call("_sin"),
   Ops.SQRT: _call("_sqrt"), Ops.RECIP: _py_recip, Ops.NEG: lambda u, a: f"(-{a[0]})", Ops.TRUNC: _py_trunc,
   Ops.WHERE: lambda u, a: f"({a[1]} if {a[0]} else {a[2]})", Ops.CAST: _py_cast, Ops.BITCAST: _py_bitcast,
+  Ops.MULACC: lambda u, a: f"{'_fma' if u.dtype == dtypes.float64 else '_fma32'}({', '.join(a)})",
 }
 _VALUE_PREFIX = {Ops.LOAD: "val", Ops.CAST: "cast", Ops.BITCAST: "cast", Ops.DEFINE_ACC: "acc"}
 
@@ -262,7 +284,7 @@ def round_to_dtype(u: UOp, text: str) -> str:
   if dtypes.is_int(dtype):
     if u.op in _INT_IN_RANGE_OPS or (u.op in _RANGE_PROVEN_OPS and _range_is_proven(u)): return text
     return wrap_int(dtype, text)
-  if dtype == dtypes.float64 or u.op in EXACT_FLOAT_OPS: return text
+  if dtype == dtypes.float64 or u.op in EXACT_FLOAT_OPS or u.op is Ops.MULACC: return text   # _fma32 rounds itself
   if dtype in (dtypes.float16, *dtypes.fp8s) and u.op in _TRANSCENDENTAL: text = f"_r32({text})"  # C: in float
   return f"{_FLOAT_ROUNDING[dtype]}({text})"
 

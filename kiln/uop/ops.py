@@ -27,8 +27,9 @@ class Ops(enum.Enum):
   ADD = enum.auto(); SUB = enum.auto(); MUL = enum.auto(); FDIV = enum.auto(); IDIV = enum.auto(); MOD = enum.auto()
   MAX = enum.auto(); CMPLT = enum.auto(); CMPNE = enum.auto(); CMPEQ = enum.auto()
   AND = enum.auto(); OR = enum.auto(); XOR = enum.auto(); SHL = enum.auto(); SHR = enum.auto(); POW = enum.auto()
-  # ternary ALU
-  WHERE = enum.auto()
+  # ternary ALU (MULACC: src[0]*src[1]+src[2] rounded once, a fused multiply-add; made only by the linearizer, for
+  # float accumulations: kiln/codegen/linearizer.py fuse_multiply_accumulate)
+  WHERE = enum.auto(); MULACC = enum.auto()
   # kernel level
   INDEX = enum.auto(); DEFINE_GLOBAL = enum.auto(); DEFINE_VAR = enum.auto(); RANGE = enum.auto(); ENDRANGE = enum.auto()
   LOAD = enum.auto(); STORE = enum.auto(); REDUCE = enum.auto(); DEFINE_ACC = enum.auto(); KERNEL = enum.auto()
@@ -43,7 +44,7 @@ class GroupOp:
   Unary = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.NEG, Ops.TRUNC})
   Binary = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ,
                       Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.POW})
-  Ternary = frozenset({Ops.WHERE})
+  Ternary = frozenset({Ops.WHERE, Ops.MULACC})
   ALU = Unary | Binary | Ternary
   Comparison = frozenset({Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ})
   Commutative = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR})

@@ -145,9 +145,13 @@ def test_possible_opts_offer_blocking_and_never_a_refused_action():
 def test_heuristics_block_large_matmuls_only(packed, block, target, wide):
   with Context(PACK_MATMUL=packed):
     opts = heuristic_opts(_matmul_kernel((2048, 2048), (2048, 2048)), target)
-    assert [o.op for o in opts] == [U, U, S, K] and opts[0].arg == wide and opts[-1].arg == block, opts
-    assert K not in [o.op for o in heuristic_opts(_matmul_kernel((1024, 1024), (1024, 1024)), target)]
-    # a smaller L2 (a 512 KiB one: blocked above 2 MiB) blocks the 1024 matmul's 4 MiB panel too
+    # packed: then the tile columns go outside the unit's tile rows (SWAP)
+    assert [o.op for o in opts] == [U, U, S, K] + [SW] * packed and opts[0].arg == wide, opts
+    assert opts[3].arg == block, opts
+    # unpacked, a panel is blocked above 4 L2s (the 1024 matmul's 4 MiB is not); packed, above one L2 (it is)
+    assert (K in [o.op for o in heuristic_opts(_matmul_kernel((1024, 1024), (1024, 1024)), target)]) == bool(packed)
+    assert K not in [o.op for o in heuristic_opts(_matmul_kernel((512, 512), (512, 512)), target)]
+    # a smaller L2 (a 512 KiB one: blocked above 2 MiB unpacked) blocks the 1024 matmul's 4 MiB panel either way
     small_l2 = CPUTarget("x86_64", "avx2", 32, 16, 32 << 10, 512 << 10, 32 << 20, 2)
     assert K in [o.op for o in heuristic_opts(_matmul_kernel((1024, 1024), (1024, 1024)), small_l2)]
 

@@ -25,21 +25,24 @@ def _run(name: str, lib: bytes) -> int:
   return int(buf.numpy()[0])
 
 def _graph(rng: np.random.Generator) -> tuple[list[Tensor], list[np.ndarray]]:
-  """Outputs whose kernels use vector constants, half/bfloat16/fp8 helpers, a split reduction and shared names."""
+  """Outputs whose kernels use vector constants, half/bfloat16/fp8 and vector fma helpers, a split reduction and shared
+  names."""
   a = rng.standard_normal((16, 64)).astype(np.float32)
   big = rng.standard_normal(20011).astype(np.float32)
+  w = rng.standard_normal((64, 64)).astype(np.float32)
   ta, tbig = Tensor(a), Tensor(big)
   outs = [(ta.half() * 2).float(), (Tensor(a[:12]).cast(dtypes.bfloat16) + 1).float(),
           Tensor(a[:10]).cast(dtypes.fp8e4m3).float(),
           (ta * 3 + 1).exp2().sum(axis=1), (ta - 2).exp2().sum(axis=1), ta.max(axis=0), tbig.sum(),
           Tensor(a[:8]).half().float().sum(axis=1), Tensor(a[:, :32]).cast(dtypes.bfloat16).float().max(axis=0),
-          Tensor(a[:4]).cast(dtypes.fp8e4m3).float() * 2]   # other shapes: other names, so in a unit with the above
+          Tensor(a[:4]).cast(dtypes.fp8e4m3).float() * 2,   # other shapes: other names, so in a unit with the above
+          Tensor(w) @ Tensor(w), Tensor(w[:32]) @ Tensor(w)]   # vector fused multiply-adds
   torch = pytest.importorskip("torch")
   want = [a.astype(np.float16).astype(np.float32) * 2, (torch.tensor(a[:12]).bfloat16() + 1).float().numpy(),
           torch.tensor(a[:10]).to(torch.float8_e4m3fn).float().numpy(), np.exp2(a * 3 + 1).sum(axis=1),
           np.exp2(a - 2).sum(axis=1), a.max(axis=0), big.sum(), a[:8].astype(np.float16).astype(np.float32).sum(axis=1),
           torch.tensor(a[:, :32]).bfloat16().float().numpy().max(axis=0),
-          torch.tensor(a[:4]).to(torch.float8_e4m3fn).float().numpy() * 2]
+          torch.tensor(a[:4]).to(torch.float8_e4m3fn).float().numpy() * 2, w @ w, w[:32] @ w]
   return outs, want
 
 @pytest.fixture
@@ -74,7 +77,7 @@ def test_every_rendered_kernel_joins_one_unit_and_loads_alone(small_chunks):
     Tensor.realize(*outs)
   runners = list({r.source: r for r in _runner_cache.values() if r.device == "CPU" and r.name != "copy"}.values())
   sources = [r.source for r in runners]
-  for helper in ("kiln_half_to_f", "kiln_bf16_to_f", "kiln_fp8_to_f", "kiln_const", "_part("):   # what it covers
+  for helper in ("kiln_half_to_f", "kiln_bf16_to_f", "kiln_fp8_to_f", "kiln_const", "_part(", "kiln_fma_"):   # what it covers
     assert any(sum(helper in sources[i] for i, _ in unit) >= 2 for unit in translation_units(sources)), helper
   libs = Device["CPU"].compiler.compile_group(sources)
   assert all(isinstance(lib, bytes) for lib in libs), libs

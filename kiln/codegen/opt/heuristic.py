@@ -29,7 +29,10 @@ The choices follow from how each axis walks memory (its stride in every load and
   threads) keeps this choice after a 252 s search. Where the scheduler packed the operands (kiln/schedule/pack.py:
   each step of the sum reads one cache line of `b`), the panel counts all of `b` and the reduce axis is blocked by 512
   (`_panel`); matmul 2048, 2 threads, best of 5 interleaved: KBLOCK 512 with 16 or 32 tiles per unit 188-197
-  GFLOP/s, 256 183, 1024 183, unblocked 121-125; NumPy 187-193;
+  GFLOP/s, 256 183, 1024 183, unblocked 121-125; NumPy 187-193. On a target, a packed panel is blocked once it
+  outgrows one L2 (an unpacked one above KBLOCK_L2_MULTIPLE L2s), and the unit's tile columns then run outside its
+  tile rows (SWAP): each column panel of `b` serves all of the unit's rows while it is in cache, and those rows of
+  `a` stay in L2 (bench/RESULTS.md, seventh session: the Xeon's 1024 and 2048 matmuls);
 - a sum over several axes whose innermost axis is contiguous in every load (a conv's weight gradient) gets 8
   accumulator lanes on that axis (LANES: one vector accumulator) and a small output tile (`_lane_reduction`);
 - a matrix-vector product (a load that moves along every output axis, another reused along one, each sum's innermost
@@ -76,11 +79,13 @@ TILE_ROWS = 8   # a matmul tile's rows (broadcast values per step); 16 where `_t
 class TilePlan:
   """The numbers the heuristics take from a target description (kiln/runtime/cpu_target.py): `lanes`, the float32
   lanes of one vector register; `wide`, a matmul tile's lanes along its vector axis; `kblock_min_bytes`, the `b`
-  panel above which a matmul is cache blocked. Nothing here changes the order of a sum (results are the same bits
+  panel above which a matmul is cache blocked (`packed_kblock_min_bytes` where its operands are packed: one L2).
+  Nothing here changes the order of a sum (results are the same bits
   on every target)."""
   lanes: int
   wide: int
   kblock_min_bytes: int
+  packed_kblock_min_bytes: int = KBLOCK_MIN_BYTES
 
 # no target description (the PYTHON emulator, tests that pin choices): the 2-core AVX2 EPYC the constants here were
 # measured on; its 16x8 tile is 8 rows of two 8-lane vectors, 16 accumulators: all of AVX2's 16 ymm registers
@@ -95,7 +100,8 @@ def plan_for(target: CPUTarget | None) -> TilePlan:
   wide = 2 * lanes
   while wide > lanes and (wide * TILE_ROWS > MAX_TILE_ELEMENTS or wide // lanes * TILE_ROWS > target.vector_registers):
     wide //= 2
-  return TilePlan(lanes=lanes, wide=wide, kblock_min_bytes=KBLOCK_L2_MULTIPLE * target.l2_bytes)
+  return TilePlan(lanes=lanes, wide=wide, kblock_min_bytes=KBLOCK_L2_MULTIPLE * target.l2_bytes,
+                  packed_kblock_min_bytes=target.l2_bytes)
 
 def _halvings(first: int, last: int = 4) -> tuple[int, ...]:
   """first, first/2, ... down to `last`: the amounts tried in order (32 -> (32, 16, 8, 4))."""
@@ -345,7 +351,7 @@ def _cache_block(kernel: Kernel, plan: TilePlan) -> None:
   if len(red_axes) != 1 or not out_axes or any(Kernel.size(r) is None for r in out_axes + red_axes): return
   loads, _ = memory_accesses(kernel.sink)
   panel = _panel(kernel, loads, out_axes[0], red_axes[0])
-  if panel is None or panel[0] <= plan.kblock_min_bytes: return
+  if panel is None or panel[0] <= (plan.packed_kblock_min_bytes if panel[1] else plan.kblock_min_bytes): return
   # a packed panel (kiln/schedule/pack.py: one cache line per step of the sum) takes longer blocks
   lengths, size = PACKED_KBLOCK_LENGTHS if panel[1] else (KBLOCK_LENGTH,), Kernel.size(red_axes[0])
   if (length := next((n for n in lengths if size % n == 0 and size > n), None)) is None: return
@@ -354,6 +360,12 @@ def _cache_block(kernel: Kernel, plan: TilePlan) -> None:
   if outer > 2 * KBLOCK_TILES and outer % KBLOCK_TILES == 0: _try(kernel, Opt(OptOps.SPLIT, 0, KBLOCK_TILES))
   if not _try(kernel, Opt(OptOps.KBLOCK, len(kernel.axes) - 1, length)):
     kernel.sink, kernel.applied, kernel.unrolled = before   # the split alone does not pay
+  elif panel[1]:
+    # packed: the tile columns outside the unit's tile rows, so one column panel of `b` (length x wide floats)
+    # serves every row of tiles while it is in cache, and the unit's rows of `a` stay in L2 (rather than the whole
+    # block of `b` streaming from L3 once per row of tiles)
+    n = len(kernel.output_axes)
+    _try(kernel, Opt(OptOps.SWAP, n - 2, n - 1))
 
 def _panel(kernel: Kernel, loads: list[UOp], outer: UOp, reduce_axis: UOp) -> tuple[int, bool] | None:
   """(bytes, packed) of the largest memory a row of tiles walks: a load that moves along the reduce axis and not
