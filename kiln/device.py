@@ -39,6 +39,12 @@ class Allocator:
   def as_memoryview(self, handle: Any) -> memoryview | None:
     """A zero-copy byte view of `handle` when the memory is host memory, else None."""
     return None
+  # whether handles are plain host memory, so `wrap` can hand the device a caller's pointer (Tensor.from_blob)
+  host_memory = False
+  def wrap(self, ptr: int, nbytes: int) -> Any:
+    """A handle to the `nbytes` bytes of host memory at address `ptr`, used in place (the caller owns the memory and
+    keeps it alive); only for allocators with `host_memory`."""
+    raise NotImplementedError(f"{type(self).__name__} cannot use host memory in place")
   def offset_view(self, handle: Any, offset: int, nbytes: int) -> Any:
     """A handle to bytes [offset, offset+nbytes) of `handle`, sharing its memory (for `Buffer.view`)."""
     raise NotImplementedError(f"{type(self).__name__} does not support views of its buffers")
@@ -91,6 +97,11 @@ class HostAllocator(LRUAllocator):
   def as_memoryview(self, handle: Any) -> memoryview:
     """A writable byte view of the host array `handle`."""
     return memoryview(handle)
+  host_memory = True
+  def wrap(self, ptr: int, nbytes: int) -> Any:
+    """The host memory at `ptr` as a uint8 array handle (no copy)."""
+    import ctypes, numpy as np
+    return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(ptr)) if nbytes else np.empty(0, np.uint8)
   def offset_view(self, handle: Any, offset: int, nbytes: int) -> Any:
     """A slice of the host array `handle` (shares its memory)."""
     return handle[offset:offset + nbytes]
@@ -114,6 +125,7 @@ class Buffer:
     self._allocator: Allocator | None = None
     self._base: Buffer | None = None   # set for a view (see `view`): it shares the base's memory at byte `_offset`
     self._offset = 0
+    self._external = False   # memory the caller owns (`allocate(external_ptr=...)`): never freed or cached here
     if initial_value is not None: self.copyin(memoryview(initial_value))
 
   def view(self, offset: int, size: int, dtype: DType) -> Buffer:
@@ -130,9 +142,17 @@ class Buffer:
     out._base, out._offset = self._base if self._base is not None else self, self._offset + offset
     return out
 
-  def allocate(self) -> Buffer:
-    """Allocate the device memory (once; later calls do nothing). A view maps its part of the base's memory."""
-    if self._allocator is None and self._base is not None:
+  def allocate(self, external_ptr: int | None = None) -> Buffer:
+    """Allocate the device memory (once; later calls do nothing). A view maps its part of the base's memory.
+
+    With `external_ptr`, the buffer uses the host memory at that address in place (tinygrad's `from_blob`): the
+    caller owns it and keeps it valid while the buffer lives. A RuntimeError if the device cannot use host memory."""
+    if external_ptr is not None:
+      if self.is_allocated(): raise RuntimeError(f"Buffer.allocate: {self!r} is allocated already")
+      allocator = Device[self.device].allocator
+      if not allocator.host_memory: raise RuntimeError(f"Buffer.allocate: {self.device} cannot use host memory in place")
+      self._buf, self._allocator, self._external = allocator.wrap(external_ptr, self.nbytes), allocator, True
+    elif self._allocator is None and self._base is not None:
       allocator = Device[self.device].allocator
       self._buf = allocator.offset_view(self._base.allocate()._buf, self._offset, self.nbytes)
       self._allocator = allocator
@@ -194,7 +214,8 @@ class Buffer:
 
   def __del__(self):
     allocator = getattr(self, "_allocator", None)
-    if allocator is None or getattr(self, "_base", None) is not None: return   # a view frees nothing: the base owns it
+    # a view frees nothing (the base owns the memory), nor does a buffer over the caller's memory
+    if allocator is None or getattr(self, "_base", None) is not None or getattr(self, "_external", False): return
     try:
       GlobalCounters.mem_used -= self.nbytes
       allocator.free(self._buf, self.nbytes)

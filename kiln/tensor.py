@@ -27,7 +27,8 @@ from kiln.mixin.sorting import SortMixin
 from kiln.mixin.linalg import LinalgMixin
 from kiln.mixin.bytes import BytesMixin
 from kiln.mixin.common import TensorIndexError, TensorValueError, UnsupportedError, EmptyAxisError, where as _where, \
-  fmt as _fmt, dtype_arg as _dtype_arg, canonical_device as _canonical_device, broadcast_shape as _broadcast_shape
+  fmt as _fmt, dtype_arg as _dtype_arg, canonical_device as _canonical_device, \
+  broadcasts_to, broadcast_shape as _broadcast_shape
 
 # hot reads bound once: `Ops.X` is a metaclass attribute lookup (~130 ns under Python 3.11), a global ~10 ns
 _ADD, _MUL = Ops.ADD, Ops.MUL
@@ -573,15 +574,24 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     return self.contiguous()
 
   def assign(self, x: Tensor | Any) -> Tensor:
-    """Overwrite this tensor's values with `x` (same shape; cast to this dtype). Lazy, like every op."""
+    """Overwrite this tensor's values with `x` (a Tensor, scalar or list, broadcast to this shape and cast to this
+    dtype, as PyTorch's copy_ and tinygrad). Lazy, like every op.
+
+    >>> t = Tensor.zeros(2, 3).contiguous().realize()
+    >>> t.assign(Tensor([1.0, 2.0, 3.0])).tolist()
+    [[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]]
+    """
     if self.device.startswith("DISK"):   # a file: the bytes are written through at once
       from kiln.runtime.ops_disk import write_to_disk
       return write_to_disk(self, x)
     if type(x) in (int, float, bool) and self._assign_scalar_now(x): return self
-    value = x if isinstance(x, Tensor) else Tensor.full(self.shape, x, device=self.device, dtype=self.dtype)
-    if value.shape != self.shape and not all(sint_eq(a, b) for a, b in zip(value.shape, self.shape)) or \
-       len(value.shape) != len(self.shape):
-      raise TensorValueError(f"assign: shape {_fmt(value.shape)} does not match the target's {_fmt(self.shape)}{_where()}")
+    if isinstance(x, Tensor): value = x
+    elif type(x) in (int, float, bool): value = Tensor.full(self.shape, x, device=self.device, dtype=self.dtype)
+    else: value = Tensor(x, device=self.device, dtype=self.dtype)
+    if not broadcasts_to(value.shape, self.shape):
+      raise TensorValueError(f"assign: a value of shape {_fmt(value.shape)} cannot be broadcast to the target's "
+                             f"{_fmt(self.shape)}{_where()}")
+    value = value._broadcast_to(self.shape)
     if value.device != self.device:
       raise RuntimeError(f"assign: value on {value.device} but the target is on {self.device}{_where()}")
     if value.dtype != self.dtype: value = value.cast(self.dtype)
@@ -698,7 +708,8 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     return self._broadcast_to(new)
 
   def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
-    if self.shape == shape: return self
+    if self.shape == shape or len(self.shape) == len(shape) and all(sint_eq(a, b) for a, b in zip(self.shape, shape)):
+      return self
     uop = self.uop.reshape((1,) * (len(shape) - self.ndim) + self.shape)
     return Tensor._wrap(uop.expand(shape), "expand")
 
@@ -1362,6 +1373,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
       if self.numel() != 1:
         raise RuntimeError(f"gradient: a non-scalar output of shape {_fmt(self.shape)} needs an explicit gradient{_where()}")
       gradient = Tensor.full(self.shape, 1.0, device=self.device, dtype=self.dtype)
+    gradient = self._check_output_gradient(gradient)
     grads = compute_gradient(self.uop, gradient.uop, {t._grad_identity() for t in targets})
     out = []
     for t in targets:
@@ -1371,6 +1383,19 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
                            f"detach); pass materialize_grads=True for zeros{_where()}")
       out.append(Tensor._wrap(g, "gradient") if g is not None else t.zeros_like())
     return out
+
+  def _check_output_gradient(self, gradient: Tensor) -> Tensor:
+    """The gradient given for this output: a Tensor of its shape and device (TypeError / RuntimeError as in PyTorch),
+    cast to its dtype."""
+    if not isinstance(gradient, Tensor):
+      raise TypeError(f"gradient: the gradient must be a Tensor, got {type(gradient).__name__}{_where()}")
+    if gradient.shape != self.shape and not (len(gradient.shape) == len(self.shape) and
+                                             all(sint_eq(a, b) for a, b in zip(gradient.shape, self.shape))):
+      raise TensorValueError(f"gradient: the gradient of shape {_fmt(gradient.shape)} does not match the output's shape "
+                             f"{_fmt(self.shape)}{_where()}")
+    if gradient.device != self.device:
+      raise RuntimeError(f"gradient: the gradient is on {gradient.device} but the output is on {self.device}{_where()}")
+    return gradient if gradient.dtype == self.dtype else gradient.cast(self.dtype)
 
   def _grad_identity(self) -> UOp:
     """The node gradients accumulate at: the graph this tensor was realized from, if it remembers one."""

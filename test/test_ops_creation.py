@@ -137,12 +137,21 @@ def test_from_blob(npdt):
   assert t.shape == (3, 4) and t.dtype == dtypes.fields()[npdt]
   np.testing.assert_array_equal(t.numpy(), src)
 
-def test_from_blob_copies_and_devices():
+def test_from_blob_uses_the_memory_in_place_and_devices():
   raw = (ctypes.c_float * 4)(1.0, -2.0, 3.5, 0.25)
   t = Tensor.from_blob(ctypes.addressof(raw), (2, 2), device="PYTHON")
   assert t.device == "PYTHON" and t.dtype == dtypes.float32
-  raw[0] = 99.0   # kiln copies the memory when the tensor is made
-  np.testing.assert_array_equal(t.numpy(), [[1.0, -2.0], [3.5, 0.25]])
+  raw[0] = 99.0   # as in tinygrad, the tensor is the memory: it sees later writes
+  np.testing.assert_array_equal(t.numpy(), [[99.0, -2.0], [3.5, 0.25]])
+  t.assign(t * 2).realize()   # and writes to the tensor land in the memory
+  assert list(raw) == [198.0, -4.0, 7.0, 0.5]
+  t[1] = Tensor([0.0, 1.0], device="PYTHON")
+  t.realize()
+  assert list(raw) == [198.0, -4.0, 0.0, 1.0]
+  ints = np.arange(6, dtype=np.int32)
+  u = Tensor.from_blob(ints.ctypes.data, (3, 2), dtype=dtypes.int32)
+  ints[5] = -7
+  assert u.tolist() == [[0, 1], [2, 3], [4, -7]] and (u + 1).tolist() == [[1, 2], [3, 4], [5, -6]]
   bits = torch.tensor([1.5, -2.25, 3.0], dtype=torch.bfloat16).view(torch.int16).numpy()
   bf = Tensor.from_blob(bits.ctypes.data, (3,), dtype=dtypes.bfloat16)
   np.testing.assert_array_equal(bf.numpy(), [1.5, -2.25, 3.0])

@@ -3,6 +3,7 @@ from __future__ import annotations
 from kiln.dtype import DType, to_dtype
 from kiln.helpers import user_frame_location
 from kiln.device import Device
+from kiln.uop.sint import sint_eq
 
 # Each error class is the class PyTorch raises for the same misuse (tinygrad's tests and user code catch those) and
 # also the Python class kiln raised before (so `except ValueError` code keeps working).
@@ -43,6 +44,10 @@ def canonical_device(device: str | None) -> str:
   if name.partition(":")[0] not in _known_devices:
     raise TensorValueError(f"unknown device {device!r}; known devices: {', '.join(_known_devices)}{where()}")
   return name
+
+def broadcasts_to(shape: tuple, target: tuple) -> bool:
+  """Whether `shape` broadcasts to `target` exactly (NumPy's rule, one way: sizes of 1 and missing leading axes grow)."""
+  return len(shape) <= len(target) and all(s == 1 or sint_eq(s, t) for s, t in zip(reversed(shape), reversed(target)))
 
 def broadcast_shape(op: str, *shapes: tuple[int, ...]) -> tuple[int, ...]:
   ndim = max(len(s) for s in shapes)

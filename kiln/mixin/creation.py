@@ -4,6 +4,7 @@ import ctypes, pathlib
 from typing import TYPE_CHECKING
 from kiln.dtype import DType, dtypes
 from kiln.helpers import prod, fetch
+from kiln.device import Device
 from kiln.mixin.common import UnsupportedError, TensorValueError, where, fmt, dtype_arg, canonical_device
 if TYPE_CHECKING: from kiln.tensor import Tensor
 
@@ -108,15 +109,18 @@ class CreationMixin:
 
   @staticmethod
   def from_blob(ptr: int, shape: tuple[int, ...], **kwargs) -> Tensor:
-    """A tensor holding a copy of the `prod(shape)` elements at host address `ptr` (`dtype`, `device` as kwargs).
+    """A tensor over the `prod(shape)` elements at host address `ptr` (`dtype`, `device` and Tensor options as kwargs).
 
-    Unlike tinygrad, which wraps the memory, kiln copies it once here: the memory only has to stay valid during
-    this call, and later writes to it are not seen by the tensor.
+    As in tinygrad, the memory is used in place, not copied: the tensor sees later writes to it, `assign` writes
+    into it, and the caller keeps it valid while the tensor lives. A device that cannot compute on host memory gets
+    a copy, made here.
 
     >>> import ctypes
     >>> raw = (ctypes.c_float * 3)(1.0, 2.0, 3.0)
-    >>> Tensor.from_blob(ctypes.addressof(raw), (3,), dtype=dtypes.float32).tolist()
-    [1.0, 2.0, 3.0]
+    >>> t = Tensor.from_blob(ctypes.addressof(raw), (3,), dtype=dtypes.float32)
+    >>> raw[0] = 5.0
+    >>> t.tolist()
+    [5.0, 2.0, 3.0]
     """
     from kiln.tensor import Tensor, _shape_arg
     shape = _shape_arg(tuple(shape) if isinstance(shape, (tuple, list)) else (shape,))
@@ -126,7 +130,9 @@ class CreationMixin:
     if not _is_int(ptr) or (ptr <= 0 and nbytes):
       raise TensorValueError(f"from_blob: ptr must be a valid (non-null) address, got {ptr!r}{where()}")
     out = Tensor.empty(*shape, dtype=dtype, device=device)
-    if nbytes: out.uop.base.buffer.copyin(memoryview(ctypes.string_at(ptr, nbytes)))
+    buffer = out.uop.base.buffer
+    if Device[device].allocator.host_memory: buffer.allocate(external_ptr=ptr)
+    elif nbytes: buffer.copyin(memoryview(ctypes.string_at(ptr, nbytes)))
     return Tensor(out.uop, **kwargs)
 
   @staticmethod

@@ -250,6 +250,9 @@ class IndexingMixin:
     >>> t.tolist()
     [[0, 7, 7], [5, 0, 6]]
     """
+    if self.device.startswith("DISK"):   # a file: write the indexed bytes through (a byte range, as tinygrad)
+      self[index].assign(value)
+      return
     target = self.uop.src[0] if self.uop.op is Ops.ASSIGN else self.uop
     realized = target.base.op is Ops.BUFFER
     # a lazy computed tensor just takes a new graph, which differentiates (as a non-leaf in PyTorch); a leaf or a

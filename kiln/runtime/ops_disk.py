@@ -108,10 +108,10 @@ def is_disk(device: str | None) -> bool:
 def _shrink_range(shape: tuple[int, ...], bounds: tuple[tuple[int, int], ...]) -> tuple[int, int] | None:
   """(first element, element count) of a row-major shrink, or None when the kept elements are not contiguous."""
   kept = [e - b for b, e in bounds]
-  # contiguous: the axes after the first partial one are whole, those before it keep a single index
-  partial = next((i for i, (k, s) in enumerate(zip(kept, shape)) if k != s), len(shape))
+  # contiguous: the axes before the last partial one keep a single index (those after it are whole); `t[2, 1:3]` of
+  # a (4, 4) tensor is one run of 2 elements
+  partial = max((i for i, (k, s) in enumerate(zip(kept, shape)) if k != s), default=0)
   if prod(kept) and any(k != 1 for k in kept[:partial]): return None
-  if any(k != s for k, s in zip(kept[partial + 1:], shape[partial + 1:])): return None
   strides = [prod(shape[i + 1:]) for i in range(len(shape))]
   return sum(b * st for (b, _), st in zip(bounds, strides)), prod(kept)
 
@@ -188,12 +188,15 @@ def disk_bitcast(t, dtype: DType):
   return type(t)(view_node(buf, offset, dtype, shape))
 
 def write_to_disk(target, value):
-  """`target.assign(value)` for a DISK target: the bytes of `value` (cast to the target's dtype) are written through
-  to the file at once. Returns `target`."""
+  """`target.assign(value)` for a DISK target: the bytes of `value` (broadcast to the target's shape, cast to its
+  dtype) are written through to the file at once. Returns `target`."""
+  from kiln.mixin.common import broadcasts_to
   cls = type(target)
   if not isinstance(value, cls): value = cls(value, device="CPU", dtype=target.dtype)
-  if value.shape != target.shape:
-    raise ValueError(f"assign: shape {value.shape} does not match the DISK target's {target.shape}")
+  if not broadcasts_to(value.shape, target.shape):
+    raise ValueError(f"assign: a value of shape {value.shape} cannot be broadcast to the DISK target's {target.shape}")
+  if value.shape != target.shape:   # broadcast on the host: a DISK tensor has no kernels
+    value = (value.to("CPU") if is_disk(value.device) else value).expand(target.shape)
   found = byte_range(target.uop)
   if found is None: raise disk_op_error(f"assign into {target.uop.op.name.lower()}")
   buf, offset, nbytes = found
