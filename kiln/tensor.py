@@ -680,7 +680,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     if any(s < 0 for s in shape): raise TensorValueError(f"reshape: negative size in {_fmt(shape)}{_where()}")
     if prod(shape) != self.numel():
       raise TensorValueError(f"reshape: cannot reshape {_fmt(self.shape)} ({self.numel()} elements) to {_fmt(shape)} "
-                       f"({prod(shape)} elements){_where()}")
+                             f"({prod(shape)} elements){_where()}")
     return self if shape == self.shape else Tensor._wrap(self.uop.reshape(shape), "reshape")
   def _reshape_symbolic(self, shape: tuple) -> Tensor:
     """reshape where the old or new shape holds expressions over bound Variables: the element counts must be the
@@ -690,7 +690,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
       shape = tuple(ssimplify(self.numel() // known) if isinstance(s, int) and s == -1 else s for s in shape)
     if not sint_eq(prod(shape), self.numel()):
       raise TensorValueError(f"reshape: cannot reshape {_fmt(self.shape)} ({sint_str(self.numel())} elements) to "
-                       f"{_fmt(shape)} ({sint_str(prod(shape))} elements){_where()}")
+                             f"{_fmt(shape)} ({sint_str(prod(shape))} elements){_where()}")
     return self if shape == self.shape else Tensor._wrap(self.uop.reshape(shape), "reshape")
   def view(self, shape=(), *args) -> Tensor:
     """The same as reshape."""
@@ -759,8 +759,8 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
         # checked over the Variables' whole ranges: the kernel is reused for every value they can be bound to
         if sint_min(b) < 0 or sint_min(ssub(e, b)) < 0 or sint_min(ssub(s, e)) < 0:
           raise TensorValueError(f"shrink: bounds {_fmt_bounds(bounds)} do not fit shape {_fmt(self.shape)} for every "
-                           f"value of their Variables (0 <= start <= end <= size must hold over each [min, max])"
-                           f"{_where()}")
+                                 f"value of their Variables (0 <= start <= end <= size must hold over each [min, max])"
+                                 f"{_where()}")
       return Tensor._wrap(self.uop.shrink(bounds), "shrink")
     for (b, e), s in zip(bounds, self.shape):
       if not 0 <= b <= e <= s: raise TensorValueError(f"shrink: bounds {bounds} do not fit shape {_fmt(self.shape)}{_where()}")
@@ -1635,7 +1635,7 @@ def _symbolic_size(s: UOp, shape, allow_negative: bool = False) -> int | UOp:
   for u in s.toposort():
     if u.op is Ops.DEFINE_VAR and not any(b.op is Ops.BIND and b.src[0] is u for b in s.toposort()):
       raise TensorValueError(f"shape entry {sint_str(s)} uses the unbound Variable {u.arg[0]!r}; pass "
-                       f"Variable(...).bind(value){_where()}")
+                             f"Variable(...).bind(value){_where()}")
   s = ssimplify(s)
   if allow_negative: return s
   if isinstance(s, UOp) and sint_min(s) < 0:

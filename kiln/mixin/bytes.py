@@ -116,7 +116,7 @@ class BytesMixin:
         raise TensorValueError(f"bitcast: a 0-d tensor cannot change item size ({self.dtype} -> {dtype}){where()}")
       if self.shape[-1] * old % new:
         raise TensorValueError(f"bitcast: the last axis of {fmt(self.shape)} {self.dtype} ({self.shape[-1] * old} bytes) "
-                         f"does not divide into {dtype} items of {new} bytes{where()}")
+                               f"does not divide into {dtype} items of {new} bytes{where()}")
     x = self.cast(dtypes.uint8) if self.dtype == dtypes.bool else self   # a bool is stored as its 0/1 byte
     if dtype == dtypes.bool: return x.bitcast(dtypes.uint8) != 0
     if x.dtype == dtype: return x
@@ -154,7 +154,7 @@ class BytesMixin:
     if isinstance(cfg, str):
       if cfg not in KECCAK_CONFIGS:
         raise TensorValueError(f"keccak: unknown cfg {cfg!r}; expected one of {', '.join(KECCAK_CONFIGS)} "
-                         f"or a (rate, domain byte) pair{where()}")
+                               f"or a (rate, domain byte) pair{where()}")
       rate, domain = KECCAK_CONFIGS[cfg]
     elif isinstance(cfg, tuple) and len(cfg) == 2 and all(isinstance(v, int) for v in cfg):
       rate, domain = cfg

@@ -39,13 +39,13 @@ def _pad_pairs(padding, n: int, op: str) -> list[tuple[int, int]]:
     if len(padding) == n: return [(int(p), int(p)) for p in padding]
     if len(padding) == 2 * n: return [(int(padding[i]), int(padding[i + 1])) for i in range(0, 2 * n, 2)][::-1]
   raise TensorValueError(f"{op}: padding must be an int or a sequence of {n} or {2 * n} ints for {n} spatial dims, "
-                   f"got {padding!r}{where()}")
+                         f"got {padding!r}{where()}")
 
 def _check_conv_operands(x: Tensor, w: Tensor, groups, op: str) -> None:
   """Errors for operands no convolution can take: dims, devices, groups."""
   if w.ndim < 3 or x.ndim != w.ndim:
     raise TensorValueError(f"{op}: input {fmt(x.shape)} and weight {fmt(w.shape)} need the same number of dims, at least 3 "
-                     f"(batch, channels, *spatial){where()}")
+                           f"(batch, channels, *spatial){where()}")
   if x.device != w.device: raise RuntimeError(f"{op}: input on {x.device} but weight on {w.device}{where()}")
   if not _is_int(groups) or groups < 1:
     raise TensorValueError(f"{op}: groups must be a positive int, got {groups!r}{where()}")
@@ -162,7 +162,7 @@ class ConvMixin:
     spans = [d * (k - 1) + 1 for k, d in zip(kernel, dilations)]
     if any(span > size for span, size in zip(spans, sizes)):
       raise TensorValueError(f"pool: kernel {fmt(kernel)} with dilation {fmt(dilations)} spans {fmt(spans)}, more than the "
-                       f"(padded) input's spatial size {fmt(sizes)}{where()}")
+                             f"(padded) input's spatial size {fmt(sizes)}{where()}")
     outs = [(size - span) // s + 1 for size, span, s in zip(sizes, spans, strides)]
     keep = [None] * len(lead)
     nl = len(lead)
@@ -219,10 +219,10 @@ class ConvMixin:
     (batch, channels), (cout, cin), kernel = x.shape[:2], w.shape[:2], w.shape[2:]
     if cin * groups != channels:
       raise TensorValueError(f"{op}: input {fmt(x.shape)} has {channels} channels but weight {fmt(w.shape)} with "
-                       f"groups={groups} expects {cin}*{groups} = {cin * groups}{where()}")
+                             f"groups={groups} expects {cin}*{groups} = {cin * groups}{where()}")
     if cout % groups:
       raise TensorValueError(f"{op}: weight {fmt(w.shape)} has {cout} output channels, not divisible by "
-                       f"groups={groups}{where()}")
+                             f"groups={groups}{where()}")
     if bias is not None and (not isinstance(bias, type(self)) or bias.shape != (cout,)):
       got = fmt(bias.shape) if isinstance(bias, type(self)) else type(bias).__name__
       raise TensorValueError(f"{op}: bias must have shape ({cout},) for weight {fmt(w.shape)}, got {got}{where()}")
@@ -231,7 +231,7 @@ class ConvMixin:
     spans = [d * (k - 1) + 1 for k, d in zip(kernel, dilations)]
     if any(p < span for p, span in zip(padded, spans)) or 0 in kernel:
       raise TensorValueError(f"{op}: kernel {fmt(kernel)} (dilation {fmt(dilations)}) is larger than the padded input "
-                       f"{fmt(padded)} of input {fmt(x.shape)}{where()}")
+                             f"{fmt(padded)} of input {fmt(x.shape)}{where()}")
     if _phases_pay(x, strides, dilations, pairs, dtype):
       # a strided conv is a stride-1 conv of the input's phases with the weight's (_phase_input): contiguous rows
       # the weight's padded taps read inputs of the next window, or ones no output reads: select them out
@@ -291,14 +291,14 @@ class ConvMixin:
     n, cin, kernel = w.ndim - 2, w.shape[0], w.shape[2:]
     if x.shape[1] != cin or cin % groups:
       raise TensorValueError(f"{op}: input {fmt(x.shape)} has {x.shape[1]} channels but weight {fmt(w.shape)} expects {cin} "
-                       f"(and a multiple of groups={groups}){where()}")
+                             f"(and a multiple of groups={groups}){where()}")
     strides, dilations = _int_tuple(stride, n, "stride", op), _int_tuple(dilation, n, "dilation", op)
     out_pads = _int_tuple(output_padding, n, "output_padding", op, minimum=0)
     pairs = _pad_pairs(padding, n, op)
     if any(b < 0 or a < 0 for b, a in pairs): raise TensorValueError(f"{op}: negative padding {padding!r}{where()}")
     if any(p >= max(s, d) for p, s, d in zip(out_pads, strides, dilations)):
       raise TensorValueError(f"{op}: output_padding {fmt(out_pads)} must be smaller than stride {fmt(strides)} or dilation "
-                       f"{fmt(dilations)}{where()}")
+                             f"{fmt(dilations)}{where()}")
     sizes = x.shape[2:]
     outs = [(i - 1) * s - b - a + d * (k - 1) + p + 1
             for i, s, (b, a), d, k, p in zip(sizes, strides, pairs, dilations, kernel, out_pads)]
@@ -340,7 +340,7 @@ class ConvMixin:
     padded = [i + b + a for i, (b, a) in zip(sizes, pairs)]
     if any(p < span for p, span in zip(padded, spans)):
       raise TensorValueError(f"{op}: kernel {fmt(kernel)} (dilation {fmt(dilations)}) is larger than the padded input "
-                       f"{fmt(padded)} of input {fmt(self.shape)}{where()}")
+                             f"{fmt(padded)} of input {fmt(self.shape)}{where()}")
     extra = [0] * n
     if ceil_mode:
       for axis, (i, (b, _), p, span, s) in enumerate(zip(sizes, pairs, padded, spans, strides)):

@@ -87,7 +87,7 @@ class CreationMixin:
     if n == 0: raise TensorValueError(f"multinomial: weights of shape {fmt(self.shape)} have no categories{where()}")
     if not replacement and num_samples > n:
       raise TensorValueError(f"multinomial: cannot draw {num_samples} samples without replacement from {n} "
-                       f"categories{where()}")
+                             f"categories{where()}")
     weights = (self.unsqueeze(0) if self.ndim == 1 else self).detach().cast(dtypes.float32)
     rows = weights.shape[0]
     if replacement or num_samples == 1:

@@ -318,7 +318,7 @@ class IndexingMixin:
       raise UnsupportedError(f"{op}: index must have an int dtype, got {index.dtype}{where()}")
     if index.ndim != self.ndim:
       raise TensorValueError(f"{op}: index of shape {fmt(index.shape)} needs as many dimensions as the tensor of shape "
-                       f"{fmt(self.shape)}{where()}")
+                             f"{fmt(self.shape)}{where()}")
 
   def gather(self, dim: int, index: Tensor) -> Tensor:
     """Values along `dim` picked by `index`: out[i][j] = self[index[i][j]][j] for dim=0 (like torch.gather).
@@ -334,7 +334,7 @@ class IndexingMixin:
     if self.ndim == 0: return self.reshape(1).gather(0, index.reshape(1)).reshape(())
     if any(i > s for d, (i, s) in enumerate(zip(index.shape, self.shape)) if d != dim):
       raise TensorValueError(f"gather: index of shape {fmt(index.shape)} is larger than the tensor of shape "
-                       f"{fmt(self.shape)} outside dim {dim}{where()}")
+                             f"{fmt(self.shape)} outside dim {dim}{where()}")
     index, size = index.to(self.device), self.shape[dim]
     x = self.shrink(tuple((0, s) if d == dim else (0, i) for d, (i, s) in enumerate(zip(index.shape, self.shape))))
     source = x.unsqueeze(-1).transpose(dim, -1)             # the gathered axis moved last, a 1 in its place
@@ -352,7 +352,7 @@ class IndexingMixin:
       raise TensorValueError(f"{op}: src of shape {fmt(src.shape)} needs {self.ndim} dimensions{where()}")
     if any(i > s or (d != dim and i > t) for d, (i, s, t) in enumerate(zip(index.shape, src.shape, self.shape))):
       raise TensorValueError(f"{op}: index of shape {fmt(index.shape)} must fit in src {fmt(src.shape)} and, outside dim "
-                       f"{dim}, in the tensor {fmt(self.shape)}{where()}")
+                             f"{dim}, in the tensor {fmt(self.shape)}{where()}")
     index, src = index.to(self.device), src.to(self.device)
     src = src.shrink(tuple((0, i) for i in index.shape)).unsqueeze(-1)
     hit = index.unsqueeze(-1) == self.arange(self.shape[dim], device=self.device)
@@ -402,7 +402,7 @@ class IndexingMixin:
     """
     if reduce not in ("sum", "prod", "mean", "amax", "amin"):
       raise TensorValueError(f"scatter_reduce: reduce must be 'sum', 'prod', 'mean', 'amax' or 'amin', "
-                       f"got {reduce!r}{where()}")
+                             f"got {reduce!r}{where()}")
     if self.ndim == 0:
       src = src.reshape(1) if isinstance(src, type(self)) else src
       return self.reshape(1).scatter_reduce(0, index.reshape(1), src, reduce, include_self).reshape(())
@@ -441,7 +441,7 @@ class IndexingMixin:
       value = value.cast(self.dtype)
       if broadcast_shape("masked_fill", self.shape, value.shape) != self.shape:
         raise TensorValueError(f"masked_fill: value of shape {fmt(value.shape)} does not broadcast to "
-                         f"{fmt(self.shape)}{where()}")
+                               f"{fmt(self.shape)}{where()}")
     else: value = self.full((), value, device=self.device).cast(self.dtype)
     return mask.where(value, self)
 
@@ -525,5 +525,5 @@ def _broadcast_value(value: Tensor, shape: tuple[int, ...]) -> Tensor:
   padded = (1,) * (len(shape) - value.ndim) + value.shape
   if value.ndim > len(shape) or any(v != s and v != 1 for v, s in zip(padded, shape)):
     raise TensorValueError(f"setitem: value of shape {fmt(value.shape)} cannot be broadcast to the indexed shape "
-                     f"{fmt(shape)}{where()}")
+                           f"{fmt(shape)}{where()}")
   return value.reshape(padded).expand(shape)

@@ -50,7 +50,7 @@ def _parse_einops_side(side: str, formula: str) -> list:
       else: group.append(token)
     else:
       raise TensorValueError(f"rearrange: {token!r} in {formula!r} is not an axis name (an identifier not starting or "
-                       f"ending with _), 1 or ...{where()}")
+                             f"ending with _), 1 or ...{where()}")
   if group is not None: raise TensorValueError(f"rearrange: unbalanced parentheses in {formula!r}{where()}")
   return axes
 
@@ -74,12 +74,12 @@ class MovementMixin:
       if len(padding) % 2: raise TensorValueError(f"pad: flat padding {padding} must have an even length{where()}")
       if len(padding) // 2 > self.ndim:
         raise TensorValueError(f"pad: flat padding {padding} pads {len(padding) // 2} axes but the tensor "
-                         f"{fmt(self.shape)} has {self.ndim}{where()}")
+                               f"{fmt(self.shape)} has {self.ndim}{where()}")
       pairs = [(_as_size(padding[i]), _as_size(padding[i + 1])) for i in range(0, len(padding), 2)]
       return tuple([(0, 0)] * (self.ndim - len(pairs)) + pairs[::-1])
     if len(padding) != self.ndim:
       raise TensorValueError(f"pad: {len(padding)} (before, after) pairs for a {self.ndim}-d tensor "
-                       f"{fmt(self.shape)}{where()}")
+                             f"{fmt(self.shape)}{where()}")
     pairs = []
     for p in padding:
       if p is None: pairs.append((0, 0)); continue
@@ -111,7 +111,7 @@ class MovementMixin:
     for axis, ((before, after), size) in enumerate(zip(pairs, self.shape)):
       if size + before + after < 0 or -before > size or -after > size:
         raise TensorValueError(f"pad: padding {(before, after)} crops more than the {size} elements of axis {axis} "
-                         f"of {fmt(self.shape)}{where()}")
+                               f"of {fmt(self.shape)}{where()}")
     if mode == "circular": return self._pad_circular(pairs)
     grow = tuple((max(b, 0), max(a, 0)) for b, a in pairs)
     crop = tuple((max(-b, 0), max(-a, 0)) for b, a in pairs)
@@ -125,10 +125,10 @@ class MovementMixin:
       size = x.shape[axis]
       if mode == "reflect" and (before >= size or after >= size):
         raise TensorValueError(f"pad: reflect padding {(before, after)} must be smaller than the size {size} of axis {axis} "
-                         f"of {fmt(self.shape)}{where()}")
+                               f"of {fmt(self.shape)}{where()}")
       if mode == "replicate" and size == 0:
         raise TensorValueError(f"pad: replicate padding {(before, after)} needs a non-empty axis {axis} "
-                         f"of {fmt(self.shape)}{where()}")
+                               f"of {fmt(self.shape)}{where()}")
       pieces = [x]
       if before:   # reflect: x[before], ..., x[1]; replicate: x[0] repeated
         if mode == "reflect": pieces.insert(0, x._narrow(axis, 1, before + 1).flip(axis))
@@ -148,7 +148,7 @@ class MovementMixin:
     for axis, (before, after) in enumerate(pairs):
       if sint_min(before) < 0 or sint_min(after) < 0:
         raise TensorValueError(f"pad: symbolic padding ({sint_str(before)}, {sint_str(after)}) on axis {axis} can be "
-                         f"negative; padding with bound Variables must be >= 0 over their ranges{where()}")
+                               f"negative; padding with bound Variables must be >= 0 over their ranges{where()}")
     pairs = tuple((ssimplify(b), ssimplify(a)) for b, a in pairs)
     return self._pad_constant(pairs, value)
 
@@ -169,7 +169,7 @@ class MovementMixin:
     for axis, ((before, after), size) in enumerate(zip(grow, x.shape)):
       if before > size or after > size:
         raise TensorValueError(f"pad: circular padding {(before, after)} wraps around more than once on axis {axis} "
-                         f"of size {size}{where()}")
+                               f"of size {size}{where()}")
     # three copies side by side hold every wrapped window of at most one extra period on each side
     tiled = x.repeat(tuple(3 if b or a else 1 for b, a in grow))
     return tiled.shrink(tuple((s - b, 2 * s + a) if b or a else (0, s) for (b, a), s in zip(grow, x.shape)))
@@ -193,7 +193,7 @@ class MovementMixin:
     if not all(_is_int(r) for r in repeats): raise TypeError(f"repeat: repeats must be ints, got {repeats}{where()}")
     if len(repeats) < self.ndim:
       raise TensorValueError(f"repeat: {len(repeats)} repeats for a {self.ndim}-d tensor {fmt(self.shape)}; "
-                       f"give at least one per axis{where()}")
+                             f"give at least one per axis{where()}")
     if any(r < 0 for r in repeats): raise TensorValueError(f"repeat: repeats must be non-negative, got {repeats}{where()}")
     shape = (1,) * (len(repeats) - self.ndim) + self.shape
     # a new size-r axis in front of each axis, broadcast, then merged: copy i of the whole axis comes before copy i+1
@@ -263,7 +263,7 @@ class MovementMixin:
     for i, t in enumerate(tensors):
       if t.ndim != first.ndim or any(a != b for k, (a, b) in enumerate(zip(t.shape, first.shape)) if k != axis):
         raise TensorValueError(f"cat: shape {fmt(t.shape)} of tensor {i} does not match {fmt(first.shape)} of tensor 0 "
-                         f"outside dim {axis}{where()}")
+                               f"outside dim {axis}{where()}")
     tensors = [t if t.dtype == dtype else t.cast(dtype) for t in tensors]
     pieces = [t for t in tensors if t.shape[axis] > 0] or tensors[:1]
     if len(pieces) == 1: return pieces[0]
@@ -292,7 +292,7 @@ class MovementMixin:
     for i, t in enumerate(tensors):
       if t.shape != tensors[0].shape:
         raise TensorValueError(f"stack: tensors must have equal shapes, got {fmt(tensors[0].shape)} (tensor 0) and "
-                         f"{fmt(t.shape)} (tensor {i}){where()}")
+                               f"{fmt(t.shape)} (tensor {i}){where()}")
     ndim = tensors[0].ndim + 1
     if not _is_int(dim) or not -ndim <= dim < ndim:
       raise IndexError(f"stack: dim {dim!r} is out of range for stacking {ndim - 1}-d tensors{where()}")
@@ -321,7 +321,7 @@ class MovementMixin:
         raise TensorValueError(f"split: sizes must be non-negative ints, got {sizes}{where()}")
       if sum(sizes) != n:
         raise TensorValueError(f"split: sizes {sizes} sum to {sum(sizes)}, not to the size {n} of axis {axis} "
-                         f"of {fmt(self.shape)}{where()}")
+                               f"of {fmt(self.shape)}{where()}")
     starts = np.cumsum([0] + sizes).tolist()
     return tuple(self._narrow(axis, starts[i], starts[i + 1]) for i in range(len(sizes)))
 
@@ -375,7 +375,7 @@ class MovementMixin:
     n, known = self.shape[axis], prod(s for s in sizes if s != -1)
     if sizes.count(-1) > 1 or (-1 not in sizes and known != n) or (-1 in sizes and (known == 0 or n % known)):
       raise TensorValueError(f"unflatten: sizes {sizes} do not multiply up to the size {n} of axis {axis} "
-                       f"of {fmt(self.shape)}{where()}")
+                             f"of {fmt(self.shape)}{where()}")
     sizes = tuple(n // known if s == -1 else s for s in sizes)
     return self.reshape(self.shape[:axis] + sizes + self.shape[axis + 1:])
 
@@ -398,7 +398,7 @@ class MovementMixin:
     if step <= 0: raise TensorValueError(f"unfold: step must be > 0, got {step}{where()}")
     if size > length:
       raise TensorValueError(f"unfold: window size {size} is larger than axis {axis} (size {length}) of "
-                       f"{fmt(self.shape)}{where()}")
+                             f"{fmt(self.shape)}{where()}")
     if self.ndim == 0: return self.reshape(1)._narrow(0, 0, size)
     to_last = [a for a in range(self.ndim) if a != axis] + [axis]
     windows = self.permute(to_last)._pool((size,), step)   # (...others, count, size)
@@ -439,23 +439,23 @@ class MovementMixin:
     n_named = len(left) - ("..." in left)
     if self.ndim < n_named or ("..." not in left and self.ndim != n_named):
       raise TensorValueError(f"rearrange: the left of {formula!r} names {n_named} axes but the tensor {fmt(self.shape)} "
-                       f"has {self.ndim}{where()}")
+                             f"has {self.ndim}{where()}")
     rest = [f"...{i}" for i in range(self.ndim - n_named)]
     left_axes, right_axes = _expand_ellipsis(left, rest), _expand_ellipsis(right, rest)
     size_of: dict[str, int] = {}
     for position, (group, length) in enumerate(zip(left_axes, self.shape)):
       if not group and length != 1:
         raise TensorValueError(f"rearrange: axis {position} is 1 in {formula!r} but has size {length} in "
-                         f"{fmt(self.shape)}{where()}")
+                               f"{fmt(self.shape)}{where()}")
       unknown = [n for n in group if n not in sizes]
       known = prod(sizes[n] for n in group if n in sizes)
       if len(unknown) > 1:
         raise TensorValueError(f"rearrange: cannot infer the sizes of {', '.join(unknown)} in {formula!r}; pass all but one "
-                         f"as keyword arguments{where()}")
+                               f"as keyword arguments{where()}")
       if unknown and known and length % known == 0: size_of[unknown[0]] = length // known
       elif unknown or known != length:
         raise TensorValueError(f"rearrange: axis ({' '.join(group)}) of {formula!r} has size {length}, which does "
-                         f"not match the sizes {sizes}{where()}")
+                               f"not match the sizes {sizes}{where()}")
       size_of.update((n, sizes[n]) for n in group if n in sizes)
     elementary = [n for group in left_axes for n in group]
     out = self.reshape(tuple(size_of[n] for n in elementary))

@@ -38,7 +38,7 @@ class NNMixin:
     in_specs = lhs.split(",")
     if len(in_specs) != len(xs):
       raise TensorValueError(f"einsum: formula {formula!r} names {len(in_specs)} operand(s) but {len(xs)} were "
-                       f"given{where()}")
+                             f"given{where()}")
     # each operand's axes as labels: letters, and "...k" for the k-th of the shared broadcast (ellipsis) axes
     n_ellipsis = max([_ellipsis_ndim(s, x, i, formula) for i, (s, x) in enumerate(zip(in_specs, xs))], default=0)
     ellipsis_labels = [f"...{k}" for k in range(n_ellipsis)]
@@ -51,7 +51,7 @@ class NNMixin:
           a, b = [k for k, l in enumerate(labels) if l == label][:2]
           if x.shape[a] != x.shape[b]:
             raise TensorValueError(f"einsum: subscript {label!r} is repeated in operand {i} {fmt(x.shape)} over axes of "
-                             f"sizes {x.shape[a]} and {x.shape[b]}{where()}")
+                                   f"sizes {x.shape[a]} and {x.shape[b]}{where()}")
           x, labels = _diagonal(x, a, b), [l for k, l in enumerate(labels) if k not in (a, b)] + [label]
       diagonalized.append((x, labels))
     # every letter has one size; size 1 broadcasts
@@ -63,7 +63,7 @@ class NNMixin:
         elif size != 1 and size != seen[0]:
           what = "the broadcast axes '...'" if label.startswith("...") else f"subscript {label!r}"
           raise TensorValueError(f"einsum: {what} has size {seen[0]} in operand {seen[1]} {fmt(xs[seen[1]].shape)} but "
-                           f"{size} in operand {i} {fmt(xs[i].shape)}{where()}")
+                                 f"{size} in operand {i} {fmt(xs[i].shape)}{where()}")
     if arrow:
       if rhs.count("...") > 1 or "." in rhs.replace("...", ""):
         raise TensorValueError(f"einsum: malformed output subscripts {rhs!r} in {formula!r}{where()}")
@@ -122,7 +122,7 @@ class NNMixin:
     def laid_out(t: Tensor, name: str) -> Tensor:
       if t.numel() != math.prod(param_shape):
         raise TensorValueError(f"batchnorm: {name} of shape {fmt(t.shape)} does not match the {fmt(param_shape)} entries of "
-                         f"axis {axis} of the input {fmt(self.shape)}{where()}")
+                               f"axis {axis} of the input {fmt(self.shape)}{where()}")
       return t.reshape(shape)
     x = self - laid_out(mean, "mean")
     if weight is not None: x = x * laid_out(weight, "weight")
@@ -183,13 +183,13 @@ class NNMixin:
     query = self
     if query.ndim < 2 or key.ndim < 2 or value.ndim < 2:
       raise TensorValueError(f"scaled_dot_product_attention: query, key and value need at least 2 dims, got "
-                       f"{fmt(query.shape)}, {fmt(key.shape)}, {fmt(value.shape)}{where()}")
+                             f"{fmt(query.shape)}, {fmt(key.shape)}, {fmt(value.shape)}{where()}")
     if query.shape[-1] != key.shape[-1]:
       raise TensorValueError(f"scaled_dot_product_attention: query {fmt(query.shape)} and key {fmt(key.shape)} differ in "
-                       f"their last (embedding) dim{where()}")
+                             f"their last (embedding) dim{where()}")
     if key.shape[-2] != value.shape[-2]:
       raise TensorValueError(f"scaled_dot_product_attention: key {fmt(key.shape)} and value {fmt(value.shape)} differ in "
-                       f"their sequence length (dim -2){where()}")
+                             f"their sequence length (dim -2){where()}")
     if is_causal and attn_mask is not None:
       raise TensorValueError(f"scaled_dot_product_attention: give either attn_mask or is_causal=True, not both{where()}")
     if enable_gqa:
@@ -248,7 +248,7 @@ class NNMixin:
     _check_smoothing(label_smoothing, "sparse_categorical_crossentropy")
     if self.ndim < 1 or Y.shape != self.shape[:-1]:
       raise TensorValueError(f"sparse_categorical_crossentropy: labels {fmt(Y.shape)} must have the shape of the logits "
-                       f"{fmt(self.shape)} without the last (class) axis{where()}")
+                             f"{fmt(self.shape)} without the last (class) axis{where()}")
     keep = Y != ignore_index
     loss = _class_index_loss(self.log_softmax(-1), Y, self.ndim - 1, label_smoothing)
     loss = keep.where(loss, 0)
@@ -281,7 +281,7 @@ class NNMixin:
       loss = _class_index_loss(log_probs, Y, class_axis, label_smoothing)
     else:
       raise TensorValueError(f"cross_entropy: target {fmt(Y.shape)} must be the input's shape {fmt(self.shape)} "
-                       f"(probabilities) or that shape without the class axis {class_axis} (class indices){where()}")
+                             f"(probabilities) or that shape without the class axis {class_axis} (class indices){where()}")
     return _reduce_loss(loss, reduction)
 
   def nll_loss(self, Y: Tensor, weight: Tensor | None = None, ignore_index: int | None = None,
@@ -300,7 +300,7 @@ class NNMixin:
     classes = self.shape[class_axis]
     if Y.shape != self.shape[:class_axis] + self.shape[class_axis + 1:]:
       raise TensorValueError(f"nll_loss: target {fmt(Y.shape)} must be the input's shape {fmt(self.shape)} without the "
-                       f"class axis {class_axis}{where()}")
+                             f"class axis {class_axis}{where()}")
     if not dtypes.is_int(Y.dtype):
       raise UnsupportedError(f"nll_loss: targets must be int class indices, got {Y.dtype}{where()}")
     if weight is not None and weight.shape != (classes,):
@@ -326,11 +326,11 @@ def _ellipsis_ndim(spec: str, x: Tensor, index: int, formula: str) -> int:
   if "..." in spec:
     if len(letters) > x.ndim:
       raise TensorValueError(f"einsum: operand {index} {fmt(x.shape)} has {x.ndim} dims but subscripts {spec!r} name "
-                       f"{len(letters)} and '...'{where()}")
+                             f"{len(letters)} and '...'{where()}")
     return x.ndim - len(letters)
   if len(letters) != x.ndim:
     raise TensorValueError(f"einsum: operand {index} {fmt(x.shape)} has {x.ndim} dims but subscripts {spec!r} name "
-                     f"{len(letters)}{where()}")
+                           f"{len(letters)}{where()}")
   return 0
 
 def _operand_labels(spec: str, x: Tensor, n_ellipsis: int) -> list[str]:
@@ -354,11 +354,11 @@ def _repeat_heads(t: Tensor, query: Tensor, name: str) -> Tensor:
   """`t` (..., Hkv, S, D) with each head repeated to the query's head count (axis -3), for grouped-query attention."""
   if t.ndim < 3 or query.ndim < 3:
     raise TensorValueError(f"scaled_dot_product_attention: enable_gqa needs (..., heads, L, D) tensors, got query "
-                     f"{fmt(query.shape)} and {name} {fmt(t.shape)}{where()}")
+                           f"{fmt(query.shape)} and {name} {fmt(t.shape)}{where()}")
   heads, kv_heads = query.shape[-3], t.shape[-3]
   if kv_heads == 0 or heads % kv_heads:
     raise TensorValueError(f"scaled_dot_product_attention: query heads {heads} are not a multiple of {name} heads "
-                     f"{kv_heads}{where()}")
+                           f"{kv_heads}{where()}")
   grouped = t.unsqueeze(-3).expand(*t.shape[:-2], heads // kv_heads, *t.shape[-2:])
   return grouped.reshape(*t.shape[:-3], heads, *t.shape[-2:])
 
