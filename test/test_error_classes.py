@@ -8,7 +8,7 @@ import builtins
 import pytest
 import torch
 import torch.nn.functional as F
-from kiln import Tensor, dtypes
+from kiln import Tensor, dtypes, nn
 
 def torch_class(fn) -> type:
   """The builtin exception class torch raises for fn() (torch's own classes, like LinAlgError, subclass one)."""
@@ -195,6 +195,20 @@ CASES = {
   "backward_non_scalar": (lambda: (Tensor([1.0, 2.0], requires_grad=True) * 2).backward(),
                           lambda: (torch.ones(2, requires_grad=True) * 2).backward()),
   "unknown_device": (lambda: Tensor.zeros(2, device="nope"), lambda: torch.zeros(2, device="nope")),
+  # nn layers: a layer built or called wrongly
+  "linear_input": (lambda: nn.Linear(3, 2)(K(4, 5)), lambda: torch.nn.Linear(3, 2)(T(4, 5))),
+  "linear_negative": (lambda: nn.Linear(-1, 2), lambda: torch.nn.Linear(-1, 2)),
+  "conv2d_layer_channels": (lambda: nn.Conv2d(3, 2, 3)(K(1, 4, 5, 5)), lambda: torch.nn.Conv2d(3, 2, 3)(T(1, 4, 5, 5))),
+  "conv2d_layer_groups": (lambda: nn.Conv2d(4, 3, 3, groups=2), lambda: torch.nn.Conv2d(4, 3, 3, groups=2)),
+  "conv2d_layer_padding": (lambda: nn.Conv2d(1, 1, 3, padding="wide"), lambda: torch.nn.Conv2d(1, 1, 3, padding="wide")),
+  "conv2d_same_stride": (lambda: nn.Conv2d(1, 1, 3, stride=2, padding="same"),
+                         lambda: torch.nn.Conv2d(1, 1, 3, stride=2, padding="same")),
+  "batchnorm_layer_channels": (lambda: nn.BatchNorm(3)(K(2, 4, 5)), lambda: torch.nn.BatchNorm1d(3)(T(2, 4, 5))),
+  "layernorm_layer_shape": (lambda: nn.LayerNorm(3)(K(2, 4)), lambda: torch.nn.LayerNorm(3)(T(2, 4))),
+  "groupnorm_groups": (lambda: nn.GroupNorm(3, 4), lambda: torch.nn.GroupNorm(3, 4)),
+  "rmsnorm_shape": (lambda: nn.RMSNorm(3)(K(2, 4)), lambda: torch.nn.RMSNorm(3)(T(2, 4))),
+  "embedding_float_indices": (lambda: nn.Embedding(4, 2)(K(3)), lambda: torch.nn.Embedding(4, 2)(T(3))),
+  "lstm_cell_input": (lambda: nn.LSTMCell(3, 2)(K(2, 4)), lambda: torch.nn.LSTMCell(3, 2)(T(2, 4))),
   # an axis outside the shape: IndexError in torch
   "sum_axis": both(lambda o: o(2, 3).sum(3)),
   "max_axis": (lambda: K(2, 3).max(-3), lambda: T(2, 3).amax(-3)),

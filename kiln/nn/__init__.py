@@ -10,21 +10,21 @@ import math
 from kiln.tensor import Tensor
 from kiln.dtype import dtypes
 from kiln.helpers import prod
-from kiln.mixin.common import where, fmt
+from kiln.mixin.common import TensorValueError, UnsupportedError, where, fmt
 from kiln.nn import optim, state  # noqa: F401  (re-exported as nn.optim, nn.state)
 
 # ---------------- argument checks shared by the layers ----------------
 def _positive_int(value, name: str, layer: str, minimum: int = 1) -> int:
   """`value` as an int of at least `minimum`, or a ValueError naming the layer and the argument."""
   if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-    raise ValueError(f"{layer}: {name} must be an int >= {minimum}, got {value!r}{where()}")
+    raise TensorValueError(f"{layer}: {name} must be an int >= {minimum}, got {value!r}{where()}")
   return value
 
 def _int_tuple(value, n: int, name: str, layer: str, minimum: int = 1) -> tuple[int, ...]:
   """An int (repeated n times) or a sequence of n ints, each at least `minimum`."""
   values = (value,) * n if isinstance(value, int) and not isinstance(value, bool) else value
   if not isinstance(values, (tuple, list)) or len(values) != n:
-    raise ValueError(f"{layer}: {name} must be an int or a sequence of {n} ints, got {value!r}{where()}")
+    raise TensorValueError(f"{layer}: {name} must be an int or a sequence of {n} ints, got {value!r}{where()}")
   return tuple(_positive_int(v, name, layer, minimum) for v in values)
 
 def _fan_in_uniform(shape: tuple[int, ...], fan_in: int, bias_size: int | None) -> tuple[Tensor, Tensor | None]:
@@ -37,11 +37,11 @@ def _check_channels(layer: str, x: Tensor, channels: int, min_ndim: int = 2, axi
   """`x` needs at least `min_ndim` dims and `channels` entries along `axis`."""
   if not isinstance(x, Tensor): raise TypeError(f"{layer}: input must be a Tensor, got {type(x).__name__}{where()}")
   if x.ndim < min_ndim:
-    raise ValueError(f"{layer}: input of shape {fmt(x.shape)} has {x.ndim} dims; the layer needs at least {min_ndim} "
-                     f"(batch, channels, ...){where()}")
+    raise TensorValueError(f"{layer}: input of shape {fmt(x.shape)} has {x.ndim} dims; the layer needs at least {min_ndim} "
+                           f"(batch, channels, ...){where()}")
   if x.shape[axis] != channels:
-    raise ValueError(f"{layer}: input of shape {fmt(x.shape)} has {x.shape[axis]} channels (axis {axis}) but the "
-                     f"layer expects {channels}{where()}")
+    raise TensorValueError(f"{layer}: input of shape {fmt(x.shape)} has {x.shape[axis]} channels (axis {axis}) but the "
+                           f"layer expects {channels}{where()}")
 
 def _channel_view(t: Tensor, ndim: int) -> Tensor:
   """A per-channel (C,) tensor shaped (1, C, 1, ...) to broadcast against an `ndim`-dim (N, C, ...) input."""
@@ -58,7 +58,8 @@ class Linear:
   """
   def __init__(self, in_features: int, out_features: int, bias: bool = True):
     if in_features <= 0 or out_features <= 0:
-      raise ValueError(f"Linear: in_features and out_features must be positive, got ({in_features}, {out_features})")
+      raise TensorValueError(f"Linear: in_features and out_features must be positive, got ({in_features}, "
+                             f"{out_features}){where()}")
     bound = 1 / math.sqrt(in_features)
     self.weight = Tensor.uniform(out_features, in_features, low=-bound, high=bound)
     self.bias = Tensor.uniform(out_features, low=-bound, high=bound) if bias else None
@@ -67,8 +68,8 @@ class Linear:
     """Apply the layer to `x` of shape (..., in_features)."""
     in_features = self.weight.shape[1]
     if x.shape[-1] != in_features:
-      raise ValueError(f"Linear: input's last dimension is {x.shape[-1]} but the layer expects {in_features} "
-                       f"(input shape {x.shape}, weight shape {self.weight.shape})")
+      raise TensorValueError(f"Linear: input's last dimension is {x.shape[-1]} but the layer expects {in_features} "
+                             f"(input shape {fmt(x.shape)}, weight shape {fmt(self.weight.shape)}){where()}")
     out = x @ self.weight.T
     return out + self.bias if self.bias is not None else out
 
@@ -84,10 +85,10 @@ def _conv_padding(padding, kernel: tuple[int, ...], stride, dilation, layer: str
     mode = padding.lower()
     if mode == "valid": return 0
     if mode != "same" or transposed:
-      raise ValueError(f"{layer}: padding {padding!r} is not supported; use an int, a sequence of ints"
-                       f"{'' if transposed else ', or valid or same'}{where()}")
+      raise TensorValueError(f"{layer}: padding {padding!r} is not supported; use an int, a sequence of ints"
+                             f"{'' if transposed else ', or valid or same'}{where()}")
     if any(s != 1 for s in _int_tuple(stride, n, "stride", layer)):
-      raise ValueError(f"{layer}: padding='same' needs stride 1, got stride={stride!r}{where()}")
+      raise TensorValueError(f"{layer}: padding='same' needs stride 1, got stride={stride!r}{where()}")
     dilations = _int_tuple(dilation, n, "dilation", layer)
     pairs = []
     # the extra pixel of an odd total goes after (right/bottom), as PyTorch does; the flat order is last dim first
@@ -150,9 +151,9 @@ class Conv1d(Conv2d):
 def _conv_kernel(kernel_size, default_dims: int, layer: str) -> tuple[int, ...]:
   """kernel_size as a tuple: an int means `default_dims` dims; a tuple sets the dims (for Conv1d: exactly one)."""
   if isinstance(kernel_size, (tuple, list)) and default_dims == 1 and len(kernel_size) != 1:
-    raise ValueError(f"{layer}: kernel_size must be an int or a 1-tuple, got {kernel_size!r}{where()}")
+    raise TensorValueError(f"{layer}: kernel_size must be an int or a 1-tuple, got {kernel_size!r}{where()}")
   n = len(kernel_size) if isinstance(kernel_size, (tuple, list)) else default_dims
-  if n == 0: raise ValueError(f"{layer}: kernel_size must name at least one spatial dim, got {kernel_size!r}{where()}")
+  if n == 0: raise TensorValueError(f"{layer}: kernel_size must name at least one spatial dim, got {kernel_size!r}{where()}")
   return _int_tuple(kernel_size, n, "kernel_size", layer)
 
 def _check_conv_sizes(in_channels: int, out_channels: int, groups: int, layer: str) -> None:
@@ -160,20 +161,20 @@ def _check_conv_sizes(in_channels: int, out_channels: int, groups: int, layer: s
   _positive_int(in_channels, "in_channels", layer), _positive_int(out_channels, "out_channels", layer)
   _positive_int(groups, "groups", layer)
   if in_channels % groups or out_channels % groups:
-    raise ValueError(f"{layer}: in_channels={in_channels} and out_channels={out_channels} must both be divisible by "
-                     f"groups={groups}{where()}")
+    raise TensorValueError(f"{layer}: in_channels={in_channels} and out_channels={out_channels} must both be divisible by "
+                           f"groups={groups}{where()}")
 
 def _conv_input(conv: Conv2d, x: Tensor) -> Tensor:
   """`x` checked against a conv layer, with a batch axis added when the input is unbatched (C, *spatial)."""
   layer, n = type(conv).__name__, len(conv.kernel_size)
   if not isinstance(x, Tensor): raise TypeError(f"{layer}: input must be a Tensor, got {type(x).__name__}{where()}")
   if x.ndim not in (n + 1, n + 2):
-    raise ValueError(f"{layer}: input of shape {fmt(x.shape)} has {x.ndim} dims; a {n}-d convolution takes "
-                     f"(N, C, {n} spatial) = {n + 2} dims or unbatched (C, {n} spatial) = {n + 1}{where()}")
+    raise TensorValueError(f"{layer}: input of shape {fmt(x.shape)} has {x.ndim} dims; a {n}-d convolution takes "
+                           f"(N, C, {n} spatial) = {n + 2} dims or unbatched (C, {n} spatial) = {n + 1}{where()}")
   batched = x if x.ndim == n + 2 else x.unsqueeze(0)
   if batched.shape[1] != conv.in_channels:
-    raise ValueError(f"{layer}: input of shape {fmt(x.shape)} has {batched.shape[1]} channels but the layer has "
-                     f"in_channels={conv.in_channels}{where()}")
+    raise TensorValueError(f"{layer}: input of shape {fmt(x.shape)} has {batched.shape[1]} channels but the layer has "
+                           f"in_channels={conv.in_channels}{where()}")
   return batched
 
 class ConvTranspose2d(Conv2d):
@@ -195,8 +196,8 @@ class ConvTranspose2d(Conv2d):
     strides, dilations = _int_tuple(stride, n, "stride", layer), _int_tuple(dilation, n, "dilation", layer)
     out_pads = _int_tuple(output_padding, n, "output_padding", layer, minimum=0)
     if any(p >= max(s, d) for p, s, d in zip(out_pads, strides, dilations)):
-      raise ValueError(f"{layer}: output_padding={output_padding!r} must be smaller than stride={stride!r} or "
-                       f"dilation={dilation!r}{where()}")
+      raise TensorValueError(f"{layer}: output_padding={output_padding!r} must be smaller than stride={stride!r} or "
+                             f"dilation={dilation!r}{where()}")
     self.in_channels, self.out_channels = in_channels, out_channels
     self.stride, self.dilation, self.groups, self.output_padding = stride, dilation, groups, output_padding
     self.padding = _conv_padding(padding, self.kernel_size, stride, dilation, layer, transposed=True)
@@ -270,8 +271,8 @@ class BatchNorm:
     _check_channels("BatchNorm", x, self.num_features)
     count = x.numel() // self.num_features
     if count <= 1 and Tensor.training:
-      raise ValueError(f"BatchNorm: training needs more than 1 value per channel, got input of shape "
-                       f"{fmt(x.shape)}{where()}")
+      raise TensorValueError(f"BatchNorm: training needs more than 1 value per channel, got input of shape "
+                             f"{fmt(x.shape)}{where()}")
     mean, var = self.calc_stats(x)
     if Tensor.training and self.track_running_stats: self._update_running_stats(mean, var, count)
     invstd = (var + self.eps).rsqrt()
@@ -304,7 +305,7 @@ class LayerNorm:
   def __init__(self, normalized_shape: int | tuple[int, ...], eps: float = 1e-5, elementwise_affine: bool = True,
                bias: bool = True):
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-    if not shape: raise ValueError(f"{type(self).__name__}: normalized_shape must not be empty{where()}")
+    if not shape: raise TensorValueError(f"{type(self).__name__}: normalized_shape must not be empty{where()}")
     self.normalized_shape = tuple(_positive_int(s, "normalized_shape", type(self).__name__) for s in shape)
     self.axis = tuple(range(-len(shape), 0))
     self.eps, self.elementwise_affine = eps, elementwise_affine
@@ -316,8 +317,8 @@ class LayerNorm:
     n = len(self.normalized_shape)
     if not isinstance(x, Tensor): raise TypeError(f"LayerNorm: input must be a Tensor, got {type(x).__name__}{where()}")
     if x.shape[x.ndim - n:] != self.normalized_shape or x.ndim < n:
-      raise ValueError(f"LayerNorm: input of shape {fmt(x.shape)} must end with normalized_shape "
-                       f"{fmt(self.normalized_shape)}{where()}")
+      raise TensorValueError(f"LayerNorm: input of shape {fmt(x.shape)} must end with normalized_shape "
+                             f"{fmt(self.normalized_shape)}{where()}")
     out = x.layernorm(self.axis, self.eps)
     if self.weight is not None: out = out * self.weight
     return out + self.bias if self.bias is not None else out
@@ -349,7 +350,7 @@ class GroupNorm:
   def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True):
     _positive_int(num_groups, "num_groups", "GroupNorm"), _positive_int(num_channels, "num_channels", "GroupNorm")
     if num_channels % num_groups:
-      raise ValueError(f"GroupNorm: num_channels={num_channels} is not divisible by num_groups={num_groups}{where()}")
+      raise TensorValueError(f"GroupNorm: num_channels={num_channels} is not divisible by num_groups={num_groups}{where()}")
     self.num_groups, self.num_channels, self.eps, self.affine = num_groups, num_channels, eps, affine
     self.weight: Tensor | None = Tensor.ones(num_channels) if affine else None
     self.bias: Tensor | None = Tensor.zeros(num_channels) if affine else None
@@ -407,7 +408,7 @@ class RMSNorm:
     """Normalize `x` of shape (..., dim)."""
     if not isinstance(x, Tensor): raise TypeError(f"RMSNorm: input must be a Tensor, got {type(x).__name__}{where()}")
     if x.ndim == 0 or x.shape[-1] != self.dim:
-      raise ValueError(f"RMSNorm: input of shape {fmt(x.shape)} must end with dim={self.dim}{where()}")
+      raise TensorValueError(f"RMSNorm: input of shape {fmt(x.shape)} must end with dim={self.dim}{where()}")
     low_precision = dtypes.is_float(x.dtype) and x.dtype.itemsize < 4
     out = self._norm(x.float()).cast(x.dtype) if low_precision else self._norm(x)
     return out * self.weight if self.weight is not None else out
@@ -439,7 +440,7 @@ class Embedding:
     if not isinstance(idx, Tensor):
       raise TypeError(f"Embedding: indices must be an int Tensor, got {type(idx).__name__}{where()}")
     if not dtypes.is_int(idx.dtype):
-      raise TypeError(f"Embedding: indices must have an int dtype, got {idx.dtype} (shape {fmt(idx.shape)}){where()}")
+      raise UnsupportedError(f"Embedding: indices must have an int dtype, got {idx.dtype} (shape {fmt(idx.shape)}){where()}")
     if idx.device != self.weight.device: idx = idx.to(self.weight.device)
     # not `weight[idx]`: that wraps negative indices (torch raises for them; here they give zeros). Both become the
     # same single load kernel
@@ -475,8 +476,8 @@ class LSTMCell:
     """The next (hidden, cell) state for input `x` and state `hc` = (hidden, cell)."""
     if not isinstance(x, Tensor): raise TypeError(f"LSTMCell: input must be a Tensor, got {type(x).__name__}{where()}")
     if x.ndim not in (1, 2) or x.shape[-1] != self.input_size:
-      raise ValueError(f"LSTMCell: input of shape {fmt(x.shape)} must be (batch, {self.input_size}) or "
-                       f"({self.input_size},){where()}")
+      raise TensorValueError(f"LSTMCell: input of shape {fmt(x.shape)} must be (batch, {self.input_size}) or "
+                             f"({self.input_size},){where()}")
     state_shape = x.shape[:-1] + (self.hidden_size,)
     if hc is None:
       h = c = Tensor.zeros(*state_shape, dtype=x.dtype, device=x.device)
@@ -485,8 +486,8 @@ class LSTMCell:
         raise TypeError(f"LSTMCell: hc must be a (hidden, cell) pair of tensors, got {type(hc).__name__}{where()}")
       h, c = hc
       if h.shape != state_shape or c.shape != state_shape:
-        raise ValueError(f"LSTMCell: hidden {fmt(h.shape)} and cell {fmt(c.shape)} must both be "
-                         f"{fmt(state_shape)} for input {fmt(x.shape)}{where()}")
+        raise TensorValueError(f"LSTMCell: hidden {fmt(h.shape)} and cell {fmt(c.shape)} must both be "
+                               f"{fmt(state_shape)} for input {fmt(x.shape)}{where()}")
     gates = x.linear(self.weight_ih.T, self.bias_ih) + h.linear(self.weight_hh.T, self.bias_hh)
     input_gate, forget_gate, cell_gate, output_gate = gates.chunk(4, dim=-1)
     new_c = forget_gate.sigmoid() * c + input_gate.sigmoid() * cell_gate.tanh()
