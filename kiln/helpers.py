@@ -270,7 +270,7 @@ _NO_EFFECT = {
   "FUSE_ARANGE": (1, "fuse arange into the kernels that index with it"),
   "FUSE_CONV_BW": (0, "1: fuse the convolution backward pass"),
   "RING": (1, "all-reduce algorithm across devices (multi-device is not in kiln yet)"),
-  "PICKLE_BUFFERS": (1, "pickle a realized Tensor with its data"),
+  "PICKLE_BUFFERS": (1, "0: pickle a realized Tensor without its data (kiln's pickles always carry it)"),
   "PROFILE": (0, "1: record a timeline of kernels and copies (VIZ's profiler)"),
   "VIZ": (0, "1: a web view of every graph rewrite"),
   "TRACK_MATCH_STATS": (0, "count pattern-matcher hits (for VIZ)"),
