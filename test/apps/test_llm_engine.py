@@ -99,6 +99,22 @@ def test_stopping_early_keeps_the_cache_consistent():
   assert engine.cached_ids == model.cache[:len(engine.cached_ids)]
   assert "".join(engine.chat([user("x")])) == "abcdefgh"
 
+def test_cancelled_reply_stops_between_tokens():
+  engine, model = make_engine("abcdefgh")
+  asked = []
+  def cancelled() -> bool:
+    asked.append(1)
+    return len(asked) > 4   # asked before the prefill, then before each token: three tokens are made
+  reply = engine.chat([user("x")], cancelled=cancelled)
+  assert "".join(reply) == "abc" and reply.finish_reason is None and reply.completion_tokens == 3
+  assert engine.cached_ids == model.cache[:len(engine.cached_ids)]
+  assert "".join(engine.chat([user("x")], cancelled=lambda: False)) == "abcdefgh"
+
+def test_cancelled_before_the_prefill_runs_nothing():
+  engine, model = make_engine("abc")
+  reply = engine.chat([user("x")], cancelled=lambda: True)
+  assert "".join(reply) == "" and reply.finish_reason is None and model.calls == []
+
 def test_interrupt_inside_a_model_call_keeps_the_cache_consistent():
   for interrupt_at_call in range(4):
     engine, model = make_engine("abcdef", interrupt_at_call=interrupt_at_call)
@@ -134,7 +150,8 @@ def test_seeded_sampling_is_reproducible():
                                                (dict(top_p=2.0), ValueError, "top_p"),
                                                (dict(top_k=-3), ValueError, "top_k"),
                                                (dict(max_tokens=0), ValueError, "max_tokens"),
-                                               (dict(seed="x"), TypeError, "seed")])
+                                               (dict(seed="x"), TypeError, "seed"),
+                                               (dict(seed=-1), ValueError, "seed")])
 def test_bad_settings_raise_before_any_model_call(kwargs, error, name):
   engine, model = make_engine()
   with pytest.raises(error, match=name):

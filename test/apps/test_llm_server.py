@@ -108,7 +108,8 @@ def test_malformed_json_is_400_and_server_stays_up(server):
   (dict(messages="hi"), "messages"), (dict(messages=[{"role": "wizard", "content": "x"}]), "messages[0].role"),
   (dict(messages=[{"role": "user", "content": 5}]), "messages[0].content"), (dict(n=2), "n"),
   (dict(temperature=3), "temperature"), (dict(model=7), "model"),
-  (dict(max_completion_tokens=0), "max_completion_tokens"),
+  (dict(max_completion_tokens=0), "max_completion_tokens"), (dict(seed=-1), "seed"), (dict(seed=0.5), "seed"),
+  (dict(stream_options={"include_usage": "yes"}), "stream_options.include_usage"),
 ])
 def test_bad_fields_are_400_naming_the_field(server, fields, param):
   status, body = post(server, "/v1/chat/completions", chat_request(**fields))

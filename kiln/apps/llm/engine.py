@@ -1,6 +1,6 @@
 """ChatEngine: chat messages in, streamed reply text out, reusing the KV cache across turns and requests."""
 from __future__ import annotations
-from typing import TYPE_CHECKING, Iterator, Protocol
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol
 import numpy as np
 from kiln.apps.llm.sampling import check_sampling_args, sample
 from kiln.apps.llm.tokenizer import StreamDecoder
@@ -29,7 +29,7 @@ class Reply:
   """The streamed text of one reply: iterate it for text pieces; afterwards read its counts and finish_reason.
 
   finish_reason is "stop" (a stop token), "length" (max_tokens or the context ran out) or None while the reply is
-  unfinished or when its consumer stopped early. `close()` (or dropping it) ends the reply; the engine's cache stays
+  unfinished or when its consumer stopped early (closed it, or its `cancelled` callback said so). `close()` (or dropping it) ends the reply; the engine's cache stays
   consistent whenever it stops.
   """
   def __init__(self, pieces: Iterator[str], prompt_tokens: int):
@@ -64,9 +64,11 @@ class ChatEngine:
     return ids
 
   def chat(self, messages: list[dict[str, str]], *, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-           seed: int | None = None, max_tokens: int | None = 256) -> Reply:
+           seed: int | None = None, max_tokens: int | None = 256,
+           cancelled: Callable[[], bool] | None = None) -> Reply:
     """Stream the assistant's reply to `messages` as text pieces; stops at a stop token or after max_tokens tokens
-    (None: until the context is full).
+    (None: until the context is full). `cancelled`, if given, is asked before each token; True ends the reply there
+    (finish_reason None), e.g. when the client that asked for it is gone.
 
     Settings and the prompt's length are checked here, before the first piece: ValueError/TypeError name the
     argument; a prompt that does not fit the model's context raises a one-line ValueError.
@@ -76,12 +78,14 @@ class ChatEngine:
       raise ValueError(f"chat: max_tokens must be an integer >= 1 or None, got {max_tokens!r}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
       raise TypeError(f"chat: seed must be an integer or None, got {type(seed).__name__}")
+    if seed is not None and seed < 0: raise ValueError(f"chat: seed must be >= 0, got {seed}")
     ids = self.prompt_ids(messages)
     if not ids: raise ValueError("chat: the chat template produced an empty prompt")
     if len(ids) > self.model.max_context:
       raise ValueError(f"chat: prompt of {len(ids)} tokens does not fit the context of {self.model.max_context} tokens")
     reply = Reply(iter(()), len(ids))
-    reply._pieces = self._generate(reply, ids, temperature, top_k, top_p, np.random.default_rng(seed), max_tokens)
+    reply._pieces = self._generate(reply, ids, temperature, top_k, top_p, np.random.default_rng(seed), max_tokens,
+                                   cancelled or (lambda: False))
     self._active_reply = reply
     return reply
 
@@ -102,14 +106,16 @@ class ChatEngine:
                          "finish or close a reply before starting the next")
 
   def _generate(self, reply: Reply, ids: list[int], temperature: float, top_k: int, top_p: float,
-                rng: np.random.Generator, max_tokens: int | None) -> Iterator[str]:
+                rng: np.random.Generator, max_tokens: int | None, cancelled: Callable[[], bool]) -> Iterator[str]:
     """The decode loop behind `chat`: sample, stream the text, feed the token back, until a stop condition."""
     decoder = StreamDecoder(self.tokenizer)
     self._check_owner(reply)
+    if cancelled(): return
     logits = self._prefill(ids)
     stop_ids = self.tokenizer.stop_ids
     while True:
       self._check_owner(reply)
+      if cancelled(): return   # the tokens made so far stay in the cache, as when the reply is closed
       token = sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, rng=rng)
       if token in stop_ids:
         reply.finish_reason = "stop"
