@@ -1,6 +1,6 @@
 """`python -m kiln.apps.llm`: errors, piped chat, one-shot prompts (a fake model in process, the real one in a
 subprocess)."""
-import importlib.util, io, os, pathlib, subprocess, sys
+import importlib.util, io, os, pathlib, socket, subprocess, sys
 import pytest
 from fake_llm import FakeTokenizer, ScriptedModel
 from kiln.apps.llm import cli
@@ -37,11 +37,57 @@ def test_debug_shows_the_traceback():
 
 @pytest.mark.parametrize("flags,name", [(["--top-p", "0"], "--top-p"), (["--temperature", "-1"], "--temperature"),
                                         (["--top-k", "-2"], "--top-k"), (["--max-tokens", "0"], "--max-tokens"),
-                                        (["--prompt", "x", "--benchmark"], "exclude")])
+                                        (["--prompt", "x", "--benchmark"], "exclude"), (["--seed", "-1"], "--seed"),
+                                        (["--max-body", "0"], "--max-body"), (["--read-timeout", "0"], "--read-timeout"),
+                                        (["--read-timeout", "nan"], "--read-timeout"),
+                                        (["--max-context", "0"], "--max-context")])
 def test_bad_flags_are_usage_errors(flags, name, capsys):
   with pytest.raises(SystemExit) as info:
     cli.main(flags)
   assert info.value.code == 2 and name in capsys.readouterr().err
+
+@pytest.fixture
+def tiny_model_file(tmp_path, monkeypatch):
+  """A tiny GGUF file (trained context 64) whose weights must not be loaded: load_model fails if it is reached."""
+  pytest.importorskip("gguf", reason="the gguf package writes the tiny model: pip install gguf")
+  pytest.importorskip("torch", reason="test_llm_model, which writes it, imports torch")
+  from test_llm_model import write_tiny_model
+  import kiln.apps.llm.model as llm_model
+  path = tmp_path / "tiny.gguf"
+  write_tiny_model(path)
+  calls = []
+  def refuse_to_load(*args, **kwargs):
+    calls.append(kwargs)
+    raise ValueError("load_model was called")
+  monkeypatch.setattr(llm_model, "load_model", refuse_to_load)
+  return path, calls
+
+def test_max_context_is_checked_against_the_model_before_loading(tiny_model_file, capsys):
+  path, calls = tiny_model_file
+  with pytest.raises(SystemExit) as info:
+    cli.main(["--model", str(path), "--max-context", "65", "--prompt", "x"])
+  err = capsys.readouterr().err
+  assert info.value.code == 2 and "--max-context 65 is beyond the 64 tokens" in err and "--allow-long-context" in err
+  with pytest.raises(SystemExit) as info:
+    cli.main(["--model", str(path), "--max-context", str(10**12), "--allow-long-context", "--prompt", "x"])
+  assert info.value.code == 2 and "GiB for the KV cache" in capsys.readouterr().err
+  assert calls == []
+  assert cli.main(["--model", str(path), "--max-context", "65", "--allow-long-context", "--prompt", "x"]) == 1
+  assert calls[0]["max_context"] == 65 and calls[0]["allow_long_context"] is True
+
+def test_model_directory_is_one_line_error(tmp_path, capsys):
+  assert cli.main(["--model", str(tmp_path), "--prompt", "hi"]) == 1
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "is a directory" in err
+
+def test_busy_port_fails_before_loading(monkeypatch, capsys):
+  def refuse_to_load(args): raise AssertionError("the model was loaded before the port was checked")
+  monkeypatch.setattr(cli, "load_engine", refuse_to_load)
+  with socket.create_server(("127.0.0.1", 0)) as busy:
+    port = busy.getsockname()[1]
+    assert cli.main(["--serve", str(port)]) == 1
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and f"cannot listen on 127.0.0.1:{port}" in err
 
 # ---- in process, with the fake model
 

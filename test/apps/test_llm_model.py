@@ -241,6 +241,18 @@ def test_logits_errors(tiny):
 def test_missing_file(tmp_path):
   with pytest.raises(ValueError, match="nope.gguf: no such file"): load_model(tmp_path / "nope.gguf")
 
+def test_directory_is_not_a_model(tmp_path):
+  with pytest.raises(ValueError, match="is a directory, not a GGUF file"): load_model(tmp_path)
+
+def test_max_context_beyond_training_or_memory_is_refused_before_loading(tiny, monkeypatch):
+  path = tiny[3]
+  monkeypatch.setattr(QuantizedMatrix, "from_blocks", None)   # reading any weight matrix would fail
+  with pytest.raises(ValueError, match="max_context 65 is beyond the 64 tokens.*allow_long_context=True"):
+    load_model(path, max_context=65)
+  with pytest.raises(ValueError, match=r"max_context 1000000000000 needs .* GiB for the KV cache"):
+    load_model(path, max_context=10**12, allow_long_context=True)
+  with pytest.raises(ValueError, match="max_context must be an integer >= 1"): load_model(path, max_context=0)
+
 def test_not_a_gguf_file(tmp_path):
   path = tmp_path / "junk.gguf"
   path.write_bytes(b"not a model at all" * 10)

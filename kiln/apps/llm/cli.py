@@ -1,12 +1,13 @@
 """The command line of `python -m kiln.apps.llm`: one-shot prompt, interactive chat, benchmark or HTTP server."""
 from __future__ import annotations
-import argparse, pathlib, sys, time
+import argparse, math, os, pathlib, socket, sys, time
 from typing import TextIO
 from kiln.helpers import getenv
 
 # llama.cpp's sampling defaults; --temperature 0 gives greedy decoding
 DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P = 0.8, 40, 0.95
 DEFAULT_MAX_TOKENS, DEFAULT_PORT = 1024, 8000
+DEFAULT_MAX_BODY, DEFAULT_READ_TIMEOUT = 16 * 2**20, 30.0   # the server's (kiln/apps/llm/server.py), without importing it
 BENCHMARK_TEXT = ("Explain, step by step, how a transformer language model turns a prompt into its next token: the "
                   "tokenizer, the embedding table, attention with a key-value cache, the feed-forward layers, the "
                   "final norm and the output projection, and how sampling picks a token from the logits. ") * 2
@@ -30,11 +31,21 @@ def build_parser() -> argparse.ArgumentParser:
                       help=f"most tokens per reply (default {DEFAULT_MAX_TOKENS})")
   parser.add_argument("--max-context", type=int, metavar="N", help="KV cache length in tokens (default: the model's, "
                       "at most 4096)")
+  parser.add_argument("--allow-long-context", action="store_true",
+                      help="accept a --max-context beyond the context the model was trained on")
   parser.add_argument("--benchmark", action="store_true", help="print prefill and decode tokens/s and exit")
   parser.add_argument("--serve", type=int, nargs="?", const=DEFAULT_PORT, metavar="PORT",
                       help=f"run an OpenAI-compatible HTTP server (default port {DEFAULT_PORT})")
   parser.add_argument("--host", default="127.0.0.1", help="address the server binds to (default 127.0.0.1)")
+  parser.add_argument("--max-body", type=int, default=DEFAULT_MAX_BODY, metavar="BYTES",
+                      help=f"largest request body the server reads; larger ones get a 413 (default {DEFAULT_MAX_BODY})")
+  parser.add_argument("--read-timeout", type=float, default=DEFAULT_READ_TIMEOUT, metavar="SECONDS",
+                      help="seconds a client has to send a whole request, and to take each part of a reply "
+                           f"(default {DEFAULT_READ_TIMEOUT:g})")
   return parser
+
+class UsageError(ValueError):
+  """A flag whose value does not suit the model (found after reading its metadata): a usage error, exit status 2."""
 
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
   """Reject out-of-range flags with argparse's usage error (exit status 2)."""
@@ -45,9 +56,35 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
   if args.max_tokens < 1: parser.error(f"--max-tokens must be >= 1, got {args.max_tokens}")
   if args.max_context is not None and args.max_context < 1:
     parser.error(f"--max-context must be >= 1, got {args.max_context}")
+  if args.seed is not None and args.seed < 0: parser.error(f"--seed must be >= 0, got {args.seed}")
+  if args.max_body < 1: parser.error(f"--max-body must be >= 1 (bytes), got {args.max_body}")
+  if not (math.isfinite(args.read_timeout) and args.read_timeout > 0):
+    parser.error(f"--read-timeout must be a finite number of seconds > 0, got {args.read_timeout:g}")
   if args.serve is not None and not 0 <= args.serve <= 65535: parser.error(f"--serve: no such port {args.serve}")
   if sum([args.prompt is not None, args.benchmark, args.serve is not None]) > 1:
     parser.error("--prompt, --benchmark and --serve exclude each other")
+
+def check_context_flags(args: argparse.Namespace, path: pathlib.Path) -> None:
+  """Check --max-context against the model's metadata, before any weight is loaded: UsageError when it is beyond
+  the trained context (without --allow-long-context) or its KV cache is larger than the machine's memory."""
+  from kiln.apps.llm.model import kv_cache_bytes, physical_memory, read_config
+  if args.max_context is None: return
+  config = read_config(path)
+  if args.max_context > config.context_length and not args.allow_long_context:
+    raise UsageError(f"--max-context {args.max_context} is beyond the {config.context_length} tokens {path.name} was "
+                     "trained on; replies past that are unreliable (--allow-long-context accepts it anyway)")
+  memory, cache_bytes = physical_memory(), kv_cache_bytes(config, args.max_context)
+  if memory is not None and cache_bytes > memory:
+    raise UsageError(f"--max-context {args.max_context} needs {cache_bytes / 2**30:.1f} GiB for the KV cache; this "
+                     f"machine has {memory / 2**30:.1f} GiB")
+
+def check_listen(host: str, port: int) -> None:
+  """Fail early (before the model loads) if the server could not listen on host:port."""
+  try:
+    with socket.create_server((host, port)): pass
+  except OSError as error:
+    reason = os.strerror(error.errno) if error.errno else str(error)
+    raise ValueError(f"--host/--serve: cannot listen on {host}:{port}: {reason}") from None
 
 def load_engine(args: argparse.Namespace):
   """(ChatEngine, model) for --model (or the default model), with a loading progress bar."""
@@ -55,7 +92,9 @@ def load_engine(args: argparse.Namespace):
   from kiln.apps.llm.model import default_model_path, load_model
   from kiln.apps.llm.tokenizer import Tokenizer
   path = pathlib.Path(args.model) if args.model is not None else default_model_path()
-  model, metadata = load_model(path, max_context=args.max_context, progress=True)
+  check_context_flags(args, path)
+  model, metadata = load_model(path, max_context=args.max_context, allow_long_context=args.allow_long_context,
+                               progress=True)
   tokenizer = Tokenizer.from_gguf_metadata(metadata)
   return ChatEngine(model, tokenizer, path.stem), model   # the file's name: general.name is often a training tag
 
@@ -133,13 +172,14 @@ def run_benchmark(engine, model, out: TextIO, decode_steps: int = 32) -> None:
 
 def run(args: argparse.Namespace) -> None:
   """Do what the flags ask."""
+  if args.serve is not None: check_listen(args.host, args.serve)
   engine, model = load_engine(args)
   if args.benchmark: return run_benchmark(engine, model, sys.stdout)
   if args.serve is not None:
     from kiln.apps.llm.server import SamplingDefaults, serve
     defaults = SamplingDefaults(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                 max_tokens=args.max_tokens)
-    return serve(engine, args.host, args.serve, defaults)
+    return serve(engine, args.host, args.serve, defaults, max_body=args.max_body, read_timeout=args.read_timeout)
   if args.prompt is not None:
     messages = ([{"role": "system", "content": args.system}] if args.system is not None else []) + \
       [{"role": "user", "content": args.prompt}]
@@ -159,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     return 130
   except BrokenPipeError:   # e.g. piped into `head`
     return 0
+  except UsageError as error:
+    parser.error(str(error))
   except Exception as error:
     if getenv("DEBUG"): raise
     message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

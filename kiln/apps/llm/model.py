@@ -12,7 +12,9 @@ prefill pass over several tokens or one jitted decode step for a single token.
   they write into the cache lies past the prompt, where later steps overwrite it before it is read.
 - **max_context** defaults to min(the file's context length, 4096): the cache takes
   `n_layers * 2 * max_context * n_kv_heads * head_dim * 4` bytes (188 MB for SmolLM2-135M at 4096), and attention
-  reads only the filled part, so a longer cache costs memory, not time.
+  reads only the filled part, so a longer cache costs memory, not time. A max_context beyond the file's context length
+  (what the model was trained on) is refused unless `allow_long_context=True`, and one whose cache cannot fit in
+  the machine's memory always is, both before any weight is read.
 - **RoPE**: llama GGUF files store attn_q/attn_k rows permuted for llama.cpp's rotary, which rotates adjacent pairs
   (x[2i], x[2i+1]); Qwen2 files are not permuted and rotate the two halves (x[i], x[i + d/2]).
 """
@@ -226,18 +228,47 @@ def _check_type(info: GGUFTensorInfo, label: str) -> None:
     raise ValueError(f"load_model: {label}: tensor {info.name!r} has type {info.type_name}; kiln's llm supports "
                      f"{', '.join(SUPPORTED_TYPES)}")
 
-def load_model(path: str | os.PathLike, *, max_context: int | None = None, progress: bool = False
-               ) -> tuple[Transformer, dict]:
+def kv_cache_bytes(config: LlamaConfig, max_context: int) -> int:
+  """The bytes a model's KV cache of `max_context` positions takes (float32 keys and values of every layer)."""
+  return config.n_layers * 2 * max_context * config.n_kv_heads * config.head_dim * 4
+
+def physical_memory() -> int | None:
+  """The machine's memory in bytes, or None where the OS does not say."""
+  try: return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  except (AttributeError, ValueError, OSError): return None
+
+def _check_file(path: str | os.PathLike, label: str) -> None:
+  """ValueError unless `path` names an existing file."""
+  if pathlib.Path(path).is_dir(): raise ValueError(f"load_model: {label}: is a directory, not a GGUF file")
+  if not pathlib.Path(path).is_file(): raise ValueError(f"load_model: {label}: no such file")
+
+def read_config(path: str | os.PathLike) -> LlamaConfig:
+  """The configuration of a GGUF model file from its metadata alone (no weight is read); errors as load_model's."""
+  _check_file(path, str(path))
+  metadata, tensors = gguf_load_raw(path)
+  return LlamaConfig.from_gguf(metadata, tensors, str(path))
+
+def load_model(path: str | os.PathLike, *, max_context: int | None = None, allow_long_context: bool = False,
+               progress: bool = False) -> tuple[Transformer, dict]:
   """(model, gguf metadata) from a Llama-family GGUF file. Weight matrices stay quantized in memory.
 
-  `max_context` is the KV cache length (default min(context_length, 4096)). A missing or non-GGUF file, an
-  unsupported architecture or tensor type raises a one-line ValueError naming the file."""
+  `max_context` is the KV cache length (default min(context_length, 4096)); beyond the model's trained
+  context_length it needs `allow_long_context=True`. A missing or non-GGUF file, an unsupported architecture or
+  tensor type, or a KV cache larger than the machine's memory raises a one-line ValueError naming the file."""
   label = str(path)
-  if not pathlib.Path(path).is_file(): raise ValueError(f"load_model: {label}: no such file")
+  _check_file(path, label)
   metadata, tensors = gguf_load_raw(path)
   config = LlamaConfig.from_gguf(metadata, tensors, label)
   if max_context is None: max_context = min(config.context_length, DEFAULT_MAX_CONTEXT)
-  if not 1 <= max_context: raise ValueError(f"load_model: max_context must be >= 1, got {max_context}")
+  if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 1:
+    raise ValueError(f"load_model: max_context must be an integer >= 1, got {max_context!r}")
+  if max_context > config.context_length and not allow_long_context:
+    raise ValueError(f"load_model: {label}: max_context {max_context} is beyond the {config.context_length} tokens "
+                     f"the model was trained on; pass allow_long_context=True to use it anyway")
+  memory, cache_bytes = physical_memory(), kv_cache_bytes(config, max_context)
+  if memory is not None and cache_bytes > memory:
+    raise ValueError(f"load_model: max_context {max_context} needs {cache_bytes / 2**30:.1f} GiB for the KV cache; "
+                     f"this machine has {memory / 2**30:.1f} GiB")
   for info in tensors.values(): _check_type(info, label)
   bar = tqdm(total=len(tensors), desc=f"loading {pathlib.Path(path).name}", disable=None if progress else True)
 
