@@ -92,7 +92,8 @@ CASES = {
                          lambda: F.conv2d(T(1, 1, 4, 4), T(1, 1, 2, 2), stride=0)),
   "conv2d_negative_padding": (lambda: K(1, 1, 4, 4).conv2d(K(1, 1, 2, 2), padding=-1),
                               lambda: F.conv2d(T(1, 1, 4, 4), T(1, 1, 2, 2), padding=-1)),
-  "conv2d_bias": (lambda: K(1, 1, 4, 4).conv2d(K(2, 1, 2, 2), K(3)), lambda: F.conv2d(T(1, 1, 4, 4), T(2, 1, 2, 2), T(3))),
+  "conv2d_bias": (lambda: K(1, 1, 4, 4).conv2d(K(2, 1, 2, 2), K(3)),
+                  lambda: F.conv2d(T(1, 1, 4, 4), T(2, 1, 2, 2), T(3))),
   "conv2d_groups_zero": (lambda: K(1, 1, 4, 4).conv2d(K(1, 1, 2, 2), groups=0),
                          lambda: F.conv2d(T(1, 1, 4, 4), T(1, 1, 2, 2), groups=0)),
   "conv_transpose2d_channels": (lambda: K(1, 2, 3, 3).conv_transpose2d(K(3, 1, 3, 3)),
@@ -160,7 +161,8 @@ CASES = {
   "gather_float_index": (lambda: K(2, 2).gather(0, K(1, 2)), lambda: T(2, 2).gather(0, T(1, 2))),
   "masked_fill_int_mask": (lambda: K(2).masked_fill(Tensor([1, 0]), 1.0),
                            lambda: T(2).masked_fill(torch.tensor([1, 0]), 1.0)),
-  "masked_select_int_mask": (lambda: K(2).masked_select(Tensor([1, 0])), lambda: T(2).masked_select(torch.tensor([1, 0]))),
+  "masked_select_int_mask": (lambda: K(2).masked_select(Tensor([1, 0])),
+                             lambda: T(2).masked_select(torch.tensor([1, 0]))),
   "cross_entropy_float_indices": (lambda: K(2, 3).cross_entropy(K(2)), lambda: F.cross_entropy(T(2, 3), T(2))),
   "neg_bool": (lambda: -Tensor([True]), lambda: -torch.tensor([True])),
   "int_pow_negative": (lambda: Tensor([2, 3]) ** -1, lambda: torch.tensor([2, 3]) ** -1),
@@ -183,11 +185,11 @@ CASES = {
   "linspace_negative_steps": (lambda: Tensor.linspace(0, 1, -1), lambda: torch.linspace(0, 1, -1)),
   "randint_float_bounds": (lambda: Tensor.randint(2, low=0.5, high=3), lambda: torch.randint(0.5, 3, (2,))),
   "randint_empty_range": (lambda: Tensor.randint(2, low=5, high=5), lambda: torch.randint(5, 5, (2,))),
-  "randint_float_dtype": (lambda: Tensor.randint(2, low=0, high=3, dtype="float16"),
-                          lambda: torch.randint(0, 3, (2,), dtype=torch.bool)),
+  "randint_bool_dtype": (lambda: Tensor.randint(2, low=0, high=3, dtype="bool"),
+                         lambda: torch.randint(0, 3, (2,), dtype=torch.bool)),
   "randperm_negative": (lambda: Tensor.randperm(-1), lambda: torch.randperm(-1)),
-  "rand_int_dtype": (lambda: Tensor.zeros(2, dtype="int32").rand_like(), lambda: torch.zeros(2, dtype=int).rand_like()
-                     if hasattr(torch.Tensor, "rand_like") else torch.rand_like(torch.zeros(2, dtype=int))),
+  "rand_int_dtype": (lambda: Tensor.zeros(2, dtype="int32").rand_like(),
+                     lambda: torch.rand_like(torch.zeros(2, dtype=int))),
   "full_string": (lambda: Tensor.full((2,), "x"), lambda: torch.full((2,), "x")),
   "uint8_out_of_range": (lambda: Tensor([300], dtype=dtypes.uint8), lambda: torch.tensor([300], dtype=torch.uint8)),
   "cast_unknown": (lambda: Tensor([1]).cast("floaty"), lambda: torch.tensor([1]).to(dtype="floaty")),
@@ -200,7 +202,8 @@ CASES = {
   "linear_negative": (lambda: nn.Linear(-1, 2), lambda: torch.nn.Linear(-1, 2)),
   "conv2d_layer_channels": (lambda: nn.Conv2d(3, 2, 3)(K(1, 4, 5, 5)), lambda: torch.nn.Conv2d(3, 2, 3)(T(1, 4, 5, 5))),
   "conv2d_layer_groups": (lambda: nn.Conv2d(4, 3, 3, groups=2), lambda: torch.nn.Conv2d(4, 3, 3, groups=2)),
-  "conv2d_layer_padding": (lambda: nn.Conv2d(1, 1, 3, padding="wide"), lambda: torch.nn.Conv2d(1, 1, 3, padding="wide")),
+  "conv2d_layer_padding": (lambda: nn.Conv2d(1, 1, 3, padding="wide"),
+                           lambda: torch.nn.Conv2d(1, 1, 3, padding="wide")),
   "conv2d_same_stride": (lambda: nn.Conv2d(1, 1, 3, stride=2, padding="same"),
                          lambda: torch.nn.Conv2d(1, 1, 3, stride=2, padding="same")),
   "batchnorm_layer_channels": (lambda: nn.BatchNorm(3)(K(2, 4, 5)), lambda: torch.nn.BatchNorm1d(3)(T(2, 4, 5))),
@@ -239,7 +242,8 @@ CASES = {
   "getitem_too_many": both(lambda o: o(2, 3)[0, 0, 0]),
   "getitem_list": both(lambda o: o(2, 3)[[0, 5]]),
   "getitem_float_tensor": (lambda: K(2, 3)[Tensor([0.0, 1.0])], lambda: T(2, 3)[torch.tensor([0.0, 1.0])]),
-  "getitem_mask_shape": (lambda: K(2, 3)[Tensor([True, False, True])], lambda: T(2, 3)[torch.tensor([True, False, True])]),
+  "getitem_mask_shape": (lambda: K(2, 3)[Tensor([True, False, True])],
+                         lambda: T(2, 3)[torch.tensor([True, False, True])]),
   "getitem_broadcast": (lambda: K(2, 3)[Tensor([0, 1]), Tensor([0, 1, 2])],
                         lambda: T(2, 3)[torch.tensor([0, 1]), torch.tensor([0, 1, 2])]),
   "getitem_string": both(lambda o: o(2, 3)["a"]),
@@ -257,5 +261,6 @@ def test_error_class_is_pytorchs(name):
   expected = torch_class(torch_fn)
   with pytest.raises(Exception) as info: kiln_fn()   # noqa: B017  (the class is what is checked)
   got = info.value
-  assert isinstance(got, expected), f"{name}: kiln raised {type(got).__mro__[:-2]}, torch raises {expected.__name__}: {got}"
+  assert isinstance(got, expected), \
+    f"{name}: kiln raised {type(got).__mro__[:-2]}, torch raises {expected.__name__}: {got}"
   assert "test_error_classes.py:" in str(got) or isinstance(got, TypeError), f"{name}: no user location in {got!r}"

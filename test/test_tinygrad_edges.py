@@ -116,7 +116,7 @@ def test_backward_gradient_errors_are_torchs():
   x, tx = Tensor.ones(2, requires_grad=True), torch.ones(2, requires_grad=True)
   for bad in (torch.ones(3), torch.tensor(2.0), torch.ones(2, 1)):
     with pytest.raises(RuntimeError): (tx * 3).backward(bad)
-    with pytest.raises(RuntimeError, match=r"gradient: the gradient of shape .* does not match the output's shape \(2,\)"):
+    with pytest.raises(RuntimeError, match=r"gradient: the gradient of shape .* does not match the output's shape"):
       (x * 3).backward(Tensor(bad.numpy()))
   with pytest.raises(TypeError): (tx * 3).backward([1.0, 2.0])
   with pytest.raises(TypeError, match="gradient: the gradient must be a Tensor, got list"): (x * 3).backward([1.0, 2.0])
