@@ -1,7 +1,7 @@
 """Data types: DType, the `dtypes` namespace, promotion and safe casts."""
 from __future__ import annotations
 from dataclasses import dataclass
-import enum, math, struct
+import enum, math, os, struct
 from typing import Callable
 
 class AddrSpace(enum.Enum):
@@ -396,7 +396,13 @@ def fp8_to_float32(bits, dt: DType):
 DTYPES_DICT: dict[str, DType] = DTYPES_BY_NAME   # every dtype by name, aliases included
 INVERSE_DTYPES_DICT: dict[str, str] = {**{dt.name: key for key, dt in DTYPES_DICT.items()}, "void": "void"}
 promo_lattice: dict[DType, tuple[DType, ...]] = _PARENTS   # each dtype -> the dtypes it promotes to directly
-env_default_float: str = ""   # tinygrad's DEFAULT_FLOAT environment variable; kiln sets dtypes.default_float in code
+# DEFAULT_FLOAT=HALF (or any float dtype's name) in the environment sets dtypes.default_float at import, as in tinygrad
+env_default_float: str = os.environ.get("DEFAULT_FLOAT", "")
+if env_default_float:
+  if not dtypes.is_float(DTYPES_DICT.get(env_default_float.lower(), dtypes.void)):
+    raise ValueError(f"DEFAULT_FLOAT={env_default_float} is not a float dtype; one of: "
+                     f"{', '.join(name for name, dt in DTYPES_DICT.items() if dtypes.is_float(dt))}")
+  dtypes.default_float = DTYPES_DICT[env_default_float.lower()]
 
 def least_upper_float(dt: DType) -> DType:
   """`dt` if it is a float dtype, else the float it promotes to together with dtypes.default_float."""

@@ -305,7 +305,8 @@ def settings_markdown() -> str:
             "| name | default | in tinygrad |", "| --- | --- | --- |"]
   lines += [f"| `{name}` | `{var.default!r}` | {var.doc.removeprefix('tinygrad: ')} |" for name, var in ordered
             if not var.effect]
-  lines += ["", "Device selection (read once): `DEV=CPU|LLVM|PYTHON`, or `CPU=1` / `LLVM=1` / `PYTHON=1`.", ""]
+  lines += ["", "Device selection (read once): `DEV=CPU|LLVM|PYTHON`, or `CPU=1` / `LLVM=1` / `PYTHON=1`.",
+            "`DEFAULT_FLOAT=HALF` (any float dtype's name) sets `dtypes.default_float` at import, as in tinygrad.", ""]
   return "\n".join(lines)
 
 class GlobalCounters:

@@ -94,7 +94,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
       else:
         if isinstance(data, (bytes, bytearray, memoryview)): arr = np.frombuffer(bytes(data), np.uint8)
         elif isinstance(data, np.ndarray) or isinstance(data, np.generic): arr = np.asarray(data)
-        elif isinstance(data, (list, tuple)): arr = _array_from_list(data, dtype)
+        elif isinstance(data, (list, tuple)): arr, dtype = _array_from_list(data, dtype)
         else: raise TypeError(f"Tensor: cannot make a tensor from {type(data).__name__}{_where()}")
         uop = _uop_from_numpy(arr, device, dtype)
     if device is not None and isinstance(data, (UOp, Tensor, pathlib.Path)) and uop.device != _canonical_device(device):
@@ -1656,7 +1656,9 @@ def _scalar_dtype(value, dtype: DType | None, op: str) -> DType:
     raise TensorValueError(f"{op}: value {value} does not fit {dtype}{_where()}")
   return dtype
 
-def _array_from_list(data, dtype: DType | None) -> np.ndarray:
+def _array_from_list(data, dtype: DType | None) -> tuple[np.ndarray, DType]:
+  """A nested list as a numpy array, and the dtype its tensor has (`dtype`, else inferred from the values; a
+  bfloat16 or fp8 tensor's values come as float32, cast on the device)."""
   try:
     arr = np.array(data)
   except ValueError as e:
@@ -1670,8 +1672,8 @@ def _array_from_list(data, dtype: DType | None) -> np.ndarray:
       # like NumPy, a Python int too large for the default int widens; an explicit dtype that cannot hold it is an error
       if inferred and dtypes.min(dtypes.int64) <= lo <= hi <= dtypes.max(dtypes.int64): dtype = dtypes.int64
       else: raise TensorValueError(f"Tensor: value {hi if hi > dtypes.max(dtype) else lo} does not fit {dtype}{_where()}")
-  if dtype in (dtypes.bfloat16, *dtypes.fp8s): return arr.astype(np.float32)   # no numpy type: cast on the device
-  return arr.astype(to_numpy_dtype(dtype))
+  if dtype in (dtypes.bfloat16, *dtypes.fp8s): return arr.astype(np.float32), dtype   # no numpy type: cast on device
+  return arr.astype(to_numpy_dtype(dtype)), dtype
 
 def _uop_from_file(path: pathlib.Path) -> UOp:
   """A uint8 BUFFER node over the bytes of the file at `path`, on DISK:<absolute path> (the file is not opened)."""

@@ -261,3 +261,27 @@ def test_accept_filename_and_safe_dtype_tables(tmp_path):
   safe_save({"w": Tensor([1, 2], dtype=dtypes.int16)}, tmp_path / "w.safetensors")
   header = (tmp_path / "w.safetensors").read_bytes()
   assert b'"dtype":"I16"' in header.replace(b" ", b"") and inverse_safe_dtypes[dtypes.int16] == "I16"
+
+# ---- DEFAULT_FLOAT ----
+
+def test_default_float_from_the_environment():
+  import subprocess, sys
+  code = "from kiln import Tensor, dtypes; print(dtypes.default_float, Tensor([1.5]).dtype, Tensor.rand(2).dtype)"
+  run = lambda value: subprocess.run([sys.executable, "-c", code], env={**os.environ, "DEFAULT_FLOAT": value},
+                                     capture_output=True, text=True)
+  assert run("HALF").stdout.split() == ["dtypes.half"] * 3
+  assert run("bfloat16").stdout.split() == ["dtypes.bfloat16"] * 3
+  failed = run("INT32")
+  assert failed.returncode != 0 and "DEFAULT_FLOAT=INT32 is not a float dtype" in failed.stderr
+
+@pytest.mark.parametrize("default", [dtypes.bfloat16, dtypes.float16, dtypes.fp8e4m3])
+def test_lists_of_floats_take_the_default_float(default):
+  from kiln import Tensor
+  saved = dtypes.default_float
+  try:
+    dtypes.default_float = default
+    t = Tensor([[1.5, -2.0], [0.25, 3.0]])
+    assert t.dtype is default and Tensor([1, 2]).dtype is dtypes.int32
+    np.testing.assert_array_equal(t.float().numpy(), torch.tensor([[1.5, -2.0], [0.25, 3.0]]).numpy())
+  finally:
+    dtypes.default_float = saved
