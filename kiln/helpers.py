@@ -252,6 +252,9 @@ ALLOW_DEVICE_USAGE = ContextVar("ALLOW_DEVICE_USAGE", 1, "0: opening a device ot
 SPLIT_REDUCEOP = ContextVar("SPLIT_REDUCEOP", 1, "1: a large reduction whose output is too small to split over threads "
                             "(a full sum, a max) is cut into chunks reduced in parallel, then combined (tinygrad makes "
                             "two kernels of it; kiln's CPU runs the chunks in one); 0: it runs on one thread")
+VALIDATE_WITH_CPU = ContextVar("VALIDATE_WITH_CPU", 0, "1: every kernel that runs on a device other than CPU (outside "
+                               "TinyJit replays) runs again on CPU over copies of its inputs, and an output that "
+                               "differs (beyond 1e-3) raises an AssertionError naming the kernel")
 FUSE_OPTIM = ContextVar("FUSE_OPTIM", 0, "1: optimizers default to fused=True (all parameters updated as one flat "
                                          "vector: fewer kernels per step)")
 
@@ -278,7 +281,6 @@ _NO_EFFECT = {
   "DONT_REALIZE_EXPAND": (0, "1: a scheduler heuristic, do not materialize expanded buffers"),
   "DONT_GROUP_REDUCES": (0, "1: a scheduler heuristic, one kernel per reduction"),
   "QUANTIZE": (0, "1: quantization rewrites for the Qualcomm DSP"),
-  "VALIDATE_WITH_CPU": (0, "1: check every kernel's output against the CPU device"),
   "CORRECT_DIVMOD_FOLDING": (0, "1: a stricter symbolic rule for folding // and % of negative values"),
   "AMD_LLVM": (1, "AMD device: compile with LLVM instead of comgr"),
   "IGNORE_OOB": (1, "0: prove every load and store in bounds with z3 (kiln has no bounds prover)"),
@@ -286,7 +288,7 @@ _NO_EFFECT = {
 for _key, (_default, _what) in _NO_EFFECT.items(): ContextVar(_key, _default, f"tinygrad: {_what}", effect=False)
 IMAGE, WINO, CAPTURING, USE_TC, TC_SELECT, TC_OPT, TC_SEARCH_OVER_SHAPE, AMX, NOLOCALS, FUSE_ARANGE, FUSE_CONV_BW, \
   RING, PICKLE_BUFFERS, PROFILE, VIZ, TRACK_MATCH_STATS, DEVECTORIZE, DONT_REALIZE_EXPAND, \
-  DONT_GROUP_REDUCES, QUANTIZE, VALIDATE_WITH_CPU, CORRECT_DIVMOD_FOLDING, AMD_LLVM, IGNORE_OOB = \
+  DONT_GROUP_REDUCES, QUANTIZE, CORRECT_DIVMOD_FOLDING, AMD_LLVM, IGNORE_OOB = \
   (ContextVar.registry[k] for k in _NO_EFFECT)
 
 def settings_markdown() -> str:

@@ -47,7 +47,7 @@ def test_no_effect_settings_are_marked_and_documented():
     assert f"| `{key}` |" in no_effect_table and f"| `{key}` |" not in effect_table
   for key in ("NO_MEMORY_PLANNER", "LRU", "DISABLE_COMPILER_CACHE", "IGNORE_BEAM_CACHE", "MAX_BUFFER_SIZE",
               "ALLOW_DEVICE_USAGE", "JIT_BATCH_SIZE", "DISABLE_FAST_IDIV", "TRACEMETA", "BEAM", "TRANSCENDENTAL",
-              "SPLIT_REDUCEOP"):
+              "SPLIT_REDUCEOP", "VALIDATE_WITH_CPU"):
     assert ContextVar.registry[key].effect and f"| `{key}` |" in effect_table
 
 def test_a_typo_still_raises():
@@ -199,3 +199,27 @@ def test_split_reduceop_off_reduces_on_one_thread():
       sources[flag] = "".join(r.source for k, r in _runner_cache.items() if k not in before)
     assert abs(total - float(x.astype(np.float64).sum())) < 1e-2, (flag, total)
   assert "_part" in sources[1] and "_part" not in sources[0]   # chunks reduced apart, then combined; or not at all
+
+def test_validate_with_cpu_reruns_kernels_on_cpu(monkeypatch):
+  from kiln.engine import realize
+  x = np.array([1.0, 2.0, 3.0], np.float32)
+  with Context(VALIDATE_WITH_CPU=1):
+    np.testing.assert_allclose((Tensor(x, device="PYTHON") * 2).exp().numpy(), np.exp(x * 2), rtol=1e-6)
+  cpu_runs = []
+  real_get_runner = realize.get_runner
+  class WrongOnCPU:
+    """The CPU's runner, with its output overwritten by zeros (as if the other device were wrong)."""
+    def __init__(self, runner): self.runner = runner
+    def __call__(self, bufs, vals, wait=False):
+      cpu_runs.append(self.runner.name)
+      self.runner(bufs, vals, wait)
+      bufs[0].copyin(memoryview(bytearray(bufs[0].nbytes)))
+  def get_runner(device, ast, *args):
+    runner = real_get_runner(device, ast, *args)
+    return WrongOnCPU(runner) if device == "CPU" else runner
+  monkeypatch.setattr(realize, "get_runner", get_runner)
+  (Tensor(x, device="PYTHON") + 1).numpy()   # off: the CPU is not asked
+  assert not cpu_runs
+  with Context(VALIDATE_WITH_CPU=1):
+    with pytest.raises(AssertionError, match="on PYTHON and CPU"): (Tensor(x, device="PYTHON") + 5).numpy()
+  assert cpu_runs

@@ -4,8 +4,8 @@ import contextlib, functools, gc, os, sys, time
 from dataclasses import dataclass
 from typing import Callable
 from kiln.uop.spec import check_lowered, check_linear
-from kiln.helpers import (SPEC, NOOPT, DEBUG, VECTORIZE, DISABLE_FAST_IDIV, SPLIT_REDUCEOP, GlobalCounters, fmt_time,
-                          colored, prod)
+from kiln.helpers import (SPEC, NOOPT, DEBUG, VECTORIZE, DISABLE_FAST_IDIV, SPLIT_REDUCEOP, VALIDATE_WITH_CPU,
+                          GlobalCounters, fmt_time, colored, prod)
 from kiln.device import CompilePipeline, Device, Buffer
 from kiln.renderer import kernel_signature
 from kiln.uop.ops import UOp, Ops, GroupOp
@@ -225,6 +225,15 @@ _COPY = Ops.COPY   # bound once: `Ops.X` is a metaclass attribute lookup (~130 n
 # the TinyJit call in progress (at most one). run_schedule reports each launch to it; Tensor.numpy() raises while set
 capturing: list = []
 
+def _check_against_cpu(item: ScheduleItem, name: str, bufs: list[Buffer], cpu_bufs: list[Buffer], vals: dict) -> None:
+  """VALIDATE_WITH_CPU: run the kernel again on the CPU device over `cpu_bufs` (copies of its buffers from before it
+  ran) and raise an AssertionError, as tinygrad does, if its output differs from what `bufs[0]` holds."""
+  import numpy as np
+  get_runner("CPU", item.ast, cpu_bufs, vals)(cpu_bufs, vals, wait=True)
+  got, want, where = bufs[0].numpy(), cpu_bufs[0].numpy(), f"{name} on {bufs[0].device} and CPU"
+  if got.dtype.kind in "biu": np.testing.assert_array_equal(got, want, err_msg=where)
+  else: np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3, err_msg=where)
+
 def run_schedule(items: list[ScheduleItem], var_vals: dict | None = None) -> None:
   """Run each item in order, allocating its buffers first."""
   if len(items) > 1: precompile(items)
@@ -247,7 +256,10 @@ def run_schedule(items: list[ScheduleItem], var_vals: dict | None = None) -> Non
     vals = var_vals or item.var_vals
     if (runner := runners.get(item.ast)) is None or runner.device != device:
       runner = runners[item.ast] = get_runner(device, item.ast, bufs, vals)
+    validate = VALIDATE_WITH_CPU.value and not device.startswith("CPU")
+    if validate: cpu_bufs = [Buffer("CPU", b.size, b.dtype, initial_value=b.as_bytes()) for b in bufs]
     elapsed = runner(bufs, vals, wait=debug >= 2)
+    if validate: _check_against_cpu(item, runner.name, bufs, cpu_bufs, vals)
     if capturing: capturing[0].add(ExecItem(runner, list(bufs), dict(vals) if vals else {}))
     mem = 0
     for b in bufs: mem += b.nbytes
