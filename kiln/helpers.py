@@ -680,7 +680,7 @@ def _fmt_clock(seconds: float) -> str:
 
 # ---- downloads with an on-disk cache ----
 
-import gzip, hashlib, tempfile, urllib.error, urllib.request, zlib  # noqa: E402  (only fetch needs them)
+import gzip, hashlib, urllib.error, urllib.request, zlib  # noqa: E402  (only fetch needs them)
 
 FETCH_PROGRESS_BYTES = 1 << 20  # downloads at least this large (or of unknown size) get a progress bar
 
