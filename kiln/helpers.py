@@ -220,7 +220,8 @@ BEAM = ContextVar("BEAM", 0, "n>=1: choose each kernel's optimizations by an n-w
                   "cached on disk (docs/beam.md)")
 IGNORE_BEAM_CACHE = ContextVar("IGNORE_BEAM_CACHE", 0, "1: BEAM searches again instead of reading its cached winners "
                                "(it still records the new ones)")
-CACHELEVEL = ContextVar("CACHELEVEL", 2, "0: no on-disk compile cache; 2: cache compiled kernels on disk")
+CACHELEVEL = ContextVar("CACHELEVEL", 2, "0: no on-disk caches (compiled kernels, BEAM's winners, diskcache_put); 2: "
+                        "cache them on disk")
 DISABLE_COMPILER_CACHE = ContextVar("DISABLE_COMPILER_CACHE", 0, "1: compiled kernels are neither read from nor written "
                                     "to the on-disk compile cache (BEAM's cache is kept)")
 CACHEDB = ContextVar("CACHEDB", "", "where compiled kernels and BEAM results are cached (a folder; default: "
