@@ -69,6 +69,16 @@ def test_text_helpers():
   assert polyN(2.0, [1.0, 0.0, -3.0]) == 1.0   # x**2 - 3
   assert is_numpy_ndarray(np.zeros(2)) and not is_numpy_ndarray([0, 0])
   assert str(Metadata("add", "train.py:3", backward=True)) == "add bw"
+  assert repr(Metadata("add", "train.py:3")) == "add - train.py:3"
+  assert helpers.colorize_float(0.5) == colored("   0.50x", "green") and "\x1b[31m" in helpers.colorize_float(2.0)
+  assert helpers.fromimport("os.path", "join") is os.path.join
+
+def test_suppress_finalizing_and_init_c_var():
+  @helpers.suppress_finalizing
+  def broken(): raise AttributeError("x")
+  with pytest.raises(AttributeError): broken()   # the interpreter is not shutting down: the error stands
+  def fill(v: ctypes.c_int) -> None: ctypes.memmove(ctypes.addressof(v), struct.pack("i", 7), 4)   # a C out-parameter
+  assert helpers.init_c_var(ctypes.c_int(0), fill).value == 7
 
 def test_platform_flags_and_temp():
   assert helpers.OSX == (os.uname().sysname == "Darwin")
@@ -119,6 +129,8 @@ def test_diskcache_round_trip(tmp_path, monkeypatch):
   def square(x): calls.append(x); return x * x
   assert square(4) == 16 and square(4) == 16 and calls == [4]
   with Context(CACHELEVEL=0): assert diskcache_get("kiln_test", {"a": 1, "b": "x"}) is None
+  helpers.diskcache_clear()
+  assert diskcache_get("kiln_test", {"a": 1, "b": "x"}) is None and square(4) == 16 and calls == [4, 4]
   helpers.db_connection().close()
 
 def test_fetch_local_files_and_file_urls_without_a_network(tmp_path):
@@ -256,7 +268,8 @@ def test_accept_filename_and_safe_dtype_tables(tmp_path):
   path.write_bytes(bytes([9, 8, 7]))
   assert first_byte(str(path)) == 9 and first_byte(path) == 9
   assert first_byte(Tensor(bytes([5]))) == 5   # a Tensor goes through as it is
-  assert safe_dtypes["F32"] is dtypes.float32 and safe_dtypes["BF16"] is dtypes.bfloat16 and safe_dtypes["BOOL"] is dtypes.bool
+  assert safe_dtypes["F32"] is dtypes.float32 and safe_dtypes["BF16"] is dtypes.bfloat16
+  assert safe_dtypes["BOOL"] is dtypes.bool
   assert all(inverse_safe_dtypes[dt] == name for name, dt in safe_dtypes.items())
   safe_save({"w": Tensor([1, 2], dtype=dtypes.int16)}, tmp_path / "w.safetensors")
   header = (tmp_path / "w.safetensors").read_bytes()
