@@ -38,13 +38,18 @@ def test_debug_shows_the_traceback():
 @pytest.mark.parametrize("flags,name", [(["--top-p", "0"], "--top-p"), (["--temperature", "-1"], "--temperature"),
                                         (["--top-k", "-2"], "--top-k"), (["--max-tokens", "0"], "--max-tokens"),
                                         (["--prompt", "x", "--benchmark"], "exclude"), (["--seed", "-1"], "--seed"),
-                                        (["--max-body", "0"], "--max-body"), (["--read-timeout", "0"], "--read-timeout"),
+                                        (["--max-body", "0"], "--max-body"),
+                                        (["--read-timeout", "0"], "--read-timeout"),
                                         (["--read-timeout", "nan"], "--read-timeout"),
                                         (["--max-context", "0"], "--max-context")])
 def test_bad_flags_are_usage_errors(flags, name, capsys):
   with pytest.raises(SystemExit) as info:
     cli.main(flags)
   assert info.value.code == 2 and name in capsys.readouterr().err
+
+def test_server_limit_defaults_match_the_server():
+  from kiln.apps.llm import server
+  assert (cli.DEFAULT_MAX_BODY, cli.DEFAULT_READ_TIMEOUT) == (server.DEFAULT_MAX_BODY, server.DEFAULT_READ_TIMEOUT)
 
 @pytest.fixture
 def tiny_model_file(tmp_path, monkeypatch):

@@ -7,7 +7,8 @@ from kiln.helpers import getenv
 # llama.cpp's sampling defaults; --temperature 0 gives greedy decoding
 DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P = 0.8, 40, 0.95
 DEFAULT_MAX_TOKENS, DEFAULT_PORT = 1024, 8000
-DEFAULT_MAX_BODY, DEFAULT_READ_TIMEOUT = 16 * 2**20, 30.0   # the server's (kiln/apps/llm/server.py), without importing it
+# the server's defaults (kiln/apps/llm/server.py), repeated so that --help does not import the server
+DEFAULT_MAX_BODY, DEFAULT_READ_TIMEOUT = 16 * 2**20, 30.0
 BENCHMARK_TEXT = ("Explain, step by step, how a transformer language model turns a prompt into its next token: the "
                   "tokenizer, the embedding table, attention with a key-value cache, the feed-forward layers, the "
                   "final norm and the output projection, and how sampling picks a token from the logits. ") * 2

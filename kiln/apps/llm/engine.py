@@ -29,8 +29,8 @@ class Reply:
   """The streamed text of one reply: iterate it for text pieces; afterwards read its counts and finish_reason.
 
   finish_reason is "stop" (a stop token), "length" (max_tokens or the context ran out) or None while the reply is
-  unfinished or when its consumer stopped early (closed it, or its `cancelled` callback said so). `close()` (or dropping it) ends the reply; the engine's cache stays
-  consistent whenever it stops.
+  unfinished or when its consumer stopped early (closed it, or its `cancelled` callback said so). `close()` (or
+  dropping it) ends the reply; the engine's cache stays consistent whenever it stops.
   """
   def __init__(self, pieces: Iterator[str], prompt_tokens: int):
     self._pieces = pieces

@@ -174,17 +174,16 @@ class DeadlineReader(io.RawIOBase):
     """Start waiting for the next request."""
     self.started, self.deadline = False, time.monotonic() + self.timeout
   def readinto(self, buffer: Any) -> int:
+    late = ReadTimeout(f"the request was not received within {self.timeout:g} s")
     remaining = self.deadline - time.monotonic()
-    if remaining <= 0: raise ReadTimeout(f"the request was not received within {self.timeout:g} s")
+    if remaining <= 0: raise late
     self.sock.settimeout(remaining)
     try: count = self.sock.recv_into(buffer)
-    except TimeoutError: raise ReadTimeout(f"the request was not received within {self.timeout:g} s") from None
+    except TimeoutError: raise late from None
     finally: self.sock.settimeout(self.timeout)   # writes get the same bound: a client that stops reading is dropped
     if count and not self.started: self.started, self.deadline = True, time.monotonic() + self.timeout
     return count
 
-# methods http.server knows but this server does not answer: 405 with an Allow header (anything else is a 501)
-OTHER_METHODS = ("HEAD", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT")
 DRAIN_LIMIT, DRAIN_SECONDS = 2**20, 2.0   # unread input discarded before closing, so the client sees our answer
 
 class ChatRequestHandler(BaseHTTPRequestHandler):
@@ -196,6 +195,7 @@ class ChatRequestHandler(BaseHTTPRequestHandler):
 
   def setup(self) -> None:
     super().setup()
+    self.rfile.close()   # StreamRequestHandler's plain file: replaced by one that keeps the request's deadline
     self.reader = DeadlineReader(self.connection, self.server.read_timeout)
     self.rfile = io.BufferedReader(self.reader)
     self.unread_input = False   # a body was left unread: drain it before closing
@@ -260,6 +260,7 @@ class ChatRequestHandler(BaseHTTPRequestHandler):
     self.close_connection = self.unread_input = True   # its body, if any, is not read
     self.send_error_json(RequestError(f"method {self.command} is not allowed; this server answers GET and POST",
                                       status=405, code="method_not_allowed"), {"Allow": "GET, POST"})
+  # the other methods HTTP defines; a method without a do_ handler gets http.server's 501 (as JSON, by send_error)
   do_HEAD = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = reject_method   # noqa: N815
 
   def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
