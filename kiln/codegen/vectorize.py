@@ -40,9 +40,11 @@ _DEFINE_ACC, _LOAD, _STORE, _ASSIGN, _CAST, _BITCAST = (Ops.DEFINE_ACC, Ops.LOAD
                                                         Ops.BITCAST)
 
 VECTOR_WIDTHS = (16, 8, 4)   # lane counts tried, widest first (16 float32 = one AVX-512 register)
-LANE_DTYPES = frozenset({dtypes.float32, dtypes.int32, dtypes.uint32, dtypes.bool})
-MEMORY_DTYPES = frozenset({dtypes.float32, dtypes.int32, dtypes.uint32})   # bool is stored as bytes: stays scalar
+LANE_DTYPES = frozenset({dtypes.float32, dtypes.int32, dtypes.uint32, dtypes.bool, dtypes.uint8, dtypes.int8})
+# bool is stored as bytes: stays scalar. 8-bit lanes are quantized weights: loaded, unpacked, converted
+MEMORY_DTYPES = frozenset({dtypes.float32, dtypes.int32, dtypes.uint32, dtypes.uint8, dtypes.int8})
 _INTS = frozenset({dtypes.int32, dtypes.uint32})
+_BYTES = frozenset({dtypes.uint8, dtypes.int8})
 # the ALU ops that are exact lane by lane, per lane dtype of their operands
 VECTOR_ALU: dict[DType, frozenset[Ops]] = {
   dtypes.float32: frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.NEG, Ops.RECIP, Ops.MAX, Ops.CMPLT, Ops.CMPNE,
@@ -52,10 +54,16 @@ VECTOR_ALU: dict[DType, frozenset[Ops]] = {
   dtypes.bool: frozenset({Ops.AND, Ops.OR, Ops.XOR, Ops.CMPNE, Ops.CMPEQ, Ops.WHERE}),
 }
 VECTOR_ALU[dtypes.uint32] = VECTOR_ALU[dtypes.int32]
+# 8-bit lanes wrap as C's scalar code does when it stores an int result into a char; no compares (a bool lane is a
+# 32-bit mask), no division
+VECTOR_ALU[dtypes.uint8] = VECTOR_ALU[dtypes.int8] = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.AND, Ops.OR, Ops.XOR,
+                                                                Ops.SHL, Ops.SHR})
 # (from, to) conversions whose vector form gives the scalar C conversion's bits
 VECTOR_CASTS = frozenset({(dtypes.float32, dtypes.int32), (dtypes.int32, dtypes.float32), (dtypes.uint32,
                           dtypes.float32), (dtypes.int32, dtypes.uint32), (dtypes.uint32, dtypes.int32),
-                          *((dtypes.bool, d) for d in MEMORY_DTYPES), *((d, dtypes.bool) for d in MEMORY_DTYPES)})
+                          *((b, d) for b in _BYTES for d in (dtypes.float32, dtypes.int32)),
+                          *((dtypes.bool, d) for d in MEMORY_DTYPES - _BYTES),
+                          *((d, dtypes.bool) for d in MEMORY_DTYPES - _BYTES)})
 
 _INDEXED_OPS = frozenset({_ASSIGN, _STORE, _LOAD, _DEFINE_ACC})   # what _Vectorizer lists by kind
 
@@ -70,6 +78,12 @@ def _split_offset(index: UOp) -> tuple[UOp | None, int]:
       if off.op is _CONST and isinstance(off.arg, int): return base, off.arg
   return index, 0
 
+def _value_range(u: UOp) -> tuple[int, int]:
+  """(min, max) of an integer uop: its constant, or what value ranges prove; (-1, -1) when unknown."""
+  if u.op is _CONST: return (u.arg, u.arg) if isinstance(u.arg, int) else (-1, -1)
+  try: return int(u.vmin), int(u.vmax)
+  except Exception: return -1, -1
+
 def _consecutive(indices: tuple[UOp, ...]) -> bool:
   """Whether the indices are `i, i+1, ..., i+n-1` for one base expression."""
   parts = [_split_offset(i) for i in indices]
@@ -82,8 +96,8 @@ def _vector_const(dtype: DType, lanes: tuple[UOp, ...]) -> UOp:
 
 class _Vectorizer:
   """Bundles the lanes of one kernel and writes the vector uop list."""
-  def __init__(self, uops: list[UOp], keep_scalar: frozenset[UOp]):
-    self.uops, self.keep_scalar = uops, keep_scalar
+  def __init__(self, uops: list[UOp], keep_scalar: frozenset[UOp], widths: tuple[int, ...] = VECTOR_WIDTHS):
+    self.uops, self.keep_scalar, self.widths = uops, keep_scalar, widths
     # built from reversed pairs so that a uop listed twice keeps its first position and block
     self.position: dict[UOp, int] = dict(zip(reversed(uops), range(len(uops) - 1, -1, -1)))
     # the innermost loop open where each uop sits (None: outside loops)
@@ -174,11 +188,12 @@ class _Vectorizer:
     elif first.op is _BITCAST:
       if source not in MEMORY_DTYPES or first.dtype not in MEMORY_DTYPES: return None
     elif first.op not in VECTOR_ALU.get(source, ()): return None
-    if first.op in (Ops.IDIV, Ops.MOD, Ops.SHL, Ops.SHR):   # by one constant only: exact and never traps
+    if first.op in (Ops.IDIV, Ops.MOD, Ops.SHL, Ops.SHR):   # by one value only: exact and never traps
       divisor = first.src[1]
-      if any(u.src[1] is not divisor for u in lanes) or divisor.op is not _CONST: return None
-      if first.op in (Ops.SHL, Ops.SHR) and not 0 <= divisor.arg < 32: return None
-      if first.op in (Ops.IDIV, Ops.MOD) and divisor.arg in (0, -1): return None
+      if any(u.src[1] is not divisor for u in lanes): return None
+      if first.op in (Ops.SHL, Ops.SHR):   # a constant or a value proven below the lane width (a nibble's shift)
+        if not 0 <= _value_range(divisor)[0] <= _value_range(divisor)[1] < 8 * first.dtype.itemsize: return None
+      elif divisor.op is not _CONST or divisor.arg in (0, -1): return None
     operands = self._operands(lanes)
     if operands is None: return None
     vector = UOp(first.op, first.dtype.vec(len(lanes)), tuple(operands), first.arg)
@@ -270,7 +285,7 @@ class _Vectorizer:
       by_offset = dict(sorted(run, key=lambda x: x[0]))
       disjoint = len(by_offset) == len(run) and runs_per_buffer[buffer] == 1 and \
         len(run) == len(self.stores_at.get(buffer, ()))
-      for lanes in _chunks(by_offset): self.try_seed(lambda lanes=lanes: self.store_seed(lanes, disjoint))
+      for lanes in _chunks(by_offset, self.widths): self.try_seed(lambda lanes=lanes: self.store_seed(lanes, disjoint))
     groups: dict[tuple, list[UOp]] = {}
     for u in self.accumulators:
       if u in self.claimed or u in self.keep_scalar or len(self.assigns.get(u, ())) != 1:
@@ -283,7 +298,7 @@ class _Vectorizer:
       while start < len(accs):
         # the widest bundle that vectorizes from this lane (16 lanes of a tile whose runs are 8 long do not: its 8
         # do), else none: try from the next lane
-        for width in (w for w in VECTOR_WIDTHS if start + w <= len(accs)):
+        for width in (w for w in self.widths if start + w <= len(accs)):
           lanes = tuple(accs[start:start + width])
           if not any(u in self.claimed for u in lanes) and self.try_seed(lambda: self.bundle(lanes) in self.lanes_of):
             start += width
@@ -394,8 +409,8 @@ def _blocks(uops: list[UOp]) -> list[UOp | None]:
   blocks += [current] * (len(uops) - start)
   return blocks
 
-def _chunks(by_offset: dict[int, UOp]) -> list[tuple[UOp, ...]]:
-  """Runs of consecutive offsets cut into the widest vectors that fit, in address order."""
+def _chunks(by_offset: dict[int, UOp], widths: tuple[int, ...] = VECTOR_WIDTHS) -> list[tuple[UOp, ...]]:
+  """Runs of consecutive offsets cut into the widest vectors (of `widths`) that fit, in address order."""
   chunks: list[tuple[UOp, ...]] = []
   offsets = list(by_offset)
   start = 0
@@ -404,16 +419,18 @@ def _chunks(by_offset: dict[int, UOp]) -> list[tuple[UOp, ...]]:
     while end + 1 < len(offsets) and offsets[end + 1] == offsets[end] + 1: end += 1
     i = start
     while i <= end:
-      width = next((w for w in VECTOR_WIDTHS if i + w <= end + 1), 0)
+      width = next((w for w in widths if i + w <= end + 1), 0)
       if width == 0: break
       chunks.append(tuple(by_offset[o] for o in offsets[i:i + width]))
       i += width
     start = end + 1
   return chunks
 
-def vectorize(uops: list[UOp], keep_scalar: frozenset[UOp] = frozenset()) -> list[UOp]:
+def vectorize(uops: list[UOp], keep_scalar: frozenset[UOp] = frozenset(), max_lanes: int = VECTOR_WIDTHS[0]) -> list[UOp]:
   """The linearized kernel `uops` (docs/ir.md, stage 4) with its isomorphic lanes as vector uops (see the module
-  docstring). Accumulators in `keep_scalar` stay scalar. A kernel with nothing to vectorize comes back unchanged.
+  docstring), at most `max_lanes` lanes a vector (one register of the target: 16 float32 on AVX-512, 8 on AVX2; any
+  width gives the same bits). Accumulators in `keep_scalar` stay scalar. A kernel with nothing to vectorize comes
+  back unchanged.
 
   >>> from kiln.dtype import dtypes
   >>> a, out = UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 1), UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0)
@@ -425,7 +442,7 @@ def vectorize(uops: list[UOp], keep_scalar: frozenset[UOp] = frozenset()) -> lis
   >>> [(u.op.name, u.dtype.count) for u in vectorize(uops) if u.op in (Ops.LOAD, Ops.ADD, Ops.STORE)]
   [('LOAD', 4), ('ADD', 4), ('STORE', 1)]
   """
-  vectorizer = _Vectorizer(uops, keep_scalar)
+  vectorizer = _Vectorizer(uops, keep_scalar, tuple(w for w in VECTOR_WIDTHS if w <= max(max_lanes, VECTOR_WIDTHS[-1])))
   try:
     vectorizer.seed_all()
     if not vectorizer.lanes_of: return uops

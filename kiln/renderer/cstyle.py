@@ -319,7 +319,11 @@ def scratch_symbol(function_name: str) -> str:
 # A vector of n lanes is `kiln_<lane type>x<n>` (vector_size), bool vectors are int masks (all ones or zero per
 # lane, what a comparison gives). Loads and stores go through __builtin_memcpy (unaligned; compiles to one move),
 # selects are bitwise (`?:` on vectors is C++ only in gcc), conversions use __builtin_convertvector (gcc >= 9).
-_VECTOR_LANE_TYPES = {dtypes.float32: "float", dtypes.int32: "int", dtypes.uint32: "unsigned int", dtypes.bool: "int"}
+_VECTOR_LANE_TYPES = {dtypes.float32: "float", dtypes.int32: "int", dtypes.uint32: "unsigned int", dtypes.bool: "int",
+                      dtypes.uint8: "unsigned char", dtypes.int8: "signed char", dtypes.int16: "short"}
+
+_BYTE_LANES = (dtypes.uint8, dtypes.int8)
+_BYTE_WIDENING = (dtypes.int16, dtypes.int32)   # the lanes a byte vector is widened through (_vector_cast)
 
 def vector_type(dtype: DType) -> str:
   """The C type name of a vector dtype, e.g. `kiln_floatx8`; bool lanes are `kiln_maskx8` (int masks)."""
@@ -331,7 +335,7 @@ def vector_type(dtype: DType) -> str:
 def vector_typedef(dtype: DType) -> str:
   """The typedef that declares `vector_type(dtype)`."""
   return (f"typedef {_VECTOR_LANE_TYPES[dtype.scalar]} {vector_type(dtype)} "
-          f"__attribute__((vector_size({4 * dtype.count})));")
+          f"__attribute__((vector_size({(4 if dtype.scalar == dtypes.bool else dtype.scalar.itemsize) * dtype.count})));")
 
 def c_type(dtype: DType) -> str:
   """The C type a value of `dtype` (scalar or vector) is computed in."""
@@ -363,7 +367,12 @@ def _vector_cast(u: UOp, a: list[str]) -> str:
     safe = _vector_select(lanes, in_range, x, _vector_splat(lanes, 0.0))
     converted = f"__builtin_convertvector({safe}, {vector_type(dst)})"
     return _vector_select(dst, in_range, converted, _vector_splat(dst, -limit))
-  if dtypes.is_float(src) != dtypes.is_float(dst.scalar) or src == dtypes.bool and dtypes.is_float(dst.scalar):
+  if src in _BYTE_LANES and dst.scalar != dtypes.bool:
+    # bytes widen through 16-bit and 32-bit lanes: gcc 12 converts them straight to int or float lane by lane
+    for wider in _BYTE_WIDENING[:2 if dst.scalar == dtypes.float32 else 1]:
+      x = f"__builtin_convertvector({x}, {vector_type(wider.vec(dst.count))})"
+  if dtypes.is_float(src) != dtypes.is_float(dst.scalar) or src == dtypes.bool and dtypes.is_float(dst.scalar) \
+     or src.itemsize != dst.scalar.itemsize:   # 8-bit lanes widened
     return f"__builtin_convertvector({x}, {vector_type(dst)})"
   return f"(({vector_type(dst)})({x}))"   # int32 <-> uint32: the same bits, as C converts them
 
@@ -431,8 +440,10 @@ class CRenderer(Renderer):
     plan = _plan_shape(parallel, reduction)
     keeps = [frozenset()]
     if reduction is not None: keeps.append(frozenset(acc for acc, _ in reduction.accumulators))
+    # one register a vector: wider generic vectors are split by the compiler, and gcc does it badly
+    max_lanes = self.target.float_lanes if self.target is not None else 16
     for keep in keeps:
-      vector_uops = vectorize(uops, keep)
+      vector_uops = vectorize(uops, keep, max_lanes)
       if vector_uops is not uops and _plan_shape(*thread_plan(vector_uops)) == plan: return vector_uops
     return uops
 
@@ -618,6 +629,8 @@ class _CKernelWriter:
     if u.dtype.count > 1:
       if u.op not in VECTOR_EXPRESSIONS: raise NotImplementedError(f"CRenderer: no vector form of {u.op} ({self.name})")
       if u.op is Ops.MULACC: self.vector_fmas.setdefault(u.dtype)
+      if u.op is Ops.CAST and u.src[0].dtype.scalar in _BYTE_LANES:
+        for wider in _BYTE_WIDENING: self.note_dtype(wider.vec(u.dtype.count))
       text = VECTOR_EXPRESSIONS[u.op](u, [self.expr(s) for s in u.src])
     else:
       if u.op in GroupOp.ALU: check_alu_dtypes("CRenderer", u)

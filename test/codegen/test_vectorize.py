@@ -56,7 +56,23 @@ CASES = {
   "where_nan_max": lambda: (x > 0).where(x / (y - y), y).maximum(x) + (x - x).maximum(y.sqrt()),
   "reductions": lambda: x.sum(-1) + x.max(-1) + (ints * ints2).sum(0).float().mean(),
   "conv_weight_gradient": lambda: _conv_weight_gradient(),
+  "uint8_nibbles_matvec": lambda: _nibble_matvec(),
+  "int8_matvec": lambda: (q8.cast(dtypes.float32) * q8_scale * vec).sum(-1),
+  "uint8_wrapping_lanes": lambda: ((nibbles * 7 + 200) ^ (nibbles << 3)).cast(dtypes.int32).reshape(24, 32) + \
+    (q8[:, :32] - 100).float(),
 }
+
+# quantized weights as the LLM keeps them: bytes of two 4-bit fields (Q4_1) and signed bytes with a scale (Q8_0)
+nibbles = Tensor(RNG.integers(0, 256, (24, 2, 16), dtype=np.uint8)).realize()
+q8 = Tensor(RNG.integers(-128, 128, (24, 64), dtype=np.int8)).realize()
+q8_scale, vec = _data(24, 1), _data(64)
+vec2 = _data(2, 16)
+
+def _nibble_matvec() -> Tensor:
+  """Q4_1's dot: each byte's two nibbles (a shift by an arange: not a constant in the kernel) times a vector."""
+  shifts = (Tensor.arange(2, dtype=dtypes.uint8) * 4).reshape(2, 1)
+  q = ((nibbles.unsqueeze(1) >> shifts.reshape(1, 2, 1, 1)) & 15).cast(dtypes.float32)   # (24, 2, 2, 16)
+  return (q[:, :, 0] * vec2 * 0.5 + 0.25).sum((1, 2))
 
 conv_x, conv_w, conv_g = (RNG.standard_normal(s, dtype=np.float32) for s in ((2, 8, 18, 18), (8, 8, 3, 3), (2, 8, 16, 16)))
 
@@ -136,6 +152,22 @@ def test_unsupported_lanes_stay_scalar():
   item = last_kernel_item(doubles * 3 + 1)
   _, uops = render_lowered("CPU", "f64", optimize_kernel(lower_kernel(item.ast)))
   assert all(u.dtype.count == 1 for u in uops)
+
+def test_byte_lanes_load_and_widen_as_vectors():
+  item = last_kernel_item((q8.cast(dtypes.float32) * q8_scale * vec).sum(-1))
+  source, uops = render_lowered("CPU", "bytes", optimize_kernel(lower_kernel(item.ast)))
+  assert any(u.op is Ops.LOAD and u.dtype.scalar == dtypes.int8 and u.dtype.count > 1 for u in uops)
+  # through 16- and 32-bit lanes (gcc 12 converts bytes straight to floats one lane at a time)
+  assert "kiln_shortx" in source and "kiln_intx" in source
+
+@pytest.mark.parametrize("max_lanes", [4, 8, 16])
+def test_vectors_are_at_most_one_register_wide(max_lanes):
+  item = last_kernel_item(h @ w)
+  uops = optimize_kernel(lower_kernel(item.ast))
+  from kiln.codegen.linearizer import linearize
+  vector_uops = vectorize(linearize(uops), max_lanes=max_lanes)
+  widths = {u.dtype.count for u in vector_uops if u.dtype.count > 1}
+  assert widths and max(widths) == max_lanes, widths
 
 def test_vector_dtype_identity_and_pickle():
   import pickle

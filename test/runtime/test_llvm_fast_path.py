@@ -36,6 +36,19 @@ ROWS = RNG.standard_normal((4, 1 << 18), dtype=np.float32)
 IMAGE = RNG.standard_normal((2, 8, 19, 21), dtype=np.float32)
 WEIGHT = RNG.standard_normal((16, 8, 3, 3), dtype=np.float32)
 INTS = RNG.integers(-1000, 1000, (64, 300)).astype(np.int32)
+NIBBLES = RNG.integers(0, 256, (96, 18, 16), dtype=np.uint8)
+Q8 = RNG.integers(-128, 128, (96, 576), dtype=np.int8)
+VEC = RNG.standard_normal(576, dtype=np.float32)
+
+def _q4_matvec(packed: Tensor, x: Tensor) -> Tensor:
+  """A Q4-style matrix-vector product: the two nibbles of each byte (shifts from an arange) times a vector."""
+  shifts = (Tensor.arange(2, device=packed.device, dtype=dtypes.uint8) * 4).reshape(1, 1, 2, 1)
+  q = ((packed.unsqueeze(2) >> shifts) & 15).cast(dtypes.float32)
+  return (q * x.reshape(1, 18, 2, 16) * 0.25 + 0.5).sum((1, 2, 3))
+
+def _q4_reference(packed: np.ndarray, x: np.ndarray) -> np.ndarray:
+  q = np.stack([packed & 15, packed >> 4], 2).astype(np.float64)
+  return (q * x.reshape(1, 18, 2, 16) * 0.25 + 0.5).sum((1, 2, 3))
 
 # name -> (kiln function of tensors on one device, the inputs, a float64 NumPy reference)
 WORKLOADS = {
@@ -50,6 +63,9 @@ WORKLOADS = {
                                      .cast(dtypes.float32) * a.exp(), (SQUARE,), None),
   "int32 sum and shifts": (lambda i: ((i << 3) ^ (i >> 2)).sum(axis=0) + i.max(axis=0), (INTS,),
                            lambda i: ((i << 3) ^ (i >> 2)).sum(axis=0) + i.max(axis=0)),
+  "Q4 nibble matvec (byte lanes)": (_q4_matvec, (NIBBLES, VEC), _q4_reference),
+  "Q8 matvec (signed byte lanes)": (lambda q, x: (q.cast(dtypes.float32) * x).sum(-1), (Q8, VEC),
+                                    lambda q, x: q.astype(np.float64) @ x),
 }
 
 @pytest.mark.parametrize("threads", [1, 2])
