@@ -80,9 +80,10 @@ def load_state_dict(model: Any, state_dict: dict[str, Tensor], strict: bool = Tr
   the model's tensors that were loaded.
 
   With `strict=True` a key of the model that is missing from `state_dict` raises KeyError; a shape or dtype mismatch
-  always raises ValueError. Both name the key. Keys of `state_dict` that the model doesn't have are ignored (listed
-  when DEBUG>=1). Values are moved to the model tensor's device (a DISK state dict is read from the file here); a
-  model tensor on DISK gets the bytes written through to its file. `consume=True` removes each loaded key from
+  always raises ValueError. Both name the key; a one-element value fits a one-element tensor of any shape
+  (tinygrad keeps BatchNorm's `num_batches_tracked` as shape (1,), PyTorch and kiln as ()). Keys of `state_dict` that
+  the model doesn't have are ignored (listed when DEBUG>=1). Values are moved to the model tensor's device (a DISK
+  state dict is read from the file here); a model tensor on DISK gets the bytes written through to its file. `consume=True` removes each loaded key from
   `state_dict` (so its memory can go); `verbose` prints one line with the count, size and time.
   """
   start = time.perf_counter()
@@ -100,6 +101,8 @@ def load_state_dict(model: Any, state_dict: dict[str, Tensor], strict: bool = Tr
       continue
     source = state_dict[key]
     if not isinstance(source, Tensor): source = Tensor(source)
+    if tuple(source.shape) != tuple(target.shape) and source.numel() == target.numel() == 1:
+      source = source.reshape(target.shape)
     if tuple(source.shape) != tuple(target.shape):
       raise ValueError(f"load_state_dict: shape mismatch for key {key!r}: the model has {tuple(target.shape)}, "
                        f"the state dict has {tuple(source.shape)}")

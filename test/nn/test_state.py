@@ -151,6 +151,22 @@ def test_load_state_dict_consume(tmp_path):
   load_state_dict(target, state, consume=True, verbose=False)
   assert state == {} and target.weight.numpy().tolist() == [[1.0, 1.0], [1.0, 1.0]]
 
+def test_load_state_dict_takes_tinygrad_and_torch_batchnorm_counters():
+  # tinygrad saves BatchNorm's num_batches_tracked with shape (1,), PyTorch (and kiln) with shape ()
+  from kiln.nn import BatchNorm
+  torch_bn = torch.nn.BatchNorm2d(3)
+  torch_bn.train()(torch.randn(4, 3, 2, 2))
+  torch_state = {k: Tensor(v.numpy()) for k, v in torch_bn.state_dict().items()}
+  bn = BatchNorm(3)
+  load_state_dict(bn, torch_state, verbose=False)
+  assert bn.num_batches_tracked.shape == () and bn.num_batches_tracked.item() == 1
+  np.testing.assert_allclose(bn.running_mean.numpy(), torch_bn.running_mean.numpy(), rtol=1e-6)
+  tinygrad_state = {**torch_state, "num_batches_tracked": Tensor([7], dtype=dtypes.int64)}
+  load_state_dict(bn, tinygrad_state, verbose=False)
+  assert bn.num_batches_tracked.shape == () and bn.num_batches_tracked.item() == 7
+  with pytest.raises(ValueError, match="shape mismatch for key 'running_mean'"):
+    load_state_dict(bn, {**torch_state, "running_mean": Tensor.zeros(1, 3)}, verbose=False)
+
 # ---------------- bad input ----------------
 
 def _safetensors_bytes(header: dict, data: bytes) -> bytes:
