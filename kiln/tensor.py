@@ -26,7 +26,7 @@ from kiln.mixin.nn import NNMixin
 from kiln.mixin.sorting import SortMixin
 from kiln.mixin.linalg import LinalgMixin
 from kiln.mixin.bytes import BytesMixin
-from kiln.mixin.common import TensorIndexError, TensorValueError, UnsupportedError, EmptyAxisError, where as _where, \
+from kiln.mixin.common import TensorIndexError, TensorValueError, UnsupportedError, AxisError, where as _where, \
   fmt as _fmt, dtype_arg as _dtype_arg, canonical_device as _canonical_device, \
   broadcasts_to, broadcast_shape as _broadcast_shape
 
@@ -382,6 +382,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
       raise TensorValueError(f"linspace: steps must be a non-negative int, got {steps!r}{_where()}")
     if steps == 1: return Tensor.full((1,), float(start), **kwargs)
     dtype = _dtype_arg(kwargs.pop("dtype", dtypes.default_float), "linspace")
+    if dtype == dtypes.bool: raise UnsupportedError(f"linspace: a bool dtype is not supported{_where()}")
     requires_grad = kwargs.pop("requires_grad", None)   # belongs on the result, not on the arange it is built from
     out = (Tensor.arange(steps, **kwargs).cast(dtypes.float32) * ((stop - start) / (steps - 1)) + start).cast(dtype)
     return Tensor(out.uop.unique(), requires_grad=requires_grad)
@@ -1215,7 +1216,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     axes = self._reduce_axes(axis, op)
     kept = prod(s for a, s in enumerate(self.shape) if a not in axes)
     if prod(self.shape[a] for a in axes) == 0 and kept != 0:
-      raise EmptyAxisError(f"{op}: cannot reduce over an empty axis of a tensor of shape {_fmt(self.shape)}{_where()}")
+      raise AxisError(f"{op}: cannot reduce over an empty axis of a tensor of shape {_fmt(self.shape)}{_where()}")
   def min(self, axis=None, keepdim: bool = False) -> Tensor:
     """Minimum over `axis`."""
     self._check_nonempty_reduce(axis, "min")
@@ -1266,7 +1267,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     if self.ndim == 0: return Tensor.full((), 0, device=self.device, dtype=dtypes.int32)
     n = self.shape[axis]
     if n == 0:
-      raise EmptyAxisError(f"{op}: cannot reduce over the empty axis {axis} of shape {_fmt(self.shape)}{_where()}")
+      raise AxisError(f"{op}: cannot reduce over the empty axis {axis} of shape {_fmt(self.shape)}{_where()}")
     # NaN is the maximum, as in PyTorch: where max() propagated one, only the NaNs compare as maxima
     is_max = (self == self.max(axis, keepdim=True)) | self.isnan()
     countdown = Tensor.arange(n, 0, -1, device=self.device).reshape((n,) + (1,) * (self.ndim - axis - 1))

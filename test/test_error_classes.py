@@ -20,6 +20,8 @@ def torch_class(fn) -> type:
 K, T = Tensor.ones, torch.ones   # ones(*shape) in each library
 ki = lambda *v: Tensor(list(v))   # noqa: E731  (an int tensor)
 ti = lambda *v: torch.tensor(list(v))   # noqa: E731
+ki0 = lambda *shape: Tensor.zeros(*shape, dtype="int32")   # noqa: E731  (an index of zeros)
+ti0 = lambda *shape: torch.zeros(*shape, dtype=torch.int64)   # noqa: E731
 
 def both(fn) -> tuple:
   """One misuse written once for both libraries: fn(ones) with kiln's and torch's `ones`."""
@@ -212,6 +214,42 @@ CASES = {
   "rmsnorm_shape": (lambda: nn.RMSNorm(3)(K(2, 4)), lambda: torch.nn.RMSNorm(3)(T(2, 4))),
   "embedding_float_indices": (lambda: nn.Embedding(4, 2)(K(3)), lambda: torch.nn.Embedding(4, 2)(T(3))),
   "lstm_cell_input": (lambda: nn.LSTMCell(3, 2)(K(2, 4)), lambda: torch.nn.LSTMCell(3, 2)(T(2, 4))),
+  # more misuse that tinygrad's own op tests check against torch
+  "unfold_too_large": both(lambda o: o(8).unfold(0, 9, 3)),
+  "unfold_axis": both(lambda o: o(8).unfold(1, 8, 3)),
+  "unfold_negative_step": both(lambda o: o(8).unfold(0, 1, -1)),
+  "linspace_bool": (lambda: Tensor.linspace(5, 10, 3, dtype="bool"),
+                    lambda: torch.linspace(5, 10, 3, dtype=torch.bool)),
+  "einsum_two_ellipses": (lambda: Tensor.einsum("...ik..., ...jk ->", K(2, 3, 4), K(2, 3, 4)),
+                          lambda: torch.einsum("...ik..., ...jk ->", T(2, 3, 4), T(2, 3, 4))),
+  "einsum_ellipses_broadcast": (lambda: Tensor.einsum("i...j,ji...->...", K(2, 3, 4), K(2, 3, 4)),
+                                lambda: torch.einsum("i...j,ji...->...", T(2, 3, 4), T(2, 3, 4))),
+  "einsum_too_many_operands": (lambda: Tensor.einsum("ij,jk->ij", K(2, 3), K(3, 4), K(4, 2)),
+                               lambda: torch.einsum("ij,jk->ij", T(2, 3), T(3, 4), T(4, 2))),
+  "dot_1d_2d": (lambda: K(4).dot(K(1, 2)), lambda: T(4).matmul(T(1, 2))),
+  "dot_2d_1d": (lambda: K(2, 1).dot(K(4)), lambda: T(2, 1).matmul(T(4))),
+  "matmul_0d_0d": (lambda: Tensor(3.0) @ Tensor(3.0), lambda: torch.tensor(3.0) @ torch.tensor(3.0)),
+  "permute_too_few": both(lambda o: o(3, 4, 5).permute((0, 2))),
+  "permute_too_many": both(lambda o: o(3, 4).permute((0, 1, 1, 1))),
+  "flip_repeated": both(lambda o: o(3, 4).flip((1, -1))),
+  "roll_one_shift_two_dims": both(lambda o: o(3, 3).roll(shifts=1, dims=(0, 1))),
+  "roll_two_shifts_one_dim": both(lambda o: o(10).roll(shifts=(1, 2), dims=0)),
+  "clip_without_bounds": both(lambda o: o(2, 3).clip(None, None)),
+  "gather_index_larger": (lambda: K(2, 1, 1).gather(0, ki0(3, 4, 5)), lambda: T(2, 1, 1).gather(0, ti0(3, 4, 5))),
+  "scatter_index_larger_than_self": (lambda: K(2, 3, 10).scatter(1, ki0(3, 4, 5), K(10, 10, 10)),
+                                     lambda: T(2, 3, 10).scatter(1, ti0(3, 4, 5), T(10, 10, 10))),
+  "scatter_index_larger_than_src": (lambda: K(10, 3, 10).scatter(1, ki0(3, 4, 5), K(10, 3, 10)),
+                                    lambda: T(10, 3, 10).scatter(1, ti0(3, 4, 5), T(10, 3, 10))),
+  "scatter_half_float_src": (lambda: K(3, 4).half().scatter(1, Tensor([[0]]), K(3, 4)),
+                             lambda: T(3, 4).half().scatter(1, torch.tensor([[0]]), T(3, 4))),
+  "scatter_reduce_half_float_src": (lambda: K(3, 4).half().scatter_reduce(0, Tensor([[0]]), K(3, 4), reduce="sum"),
+                                    lambda: T(3, 4).half().scatter_reduce(0, ti(0).reshape(1, 1), T(3, 4), reduce="sum")),
+  "nll_loss_reduction": (lambda: K(2, 3).nll_loss(Tensor([0, 1]), reduction="typo"),
+                         lambda: F.nll_loss(T(2, 3), torch.tensor([0, 1]), reduction="typo")),
+  "conv_transpose2d_padding_length": (lambda: K(1, 2, 3, 3).conv_transpose2d(K(2, 1, 3, 3), padding=(1, 1, 1)),
+                                      lambda: F.conv_transpose2d(T(1, 2, 3, 3), T(2, 1, 3, 3), padding=(1, 1, 1))),
+  "max_pool2d_padding_length": (lambda: K(1, 1, 4, 4).max_pool2d(2, padding=(1, 1, 1)),
+                                lambda: F.max_pool2d(T(1, 1, 4, 4), 2, padding=(1, 1, 1))),
   # an axis outside the shape: IndexError in torch
   "sum_axis": both(lambda o: o(2, 3).sum(3)),
   "max_axis": (lambda: K(2, 3).max(-3), lambda: T(2, 3).amax(-3)),
@@ -253,6 +291,45 @@ CASES = {
   "setitem_too_many": (lambda: K(2, 3).__setitem__((0, 0, 0), 1.0), lambda: T(2, 3).__setitem__((0, 0, 0), 1.0)),
   "setitem_string": (lambda: K(2, 3).__setitem__(0, "a"), lambda: T(2, 3).__setitem__(0, "a")),
 }
+
+# misuse whose class tinygrad's op tests fix where torch has no such call (or raises something else): kiln's class
+# must be one of those listed, as tinygrad's assertRaises(expected) requires
+TINYGRAD_EXPECTS = {
+  "creation_negative_size": (lambda: Tensor.empty(-3, 2), ValueError),
+  "rand_negative_size": (lambda: Tensor.rand(2, -3, 0), ValueError),
+  "randint_negative_size": (lambda: Tensor.randint(-3, 2), ValueError),
+  "kaiming_negative_size": (lambda: Tensor.kaiming_uniform(-3, 3), ValueError),
+  "full_negative_size": (lambda: Tensor.full((2, -3), 4), ValueError),
+  "eye_negative_size": (lambda: Tensor.eye(3, -3), ValueError),
+  "reshape_to_0d": (lambda: K(4, 3).reshape([]), ValueError),
+  "pad_more_pairs_than_axes": (lambda: K(3, 3).pad((None, (0, 1), (3, 0))), ValueError),
+  "pad_fewer_pairs_than_axes": (lambda: K(3, 3).pad(((0, 1),)), ValueError),
+  "pad_mode_typo": (lambda: K(3, 3, 3).pad((3, 0), mode="typo"), NotImplementedError),
+  "slice_zero_step": (lambda: K(4, 3)[::0, 1], ValueError),
+  "slice_tensor_bound": (lambda: K(4, 3)[:Tensor([3]), 1], TypeError),
+  "slice_of_0d": (lambda: Tensor(2)[:], IndexError),
+  "index_too_many": (lambda: K(4, 3)[1, 77, 77, 77], IndexError),
+  "index_float_tensor": (lambda: K(10, 11, 12)[Tensor(1.1)], IndexError),
+  "index_bool_tensor_too_short": (lambda: K(10, 11, 12)[Tensor([True, False])], IndexError),
+  "index_shapes_do_not_broadcast": (lambda: K(10, 11, 12)[ki0(3, 1, 1, 1), ki0(1, 4, 1, 1, 1)], (IndexError, ValueError)),
+  "cat_0d": (lambda: Tensor(3.0).cat(Tensor(3.0)), IndexError),
+  "stack_dim_out_of_range": (lambda: Tensor.stack(K(4, 5, 3), dim=77), IndexError),
+  "stack_list_and_more_tensors": (lambda: Tensor.stack((Tensor([1, 2]), Tensor([3, 4])), Tensor([5, 6])), ValueError),
+  "repeat_fewer_than_axes": (lambda: K(4, 6, 3).repeat((2, 4)), ValueError),
+  "expand_non_one_axis": (lambda: K(4, 3, 1, 6).expand(4, 1, 1, 6), (ValueError, RuntimeError)),
+  "expand_to_zero": (lambda: K(4, 3, 2, 6).expand(4, 3, 0, 6), (ValueError, RuntimeError)),
+  "avg_pool2d_padding_length": (lambda: K(1, 1, 4, 4).avg_pool2d(2, padding=(1, 1, 1)), ValueError),
+  "cross_entropy_reduction": (lambda: K(2, 3).cross_entropy(K(2, 3), reduction="typo"), ValueError),
+  "sdpa_heads_not_a_multiple": (lambda: K(1, 3, 2, 4).scaled_dot_product_attention(K(1, 2, 2, 4), K(1, 2, 2, 4),
+                                                                                   enable_gqa=True),
+                                (RuntimeError, ValueError)),
+}
+
+@pytest.mark.parametrize("name", list(TINYGRAD_EXPECTS))
+def test_error_class_is_what_tinygrads_op_tests_expect(name):
+  fn, expected = TINYGRAD_EXPECTS[name]
+  with pytest.raises(expected) as info: fn()
+  assert "test_error_classes.py:" in str(info.value), f"{name}: no user location in {info.value!r}"
 
 @pytest.mark.filterwarnings("ignore::UserWarning")   # torch reads o["a"] as a sequence index and warns
 @pytest.mark.parametrize("name", list(CASES))

@@ -16,9 +16,9 @@ class TensorValueError(RuntimeError, ValueError):
 class UnsupportedError(NotImplementedError, TypeError, ValueError):
   """A dtype or mode an op does not support (PyTorch: NotImplementedError, "not implemented for 'Float'")."""
 
-class EmptyAxisError(IndexError, RuntimeError):
-  """A reduction without an identity (max, argmax) over an empty axis (PyTorch: IndexError with a dim, RuntimeError
-  without one)."""
+class AxisError(IndexError, RuntimeError, ValueError):
+  """An axis the op needs and the tensor lacks: max/argmax over an empty axis (PyTorch: IndexError with a dim,
+  RuntimeError without one), a 0-d tensor to concatenate (PyTorch: RuntimeError; tinygrad's tests: IndexError)."""
 
 def where() -> str:
   loc = user_frame_location()

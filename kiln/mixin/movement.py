@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 from kiln.dtype import dtypes, least_upper_dtype
 from kiln.helpers import prod
-from kiln.mixin.common import TensorIndexError, TensorValueError, where, fmt
+from kiln.mixin.common import AxisError, TensorIndexError, TensorValueError, where, fmt
 from kiln.uop.ops import UOp
 from kiln.uop.sint import ssimplify, sint_min, sint_str, is_symbolic_shape
 if TYPE_CHECKING: from kiln.tensor import Tensor
@@ -23,7 +23,9 @@ def _as_tuple(x) -> tuple:
 
 def _tensor_list(first, rest: tuple, op: str, tensor_type) -> list:
   """`(first, *rest)` as a list of tensors; a single list/tuple argument is unpacked (torch.cat([a, b]) style)."""
-  items = list(first) if isinstance(first, (list, tuple)) and not rest else [first, *rest]
+  if isinstance(first, (list, tuple)) and rest:
+    raise TensorValueError(f"{op}: give the tensors as one list or as separate arguments, not both{where()}")
+  items = list(first) if isinstance(first, (list, tuple)) else [first, *rest]
   if not items: raise TensorValueError(f"{op}: expected a non-empty list of tensors{where()}")
   for i, t in enumerate(items):
     if not isinstance(t, tensor_type):
@@ -255,7 +257,7 @@ class MovementMixin:
     if any(t.ndim != 1 for t in tensors): tensors = [t for t in tensors if t.shape != (0,)] or tensors[:1]
     first = tensors[0]
     for i, t in enumerate(tensors):
-      if t.ndim == 0: raise TensorValueError(f"cat: tensor {i} is 0-d and cannot be joined (unsqueeze it first){where()}")
+      if t.ndim == 0: raise AxisError(f"cat: tensor {i} is 0-d and cannot be joined (unsqueeze it first){where()}")
       if t.device != first.device:
         raise RuntimeError(f"cat: tensors are on different devices, {first.device} (tensor 0) and {t.device} "
                            f"(tensor {i}){where()}")
