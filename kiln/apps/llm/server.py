@@ -248,7 +248,7 @@ class ChatRequestHandler(BaseHTTPRequestHandler):
 
   def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
     """http.server's own errors (a garbage request line, over-long headers, an unknown method) as JSON too."""
-    self.close_connection = True
+    self.close_connection = self.unread_input = True   # the rest of such a request is not read
     self.log_error("code %d, message %s", code, message)
     text = message or HTTPStatus(code).phrase
     if explain: text = f"{text}: {explain}"
