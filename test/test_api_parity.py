@@ -986,3 +986,65 @@ def test_tinygrad_class_members_exist_with_same_parameters(qualname):
 def test_module_exclusions_are_tinygrad_names():
   assert set(MODULE_EXCLUDED) | set(MODULE_DIFFERS) <= set(_MODULE_NAMES)
   assert set(CLASS_EXCLUDED) <= set(_CLASS_NAMES)
+
+# the state dicts of tinygrad 0.11's layers (get_state_dict: key -> (shape, dtype name)), so checkpoints move between
+# the two: produced with tinygrad installed from get_state_dict(nn.<layer>) of each constructor call below
+TINYGRAD_LAYER_STATE = {
+  'BatchNorm(4)': {
+    'bias': ((4,), 'float'),
+    'num_batches_tracked': ((1,), 'long'),
+    'running_mean': ((4,), 'float'),
+    'running_var': ((4,), 'float'),
+    'weight': ((4,), 'float'),
+  },
+  'BatchNorm(4, affine=False)': {
+    'num_batches_tracked': ((1,), 'long'),
+    'running_mean': ((4,), 'float'),
+    'running_var': ((4,), 'float'),
+  },
+  'BatchNorm(4, track_running_stats=False)': {
+    'bias': ((4,), 'float'),
+    'num_batches_tracked': ((1,), 'long'),
+    'weight': ((4,), 'float'),
+  },
+  'Conv1d(2, 3, 3)': {'bias': ((3,), 'float'), 'weight': ((3, 2, 3), 'float')},
+  'Conv2d(2, 3, 3, bias=False)': {'weight': ((3, 2, 3, 3), 'float')},
+  'Conv2d(4, 6, (3, 2), groups=2)': {'bias': ((6,), 'float'), 'weight': ((6, 2, 3, 2), 'float')},
+  'ConvTranspose1d(2, 3, 3)': {'bias': ((3,), 'float'), 'weight': ((2, 3, 3), 'float')},
+  'ConvTranspose2d(4, 6, 3, groups=2)': {'bias': ((6,), 'float'), 'weight': ((4, 3, 3, 3), 'float')},
+  'Embedding(10, 4)': {'weight': ((10, 4), 'float')},
+  'GroupNorm(2, 4)': {'bias': ((4,), 'float'), 'weight': ((4,), 'float')},
+  'GroupNorm(2, 4, affine=False)': {},
+  'InstanceNorm(3)': {'bias': ((3,), 'float'), 'weight': ((3,), 'float')},
+  'LSTMCell(3, 5)': {
+    'bias_hh': ((20,), 'float'),
+    'bias_ih': ((20,), 'float'),
+    'weight_hh': ((20, 5), 'float'),
+    'weight_ih': ((20, 3), 'float'),
+  },
+  'LSTMCell(3, 5, bias=False)': {'weight_hh': ((20, 5), 'float'), 'weight_ih': ((20, 3), 'float')},
+  'LayerNorm(5)': {'bias': ((5,), 'float'), 'weight': ((5,), 'float')},
+  'LayerNorm((2, 5), elementwise_affine=False)': {},
+  'LayerNorm2d(3)': {'bias': ((3,), 'float'), 'weight': ((3,), 'float')},
+  'Linear(3, 4)': {'bias': ((4,), 'float'), 'weight': ((4, 3), 'float')},
+  'Linear(3, 4, bias=False)': {'weight': ((4, 3), 'float')},
+  'RMSNorm(6)': {'weight': ((6,), 'float')},
+  'RMSNorm(6, elementwise_affine=False)': {},
+}
+# where kiln's state dict differs: PyTorch's BatchNorm counter has shape () (load_state_dict takes either), and
+# without track_running_stats kiln (as PyTorch) keeps no counter
+LAYER_STATE_DIFFERS = {("BatchNorm(4)", "num_batches_tracked"): ((), "long"),
+                       ("BatchNorm(4, affine=False)", "num_batches_tracked"): ((), "long"),
+                       ("BatchNorm(4, track_running_stats=False)", "num_batches_tracked"): None}
+
+@pytest.mark.parametrize("layer", sorted(TINYGRAD_LAYER_STATE))
+def test_layer_state_dicts_match_tinygrad(layer):
+  from kiln import nn
+  from kiln.nn.state import get_state_dict
+  got = {k: (tuple(v.shape), v.dtype.name) for k, v in get_state_dict(eval(f"nn.{layer}", {"nn": nn})).items()}
+  want = dict(TINYGRAD_LAYER_STATE[layer])
+  for (name, key), kiln_entry in LAYER_STATE_DIFFERS.items():
+    if name == layer:
+      if kiln_entry is None: del want[key]
+      else: want[key] = kiln_entry
+  assert got == want, f"nn.{layer}: kiln {got}, tinygrad {TINYGRAD_LAYER_STATE[layer]}"
