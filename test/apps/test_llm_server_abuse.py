@@ -143,7 +143,7 @@ def test_abandoned_stream_stops_generating(server):
 
 # ---- bodies: too large, missing length, too slow
 
-@pytest.mark.parametrize("claimed", [10**12, 3 * 10**9, MAX_BODY + 1])
+@pytest.mark.parametrize("claimed", [10**12, 3 * 10**9, MAX_BODY + 1, 10**25])
 def test_oversized_body_is_413_before_it_is_read(server, claimed):
   head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {claimed}\r\n\r\n".encode()
   status, headers, body = exchange(server, head + b"{}")
@@ -158,14 +158,16 @@ def test_oversized_body_with_expect_100_continue_is_413_without_continue(server)
   assert_json_error(status, body, 413, "--max-body")
   assert_still_serving(server)
 
-@pytest.mark.parametrize("headers,want_status", [
-  ("", 411), ("Transfer-Encoding: chunked\r\n", 411), ("Content-Length: abc\r\n", 400), ("Content-Length: -5\r\n", 400),
-  ("Content-Length: \u00b2\r\n", 400),
-])
-def test_missing_or_malformed_length(server, headers, want_status):
+@pytest.mark.parametrize("headers,want_status,word", [
+  ("", 411, "Content-Length"), ("Transfer-Encoding: chunked\r\n", 411, "chunked"),
+  ("Content-Length: abc\r\n", 400, "Content-Length"), ("Content-Length: -5\r\n", 400, "Content-Length"),
+  ("Content-Length: \u00b2\r\n", 400, "Content-Length"),
+  ("Content-Length: 1" + "0" * 5000 + "\r\n", 413, "5001 digits"),
+], ids=["missing", "chunked", "letters", "negative", "superscript-two", "5001-digits"])
+def test_missing_or_malformed_length(server, headers, want_status, word):
   head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n{headers}\r\n".encode("latin-1")
   status, _, body = exchange(server, head + b"0\r\n\r\n")
-  assert_json_error(status, body, want_status, "Content-Length")
+  assert_json_error(status, body, want_status, word)
   assert_still_serving(server)
 
 def test_body_shorter_than_its_length_is_408(server):

@@ -299,12 +299,15 @@ class ChatRequestHandler(BaseHTTPRequestHandler):
       chunked = "chunked" in self.headers.get("Transfer-Encoding", "").lower()
       raise RequestError(("chunked request bodies are not supported: " if chunked else "") +
                          "the request needs a JSON body with a Content-Length", status=411, code="length_required")
-    if not re.fullmatch(r"[0-9]{1,20}", length.strip()):
+    digits = length.strip().lstrip("0") or "0"
+    if not re.fullmatch(r"[0-9]+", digits):
       raise RequestError(f"Content-Length must be a number of bytes, got {length[:40]!r}")
-    if int(length) > self.server.max_body:
-      raise RequestError(f"the request body of {int(length)} bytes is over this server's limit of "
+    # a length of 20 digits is over any limit (and int() refuses strings of thousands of digits)
+    if len(digits) >= 20 or int(digits) > self.server.max_body:
+      size = digits if len(digits) <= 30 else f"{digits[:20]}... ({len(digits)} digits)"
+      raise RequestError(f"the request body of {size} bytes is over this server's limit of "
                          f"{self.server.max_body} bytes (--max-body)", status=413, code="request_too_large")
-    return int(length)
+    return int(digits)
 
   def read_body(self) -> bytes | None:
     """The request body; None when the client closed the connection before sending all of it. RequestError when
