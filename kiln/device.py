@@ -12,7 +12,7 @@ a renderer (uop list -> source), a compiler (source -> binary) and a runtime cla
 """
 from __future__ import annotations
 import collections, concurrent.futures, hashlib, importlib, os, pathlib
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 from kiln.dtype import DType, dtypes, to_numpy_dtype, fp8_to_float32
 from kiln.helpers import (ALLOW_DEVICE_USAGE, CACHELEVEL, DEBUG, DISABLE_COMPILER_CACHE, LRU, MAX_BUFFER_SIZE,
                           GlobalCounters, kernel_cache_dir)
@@ -446,11 +446,11 @@ class _DeviceRegistry:
     return sorted(p.stem[len("ops_"):].upper() for p in runtime_dir.glob("ops_*.py"))
 
   @staticmethod
-  def canonicalize(name: str) -> str:
+  def canonicalize(device: str) -> str:
     """'cpu' -> 'CPU', 'cpu:0' -> 'CPU', 'cpu:1' -> 'CPU:1'."""
-    if not isinstance(name, str) or not name:
-      raise ValueError(f"a device name must be a non-empty string, got {name!r}")
-    base, _, index = name.partition(":")
+    if not isinstance(device, str) or not device:
+      raise ValueError(f"a device name must be a non-empty string, got {device!r}")
+    base, _, index = device.partition(":")
     base = base.upper()
     return base if index in ("", "0") else f"{base}:{index}"
 
@@ -469,6 +469,17 @@ class _DeviceRegistry:
     dev = self._opened[canonical] = classes[0](canonical)
     if DEBUG >= 1: print(f"opened device {canonical}")
     return dev
+
+  @property
+  def default(self) -> Compiled:
+    """The default device itself: `Device[Device.DEFAULT]`."""
+    return self[self.DEFAULT]
+
+  def get_available_devices(self) -> Iterator[str]:
+    """The names of the devices that open on this machine (of those kiln has a runtime for), in `known()` order."""
+    for name in self.known():
+      try: yield self[name].device
+      except Exception: continue   # noqa: BLE001  (a device without its driver or compiler here is not available)
 
   def __repr__(self) -> str: return f"<Device default={self.DEFAULT} opened={sorted(self._opened)}>"
 

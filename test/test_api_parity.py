@@ -808,6 +808,8 @@ TINYGRAD_MODULE_API = {
   },
 }
 
+# tinygrad 0.11.0's members of DType, dtypes, TinyJit, Optimizer and the Device registry: "property", "attribute" or
+# a method's parameters, produced as TINYGRAD_TENSOR_API's (tested below, after the module table's test)
 TINYGRAD_CLASS_API = {
   'kiln.dtype.DType': {
     'base': 'property',
@@ -881,6 +883,12 @@ TINYGRAD_CLASS_API = {
     'step': '',
     'zero_grad': '',
   },
+  'kiln.device.Device': {   # the registry instance: its class's members
+    'DEFAULT': 'property',
+    'canonicalize': 'device',
+    'default': 'property',
+    'get_available_devices': '',
+  },
 }
 
 # names kiln leaves out on purpose
@@ -950,7 +958,8 @@ def test_tinygrad_module_names_exist_with_same_parameters(qualname):
                                 check_names=not qualname.startswith(NAMES_DIFFER))
   assert not problems, f"{qualname}: tinygrad's is ({spec}); " + "; ".join(problems)
 
-# public methods and attributes of tinygrad's DType, dtypes, TinyJit and Optimizer, as for TINYGRAD_TENSOR_API
+# public methods and attributes of tinygrad's DType, dtypes, TinyJit, Optimizer and Device, as for
+# TINYGRAD_TENSOR_API
 CLASS_EXCLUDED = {
   "kiln.dtype.dtypes.imageh": "Qualcomm image textures (IMAGE=1); kiln has no image dtypes",
   "kiln.dtype.dtypes.imagef": "Qualcomm image textures (IMAGE=1); kiln has no image dtypes",

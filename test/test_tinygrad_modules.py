@@ -298,3 +298,10 @@ def test_lists_of_floats_take_the_default_float(default):
     np.testing.assert_array_equal(t.float().numpy(), torch.tensor([[1.5, -2.0], [0.25, 3.0]]).numpy())
   finally:
     dtypes.default_float = saved
+
+def test_device_registry_default_and_available_devices():
+  from kiln.device import Device
+  assert Device.default is Device[Device.DEFAULT]
+  available = list(Device.get_available_devices())
+  assert Device.DEFAULT in available and "PYTHON" in available and set(available) <= set(Device.known())
+  assert Device.canonicalize(device="cpu:0") == "CPU"
