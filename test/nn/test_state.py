@@ -151,6 +151,12 @@ def test_load_state_dict_consume(tmp_path):
   load_state_dict(target, state, consume=True, verbose=False)
   assert state == {} and target.weight.numpy().tolist() == [[1.0, 1.0], [1.0, 1.0]]
 
+def test_load_state_dict_reports_the_loaded_size(capsys):
+  target = Linear(100, 50)   # 5000 + 50 float32 values
+  for _ in range(2):   # the second load replaces (and frees) the first one's buffers
+    load_state_dict(target, {"weight": Tensor.ones(50, 100).contiguous().realize(), "bias": Tensor.zeros(50)})
+    assert "loaded 2 tensors (0.02 MB) in " in capsys.readouterr().out
+
 def test_load_state_dict_takes_tinygrad_and_torch_batchnorm_counters():
   # tinygrad saves BatchNorm's num_batches_tracked with shape (1,), PyTorch (and kiln) with shape ()
   from kiln.nn import BatchNorm
