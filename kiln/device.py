@@ -128,11 +128,12 @@ class Buffer:
     self._external = False   # memory the caller owns (`allocate(external_ptr=...)`): never freed or cached here
     if initial_value is not None: self.copyin(memoryview(initial_value))
 
-  def view(self, offset: int, size: int, dtype: DType) -> Buffer:
-    """`size` elements of `dtype` starting `offset` bytes into this buffer, sharing its memory (nothing is copied).
+  def view(self, size: int, dtype: DType, offset: int) -> Buffer:
+    """`size` elements of `dtype` starting `offset` bytes into this buffer, sharing its memory (nothing is copied);
+    tinygrad's parameter order.
 
     >>> base = Buffer("CPU", 4, dtypes.uint8, initial_value=bytes([1, 0, 2, 0]))
-    >>> base.view(2, 1, dtypes.uint16).numpy().tolist()
+    >>> base.view(1, dtypes.uint16, 2).numpy().tolist()
     [2]
     """
     if offset < 0 or size < 0 or offset + size * dtype.itemsize > self.nbytes:
@@ -168,6 +169,42 @@ class Buffer:
   def is_allocated(self) -> bool:
     """Whether device memory has been allocated (for a view: whether its base's has)."""
     return self._allocator is not None or (self._base is not None and self._base.is_allocated())
+
+  def is_initialized(self) -> bool:
+    """Whether this buffer's own memory (or, for a view, its mapping of the base's) exists."""
+    return self._allocator is not None
+
+  def ensure_allocated(self) -> Buffer:
+    """`allocate()`: the memory exists afterwards (tinygrad's name)."""
+    return self.allocate()
+
+  @property
+  def base(self) -> Buffer:
+    """The buffer that owns the memory: the base of a view, else this buffer."""
+    return self._base if self._base is not None else self
+
+  def deallocate(self) -> None:
+    """Give the memory back to the allocator now (a view only forgets its mapping); `allocate()` makes new memory."""
+    if self._allocator is None: raise RuntimeError(f"Buffer.deallocate: {self!r} is not allocated")
+    self.__del__()
+    self._allocator = None
+
+  def as_buffer(self, allow_zero_copy: bool = False, force_zero_copy: bool = False) -> memoryview:
+    """The contents as a byte memoryview: a view of the memory itself where allowed and the device has host memory
+    (it changes with the buffer and must not outlive it), else a copy. `force_zero_copy` raises if a copy is needed."""
+    if (allow_zero_copy or force_zero_copy) and self.is_allocated():
+      self.allocate()
+      if (view := self._allocator.as_memoryview(self._buf)) is not None: return view
+    if force_zero_copy: raise RuntimeError(f"Buffer.as_buffer: {self.device} memory cannot be viewed without a copy")
+    return self.copyout(memoryview(bytearray(self.nbytes)))
+
+  def as_typed_buffer(self, shape: tuple[int, ...] | None = None, allow_zero_copy: bool = False,
+                      force_zero_copy: bool = False) -> memoryview:
+    """`as_buffer` cast to the buffer's element format (shape `shape`, default (size,)); a TypeError for dtypes
+    without a struct format (bfloat16, fp8)."""
+    if self.dtype.fmt is None: raise TypeError(f"Buffer.as_typed_buffer: {self.dtype!r} has no struct format")
+    raw = self.as_buffer(allow_zero_copy, force_zero_copy)
+    return raw.cast(self.dtype.fmt, shape if shape is not None else (self.size,))
 
   def _check_size(self, mv: memoryview, what: str) -> memoryview:
     view = _as_bytes_view(mv)

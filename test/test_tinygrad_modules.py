@@ -305,3 +305,22 @@ def test_device_registry_default_and_available_devices():
   available = list(Device.get_available_devices())
   assert Device.DEFAULT in available and "PYTHON" in available and set(available) <= set(Device.known())
   assert Device.canonicalize(device="cpu:0") == "CPU"
+
+def test_buffer_members():
+  from kiln.device import Buffer
+  from kiln.helpers import GlobalCounters
+  data = np.arange(6, dtype=np.float32)
+  buf = Buffer("CPU", 6, dtypes.float32, initial_value=data.tobytes())
+  assert bytes(buf.as_buffer()) == data.tobytes() and buf.as_typed_buffer((2, 3)).tolist() == data.reshape(2, 3).tolist()
+  shared = buf.as_buffer(allow_zero_copy=True)
+  shared[:4] = struct.pack("f", 9.0)
+  assert buf.numpy()[0] == 9.0   # no copy: the memory itself
+  assert bytes(buf.as_buffer(force_zero_copy=True)) == bytes(shared)
+  view = buf.view(2, dtypes.float32, 8)   # tinygrad's order: size, dtype, byte offset
+  assert view.base is buf and buf.base is buf and view.numpy().tolist() == [2.0, 3.0]
+  with pytest.raises(TypeError): Buffer("CPU", 2, dtypes.bfloat16).ensure_allocated().as_typed_buffer()
+  used = GlobalCounters.mem_used
+  buf.deallocate()
+  assert not buf.is_allocated() and not buf.is_initialized() and GlobalCounters.mem_used == used - buf.nbytes
+  assert buf.ensure_allocated().is_initialized()
+  with pytest.raises(RuntimeError): Buffer("CPU", 2, dtypes.float32).deallocate()

@@ -170,7 +170,7 @@ class TensorIO(io.RawIOBase):
         found = byte_range(self._tensor.uop)
         if found is not None:
           buf, offset, nbytes = found
-          view = buf.view(offset, nbytes, dtypes.uint8).allocate()
+          view = buf.view(nbytes, dtypes.uint8, offset).allocate()
           self._bytes = view._allocator.as_memoryview(view._buf)
       if self._bytes is None: self._bytes = memoryview(self._tensor.to("CPU").numpy().tobytes())
     return self._bytes

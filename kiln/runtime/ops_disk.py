@@ -141,7 +141,7 @@ _views_of: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def view_node(buf: Buffer, offset: int, dtype: DType, shape: tuple[int, ...]) -> UOp:
   """A BUFFER node (reshaped to `shape`) over bytes from `offset` of the file buffer `buf`, as `dtype`."""
   base = buf._base if buf._base is not None else buf
-  view = base.view(buf._offset + offset, prod(shape), dtype)
+  view = base.view(prod(shape), dtype, buf._offset + offset)
   _views_of.setdefault(base, weakref.WeakSet()).add(view)
   node = UOp.new_buffer(view.device, view.size, dtype)
   node.buffer = view
@@ -205,7 +205,7 @@ def write_to_disk(target, value):
     value = value.cast(target.dtype)
   data = value.contiguous().to("CPU") if not is_disk(value.device) else value.to("CPU")
   raw = data._buffer().as_bytes() if target.numel() else b""
-  window = buf.view(offset, nbytes, dtypes.uint8).allocate()
+  window = buf.view(nbytes, dtypes.uint8, offset).allocate()
   window.copyin(memoryview(raw))
   from kiln.tensor import _forget_results_computed_from   # results read from the old bytes are stale now
   for b in views_of(buf): _forget_results_computed_from(b)
