@@ -143,3 +143,18 @@ def test_disk_slice_assign_and_setitem_write_the_file(tmp_path):
   assert_close(Tensor(path).bitcast(dtypes.float32).reshape(4, 4).numpy(), want.numpy(), "a new DISK tensor reads them")
   with pytest.raises(RuntimeError, match="not one contiguous byte range"): disk[1:3, 1:3] = 0.0
   with pytest.raises(RuntimeError, match="cannot be broadcast"): disk[0].assign(Tensor([1.0, 2.0]))
+
+@pytest.mark.parametrize("data, index, value", [
+  ([0, 1, 2, 3], slice(0, 2), [13, 12]), ([[0, 1, 2, 3], [4, 5, 6, 7]], slice(0, 1), [[13, 12, 11, 10]]),
+  ([[0.5, 1.5], [2.5, 3.5]], 1, 9.0)])
+def test_disk_setitem_of_a_tensor_copied_to_disk(tmp_path, data, index, value):
+  """`x.to("disk:f")[i] = v` before anything wrote the file: the copy is written first, then the slice (tinygrad)."""
+  disk = Tensor(data, device="CPU").to(f"disk:{tmp_path / 'copy.bin'}")
+  want = np.array(data, dtype=np.int32 if isinstance(value, (int, list)) and disk.dtype == dtypes.int32 else np.float32)
+  disk[index] = value
+  want[index] = value
+  assert_close(disk.numpy(), want, f"disk[{index}] = {value}")
+  assert_close(np.frombuffer((tmp_path / "copy.bin").read_bytes(), want.dtype).reshape(want.shape), want, "the file")
+  view = Tensor(data, device="CPU").to(f"disk:{tmp_path / 'view.bin'}")[index]   # a view taken before the write
+  view.assign(value)
+  assert_close(np.frombuffer((tmp_path / "view.bin").read_bytes(), want.dtype).reshape(want.shape), want, "assign")

@@ -198,6 +198,14 @@ def write_to_disk(target, value):
   if value.shape != target.shape:   # broadcast on the host: a DISK tensor has no kernels
     value = (value.to("CPU") if is_disk(value.device) else value).expand(target.shape)
   found = byte_range(target.uop)
+  base = target.uop.base
+  if found is None and base.op is not Ops.BUFFER and is_disk(base.device):
+    # a view of a file tensor not written yet (`x.to("disk:f")[0:2] = y`): the file is written first, as tinygrad does
+    from kiln.tensor import _live_tensors
+    owner = next((t for t in _live_tensors if t.uop is base), None)
+    if owner is None: owner = cls(base)
+    target.uop = substitute(target.uop, {base: owner.realize().uop})
+    found = byte_range(target.uop)
   if found is None: raise disk_op_error(f"assign into {target.uop.op.name.lower()}")
   buf, offset, nbytes = found
   if value.dtype != target.dtype:
