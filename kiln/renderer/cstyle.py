@@ -320,10 +320,32 @@ def scratch_symbol(function_name: str) -> str:
 # lane, what a comparison gives). Loads and stores go through __builtin_memcpy (unaligned; compiles to one move),
 # selects are bitwise (`?:` on vectors is C++ only in gcc), conversions use __builtin_convertvector (gcc >= 9).
 _VECTOR_LANE_TYPES = {dtypes.float32: "float", dtypes.int32: "int", dtypes.uint32: "unsigned int", dtypes.bool: "int",
-                      dtypes.uint8: "unsigned char", dtypes.int8: "signed char", dtypes.int16: "short"}
+                      dtypes.uint8: "unsigned char", dtypes.int8: "signed char"}
 
 _BYTE_LANES = (dtypes.uint8, dtypes.int8)
-_BYTE_WIDENING = (dtypes.int16, dtypes.int32)   # the lanes a byte vector is widened through (_vector_cast)
+# per lane count: the x86 feature macro and the GCC builtin (its name without the s/z of sign or zero extension)
+# that widens a 16-byte vector's first `count` bytes to 32-bit lanes in one instruction
+_X86_BYTE_WIDENING = {16: ("__AVX512F__", "pmov{}xbd512_mask(w, (kiln_intx16){{0}}, (unsigned short)-1)"),
+                      8: ("__AVX2__", "pmov{}xbd256(w)"), 4: ("__SSE4_1__", "pmov{}xbd128(w)")}
+
+def vector_widen_name(dtype: DType) -> str: return f"kiln_widen_{vector_type(dtype)}"
+
+def vector_widen_helper(dtype: DType) -> str:
+  """The inline function that widens a vector of bytes (uint8 or int8 lanes) to int32 lanes, as C converts each
+  lane. GCC 12 compiles `__builtin_convertvector` from bytes one lane at a time, or through 16-bit halves with a
+  dozen shuffles, so on x86 it calls the one-instruction builtin its own intrinsics use; clang and other targets
+  convert."""
+  t, n, out = vector_type(dtype), dtype.count, vector_type(dtypes.int32.vec(dtype.count))
+  feature, builtin = _X86_BYTE_WIDENING.get(n, ("__KILN_NO_BYTE_WIDENING__", ""))
+  widened = builtin.format("z" if dtype.scalar == dtypes.uint8 else "s")
+  to_16 = ", ".join(str(k % n) for k in range(16))
+  return "\n".join([
+    f"static inline {out} {vector_widen_name(dtype)}({t} x) {{",
+    f"#if defined({feature}) && defined(__GNUC__) && !defined(__clang__)",
+    "  typedef char kiln_v16qi __attribute__((vector_size(16)));",
+    f"  kiln_v16qi w = (kiln_v16qi)__builtin_shufflevector(x, x, {to_16});" if n != 16 else "  kiln_v16qi w = (kiln_v16qi)x;",
+    f"  return ({out})__builtin_ia32_{widened};",
+    "#else", f"  return __builtin_convertvector(x, {out});", "#endif", "}"])
 
 def vector_type(dtype: DType) -> str:
   """The C type name of a vector dtype, e.g. `kiln_floatx8`; bool lanes are `kiln_maskx8` (int masks)."""
@@ -368,9 +390,8 @@ def _vector_cast(u: UOp, a: list[str]) -> str:
     converted = f"__builtin_convertvector({safe}, {vector_type(dst)})"
     return _vector_select(dst, in_range, converted, _vector_splat(dst, -limit))
   if src in _BYTE_LANES and dst.scalar != dtypes.bool:
-    # bytes widen through 16-bit and 32-bit lanes: gcc 12 converts them straight to int or float lane by lane
-    for wider in _BYTE_WIDENING[:2 if dst.scalar == dtypes.float32 else 1]:
-      x = f"__builtin_convertvector({x}, {vector_type(wider.vec(dst.count))})"
+    x = f"{vector_widen_name(u.src[0].dtype)}({x})"   # to int32 lanes first (vector_widen_helper)
+    if dst.scalar == dtypes.int32: return x
   if dtypes.is_float(src) != dtypes.is_float(dst.scalar) or src == dtypes.bool and dtypes.is_float(dst.scalar) \
      or src.itemsize != dst.scalar.itemsize:   # 8-bit lanes widened
     return f"__builtin_convertvector({x}, {vector_type(dst)})"
@@ -485,6 +506,7 @@ class _CKernelWriter:
     self.vector_types: dict[DType, None] = {}   # the vector dtypes used, for their typedefs
     self.vector_consts: dict[UOp, str] = {}     # vector constants, declared once at file scope
     self.vector_fmas: dict[DType, None] = {}    # the vector dtypes of MULACCs, for their helpers
+    self.vector_widens: dict[DType, None] = {}  # the byte vector dtypes widened, for their helpers
     self.statements: dict[Ops, Callable[[UOp], None]] = {
       Ops.RANGE: self._range, Ops.ENDRANGE: self._endrange, Ops.LOAD: self._load, Ops.STORE: self._store,
       Ops.DEFINE_ACC: self._define_acc, Ops.ASSIGN: self._assign,
@@ -629,8 +651,9 @@ class _CKernelWriter:
     if u.dtype.count > 1:
       if u.op not in VECTOR_EXPRESSIONS: raise NotImplementedError(f"CRenderer: no vector form of {u.op} ({self.name})")
       if u.op is Ops.MULACC: self.vector_fmas.setdefault(u.dtype)
-      if u.op is Ops.CAST and u.src[0].dtype.scalar in _BYTE_LANES:
-        for wider in _BYTE_WIDENING: self.note_dtype(wider.vec(u.dtype.count))
+      if u.op is Ops.CAST and u.src[0].dtype.scalar in _BYTE_LANES and u.dtype.scalar != dtypes.bool:
+        self.note_dtype(dtypes.int32.vec(u.dtype.count))
+        self.vector_widens.setdefault(u.src[0].dtype)
       text = VECTOR_EXPRESSIONS[u.op](u, [self.expr(s) for s in u.src])
     else:
       if u.op in GroupOp.ALU: check_alu_dtypes("CRenderer", u)
@@ -672,6 +695,7 @@ class _CKernelWriter:
     head = ([HALF_HELPERS] if self.uses_half else []) + ([BF16_HELPERS] if self.uses_bf16 else [])
     if self.uses_fp8: head += [FP8_HELPERS] + [fp8_helpers(dt) for dt in dtypes.fp8s if dt in self.uses_fp8]
     head += [vector_typedef(dt) for dt in self.vector_types] + [vector_fma_helper(dt) for dt in self.vector_fmas]
+    head += [vector_widen_helper(dt) for dt in self.vector_widens]
     for const, name in self.vector_consts.items():
       lanes = [("-1" if v else "0") if const.dtype.scalar == dtypes.bool else render_c_const(v, const.dtype.scalar)
                for v in const.arg]

@@ -155,9 +155,11 @@ def translation_units(sources: list[str]) -> list[list[tuple[int, str | None]]]:
 def _shared_blocks() -> tuple[str, ...]:
   """The helper blocks the renderer emits verbatim in every kernel that needs them (kept once per unit)."""
   from kiln.dtype import dtypes
-  from kiln.renderer.cstyle import BF16_HELPERS, FP8_HELPERS, HALF_HELPERS, fp8_helpers, vector_fma_helper
+  from kiln.renderer.cstyle import BF16_HELPERS, FP8_HELPERS, HALF_HELPERS, fp8_helpers, vector_fma_helper, \
+    vector_widen_helper
   return (HALF_HELPERS, BF16_HELPERS, FP8_HELPERS, *[fp8_helpers(dt) for dt in dtypes.fp8s],
-          *[vector_fma_helper(dtypes.float32.vec(n)) for n in (4, 8, 16)])
+          *[vector_fma_helper(dtypes.float32.vec(n)) for n in (4, 8, 16)],
+          *[vector_widen_helper(dt.vec(n)) for dt in (dtypes.uint8, dtypes.int8) for n in (4, 8, 16)])
 
 def rename_kernel(src: str, symbol: str) -> str:
   """`src` with its kernel function, and the file-scope names derived from the function's name, renamed to `symbol`

@@ -157,8 +157,13 @@ def test_byte_lanes_load_and_widen_as_vectors():
   item = last_kernel_item((q8.cast(dtypes.float32) * q8_scale * vec).sum(-1))
   source, uops = render_lowered("CPU", "bytes", optimize_kernel(lower_kernel(item.ast)))
   assert any(u.op is Ops.LOAD and u.dtype.scalar == dtypes.int8 and u.dtype.count > 1 for u in uops)
-  # through 16- and 32-bit lanes (gcc 12 converts bytes straight to floats one lane at a time)
-  assert "kiln_shortx" in source and "kiln_intx" in source
+  # widened to int32 lanes by one helper (gcc 12 converts bytes one lane at a time, or with a dozen shuffles)
+  assert "kiln_widen_kiln_charx" in source and "kiln_intx" in source
+
+@pytest.mark.parametrize("cflags", ["", "-march=x86-64-v3", "-march=x86-64-v2", "-march=x86-64"])
+def test_byte_widening_gives_the_same_bits_on_every_target(cflags):
+  with Context(CFLAGS=cflags, CACHELEVEL=0):
+    for name in ("uint8_nibbles_matvec", "int8_matvec", "uint8_wrapping_lanes"): _assert_same_bits(CASES[name])
 
 @pytest.mark.parametrize("max_lanes", [4, 8, 16])
 def test_vectors_are_at_most_one_register_wide(max_lanes):
