@@ -590,8 +590,8 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     elif type(x) in (int, float, bool): value = Tensor.full(self.shape, x, device=self.device, dtype=self.dtype)
     else: value = Tensor(x, device=self.device, dtype=self.dtype)
     if not broadcasts_to(value.shape, self.shape):
-      raise TensorValueError(f"assign: a value of shape {_fmt(value.shape)} cannot be broadcast to the target's "
-                             f"{_fmt(self.shape)}{_where()}")
+      raise TensorValueError(f"assign: shape {_fmt(value.shape)} does not match the target's {_fmt(self.shape)} "
+                             f"and does not broadcast to it{_where()}")
     value = value._broadcast_to(self.shape)
     if value.device != self.device:
       raise RuntimeError(f"assign: value on {value.device} but the target is on {self.device}{_where()}")

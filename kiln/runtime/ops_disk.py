@@ -194,7 +194,8 @@ def write_to_disk(target, value):
   cls = type(target)
   if not isinstance(value, cls): value = cls(value, device="CPU", dtype=target.dtype)
   if not broadcasts_to(value.shape, target.shape):
-    raise ValueError(f"assign: a value of shape {value.shape} cannot be broadcast to the DISK target's {target.shape}")
+    raise ValueError(f"assign: shape {value.shape} does not match the DISK target's {target.shape} and does not "
+                     "broadcast to it")
   if value.shape != target.shape:   # broadcast on the host: a DISK tensor has no kernels
     value = (value.to("CPU") if is_disk(value.device) else value).expand(target.shape)
   found = byte_range(target.uop)
