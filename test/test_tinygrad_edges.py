@@ -32,6 +32,7 @@ from helpers import check, assert_close
   ((2, 3), "a b ... -> a (b ...)", {}, lambda t: t),
   ((), "... -> ...", {}, lambda t: t),
   ((), "... -> (...)", {}, lambda t: t.reshape(1)),
+  ((2, 3, 4), "a \u2026 -> \u2026 a", {}, lambda t: t.permute(1, 2, 0)),   # einops also reads the one-character ellipsis
 ])
 def test_rearrange_ellipsis(shape, formula, sizes, torch_fn):
   check(lambda t: t.rearrange(formula, **sizes), torch_fn, [shape])
