@@ -110,3 +110,19 @@ def test_a_packed_matmul_trains_like_torch(small_packs):
     tw.grad = None
     assert_close(loss.numpy(), tloss.detach().numpy(), "loss", atol=1e-5)
   assert_close(w.numpy(), tw.detach().numpy(), "trained weight", atol=1e-5)
+
+def test_a_smaller_matmul_packs_only_a_strided_b():
+  # below PACK_MIN_WORK: `x @ w.T` (its b strided along the output's columns) packs b alone; `x @ w` packs nothing
+  x, w = Tensor.rand(256, 512), Tensor.rand(512, 512)
+  with Context(SCHEDULE_CACHE=0):
+    (root,) = pack_matmuls([(x @ w.T).uop], toposort([(x @ w.T).uop]), lambda device: True)
+    assert sum(u.op is Ops.CONTIGUOUS for u in toposort([root])) == 1
+    assert packed_sums(x @ w) == 0
+    np.testing.assert_allclose((x @ w.T).numpy(), x.numpy() @ w.numpy().T, rtol=1e-5, atol=1e-4)
+
+def test_axis_stride_of_views():
+  w = Tensor.empty(512, 10)
+  assert [pack.axis_stride(w.uop, 0), pack.axis_stride(w.uop, 1)] == [10, 1]
+  assert [pack.axis_stride(w.T.uop, 0), pack.axis_stride(w.T.uop, 1)] == [1, 10]
+  assert pack.axis_stride(w.T.reshape(1, 10, 512).expand(4, 10, 512).uop, 0) == 0
+  assert pack.axis_stride(w[:, 2:4].uop, 0) is None   # a shrink: not a view this reads

@@ -20,6 +20,10 @@ large enough to pay for two more kernels and their memory traffic (PACK_MIN_WORK
 and columns: a prefill's few tokens times a dequantized output head would copy the whole matrix for a few uses).
 Measured on the 2-core EPYC (clang 14, 2 threads, best of 3): 2048x2048x2048 float32 120-138 GFLOP/s unpacked, 195
 packed and cache-blocked (the two packs 2.5-3 ms each; NumPy 182-192 in the same runs).
+
+A smaller matmul (from PACK_STRIDED_MIN_WORK) packs `b` alone where `b` is strided along the output's contiguous
+axis (`axis_stride`): `x @ w.T`, which every `x @ w` meets in its backward. Unpacked, each vector of the tile's `b`
+row is gathered from 16 rows; the copy is one small kernel (bench/RESULTS.md: the MLP step).
 """
 from __future__ import annotations
 from typing import Callable
@@ -31,6 +35,9 @@ PACK_MATMUL = ContextVar("PACK_MATMUL", 1, "1: on CPU devices, a large matmul's 
                          "layouts before it runs (kiln/schedule/pack.py)")
 PACK_MIN_WORK = 1 << 27   # multiply-adds (M*N*K over the batch) from which packing pays: 512^3
 PACK_MIN_REUSE = 64   # the rows and columns (each packed value's uses) below which a pack costs more than it saves
+# a smaller matmul still packs `b` alone where `b` is strided along the output's contiguous axis (`a @ w.T`, the
+# backward of `x @ w`): unpacked, its register tile gathers each vector of `b` from 16 rows one value at a time
+PACK_STRIDED_MIN_WORK = 1 << 20
 COLUMN_LANES, ROW_LANES = 16, 8   # the heuristics' register tile: 16 along the output's contiguous axis, 8 rows
 
 def pack_matmuls(roots: list[UOp], nodes: list[UOp], device_packs: Callable[[str], bool]) -> list[UOp]:
@@ -63,7 +70,8 @@ def _packed_matmul(reduce: UOp) -> UOp | None:
     product = product.src[0]
   if op is not Ops.ADD or len(axes) != 1 or product.op is not Ops.MUL: return None
   shape = product.shape
-  if shape is None or not all(type(s) is int for s in shape) or prod(shape) < PACK_MIN_WORK: return None
+  if shape is None or not all(type(s) is int for s in shape) or \
+     prod(shape) < min(PACK_MIN_WORK, PACK_STRIDED_MIN_WORK): return None
   (r,) = axes
   factors = [_broadcast_source(f) for f in product.src]
   if None in factors: return None
@@ -80,8 +88,12 @@ def _packed_matmul(reduce: UOp) -> UOp | None:
           default=None)
   if d is None or shape[c] % COLUMN_LANES or shape[d] % ROW_LANES or min(shape[c], shape[d]) < PACK_MIN_REUSE:
     return None
+  packs = ((ib, c, COLUMN_LANES), (ia, d, ROW_LANES))
+  if prod(shape) < PACK_MIN_WORK:   # small: only a `b` that its tile would gather
+    if axis_stride(factors[ib][1].src[0], c) in (1, None): return None
+    packs = packs[:1]
   new = list(product.src)
-  for index, axis, lanes in ((ib, c, COLUMN_LANES), (ia, d, ROW_LANES)):
+  for index, axis, lanes in packs:
     casts, expand = factors[index]
     if _is_constant(expand.src[0]): continue   # a broadcast constant reads no memory: nothing to pack
     value = _labelled(UOp(Ops.EXPAND, expand.dtype, (_packed_view(expand, axis, lanes, r),), expand.arg), expand)
@@ -90,6 +102,36 @@ def _packed_matmul(reduce: UOp) -> UOp | None:
   summed = _labelled(product.replace(src=tuple(new)), product)
   for cast in reversed(above): summed = _labelled(cast.replace(src=(summed,)), cast)
   return _labelled(reduce.replace(src=(summed,)), reduce)
+
+def axis_stride(value: UOp, axis: int) -> int | None:
+  """The distance in elements between neighbours along `axis` of `value`, a view (PERMUTE, EXPAND, RESHAPE of a
+  row-major view or adding and dropping size-1 axes) of something laid out row-major; None for other views.
+
+  >>> from kiln import Tensor
+  >>> w = Tensor.empty(512, 10)
+  >>> axis_stride(w.uop, 0), axis_stride(w.T.uop, 0), axis_stride(w.T.uop, 1)
+  (10, 1, 10)
+  """
+  chain = []
+  while value.op in (Ops.PERMUTE, Ops.EXPAND, Ops.RESHAPE):
+    chain.append(value)
+    value = value.src[0]
+  shape = value.shape
+  if shape is None or value.op in GroupOp.Movement: return None   # a SHRINK, PAD or FLIP: not followed here
+  strides = _row_major(shape)
+  for view in reversed(chain):
+    if view.op is Ops.PERMUTE: strides = [strides[i] for i in view.arg]
+    elif view.op is Ops.EXPAND:
+      strides = [0 if s == 1 and n != 1 else st for s, n, st in zip(view.src[0].shape, view.shape, strides)]
+    elif strides == _row_major(view.src[0].shape): strides = _row_major(view.shape)   # RESHAPE of a row-major view
+    else:   # any other RESHAPE: only size-1 axes may come or go
+      kept = [st for n, st in zip(view.src[0].shape, strides) if n != 1]
+      if [n for n in view.src[0].shape if n != 1] != [n for n in view.shape if n != 1]: return None
+      it = iter(kept)
+      strides = [0 if n == 1 else next(it) for n in view.shape]
+  return strides[axis]
+
+def _row_major(shape: tuple) -> list[int]: return [prod(shape[i + 1:]) for i in range(len(shape))]
 
 def _is_constant(value: UOp) -> bool:
   while value.op in GroupOp.Movement or value.op is Ops.UNIQUE: value = value.src[0]
