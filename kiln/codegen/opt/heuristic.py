@@ -10,7 +10,10 @@ The choices follow from how each axis walks memory (its stride in every load and
   (8x8 on its two spatial axes before) 7 -> 27-44 GFLOP/s, the MLP SGD step 46-61 -> 61-120 steps/s; BEAM=4's
   winner for matmul 512 (an 8x16 tile rows x columns, K unrolled by 2) measured 47-85 GFLOP/s against 16x8's
   87-150, and unrolling K by 2 on top of 16x8 was within noise, so it is left out (compile time). Without such a
-  pair (e.g. `a @ b.T`: no axis is contiguous in both), the innermost two reused axes get 8 (or 4) each;
+  pair (e.g. `a @ b.T`: no axis is contiguous in both), the innermost two reused axes get 8 (or 4) each. On a
+  target, a matmul tile's vector axis is two registers wide and it has as many rows (8, else 4) as the register
+  file holds with one row of `b` and a broadcast value (`plan_for`): 8x32 on AVX-512's 32 registers, 4x16 on AVX2's
+  16, where 8 rows spilled accumulators every step (bench/RESULTS.md, seventh session, the -march=x86-64-v3 rows);
 - 16 rows instead of 8 (a 16x16 tile) where that halves L1 misses and the 16 rows' loads do not thrash one L1 set
   (rows 4 KiB apart map to one set of 8 ways): a matmul whose `b` rows lie 4 KiB apart (N = 1024: every step of its
   panel misses L1) gets 16 rows of `a` (`_tall_tile_pays`: 256x256 @ 256x1024 88-93 -> 108-110 GFLOP/s), and
@@ -86,6 +89,7 @@ class TilePlan:
   wide: int
   kblock_min_bytes: int
   packed_kblock_min_bytes: int = KBLOCK_MIN_BYTES
+  rows: int = TILE_ROWS   # a matmul tile's rows: as many as the register file holds (16 only where `_tall_tile_pays`)
 
 # no target description (the PYTHON emulator, tests that pin choices): the 2-core AVX2 EPYC the constants here were
 # measured on; its 16x8 tile is 8 rows of two 8-lane vectors, 16 accumulators: all of AVX2's 16 ymm registers
@@ -100,8 +104,16 @@ def plan_for(target: CPUTarget | None) -> TilePlan:
   wide = 2 * lanes
   while wide > lanes and (wide * TILE_ROWS > MAX_TILE_ELEMENTS or wide // lanes * TILE_ROWS > target.vector_registers):
     wide //= 2
+  # as many rows as leave registers for the step's `b` vectors and a broadcast value: AVX2's 16 ymm hold 4 rows of a
+  # 16-wide tile (8 rows spill 5 accumulators every step), AVX-512's 32 zmm 8 rows of a 32-wide one
+  rows = TILE_ROWS
+  while rows > 4 and _registers_used(rows, wide, lanes) > target.vector_registers: rows //= 2
   return TilePlan(lanes=lanes, wide=wide, kblock_min_bytes=KBLOCK_L2_MULTIPLE * target.l2_bytes,
-                  packed_kblock_min_bytes=target.l2_bytes)
+                  packed_kblock_min_bytes=target.l2_bytes, rows=rows)
+
+def _registers_used(rows: int, wide: int, lanes: int) -> int:
+  """Vector registers a rows x wide tile's inner step holds: its accumulators, one row of `b`, a broadcast value."""
+  return rows * (wide // lanes) + wide // lanes + 1
 
 def _halvings(first: int, last: int = 4) -> tuple[int, ...]:
   """first, first/2, ... down to `last`: the amounts tried in order (32 -> (32, 16, 8, 4))."""
@@ -200,10 +212,10 @@ def heuristic_opts(kernel: Kernel, target: CPUTarget | None = None) -> list[Opt]
       # epilogue stays 8 rows even where its graph fits: exp is one EXP2 node until software math expands it
       software_epilogue = any(u.op in SOFTWARE_MATH_OPS for u in graph_nodes(kernel.sink))
       tall = (Kernel.size(partner) or 1) % 16 == 0 and not software_epilogue \
-        and _tall_tile_pays(loads, wide, partner, red_axes, load_strides)
+        and _tall_tile_pays(loads, wide, partner, red_axes, load_strides) and (plan.rows == TILE_ROWS or not vector_axis)
       tall = tall or _vector_partner(partner, load_strides, store_strides)
       if not (tall and _try(kernel, Opt(OptOps.UPCAST, kernel.axes.index(partner), 16))):
-        _upcast_padded(kernel, partner, (8, 4))
+        _upcast_padded(kernel, partner, _halvings(plan.rows) if vector_axis else (8, 4))
     if sum(o.op is OptOps.UPCAST for o in kernel.applied) == 2: _cache_block(kernel, plan)
   else:
     tall = _transposed_tile_pays(loads, [out_axes[i] for i in reused[-2:]], red_axes, load_strides)
