@@ -11,6 +11,7 @@ from kiln.schedule.kernelize import create_schedule
 from kiln.codegen.lowerer import lower_kernel
 from kiln.codegen.linearizer import linearize
 from kiln.codegen.opt import Kernel, Opt, OptOps, KernelOptError, optimize_kernel, heuristic_opts
+from kiln.codegen.opt.kernel import graph_nodes
 from kiln.runtime.cpu_target import CPUTarget
 from kernel_runs import last_kernel_item, run_lowered
 
@@ -201,6 +202,18 @@ def test_unrolling_is_bounded(references):
   _, lowered, _ = references["matmul_even"]
   kernel = Kernel(lowered).apply(Opt(OptOps.UPCAST, 1, 16)).apply(Opt(OptOps.UPCAST, 0, 8))   # both axes gone
   with pytest.raises(KernelOptError, match="at most"): kernel.apply(Opt(OptOps.UNROLL, 0, 4))
+
+@pytest.mark.parametrize("opt", [Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UNROLL, 2, 4)])
+def test_node_budget_refuses_exactly_past_it(references, opt):
+  """apply(opt, max_nodes=n) is apply(opt) when the new graph has at most n nodes, else refused with the kernel
+  unchanged (an UPCAST gives up while it copies: its early count must never refuse a graph within the budget)."""
+  _, lowered, _ = references["matmul_even"]
+  nodes = len(graph_nodes(Kernel(lowered).apply(opt).sink))
+  assert Kernel(lowered).apply(opt, max_nodes=nodes).sink is Kernel(lowered).apply(opt).sink
+  kernel = Kernel(lowered)
+  for budget in (nodes - 1, nodes // 2, 1):
+    with pytest.raises(KernelOptError, match="nodes"): kernel.apply(opt, max_nodes=budget)
+    assert kernel.sink is lowered and kernel.applied == [] and kernel.unrolled == 1, f"{opt}, {budget} nodes"
 
 def test_noopt_turns_the_optimizer_off(references):
   _, lowered, _ = references["matmul_even"]

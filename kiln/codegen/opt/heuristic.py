@@ -158,13 +158,10 @@ def _first_dividing(size: int | None, amounts: tuple[int, ...]) -> int | None:
   return next((k for k in amounts if size is not None and size % k == 0 and size >= k), None)
 
 def _try(kernel: Kernel, opt: Opt) -> bool:
-  """Apply `opt` unless it is refused or makes the graph too large; report whether it was applied."""
-  before = (kernel.sink, list(kernel.applied), kernel.unrolled)
-  try: kernel.apply(opt)
+  """Apply `opt` unless it is refused or makes the graph too large (an UPCAST gives up while it copies the body, once
+  the copies pass MAX_NODES); report whether it was applied."""
+  try: kernel.apply(opt, max_nodes=MAX_NODES)
   except KernelOptError: return False
-  if len(graph_nodes(kernel.sink)) > MAX_NODES:
-    kernel.sink, kernel.applied, kernel.unrolled = before
-    return False
   return True
 
 def heuristic_opts(kernel: Kernel, target: CPUTarget | None = None) -> list[Opt]:

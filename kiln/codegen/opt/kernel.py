@@ -110,9 +110,12 @@ def _inside_sums(dependents: list[UOp]) -> set[UOp]:
         if u not in linear or u.dtype != s.dtype: users_ok[s] = False
   return {u for u, ok in users_ok.items() if ok and u in used}
 
-def substitute_copies(root: UOp, rng: UOp, values: list[UOp], simplified: bool = False) -> list[UOp]:
+def substitute_copies(root: UOp, rng: UOp, values: list[UOp], simplified: bool = False,
+                      max_nodes: int | None = None) -> list[UOp]:
   """`substitute(root, {rng: v})` for each v in `values`, walking the graph once: only the nodes that depend on
-  `rng` are rebuilt per value (an upcast's copies share everything else).
+  `rng` are rebuilt per value (an upcast's copies share everything else). With `max_nodes`, KernelOptError as soon as
+  the sources of the copies made so far hold more than `max_nodes - 1` nodes together: a SINK over all the copies'
+  sources would exceed `max_nodes`, so the copies not yet made need not be built (a refused 8-row GELU tile).
 
   With `simplified` (`root` and `values` are fixed points of `symbolic`), each copy comes out simplified, as
   `graph_rewrite(copy, symbolic)` would make it, but built bottom-up: a node by its own rules once its sources are
@@ -133,6 +136,7 @@ def substitute_copies(root: UOp, rng: UOp, values: list[UOp], simplified: bool =
            2 if node.op in _LINEAR_OPS and dtypes.is_int(node.dtype) else 1) for node in dependents]
   shifts = _SumShifts(rng, values, depends) if simplified else None
   copies = []
+  counted: set[UOp] = set()   # the nodes under the copies' sources so far (with max_nodes)
   for lane, value in enumerate(values):
     done = {rng: value}
     get = done.get
@@ -149,7 +153,19 @@ def substitute_copies(root: UOp, rng: UOp, values: list[UOp], simplified: bool =
         done[node] = graph_rewrite(rebuilt, symbolic) if flat is None else settle(flat, symbolic)
         if lane == 0 and shifts is not None and done[node] is flat: shifts.remember(node, flat)
     copies.append(done.get(root, root))
+    if max_nodes is not None and _count_nodes(copies[-1].src, counted) >= max_nodes:
+      raise KernelOptError(f"the copies would make a graph of more than {max_nodes} nodes")
   return copies
+
+def _count_nodes(roots: tuple[UOp, ...], counted: set[UOp]) -> int:
+  """Add the nodes under `roots` (themselves included) to `counted`; its new size."""
+  stack = list(roots)
+  while stack:
+    node = stack.pop()
+    if node not in counted:
+      counted.add(node)
+      stack.extend(node.src)
+  return len(counted)
 
 class _SumShifts:
   """The copies of an index sum that is linear in `rng` (`rng*a + rest`, `rest` not depending on it) differ by a
@@ -245,8 +261,10 @@ class Kernel:
     return rng.src[0].arg if rng.src[0].op is Ops.CONST else None
 
   # ---- actions ----
-  def apply(self, opt: Opt) -> Kernel:
-    """Apply `opt` in place (returns self), or raise KernelOptError and change nothing."""
+  def apply(self, opt: Opt, max_nodes: int | None = None) -> Kernel:
+    """Apply `opt` in place (returns self), or raise KernelOptError and change nothing; also when the kernel graph
+    would then have more than `max_nodes` nodes (an UPCAST gives up while it copies the kernel, once its copies are
+    that large)."""
     axes = self.axes
     if not isinstance(opt, Opt): raise KernelOptError(f"Kernel.apply: expected an Opt, got {opt!r}")
     if not 0 <= opt.axis < len(axes):
@@ -277,11 +295,15 @@ class Kernel:
       if self.unrolled * amount > MAX_UNROLLED:
         raise KernelOptError(f"{opt}: the kernel body would be copied {self.unrolled * amount} times "
                              f"(at most {MAX_UNROLLED})")
-      new_sink = self._upcast(rng, amount) if opt.op is OptOps.UPCAST else \
+      new_sink = self._upcast(rng, amount, max_nodes) if opt.op is OptOps.UPCAST else \
         self._unroll(rng, amount, separate=opt.op is OptOps.LANES)
-      self.unrolled *= amount
     else: raise KernelOptError(f"Kernel.apply: unknown action {opt.op!r}")
-    self.sink = graph_rewrite(new_sink, symbolic, name="opt")
+    new_sink = graph_rewrite(new_sink, symbolic, name="opt")
+    if max_nodes is not None and len(graph_nodes(new_sink)) > max_nodes:
+      raise KernelOptError(f"{opt}: the kernel graph would have {len(graph_nodes(new_sink))} nodes (at most "
+                           f"{max_nodes})")
+    if opt.op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LANES): self.unrolled *= opt.arg
+    self.sink = new_sink
     self.applied.append(opt)
     return self
 
@@ -421,7 +443,7 @@ class Kernel:
     written = {st.src[0] for st in self.sink.src}
     return any(u.op is Ops.LOAD and u.src[0] in written for u in graph_nodes(self.sink))
 
-  def _upcast(self, rng: UOp, amount: int) -> UOp:
+  def _upcast(self, rng: UOp, amount: int, max_nodes: int | None = None) -> UOp:
     size = rng.src[0].arg
     if size % amount == 0: _, lanes = self._split(rng, amount)
     else:   # the last tile shifts back to end at the axis' last element, overlapping the tile before it
@@ -435,7 +457,7 @@ class Kernel:
     # rules fire), instead of a rewrite of the whole tile of copies afterwards
     lanes = [graph_rewrite(lane, symbolic) for lane in lanes]
     # the copies of the whole sink at once: nodes several stores share (a matmul tile's loads of `a`) are copied once
-    sinks = substitute_copies(self.sink, rng, lanes, simplified=True)
+    sinks = substitute_copies(self.sink, rng, lanes, simplified=True, max_nodes=max_nodes)
     stores = dict.fromkeys(copy.src[i] for i in range(len(self.sink.src)) for copy in sinks)
     return self.sink.replace(src=tuple(stores))
 
