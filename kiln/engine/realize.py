@@ -174,7 +174,7 @@ def precompile(items: list[ScheduleItem]) -> None:
     if item.ast.op is Ops.COPY: continue
     device = item.bufs[0].device
     key = runner_key(device, item.ast)
-    if key in _runner_cache: continue
+    if key in _runner_cache or key in wanted.get(device, ()): continue   # launched again: looked up once
     if (runner := _cached_runner(device, item.ast)) is not None: _runner_cache[key] = runner
     else: wanted.setdefault(device, {})[key] = item.ast
   for device, asts in wanted.items():
