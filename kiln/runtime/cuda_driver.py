@@ -1,0 +1,760 @@
+"""kiln's own small binding to the CUDA driver API (libcuda) and NVRTC (libnvrtc), through ctypes alone.
+
+Nothing is loaded at import: the libraries are looked for the first time something asks for them, so kiln imports on a
+machine without a GPU. There `available()` is False, `device_count()` is 0 and opening a context raises one
+`CudaUnavailableError` (a RuntimeError) that says what was searched.
+
+Where the libraries are looked for, in order (`driver_library_candidates`, `nvrtc_library_candidates`):
+  1. the dynamic loader by soname (LD_LIBRARY_PATH, the ldconfig cache, the system folders), then
+     `ctypes.util.find_library`;
+  2. the folders `$CUDA_PATH` and `$CUDA_HOME` name (their lib64/ and lib/);
+  3. NVRTC only: the `nvidia-cuda-nvrtc` wheel (`pip install 'kiln[cuda]'`), nvidia/*/lib/ on sys.path;
+  4. the CUDA toolkit's usual install folder, /usr/local/cuda/lib64 (then /usr/local/cuda-*/lib64, newest first).
+
+The object API, all of it explicit about lifetimes (call `free`/`close`, or use `with`):
+  `Context(device)`          the device's primary context: properties, memory, copies, streams, events, modules
+  `DeviceMemory`             a cuMemAlloc allocation (never managed memory); `CudaAllocator` keeps them behind kiln's
+                             LRU allocator
+  `PinnedMemory`             page-locked host memory (cuMemHostAlloc), for asynchronous copies
+  `Stream`, `Event`          work queues and timestamps (`Event.elapsed_ms`)
+  `Module`, `Function`       a loaded CUBIN and one of its kernels; `Function.launch(*args, grid, block, shared)`
+  `NVRTCCompiler(arch)`      CUDA C -> CUBIN for the device's exact arch (sm_90a on Hopper), cached on disk under
+                             kiln's kernel cache, keyed by source, arch, options and NVRTC version
+
+A kernel's arguments are packed by `pack_args`: DeviceMemory -> its 64-bit address, int -> int32, float -> float32,
+bool -> C++ bool, a numpy scalar or ctypes value -> its own type (pass `ctypes.c_int64(n)` for a 64-bit int).
+
+>>> launch_dims(256), launch_dims((4, 2))
+((256, 1, 1), (4, 2, 1))
+>>> arch_for_capability(9, 0), arch_for_capability(8, 6)
+('sm_90a', 'sm_86')
+>>> format_cuda_error("cuMemAlloc", 2, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory")
+'cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY (2): out of memory'
+"""
+from __future__ import annotations
+import ctypes, ctypes.util, functools, glob, importlib.util, os, platform, re, sys
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Sequence
+import numpy as np
+from kiln.device import CompileError, Compiler, LRUAllocator
+
+# ---------------- finding the libraries ----------------
+
+# sonames the loader is asked for, newest first; a bare "libnvrtc.so" exists only where the toolkit's dev files are
+DRIVER_NAMES = {"Linux": ("libcuda.so.1", "libcuda.so"), "Windows": ("nvcuda.dll",)}
+NVRTC_NAMES = {"Linux": ("libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2", "libnvrtc.so"),
+               "Windows": ("nvrtc64_130_0.dll", "nvrtc64_120_0.dll", "nvrtc64_112_0.dll")}
+TOOLKIT_FOLDER = "/usr/local/cuda"   # where NVIDIA's installers put the toolkit (a link to /usr/local/cuda-X.Y)
+
+@dataclass(frozen=True)
+class LibraryCandidate:
+  """One place a library may be loaded from: a soname for the loader or a file path, and which rule proposed it."""
+  name: str
+  source: str
+
+def _files_matching(folder: str, pattern: str, glob_fn: Callable[[str], list[str]]) -> list[str]:
+  """The files in `folder` matching `pattern`, the highest version first (libnvrtc.so.13 before libnvrtc.so.12)."""
+  def version_key(path: str) -> tuple[int, ...]:
+    return tuple(int(number) for number in re.findall(r"\d+", os.path.basename(path)))
+  return sorted(glob_fn(os.path.join(folder, pattern)), key=version_key, reverse=True)
+
+def _env_folders(environ: Mapping[str, str]) -> list[tuple[str, str]]:
+  """(folder, rule) for the lib64/ and lib/ folders of $CUDA_PATH and $CUDA_HOME."""
+  folders = []
+  for variable in ("CUDA_PATH", "CUDA_HOME"):
+    if root := environ.get(variable):
+      folders += [(os.path.join(root, sub), f"${variable}") for sub in ("lib64", "lib", os.path.join("lib", "x64"))]
+  return folders
+
+def _library_candidates(names: Sequence[str], find_name: str, file_pattern: str,
+                        extra_folders: Sequence[tuple[str, str]], glob_fn: Callable[[str], list[str]],
+                        find_library: Callable[[str], str | None]) -> list[LibraryCandidate]:
+  """The search order shared by the driver and NVRTC: loader sonames, find_library, the extra folders in order."""
+  candidates = [LibraryCandidate(name, "loader") for name in names]
+  if (found := find_library(find_name)) and found not in names: candidates.append(LibraryCandidate(found, "ldconfig"))
+  for folder, rule in extra_folders:
+    candidates += [LibraryCandidate(path, rule) for path in _files_matching(folder, file_pattern, glob_fn)]
+  seen: set[str] = set()
+  return [c for c in candidates if not (c.name in seen or seen.add(c.name))]
+
+def _toolkit_folders(glob_fn: Callable[[str], list[str]]) -> list[tuple[str, str]]:
+  """/usr/local/cuda/lib64, then /usr/local/cuda-X.Y/lib64, newest first."""
+  versioned = _files_matching(os.path.dirname(TOOLKIT_FOLDER), "cuda-*", glob_fn)
+  return [(os.path.join(folder, "lib64"), "toolkit folder") for folder in [TOOLKIT_FOLDER, *versioned]]
+
+def driver_library_candidates(environ: Mapping[str, str] = os.environ, system: str | None = None,
+                              glob_fn: Callable[[str], list[str]] = glob.glob,
+                              find_library: Callable[[str], str | None] = ctypes.util.find_library
+                              ) -> list[LibraryCandidate]:
+  """Where libcuda is looked for, in order (the module docstring gives the rules; NVRTC's wheel is not one).
+
+  >>> [c.name for c in driver_library_candidates({}, "Linux", glob_fn=lambda p: [], find_library=lambda n: None)]
+  ['libcuda.so.1', 'libcuda.so']
+  """
+  system = system or platform.system()
+  pattern = "nvcuda.dll" if system == "Windows" else "libcuda.so*"
+  folders = _env_folders(environ) + _toolkit_folders(glob_fn)
+  return _library_candidates(DRIVER_NAMES.get(system, ()), "cuda", pattern, folders, glob_fn, find_library)
+
+def nvrtc_wheel_folders(path: Sequence[str] | None = None) -> list[tuple[str, str]]:
+  """The lib/ folders of installed nvidia-* wheels (nvidia/cu13/lib for CUDA 13, nvidia/cuda_nvrtc/lib for 12)."""
+  if path is None:
+    spec = importlib.util.find_spec("nvidia") if "nvidia" not in sys.modules else sys.modules["nvidia"].__spec__
+    roots = list(spec.submodule_search_locations or []) if spec is not None else []
+  else: roots = [os.path.join(p, "nvidia") for p in path]
+  return [(folder, "nvidia-cuda-nvrtc wheel") for root in roots for folder in
+          sorted(glob.glob(os.path.join(root, "*", "lib")), reverse=True)]
+
+def nvrtc_library_candidates(environ: Mapping[str, str] = os.environ, system: str | None = None,
+                             glob_fn: Callable[[str], list[str]] = glob.glob,
+                             find_library: Callable[[str], str | None] = ctypes.util.find_library,
+                             wheel_folders: Sequence[tuple[str, str]] | None = None) -> list[LibraryCandidate]:
+  """Where libnvrtc is looked for, in order: loader, ldconfig, $CUDA_PATH/$CUDA_HOME, the wheel, the toolkit folder.
+
+  >>> [c.name for c in nvrtc_library_candidates({}, "Linux", glob_fn=lambda p: [], find_library=lambda n: None,
+  ...                                           wheel_folders=[])][:2]
+  ['libnvrtc.so.13', 'libnvrtc.so.12']
+  """
+  system = system or platform.system()
+  pattern = "nvrtc64_*.dll" if system == "Windows" else "libnvrtc.so*"
+  wheels = nvrtc_wheel_folders() if wheel_folders is None else list(wheel_folders)
+  folders = _env_folders(environ) + wheels + _toolkit_folders(glob_fn)
+  candidates = _library_candidates(NVRTC_NAMES.get(system, ()), "nvrtc", pattern, folders, glob_fn, find_library)
+  return [c for c in candidates if "builtins" not in os.path.basename(c.name)]   # libnvrtc-builtins is NVRTC's own
+
+class CudaUnavailableError(RuntimeError):
+  """CUDA cannot be used on this machine: a library is missing, or the driver found no usable GPU."""
+
+def load_first(what: str, candidates: Sequence[LibraryCandidate],
+               loader: Callable[[str], Any] = ctypes.CDLL) -> tuple[Any, LibraryCandidate]:
+  """The first candidate the loader opens, and which one it was; CudaUnavailableError listing every try if none."""
+  tried = []
+  for candidate in candidates:
+    try: return loader(candidate.name), candidate
+    except OSError as error: tried.append(f"{candidate.name} ({candidate.source}: {str(error).split(':')[-1].strip()})")
+  hint = {"libcuda": "install the NVIDIA driver, or put libcuda.so.1 on LD_LIBRARY_PATH",
+          "libnvrtc": "install the CUDA toolkit, pip install 'kiln[cuda]', or set CUDA_PATH"}[what]
+  raise CudaUnavailableError(f"CUDA is not available: {what} was not found ({hint}); tried: "
+                             f"{'; '.join(tried) or 'nothing (no candidate for this system)'}")
+
+# ---------------- errors ----------------
+
+def format_cuda_error(call: str, code: int, name: str, description: str) -> str:
+  """The message of a failed driver call: which call, the error's name and number, and the driver's description."""
+  return f"{call} failed: {name} ({code}): {description}"
+
+class CudaError(RuntimeError):
+  """A driver call returned an error: `call`, `code` (the CUresult) and `name` (e.g. CUDA_ERROR_INVALID_VALUE)."""
+  def __init__(self, call: str, code: int, name: str, description: str):
+    super().__init__(format_cuda_error(call, code, name, description))
+    self.call, self.code, self.name = call, code, name
+
+class CudaOutOfMemoryError(CudaError, MemoryError):
+  """cuMemAlloc/cuMemHostAlloc ran out of memory (a MemoryError too, so LRUAllocator frees its cache and retries)."""
+
+CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_NO_DEVICE = 2, 100
+NVRTC_ERROR_COMPILATION = 6
+
+class NVRTCCompileError(CompileError):
+  """NVRTC rejected a source; `log` holds NVRTC's program log (the compiler's messages)."""
+  def __init__(self, message: str, log: str):
+    super().__init__(message)
+    self.log = log
+
+# ---------------- the driver's functions ----------------
+
+P, c_int, c_uint, c_size_t, c_u64, c_void_p = ctypes.POINTER, ctypes.c_int, ctypes.c_uint, ctypes.c_size_t, \
+  ctypes.c_uint64, ctypes.c_void_p
+# the names libcuda exports (a _v2 suffix where the header maps the plain name to it), and each one's arguments
+DRIVER_PROTOTYPES: dict[str, tuple[tuple[str, ...], tuple[Any, ...]]] = {
+  "cuInit": (("cuInit",), (c_uint,)),
+  "cuDriverGetVersion": (("cuDriverGetVersion",), (P(c_int),)),
+  "cuGetErrorName": (("cuGetErrorName",), (c_int, P(ctypes.c_char_p))),
+  "cuGetErrorString": (("cuGetErrorString",), (c_int, P(ctypes.c_char_p))),
+  "cuDeviceGetCount": (("cuDeviceGetCount",), (P(c_int),)),
+  "cuDeviceGet": (("cuDeviceGet",), (P(c_int), c_int)),
+  "cuDeviceGetName": (("cuDeviceGetName",), (ctypes.c_char_p, c_int, c_int)),
+  "cuDeviceGetAttribute": (("cuDeviceGetAttribute",), (P(c_int), c_int, c_int)),
+  "cuDeviceTotalMem": (("cuDeviceTotalMem_v2",), (P(c_size_t), c_int)),
+  "cuDeviceCanAccessPeer": (("cuDeviceCanAccessPeer",), (P(c_int), c_int, c_int)),
+  "cuDevicePrimaryCtxRetain": (("cuDevicePrimaryCtxRetain",), (P(c_void_p), c_int)),
+  "cuDevicePrimaryCtxRelease": (("cuDevicePrimaryCtxRelease_v2",), (c_int,)),
+  "cuCtxSetCurrent": (("cuCtxSetCurrent",), (c_void_p,)),
+  "cuCtxSynchronize": (("cuCtxSynchronize",), ()),
+  "cuCtxEnablePeerAccess": (("cuCtxEnablePeerAccess",), (c_void_p, c_uint)),
+  "cuMemGetInfo": (("cuMemGetInfo_v2",), (P(c_size_t), P(c_size_t))),
+  "cuMemAlloc": (("cuMemAlloc_v2",), (P(c_u64), c_size_t)),
+  "cuMemFree": (("cuMemFree_v2",), (c_u64,)),
+  "cuMemsetD8": (("cuMemsetD8_v2",), (c_u64, ctypes.c_ubyte, c_size_t)),
+  "cuMemHostAlloc": (("cuMemHostAlloc",), (P(c_void_p), c_size_t, c_uint)),
+  "cuMemFreeHost": (("cuMemFreeHost",), (c_void_p,)),
+  "cuMemcpyHtoD": (("cuMemcpyHtoD_v2",), (c_u64, c_void_p, c_size_t)),
+  "cuMemcpyDtoH": (("cuMemcpyDtoH_v2",), (c_void_p, c_u64, c_size_t)),
+  "cuMemcpyDtoD": (("cuMemcpyDtoD_v2",), (c_u64, c_u64, c_size_t)),
+  "cuMemcpyHtoDAsync": (("cuMemcpyHtoDAsync_v2",), (c_u64, c_void_p, c_size_t, c_void_p)),
+  "cuMemcpyDtoHAsync": (("cuMemcpyDtoHAsync_v2",), (c_void_p, c_u64, c_size_t, c_void_p)),
+  "cuMemcpyDtoDAsync": (("cuMemcpyDtoDAsync_v2",), (c_u64, c_u64, c_size_t, c_void_p)),
+  "cuMemcpyPeerAsync": (("cuMemcpyPeerAsync",), (c_u64, c_void_p, c_u64, c_void_p, c_size_t, c_void_p)),
+  "cuStreamCreate": (("cuStreamCreate",), (P(c_void_p), c_uint)),
+  "cuStreamDestroy": (("cuStreamDestroy_v2",), (c_void_p,)),
+  "cuStreamSynchronize": (("cuStreamSynchronize",), (c_void_p,)),
+  "cuStreamWaitEvent": (("cuStreamWaitEvent",), (c_void_p, c_void_p, c_uint)),
+  "cuEventCreate": (("cuEventCreate",), (P(c_void_p), c_uint)),
+  "cuEventDestroy": (("cuEventDestroy_v2",), (c_void_p,)),
+  "cuEventRecord": (("cuEventRecord",), (c_void_p, c_void_p)),
+  "cuEventSynchronize": (("cuEventSynchronize",), (c_void_p,)),
+  "cuEventElapsedTime": (("cuEventElapsedTime_v2", "cuEventElapsedTime"), (P(ctypes.c_float), c_void_p, c_void_p)),
+  "cuModuleLoadData": (("cuModuleLoadData",), (P(c_void_p), c_void_p)),
+  "cuModuleUnload": (("cuModuleUnload",), (c_void_p,)),
+  "cuModuleGetFunction": (("cuModuleGetFunction",), (P(c_void_p), c_void_p, ctypes.c_char_p)),
+  "cuFuncSetAttribute": (("cuFuncSetAttribute",), (c_void_p, c_int, c_int)),
+  "cuFuncGetAttribute": (("cuFuncGetAttribute",), (P(c_int), c_int, c_void_p)),
+  "cuLaunchKernel": (("cuLaunchKernel",), (c_void_p, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_void_p,
+                                            P(c_void_p), P(c_void_p))),
+}
+NVRTC_PROTOTYPES: dict[str, tuple[tuple[str, ...], tuple[Any, ...]]] = {
+  "nvrtcVersion": (("nvrtcVersion",), (P(c_int), P(c_int))),
+  "nvrtcCreateProgram": (("nvrtcCreateProgram",), (P(c_void_p), ctypes.c_char_p, ctypes.c_char_p, c_int, c_void_p,
+                                                   c_void_p)),
+  "nvrtcCompileProgram": (("nvrtcCompileProgram",), (c_void_p, c_int, P(ctypes.c_char_p))),
+  "nvrtcGetProgramLogSize": (("nvrtcGetProgramLogSize",), (c_void_p, P(c_size_t))),
+  "nvrtcGetProgramLog": (("nvrtcGetProgramLog",), (c_void_p, ctypes.c_char_p)),
+  "nvrtcGetCUBINSize": (("nvrtcGetCUBINSize",), (c_void_p, P(c_size_t))),
+  "nvrtcGetCUBIN": (("nvrtcGetCUBIN",), (c_void_p, ctypes.c_char_p)),
+  "nvrtcDestroyProgram": (("nvrtcDestroyProgram",), (P(c_void_p),)),
+}
+
+# device attributes (CUdevice_attribute) and function attributes (CUfunction_attribute) this module reads or sets
+ATTRIBUTE_SM_COUNT, ATTRIBUTE_CC_MAJOR, ATTRIBUTE_CC_MINOR, ATTRIBUTE_SHARED_OPTIN = 16, 75, 76, 97
+FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED = 8
+STATIC_SHARED_LIMIT = 48 * 1024   # a launch may use more dynamic shared memory only after cuFuncSetAttribute
+CU_STREAM_NON_BLOCKING, CU_EVENT_DISABLE_TIMING, CU_MEMHOSTALLOC_PORTABLE = 1, 2, 1
+
+class _Library:
+  """A loaded library whose functions are called through `call(name, *args)`, each return code checked."""
+  def __init__(self, handle: Any, where: LibraryCandidate, prototypes: dict, describe: Callable[[str, int], Exception]):
+    self.handle, self.where, self.describe = handle, where, describe
+    self.functions: dict[str, Any] = {}
+    for name, (symbols, argtypes) in prototypes.items():
+      function = next((getattr(handle, s) for s in symbols if hasattr(handle, s)), None)
+      if function is None: continue   # an old driver without it: the call that needs it says so
+      function.argtypes, function.restype = argtypes, ctypes.c_int
+      self.functions[name] = function
+
+  def call(self, name: str, *args: Any) -> None:
+    """Call `name` with `args`; its error code, if any, becomes the exception `describe` makes."""
+    function = self.functions.get(name)
+    if function is None: raise CudaError(name, -1, "MISSING_SYMBOL", f"{self.where.name} does not export it")
+    if (code := function(*args)) != 0: raise self.describe(name, code)
+
+def _driver_error(call: str, code: int) -> CudaError:
+  """The CudaError for `code`, named and described by the driver itself (cuGetErrorName/String)."""
+  name, description = ctypes.c_char_p(), ctypes.c_char_p()
+  lib = _driver_library()
+  lib.functions["cuGetErrorName"](code, ctypes.byref(name))
+  lib.functions["cuGetErrorString"](code, ctypes.byref(description))
+  text = (name.value or b"CUDA_ERROR_UNKNOWN").decode(), (description.value or b"no description").decode()
+  return (CudaOutOfMemoryError if code == CUDA_ERROR_OUT_OF_MEMORY else CudaError)(call, code, *text)
+
+@functools.cache
+def _driver_library() -> _Library:
+  """libcuda, loaded and bound once (cuInit not yet called)."""
+  handle, where = load_first("libcuda", driver_library_candidates())
+  return _Library(handle, where, DRIVER_PROTOTYPES, _driver_error)
+
+@functools.cache
+def driver() -> _Library:
+  """The initialized driver; CudaUnavailableError where libcuda is missing or cuInit fails (no GPU, driver too old)."""
+  lib = _driver_library()
+  try: lib.call("cuInit", 0)
+  except CudaError as error:
+    raise CudaUnavailableError(f"CUDA is not available: {error} (libcuda from {lib.where.name})") from None
+  return lib
+
+def _nvrtc_error(call: str, code: int) -> RuntimeError:
+  """A RuntimeError naming the NVRTC call and NVRTC's own description of `code`."""
+  get_string = nvrtc().handle.nvrtcGetErrorString
+  get_string.argtypes, get_string.restype = (c_int,), ctypes.c_char_p
+  return RuntimeError(f"{call} failed: {get_string(code).decode()} ({code})")
+
+@functools.cache
+def nvrtc() -> _Library:
+  """libnvrtc, loaded and bound once; CudaUnavailableError where it is not found."""
+  handle, where = load_first("libnvrtc", nvrtc_library_candidates())
+  return _Library(handle, where, NVRTC_PROTOTYPES, _nvrtc_error)
+
+def unavailable_reason() -> str | None:
+  """Why CUDA cannot be used here (missing library, no GPU), or None where a GPU is usable."""
+  try: driver()
+  except CudaUnavailableError as error: return str(error)
+  return None
+
+def available() -> bool:
+  """Whether a CUDA GPU is usable here (libcuda loads and cuInit succeeds)."""
+  return unavailable_reason() is None
+
+def device_count() -> int:
+  """The number of CUDA GPUs; 0 where CUDA is not available."""
+  if not available(): return 0
+  count = c_int()
+  driver().call("cuDeviceGetCount", ctypes.byref(count))
+  return count.value
+
+def driver_version() -> tuple[int, int]:
+  """The CUDA version the driver supports, as (major, minor): (13, 0) for driver 580."""
+  version = c_int()
+  driver().call("cuDriverGetVersion", ctypes.byref(version))
+  return version.value // 1000, version.value % 1000 // 10
+
+def nvrtc_version() -> tuple[int, int]:
+  """NVRTC's version, as (major, minor)."""
+  major, minor = c_int(), c_int()
+  nvrtc().call("nvrtcVersion", ctypes.byref(major), ctypes.byref(minor))
+  return major.value, minor.value
+
+def arch_for_capability(major: int, minor: int) -> str:
+  """The NVRTC arch for a compute capability: the arch-specific `a` target from Hopper (9.0) on, for wgmma/TMA."""
+  return f"sm_{major}{minor}{'a' if major >= 9 else ''}"
+
+# ---------------- launches ----------------
+
+def launch_dims(value: int | Sequence[int], what: str = "grid") -> tuple[int, int, int]:
+  """A grid or block size as (x, y, z), missing dimensions 1; ValueError for anything but 1 to 3 positive ints."""
+  dims = (value,) if isinstance(value, int) else tuple(value) if isinstance(value, (tuple, list)) else (value,)
+  if not 1 <= len(dims) <= 3 or not all(isinstance(d, int) and d >= 1 for d in dims):
+    raise ValueError(f"launch: {what} must be 1 to 3 positive ints, got {value!r}")
+  return (*dims, *(1,) * (3 - len(dims)))   # type: ignore[return-value]
+
+NUMPY_TO_CTYPES = {np.dtype(np.int8): ctypes.c_int8, np.dtype(np.uint8): ctypes.c_uint8,
+                   np.dtype(np.int16): ctypes.c_int16, np.dtype(np.uint16): ctypes.c_uint16,
+                   np.dtype(np.int32): ctypes.c_int32, np.dtype(np.uint32): ctypes.c_uint32,
+                   np.dtype(np.int64): ctypes.c_int64, np.dtype(np.uint64): ctypes.c_uint64,
+                   np.dtype(np.float32): ctypes.c_float, np.dtype(np.float64): ctypes.c_double,
+                   np.dtype(np.bool_): ctypes.c_bool}
+
+def _kernel_argument(index: int, value: Any) -> Any:
+  """One kernel argument as the ctypes value whose bytes the kernel reads."""
+  if isinstance(value, DeviceMemory): return ctypes.c_uint64(value.ptr)
+  if isinstance(value, ctypes._SimpleCData): return value
+  if isinstance(value, np.generic):
+    if value.dtype not in NUMPY_TO_CTYPES: raise TypeError(f"launch: argument {index} has dtype {value.dtype}, which "
+                                                          "has no C type here; pass a ctypes value")
+    return NUMPY_TO_CTYPES[value.dtype](value.item())
+  if isinstance(value, bool): return ctypes.c_bool(value)
+  if isinstance(value, int):
+    if not -2**31 <= value < 2**31:
+      raise OverflowError(f"launch: argument {index} ({value}) does not fit an int32; pass ctypes.c_int64({value})")
+    return ctypes.c_int32(value)
+  if isinstance(value, float): return ctypes.c_float(value)
+  raise TypeError(f"launch: argument {index} is a {type(value).__name__}; kernels take DeviceMemory, int, float, bool, "
+                  "numpy scalars or ctypes values")
+
+def pack_args(args: Sequence[Any]) -> tuple[Any, tuple[Any, ...]]:
+  """cuLaunchKernel's kernelParams for `args`: an array of pointers to each argument's value, and the values (keep
+  them alive until the launch returns).
+
+  >>> params, values = pack_args([7, 2.5])
+  >>> ctypes.cast(params[0], ctypes.POINTER(ctypes.c_int32)).contents.value, values[1].value
+  (7, 2.5)
+  """
+  values = tuple(_kernel_argument(i, value) for i, value in enumerate(args))
+  params = (c_void_p * max(1, len(values)))(*[ctypes.addressof(value) for value in values])
+  return params, values
+
+# ---------------- the object API ----------------
+
+def _host_address(buffer: Any, writable: bool = False) -> tuple[int, int, Any]:
+  """(address, byte count, object to keep alive) of a contiguous host buffer (bytes, bytearray, numpy, memoryview,
+  PinnedMemory); ValueError for a non-contiguous one, or a read-only one where the copy writes into it."""
+  if isinstance(buffer, PinnedMemory): return buffer.ptr, buffer.nbytes, buffer
+  view = memoryview(buffer)
+  if not view.c_contiguous: raise ValueError("copy: the host buffer must be contiguous")
+  if writable and view.readonly: raise ValueError("copy_out: the host buffer is read-only")
+  array = np.frombuffer(view.cast("B") if view.ndim != 1 or view.format != "B" else view, dtype=np.uint8)
+  return array.ctypes.data, array.nbytes, array
+
+def _stream_handle(stream: Stream | None) -> int:
+  """A stream's handle for the driver; 0, the default stream, for None."""
+  return 0 if stream is None else stream.handle
+
+@dataclass(frozen=True)
+class DeviceProperties:
+  """What kiln reads about a GPU: its name, compute capability, multiprocessors, memory and shared-memory limit."""
+  index: int
+  name: str
+  compute_capability: tuple[int, int]
+  sm_count: int
+  total_memory: int
+  max_shared_per_block: int   # with opt-in (cuFuncSetAttribute), in bytes
+
+  @property
+  def arch(self) -> str:
+    """The NVRTC target for exactly this GPU (sm_90a on Hopper)."""
+    return arch_for_capability(*self.compute_capability)
+
+def device_properties(index: int = 0) -> DeviceProperties:
+  """The properties of GPU `index` (no context needed)."""
+  lib, device = driver(), c_int()
+  lib.call("cuDeviceGet", ctypes.byref(device), index)
+  def attribute(which: int) -> int:
+    value = c_int()
+    lib.call("cuDeviceGetAttribute", ctypes.byref(value), which, device.value)
+    return value.value
+  name, memory = ctypes.create_string_buffer(256), c_size_t()
+  lib.call("cuDeviceGetName", name, len(name), device.value)
+  lib.call("cuDeviceTotalMem", ctypes.byref(memory), device.value)
+  return DeviceProperties(index, name.value.decode(), (attribute(ATTRIBUTE_CC_MAJOR), attribute(ATTRIBUTE_CC_MINOR)),
+                          attribute(ATTRIBUTE_SM_COUNT), memory.value, attribute(ATTRIBUTE_SHARED_OPTIN))
+
+class DeviceMemory:
+  """`nbytes` of device memory at address `ptr`, from cuMemAlloc (`owner` None) or a view into another allocation."""
+  def __init__(self, context: Context, ptr: int, nbytes: int, owner: DeviceMemory | None = None):
+    self.context, self.ptr, self.nbytes, self.owner = context, ptr, nbytes, owner
+    self.freed = False
+
+  def view(self, offset: int, nbytes: int) -> DeviceMemory:
+    """Bytes [offset, offset+nbytes) of this allocation, sharing its memory (freeing a view frees nothing)."""
+    if offset < 0 or nbytes < 0 or offset + nbytes > self.nbytes:
+      raise ValueError(f"DeviceMemory.view: bytes [{offset}, {offset + nbytes}) are outside the {self.nbytes} bytes")
+    return DeviceMemory(self.context, self.ptr + offset, nbytes, owner=self.owner or self)
+
+  def free(self) -> None:
+    """Give the memory back to the driver (once; views free nothing)."""
+    if self.owner is None and not self.freed and self.ptr:
+      self.context.activate()
+      driver().call("cuMemFree", self.ptr)
+    self.freed = True
+
+  def __enter__(self) -> DeviceMemory: return self
+  def __exit__(self, *exc: Any) -> None: self.free()
+  def __repr__(self) -> str: return f"<DeviceMemory 0x{self.ptr:x} {self.nbytes} bytes on GPU {self.context.index}>"
+
+class PinnedMemory:
+  """Page-locked host memory from cuMemHostAlloc: asynchronous copies from and to it overlap with other work."""
+  def __init__(self, context: Context, nbytes: int):
+    self.context, self.nbytes, pointer = context, nbytes, c_void_p()
+    context.activate()
+    driver().call("cuMemHostAlloc", ctypes.byref(pointer), max(1, nbytes), CU_MEMHOSTALLOC_PORTABLE)
+    self.ptr: int = pointer.value or 0
+
+  def numpy(self, dtype: Any = np.uint8) -> np.ndarray:
+    """A numpy array over the memory, no copy (valid until `free`)."""
+    raw = (ctypes.c_char * self.nbytes).from_address(self.ptr)
+    return np.frombuffer(raw, dtype=np.uint8).view(dtype)
+
+  def free(self) -> None:
+    """Give the memory back (cuMemFreeHost), once."""
+    if self.ptr: driver().call("cuMemFreeHost", self.ptr)
+    self.ptr = 0
+
+  def __enter__(self) -> PinnedMemory: return self
+  def __exit__(self, *exc: Any) -> None: self.free()
+
+class Stream:
+  """A non-blocking stream: work on it runs in order, concurrently with other streams (and the default stream)."""
+  def __init__(self, context: Context):
+    self.context, handle = context, c_void_p()
+    context.activate()
+    driver().call("cuStreamCreate", ctypes.byref(handle), CU_STREAM_NON_BLOCKING)
+    self.handle: int = handle.value or 0
+
+  def synchronize(self) -> None:
+    """Wait until everything queued on the stream has finished."""
+    driver().call("cuStreamSynchronize", self.handle)
+
+  def wait(self, event: Event) -> None:
+    """Make later work on this stream wait for `event` (recorded on another stream), without blocking the host."""
+    driver().call("cuStreamWaitEvent", self.handle, event.handle, 0)
+
+  def close(self) -> None:
+    """Destroy the stream (its queued work still runs)."""
+    if self.handle: driver().call("cuStreamDestroy", self.handle)
+    self.handle = 0
+
+  def __enter__(self) -> Stream: return self
+  def __exit__(self, *exc: Any) -> None: self.close()
+
+class Event:
+  """A point in a stream's work; two timing events give the GPU time between them (`elapsed_ms`)."""
+  def __init__(self, context: Context, timing: bool = True):
+    self.context, handle = context, c_void_p()
+    context.activate()
+    driver().call("cuEventCreate", ctypes.byref(handle), 0 if timing else CU_EVENT_DISABLE_TIMING)
+    self.handle: int = handle.value or 0
+
+  def record(self, stream: Stream | None = None) -> Event:
+    """Mark the point after the work queued so far on `stream` (None: the default stream)."""
+    driver().call("cuEventRecord", self.handle, _stream_handle(stream))
+    return self
+
+  def synchronize(self) -> None:
+    """Wait until the work before the recorded point has finished."""
+    driver().call("cuEventSynchronize", self.handle)
+
+  def elapsed_ms(self, end: Event) -> float:
+    """Milliseconds of GPU time from this event to `end` (both recorded; waits for `end`)."""
+    end.synchronize()
+    milliseconds = ctypes.c_float()
+    driver().call("cuEventElapsedTime", ctypes.byref(milliseconds), self.handle, end.handle)
+    return milliseconds.value
+
+  def close(self) -> None:
+    """Destroy the event."""
+    if self.handle: driver().call("cuEventDestroy", self.handle)
+    self.handle = 0
+
+  def __enter__(self) -> Event: return self
+  def __exit__(self, *exc: Any) -> None: self.close()
+
+class Function:
+  """One kernel of a loaded module, launched with `launch`."""
+  def __init__(self, module: Module, name: str, handle: int):
+    self.module, self.name, self.handle = module, name, handle
+    self.shared_limit = STATIC_SHARED_LIMIT
+
+  def launch(self, *args: Any, grid: int | Sequence[int] = 1, block: int | Sequence[int] = 1, shared: int = 0,
+             stream: Stream | None = None) -> None:
+    """Queue the kernel on `stream` (None: the default stream) with `grid` blocks of `block` threads and `shared`
+    bytes of dynamic shared memory (over 48 KiB, the kernel is first allowed that much); `args` as `pack_args` packs
+    them. Returns at once: synchronize the stream or an event to wait for it."""
+    grid_xyz, block_xyz = launch_dims(grid, "grid"), launch_dims(block, "block")
+    if shared < 0: raise ValueError(f"launch: shared memory must be >= 0 bytes, got {shared}")
+    lib = driver()
+    self.module.context.activate()
+    if shared > self.shared_limit:
+      lib.call("cuFuncSetAttribute", self.handle, FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED, shared)
+      self.shared_limit = shared
+    params, _values = pack_args(args)
+    lib.call("cuLaunchKernel", self.handle, *grid_xyz, *block_xyz, shared, _stream_handle(stream), params, None)
+
+  def attribute(self, which: int) -> int:
+    """A CUfunction_attribute of the kernel (e.g. 4: registers per thread)."""
+    value = c_int()
+    driver().call("cuFuncGetAttribute", ctypes.byref(value), which, self.handle)
+    return value.value
+
+  def __repr__(self) -> str: return f"<Function {self.name}>"
+
+class Module:
+  """A CUBIN (or PTX) image loaded into a context (cuModuleLoadData); `function(name)` finds a kernel in it."""
+  def __init__(self, context: Context, image: bytes):
+    self.context, handle = context, c_void_p()
+    context.activate()
+    driver().call("cuModuleLoadData", ctypes.byref(handle), ctypes.c_char_p(image))
+    self.handle: int = handle.value or 0
+
+  def function(self, name: str) -> Function:
+    """The kernel `name` (declared `extern "C"` so that its name is not mangled)."""
+    handle = c_void_p()
+    driver().call("cuModuleGetFunction", ctypes.byref(handle), self.handle, name.encode())
+    return Function(self, name, handle.value or 0)
+
+  def close(self) -> None:
+    """Unload the module."""
+    if self.handle:
+      self.context.activate()
+      driver().call("cuModuleUnload", self.handle)
+    self.handle = 0
+
+  def __enter__(self) -> Module: return self
+  def __exit__(self, *exc: Any) -> None: self.close()
+
+class Context:
+  """The primary context of GPU `index`, retained until `close`: memory, copies, streams, events and modules.
+
+  Every method makes the context current on the calling thread first, so one thread may use several GPUs.
+  """
+  def __init__(self, index: int = 0):
+    lib = driver()
+    if not 0 <= index < device_count():
+      raise RuntimeError(f"CUDA: there is no GPU {index}; this machine has {device_count()}")
+    self.index, self.properties, handle = index, device_properties(index), c_void_p()
+    lib.call("cuDevicePrimaryCtxRetain", ctypes.byref(handle), index)
+    self.handle: int = handle.value or 0
+    self.activate()
+
+  def activate(self) -> None:
+    """Make this context current on the calling thread."""
+    driver().call("cuCtxSetCurrent", self.handle)
+
+  def synchronize(self) -> None:
+    """Wait until all work queued in this context has finished."""
+    self.activate()
+    driver().call("cuCtxSynchronize")
+
+  def memory_info(self) -> tuple[int, int]:
+    """(free, total) bytes of device memory."""
+    free, total = c_size_t(), c_size_t()
+    self.activate()
+    driver().call("cuMemGetInfo", ctypes.byref(free), ctypes.byref(total))
+    return free.value, total.value
+
+  def alloc(self, nbytes: int) -> DeviceMemory:
+    """`nbytes` of device memory (cuMemAlloc; contents undefined); CudaOutOfMemoryError when there is not enough."""
+    if nbytes < 0: raise ValueError(f"alloc: cannot allocate a negative number of bytes ({nbytes})")
+    pointer = c_u64()
+    self.activate()
+    driver().call("cuMemAlloc", ctypes.byref(pointer), max(1, nbytes))
+    return DeviceMemory(self, pointer.value, nbytes)
+
+  def alloc_host(self, nbytes: int) -> PinnedMemory:
+    """`nbytes` of page-locked host memory (cuMemHostAlloc)."""
+    return PinnedMemory(self, nbytes)
+
+  def memset(self, dest: DeviceMemory, byte: int) -> None:
+    """Set every byte of `dest` to `byte` (e.g. to poison an output before a test)."""
+    self.activate()
+    driver().call("cuMemsetD8", dest.ptr, byte, dest.nbytes)
+
+  def copy_in(self, dest: DeviceMemory, src: Any, stream: Stream | None = None) -> None:
+    """Copy the host buffer `src` into `dest` (sizes must match). With a stream the copy is queued and returns at
+    once: keep `src` alive and unchanged until the stream is synchronized (pinned memory makes it truly async)."""
+    address, nbytes, _keep = _host_address(src)
+    _check_sizes("copy_in", nbytes, dest.nbytes)
+    self.activate()
+    if stream is None: driver().call("cuMemcpyHtoD", dest.ptr, address, nbytes)
+    else: driver().call("cuMemcpyHtoDAsync", dest.ptr, address, nbytes, stream.handle)
+
+  def copy_out(self, dest: Any, src: DeviceMemory, stream: Stream | None = None) -> None:
+    """Copy `src` into the writable host buffer `dest` (sizes must match); with a stream, queued as in `copy_in`."""
+    address, nbytes, _keep = _host_address(dest, writable=True)
+    _check_sizes("copy_out", src.nbytes, nbytes)
+    self.activate()
+    if stream is None: driver().call("cuMemcpyDtoH", address, src.ptr, nbytes)
+    else: driver().call("cuMemcpyDtoHAsync", address, src.ptr, nbytes, stream.handle)
+
+  def copy(self, dest: DeviceMemory, src: DeviceMemory, stream: Stream | None = None) -> None:
+    """Copy device memory to device memory; across GPUs, a peer copy (cuMemcpyPeerAsync), never through the host."""
+    _check_sizes("copy", src.nbytes, dest.nbytes)
+    self.activate()
+    if dest.context.handle != src.context.handle:
+      driver().call("cuMemcpyPeerAsync", dest.ptr, dest.context.handle, src.ptr, src.context.handle, src.nbytes,
+                    _stream_handle(stream))
+      if stream is None: self.synchronize()
+    elif stream is None: driver().call("cuMemcpyDtoD", dest.ptr, src.ptr, src.nbytes)
+    else: driver().call("cuMemcpyDtoDAsync", dest.ptr, src.ptr, src.nbytes, stream.handle)
+
+  def can_access_peer(self, other: Context) -> bool:
+    """Whether kernels in this context can read and write `other`'s memory directly (NVLink or PCIe P2P)."""
+    answer = c_int()
+    driver().call("cuDeviceCanAccessPeer", ctypes.byref(answer), self.index, other.index)
+    return bool(answer.value)
+
+  def enable_peer_access(self, other: Context) -> None:
+    """Let kernels in this context access `other`'s memory (copies between them work without it too)."""
+    self.activate()
+    driver().call("cuCtxEnablePeerAccess", other.handle, 0)
+
+  def stream(self) -> Stream:
+    """A new non-blocking stream."""
+    return Stream(self)
+
+  def event(self, timing: bool = True) -> Event:
+    """A new event (timing=False: cheaper, for ordering only)."""
+    return Event(self, timing)
+
+  def load(self, image: bytes) -> Module:
+    """Load a CUBIN or PTX image."""
+    return Module(self, image)
+
+  def compile(self, src: str, options: Sequence[str] = ()) -> Module:
+    """Compile CUDA C `src` with NVRTC for this GPU's exact arch (disk-cached) and load it."""
+    return self.load(NVRTCCompiler(self.properties.arch, tuple(options)).compile_cached(src))
+
+  def close(self) -> None:
+    """Release the primary context (the driver destroys it when no one else holds it)."""
+    if self.handle: driver().call("cuDevicePrimaryCtxRelease", self.index)
+    self.handle = 0
+
+  def __enter__(self) -> Context: return self
+  def __exit__(self, *exc: Any) -> None: self.close()
+  def __repr__(self) -> str: return f"<Context GPU {self.index} {self.properties.name} {self.properties.arch}>"
+
+def _check_sizes(what: str, src_bytes: int, dest_bytes: int) -> None:
+  """ValueError when a copy's source and destination differ in size."""
+  if src_bytes != dest_bytes:
+    raise ValueError(f"{what}: the source has {src_bytes} bytes and the destination {dest_bytes}")
+
+# ---------------- kiln's allocator over cuMemAlloc ----------------
+
+class CudaAllocator(LRUAllocator):
+  """Device memory for kiln's Buffers: cuMemAlloc allocations (handles are DeviceMemory), freed ones kept per size
+  by the LRU cache and handed out again; out of memory, the cache is freed and the allocation tried once more."""
+  def __init__(self, context: Context, max_cached_bytes: int = 1 << 32):
+    super().__init__(max_cached_bytes)
+    self.context = context
+  def _alloc(self, nbytes: int) -> DeviceMemory: return self.context.alloc(nbytes)
+  def _free(self, handle: DeviceMemory, nbytes: int) -> None: handle.free()
+  def copyin(self, handle: DeviceMemory, src: memoryview) -> None:
+    """Copy host bytes `src` into `handle`."""
+    self.context.copy_in(handle, src)
+  def copyout(self, dest: memoryview, handle: DeviceMemory) -> None:
+    """Copy `handle` into the host bytes `dest`."""
+    self.context.copy_out(dest, handle)
+  def offset_view(self, handle: DeviceMemory, offset: int, nbytes: int) -> DeviceMemory:
+    """Bytes [offset, offset+nbytes) of `handle`, sharing its memory."""
+    return handle.view(offset, nbytes)
+
+# ---------------- NVRTC ----------------
+
+DEFAULT_NVRTC_OPTIONS = ("--fmad=false",)   # no contraction into FMA: results match the CPU reference bit for bit
+
+class NVRTCCompiler(Compiler):
+  """CUDA C -> CUBIN for `arch` (e.g. "sm_90a") with NVRTC; `compile_cached` keeps CUBINs in kiln's compile cache,
+  keyed by the source, the arch, the options and NVRTC's version (`version` is asked of NVRTC when not given)."""
+  def __init__(self, arch: str, options: Sequence[str] = DEFAULT_NVRTC_OPTIONS, version: tuple[int, int] | None = None):
+    if not re.fullmatch(r"sm_\d+[af]?", arch):
+      raise ValueError(f"NVRTCCompiler: arch must look like sm_90a, got {arch!r}")
+    self.arch, self.options, self._version = arch, tuple(options), version
+
+  @property
+  def version(self) -> tuple[int, int]:
+    """NVRTC's (major, minor), part of the cache key: a new NVRTC compiles anew."""
+    if self._version is None: self._version = nvrtc_version()
+    return self._version
+
+  def cache_key(self) -> str:
+    """The arch, the options and NVRTC's version: everything besides the source that changes the CUBIN."""
+    return f"NVRTC {self.version[0]}.{self.version[1]} {self.arch} {' '.join(self.options)}"
+
+  def compile(self, src: str, name: str = "kernel.cu") -> bytes:
+    """The CUBIN of `src`; NVRTCCompileError holding NVRTC's log when the source does not compile."""
+    lib, program = nvrtc(), c_void_p()
+    lib.call("nvrtcCreateProgram", ctypes.byref(program), src.encode(), name.encode(), 0, None, None)
+    try:
+      options = [f"--gpu-architecture={self.arch}", *self.options]
+      encoded = (ctypes.c_char_p * len(options))(*[option.encode() for option in options])
+      try: lib.call("nvrtcCompileProgram", program, len(options), encoded)
+      except RuntimeError:
+        log = self._log(program)
+        raise NVRTCCompileError(f"NVRTC: {name} did not compile for {self.arch} ({' '.join(options)}):\n{log}",
+                                log) from None
+      size = c_size_t()
+      lib.call("nvrtcGetCUBINSize", program, ctypes.byref(size))
+      cubin = ctypes.create_string_buffer(size.value)
+      lib.call("nvrtcGetCUBIN", program, cubin)
+      return cubin.raw
+    finally: lib.call("nvrtcDestroyProgram", ctypes.byref(program))
+
+  @staticmethod
+  def _log(program: c_void_p) -> str:
+    """NVRTC's program log (errors and warnings) of `program`."""
+    size = c_size_t()
+    nvrtc().call("nvrtcGetProgramLogSize", program, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    nvrtc().call("nvrtcGetProgramLog", program, log)
+    return log.value.decode(errors="replace").strip()
+
+def compile_cuda(src: str, arch: str, options: Sequence[str] = DEFAULT_NVRTC_OPTIONS) -> bytes:
+  """The CUBIN of CUDA C `src` for `arch`, from kiln's compile cache or NVRTC (needs libnvrtc, no GPU)."""
+  return NVRTCCompiler(arch, options).compile_cached(src)
+
+def candidates_text(candidates: Iterable[LibraryCandidate]) -> str:
+  """The candidates one a line, as `name  (rule)`, for diagnostics (python -m kiln.runtime.cuda_driver)."""
+  return "\n".join(f"  {c.name}  ({c.source})" for c in candidates)
+
+if __name__ == "__main__":
+  print("libcuda search order:\n" + candidates_text(driver_library_candidates()))
+  print("libnvrtc search order:\n" + candidates_text(nvrtc_library_candidates()))
+  print(unavailable_reason() or f"{device_count()} GPU(s): " +
+        ", ".join(f"{p.name} {p.arch} {p.sm_count} SMs" for p in map(device_properties, range(device_count()))))
