@@ -47,7 +47,8 @@ def test_packed_matmul_dtypes(small_packs, dtype):
 def test_backward_matmuls_are_packed_too(small_packs):
   a, b = Tensor.empty(32, 48, requires_grad=True), Tensor.empty(48, 64, requires_grad=True)
   (a @ b).relu().sum().backward()
-  assert packed_sums(a.grad) == 1 and packed_sums(b.grad) == 1
+  # each gradient's graph holds its backward matmul and the forward one (relu's mask), both packed
+  assert packed_sums(a.grad) == 2 and packed_sums(b.grad) == 2
 
 def test_packing_adds_two_copy_kernels_labelled_with_the_users_op(small_packs):
   a, b = (Tensor(np.ones((32, 32), np.float32)).realize() for _ in range(2))
@@ -126,3 +127,19 @@ def test_axis_stride_of_views():
   assert [pack.axis_stride(w.T.uop, 0), pack.axis_stride(w.T.uop, 1)] == [1, 10]
   assert pack.axis_stride(w.T.reshape(1, 10, 512).expand(4, 10, 512).uop, 0) == 0
   assert pack.axis_stride(w[:, 2:4].uop, 0) is None   # a shrink: not a view this reads
+
+def test_chained_packed_matmuls_are_each_computed_once(small_packs):
+  # a packed matmul that reads an earlier packed one must read its packed graph: packed over the original graph, the
+  # earlier matmuls stayed inside the later ones, unpacked, and were scheduled again (a 4-layer transformer: 99
+  # kernels instead of 58)
+  rng = np.random.default_rng(5)
+  shapes = [(32, 48), (48, 64), (64, 32), (32, 48)]
+  x, w1, w2, w3 = (Tensor(rng.standard_normal(s, dtype=np.float32)).realize() for s in shapes)
+  def chain(x, w1, w2, w3): return (((x @ w1).relu() @ w2 + x[:, :32]).relu() @ w3).relu()
+  out = chain(x, w1, w2, w3)
+  assert packed_sums(out) == 3
+  sums = [item for item in out.schedule() if any(u.op is Ops.REDUCE_AXIS for u in toposort([item.ast]))]
+  assert len(sums) == 3, f"{len(sums)} matmul kernels for 3 matmuls"
+  xn, w1n, w2n, w3n = (t.numpy() for t in (x, w1, w2, w3))
+  def relu(v): return np.maximum(v, 0)
+  assert_close(out.numpy(), relu(relu(relu(xn @ w1n) @ w2n + xn[:, :32]) @ w3n), "chained matmuls", atol=1e-4)

@@ -29,7 +29,6 @@ from __future__ import annotations
 from typing import Callable
 from kiln.helpers import ContextVar, prod
 from kiln.uop.ops import UOp, Ops, GroupOp
-from kiln.uop.pattern import substitute
 
 PACK_MATMUL = ContextVar("PACK_MATMUL", 1, "1: on CPU devices, a large matmul's operands are copied into tile-major "
                          "layouts before it runs (kiln/schedule/pack.py)")
@@ -45,13 +44,20 @@ def pack_matmuls(roots: list[UOp], nodes: list[UOp], device_packs: Callable[[str
   itself when there is none. `nodes` is `toposort(roots)`; `device_packs(device)` says whether a device wants it (a
   host CPU renderer)."""
   if not PACK_MATMUL: return roots
-  mapping: dict[UOp, UOp] = {}
+  # sources first: a matmul is packed over its sources as rebuilt, so a matmul that reads an earlier packed one (a
+  # transformer's next layer) reads that one's packed graph. Packing each over the original graph and substituting
+  # afterwards left the original earlier matmuls inside every later packed one: the anchors' 4-layer transformer
+  # then scheduled 99 kernels, layers computed again, instead of 58.
+  done: dict[UOp, UOp] = {}
   for node in nodes:
+    new_src = tuple(done[s] for s in node.src)
+    new = node if new_src == node.src else _labelled(node.replace(src=new_src), node)
     if node.op is Ops.REDUCE_AXIS and isinstance(device := node.device, str) and device_packs(device) and \
-       (packed := _packed_matmul(node)) is not None:
-      mapping[node] = packed
-  if not mapping: return roots
-  return [substitute(r, mapping) for r in roots]
+       (packed := _packed_matmul(new)) is not None:
+      new = packed
+    done[node] = new
+  out = [done[r] for r in roots]
+  return roots if all(a is b for a, b in zip(out, roots)) else out
 
 def _broadcast_source(operand: UOp) -> tuple[list[UOp], UOp] | None:
   """(the CASTs above it, the EXPAND) of a factor that is a broadcast, possibly cast; None for anything else."""
