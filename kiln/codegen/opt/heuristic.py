@@ -212,7 +212,11 @@ def heuristic_opts(kernel: Kernel, target: CPUTarget | None = None) -> list[Opt]
         and _tall_tile_pays(loads, wide, partner, red_axes, load_strides) and (plan.rows == TILE_ROWS or not vector_axis)
       tall = tall or _vector_partner(partner, load_strides, store_strides)
       if not (tall and _try(kernel, Opt(OptOps.UPCAST, kernel.axes.index(partner), 16))):
-        _upcast_padded(kernel, partner, _halvings(plan.rows) if vector_axis else (8, 4))
+        if (lanes := _padded_vector(partner, load_strides, store_strides)) is not None and \
+           _try(kernel, Opt(OptOps.PADTO, kernel.axes.index(partner), lanes)):
+          padded = next(r for r in kernel.output_axes if r.arg == partner.arg)
+          _try(kernel, Opt(OptOps.UPCAST, kernel.axes.index(padded), lanes))
+        else: _upcast_padded(kernel, partner, _halvings(plan.rows) if vector_axis else (8, 4))
     if sum(o.op is OptOps.UPCAST for o in kernel.applied) == 2: _cache_block(kernel, plan)
   else:
     tall = _transposed_tile_pays(loads, [out_axes[i] for i in reused[-2:]], red_axes, load_strides)
@@ -411,9 +415,22 @@ def _wide_tile(loads: list[UOp], out_axes: list[UOp], reused: list[int], load_st
     wide = next((rng for rng in reversed(candidates) if 1 in store_strides[rng] and 1 in load_strides[rng]), None)
   if wide is None: return None
   # a partner that 8 or 4 divides (a conv weight gradient's 3-wide kernel axis reuses the same load as its channels)
+  # (or one contiguous in the output and a load that is padded to one vector: a conv's 14 or 7 output columns)
   partner = next((rng for rng in reversed(candidates) if rng is not wide and zero_loads(rng) != zero_loads(wide)
-                  and (_first_dividing(Kernel.size(rng), (8, 4)) or Kernel.size(rng) >= 16)), None)
+                  and (_first_dividing(Kernel.size(rng), (8, 4)) or Kernel.size(rng) >= 16
+                       or _padded_vector(rng, load_strides, store_strides) is not None)), None)
   return None if partner is None else (wide, partner)
+
+def _padded_vector(rng: UOp, load_strides: dict[UOp, list[int | None]],
+                   store_strides: dict[UOp, list[int | None]]) -> int | None:
+  """The vector width (8 or 16) an axis shorter than 16 is padded to, when it is contiguous in the output and in a
+  load and 8 and 4 do not divide it (a ResNet conv's 14 and 7 output columns: as the partner of a 16-channel tile,
+  one padded vector each, instead of a tile of scalars over the batch; 4x256x14x14 pad 1 8 -> 60 GFLOP/s); None
+  otherwise."""
+  size = Kernel.size(rng)
+  if size is None or not 4 < size < 16 or _first_dividing(size, (8, 4)): return None
+  if 1 not in store_strides[rng] or 1 not in load_strides[rng]: return None
+  return 8 if size <= 8 else 16
 
 L1_SET_PERIOD = 4096   # bytes after which addresses map to the same L1 set again (32 KiB, 8 ways: Zen 4, most x86)
 MAX_ROWS_PER_SET = 8   # rows of a 16-row tile's load that may share one L1 set (its ways): 16 thrash it
