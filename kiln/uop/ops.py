@@ -334,8 +334,13 @@ def Variable(name: str, min_val: int, max_val: int, dtype: DType = dtypes.int32)
   """A symbolic integer for sizes that change between calls. `Variable("start_pos", 0, 1024).bind(5)`."""
   return UOp.variable(name, min_val, max_val, dtype)
 
+_INT_BOUNDS = {dt: (dtypes.min(dt), dtypes.max(dt)) for dt in dtypes.ints}
+
 def const_value(dtype: DType, value):
   """A Python value converted to what `dtype` holds (bool/int/float), so equal constants share one node."""
+  # the common case first: an int the dtype holds as it is (codegen makes thousands of index constants)
+  if type(value) is int and (bounds := _INT_BOUNDS.get(dtype)) is not None and bounds[0] <= value <= bounds[1]:
+    return value
   if isinstance(value, UOp): raise TypeError("const_value: expected a Python scalar, got a UOp")
   if dtype == dtypes.bool: return bool(value)
   if dtypes.is_int(dtype):
