@@ -21,7 +21,7 @@ def small_packs(monkeypatch):
 def packed_sums(t: Tensor) -> int:
   """How many reductions of `t`'s graph `pack_matmuls` rewrites (on any device)."""
   (root,) = pack_matmuls([t.uop], toposort([t.uop]), lambda device: True)
-  return sum(u.op is Ops.CONTIGUOUS for u in toposort([root])) // 2
+  return sum(u.op is Ops.CONTIGUOUS and u.src[0].op is Ops.PERMUTE for u in toposort([root])) // 2   # two packs each
 
 MATMULS = [
   ("a @ b", lambda a, b: a @ b, [(64, 48), (48, 32)]),
@@ -117,7 +117,7 @@ def test_a_smaller_matmul_packs_only_a_strided_b():
   x, w = Tensor.rand(256, 512), Tensor.rand(512, 512)
   with Context(SCHEDULE_CACHE=0):
     (root,) = pack_matmuls([(x @ w.T).uop], toposort([(x @ w.T).uop]), lambda device: True)
-    assert sum(u.op is Ops.CONTIGUOUS for u in toposort([root])) == 1
+    assert sum(u.op is Ops.CONTIGUOUS and u.src[0].op is Ops.PERMUTE for u in toposort([root])) == 1
     assert packed_sums(x @ w) == 0
     np.testing.assert_allclose((x @ w.T).numpy(), x.numpy() @ w.numpy().T, rtol=1e-5, atol=1e-4)
 
@@ -143,3 +143,13 @@ def test_chained_packed_matmuls_are_each_computed_once(small_packs):
   xn, w1n, w2n, w3n = (t.numpy() for t in (x, w1, w2, w3))
   def relu(v): return np.maximum(v, 0)
   assert_close(out.numpy(), relu(relu(relu(xn @ w1n) @ w2n + xn[:, :32]) @ w3n), "chained matmuls", atol=1e-4)
+
+def test_a_matmul_feeding_a_packed_matmul_keeps_its_own_layout(small_packs):
+  # (x @ w1) @ w2: the first product is stored row-major, then packed by a copy; fused into the pack it would write
+  # the tile-major layout and gather its own `b`
+  x, w1, w2 = Tensor.rand(256, 512), Tensor.rand(512, 512), Tensor.rand(512, 512)
+  out = (x @ w1).relu() @ w2
+  (root,) = pack_matmuls([out.uop], toposort([out.uop]), lambda device: True)
+  plain = [u for u in toposort([root]) if u.op is Ops.CONTIGUOUS and u.src[0].op is not Ops.PERMUTE]
+  assert plain and all(any(s.op is Ops.REDUCE_AXIS for s in toposort([u])) for u in plain)
+  np.testing.assert_allclose(out.numpy(), np.maximum(x.numpy() @ w1.numpy(), 0) @ w2.numpy(), rtol=1e-4, atol=1e-3)

@@ -148,10 +148,27 @@ def _labelled(node: UOp, like: UOp) -> UOp:
   if node.meta is None: node.meta = like.meta
   return node
 
+def _fuses_a_reduction(value: UOp) -> bool:
+  """Whether the kernel computing `value` would contain a reduction: one is reached through elementwise and
+  movement ops alone (what the scheduler fuses into a copy of `value`)."""
+  stack, seen = [value], {value}
+  while stack:
+    node = stack.pop()
+    if node.op is Ops.REDUCE_AXIS: return True
+    if node.op in GroupOp.Elementwise or node.op in GroupOp.Movement or node.op is Ops.UNIQUE:
+      for src in node.src:
+        if src not in seen:
+          seen.add(src)
+          stack.append(src)
+  return False
+
 def _packed_view(expand: UOp, axis: int, lanes: int, reduce_axis: int) -> UOp:
   """The source of `expand` (same shape) read from a contiguous copy laid out as (other axes..., axis/lanes,
   reduce_axis, lanes)."""
   value = expand.src[0]
+  # a value computed by a reduction (the previous matmul) is stored in its own layout first: fused into the pack,
+  # that matmul would write the tile-major layout, its vector axis made the rows, and gather every `b` vector
+  if _fuses_a_reduction(value): value = _labelled(UOp(Ops.CONTIGUOUS, value.dtype, (value,)), expand)
   shape = value.shape
   split = shape[:axis] + (shape[axis] // lanes, lanes) + shape[axis + 1:]
   lane, red = axis + 1, reduce_axis + (reduce_axis > axis)
