@@ -178,7 +178,8 @@ def test_heuristic_matmul_matches_numpy(shapes):
   np.testing.assert_allclose((Tensor(a_np) @ Tensor(b_np)).numpy(), a_np @ b_np, atol=1e-3, rtol=1e-4)
 
 @pytest.mark.parametrize("xs, ws, pad", [((2, 5, 9, 11), (32, 5, 3, 3), 1), ((1, 3, 8, 16), (16, 3, 3, 3), 1),
-                                         ((2, 4, 7, 7), (6, 4, 2, 2), 0)])
+                                         ((2, 4, 7, 7), (6, 4, 2, 2), 0),
+                                         ((4, 32, 14, 14), (32, 32, 3, 3), 1), ((4, 32, 7, 7), (48, 32, 3, 3), 1)])
 def test_heuristic_conv_matches_numpy(xs, ws, pad):
   rng = np.random.default_rng(4)
   x_np, w_np = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
