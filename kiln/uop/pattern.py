@@ -146,11 +146,12 @@ class PatternMatcher:
       found = self._by_op_dtype[key] = [e for e in self.by_op.get(op, ()) if e[0].dtypes is None or dtype in e[0].dtypes]
     return found
 
-  def _rules_for_shape(self, key: tuple) -> list[tuple[UPat, RuleFn, bool]]:
-    """The rules that can match a node of `key` = (op, dtype, its sources' ops, their dtypes): those of
-    `rules_for(op, dtype)` whose pattern takes that many sources and, in some source order it tries, allows each
-    source's op and dtype."""
-    op, dtype, src_ops, src_dtypes = key
+  def _rules_for_shape(self, key: tuple, u: UOp) -> list[tuple[UPat, RuleFn, bool]]:
+    """The rules that can match a node shaped like `u` (its op and dtype, its sources' ops and dtypes; `key` says
+    that shape, `_shape_key`): those of `rules_for(op, dtype)` whose pattern takes that many sources and, in some
+    source order it tries, allows each source's op and dtype."""
+    op, dtype = u.op, u.dtype
+    src_ops, src_dtypes = tuple(s.op for s in u.src), tuple(s.dtype for s in u.src)
     def allows(order: tuple[UPat, ...]) -> bool:
       return all((p.ops is None or o in p.ops) and (p.dtypes is None or d in p.dtypes)
                  for p, o, d in zip(order, src_ops, src_dtypes))
@@ -167,9 +168,15 @@ class PatternMatcher:
   def rewrite(self, u: UOp, ctx=None) -> UOp | None:
     """The result of the first rule that matches `u` and returns a new node, or None if none does."""
     src = u.src
-    key = (u.op, u.dtype, tuple(map(_op_of, src)), tuple(map(_dtype_of, src)))
+    # the node's shape as a flat tuple, spelled out for the usual one and two sources (a third of the cost of
+    # building the tuples of the sources' ops and dtypes; a rewrite is tried on every node built)
+    if len(src) == 2:
+      s0, s1 = src
+      key = (u.op, u.dtype, s0.op, s0.dtype, s1.op, s1.dtype)
+    elif len(src) == 1: key = (u.op, u.dtype, src[0].op, src[0].dtype)
+    else: key = (u.op, u.dtype, len(src), tuple(map(_op_of, src)), tuple(map(_dtype_of, src)))
     # (a shape no rule can match has an empty list cached: tested against None, not for truth)
-    if (rules := self._by_shape.get(key)) is None: rules = self._rules_for_shape(key)
+    if (rules := self._by_shape.get(key)) is None: rules = self._rules_for_shape(key, u)
     for pat, fn, wants_ctx in rules:
       for bindings in pat.match(u, {}):
         ret = fn(ctx, **bindings) if wants_ctx else fn(**bindings)
