@@ -113,9 +113,10 @@ def _inside_sums(dependents: list[UOp]) -> set[UOp]:
 def substitute_copies(root: UOp, rng: UOp, values: list[UOp], simplified: bool = False,
                       max_nodes: int | None = None) -> list[UOp]:
   """`substitute(root, {rng: v})` for each v in `values`, walking the graph once: only the nodes that depend on
-  `rng` are rebuilt per value (an upcast's copies share everything else). With `max_nodes`, KernelOptError as soon as
-  the sources of the copies made so far hold more than `max_nodes - 1` nodes together: a SINK over all the copies'
-  sources would exceed `max_nodes`, so the copies not yet made need not be built (a refused 8-row GELU tile).
+  `rng` are rebuilt per value (an upcast's copies share everything else). With `max_nodes`, copies that may come
+  near it are counted as they are made, and KernelOptError raised as soon as the sources of those made so far hold
+  more than `max_nodes - 1` nodes together: a SINK over all the copies' sources would exceed `max_nodes`, so the
+  copies not yet made need not be built (a refused 8-row GELU tile).
 
   With `simplified` (`root` and `values` are fixed points of `symbolic`), each copy comes out simplified, as
   `graph_rewrite(copy, symbolic)` would make it, but built bottom-up: a node by its own rules once its sources are
@@ -137,6 +138,8 @@ def substitute_copies(root: UOp, rng: UOp, values: list[UOp], simplified: bool =
   shifts = _SumShifts(rng, values, depends) if simplified else None
   copies = []
   counted: set[UOp] = set()   # the nodes under the copies' sources so far (with max_nodes)
+  # counting walks the copies: skipped where they are far from the budget (the caller checks the graph it gets)
+  count = max_nodes is not None and 2 * len(values) * len(dependents) >= max_nodes
   for lane, value in enumerate(values):
     done = {rng: value}
     get = done.get
@@ -153,7 +156,7 @@ def substitute_copies(root: UOp, rng: UOp, values: list[UOp], simplified: bool =
         done[node] = graph_rewrite(rebuilt, symbolic) if flat is None else settle(flat, symbolic)
         if lane == 0 and shifts is not None and done[node] is flat: shifts.remember(node, flat)
     copies.append(done.get(root, root))
-    if max_nodes is not None and _count_nodes(copies[-1].src, counted) >= max_nodes:
+    if count and _count_nodes(copies[-1].src, counted) >= max_nodes:
       raise KernelOptError(f"the copies would make a graph of more than {max_nodes} nodes")
   return copies
 
