@@ -43,8 +43,8 @@ The choices follow from how each axis walks memory (its stride in every load and
   on that axis and no register tile (`_matrix_vector`);
 - reduce axes of at most 4 iterations left innermost (pooling windows, the overlap sum of a conv's input gradient)
   are unrolled whole, so their index math folds to constants (`_unroll_tiny_reduce_axes`);
-- a reduction with few accumulators (row reduction, a full sum) gets 8 (or 4) accumulator lanes when its innermost
-  axis is contiguous in every load (LANES: one vector accumulator fed by vector loads; measured on a 16M float32 sum,
+- a reduction with few accumulators (row reduction, a full sum) gets 8 (or 4; 32 when it sums at least LONG_SUM
+  terms) accumulator lanes when its innermost axis is contiguous in every load (LANES: one vector accumulator fed by vector loads; measured on a 16M float32 sum,
   one core: 2.6-3.2 -> 2.0-2.8 ms), else is unrolled, so each loop iteration does several independent operations;
 - a reduction over a strided axis (column reduction) upcasts the output axis that is contiguous, so each iteration
   reads a contiguous run of elements into separate accumulators;
@@ -245,11 +245,17 @@ def heuristic_opts(kernel: Kernel, target: CPUTarget | None = None) -> list[Opt]
     one_accumulator = kernel.unrolled == 1 or sum(u.op is Ops.REDUCE for u in graph_nodes(kernel.sink)) == 1
     lanes = one_accumulator and _contiguous_reduce(kernel, red_axes[-1])
     op = OptOps.LANES if lanes else OptOps.UNROLL
-    # 8 lanes on every target, not one register's worth: the lanes fix the order of the sum, and a sum must give the
-    # same bits on every machine and on the PYTHON reference (16 lanes on AVX-512 gained ~6% on a 16M float sum)
+    # the same lanes on every target, not one register's worth: the lanes fix the order of the sum, and a sum must
+    # give the same bits on every machine and on the PYTHON reference. 8 lanes, or LONG_SUM_LANES for a long sum:
+    # one 8-lane accumulator adds 8 floats per add latency (4 cycles), below what memory delivers; 32 lanes are four
+    # (AVX2) or two (AVX-512) independent vector accumulators (a 16M float sum, one thread: 3.8-4.2 -> 3.2 ms)
+    if lanes and (Kernel.size(red_axes[-1]) or 0) >= LONG_SUM and Kernel.size(red_axes[-1]) % LONG_SUM_LANES == 0:
+      k = LONG_SUM_LANES
     _try(kernel, Opt(op, len(kernel.axes) - 1, k))
   if len(groups) == 1: _unroll_tiny_reduce_axes(kernel)
   return kernel.applied
+
+LONG_SUM, LONG_SUM_LANES = 4096, 32   # a one-accumulator sum over at least LONG_SUM terms gets 32 lanes
 
 MAX_WHOLE_ROW_UPCAST = 64   # an elementwise row that 8 and 4 do not divide is upcast whole up to this length
 
