@@ -134,3 +134,14 @@ def test_row_sum_under_an_elementwise_upcast_gets_lanes():
   _close(got, want)
   ref = np.exp(x.numpy())
   _close(got.reshape(4, 16, 64), ref / ref.sum(-1, keepdims=True))
+
+def test_a_tile_refused_by_the_node_budget_takes_fewer_rows():
+  # the transformer's GELU up-projection: 8 rows of a 32-wide tile copy the epilogue past MAX_NODES, so 4 rows
+  # (once: a tile of 32 x 1, a quarter of the speed)
+  def gelu(v): return 0.5 * v * (1 + (0.7978845608 * (v + 0.044715 * v * v * v)).tanh())
+  x, w, b = _rand(np.random.default_rng(2), 256, 256), _rand(np.random.default_rng(3), 256, 1024), \
+    _rand(np.random.default_rng(4), 1024)
+  applied, got, want = _optimized_and_plain(gelu(x @ w + b), AVX512_XEON)
+  upcasts = [o.arg for o in applied if o.op is OptOps.UPCAST]
+  assert upcasts == [32, 4], applied
+  _close(got, want)

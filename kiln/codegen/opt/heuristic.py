@@ -278,8 +278,11 @@ def _upcast_padded(kernel: Kernel, rng: UOp, amounts: tuple[int, ...]) -> None:
   k = amounts[0]
   if size % k and (-size) % k * 8 > size and (divides := _first_dividing(size, amounts[1:])): k = divides
   if size % k == 0 or rng is not kernel.output_axes[0]:
-    # inner axes: an overlapping last tile keeps the lanes' loads contiguous
-    _try(kernel, Opt(OptOps.UPCAST, kernel.axes.index(rng), k))
+    # inner axes: an overlapping last tile keeps the lanes' loads contiguous. Where the node budget refuses k (a
+    # GELU epilogue copied per tile element), the next smaller amount: 4 rows rather than none
+    for amount in amounts[amounts.index(k):]:
+      if (size % amount == 0 or amount == k) and _try(kernel, Opt(OptOps.UPCAST, kernel.axes.index(rng), amount)):
+        return
     return
   # the outermost axis is split across threads, whose tiles must not overlap: pad it instead
   before = (kernel.sink, list(kernel.applied), kernel.unrolled)
