@@ -36,7 +36,13 @@ def host_target_machine():
   llvm.initialize_native_asmprinter()
   target = llvm.Target.from_triple(llvm.get_process_triple())
   return target.create_target_machine(cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(),
-                                      opt=OPT_LEVEL, reloc="pic", codemodel="default")
+                                      opt=OPT_LEVEL, reloc="pic", codemodel=CODE_MODEL)
+
+# the large code model: the JIT's linker (RuntimeDyld) places a kernel's code and its constants (vector constant
+# pools) in separate allocations that can land more than 2 GiB apart once a process has mapped enough (DISK tensors,
+# many kernel libraries), and the small model's 32-bit PC-relative references to them then overflow (an assertion
+# that aborted the process)
+CODE_MODEL = "large"
 
 @functools.cache
 def _jit():
@@ -59,7 +65,7 @@ class LLVMCompiler(Compiler):
   def cache_key(self) -> str:
     """Class name, optimization level and the target the code is made for (see _target_id)."""
     tuning = " ".join(f"{k}={v}" for k, v in PIPELINE_TUNING.items())
-    return f"{type(self).__name__} O{OPT_LEVEL} {tuning} {_target_id()}"
+    return f"{type(self).__name__} O{OPT_LEVEL} {CODE_MODEL} {tuning} {_target_id()}"
 
   def compile(self, src: str) -> bytes:
     """Compile `src` to the bytes of an object file; CompileError (naming the kernel) on failure."""

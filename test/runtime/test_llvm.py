@@ -257,3 +257,17 @@ def test_missing_llvmlite_gives_a_clear_error(monkeypatch):
   from kiln.runtime import ops_llvm
   monkeypatch.setitem(sys.modules, "llvmlite.binding", None)   # makes `import llvmlite.binding` fail
   with pytest.raises(RuntimeError, match="pip install"): ops_llvm.LLVMDevice("LLVM:9")
+
+def test_kernels_use_the_large_code_model():
+  # the JIT's linker may place a kernel's code and its constant pools more than 2 GiB apart in a process that has
+  # mapped a lot (DISK tensors, many libraries): 32-bit PC-relative references then overflowed and aborted the
+  # process (seen under CC=clang-19 in test/runtime); the large code model addresses them with 64 bits
+  import mmap
+  from kiln.runtime import ops_llvm
+  assert ops_llvm.CODE_MODEL == "large" and "large" in Device["LLVM"].compiler.cache_key()
+  reserve = mmap.mmap(-1, 4 << 30, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0),
+                      prot=0)   # PROT_NONE: address space only, so later mappings land farther apart
+  try:
+    x = Tensor(np.arange(64, dtype=np.float32), device="LLVM")
+    np.testing.assert_allclose(((x * 1.5 + 0.25).exp2()).numpy(), np.exp2(np.arange(64) * 1.5 + 0.25), rtol=1e-6)
+  finally: reserve.close()
