@@ -298,7 +298,8 @@ def check_alu_dtypes(renderer: str, u: UOp) -> None:
 # a split loop up to this many iterations keeps its constant bounds and skips the other threads' chunks (a compare
 # per skipped iteration, about a microsecond at most); a longer one loops over its chunk only
 SKIP_TO_CHUNK_MAX_EXTENT = 4096
-MAX_PRAGMA_UNROLL = 4   # loops of at most this many (constant) iterations get `#pragma GCC unroll`
+MAX_PRAGMA_UNROLL = 4   # reduce loops of at most this many (constant) iterations get `#pragma GCC unroll`
+MAX_PRAGMA_UNROLL_BODY = 300   # ... when their bodies (inner loops included) are at most this many uops
 
 def task_symbol(function_name: str) -> str:
   """The name of a split kernel's thread-pool entry point (see the module docstring)."""
@@ -508,6 +509,7 @@ class _CKernelWriter:
     self.vector_consts: dict[UOp, str] = {}     # vector constants, declared once at file scope
     self.vector_fmas: dict[DType, None] = {}    # the vector dtypes of MULACCs, for their helpers
     self.vector_widens: dict[DType, None] = {}  # the byte vector dtypes widened, for their helpers
+    self.positions: dict[UOp, int] | None = None   # uop -> its index, made when a short loop asks (_short_reduce_loop)
     self.statements: dict[Ops, Callable[[UOp], None]] = {
       Ops.RANGE: self._range, Ops.ENDRANGE: self._endrange, Ops.LOAD: self._load, Ops.STORE: self._store,
       Ops.DEFINE_ACC: self._define_acc, Ops.ASSIGN: self._assign,
@@ -590,11 +592,24 @@ class _CKernelWriter:
     else:
       # a loop of a few iterations (a 3x3 window's columns) is unrolled by the compiler: gcc keeps it rolled, paying
       # its branch and counter for every few vector FMAs of a conv tile (clang unrolls it unasked)
-      if u.src[0].op is Ops.CONST and 2 <= u.src[0].arg <= MAX_PRAGMA_UNROLL:
+      # Only a reduction's loop with a short body: unrolling every short loop cost the cold transformer graph ~50% more
+      # compile time
+      if u.src[0].op is Ops.CONST and 2 <= u.src[0].arg <= MAX_PRAGMA_UNROLL and self._short_reduce_loop(u):
         self.lines.append(f"#pragma GCC unroll {u.src[0].arg}")
       self.emit(f"for ({ctype} {name} = 0; {name} < {extent}; {name}++) {{")
     self.names[u] = name
     self.depth += 1
+
+  def _short_reduce_loop(self, rng: UOp) -> bool:
+    """Whether loop `rng` is a reduction's (its body updates accumulators and stores nothing) and its body, inner
+    loops included, is at most MAX_PRAGMA_UNROLL_BODY uops."""
+    if self.positions is None: self.positions = {u: i for i, u in enumerate(self.uops)}
+    start, updates = self.positions[rng], False
+    for u in self.uops[start + 1:start + 2 + MAX_PRAGMA_UNROLL_BODY]:
+      if u.op is Ops.ENDRANGE and u.src[0] is rng: return updates
+      if u.op is Ops.STORE: return False
+      updates = updates or u.op is Ops.ASSIGN
+    return False
 
   def _endrange(self, u: UOp) -> None:
     if self.depth <= 1: raise ValueError(f"CRenderer: ENDRANGE without an open RANGE in kernel {self.name}")
