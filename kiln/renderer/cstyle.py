@@ -338,16 +338,15 @@ def vector_widen_helper(dtype: DType) -> str:
   dozen shuffles, so on x86 it calls the one-instruction builtin its own intrinsics use; clang and other targets
   convert."""
   t, n, out = vector_type(dtype), dtype.count, vector_type(dtypes.int32.vec(dtype.count))
-  feature, builtin = _X86_BYTE_WIDENING.get(n, ("__KILN_NO_BYTE_WIDENING__", ""))
-  widened = builtin.format("z" if dtype.scalar == dtypes.uint8 else "s")
-  to_16 = ", ".join(str(k % n) for k in range(16))
+  convert = f"  return __builtin_convertvector(x, {out});"
+  head = f"static inline {out} {vector_widen_name(dtype)}({t} x) {{"
+  if (found := _X86_BYTE_WIDENING.get(n)) is None: return "\n".join([head, convert, "}"])
+  feature, builtin = found[0], found[1].format("z" if dtype.scalar == dtypes.uint8 else "s")
+  as_16 = f"__builtin_shufflevector(x, x, {', '.join(str(k % n) for k in range(16))})" if n != 16 else "x"
   return "\n".join([
-    f"static inline {out} {vector_widen_name(dtype)}({t} x) {{",
-    f"#if defined({feature}) && defined(__GNUC__) && !defined(__clang__)",
-    "  typedef char kiln_v16qi __attribute__((vector_size(16)));",
-    f"  kiln_v16qi w = (kiln_v16qi)__builtin_shufflevector(x, x, {to_16});" if n != 16 else "  kiln_v16qi w = (kiln_v16qi)x;",
-    f"  return ({out})__builtin_ia32_{widened};",
-    "#else", f"  return __builtin_convertvector(x, {out});", "#endif", "}"])
+    head, f"#if defined({feature}) && defined(__GNUC__) && !defined(__clang__)",
+    "  typedef char kiln_v16qi __attribute__((vector_size(16)));", f"  kiln_v16qi w = (kiln_v16qi){as_16};",
+    f"  return ({out})__builtin_ia32_{builtin};", "#else", convert, "#endif", "}"])
 
 def vector_type(dtype: DType) -> str:
   """The C type name of a vector dtype, e.g. `kiln_floatx8`; bool lanes are `kiln_maskx8` (int masks)."""
@@ -358,8 +357,9 @@ def vector_type(dtype: DType) -> str:
 
 def vector_typedef(dtype: DType) -> str:
   """The typedef that declares `vector_type(dtype)`."""
+  lane_bytes = 4 if dtype.scalar == dtypes.bool else dtype.scalar.itemsize   # bool lanes are int masks
   return (f"typedef {_VECTOR_LANE_TYPES[dtype.scalar]} {vector_type(dtype)} "
-          f"__attribute__((vector_size({(4 if dtype.scalar == dtypes.bool else dtype.scalar.itemsize) * dtype.count})));")
+          f"__attribute__((vector_size({lane_bytes * dtype.count})));")
 
 def c_type(dtype: DType) -> str:
   """The C type a value of `dtype` (scalar or vector) is computed in."""
@@ -394,8 +394,7 @@ def _vector_cast(u: UOp, a: list[str]) -> str:
   if src in _BYTE_LANES and dst.scalar != dtypes.bool:
     x = f"{vector_widen_name(u.src[0].dtype)}({x})"   # to int32 lanes first (vector_widen_helper)
     if dst.scalar == dtypes.int32: return x
-  if dtypes.is_float(src) != dtypes.is_float(dst.scalar) or src == dtypes.bool and dtypes.is_float(dst.scalar) \
-     or src.itemsize != dst.scalar.itemsize:   # 8-bit lanes widened
+  if dtypes.is_float(src) != dtypes.is_float(dst.scalar) or src == dtypes.bool and dtypes.is_float(dst.scalar):
     return f"__builtin_convertvector({x}, {vector_type(dst)})"
   return f"(({vector_type(dst)})({x}))"   # int32 <-> uint32: the same bits, as C converts them
 
@@ -418,19 +417,20 @@ def vector_fma_name(dtype: DType) -> str: return f"kiln_fma_{vector_type(dtype)}
 # the x86 builtins GCC's own fmaintrin.h/avx512fintrin.h call, by lane count (float32 lanes), with the macro of the
 # CPU feature each needs; clang has __builtin_elementwise_fma, and anything else gets one libm fmaf per lane
 _X86_VECTOR_FMA = {16: ("__AVX512F__", "__builtin_ia32_vfmaddps512_mask(a, b, c, (unsigned short)-1, 4)"),
-                   8: ("__FMA__", "__builtin_ia32_vfmaddps256(a, b, c)"), 4: ("__FMA__", "__builtin_ia32_vfmaddps(a, b, c)")}
+                   8: ("__FMA__", "__builtin_ia32_vfmaddps256(a, b, c)"),
+                   4: ("__FMA__", "__builtin_ia32_vfmaddps(a, b, c)")}
 
 def vector_fma_helper(dtype: DType) -> str:
   """The inline function that computes a vector MULACC lane by lane, each lane rounded once (a fused multiply-add
   instruction where the compiler and CPU have one): C's a*b+c is two roundings under -ffp-contract=off."""
   t, n = vector_type(dtype), dtype.count
-  feature, builtin = _X86_VECTOR_FMA.get(n, ("__KILN_NO_VECTOR_FMA__", ""))
+  found = _X86_VECTOR_FMA.get(n)
+  x86 = [f"#elif defined({found[0]}) && !defined(__clang__)", f"  return {found[1]};"] if found else []
   lanes = ", ".join(f"__builtin_fmaf(a[{k}], b[{k}], c[{k}])" for k in range(n))
   return "\n".join([
     "#ifndef __has_builtin", "#define __has_builtin(x) 0", "#endif",
     f"static inline {t} {vector_fma_name(dtype)}({t} a, {t} b, {t} c) {{",
-    "#if __has_builtin(__builtin_elementwise_fma)", "  return __builtin_elementwise_fma(a, b, c);",
-    f"#elif defined({feature}) && !defined(__clang__)", f"  return {builtin or 'a'};",
+    "#if __has_builtin(__builtin_elementwise_fma)", "  return __builtin_elementwise_fma(a, b, c);", *x86,
     "#else", f"  return ({t}){{{lanes}}};", "#endif", "}"])
 
 # a split reduction's scratch buffer: a counter of finished chunks (reset by the chunk that combines), then partials
@@ -590,10 +590,9 @@ class _CKernelWriter:
         self.emit(f"  if ({name} >= {name}_end) break;")
       else: self.emit(f"for ({ctype} {name} = {name}_begin; {name} < {name}_end; {name}++) {{")
     else:
-      # a loop of a few iterations (a 3x3 window's columns) is unrolled by the compiler: gcc keeps it rolled, paying
-      # its branch and counter for every few vector FMAs of a conv tile (clang unrolls it unasked)
-      # Only a reduction's loop with a short body: unrolling every short loop cost the cold transformer graph ~50% more
-      # compile time
+      # a reduction's loop of a few iterations (a 3x3 window) is unrolled by the compiler: gcc keeps it rolled, paying
+      # its branch and counter every few vector FMAs of a conv tile (clang unrolls it unasked). Only a short body:
+      # unrolling every short loop cost the cold transformer graph ~50% more compile time
       if u.src[0].op is Ops.CONST and 2 <= u.src[0].arg <= MAX_PRAGMA_UNROLL and self._short_reduce_loop(u):
         self.lines.append(f"#pragma GCC unroll {u.src[0].arg}")
       self.emit(f"for ({ctype} {name} = 0; {name} < {extent}; {name}++) {{")

@@ -44,8 +44,9 @@ The choices follow from how each axis walks memory (its stride in every load and
 - reduce axes of at most 4 iterations left innermost (pooling windows, the overlap sum of a conv's input gradient)
   are unrolled whole, so their index math folds to constants (`_unroll_tiny_reduce_axes`);
 - a reduction with few accumulators (row reduction, a full sum) gets 8 (or 4; 32 when it sums at least LONG_SUM
-  terms) accumulator lanes when its innermost axis is contiguous in every load (LANES: one vector accumulator fed by vector loads; measured on a 16M float32 sum,
-  one core: 2.6-3.2 -> 2.0-2.8 ms), else is unrolled, so each loop iteration does several independent operations;
+  terms) accumulator lanes when its innermost axis is contiguous in every load (LANES: vector accumulators fed by
+  vector loads; measured on a 16M float32 sum, one core: 2.6-3.2 -> 2.0-2.8 ms), else is unrolled, so each loop
+  iteration does several independent operations;
 - a reduction over a strided axis (column reduction) upcasts the output axis that is contiguous, so each iteration
   reads a contiguous run of elements into separate accumulators;
 - an elementwise kernel upcasts its contiguous inner axis by 8 or 4, or whole when short and neither divides it
@@ -209,14 +210,13 @@ def heuristic_opts(kernel: Kernel, target: CPUTarget | None = None) -> list[Opt]
       # epilogue stays 8 rows even where its graph fits: exp is one EXP2 node until software math expands it
       software_epilogue = any(u.op in SOFTWARE_MATH_OPS for u in graph_nodes(kernel.sink))
       tall = (Kernel.size(partner) or 1) % 16 == 0 and not software_epilogue \
-        and _tall_tile_pays(loads, wide, partner, red_axes, load_strides) and (plan.rows == TILE_ROWS or not vector_axis)
+        and _tall_tile_pays(loads, wide, partner, red_axes, load_strides) \
+        and (plan.rows == TILE_ROWS or not vector_axis)   # 16 rows only where 8 fit the registers
       tall = tall or _vector_partner(partner, load_strides, store_strides)
       if not (tall and _try(kernel, Opt(OptOps.UPCAST, kernel.axes.index(partner), 16))):
-        if (lanes := _padded_vector(partner, load_strides, store_strides)) is not None and \
-           _try(kernel, Opt(OptOps.PADTO, kernel.axes.index(partner), lanes)):
-          padded = next(r for r in kernel.output_axes if r.arg == partner.arg)
-          _try(kernel, Opt(OptOps.UPCAST, kernel.axes.index(padded), lanes))
-        else: _upcast_padded(kernel, partner, _halvings(plan.rows) if vector_axis else (8, 4))
+        lanes = _padded_vector(partner, load_strides, store_strides)
+        if lanes is None or not _pad_and_upcast(kernel, partner, lanes):
+          _upcast_padded(kernel, partner, _halvings(plan.rows) if vector_axis else (8, 4))
     if sum(o.op is OptOps.UPCAST for o in kernel.applied) == 2: _cache_block(kernel, plan)
   else:
     tall = _transposed_tile_pays(loads, [out_axes[i] for i in reused[-2:]], red_axes, load_strides)
@@ -285,11 +285,16 @@ def _upcast_padded(kernel: Kernel, rng: UOp, amounts: tuple[int, ...]) -> None:
         return
     return
   # the outermost axis is split across threads, whose tiles must not overlap: pad it instead
+  _pad_and_upcast(kernel, rng, k)
+
+def _pad_and_upcast(kernel: Kernel, rng: UOp, k: int) -> bool:
+  """PADTO `rng` to a multiple of k, then UPCAST it by k; neither is kept unless both apply."""
   before = (kernel.sink, list(kernel.applied), kernel.unrolled)
-  if not _try(kernel, Opt(OptOps.PADTO, kernel.axes.index(rng), k)): return
+  if not _try(kernel, Opt(OptOps.PADTO, kernel.axes.index(rng), k)): return False
   padded = next(r for r in kernel.output_axes if r.arg == rng.arg)
-  if not _try(kernel, Opt(OptOps.UPCAST, kernel.axes.index(padded), k)):
-    kernel.sink, kernel.applied, kernel.unrolled = before
+  if _try(kernel, Opt(OptOps.UPCAST, kernel.axes.index(padded), k)): return True
+  kernel.sink, kernel.applied, kernel.unrolled = before
+  return False
 
 def _unroll_tiny_reduce_axes(kernel: Kernel) -> None:
   """Unroll whole the innermost reduce axes of at most MAX_TINY_REDUCE iterations (a pooling window, the 4x4 overlap
