@@ -83,7 +83,11 @@ class DiskAllocator(Allocator):
     return handle[offset:offset + nbytes]
 
 class _NoKernels:
-  """The renderer and compiler of DISK: a file runs no kernels, so both refuse with the DISK error."""
+  """The renderer and compiler of DISK: a file runs no kernels, so both refuse with the DISK error (codegen asks a
+  renderer for its target first)."""
+  packs_matmul_operands = False
+  @property
+  def target(self): raise disk_op_error("a kernel")
   def render(self, name: str, uops: list) -> str: raise disk_op_error(f"kernel {name}")
   def compile(self, src: str) -> bytes: raise disk_op_error("a kernel")
 
@@ -155,11 +159,27 @@ def views_of(buf: Buffer) -> list[Buffer]:
 # ops a DISK graph may hold: views (turned into buffers here), and copies in or out
 _VIEW_OPS = frozenset({Ops.RESHAPE, Ops.SHRINK, Ops.CONTIGUOUS})
 
+def _is_file_node(n: UOp) -> bool:
+  """A file buffer, or a copy into a file."""
+  return n.op is Ops.BUFFER and is_disk(n.arg[1]) or n.op is Ops.COPY and is_disk(n.arg)
+
+def unwritten_files(roots: list[UOp]) -> list[UOp]:
+  """The copies into files that views in the graph under `roots` read: `x.to("disk:f")[0:2]` reads bytes of a file
+  that the copy has not written yet, so the scheduler writes it first (as tinygrad does) and the view reads them."""
+  found: dict[UOp, None] = {}
+  for n in toposort(roots):
+    if n.op not in _VIEW_OPS or not is_disk(n.device): continue
+    base = n
+    while base.op in _VIEW_OPS: base = base.src[0]
+    if base.op is Ops.COPY: found[base] = None
+  return list(found)
+
 def lower_disk_views(roots: list[UOp]) -> list[UOp]:
   """Scheduler hook: each byte-range view of a file becomes a buffer of its own (a window on the mapping), so copies
-  out of it need no kernel; any op on a DISK tensor that would need a kernel raises, naming the op."""
+  out of it need no kernel; any op on a DISK tensor that would need a kernel raises, naming the op. Views of files
+  not written yet are not lowered here (see `unwritten_files`)."""
   nodes = toposort(roots)
-  if not any(n.op is Ops.BUFFER and is_disk(n.arg[1]) for n in nodes): return roots
+  if not any(_is_file_node(n) for n in nodes): return roots
   mapping: dict[UOp, UOp] = {}
   for n in nodes:
     if n.op in (Ops.BUFFER, Ops.COPY, Ops.DEVICE, Ops.CONST) or not is_disk(n.device): continue
@@ -173,9 +193,22 @@ def lower_disk_views(roots: list[UOp]) -> list[UOp]:
 
 # ---------------- Tensor-level glue ----------------
 
+def _byte_range_of_written(t) -> tuple[Buffer, int, int] | None:
+  """`byte_range` of the DISK tensor `t`. A view of a file tensor not written yet (`x.to("disk:f")[0:2]`) gets the
+  file written first, as tinygrad does: the tensor that owns the copy is realized and `t` reads its buffer."""
+  found = byte_range(t.uop)
+  base = t.uop.base
+  if found is None and base.op is not Ops.BUFFER and is_disk(base.device):
+    from kiln.tensor import _live_tensors
+    owner = next((o for o in _live_tensors if o.uop is base), None)
+    if owner is None: owner = type(t)(base)
+    t.uop = substitute(t.uop, {base: owner.realize().uop})
+    found = byte_range(t.uop)
+  return found
+
 def disk_bitcast(t, dtype: DType):
   """`t` (a DISK tensor) read as `dtype`: the same bytes, no copy; the last axis scales by the item-size ratio."""
-  found = byte_range(t.uop)
+  found = _byte_range_of_written(t)
   if found is None: raise disk_op_error(f"bitcast of {t.uop.op.name.lower()}")
   buf, offset, nbytes = found
   old, new = t.dtype.itemsize, dtype.itemsize
@@ -198,15 +231,7 @@ def write_to_disk(target, value):
                      "broadcast to it")
   if value.shape != target.shape:   # broadcast on the host: a DISK tensor has no kernels
     value = (value.to("CPU") if is_disk(value.device) else value).expand(target.shape)
-  found = byte_range(target.uop)
-  base = target.uop.base
-  if found is None and base.op is not Ops.BUFFER and is_disk(base.device):
-    # a view of a file tensor not written yet (`x.to("disk:f")[0:2] = y`): the file is written first, as tinygrad does
-    from kiln.tensor import _live_tensors
-    owner = next((t for t in _live_tensors if t.uop is base), None)
-    if owner is None: owner = cls(base)
-    target.uop = substitute(target.uop, {base: owner.realize().uop})
-    found = byte_range(target.uop)
+  found = _byte_range_of_written(target)
   if found is None: raise disk_op_error(f"assign into {target.uop.op.name.lower()}")
   buf, offset, nbytes = found
   if value.dtype != target.dtype:

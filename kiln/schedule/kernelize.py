@@ -24,7 +24,7 @@ from kiln.uop.ops import UOp, Ops, GroupOp, toposort
 from kiln.uop.pattern import substitute
 from kiln.uop.sint import sprod, sint_max
 from kiln.schedule.binds import strip_binds
-from kiln.runtime.ops_disk import lower_disk_views, is_disk
+from kiln.runtime.ops_disk import lower_disk_views, unwritten_files, is_disk
 from kiln.schedule.cache import cached_schedule, SCHEDULE_CACHE
 from kiln.schedule.pack import pack_matmuls
 
@@ -251,7 +251,7 @@ def _passes_through(node: UOp, roots: set[UOp]) -> bool:
 
 def _prepare(roots: list[UOp]) -> tuple[list[UOp], bool]:
   """Replace realized nodes by their buffers and drop DETACH/CONTIGUOUS_BACKWARD/CUSTOM_BACKWARD/UNIQUE. Also says
-  whether the graph reads a DISK buffer (only then does the DISK hook need to walk it)."""
+  whether the graph reads or writes a file (a DISK buffer or a copy into one: only then do the DISK hooks walk it)."""
   mapping: dict[UOp, UOp] = {}
   reads_disk, passes = False, False
   root_set = set(roots)
@@ -262,6 +262,7 @@ def _prepare(roots: list[UOp]) -> tuple[list[UOp], bool]:
       base = target.base
       reads_disk = reads_disk or base.op is not Ops.BUFFER or is_disk(base.arg[1])
     elif node.op is Ops.BUFFER: reads_disk = reads_disk or is_disk(node.arg[1])
+    elif node.op is Ops.COPY: reads_disk = reads_disk or is_disk(node.arg)
     elif _passes_through(node, root_set): passes = True
   if not mapping and not passes: return roots, reads_disk
   # a pass-through node becomes its source as rewritten here, not the original source: that would bring back an
@@ -295,7 +296,9 @@ def create_schedule(roots: list[UOp], use_cache: bool = True) -> Schedule:
     return cached_schedule(roots, _schedule_uncached, ScheduleItem, Schedule, buffer_view, _assign_result)
   original_roots = roots
   roots, reads_disk = _prepare(roots)
-  if reads_disk: roots = lower_disk_views(roots)   # file tensors: byte-range views become buffers, never kernels
+  if reads_disk:
+    if files := unwritten_files(roots): return _schedule_files_first(original_roots, roots, files)
+    roots = lower_disk_views(roots)   # file tensors: byte-range views become buffers, never kernels
   nodes = toposort(roots)
   if (packed := pack_matmuls(roots, nodes, _packs_matmul_operands)) is not roots:
     roots, nodes = packed, toposort(packed)
@@ -380,6 +383,17 @@ def create_schedule(roots: list[UOp], use_cache: bool = True) -> Schedule:
   return Schedule(ordered, result_map, inputs, overwritten)
 
 def _schedule_uncached(roots: list[UOp]) -> Schedule: return create_schedule(roots, use_cache=False)
+
+def _schedule_files_first(original_roots: list[UOp], roots: list[UOp], files: list[UOp]) -> Schedule:
+  """`roots` read views of files that the copies `files` write: those copies run first, then the rest of the graph
+  reads the files' bytes through views of their buffers (`x.to("disk:f")[0:2].numpy()`)."""
+  first = create_schedule(files, use_cache=False)
+  written = list(substitute(UOp(Ops.SINK, dtypes.void, tuple(roots)), first.results).src)
+  rest = create_schedule(written, use_cache=False)
+  made = {id(node.base.buffer) for node in first.results.values()}   # the files' buffers: results, not inputs
+  inputs = list({id(b): b for b in first.inputs + rest.inputs if id(b) not in made}.values())
+  results = {orig: rest.results[w] for orig, w in zip(original_roots, written)}
+  return Schedule(first.items + rest.items, results, inputs, first.overwritten + rest.overwritten)
 
 def _writes_through_view(n: UOp) -> bool:
   """An ASSIGN whose target is a view of its buffer other than the whole buffer in row-major order."""

@@ -69,6 +69,39 @@ def test_copy_from_cpu_to_a_new_file(tmp_path):
   assert path.read_bytes() == values.tobytes()
   np.testing.assert_array_equal(d.to("CPU").numpy(), values)
 
+def test_views_of_a_copy_not_written_yet_write_the_file_first(tmp_path):
+  # the view is read from the file, which the copy writes first (tinygrad); it once became a DISK kernel
+  values = np.arange(12, dtype=np.float32)
+  x = Tensor(values).realize()
+  path = tmp_path / "view.bin"
+  np.testing.assert_array_equal(x.to(f"disk:{path}")[0:2].numpy(), values[0:2])
+  assert path.read_bytes() == values.tobytes()
+  d = x.to(f"disk:{path}")
+  np.testing.assert_array_equal(d.reshape(3, 4)[1].to("CPU").numpy(), values.reshape(3, 4)[1])
+  np.testing.assert_array_equal((d[2:5].to("CPU") * 2).numpy(), values[2:5] * 2)
+  np.testing.assert_array_equal(d.contiguous().numpy(), values)
+  # the copy and a view of it realized together; then again with other values (the schedule cache must not serve
+  # the first file's window)
+  whole, window = d, d[6:9]
+  Tensor.realize(whole, window)
+  np.testing.assert_array_equal(window.numpy(), values[6:9])
+  np.testing.assert_array_equal(whole.numpy(), values)
+  for k in range(2):
+    other = Tensor(values + 100 * (k + 1)).realize()
+    np.testing.assert_array_equal(other.to(f"disk:{path}")[6:9].numpy(), values[6:9] + 100 * (k + 1))
+  # a bitcast view, and a copy of a view into a second file
+  np.testing.assert_array_equal(x.to(f"disk:{path}")[1:3].bitcast(dtypes.int32).numpy(), values[1:3].view(np.int32))
+  second = tmp_path / "second.bin"
+  np.testing.assert_array_equal(x.to(f"disk:{path}")[4:8].to(f"disk:{second}")[1:3].numpy(), values[5:7])
+  assert second.read_bytes() == values[4:8].tobytes()
+
+def test_ops_on_a_copy_not_written_yet_raise_naming_the_op(tmp_path):
+  x = Tensor(np.arange(4, dtype=np.float32)).realize()
+  with pytest.raises(RuntimeError, match=r"DISK tensors support only.*add"):
+    (x.to(f"disk:{tmp_path / 'add.bin'}") + 1).numpy()
+  with pytest.raises(RuntimeError, match=r"DISK tensors support only.*pad"):   # a step slice pads, then shrinks
+    x.to(f"disk:{tmp_path / 'step.bin'}")[::2].numpy()
+
 def test_other_ops_raise_naming_the_op(tmp_path):
   t = Tensor(_file(tmp_path, bytes(8)))
   with pytest.raises(RuntimeError, match=r"DISK tensors support only.*add.*\.to\('CPU'\)"):
