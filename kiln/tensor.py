@@ -638,13 +638,17 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
   def _assign_into_view(self, target: UOp, value: Tensor) -> Tensor:
     """Write `value` through a view of a realized buffer (`cache[:, pos:pos+1].assign(x)`), at once: other tensors
     over the same buffer read it directly, so the write must land before they are computed (as in PyTorch)."""
-    node = target
+    node, has_pad = target, False
     while node.op in GroupOp.Movement:
-      if node.op not in _WRITABLE_VIEW_OPS:
-        raise NotImplementedError(f"assign: assigning into a view made with {node.op.name.lower()} (shape "
-                                  f"{_fmt(self.shape)} of a buffer of {target.base.size} elements) is not supported; "
-                                  f"only reshape, shrink (slices), permute and flip views can be written{_where()}")
+      if node.op not in _WRITABLE_VIEW_OPS: break
+      has_pad = has_pad or node.op is Ops.PAD
       node = node.src[0]
+    if node.op in GroupOp.Movement or (has_pad and (node := _padding_read_by(target)) is not None):
+      made = "pad whose padding the view reaches" if node.op is Ops.PAD else node.op.name.lower()
+      raise NotImplementedError(f"{_user_op[0] or 'assign'}: assigning into a view made with {made} (shape "
+                                f"{_fmt(self.shape)} of a buffer of {target.base.size} elements) is not supported; "
+                                f"only reshape, shrink (slices, steps included), permute and flip views can be "
+                                f"written{_where()}")
     self.uop = UOp(Ops.ASSIGN, self.dtype, (target, value.uop))
     return self.realize()
 
@@ -1644,9 +1648,76 @@ def _symbolic_size(s: UOp, shape, allow_negative: bool = False) -> int | UOp:
   if not isinstance(s, UOp) and s < 0: raise TensorValueError(f"negative size {s} in shape {_fmt(shape)}{_where()}")
   return s
 
-# views whose elements map one-to-one onto buffer elements, so writing through them is well defined
-_WRITABLE_VIEW_OPS = frozenset({Ops.RESHAPE, Ops.SHRINK, Ops.PERMUTE, Ops.FLIP})
+# views whose elements map one-to-one onto buffer elements, so writing through them is well defined (a PAD only where
+# the view never reads its padding: `_padding_read_by`)
+_WRITABLE_VIEW_OPS = frozenset({Ops.RESHAPE, Ops.SHRINK, Ops.PERMUTE, Ops.FLIP, Ops.PAD})
 _SIZE_OPS = frozenset({Ops.BIND, Ops.DEFINE_VAR, Ops.CONST, Ops.ADD, Ops.SUB, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX})
+
+def _reshape_ranges(ranges: list[tuple[int, int]], shape: tuple[int, ...], src_shape: tuple[int, ...]) \
+    -> list[tuple[int, int]]:
+  """Index ranges (first, last) per axis of `shape` -> ranges on `src_shape` that hold every index they reach through
+  a reshape (exact on splits; a merged axis whose run of rows is partial gets its whole range)."""
+  out: list[tuple[int, int]] = []
+  i = j = 0
+  while i < len(shape) or j < len(src_shape):
+    if i == len(shape) or j == len(src_shape):   # trailing size-1 axes
+      if j < len(src_shape): out.append((0, 0))
+      i, j = min(i + 1, len(shape)), min(j + 1, len(src_shape))
+      continue
+    # a group of axes of both shapes holding the same elements
+    i_end, j_end, size, src_size = i + 1, j + 1, shape[i], src_shape[j]
+    while size != src_size:
+      if size < src_size: size, i_end = size * shape[i_end], i_end + 1
+      else: src_size, j_end = src_size * src_shape[j_end], j_end + 1
+    first = last = 0
+    for axis in range(i, i_end):
+      first, last = first * shape[axis] + ranges[axis][0], last * shape[axis] + ranges[axis][1]
+    for axis in range(j, j_end):
+      inner = prod(src_shape[axis + 1:j_end])
+      lo, hi = first // inner, last // inner
+      out.append((lo, hi))
+      if lo != hi:   # the rows differ: the inner axes can take any value
+        out.extend((0, d - 1) for d in src_shape[axis + 1:j_end])
+        break
+      first, last = first % inner, last % inner
+    i, j = i_end, j_end
+  return out
+
+def _all_ints(arg) -> bool:
+  """No Variable anywhere in `arg` (nested tuples of sizes)."""
+  return all(_all_ints(a) for a in arg) if isinstance(arg, tuple) else type(arg) is int
+
+def _first_pad(node: UOp) -> UOp | None:
+  """The first PAD in `node`'s chain of movement ops."""
+  while node.op in GroupOp.Movement and node.op is not Ops.PAD: node = node.src[0]
+  return node if node.op is Ops.PAD else None
+
+def _padding_read_by(view: UOp) -> UOp | None:
+  """The PAD in `view`'s chain of movement ops whose padding some element of `view` reads, or None. A step slice pads
+  an axis to a multiple of the step and then keeps only the first of each step, so it reads no padding: writing
+  through it is well defined. Found from per-axis index ranges; a symbolic shape counts as reading its padding."""
+  if not _all_ints(view.shape): return _first_pad(view)
+  if 0 in view.shape: return None
+  ranges = [(0, d - 1) for d in view.shape]
+  node = view
+  while node.op in GroupOp.Movement:
+    src = node.src[0]
+    if not _all_ints((src.shape, node.arg)): return _first_pad(node)
+    if node.op is Ops.RESHAPE: ranges = _reshape_ranges(ranges, node.shape, src.shape)
+    elif node.op is Ops.SHRINK: ranges = [(lo + b, hi + b) for (lo, hi), (b, _) in zip(ranges, node.arg)]
+    elif node.op is Ops.PAD:
+      ranges = [(lo - before, hi - before) for (lo, hi), (before, _) in zip(ranges, node.arg)]
+      if any(lo < 0 or hi >= d for (lo, hi), d in zip(ranges, src.shape)): return node
+    elif node.op is Ops.PERMUTE:
+      moved: list[tuple[int, int]] = [(0, 0)] * len(ranges)
+      for out_axis, src_axis in enumerate(node.arg): moved[src_axis] = ranges[out_axis]
+      ranges = moved
+    elif node.op is Ops.FLIP:
+      ranges = [(d - 1 - hi, d - 1 - lo) if axis in node.arg else (lo, hi)
+                for axis, ((lo, hi), d) in enumerate(zip(ranges, src.shape))]
+    else: return None   # EXPAND: refused by the caller
+    node = src
+  return None
 
 def _scalar_dtype(value, dtype: DType | None, op: str) -> DType:
   """The dtype a Python scalar becomes: `dtype`, which must hold it, or its default (int64 for ints too big for int32)."""

@@ -98,6 +98,7 @@ _OVERWRITES = {
   "kernel": (lambda b: b.assign(b * 10), lambda b: b.copy_(b * 10)),
   "scalar": (lambda b: b.assign(5), lambda b: b.fill_(5)),
   "slice": (lambda b: b[2:].assign(Tensor.full((4,), -3, dtype=b.dtype)), lambda b: b[2:].fill_(-3)),
+  "step": (lambda b: b[1::2].assign(Tensor.full((3,), -3, dtype=b.dtype)), lambda b: b[1::2].fill_(-3)),
 }
 
 @pytest.mark.parametrize("overwrite", sorted(_OVERWRITES))
@@ -125,3 +126,91 @@ def test_reader_realized_before_a_second_overwrite():
   check(f, ft, "first flip")
   check(g, gt, "second flip")
   check(b, bt, "target")
+
+# ---- writing through step slices (a step slice pads its axis to a multiple of the step, a padding it never reads) ----
+
+_STEP_INDICES = [(slice(None, None, 2),), (slice(1, None, 3),), (slice(1, 4, 2), slice(None, None, 2)),
+                 (slice(None), slice(2, None, 4)), (slice(None, None, 3), 1),
+                 (slice(None, None, -2), slice(1, None, 2)), (slice(7, 0, -3),),
+                 (slice(None, None, -1), slice(None, None, -4))]
+
+def _written(shape: tuple, index: tuple, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """(values, the values the index selects replaced by new ones (NumPy), those new values)."""
+  rng = np.random.default_rng(seed)
+  values = rng.integers(-50, 50, shape).astype(np.float32)
+  want = values.copy()
+  new = rng.integers(100, 200, want[index].shape).astype(np.float32)
+  want[index] = new
+  return values, want, new
+
+@pytest.mark.parametrize("shape", [(9, 6), (10, 7), (1, 5)])
+@pytest.mark.parametrize("index", _STEP_INDICES, ids=str)
+def test_assign_and_setitem_through_a_step_slice(shape, index):
+  """t[::2].assign(v) raised NotImplementedError (the step slice's pad); the other elements stay as they were."""
+  values, want, new = _written(shape, index)
+  if 0 in new.shape: return
+  t = Tensor(values).realize()
+  t[index].assign(Tensor(new))
+  assert np.array_equal(t.numpy(), want), f"{shape}{index} assign: got {t.numpy().tolist()}, want {want.tolist()}"
+  s = Tensor(values).realize()
+  s[index] = Tensor(new)
+  assert np.array_equal(s.numpy(), want), f"{shape}{index} setitem: got {s.numpy().tolist()}, want {want.tolist()}"
+
+def test_step_slice_writes_match_torch():
+  values = np.arange(20, dtype=np.float32).reshape(4, 5)
+  t, tt = Tensor(values).realize(), torch.tensor(values)
+  t[::2].assign(Tensor.full((2, 5), -1.0))
+  tt[::2] = -1.0
+  t[1::3, 1::2] = Tensor([[7.0, 8.0]])
+  tt[1::3, 1::2] = torch.tensor([[7.0, 8.0]])
+  t[:, ::4] = 0.5
+  tt[:, ::4] = 0.5
+  check(t, tt, "step slice writes")
+
+def test_setitem_and_assign_through_views_of_a_realized_buffer():
+  """A view of a realized buffer (a transpose, a slice, a step slice of a slice) is written through, as in PyTorch."""
+  values = np.arange(24, dtype=np.float32).reshape(4, 6)
+  t, tt = Tensor(values).realize(), torch.tensor(values)
+  view, view_t = t.T, tt.T
+  view[1] = Tensor([1.0, 2.0, 3.0, 4.0])
+  view_t[1] = torch.tensor([1.0, 2.0, 3.0, 4.0])
+  inner, inner_t = t[1:, 1:], tt[1:, 1:]
+  inner[::2, 1::2] = -5.0
+  inner_t[::2, 1::2] = -5.0
+  inner[2][::3].assign(Tensor([9.0, 9.0]))
+  inner_t[2][::3] = 9.0
+  t[1:][[0, 2], ::2] = Tensor([[-7.0], [-8.0]])   # advanced and step indices on a view
+  tt[1:][[0, 2], ::2] = torch.tensor([[-7.0], [-8.0]])
+  check(t, tt, "writes through views")
+  check(view, view_t, "the transposed view reads them")
+  check(inner, inner_t, "the inner view reads them")
+
+def test_step_slice_write_into_a_pending_value():
+  """c = a + 1 (never realized); c[::2].assign(x) writes into c, as c[1:].assign(x) does; a is untouched."""
+  a, at = Tensor([1.0, 2.0, 3.0, 4.0, 5.0]), torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
+  c, ct = a + 1, at + 1
+  c[::2].assign(Tensor([0.0, 0.0, 0.0]))
+  ct[::2] = 0.0
+  check(c, ct, "step slice of a pending value")
+  check(a, at, "its input is untouched")
+
+def test_step_slice_setitem_gradient_matches_a_slice():
+  """A lazy computed tensor takes the new graph: the gradient skips the overwritten elements, as in PyTorch."""
+  w = Tensor([1.0, 2.0, 3.0, 4.0, 5.0], requires_grad=True)
+  wt = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0], requires_grad=True)
+  x, xt = w * 2, wt * 2
+  x[1::2] = 0.0
+  xt[1::2] = 0.0
+  (x * x).sum().backward()
+  (xt * xt).sum().backward()
+  check(w.grad, wt.grad, "gradient through a step setitem")
+
+def test_writes_into_views_that_read_padding_or_repeat_elements_raise():
+  t = Tensor.zeros(2, 3).contiguous().realize()
+  with pytest.raises(NotImplementedError, match=r"assign: .*pad whose padding the view reaches.*\(4, 3\)"):
+    t.pad(((1, 1), (0, 0))).assign(Tensor.ones(4, 3))
+  with pytest.raises(NotImplementedError, match=r"assign: .*pad whose padding"):
+    t.pad(((0, 0), (0, 3)))[:, ::2].assign(Tensor.ones(2, 3))
+  with pytest.raises(NotImplementedError, match=r"setitem: .*expand"):
+    t.reshape(1, 6).expand(2, 6)[0] = 1.0
+  assert t.numpy().tolist() == [[0.0] * 3] * 2

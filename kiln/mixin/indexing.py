@@ -138,7 +138,10 @@ class IndexingMixin:
       x = x.pad(tuple((0, a.count * a.step - (a.hi - a.lo)) for a in plan.axes))
       x = x.reshape(tuple(n for a in plan.axes for n in (a.count, a.step)))
       x = x.shrink(tuple(b for a in plan.axes for b in ((0, a.count), (0, 1))))
-    return x.reshape(plan.view_shape)
+    x = x.reshape(plan.view_shape)
+    # an index that keeps every element in order (`t[::-1]` of a size-1 axis) is this tensor itself: writing through
+    # it (`t[::-1].assign(v)`) must update this tensor
+    return self if x.uop is self.uop else x
 
   def _unbasic(self, plan: _IndexPlan, full_shape: tuple[int, ...]) -> Tensor:
     """The inverse of _basic_view: this view-shaped tensor put where it came from in `full_shape`, zeros elsewhere."""
@@ -239,7 +242,8 @@ class IndexingMixin:
     Every index form of __getitem__ works. The whole new tensor is computed (`mask.where(value, self)`) and this
     tensor takes it: a realized tensor is overwritten in its buffer right away (one kernel, like tinygrad), so lazy
     views taken from it earlier read the new values as in PyTorch; an unrealized tensor just gets the new graph, so
-    views taken from it earlier keep the old values. Writing through a view of a realized buffer is not supported.
+    views taken from it earlier keep the old values. A view of a realized buffer (`t.T[0] = v`, `t[1:][::2] = v`)
+    is written through to that buffer, as `assign` writes through views (reshape, slices, permute, flip).
     With repeated advanced indices the last write wins (NumPy's rule; PyTorch leaves it unspecified). Setting into a
     tensor that requires grad raises NotImplementedError, as in tinygrad, except for an unrealized computed tensor,
     whose new graph differentiates like PyTorch's in-place write into a non-leaf.
@@ -259,9 +263,6 @@ class IndexingMixin:
     # buffer would lose its place in the graph
     if self._requires_grad or (realized and self.requires_grad):
       raise NotImplementedError(f"setitem: writing into a tensor that requires grad is not supported{where()}")
-    if realized and not (target.op is Ops.BUFFER or target.op is Ops.RESHAPE and target.src[0].op is Ops.BUFFER):
-      raise NotImplementedError(f"setitem: this tensor of shape {fmt(self.shape)} is a view of a realized buffer; "
-                                f"writing through views is not supported, index the tensor it came from{where()}")
     value = self._setitem_value(value)
     plan = self._index_plan(index, "setitem")
     if plan.adv_dims:
