@@ -43,6 +43,11 @@ def _check_channels(layer: str, x: Tensor, channels: int, min_ndim: int = 2, axi
     raise TensorValueError(f"{layer}: input of shape {fmt(x.shape)} has {x.shape[axis]} channels (axis {axis}) but the "
                            f"layer expects {channels}{where()}")
 
+def _in_input_dtype(x: Tensor, out: Tensor) -> Tensor:
+  """A normalization layer's output in the dtype of its float input `x`, as PyTorch gives it: float32 weights or
+  statistics do not promote a half input."""
+  return out.cast(x.dtype) if dtypes.is_float(x.dtype) and out.dtype != x.dtype else out
+
 def _channel_view(t: Tensor, ndim: int) -> Tensor:
   """A per-channel (C,) tensor shaped (1, C, 1, ...) to broadcast against an `ndim`-dim (N, C, ...) input."""
   return t.reshape(1, -1, *[1] * (ndim - 2))
@@ -276,8 +281,8 @@ class BatchNorm:
     mean, var = self.calc_stats(x)
     if Tensor.training and self.track_running_stats: self._update_running_stats(mean, var, count)
     invstd = (var + self.eps).rsqrt()
-    if dtypes.is_float(x.dtype) and mean.dtype != x.dtype: mean, invstd = mean.cast(x.dtype), invstd.cast(x.dtype)
-    return x.batchnorm(self.weight, self.bias, mean, invstd)
+    # a half input is normalized in float32, its statistics' dtype, and rounded once to its own dtype
+    return _in_input_dtype(x, x.batchnorm(self.weight, self.bias, mean, invstd))
 
   def _update_running_stats(self, mean: Tensor, var: Tensor, count: int) -> None:
     """Move the running statistics towards the batch's (PyTorch stores the unbiased variance)."""
@@ -321,7 +326,7 @@ class LayerNorm:
                              f"{fmt(self.normalized_shape)}{where()}")
     out = x.layernorm(self.axis, self.eps)
     if self.weight is not None: out = out * self.weight
-    return out + self.bias if self.bias is not None else out
+    return _in_input_dtype(x, out + self.bias if self.bias is not None else out)
 
   def __repr__(self) -> str:
     return (f"{type(self).__name__}({self.normalized_shape}, eps={self.eps}, "
@@ -360,7 +365,7 @@ class GroupNorm:
     _check_channels("GroupNorm", x, self.num_channels)
     out = x.reshape(x.shape[0], self.num_groups, -1).layernorm(-1, self.eps).reshape(x.shape)
     if self.weight is not None: out = out * _channel_view(self.weight, x.ndim)
-    return out + _channel_view(self.bias, x.ndim) if self.bias is not None else out
+    return _in_input_dtype(x, out + _channel_view(self.bias, x.ndim) if self.bias is not None else out)
 
   def __repr__(self) -> str:
     return f"GroupNorm({self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine})"
@@ -384,7 +389,7 @@ class InstanceNorm:
     _check_channels("InstanceNorm", x, self.num_features, min_ndim=3)
     out = x.layernorm(tuple(range(2, x.ndim)), self.eps)
     if self.weight is not None: out = out * _channel_view(self.weight, x.ndim)
-    return out + _channel_view(self.bias, x.ndim) if self.bias is not None else out
+    return _in_input_dtype(x, out + _channel_view(self.bias, x.ndim) if self.bias is not None else out)
 
   def __repr__(self) -> str:
     return f"InstanceNorm({self.num_features}, eps={self.eps}, affine={self.weight is not None})"
@@ -392,7 +397,8 @@ class InstanceNorm:
 class RMSNorm:
   """x / sqrt(mean(x**2 over the last axis) + eps) * weight (ones), as torch.nn.RMSNorm(dim, eps).
 
-  Half-precision inputs are normalized in float32 and cast back before the weight is applied, as PyTorch does.
+  Half-precision inputs are normalized in float32 and cast back before the weight is applied, as PyTorch does; the
+  output has the input's dtype whatever the weight's.
 
   >>> [round(v, 3) for v in RMSNorm(2)(Tensor([[3.0, 4.0]])).tolist()[0]]
   [0.849, 1.131]
@@ -411,7 +417,7 @@ class RMSNorm:
       raise TensorValueError(f"RMSNorm: input of shape {fmt(x.shape)} must end with dim={self.dim}{where()}")
     low_precision = dtypes.is_float(x.dtype) and x.dtype.itemsize < 4
     out = self._norm(x.float()).cast(x.dtype) if low_precision else self._norm(x)
-    return out * self.weight if self.weight is not None else out
+    return _in_input_dtype(x, out * self.weight if self.weight is not None else out)
 
   def __repr__(self) -> str:
     return f"RMSNorm({self.dim}, eps={self.eps}, elementwise_affine={self.weight is not None})"

@@ -236,6 +236,41 @@ def test_float16_forward_close_to_torch_float32(what, make, make_torch, shape):
   want = torch_layer(torch.from_numpy(x_np.astype(np.float32))).detach().numpy()
   assert_close(out.numpy().astype(np.float32), want, f"{what} float16 output", atol=2e-2, rtol=1e-2)
 
+FLOAT32_WEIGHT_CASES = [
+  ("BatchNorm train", lambda: nn.BatchNorm(3), lambda: torch.nn.BatchNorm2d(3), (4, 3, 2, 2), True),
+  ("BatchNorm eval", lambda: nn.BatchNorm(3), lambda: torch.nn.BatchNorm2d(3), (2, 3, 2, 2), False),
+  ("BatchNorm untracked", lambda: nn.BatchNorm(3, track_running_stats=False),
+   lambda: torch.nn.BatchNorm2d(3, track_running_stats=False), (4, 3, 2, 2), False),
+  ("LayerNorm", lambda: nn.LayerNorm(8), lambda: torch.nn.LayerNorm(8), (2, 8), False),
+  ("LayerNorm2d", lambda: nn.LayerNorm2d(3), None, (2, 3, 2, 2), False),
+  ("GroupNorm", lambda: nn.GroupNorm(2, 4), lambda: torch.nn.GroupNorm(2, 4), (2, 4, 3), False),
+  ("InstanceNorm", lambda: nn.InstanceNorm(3), lambda: torch.nn.InstanceNorm2d(3, affine=True), (2, 3, 2, 2), False),
+  ("RMSNorm", lambda: nn.RMSNorm(8), lambda: torch.nn.RMSNorm(8, eps=1e-6), (2, 8), False),
+]
+
+@pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight:UserWarning")
+@pytest.mark.parametrize("what, make, make_torch, shape, training", FLOAT32_WEIGHT_CASES,
+                         ids=[c[0] for c in FLOAT32_WEIGHT_CASES])
+def test_norm_of_half_input_with_float32_weights_keeps_half(what, make, make_torch, shape, training):
+  """BatchNorm of a half input with float32 weights returned float32; PyTorch's norms return the input's dtype."""
+  rng = np.random.default_rng(5)
+  layer = make()
+  x_np = (rng.standard_normal(shape) * 3 + 1).astype(np.float16)
+  if make_torch is not None:
+    torch_layer = make_torch().train(training)
+    share_weights(layer, torch_layer, rng)
+  with Tensor.train(training): out = layer(Tensor(x_np))
+  assert out.dtype == dtypes.float16, f"{what}: float16 input with float32 weights gave {out.dtype}"
+  if make_torch is None: return
+  want = torch_layer(torch.from_numpy(x_np))
+  assert want.dtype == torch.float16, f"torch {what} gave {want.dtype}"
+  assert_close(out.numpy().astype(np.float32), want.detach().float().numpy(), f"{what} half output", atol=1e-2,
+               rtol=1e-2)
+  if training and layer.running_mean is not None:
+    assert layer.running_mean.dtype == dtypes.float32, f"{what}: running_mean became {layer.running_mean.dtype}"
+    assert_close(layer.running_var.numpy(), torch_layer.running_var.numpy(), f"{what} running_var", atol=1e-3,
+                 rtol=1e-3)
+
 # ---------------- initialization ----------------
 def check_uniform(t: Tensor, bound: float, what: str) -> None:
   """All values in [-bound, bound], spread over the range like a uniform distribution."""
