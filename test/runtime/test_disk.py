@@ -101,6 +101,8 @@ def test_ops_on_a_copy_not_written_yet_raise_naming_the_op(tmp_path):
     (x.to(f"disk:{tmp_path / 'add.bin'}") + 1).numpy()
   with pytest.raises(RuntimeError, match=r"DISK tensors support only.*pad"):   # a step slice pads, then shrinks
     x.to(f"disk:{tmp_path / 'step.bin'}")[::2].numpy()
+  with pytest.raises(RuntimeError, match=r"DISK tensors support only"):   # codegen's first question to a renderer
+    Device[f"DISK:{tmp_path / 'add.bin'}"].renderer.target
 
 def test_other_ops_raise_naming_the_op(tmp_path):
   t = Tensor(_file(tmp_path, bytes(8)))
