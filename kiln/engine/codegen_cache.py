@@ -21,16 +21,17 @@ from kiln.uop.ops import UOp, toposort
 
 CODEGEN_CACHE = ContextVar("CODEGEN_CACHE", 1, "1: cache each kernel's rendered source on disk, keyed by its AST, "
                            "the settings and kiln's own code (a later process skips codegen); 0: off")
-_FORMAT = 1   # bump when the stored fields change
+_FORMAT = 2   # bump when the stored fields change
 
 @dataclass(frozen=True)
 class CodegenEntry:
   """What a CompiledRunner needs besides the binary: the kernel's name, source, ALU ops per launch and the schedule
-  item's buffer numbers it takes, in order."""
+  item's buffer numbers it takes, in order, and on a GPU its (grid, block) launch sizes."""
   name: str
   source: str
   ops: int
   params: tuple[int, ...]
+  launch: tuple | None = None
 
 def enabled() -> bool:
   """Whether the cache is consulted now."""
@@ -79,8 +80,10 @@ def lookup(device: str, ast: UOp) -> CodegenEntry | None:
   if not enabled() or (key := _key(device, ast)) is None: return None
   try: data = json.loads(_path(key).read_text())
   except (OSError, ValueError): return None
-  try: return CodegenEntry(str(data["name"]), str(data["source"]), int(data["ops"]),
-                           tuple(int(p) for p in data["params"]))
+  try:
+    launch = data.get("launch")
+    return CodegenEntry(str(data["name"]), str(data["source"]), int(data["ops"]), tuple(int(p) for p in data["params"]),
+                        None if launch is None else tuple(tuple(int(d) for d in dims) for dims in launch))
   except (KeyError, TypeError, ValueError): return None
 
 def store(device: str, ast: UOp, entry: CodegenEntry) -> None:
@@ -90,7 +93,8 @@ def store(device: str, ast: UOp, entry: CodegenEntry) -> None:
   try:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
-      json.dump({"name": entry.name, "source": entry.source, "ops": entry.ops, "params": list(entry.params)}, tmp)
+      json.dump({"name": entry.name, "source": entry.source, "ops": entry.ops, "params": list(entry.params),
+                 "launch": entry.launch}, tmp)
     os.replace(tmp.name, path)   # atomic: readers see either no file or the whole file
   except OSError as e:
     if DEBUG >= 1: print(f"codegen cache: could not write {path}: {e}")

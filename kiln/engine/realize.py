@@ -14,8 +14,9 @@ from kiln.schedule.kernelize import ScheduleItem
 from kiln.codegen.lowerer import lower_kernel
 from kiln.codegen.gather import rewrite_gathers
 from kiln.codegen.linearizer import linearize
+from kiln.codegen.gpudims import map_axes_to_gpu, launch_size
 from kiln.codegen.transcendental import TRANSCENDENTAL, apply_software_math
-from kiln.codegen.opt import optimize_kernel
+from kiln.codegen.opt import Kernel, block_long_sums, optimize_kernel
 from kiln.codegen.opt.kernel import forget_graphs
 from kiln.codegen.opt.search import BEAM, choose_opts
 from kiln.engine import codegen_cache
@@ -30,9 +31,11 @@ class CompiledRunner:
   ops: int
   vars: list[UOp]
   params: tuple[int, ...]   # the schedule item's buffer numbers the kernel takes (a load simplified away drops one)
+  launch: tuple | None = None   # (grid, block) sizes on a GPU (kiln/codegen/gpudims.py launch_size); None elsewhere
   def __call__(self, bufs: list[Buffer], var_vals: dict | None = None, wait: bool = False):
     vals = tuple(var_vals[v] for v in self.vars) if self.vars else ()
-    return self.program(*[bufs[i]._buf for i in self.params], vals=vals, wait=wait)
+    if self.launch is None: return self.program(*[bufs[i]._buf for i in self.params], vals=vals, wait=wait)
+    return self.program(*[bufs[i]._buf for i in self.params], vals=vals, wait=wait, launch=self.launch)
 
 def kernel_name(ast: UOp) -> str:
   """'E_4_16' for an elementwise kernel over a 4x16 output, 'r_...' when it reduces."""
@@ -47,7 +50,8 @@ def count_ops(uops: list[UOp]) -> int:
   total, trips = 0, 1
   stack = []
   for u in uops:
-    if u.op is Ops.RANGE:
+    if u.op is Ops.SPECIAL: trips *= u.arg[1]   # a GPU launch's threads (before any loop)
+    elif u.op is Ops.RANGE:
       n = u.src[0].arg if u.src[0].op is Ops.CONST else 1
       stack.append(n)
       trips *= n
@@ -67,22 +71,27 @@ def runner_key(device: str, ast: UOp, beam: int = 0) -> tuple:
 
 def render_lowered(device: str, name: str, lowered: UOp) -> tuple[str, list[UOp]]:
   """The source code and linear uops of a lowered (and optimized) kernel: software math, linearize, render."""
-  dev = Device[device]
-  lowered = apply_software_math(lowered, dev.renderer)   # software exp2/log2/sin, x//c
+  return render_with(Device[device].renderer, name, lowered)
+
+def render_with(renderer, name: str, lowered: UOp) -> tuple[str, list[UOp]]:
+  """`render_lowered` for a renderer rather than a device (a GPU's kernels render on a machine without one)."""
+  if renderer.has_local: lowered = map_axes_to_gpu(lowered)   # output axes -> grid/block indices
+  lowered = apply_software_math(lowered, renderer)   # software exp2/log2/sin, x//c
   if SPEC: check_lowered(lowered)
   uops = linearize(lowered)
   if SPEC: check_linear(uops)
-  if VECTORIZE and hasattr(dev.renderer, "vectorize"): uops = dev.renderer.vectorize(uops)   # opt-in: CRenderer
+  if VECTORIZE and hasattr(renderer, "vectorize"): uops = renderer.vectorize(uops)   # opt-in: CRenderer
   if DEBUG >= 6:
     for i, u in enumerate(uops): print(f"{i:4d} {u.op.name:14s} {str(u.dtype):16s} {u.arg!r}")
-  source = dev.renderer.render(name, uops)
+  source = renderer.render(name, uops)
   if DEBUG >= 4: print(source)
   return source, uops
 
 def _load(device: str, name: str, source: str, uops: list[UOp], lib: bytes) -> CompiledRunner:
   buffer_params, variables = kernel_signature(uops)   # the order the renderer gives the kernel its arguments
   program = Device[device].runtime(name, lib)
-  return CompiledRunner(name, device, program, source, count_ops(uops), variables, tuple(g.arg for g in buffer_params))
+  return CompiledRunner(name, device, program, source, count_ops(uops), variables, tuple(g.arg for g in buffer_params),
+                        launch_size(uops))
 
 def compile_lowered(device: str, name: str, lowered: UOp) -> CompiledRunner:
   """Compile a lowered (and optimized) kernel for `device`: render, compile (disk-cached), load."""
@@ -125,12 +134,13 @@ def _cached_runner(device: str, ast: UOp) -> CompiledRunner | None:
   if (entry := codegen_cache.lookup(device, ast)) is None: return None
   try: program = Device[device].runtime(entry.name, Device[device].compiler.compile_cached(entry.source))
   except Exception: return None   # noqa: BLE001  (the kernel is made again, and reports its own error)
-  return CompiledRunner(entry.name, device, program, entry.source, entry.ops, [], entry.params)
+  return CompiledRunner(entry.name, device, program, entry.source, entry.ops, [], entry.params, entry.launch)
 
 def _remember(device: str, ast: UOp, runner: CompiledRunner) -> None:
   """Store the codegen result of `ast` for later processes (not for kernels over Variables)."""
   if not runner.vars: codegen_cache.store(device, ast, codegen_cache.CodegenEntry(runner.name, runner.source,
-                                                                                  runner.ops, runner.params))
+                                                                                  runner.ops, runner.params,
+                                                                                  runner.launch))
 
 @contextlib.contextmanager
 def _collector_paused():
@@ -160,7 +170,7 @@ def get_runner(device: str, ast: UOp, bufs: list[Buffer] | None = None, var_vals
   with _collector_paused():
     name, lowered = kernel_name(ast), lower_for_codegen(ast)
     opts = _beam_opts(device, name, lowered, bufs, var_vals or {}, beam) if beam >= 1 and not NOOPT else None
-    runner = compile_lowered(device, name, optimize_kernel(lowered, opts, Device[device].renderer.target))
+    runner = compile_lowered(device, name, optimize_for(Device[device].renderer, lowered, opts))
   if beam == 0: _remember(device, ast, runner)
   _runner_cache[key] = runner
   return runner
@@ -186,6 +196,16 @@ def precompile(items: list[ScheduleItem]) -> None:
       if isinstance(runner, Exception): continue
       _runner_cache[key] = runner
       _remember(device, ast, runner)
+
+def optimize_for(renderer, lowered: UOp, opts: list | None = None) -> UOp:
+  """`optimize_kernel` for `renderer`'s target. A GPU target (`has_local`) gets no CPU heuristics: their register
+  tiles and padded axes would keep output axes off the threads (kiln/codegen/gpudims.py); its kernels run one output
+  per thread, long float sums blocked, until GPU heuristics exist."""
+  if opts is None and renderer.has_local and not NOOPT:
+    kernel = Kernel(lowered)
+    block_long_sums(kernel)
+    return kernel.sink
+  return optimize_kernel(lowered, opts, renderer.target)
 
 def _prepare_kernel(ast: UOp, target=None) -> UOp:
   """A kernel AST lowered and optimized by the heuristics for `target` (the renderer's): what `render_lowered`

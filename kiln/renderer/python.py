@@ -309,8 +309,9 @@ class _PyKernelWriter:
     self.open_ranges: list[str] = []
     self.statements: dict[Ops, Callable[[UOp], None]] = {
       Ops.RANGE: self._range, Ops.ENDRANGE: self._endrange, Ops.LOAD: self._load, Ops.STORE: self._store,
-      Ops.DEFINE_ACC: self._define_acc, Ops.ASSIGN: self._assign,
+      Ops.DEFINE_ACC: self._define_acc, Ops.ASSIGN: self._assign, Ops.SPECIAL: self._special,
       **{op: self._nothing for op in (Ops.CONST, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.SINK)}}
+    self.specials = 0   # GPU thread indices, each run as a loop around the rest of the kernel
 
   def expr(self, u: UOp) -> str:
     """The Python expression that reads the value of `u` at this point of the kernel."""
@@ -352,8 +353,16 @@ class _PyKernelWriter:
     self.names[u] = name
     self.block_sizes.append(0)
 
+  def _special(self, u: UOp) -> None:
+    """A GPU thread index (kiln/codegen/gpudims.py) as a loop over its values: the mapped threads touch disjoint
+    memory, so running them one after another gives what a launch gives."""
+    name = self.names[u] = u.arg[0]
+    self.emit(f"for {name} in range({u.arg[1]}):")
+    self.block_sizes.append(0)
+    self.specials += 1
+
   def _endrange(self, u: UOp) -> None:
-    if len(self.block_sizes) <= 1:
+    if len(self.block_sizes) <= 1 + self.specials:
       raise ValueError(f"PythonRenderer: ENDRANGE without an open RANGE in kernel {self.name}")
     if self.block_sizes[-1] == 0: self.emit("pass")
     self.block_sizes.pop()
@@ -415,6 +424,9 @@ class _PyKernelWriter:
       elif u.op in PY_EXPRESSIONS: self._value(u)
       else:
         raise NotImplementedError(f"PythonRenderer: cannot render {u.op} (kernel {self.name}); see docs/ir.md stage 4")
+    for _ in range(self.specials):   # the thread-index loops close at the kernel's end
+      if self.block_sizes[-1] == 0: self.emit("pass")
+      self.block_sizes.pop()
     if len(self.block_sizes) != 1:
       raise ValueError(f"PythonRenderer: kernel {self.name} leaves {len(self.block_sizes) - 1} RANGE(s) unclosed")
     if self.block_sizes[0] == 0: self.emit("pass")

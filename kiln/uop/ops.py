@@ -35,6 +35,9 @@ class Ops(enum.Enum):
   LOAD = enum.auto(); STORE = enum.auto(); REDUCE = enum.auto(); DEFINE_ACC = enum.auto(); KERNEL = enum.auto()
   # vector code (kiln/codegen/vectorize.py): lanes gathered into a vector, one lane read out of a vector
   VECTORIZE = enum.auto(); GEP = enum.auto()
+  # a GPU thread's index along one launch dimension (kiln/codegen/gpudims.py): arg ("gidx0", n) is the block index,
+  # ("lidx0", n) the thread's index in its block, each in [0, n)
+  SPECIAL = enum.auto()
   def __repr__(self) -> str: return f"Ops.{self.name}"
   # members are singletons: identity hashing in C instead of Enum's Python-level hash of the name (a hot path)
   __hash__ = object.__hash__
@@ -429,6 +432,7 @@ def compute_min_max(u: UOp) -> tuple:
   if op is Ops.DEFINE_VAR: return u.arg[1], u.arg[2]
   if op is Ops.BIND: return u.src[0].vmin, u.src[0].vmax
   if op is Ops.RANGE: return 0, max(0, u.src[0].vmax - 1)
+  if op is Ops.SPECIAL: return 0, max(0, u.arg[1] - 1)
   if op is Ops.CAST and dtypes.is_int(dt) and (dtypes.is_int(u.src[0].dtype) or u.src[0].dtype == dtypes.bool):
     lo, hi = u.src[0].vmin, u.src[0].vmax
     if lo_dt <= lo and hi <= hi_dt: return lo, hi

@@ -32,7 +32,7 @@ def check_tensor_graph(roots: list[UOp]) -> None:
     if node.op is Ops.REDUCE_AXIS and node.arg[0] not in (Ops.ADD, Ops.MUL, Ops.MAX): _fail("tensor", node, "bad reduce op")
 
 LOWERED_OPS = GroupOp.ALU | {Ops.SINK, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CONST, Ops.RANGE, Ops.LOAD, Ops.STORE,
-                             Ops.REDUCE, Ops.CAST, Ops.BITCAST}
+                             Ops.REDUCE, Ops.CAST, Ops.BITCAST, Ops.SPECIAL}
 
 def check_lowered(sink: UOp) -> None:
   """Lowered kernels: no tensor-level op is left, loads and stores address buffers with integer indices,
@@ -47,7 +47,7 @@ def check_lowered(sink: UOp) -> None:
     if u.op is Ops.REDUCE and any(r.op is not Ops.RANGE for r in u.src[1:]): _fail("lowered", u, "reduces over a non-range")
 
 LINEAR_OPS = GroupOp.ALU | {Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CONST, Ops.RANGE, Ops.ENDRANGE, Ops.LOAD, Ops.STORE,
-                            Ops.DEFINE_ACC, Ops.ASSIGN, Ops.CAST, Ops.BITCAST}
+                            Ops.DEFINE_ACC, Ops.ASSIGN, Ops.CAST, Ops.BITCAST, Ops.SPECIAL}
 
 def check_linear(uops: list[UOp]) -> None:
   """Linearized kernels: only stage-4 ops, each node after its sources, loops properly nested."""

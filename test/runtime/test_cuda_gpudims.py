@@ -1,0 +1,78 @@
+"""The GPU axis-mapping stage (kiln/codegen/gpudims.py), run by the PYTHON emulator: a renderer that says it has
+blocks and threads gets SPECIAL thread indices for its output axes, the emulator runs every thread, and the results
+match NumPy. Needs no GPU."""
+import numpy as np
+import pytest
+from kiln import Tensor, Device, dtypes
+from kiln.codegen import gpudims
+from kiln.engine import realize
+from kiln.renderer.python import PythonRenderer
+from kiln.uop.ops import UOp, Ops
+
+class GPUStylePython(PythonRenderer):
+  """The PYTHON renderer as a GPU target: kernels go through the axis-mapping stage."""
+  has_local = True
+
+class _DropLaunch:
+  """The PYTHON program, taking (and ignoring) the launch sizes a GPU runner passes: the emulator loops over them."""
+  def __init__(self, program): self.program = program
+  def __call__(self, *bufs, vals=(), wait=False, launch=None):
+    if launch is not None: _DropLaunch.launches.append(launch)
+    return self.program(*bufs, vals=vals, wait=wait)
+  launches: list = []
+
+@pytest.fixture
+def gpu_python(monkeypatch):
+  """Device PYTHON with a GPU-style renderer, fresh runner caches and no codegen cache."""
+  dev = Device["PYTHON"]
+  runtime = dev.runtime
+  monkeypatch.setattr(dev, "renderer", GPUStylePython())
+  monkeypatch.setattr(dev, "runtime", lambda name, lib: _DropLaunch(runtime(name, lib)))
+  monkeypatch.setattr(realize, "_runner_cache", {})
+  monkeypatch.setenv("CODEGEN_CACHE", "0")
+  _DropLaunch.launches.clear()
+  return "PYTHON"
+
+def _numpy(rng, *shape): return rng.uniform(-2, 2, shape).astype(np.float32)
+
+def test_elementwise_broadcast_reduce_matmul_match_numpy(gpu_python):
+  rng = np.random.default_rng(0)
+  a, b, c = _numpy(rng, 33, 17), _numpy(rng, 17), _numpy(rng, 17, 5)
+  ta, tb, tc = (Tensor(x, device=gpu_python) for x in (a, b, c))
+  np.testing.assert_allclose(((ta * tb + 1).relu()).numpy(), np.maximum(a * b + 1, 0), rtol=1e-6)
+  np.testing.assert_allclose(ta.sum(axis=1).numpy(), a.sum(axis=1), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(ta.max(axis=0).numpy(), a.max(axis=0))
+  np.testing.assert_allclose((ta @ tc).numpy(), a @ c, rtol=1e-5, atol=1e-5)
+  assert _DropLaunch.launches, "no kernel was launched with grid/block sizes"
+
+def test_guarded_last_block_and_in_place_update(gpu_python):
+  rng = np.random.default_rng(1)
+  n = 1031   # prime, above one block: 256-thread blocks with a guarded last block
+  a = _numpy(rng, n)
+  t = Tensor(a, device=gpu_python).realize()
+  t.assign(t * 2 + 1).realize()   # in place: a clamped thread must not store twice
+  np.testing.assert_array_equal(t.numpy(), a * 2 + 1)
+  assert ((5, 1, 1), (256, 1, 1)) in _DropLaunch.launches
+
+def test_full_reduction_runs_as_one_thread(gpu_python):
+  a = np.arange(100, dtype=np.float32)
+  assert Tensor(a, device=gpu_python).sum().item() == a.sum()
+  assert not _DropLaunch.launches   # no output axis: no launch sizes, the program's default of one thread
+
+def _range(n, i): return UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, n),), i)
+
+def test_ranges_that_write_one_address_stay_loops():
+  out = UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0)
+  r0, r1 = _range(64, 0), _range(8, 1)
+  # every iteration of r1 writes the same element (a KBLOCK-style block loop): only r0 becomes thread indices
+  old = UOp(Ops.LOAD, dtypes.float32, (out, r0))
+  store = UOp(Ops.STORE, dtypes.void, (out, r0, old + r1.cast(dtypes.float32)))
+  sink = UOp(Ops.SINK, dtypes.void, (store,))
+  assert gpudims.mappable_ranges(sink) == [r0]
+  mapped = gpudims.map_axes_to_gpu(sink)
+  nodes = mapped.toposort()
+  assert r1 in nodes and r0 not in nodes
+  assert {u.arg for u in nodes if u.op is Ops.SPECIAL} == {("lidx0", 64)}
+
+def test_block_sizes():
+  assert [gpudims.block_size(n) for n in (1 << 20, 96, 100, 1031, 4099)] == [256, 32, 100, 256, 256]
