@@ -463,13 +463,13 @@ class _DeviceRegistry:
   @staticmethod
   def _default_from_env() -> str:
     if os.environ.get("DEV"): return os.environ["DEV"]
-    for name in ("PYTHON", "LLVM", "CPU"):
+    for name in ("CUDA", "PYTHON", "LLVM", "CPU"):
       if os.environ.get(name, "0") not in ("", "0"): return name
     return "CPU"
 
   @property
   def DEFAULT(self) -> str:
-    """The default device name (from DEV=..., CPU=1, LLVM=1 or PYTHON=1; else CPU). Assignable."""
+    """The default device name (from DEV=..., CUDA=1, CPU=1, LLVM=1 or PYTHON=1; else CPU). Assignable."""
     return self._default
 
   @DEFAULT.setter

@@ -1,0 +1,121 @@
+"""CUDARenderer: a linearized kernel becomes one `extern "C" __global__` CUDA C++ function, compiled by NVRTC.
+
+It is the C renderer (kiln/renderer/cstyle.py) with a GPU's entry point: the semantics are the C renderer's, op for
+op, so a kernel gives the CPU's bits where the hardware rounds alike (NVRTC compiles with `--fmad=false`: no FMA
+contraction; exp2/log2/sin are kiln's software math, as on the CPU; float16, bfloat16 and fp8 are stored as their
+bits and computed in float with the same rounding helpers). What differs:
+- the output axes were mapped to block and thread indices before linearizing (kiln/codegen/gpudims.py): SPECIAL
+  `gidx0` is `blockIdx.x`, `lidx0` is `threadIdx.x`; every other loop is a loop in each thread;
+- no CPU thread plan (no `kiln_tid`/`kiln_nthreads` parameters, no `_task` entry point) and no GNU vector types;
+- the helper functions are `__device__`, parameters `__restrict__`, and the kernel has `__launch_bounds__` of its
+  block size.
+"""
+from __future__ import annotations
+from kiln.dtype import dtypes
+from kiln.renderer import kernel_signature, kernel_function_name
+from kiln.renderer.cstyle import (CRenderer, _CKernelWriter, BF16_HELPERS, C_EXPRESSIONS, FP8_HELPERS, HALF_HELPERS,
+                                  STORAGE_TYPES, fp8_helpers)
+from kiln.uop.ops import UOp, Ops
+
+# NVRTC has neither GCC's builtins nor statement expressions: the C renderer's builtins are spelled as CUDA's math
+# functions and intrinsics (NaN with the bits C's __builtin_nan gives), memcpy as a byte copy the compiler turns into
+# register moves, and a bitcast as a union (`kiln_bitcast`). C's _Bool is C++'s bool; the 16-bit float helpers take
+# their bit-exact path (no _Float16).
+_MATH = ("fma", "sqrt", "trunc", "fabs", "fmod", "pow", "exp2", "log2", "sin", "cos", "tan", "exp")
+PRELUDE = "\n".join([
+  "#define _Bool bool", "#define KILN_SOFT_HALF 1",
+  "#define __builtin_inff() __int_as_float(0x7f800000)",
+  "#define __builtin_inf() __longlong_as_double(0x7ff0000000000000ll)",
+  "#define __builtin_nanf(s) __int_as_float(0x7fc00000)",
+  "#define __builtin_nan(s) __longlong_as_double(0x7ff8000000000000ll)",
+  *[f"#define __builtin_{name}f {name}f\n#define __builtin_{name} {name}" for name in _MATH],
+  "#define __builtin_memcpy(dst, src, n) kiln_memcpy(dst, src, n)",
+  "static inline __device__ void kiln_memcpy(void* dst, const void* src, unsigned int n) {",
+  "  for (unsigned int i = 0; i < n; i++) ((unsigned char*)dst)[i] = ((const unsigned char*)src)[i];",
+  "}",
+  "template <typename To, typename From> static inline __device__ To kiln_bitcast(From x) {",
+  "  union { From from; To to; } bits; bits.from = x; return bits.to;",
+  "}"])
+SPECIAL_INDICES = {"gidx": "blockIdx", "lidx": "threadIdx"}
+
+# a 16-bit float or fp8 value (computed in float) to its bits, and bits to the value, as the C renderer's BITCAST
+_TO_BITS = {dtypes.bfloat16: "kiln_f_to_bf16({})", dtypes.float16: "kiln_half_bits({})",
+            **{fp8: f"kiln_{fp8.name}_bits({{}})" for fp8 in dtypes.fp8s}}
+_FROM_BITS = {dtypes.bfloat16: "kiln_bf16_to_f({})", dtypes.float16: "kiln_half_to_f({})",
+              **{fp8: f"kiln_{fp8.name}_to_f({{}})" for fp8 in dtypes.fp8s}}
+
+def device_helpers(block: str) -> str:
+  """A C helper block made callable from kernels (`static inline` -> `static inline __device__`)."""
+  return block.replace("static inline ", "static inline __device__ ")
+
+class CUDARenderer(CRenderer):
+  """Renders a linearized kernel as `extern "C" __global__ void name(T* __restrict__ data0, ..., int var0)`."""
+  device = "CUDA"
+  has_local = True   # blocks and threads: kernels go through kiln/codegen/gpudims.py
+  packs_matmul_operands = False   # the tile-major copies suit CPU caches (kiln/schedule/pack.py)
+
+  def __init__(self, arch: str = "sm_90a"):
+    self.arch = arch
+
+  def render(self, name: str, uops: list[UOp]) -> str:
+    """The CUDA C++ source of kernel `name`."""
+    writer = _CudaKernelWriter(kernel_function_name(name), uops)
+    try: return writer.write()
+    finally: writer.statements.clear()   # its own bound methods: a reference cycle, broken so refcounting frees it
+
+  def vectorize(self, uops: list[UOp]) -> list[UOp]:
+    """`uops` unchanged: GNU C vector types are CPU code (16-byte GPU accesses come with the next renderer step)."""
+    return uops
+
+class _CudaKernelWriter(_CKernelWriter):
+  """The C kernel writer with SPECIAL thread indices and a `__global__` signature."""
+  def __init__(self, name: str, uops: list[UOp]):
+    super().__init__(name, uops)
+    self.parallel = self.reduction = None   # the CPU thread plan: a GPU's threads come from SPECIALs instead
+    self.statements[Ops.SPECIAL] = self._special
+    self.block_threads = 1
+
+  def _special(self, u: UOp) -> None:
+    kind, size = u.arg
+    axis = "xyz"[int(kind[4:])]
+    if kind.startswith("lidx"): self.block_threads *= size
+    name = self.names[u] = kind
+    self.emit(f"const int {name} = {SPECIAL_INDICES[kind[:4]]}.{axis};   /* < {size} */")
+
+  def _range(self, u: UOp) -> None:
+    before = len(self.lines)
+    super()._range(u)
+    # nvcc's spelling of the C renderer's short-loop unroll hint
+    if len(self.lines) > before and self.lines[before].startswith("#pragma GCC unroll"):
+      self.lines[before] = self.lines[before].replace("#pragma GCC unroll", "#pragma unroll")
+
+  def value_text(self, u: UOp, args: list[str]) -> str:
+    """The C renderer's expression, but a BITCAST through `kiln_bitcast` (no statement expression)."""
+    if u.op is not Ops.BITCAST: return super().value_text(u, args)
+    src, dst = u.src[0].dtype, u.dtype
+    if dtypes.bool in (src, dst) or src.itemsize != dst.itemsize:
+      raise TypeError(f"CUDARenderer: cannot BITCAST {src} to {dst} (sizes must match and bool is not allowed)")
+    bits = f"({STORAGE_TYPES[src]})({_TO_BITS[src].format(args[0]) if src in _TO_BITS else args[0]})"
+    out = f"kiln_bitcast<{STORAGE_TYPES[dst]}>({bits})"
+    return _FROM_BITS[dst].format(out) if dst in _FROM_BITS else out
+
+  def write(self) -> str:
+    """The whole CUDA source: prelude, device helpers, the kernel."""
+    buffers, variables = kernel_signature(self.uops)
+    self.var_names = {v: f"var{i}" for i, v in enumerate(variables)}
+    for u in self.uops:
+      handler = self.statements.get(u.op)
+      if handler is not None: handler(u)
+      elif u.op in C_EXPRESSIONS: self._value(u)
+      else: raise NotImplementedError(f"CUDARenderer: cannot render {u.op} (kernel {self.name})")
+    if self.depth != 1: raise ValueError(f"CUDARenderer: kernel {self.name} leaves {self.depth - 1} RANGE(s) unclosed")
+    if self.vector_types: raise NotImplementedError(f"CUDARenderer: vector uops in kernel {self.name}")
+    for b in buffers: self.note_dtype(b.dtype)
+    params = [f"{STORAGE_TYPES[b.dtype]}* __restrict__ data{b.arg}" for b in buffers]
+    params += [f"int {self.var_names[v]}" for v in variables]
+    head = [PRELUDE] + ([HALF_HELPERS] if self.uses_half else []) + ([BF16_HELPERS] if self.uses_bf16 else [])
+    if self.uses_fp8: head += [FP8_HELPERS] + [fp8_helpers(dt) for dt in dtypes.fp8s if dt in self.uses_fp8]
+    head = [device_helpers(block) for block in head]
+    bounds = f"__launch_bounds__({self.block_threads}) "
+    return "\n".join(head + [f'extern "C" __global__ void {bounds}{self.name}({", ".join(params)}) {{',
+                             *self.lines, "}", ""])

@@ -1,0 +1,55 @@
+"""The CUDA device (kiln/runtime/ops_cuda.py). Without a GPU: importing works, opening it raises one RuntimeError,
+launch sizes travel through the codegen cache. With one: kernels match the CPU (bit for bit on elementwise math)."""
+import numpy as np
+import pytest
+from kiln import Tensor, Device, dtypes
+from kiln.engine import codegen_cache
+from kiln.runtime import cuda_driver as cuda
+
+needs_gpu = pytest.mark.skipif(not cuda.available(), reason=f"no usable CUDA GPU: {cuda.unavailable_reason()}")
+
+@pytest.mark.skipif(cuda.available(), reason="a GPU is here")
+def test_opening_without_a_gpu_raises_one_runtime_error():
+  import kiln.runtime.ops_cuda  # noqa: F401  (imports everywhere)
+  with pytest.raises(RuntimeError, match="cannot open CUDA: CUDA is not available"):
+    Device["CUDA"]
+
+def test_launch_sizes_travel_through_the_codegen_cache(monkeypatch, tmp_path):
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+  monkeypatch.setattr(codegen_cache, "enabled", lambda: True)
+  ast = (Tensor.empty(8) + 1).schedule()[-1].ast
+  launch = ((4, 1, 1), (256, 1, 1))
+  codegen_cache.store("CPU", ast, codegen_cache.CodegenEntry("E_8", "src", 8, (0, 1), launch))
+  entry = codegen_cache.lookup("CPU", ast)
+  assert entry is not None and entry.launch == launch
+
+def _pair(shape, dtype=np.float32, seed=0):
+  x = np.random.default_rng(seed).uniform(-3, 3, shape).astype(dtype)
+  return Tensor(x, device="CUDA"), Tensor(x, device="CPU")
+
+@needs_gpu
+def test_elementwise_matches_the_cpu_bit_for_bit():
+  (g, c), (g2, c2) = _pair((1000, 37)), _pair((1000, 37), seed=1)
+  for fn in (lambda a, b: ((a * b + 1).relu() * 0.5).exp(), lambda a, b: a.sin() * (b.abs() + 0.1).log2().cos() + a.sigmoid(),
+             lambda a, b: (a / b).tanh() + a.abs().sqrt() - (a.half() * b.half()).float(),
+             lambda a, b: (a.cast(dtypes.int32) // 3 + b.cast(dtypes.int32) % 2).cast(dtypes.float32)):
+    got, want = fn(g, g2).numpy(), fn(c, c2).numpy()
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+@needs_gpu
+def test_reductions_and_matmul_match_the_cpu():
+  (g, c), (gw, cw) = _pair((300, 200)), _pair((200, 50), seed=2)
+  np.testing.assert_allclose(g.sum(axis=1).numpy(), c.sum(axis=1).numpy(), rtol=1e-5, atol=1e-4)
+  np.testing.assert_allclose(g.max(axis=0).numpy(), c.max(axis=0).numpy())
+  np.testing.assert_allclose(g.softmax(axis=1).numpy(), c.softmax(axis=1).numpy(), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose((g @ gw).numpy(), (c @ cw).numpy(), rtol=1e-4, atol=1e-4)
+  assert g.sum().item() == pytest.approx(c.sum().item(), rel=1e-5)
+
+@needs_gpu
+def test_copies_between_devices_and_a_second_name():
+  x = np.arange(1031, dtype=np.float32)
+  t = Tensor(x, device="CUDA:0")
+  assert t.device == "CUDA"
+  np.testing.assert_array_equal((t + 1).to("CPU").numpy(), x + 1)
+  t.assign(t * 2).realize()   # in place, with a guarded last block
+  np.testing.assert_array_equal(t.numpy(), x * 2)
