@@ -23,9 +23,11 @@ by `t < T` (they write nothing).
 ((4, 1, 1), (256, 1, 1))
 """
 from __future__ import annotations
+import math
+from dataclasses import dataclass
 from kiln.dtype import dtypes
 from kiln.helpers import prod
-from kiln.uop.ops import UOp, Ops, toposort
+from kiln.uop.ops import UOp, Ops, toposort, identity_element
 from kiln.uop.pattern import graph_rewrite
 from kiln.uop.symbolic import symbolic
 
@@ -111,34 +113,185 @@ def block_size(total: int) -> int:
     if total % size == 0: return size
   return total if total <= MAX_ONE_BLOCK else BLOCK_SIZES[0]
 
+# an elementwise kernel with at least this many blocks of work gives each thread COARSEN elements, one block apart
+# (`t_c = (gidx0*COARSEN + c)*L + lidx0`: every load of a warp stays coalesced): four loads in flight per thread
+COARSEN, MIN_COARSE_BLOCKS = 4, 2048
+
+GROUP_SIZE = 256   # threads of a block that share a grouped reduction
+MIN_GROUPED = 1024   # a kernel whose reductions are all shorter keeps them in one thread each
+# a kernel with more outputs than this keeps one output per thread (a matmul: its threads already fill the GPU, and
+# a block per output would combine 256 partials for every one of them)
+MAX_GROUPED_OUTPUTS = 1 << 16
+
+def _range_key(r: UOp): return (0, r.arg) if isinstance(r.arg, int) else (1, str(r.arg))
+
+@dataclass(frozen=True)
+class RowPlan:
+  """How a row kernel runs as one block per row: its reduce groups (REDUCEs over the same ranges, in the order they
+  are computed), the row ranges (block index) and the one elementwise range, if any (split over the threads)."""
+  groups: tuple[tuple[tuple[UOp, ...], tuple[UOp, ...]], ...]   # (reduce ranges, their REDUCEs)
+  rows: tuple[UOp, ...]
+  elementwise: UOp | None
+
+def row_plan(sink: UOp) -> RowPlan | None:
+  """The RowPlan of a kernel made of reductions over whole rows and, optionally, an elementwise pass over the row
+  that uses them (softmax, layernorm, a row sum, a full sum); None for any other kernel."""
+  nodes = toposort([sink])
+  reduces = [u for u in nodes if u.op is Ops.REDUCE]
+  if not reduces: return None
+  groups: dict[frozenset[UOp], list[UOp]] = {}
+  for red in reduces: groups.setdefault(frozenset(red.src[1:]), []).append(red)
+  reduce_ranges = set().union(*groups)
+  if any(r.src[0].op is not Ops.CONST for r in reduce_ranges): return None
+  if max(prod(r.src[0].arg for r in key) for key in groups) < MIN_GROUPED: return None
+  scopes = {red: frozenset(u for u in red.toposort() if u.op is Ops.RANGE) for red in reduces}
+  for red in reduces:   # no reduction inside another's loop: a body reads no other group's ranges but through it
+    inner = frozenset(toposort([red.src[0]], stop=lambda u: u.op is Ops.REDUCE))
+    if any(r in reduce_ranges and r not in red.src[1:] for r in inner): return None
+  outputs = sorted((u for u in nodes if u.op is Ops.RANGE and u not in reduce_ranges), key=_range_key)
+  rows = [r for r in outputs if all(r in scope for scope in scopes.values())]
+  rest = [r for r in outputs if r not in rows]
+  if len(rest) > 1 or any(r in scope for r in rest for scope in scopes.values()): return None
+  if any(r.src[0].op is not Ops.CONST for r in outputs) or prod(r.src[0].arg for r in rows) > MAX_GROUPED_OUTPUTS:
+    return None
+  if rows + rest and _first_conflict(nodes, rows + rest) is not None: return None
+  ordered = tuple((tuple(sorted(key, key=_range_key)), tuple(reds)) for key, reds in groups.items())
+  return RowPlan(ordered, tuple(rows), rest[0] if rest else None)
+
+TERMS_PER_LEVEL = 32   # a float sum's partial adds at most about this many terms per accumulator level
+
+def sum_levels(n: int, blocked: bool) -> list[int]:
+  """Loop sizes, outermost first, whose product covers n terms: one loop, or for a float sum as many levels as keep
+  each near TERMS_PER_LEVEL (its rounding error then grows with levels * TERMS_PER_LEVEL ulps, not n/2).
+
+  >>> sum_levels(4096, True), sum_levels(4096, False), sum_levels(20, True)
+  ([16, 16, 16], [4096], [20])
+  """
+  if not blocked or n <= 2 * TERMS_PER_LEVEL: return [n]
+  levels = math.ceil(math.log(n) / math.log(TERMS_PER_LEVEL))
+  inner = math.ceil(n ** (1 / levels))
+  while inner ** (levels - 1) * math.ceil(n / inner ** (levels - 1)) < n: inner += 1
+  return [math.ceil(n / inner ** (levels - 1))] + [inner] * (levels - 1)
+
+def _flat_index(loops: list[UOp]) -> UOp:
+  """The row-major index of nested loops (the last fastest)."""
+  index, stride = UOp.const(INT, 0), 1
+  for loop in reversed(loops):
+    index = index + loop * stride if stride != 1 else loop
+    stride *= loop.src[0].arg
+  return index
+
+def _nested(red: UOp, body: UOp, loops: list[UOp]) -> UOp:
+  """`red`'s reduction of `body` over `loops`, one REDUCE per loop (the innermost first)."""
+  for loop in reversed(loops): body = UOp(Ops.REDUCE, red.dtype, (body, loop), red.arg)
+  return body
+
+def groupable(sink: UOp) -> bool:
+  """Whether `map_axes_to_gpu` runs the kernel as one block per row (`group_rows`)."""
+  return row_plan(sink) is not None
+
+def _split_over_threads(size: int, lidx: UOp, outer: UOp) -> tuple[UOp, UOp | None]:
+  """The element `outer*GROUP_SIZE + lidx` of a range of `size` (clamped to the last one) and whether it is real
+  (None when GROUP_SIZE divides `size`)."""
+  element = outer * GROUP_SIZE + lidx
+  if size % GROUP_SIZE == 0: return element, None
+  valid = element.lt(size)
+  return valid.where(element, UOp.const(INT, size - 1)), valid
+
+def group_rows(sink: UOp) -> UOp | None:
+  """A row kernel (`row_plan`) as one block per row (gidx0, the row ranges unflattened): for each reduce group in
+  turn, the GROUP_SIZE threads reduce every GROUP_SIZE-th element (coalesced loads) into partials in a shared array,
+  and after a barrier each thread combines them in thread order; the elementwise pass then runs element
+  `j*GROUP_SIZE + lidx0` in a thread's loop j. A store that depends on no thread's element is made by thread 0."""
+  plan = row_plan(sink)
+  if plan is None: return None
+  next_id = 1 + max((u.arg for u in sink.toposort() if u.op is Ops.RANGE and isinstance(u.arg, int)), default=0)
+  def new_range(size: int) -> UOp:
+    nonlocal next_id
+    next_id += 1
+    return UOp(Ops.RANGE, INT, (UOp.const(INT, size),), next_id - 1)
+  lidx = UOp(Ops.SPECIAL, INT, (), ("lidx0", GROUP_SIZE))
+  finals: dict[UOp, UOp] = {}
+  for g, (ranges, reds) in enumerate(plan.groups):
+    size = prod(r.src[0].arg for r in ranges)
+    blocked = any(red.arg is Ops.ADD and dtypes.is_float(red.dtype) for red in reds)
+    loops = [new_range(k) for k in sum_levels(-(-size // GROUP_SIZE), blocked)]
+    element = _flat_index(loops) * GROUP_SIZE + lidx
+    valid = element.lt(size) if prod(r.src[0].arg for r in loops) * GROUP_SIZE != size else None
+    if valid is not None: element = valid.where(element, UOp.const(INT, size - 1))
+    partials = []
+    for k, red in enumerate(reds):
+      body = _substitute(red.src[0], {**finals, **_unflatten(element, list(ranges))})
+      if valid is not None: body = valid.where(body, UOp.const(red.dtype, identity_element(red.arg, red.dtype)))
+      shared = UOp(Ops.DEFINE_LOCAL, red.dtype, (), (f"temp{g}_{k}", GROUP_SIZE))
+      partials.append((red, shared, UOp(Ops.STORE, dtypes.void, (shared, lidx, _nested(red, body, loops)))))
+    barrier = UOp(Ops.BARRIER, dtypes.void, tuple(store for _, _, store in partials))
+    combine = [new_range(k) for k in sum_levels(GROUP_SIZE, blocked)]
+    for red, shared, _ in partials:
+      finals[red] = _nested(red, UOp(Ops.LOAD, red.dtype, (shared, _flat_index(combine), barrier)), combine)
+  values = dict(finals)
+  element_valid = None
+  if plan.elementwise is not None:
+    size = plan.elementwise.src[0].arg
+    element, element_valid = _split_over_threads(size, lidx, new_range(-(-size // GROUP_SIZE)))
+    values[plan.elementwise] = element
+  first = lidx.eq(0)
+  stores = []
+  for store in sink.src:
+    if store.op is Ops.STORE:
+      per_thread = plan.elementwise is not None and plan.elementwise in store.toposort()
+      gate = element_valid if per_thread else first
+      if gate is not None: store = store.replace(src=(*store.src[:3], gate if len(store.src) == 3 else store.src[3] & gate))
+    stores.append(_substitute(store, values))
+  grouped = sink.replace(src=tuple(stores))
+  if plan.rows:   # the row ranges, in the partials' bodies too: the block index
+    rows = list(plan.rows)
+    grouped = _substitute(grouped, _unflatten(UOp(Ops.SPECIAL, INT, (), ("gidx0", prod(r.src[0].arg for r in rows))),
+                                              rows))
+  return graph_rewrite(grouped, symbolic, name="gpudims group")
+
 def map_axes_to_gpu(sink: UOp) -> UOp:
   """A lowered (and optimized) kernel with its mappable output ranges replaced by the thread index (see the module
-  docstring); a kernel with none is returned as it is (it runs as one thread)."""
+  docstring); a kernel with none is returned as it is (it runs as one thread). A kernel of one long reduction
+  becomes one block per row instead (`group_rows`)."""
+  if (grouped := group_rows(sink)) is not None: return grouped
   mapped = mappable_ranges(sink)
   if not mapped: return sink
   total = prod(r.src[0].arg for r in mapped)
   local = block_size(total)
-  groups = -(-total // local)
+  elementwise = not any(u.op is Ops.REDUCE for u in sink.toposort())
+  coarsen = COARSEN if elementwise and total % (local * COARSEN) == 0 and \
+    total // (local * COARSEN) >= MIN_COARSE_BLOCKS else 1
+  groups = -(-total // (local * coarsen))
   lidx = UOp(Ops.SPECIAL, INT, (), ("lidx0", local))
-  thread = lidx if groups == 1 else UOp(Ops.SPECIAL, INT, (), ("gidx0", groups)) * local + lidx
-  guarded = groups * local != total
-  in_range = thread.lt(total) if guarded else None
-  if in_range is not None: thread = in_range.where(thread, UOp.const(INT, total - 1))
+  gidx = UOp(Ops.SPECIAL, INT, (), ("gidx0", groups)) if groups > 1 else None
+  guarded = groups * local * coarsen != total
+  copies: list[UOp] = []
+  for c in range(coarsen):
+    thread = lidx if gidx is None else (gidx * coarsen + c) * local + lidx if coarsen > 1 else gidx * local + lidx
+    in_range = thread.lt(total) if guarded else None
+    if in_range is not None: thread = in_range.where(thread, UOp.const(INT, total - 1))
+    values = _unflatten(thread, mapped)
+    for store in sink.src:
+      if in_range is not None and store.op is Ops.STORE:
+        gate = in_range if len(store.src) == 3 else store.src[3] & in_range
+        store = store.replace(src=(*store.src[:3], gate))
+      copies.append(_substitute(store, values))
+  return graph_rewrite(sink.replace(src=tuple(copies)), symbolic, name="gpudims")
+
+def _unflatten(thread: UOp, mapped: list[UOp]) -> dict[UOp, UOp]:
+  """Each mapped range's value at flat thread index `thread` (the last range fastest)."""
   values: dict[UOp, UOp] = {}
   stride = 1
   for k, rng in enumerate(reversed(mapped)):
-    size = rng.src[0].arg
     index = thread if stride == 1 else thread // stride
-    values[rng] = index if k == len(mapped) - 1 else index % size
-    stride *= size
-  stores = []
-  for store in sink.src:
-    if in_range is not None and store.op is Ops.STORE:
-      gate = in_range if len(store.src) == 3 else store.src[3] & in_range
-      store = store.replace(src=(*store.src[:3], gate))
-    stores.append(store)
+    values[rng] = index if k == len(mapped) - 1 else index % rng.src[0].arg
+    stride *= rng.src[0].arg
+  return values
+
+def _substitute(node: UOp, values: dict[UOp, UOp]) -> UOp:
   from kiln.codegen.opt.kernel import substitute
-  return graph_rewrite(substitute(sink.replace(src=tuple(stores)), values), symbolic, name="gpudims")
+  return substitute(node, values)
 
 def toposort_specials(sink: UOp) -> list[UOp]:
   """The SPECIAL nodes of a kernel graph (or the SPECIALs among linear uops, `launch_size` takes either)."""

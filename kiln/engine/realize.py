@@ -14,7 +14,7 @@ from kiln.schedule.kernelize import ScheduleItem
 from kiln.codegen.lowerer import lower_kernel
 from kiln.codegen.gather import rewrite_gathers
 from kiln.codegen.linearizer import linearize
-from kiln.codegen.gpudims import map_axes_to_gpu, launch_size
+from kiln.codegen.gpudims import groupable, map_axes_to_gpu, launch_size
 from kiln.codegen.transcendental import TRANSCENDENTAL, apply_software_math
 from kiln.codegen.opt import Kernel, block_long_sums, optimize_kernel
 from kiln.codegen.opt.kernel import forget_graphs
@@ -202,6 +202,7 @@ def optimize_for(renderer, lowered: UOp, opts: list | None = None) -> UOp:
   tiles and padded axes would keep output axes off the threads (kiln/codegen/gpudims.py); its kernels run one output
   per thread, long float sums blocked, until GPU heuristics exist."""
   if opts is None and renderer.has_local and not NOOPT:
+    if groupable(lowered): return lowered   # a block's threads split the sum (kiln/codegen/gpudims.py)
     kernel = Kernel(lowered)
     block_long_sums(kernel)
     return kernel.sink

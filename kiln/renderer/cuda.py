@@ -72,7 +72,7 @@ class _CudaKernelWriter(_CKernelWriter):
   def __init__(self, name: str, uops: list[UOp]):
     super().__init__(name, uops)
     self.parallel = self.reduction = None   # the CPU thread plan: a GPU's threads come from SPECIALs instead
-    self.statements[Ops.SPECIAL] = self._special
+    self.statements.update({Ops.SPECIAL: self._special, Ops.DEFINE_LOCAL: self._define_local, Ops.BARRIER: self._barrier})
     self.block_threads = 1
 
   def _special(self, u: UOp) -> None:
@@ -81,6 +81,21 @@ class _CudaKernelWriter(_CKernelWriter):
     if kind.startswith("lidx"): self.block_threads *= size
     name = self.names[u] = kind
     self.emit(f"const int {name} = {SPECIAL_INDICES[kind[:4]]}.{axis};   /* < {size} */")
+
+  def _define_local(self, u: UOp) -> None:
+    self.note_dtype(u.dtype)
+    name = self.names[u] = u.arg[0]
+    self.emit(f"__shared__ {STORAGE_TYPES[u.dtype]} {name}[{u.arg[1]}];")
+
+  def _barrier(self, u: UOp) -> None:
+    self.emit("__syncthreads();   /* the block's shared stores above, before any thread reads them */")
+
+  def _load(self, u: UOp) -> None:
+    if len(u.src) == 3 and u.src[2].op is Ops.BARRIER:   # ordered after the barrier (a source), not gated
+      plain = UOp(Ops.LOAD, u.dtype, u.src[:2])
+      super()._load(plain)
+      self.names[u] = self.names[plain]
+    else: super()._load(u)
 
   def _range(self, u: UOp) -> None:
     before = len(self.lines)
@@ -113,9 +128,9 @@ class _CudaKernelWriter(_CKernelWriter):
     for b in buffers: self.note_dtype(b.dtype)
     params = [f"{STORAGE_TYPES[b.dtype]}* __restrict__ data{b.arg}" for b in buffers]
     params += [f"int {self.var_names[v]}" for v in variables]
-    head = [PRELUDE] + ([HALF_HELPERS] if self.uses_half else []) + ([BF16_HELPERS] if self.uses_bf16 else [])
+    head = ([HALF_HELPERS] if self.uses_half else []) + ([BF16_HELPERS] if self.uses_bf16 else [])
     if self.uses_fp8: head += [FP8_HELPERS] + [fp8_helpers(dt) for dt in dtypes.fp8s if dt in self.uses_fp8]
-    head = [device_helpers(block) for block in head]
+    head = [PRELUDE] + [device_helpers(block) for block in head]
     bounds = f"__launch_bounds__({self.block_threads}) "
     return "\n".join(head + [f'extern "C" __global__ void {bounds}{self.name}({", ".join(params)}) {{',
                              *self.lines, "}", ""])

@@ -38,6 +38,10 @@ class Ops(enum.Enum):
   # a GPU thread's index along one launch dimension (kiln/codegen/gpudims.py): arg ("gidx0", n) is the block index,
   # ("lidx0", n) the thread's index in its block, each in [0, n)
   SPECIAL = enum.auto()
+  # GPU block memory (kiln/codegen/gpudims.py): DEFINE_LOCAL is a block's shared array (arg ("temp0", size)); BARRIER
+  # (sources: the stores it orders) waits for every thread of the block, and a LOAD whose third source is a BARRIER
+  # reads after it
+  DEFINE_LOCAL = enum.auto(); BARRIER = enum.auto()
   def __repr__(self) -> str: return f"Ops.{self.name}"
   # members are singletons: identity hashing in C instead of Enum's Python-level hash of the name (a hot path)
   __hash__ = object.__hash__

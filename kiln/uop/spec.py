@@ -31,8 +31,10 @@ def check_tensor_graph(roots: list[UOp]) -> None:
     if node.op is Ops.PERMUTE and sorted(node.arg) != list(range(len(node.src[0].shape))): _fail("tensor", node, "bad order")
     if node.op is Ops.REDUCE_AXIS and node.arg[0] not in (Ops.ADD, Ops.MUL, Ops.MAX): _fail("tensor", node, "bad reduce op")
 
+_BUFFERS = (Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL)   # what loads and stores address: device memory, a block's shared array
 LOWERED_OPS = GroupOp.ALU | {Ops.SINK, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CONST, Ops.RANGE, Ops.LOAD, Ops.STORE,
-                             Ops.REDUCE, Ops.CAST, Ops.BITCAST, Ops.SPECIAL}
+                             Ops.REDUCE, Ops.CAST, Ops.BITCAST, Ops.SPECIAL,
+                             Ops.DEFINE_LOCAL, Ops.BARRIER}
 
 def check_lowered(sink: UOp) -> None:
   """Lowered kernels: no tensor-level op is left, loads and stores address buffers with integer indices,
@@ -41,13 +43,15 @@ def check_lowered(sink: UOp) -> None:
     if u.op not in LOWERED_OPS: _fail("lowered", u, "tensor-level op left after lowering")
     if u.op is Ops.CONST and u.src: _fail("lowered", u, "constant still carries a device")
     if u.op in (Ops.LOAD, Ops.STORE):
-      if u.src[0].op is not Ops.DEFINE_GLOBAL: _fail("lowered", u, "not on a buffer")
+      if u.src[0].op not in _BUFFERS: _fail("lowered", u, "not on a buffer")
       if not dtypes.is_int(u.src[1].dtype): _fail("lowered", u, f"index of dtype {u.src[1].dtype}")
-      if u.op is Ops.LOAD and len(u.src) == 3 and u.src[2].dtype != dtypes.bool: _fail("lowered", u, "gate is not bool")
+      if u.op is Ops.LOAD and len(u.src) == 3 and u.src[2].dtype != dtypes.bool and u.src[2].op is not Ops.BARRIER:
+        _fail("lowered", u, "gate is not bool")
     if u.op is Ops.REDUCE and any(r.op is not Ops.RANGE for r in u.src[1:]): _fail("lowered", u, "reduces over a non-range")
 
 LINEAR_OPS = GroupOp.ALU | {Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CONST, Ops.RANGE, Ops.ENDRANGE, Ops.LOAD, Ops.STORE,
-                            Ops.DEFINE_ACC, Ops.ASSIGN, Ops.CAST, Ops.BITCAST, Ops.SPECIAL}
+                            Ops.DEFINE_ACC, Ops.ASSIGN, Ops.CAST, Ops.BITCAST, Ops.SPECIAL,
+                            Ops.DEFINE_LOCAL, Ops.BARRIER}
 
 def check_linear(uops: list[UOp]) -> None:
   """Linearized kernels: only stage-4 ops, each node after its sources, loops properly nested."""
@@ -61,7 +65,7 @@ def check_linear(uops: list[UOp]) -> None:
     if u.op is Ops.ENDRANGE:
       if not open_loops or open_loops[-1] is not u.src[0]: _fail("linear", u, "closes a loop that is not the innermost")
       open_loops.pop()
-    if u.op in (Ops.LOAD, Ops.STORE) and u.src[0].op is not Ops.DEFINE_GLOBAL: _fail("linear", u, "not on a buffer")
+    if u.op in (Ops.LOAD, Ops.STORE) and u.src[0].op not in _BUFFERS: _fail("linear", u, "not on a buffer")
     if u.op is Ops.ASSIGN and u.src[0].op is not Ops.DEFINE_ACC: _fail("linear", u, "assigns to a non-accumulator")
     seen.add(u)
   if open_loops: _fail("linear", open_loops[-1], "loop never closed")

@@ -46,6 +46,18 @@ def test_reductions_and_matmul_match_the_cpu():
   assert g.sum().item() == pytest.approx(c.sum().item(), rel=1e-5)
 
 @needs_gpu
+def test_grouped_reductions_match_the_cpu():
+  (g, c) = _pair((300, 5000))
+  np.testing.assert_allclose(g.sum(axis=1).numpy(), c.sum(axis=1).numpy(), rtol=1e-5, atol=1e-3)
+  np.testing.assert_array_equal(g.max(axis=1).numpy(), c.max(axis=1).numpy())
+  np.testing.assert_allclose(g.sum().item(), c.sum().item(), rtol=1e-5)
+  np.testing.assert_allclose(g.half().mean(axis=1).numpy(), c.half().mean(axis=1).numpy(), rtol=1e-2, atol=1e-3)
+  np.testing.assert_allclose(g.softmax(axis=1).numpy(), c.softmax(axis=1).numpy(), rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(g.layernorm().numpy(), c.layernorm().numpy(), rtol=1e-4, atol=1e-4)
+  (g3, c3) = _pair((7, 1031))   # rows that the block's 256 threads do not divide
+  np.testing.assert_allclose(g3.log_softmax(axis=1).numpy(), c3.log_softmax(axis=1).numpy(), rtol=1e-5, atol=1e-5)
+
+@needs_gpu
 def test_copies_between_devices_and_a_second_name():
   x = np.arange(1031, dtype=np.float32)
   t = Tensor(x, device="CUDA:0")

@@ -76,3 +76,12 @@ def test_ranges_that_write_one_address_stay_loops():
 
 def test_block_sizes():
   assert [gpudims.block_size(n) for n in (1 << 20, 96, 100, 1031, 4099)] == [256, 32, 100, 256, 256]
+
+def test_coarsened_elementwise_threads_cover_every_element_once(gpu_python, monkeypatch):
+  monkeypatch.setattr(gpudims, "MIN_COARSE_BLOCKS", 2)
+  rng = np.random.default_rng(2)
+  a, b = _numpy(rng, 3, 1024), _numpy(rng, 1024)   # 3072 = 3 blocks x 4 elements x 256 threads
+  t = Tensor(a, device=gpu_python).realize()
+  t.assign(t * Tensor(b, device=gpu_python) + 1).realize()   # in place: each element exactly once
+  np.testing.assert_array_equal(t.numpy(), a * b + 1)
+  assert ((3, 1, 1), (256, 1, 1)) in _DropLaunch.launches

@@ -35,6 +35,12 @@ def _cases() -> dict[str, Tensor]:
     "transcendental": a.sin() + a.log2() + a.sigmoid(),
     "pad_gather": a.pad(((1, 1), (2, 0))) * 2,
     "odd_size": Tensor.empty(1031) + 1,
+    "coarsened": Tensor.empty(1 << 21) * 2 + 1,
+    "grouped_rows": Tensor.empty(64, 2048).sum(axis=1) * 2,
+    "grouped_half_max": Tensor.empty(3000, dtype=dtypes.half).max(),
+    "grouped_mean_of_product": (Tensor.empty(16, 1500) * Tensor.empty(1500)).mean(axis=1),
+    "grouped_softmax": Tensor.empty(8, 3000).softmax(axis=1),
+    "grouped_layernorm": Tensor.empty(8, 2048).layernorm(),
     "fp8": Tensor.empty(300).cast(dtypes.fp8e4m3).cast(dtypes.float32) * 2,
     "bitcast": Tensor.empty(256).bitcast(dtypes.int32) & 0xFF,
   }
@@ -61,8 +67,14 @@ def test_output_axes_become_thread_indices():
   assert "blockIdx.x" in src and "threadIdx.x" in src and "__launch_bounds__(256)" in src, src
   name, src = rendered()["odd_size"][0]
   assert re.search(r"if \(.*\) data0\[", src), f"the last block's stores are not guarded:\n{src}"
-  name, src = rendered()["full_sum"][-1]
-  assert "threadIdx" not in src, f"a full reduction has no output axis to map:\n{src}"
+  name, src = rendered()["coarsened"][0]
+  assert src.count("data0[") == 4 and "blockIdx.x" in src, f"not four elements a thread:\n{src}"
+  name, src = rendered()["sum_columns"][-1]
+  assert "__syncthreads" not in src and "threadIdx.x" in src, f"a short reduction stays in its thread:\n{src}"
+  for case in ("full_sum", "grouped_rows", "grouped_half_max", "grouped_softmax", "grouped_layernorm"):
+    name, src = rendered()[case][-1]
+    assert "__shared__" in src and "__syncthreads();" in src, f"{case} is not grouped:\n{src}"
+    if case in ("full_sum", "grouped_rows", "grouped_half_max"): assert "if (alu" in src, f"{case}: every thread stores"
 
 NVCC = shutil.which("nvcc")
 

@@ -1,0 +1,116 @@
+"""kiln on the CUDA device beside PyTorch in the same process: memory-bound rows of issue 20's targets.
+
+  python bench/bench_cuda.py [--floats N] [--reps R] [--json PATH]
+
+kiln's kernel times are CUDA events around each launch (DEBUG=2 makes every launch wait on its end event and adds
+the time to GlobalCounters.time_sum_s); PyTorch's are events around the eager op. Median of R runs after 2 warm-ups.
+GB/s counts the bytes each kernel must read and write once (inputs + output). Each kiln result is checked against
+PyTorch on a slice (or whole, for the small rows).
+"""
+from __future__ import annotations
+import argparse, json, statistics, time
+import numpy as np
+
+def kiln_ms(make, reps: int) -> tuple[float, int, object]:
+  """Median GPU milliseconds of the kernels that realizing `make()` launches, their count, and the last result."""
+  from kiln import GlobalCounters
+  from kiln.helpers import Context
+  times, out, kernels = [], None, 0
+  for i in range(reps + 2):
+    GlobalCounters.reset()
+    with Context(DEBUG=2):
+      out = make().realize()
+    if i >= 2: times.append(GlobalCounters.time_sum_s * 1e3)
+    kernels = GlobalCounters.kernel_count
+  return statistics.median(times), kernels, out
+
+def torch_ms(run, reps: int) -> float:
+  """Median GPU milliseconds of `run()` (eager PyTorch), events around each call."""
+  import torch
+  for _ in range(2): run()
+  torch.cuda.synchronize()
+  times = []
+  for _ in range(reps):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record(); run(); end.record(); end.synchronize()
+    times.append(start.elapsed_time(end))
+  return statistics.median(times)
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--floats", type=int, default=256 << 20)
+  parser.add_argument("--reps", type=int, default=10)
+  parser.add_argument("--json", default="")
+  args = parser.parse_args()
+  import torch
+  from kiln import Tensor, Device
+  n, reps, rows = args.floats, args.reps, []
+  Device.DEFAULT = "CUDA"
+  def fill(seed: int) -> Tensor:   # made on the GPU: no 1 GiB host copies
+    return ((Tensor.arange(n, device="CUDA") * (seed * 7 + 3) % 1000).float() * 0.004 - 2.0).realize()
+  a, b, c = fill(0), fill(1), fill(2)
+  ta, tb, tc = (torch.from_numpy(x.numpy()).cuda() for x in (a, b, c))
+  def row(name: str, kiln_result, bytes_moved: int, torch_time: float | None, extra: str = "") -> None:
+    ms, kernels, _ = kiln_result
+    rows.append({"name": name, "kiln_ms": ms, "kiln_GBps": bytes_moved / ms / 1e6, "kernels": kernels,
+                 "torch_ms": torch_time, "torch_GBps": bytes_moved / torch_time / 1e6 if torch_time else None,
+                 "note": extra})
+    print(f"{name:34s} kiln {ms:9.3f} ms {bytes_moved / ms / 1e6:8.1f} GB/s ({kernels} kernels)   torch "
+          + (f"{torch_time:9.3f} ms {bytes_moved / torch_time / 1e6:8.1f} GB/s" if torch_time else "-") + f"  {extra}")
+
+  elementwise = kiln_ms(lambda: ((a * b + c).relu() * 0.5).exp(), reps)
+  got, want = elementwise[2].numpy()[:1 << 20], ((ta * tb + tc).relu() * 0.5).exp()[:1 << 20].cpu().numpy()
+  np.testing.assert_allclose(got, want, rtol=2e-6)
+  row("((a*b+c).relu()*0.5).exp()", elementwise, 16 * n, torch_ms(lambda: ((ta * tb + tc).relu() * 0.5).exp(), reps))
+  add = kiln_ms(lambda: a + 1.0, reps)
+  row("a+1 (copy-like)", add, 8 * n, torch_ms(lambda: ta + 1.0, reps))
+  two_stage = kiln_ms(lambda: a.reshape(-1, 8192).sum(axis=1).sum(), reps)
+  assert abs(two_stage[2].item() - float(ta.double().sum())) <= 1e-3 * abs(float(ta.double().sum())) + 1.0
+  row("sum 256M as (-1, 8192).sum(1).sum()", two_stage, 4 * n, torch_ms(lambda: ta.sum(), reps))
+  whole = kiln_ms(lambda: a.sum(), 3)
+  assert abs(whole[2].item() - float(ta.double().sum())) <= 1e-3 * abs(float(ta.double().sum())) + 1.0
+  row("sum 256M floats (one block)", whole, 4 * n, torch_ms(lambda: ta.sum(), reps))
+  rows2d = (a[:8192 * 8192].reshape(8192, 8192) * 1.0).realize()
+  t2d = ta[:8192 * 8192].reshape(8192, 8192)
+  softmax = kiln_ms(lambda: rows2d.softmax(axis=1), reps)
+  np.testing.assert_allclose(softmax[2].numpy()[:64], t2d[:64].softmax(dim=1).cpu().numpy(), rtol=1e-4, atol=1e-7)
+  row("softmax 8192x8192 (rows)", softmax, 2 * 4 * 8192 * 8192, torch_ms(lambda: t2d.softmax(dim=1), reps))
+  layernorm = kiln_ms(lambda: rows2d.layernorm(), reps)
+  want = torch.nn.functional.layer_norm(t2d[:64], (8192,), eps=1e-5).cpu().numpy()
+  np.testing.assert_allclose(layernorm[2].numpy()[:64], want, rtol=1e-3, atol=1e-3)
+  row("layernorm 8192x8192 (rows)", layernorm, 2 * 4 * 8192 * 8192,
+      torch_ms(lambda: torch.nn.functional.layer_norm(t2d, (8192,), eps=1e-5), reps))
+  m = Tensor.rand(1024, 1024, device="CUDA").realize()
+  mm = kiln_ms(lambda: m @ m, 3)
+  tm = torch.from_numpy(m.numpy()).cuda()
+  np.testing.assert_allclose(mm[2].numpy(), (tm @ tm).cpu().numpy(), rtol=1e-3, atol=1e-3)
+  with _no_tf32():
+    torch_mm = torch_ms(lambda: tm @ tm, reps)
+  rows.append({"name": "matmul 1024^3 fp32", "kiln_ms": mm[0], "kiln_TFLOPs": 2 * 1024 ** 3 / mm[0] / 1e9,
+               "torch_ms": torch_mm, "torch_TFLOPs": 2 * 1024 ** 3 / torch_mm / 1e9})
+  print(f"matmul 1024^3 fp32: kiln {mm[0]:.3f} ms {2 * 1024 ** 3 / mm[0] / 1e9:.2f} TFLOP/s, torch {torch_mm:.3f} ms "
+        f"{2 * 1024 ** 3 / torch_mm / 1e9:.2f} TFLOP/s (no TF32)")
+  tiny = Tensor.ones(16, device="CUDA").realize()
+  for _ in range(3): (tiny + 1).realize()
+  Device["CUDA"].synchronize()
+  start = time.perf_counter()
+  for _ in range(100): (tiny + 1).realize()
+  Device["CUDA"].synchronize()
+  tiny_us = (time.perf_counter() - start) / 100 * 1e6
+  rows.append({"name": "eager (a+1).realize() on 16 floats", "us_per_call": tiny_us})
+  print(f"eager (a+1).realize() on 16 floats: {tiny_us:.1f} us a call (wall clock)")
+  if args.json:
+    with open(args.json, "w") as f: json.dump({"floats": n, "reps": reps, "rows": rows}, f, indent=1)
+
+class _no_tf32:
+  """PyTorch's fp32 matmul without TF32 tensor cores, as kiln's (restored after)."""
+  def __enter__(self):
+    import torch
+    self.saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+  def __exit__(self, *exc):
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = self.saved
+
+if __name__ == "__main__":
+  main()
