@@ -29,6 +29,7 @@ Vector uops (a vector dtype is `dtype.vec(n)`, kiln/dtype.py):
 | `CONST` | `()` | tuple of lane values | a vector constant |
 | `VECTORIZE` | n scalars | None | the vector of those scalars (the same one n times: a broadcast) |
 | `GEP` | `(vector,)` | lane | one lane as a scalar |
+| `DP4A` | `(acc, a0, b0, ...)` | None | int32 lane l: acc's plus each pair's bytes 4l..4l+3 multiplied and summed |
 | ALU, `CAST`, `BITCAST`, `DEFINE_ACC`, `ASSIGN` | vectors | as scalar | lane by lane |
 A bool vector's lanes are all-ones or all-zero masks as wide as the lanes they were compared from (32 bits).
 """
@@ -96,10 +97,30 @@ def _vector_const(dtype: DType, lanes: tuple[UOp, ...]) -> UOp:
   values = {u: truncate(dtype, u.arg) for u in dict.fromkeys(lanes)}
   return UOp(_CONST, dtype.vec(len(lanes)), (), tuple(values[u] for u in lanes))
 
+def _byte_products(u: UOp, out: list[tuple[UOp, UOp]]) -> bool:
+  """Collect the (unsigned byte, signed byte) operand pairs of an int32 sum of products of widened bytes into `out`;
+  False when `u` is not such a sum (a DP4A multiplies an unsigned byte by a signed one)."""
+  if u.op is Ops.ADD and u.dtype is dtypes.int32: return _byte_products(u.src[0], out) and _byte_products(u.src[1], out)
+  if u.op is not Ops.MUL or u.dtype is not dtypes.int32: return False
+  a, b = u.src
+  if a.op is not _CAST or b.op is not _CAST: return False
+  pair = sorted((a.src[0], b.src[0]), key=lambda x: x.dtype is not dtypes.uint8)
+  if pair[0].dtype is not dtypes.uint8 or pair[1].dtype is not dtypes.int8: return False
+  out.append((pair[0], pair[1]))
+  return True
+
+def _address_key(u: UOp) -> int:
+  """The constant offset of the first load found under `u` (following first sources), 0 where there is none."""
+  while u.op is not _LOAD:
+    if not u.src: return 0
+    u = u.src[0]
+  return _split_offset(u.src[1])[1] if len(u.src) > 1 else 0
+
 class _Vectorizer:
   """Bundles the lanes of one kernel and writes the vector uop list."""
-  def __init__(self, uops: list[UOp], keep_scalar: frozenset[UOp], widths: tuple[int, ...] = VECTOR_WIDTHS):
-    self.uops, self.keep_scalar, self.widths = uops, keep_scalar, widths
+  def __init__(self, uops: list[UOp], keep_scalar: frozenset[UOp], widths: tuple[int, ...] = VECTOR_WIDTHS,
+               byte_dots: bool = False):
+    self.uops, self.keep_scalar, self.widths, self.byte_dots = uops, keep_scalar, widths, byte_dots
     # built from reversed pairs so that a uop listed twice keeps its first position and block
     self.position: dict[UOp, int] = dict(zip(reversed(uops), range(len(uops) - 1, -1, -1)))
     # the innermost loop open where each uop sits (None: outside loops)
@@ -163,6 +184,8 @@ class _Vectorizer:
         return self._build(lanes)
     if op is _LOAD: vector = self._load(lanes)
     elif op is _DEFINE_ACC: vector = self._accumulator(lanes)
+    elif op is Ops.ADD and dtype is dtypes.int32 and self.byte_dots and (dot := self._byte_dot(lanes)) is not None:
+      vector = dot
     elif op in GroupOp.ALU or op in (_CAST, _BITCAST): vector = self._alu(lanes)
     else: vector = None
     return vector if vector is not None else self._build(lanes)
@@ -199,6 +222,29 @@ class _Vectorizer:
     operands = self._operands(lanes)
     if operands is None: return None
     vector = UOp(first.op, first.dtype.vec(len(lanes)), tuple(operands), first.arg)
+    self._claim(lanes, vector)
+    return self._remember(lanes, vector)
+
+  def _byte_dot(self, lanes: tuple[UOp, ...]) -> UOp | None:
+    """int32 lanes that are each a sum of 4*m products of bytes widened to int32 (a quantized dot product's terms,
+    in any order and tree shape) as one DP4A: lane l's products sorted by the address of their operands, product
+    4c+k of every lane gives byte 4l+k of the c-th pair of byte vectors. Integer sums are exact in any order, so
+    the lanes keep their bits. None (and nothing claimed) when the lanes are not of that form or the bytes do not
+    vectorize (the generic ALU path then tries)."""
+    terms = []
+    for lane in lanes:
+      found: list[tuple[UOp, UOp]] = []
+      if not _byte_products(lane, found) or len(found) % 4 or (terms and len(found) != len(terms[0])): return None
+      terms.append(sorted(found, key=lambda pair: (_address_key(pair[1]), _address_key(pair[0]))))
+    if any(a.dtype is not terms[0][0][0].dtype or b.dtype is not terms[0][0][1].dtype for t in terms for a, b in t):
+      return None
+    operands: list[UOp] = [self._constant(tuple(UOp.const(dtypes.int32, 0) for _ in lanes))]
+    for chunk in range(0, len(terms[0]), 4):
+      for side in (0, 1):
+        vector = self.bundle(tuple(t[chunk + k][side] for t in terms for k in range(4)))
+        if vector is None or vector.op is _VECTORIZE: return None
+        operands.append(vector)
+    vector = UOp(Ops.DP4A, dtypes.int32.vec(len(lanes)), tuple(operands))
     self._claim(lanes, vector)
     return self._remember(lanes, vector)
 
@@ -428,11 +474,13 @@ def _chunks(by_offset: dict[int, UOp], widths: tuple[int, ...] = VECTOR_WIDTHS) 
     start = end + 1
   return chunks
 
-def vectorize(uops: list[UOp], keep_scalar: frozenset[UOp] = frozenset(), max_lanes: int = VECTOR_WIDTHS[0]) -> list[UOp]:
+def vectorize(uops: list[UOp], keep_scalar: frozenset[UOp] = frozenset(), max_lanes: int = VECTOR_WIDTHS[0],
+              byte_dots: bool = False) -> list[UOp]:
   """The linearized kernel `uops` (docs/ir.md, stage 4) with its isomorphic lanes as vector uops (see the module
   docstring), at most `max_lanes` lanes a vector (one register of the target: 16 float32 on AVX-512, 8 on AVX2; any
-  width gives the same bits). Accumulators in `keep_scalar` stay scalar. A kernel with nothing to vectorize comes
-  back unchanged.
+  width gives the same bits). Accumulators in `keep_scalar` stay scalar. With `byte_dots` (a renderer that renders
+  DP4A), int32 lanes that each sum products of an unsigned and a signed byte, 4*m of them, become one DP4A. A kernel
+  with nothing to vectorize comes back unchanged.
 
   >>> from kiln.dtype import dtypes
   >>> a, out = UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 1), UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0)
@@ -444,7 +492,8 @@ def vectorize(uops: list[UOp], keep_scalar: frozenset[UOp] = frozenset(), max_la
   >>> [(u.op.name, u.dtype.count) for u in vectorize(uops) if u.op in (Ops.LOAD, Ops.ADD, Ops.STORE)]
   [('LOAD', 4), ('ADD', 4), ('STORE', 1)]
   """
-  vectorizer = _Vectorizer(uops, keep_scalar, tuple(w for w in VECTOR_WIDTHS if w <= max(max_lanes, VECTOR_WIDTHS[-1])))
+  vectorizer = _Vectorizer(uops, keep_scalar, tuple(w for w in VECTOR_WIDTHS if w <= max(max_lanes, VECTOR_WIDTHS[-1])),
+                           byte_dots)
   try:
     vectorizer.seed_all()
     if not vectorizer.lanes_of: return uops

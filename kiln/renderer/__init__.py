@@ -24,6 +24,7 @@ class Renderer:
   renders_math_forms: bool = False
   has_fast_const_division: bool = True      # False: integer division by constants becomes multiply-shift
   packs_matmul_operands: bool = False
+  renders_byte_dots: bool = False   # True: its vector code has DP4A (kiln/codegen/vectorize.py), e.g. x86 vpdpbusd
   supported_dtypes: frozenset[DType] | None = None
   # set by the device (a function, since the description may follow settings: the C compiler's CFLAGS=-march=...)
   describe_target: Callable[[], CPUTarget] | None = None

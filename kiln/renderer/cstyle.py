@@ -433,6 +433,38 @@ def vector_fma_helper(dtype: DType) -> str:
     "#if __has_builtin(__builtin_elementwise_fma)", "  return __builtin_elementwise_fma(a, b, c);", *x86,
     "#else", f"  return ({t}){{{lanes}}};", "#endif", "}"])
 
+def vector_dot_name(u: UOp) -> str:
+  """The name of the helper that computes DP4A `u` (one per accumulator width and number of byte-vector pairs)."""
+  return f"kiln_dp4a_{vector_type(u.dtype)}_{(len(u.src) - 1) // 2}"
+
+# GCC's VNNI builtins (what its avx512vnniintrin.h/avxvnniintrin.h call), by int32 lanes, with the CPU feature macros
+# that enable them; elsewhere (clang, or no VNNI) the helper widens and sums lane by lane, which is exact too
+_X86_VNNI = {16: ("defined(__AVX512VNNI__)", "v16si"),
+             8: ("(defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)", "v8si"),
+             4: ("(defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)", "v4si")}
+
+def vector_dot_helper(u: UOp) -> str:
+  """The inline function for DP4A `u`: int32 lane l of `acc` plus, for each pair (a, b) of byte vectors, the sum of
+  a[4l+k] * b[4l+k] over k < 4 (vpdpbusd where GCC has VNNI and a is unsigned, b signed)."""
+  t, n, pairs = vector_type(u.dtype), u.dtype.count, (len(u.src) - 1) // 2
+  params = ", ".join([f"{t} acc"] + [f"{vector_type(u.src[1 + 2 * p + s].dtype)} {'ab'[s]}{p}" for p in range(pairs)
+                                     for s in (0, 1)])
+  lanes = []
+  for lane in range(n):
+    terms = [f"(int)a{p}[{4 * lane + k}]*(int)b{p}[{4 * lane + k}]" for p in range(pairs) for k in range(4)]
+    lanes.append(" + ".join([f"acc[{lane}]", *terms]))
+  generic = f"  return ({t}){{{', '.join(lanes)}}};"
+  lines = [f"static inline {t} {vector_dot_name(u)}({params}) {{"]
+  unsigned_signed = all(u.src[1 + 2 * p].dtype.scalar == dtypes.uint8 and u.src[2 + 2 * p].dtype.scalar == dtypes.int8
+                        for p in range(pairs))
+  if (found := _X86_VNNI.get(n)) is not None and unsigned_signed:
+    chain = "acc"
+    for p in range(pairs): chain = f"__builtin_ia32_vpdpbusd_{found[1]}({chain}, ({t})a{p}, ({t})b{p})"
+    lines += [f"#if defined(__GNUC__) && !defined(__clang__) && ({found[0]})", f"  return {chain};", "#else", generic,
+              "#endif"]
+  else: lines.append(generic)
+  return "\n".join(lines + ["}"])
+
 # a split reduction's scratch buffer: a counter of finished chunks (reset by the chunk that combines), then partials
 SCRATCH_HEADER_BYTES = 16
 
@@ -445,6 +477,7 @@ class CRenderer(Renderer):
   # docs/transcendental.md) vectorize with the rest of the loop: softmax 4096x4096 208 -> 109 ms on 2 cores
   has_native_transcendentals = False
   renders_math_forms = True   # for TRANSCENDENTAL=0 (software math rewrites the forms first otherwise)
+  renders_byte_dots = True
   packs_matmul_operands = True   # kiln/schedule/pack.py: matmul 2048 120-138 -> 195 GFLOP/s on a 2-core EPYC
 
   def render(self, name: str, uops: list[UOp]) -> str:
@@ -465,8 +498,9 @@ class CRenderer(Renderer):
     if reduction is not None: keeps.append(frozenset(acc for acc, _ in reduction.accumulators))
     # one register a vector: wider generic vectors are split by the compiler, and gcc does it badly
     max_lanes = self.target.float_lanes if self.target is not None else 16
+    byte_dots = self.target is not None and self.target.byte_dot
     for keep in keeps:
-      vector_uops = vectorize(uops, keep, max_lanes)
+      vector_uops = vectorize(uops, keep, max_lanes, byte_dots)
       if vector_uops is not uops and _plan_shape(*thread_plan(vector_uops)) == plan: return vector_uops
     return uops
 
@@ -509,10 +543,11 @@ class _CKernelWriter:
     self.vector_consts: dict[UOp, str] = {}     # vector constants, declared once at file scope
     self.vector_fmas: dict[DType, None] = {}    # the vector dtypes of MULACCs, for their helpers
     self.vector_widens: dict[DType, None] = {}  # the byte vector dtypes widened, for their helpers
+    self.vector_dots: dict[str, str] = {}       # DP4A helper name -> its source
     self.positions: dict[UOp, int] | None = None   # uop -> its index, made when a short loop asks (_short_reduce_loop)
     self.statements: dict[Ops, Callable[[UOp], None]] = {
       Ops.RANGE: self._range, Ops.ENDRANGE: self._endrange, Ops.LOAD: self._load, Ops.STORE: self._store,
-      Ops.DEFINE_ACC: self._define_acc, Ops.ASSIGN: self._assign,
+      Ops.DEFINE_ACC: self._define_acc, Ops.ASSIGN: self._assign, Ops.DP4A: self._dp4a,
       **{op: self._nothing for op in (Ops.CONST, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.SINK, Ops.GEP,
                                       Ops.VECTORIZE)}}
 
@@ -665,6 +700,13 @@ class _CKernelWriter:
     self.emit(f"{self.expr(target)} = {self.expr(value)};")
     self.names[u] = self.expr(target)
 
+  def _dp4a(self, u: UOp) -> None:
+    for dtype in (u.dtype, *(s.dtype for s in u.src)): self.note_dtype(dtype)
+    self.vector_dots.setdefault(vector_dot_name(u), vector_dot_helper(u))
+    name = self.fresh_name("dot")
+    self.emit(f"const {c_type(u.dtype)} {name} = {vector_dot_name(u)}({', '.join(self.expr(s) for s in u.src)});")
+    self.names[u] = name
+
   def _value(self, u: UOp) -> None:
     """An ALU/CAST/BITCAST value: one `const T name = expr;` line."""
     for dtype in (u.dtype, *(s.dtype for s in u.src)): self.note_dtype(dtype)
@@ -715,7 +757,7 @@ class _CKernelWriter:
     head = ([HALF_HELPERS] if self.uses_half else []) + ([BF16_HELPERS] if self.uses_bf16 else [])
     if self.uses_fp8: head += [FP8_HELPERS] + [fp8_helpers(dt) for dt in dtypes.fp8s if dt in self.uses_fp8]
     head += [vector_typedef(dt) for dt in self.vector_types] + [vector_fma_helper(dt) for dt in self.vector_fmas]
-    head += [vector_widen_helper(dt) for dt in self.vector_widens]
+    head += [vector_widen_helper(dt) for dt in self.vector_widens] + list(self.vector_dots.values())
     for const, name in self.vector_consts.items():
       lanes = [("-1" if v else "0") if const.dtype.scalar == dtypes.bool else render_c_const(v, const.dtype.scalar)
                for v in const.arg]

@@ -46,6 +46,12 @@ class CPUTarget:
     """Values of `itemsize` bytes in one vector register (at least 1)."""
     return max(1, self.vector_bytes // max(1, itemsize))
 
+  @property
+  def byte_dot(self) -> bool:
+    """Whether the CPU multiplies bytes into int32 dot products in one instruction (x86 VNNI: vpdpbusd), which
+    kiln's quantized matrix-vector products use (kiln/apps/llm/quantized.py)."""
+    return self.has("avx512_vnni", "avx512vl") or self.has("avx_vnni")
+
   def has(self, *features: str) -> bool:
     """Whether every one of `features` (cpuinfo spellings: "avx512_vnni", "avx_vnni", "asimddp") is in force."""
     return all(f in self.features for f in features)

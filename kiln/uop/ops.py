@@ -33,8 +33,10 @@ class Ops(enum.Enum):
   # kernel level
   INDEX = enum.auto(); DEFINE_GLOBAL = enum.auto(); DEFINE_VAR = enum.auto(); RANGE = enum.auto(); ENDRANGE = enum.auto()
   LOAD = enum.auto(); STORE = enum.auto(); REDUCE = enum.auto(); DEFINE_ACC = enum.auto(); KERNEL = enum.auto()
-  # vector code (kiln/codegen/vectorize.py): lanes gathered into a vector, one lane read out of a vector
-  VECTORIZE = enum.auto(); GEP = enum.auto()
+  # vector code (kiln/codegen/vectorize.py): lanes gathered into a vector, one lane read out of a vector, and
+  # DP4A(acc, a0, b0, a1, b1, ...): int32 lane l of acc plus, for each byte-vector pair, the dot product of bytes
+  # 4l..4l+3 of a and b, each byte widened by its own signedness (x86 vpdpbusd, NVIDIA dp4a)
+  VECTORIZE = enum.auto(); GEP = enum.auto(); DP4A = enum.auto()
   # a GPU thread's index along one launch dimension (kiln/codegen/gpudims.py): arg ("gidx0", n) is the block index,
   # ("lidx0", n) the thread's index in its block, each in [0, n)
   SPECIAL = enum.auto()

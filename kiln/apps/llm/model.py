@@ -29,7 +29,7 @@ from kiln.helpers import tqdm
 from kiln.nn.gguf import GGUFTensorInfo, gguf_load_raw
 from kiln.tensor import Tensor
 from kiln.uop.ops import Variable
-from kiln.apps.llm.quantized import SUPPORTED_TYPES, QuantizedMatrix
+from kiln.apps.llm.quantized import PAIRED_FORMATS, SUPPORTED_TYPES, QuantizedMatrix, quantize_activations
 
 DEFAULT_MAX_CONTEXT = 4096
 PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -175,7 +175,11 @@ class Transformer:
     filled = cache[:, 0:start_pos + T]
     x = x + block.wo.linear(attention(q, filled[0], filled[1], mask))
     h = rms_norm(x, block.ffn_norm, c.norm_eps)
-    return x + block.w_down.linear(block.w_gate.linear(h).silu() * block.w_up.linear(h))
+    # a buffer of its own: quantizing the down projection's input (int_dot) reads it three times, and silu's exp is
+    # not free (float products compute it in the gate and up kernel either way)
+    shared = quantize_activations(h) if block.w_gate.int_dot and block.w_up.int_dot else None   # x quantized once
+    hidden = (block.w_gate.linear(h, shared).silu() * block.w_up.linear(h, shared)).contiguous()
+    return x + block.w_down.linear(hidden)
 
   def forward(self, tokens: Tensor, start_pos: Variable | int, mask: Tensor | None) -> Tensor:
     """Hidden states after the final norm, (T, dim), for int tokens (T,) at positions start_pos.. (lazy)."""
@@ -249,11 +253,14 @@ def read_config(path: str | os.PathLike) -> LlamaConfig:
   return LlamaConfig.from_gguf(metadata, tensors, str(path))
 
 def load_model(path: str | os.PathLike, *, max_context: int | None = None, allow_long_context: bool = False,
-               progress: bool = False) -> tuple[Transformer, dict]:
+               progress: bool = False, int_dot: bool | None = None) -> tuple[Transformer, dict]:
   """(model, gguf metadata) from a Llama-family GGUF file. Weight matrices stay quantized in memory.
 
   `max_context` is the KV cache length (default min(context_length, 4096)); beyond the model's trained
-  context_length it needs `allow_long_context=True`. A missing or non-GGUF file, an unsupported architecture or
+  context_length it needs `allow_long_context=True`. `int_dot`: whether decode's Q4_0/Q4_1 matrix-vector products
+  quantize the activations to int8 and use integer dot products, as llama.cpp does (kiln/apps/llm/quantized.py);
+  None: where the CPU has the instruction (VNNI); False: float products, exact to the dequantized weights; True:
+  wherever the type allows (even on a CPU without VNNI, slowly). A missing or non-GGUF file, an unsupported architecture or
   tensor type, or a KV cache larger than the machine's memory raises a one-line ValueError naming the file."""
   label = str(path)
   _check_file(path, label)
@@ -284,7 +291,9 @@ def load_model(path: str | os.PathLike, *, max_context: int | None = None, allow
                        f"({', '.join(f'{i.type_name} {i.shape}' for i in infos)}); kiln stacks them into one matrix")
     blocks = np.concatenate([i.blocks.numpy() for i in infos]) if len(infos) > 1 else infos[0].blocks.numpy()
     shape = (sum(i.shape[0] for i in infos), infos[0].shape[1])
-    return QuantizedMatrix.from_blocks(infos[0].type_name, blocks, shape, name=f"{label}: {', '.join(names)}")
+    pairable = infos[0].type_name in PAIRED_FORMATS and infos[0].shape[1] % 64 == 0
+    return QuantizedMatrix.from_blocks(infos[0].type_name, blocks, shape, name=f"{label}: {', '.join(names)}",
+                                       int_dot=int_dot if pairable or int_dot is None else False)
   def vector(name: str) -> Tensor:
     return get(name).dequantize().cast(dtypes.float32).contiguous().realize()
   def biases(*names: str) -> Tensor | None:
@@ -295,8 +304,8 @@ def load_model(path: str | os.PathLike, *, max_context: int | None = None, allow
     p = f"blk.{i}."
     blocks.append(Block(vector(p + "attn_norm.weight"),
                         matrix(p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"),
-                        matrix(p + "attn_output.weight"), vector(p + "ffn_norm.weight"), matrix(p + "ffn_gate.weight"),
-                        matrix(p + "ffn_up.weight"), matrix(p + "ffn_down.weight"),
+                        matrix(p + "attn_output.weight"), vector(p + "ffn_norm.weight"),
+                        matrix(p + "ffn_gate.weight"), matrix(p + "ffn_up.weight"), matrix(p + "ffn_down.weight"),
                         biases(p + "attn_q.bias", p + "attn_k.bias", p + "attn_v.bias")))
   token_embd = matrix("token_embd.weight")
   output = matrix("output.weight") if "output.weight" in tensors else token_embd   # tied

@@ -11,6 +11,19 @@ a kernel that did that for every weight it read ran ~10x slower (7.5 ms vs 0.7 m
 Float32 scales cost 4 extra bytes per 32 weights for Q4_0/Q8_0 (one scale) and 8 for Q4_1 (scale and min).
 Splitting a row into separate axes, rather than one axis of K values, keeps the kernel's index arithmetic free of
 `//` and `%` (another 2x).
+
+**Integer dot products.** Where the CPU multiplies bytes into int32 dot products in one instruction (x86 VNNI,
+`CPUTarget.byte_dot`), a Q4_0/Q4_1 matrix-vector product runs as llama.cpp's does: the activations are quantized to
+int8 per block of 32 (`quantize_activations`: d = max|x| / 127, q = round(x / d)), and each block's 32 nibbles times
+those bytes is an integer dot product, scaled once per block. Such matrices keep their nibbles in *pairs of blocks*
+(`_pair_nibbles`: byte j of pair p holds value j of block 2p in its low nibble and value j of block 2p+1 in its high
+one), so one mask or shift gives a block's 32 values in order, as the 32 bytes of one vpdpbusd operand. The error:
+each activation moves by at most d/2, so an output differs from the float path's by at most
+sum over blocks of (max|x_b| / 254) * sum_i |d_b * q_i| (Q4_1's min term is computed from the float activations and
+adds only rounding); test/apps/test_llm_int_dot.py checks that bound. Over SmolLM2-135M's 30 layers
+a decode step's logits move by up to ~1-2 (their spread is ~25-30) and a greedy reply can differ from the float
+one after a few tokens, as llama.cpp's can from the float model's: `load_model(..., int_dot=False)` keeps decode
+exact to the dequantized weights. Prefill (many rows: the weight is dequantized once) always runs float products.
 """
 from __future__ import annotations
 import math
@@ -18,7 +31,20 @@ from dataclasses import dataclass
 from typing import Callable
 import numpy as np
 from kiln.dtype import dtypes
+from kiln.helpers import VECTORIZE
 from kiln.tensor import Tensor
+
+def quantize_activations(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+  """x (..., K) in blocks of 32 as llama.cpp's Q8 activations: (q, d, lane_sums) with q int8 (..., K/32, 32) = x / d
+  rounded half away from zero (as llama.cpp's roundf), d float32 (..., K/32) = max|x| / 127 per block (0 for an
+  all-zero block, whose q is 0), and lane_sums float32 (..., K/32, 8): the sums of x over each 4 consecutive values
+  (what a Q4_1 min multiplies, one sum per lane of the product). Three small kernels."""
+  blocks = x.reshape(*x.shape[:-1], x.shape[-1] // 32, 32)
+  d = blocks.abs().max(-1) / 127
+  scaled = blocks * (d > 0).where(1 / d, 0).unsqueeze(-1)
+  q = (scaled + (scaled < 0).where(-0.5, 0.5)).cast(dtypes.int8).contiguous()   # the cast truncates toward 0
+  lane_sums = blocks.reshape(*blocks.shape[:-1], 8, 4).sum(-1).contiguous()
+  return q, d, lane_sums
 
 def _f16(raw: np.ndarray, start: int) -> np.ndarray:
   """The float16 at byte `start` of each block (..., block_bytes) as float32 (...)."""
@@ -32,6 +58,14 @@ def _bit_fields(packed: Tensor, bits: int, axis: int) -> Tensor:
   trailing = packed.ndim - 1 - (axis % packed.ndim)
   shifts = (Tensor.arange(fields, device=packed.device, dtype=dtypes.uint8) * bits).reshape(fields, *[1] * trailing)
   return (packed >> shifts) & ((1 << bits) - 1)
+
+def has_byte_dot(device: str | None = None) -> bool:
+  """Whether `device` (default: the default device) renders integer dot products of bytes as one instruction: a
+  renderer that makes DP4A (kiln/codegen/vectorize.py) for a CPU with VNNI."""
+  from kiln.device import Device
+  renderer = Device[Device.canonicalize(device) if device is not None else Device.DEFAULT].renderer
+  return bool(VECTORIZE) and bool(getattr(renderer, "renders_byte_dots", False)) and \
+    bool(getattr(renderer.target, "byte_dot", False))
 
 # ---------------- per-type repacking (host, at load) and expansion (lazy, in the kernel) ----------------
 # repack: (rows, blocks, block_bytes) uint8 -> named per-row arrays; expand: those arrays as Tensors (any number of
@@ -52,6 +86,36 @@ def _expand_q4_1(p: dict[str, Tensor]) -> Tensor:
   """x = d * q + m, nibbles as Q4_0."""
   q = _bit_fields(p["nibbles"], 4, -2).cast(dtypes.float32)
   return q * p["scale"].unsqueeze(-1).unsqueeze(-1) + p["min"].unsqueeze(-1).unsqueeze(-1)
+
+def _pair_nibbles(nibbles: np.ndarray) -> np.ndarray:
+  """GGUF's Q4 nibbles (rows, blocks, 16) -> pairs of blocks (rows, blocks/2, 32): byte j of pair p holds value j of
+  block 2p (low nibble) and of block 2p+1 (high nibble); a block's value j < 16 is byte j's low nibble, j >= 16 byte
+  j-16's high one."""
+  values = np.concatenate([nibbles & 15, nibbles >> 4], -1)                 # (rows, blocks, 32) in value order
+  return (values[:, 0::2] | (values[:, 1::2] << 4)).astype(np.uint8)
+
+def _paired(repack: Callable[[np.ndarray], dict[str, np.ndarray]]) -> Callable[[np.ndarray], dict[str, np.ndarray]]:
+  """A Q4_0/Q4_1 repack whose nibbles come in pairs of blocks (`_pair_nibbles`)."""
+  def paired(raw: np.ndarray) -> dict[str, np.ndarray]:
+    parts = repack(raw)
+    parts["pairs"] = _pair_nibbles(parts.pop("nibbles"))
+    return parts
+  return paired
+
+def _paired_values(p: dict[str, Tensor]) -> Tensor:
+  """The 4-bit values of paired nibbles (rows, pairs, 32) as uint8 (rows, pairs, 2, 32): block 2p+f, value j."""
+  return _bit_fields(p["pairs"], 4, -2)
+
+def _block_scales(p: dict[str, Tensor], name: str) -> Tensor:
+  """A per-block array (rows, blocks) as (rows, blocks/2, 2, 1), to scale paired values."""
+  part = p[name]
+  return part.reshape(*part.shape[:-1], part.shape[-1] // 2, 2, 1)
+
+def _expand_q4_0_pairs(p: dict[str, Tensor]) -> Tensor:
+  return (_paired_values(p).cast(dtypes.float32) - 8) * _block_scales(p, "scale")
+
+def _expand_q4_1_pairs(p: dict[str, Tensor]) -> Tensor:
+  return _paired_values(p).cast(dtypes.float32) * _block_scales(p, "scale") + _block_scales(p, "min")
 
 def _repack_q8_0(raw: np.ndarray) -> dict[str, np.ndarray]:
   return {"scale": _f16(raw, 0), "q": raw[..., 2:].view(np.int8)}
@@ -102,6 +166,11 @@ QUANT_FORMATS: dict[str, QuantFormat] = {
   "Q4_K": QuantFormat(_repack_q4_k, _expand_q4_k, lambda nb: (nb, 4, 2, 32)),
   "Q6_K": QuantFormat(_repack_q6_k, _expand_q6_k, lambda nb: (nb, 2, 2, 2, 2, 16)),
 }
+# Q4_0/Q4_1 with an even number of blocks per row, nibbles in pairs of blocks (the integer dot product's layout)
+PAIRED_FORMATS: dict[str, QuantFormat] = {
+  "Q4_0": QuantFormat(_paired(_repack_q4_0), _expand_q4_0_pairs, lambda nb: (nb // 2, 2, 32)),
+  "Q4_1": QuantFormat(_paired(_repack_q4_1), _expand_q4_1_pairs, lambda nb: (nb // 2, 2, 32)),
+}
 # a product with at least this many rows of x dequantizes the weight once into a scratch buffer (kernel-local: it is
 # not kept between calls outside a TinyJit's own buffers) and runs a float32 matmul
 DEQUANTIZE_MIN_ROWS = 8
@@ -120,26 +189,34 @@ class QuantizedMatrix:
   >>> w.linear(Tensor.ones(1, 32)).tolist()   # 0.5 * (0 + 1 + ... + 31)
   [[248.0]]
   """
-  def __init__(self, type_name: str, shape: tuple[int, int], parts: dict[str, Tensor], k_shape: tuple[int, ...]):
-    self.type_name, self.shape, self.parts, self.k_shape = type_name, shape, parts, k_shape
+  def __init__(self, type_name: str, shape: tuple[int, int], parts: dict[str, Tensor], k_shape: tuple[int, ...],
+               int_dot: bool = False):
+    self.type_name, self.shape, self.parts, self.k_shape, self.int_dot = type_name, shape, parts, k_shape, int_dot
 
   @classmethod
   def from_blocks(cls, type_name: str, blocks: np.ndarray, shape: tuple[int, int], device: str | None = None,
-                  name: str = "weight") -> QuantizedMatrix:
-    """Repack `blocks` (rows, blocks per row, block bytes) of a GGUF tensor of `type_name` and `shape`."""
+                  name: str = "weight", int_dot: bool | None = None) -> QuantizedMatrix:
+    """Repack `blocks` (rows, blocks per row, block bytes) of a GGUF tensor of `type_name` and `shape`. `int_dot`:
+    whether matrix-vector products use integer dot products (module docstring); None: where the type allows it
+    (Q4_0/Q4_1 with an even number of blocks per row) and the device's CPU has the instruction."""
     if len(shape) != 2: raise ValueError(f"QuantizedMatrix: {name} must be 2-d, got shape {shape}")
     if type_name in PLAIN_FORMATS:
       values = np.ascontiguousarray(blocks).view(PLAIN_FORMATS[type_name]).reshape(shape)
       return cls(type_name, shape, {"w": Tensor(values, device=device).realize()}, (shape[1],))
     if type_name not in QUANT_FORMATS:
       raise ValueError(f"QuantizedMatrix: {name} has type {type_name}; supported: {', '.join(SUPPORTED_TYPES)}")
-    fmt = QUANT_FORMATS[type_name]
+    pairable = type_name in PAIRED_FORMATS and blocks.shape[1] % 2 == 0
+    if int_dot and not pairable:
+      raise ValueError(f"QuantizedMatrix: {name}: integer dot products need Q4_0/Q4_1 with an even number of blocks "
+                       f"per row, got {type_name} with {blocks.shape[1]}")
+    if int_dot is None: int_dot = pairable and has_byte_dot(device)
+    fmt = PAIRED_FORMATS[type_name] if int_dot else QUANT_FORMATS[type_name]
     parts = {key: Tensor(np.ascontiguousarray(arr), device=device).realize() for key, arr in fmt.repack(blocks).items()}
-    return cls(type_name, shape, parts, fmt.k_shape(blocks.shape[1]))
+    return cls(type_name, shape, parts, fmt.k_shape(blocks.shape[1]), int_dot)
 
   def _expand(self, parts: dict[str, Tensor]) -> Tensor:
     if self.type_name in PLAIN_FORMATS: return parts["w"].cast(dtypes.float32)
-    return QUANT_FORMATS[self.type_name].expand(parts)
+    return (PAIRED_FORMATS if self.int_dot else QUANT_FORMATS)[self.type_name].expand(parts)
 
   @property
   def nbytes(self) -> int:
@@ -150,8 +227,10 @@ class QuantizedMatrix:
     """The whole matrix as float32 (rows, cols), lazy (for tests and debugging; the model never realizes it)."""
     return self._expand(self.parts).reshape(self.shape)
 
-  def linear(self, x: Tensor) -> Tensor:
-    """`x @ W.T` for x of shape (..., cols): a product with the expanded rows, summed over the row's axes."""
+  def linear(self, x: Tensor, activations: tuple[Tensor, ...] | None = None) -> Tensor:
+    """`x @ W.T` for x of shape (..., cols): a product with the expanded rows, summed over the row's axes.
+    `activations`: `quantize_activations(x)` made once for several matrices with integer dot products (the same x
+    quantized once); the others ignore it."""
     if x.shape[-1] != self.shape[1]:
       raise ValueError(f"QuantizedMatrix.linear: input of shape {tuple(x.shape)} does not match a weight of shape "
                        f"{self.shape}")
@@ -164,8 +243,25 @@ class QuantizedMatrix:
     # costly value that is broadcast, which here would be a float32 copy of the whole weight
     parts = {key: part.reshape(*[1] * len(lead), *part.shape).expand(*lead, *part.shape)
              for key, part in self.parts.items()}
+    if self.int_dot: return self._int_dot_linear(x, parts, activations)
     product = x.reshape(*lead, 1, *self.k_shape) * self._expand(parts)
     return product.sum(tuple(range(len(lead) + 1, product.ndim)))
+
+  def _int_dot_linear(self, x: Tensor, parts: dict[str, Tensor], activations: tuple[Tensor, ...] | None) -> Tensor:
+    """`x @ W.T` with x quantized to int8 blocks: per block, the int32 dot product of its 32 nibbles and bytes (four
+    explicit sums of 4 products each per lane of 8: the C renderer makes each block one vpdpbusd), times both
+    scales, plus the block's offset (Q4_1's min, Q4_0's -8 * scale) times the float sums of x."""
+    lead, (rows, cols) = tuple(x.shape[:-1]), self.shape
+    pairs = cols // 64
+    q, d, lane_sums = quantize_activations(x) if activations is None else activations
+    values = _paired_values(parts).reshape(*lead, rows, pairs, 2, 8, 4).cast(dtypes.int32)
+    product = values * q.reshape(*lead, 1, pairs, 2, 8, 4).cast(dtypes.int32)
+    dots = product[..., 0] + product[..., 1] + product[..., 2] + product[..., 3]   # (..., rows, pairs, 2, 8)
+    scale = _block_scales(parts, "scale")
+    offset = _block_scales(parts, "min") if self.type_name == "Q4_1" else scale * -8
+    terms = dots.cast(dtypes.float32) * (scale * d.reshape(*lead, 1, pairs, 2, 1)) + \
+      offset * lane_sums.reshape(*lead, 1, pairs, 2, 8)
+    return terms.sum((-3, -2, -1))
 
   def rows(self, ids: Tensor) -> Tensor:
     """The dequantized rows `W[ids]` for an int Tensor `ids` of shape (n,): a gather of the packed rows, then the

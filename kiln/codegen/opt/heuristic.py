@@ -355,10 +355,14 @@ def _matrix_vector(kernel: Kernel, loads: list[UOp], out_axes: list[UOp],
   reused = any(0 in load_strides[rng] for rng in sized)
   groups = _reduce_groups(kernel.sink)
   if not streamed or not reused or any(ops != {Ops.ADD} for ops in groups.values()): return None
+  # bytes read 4 apart along the lanes are a byte dot product's operands (4 explicit products per lane: one DP4A)
+  def lane_stride(i: int, stride: int | None) -> bool: return stride in (0, 1) or (stride == 4 and
+                                                                                 loads[i].dtype.itemsize == 1)
   for key in groups:
     strides = load_strides.get(key[-1])
-    if strides is None or any(s not in (0, 1) for s in strides) or not any(strides[i] == 1 for i in streamed) \
-       or _first_dividing(Kernel.size(key[-1]), MATVEC_LANES) is None: return None
+    if strides is None or not all(lane_stride(i, s) for i, s in enumerate(strides)) \
+       or not any(strides[i] in (1, 4) for i in streamed) or _first_dividing(Kernel.size(key[-1]), MATVEC_LANES) is None:
+      return None
   for key in groups:
     _try(kernel, Opt(OptOps.LANES, kernel.axes.index(key[-1]), _first_dividing(Kernel.size(key[-1]), MATVEC_LANES)))
   return kernel.applied
