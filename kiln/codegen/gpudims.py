@@ -186,6 +186,22 @@ def _nested(red: UOp, body: UOp, loops: list[UOp]) -> UOp:
   for loop in reversed(loops): body = UOp(Ops.REDUCE, red.dtype, (body, loop), red.arg)
   return body
 
+def _tree_combine(lidx: UOp, arrays: list[tuple[UOp, UOp]], barrier: UOp) -> dict[UOp, UOp]:
+  """Each REDUCE's total from the GROUP_SIZE partials in its shared array (written before `barrier`): log2 rounds in
+  which thread i < s combines elements i and i + s into element i (s = half the block, then half of that...), a
+  barrier after each round; then every thread reads element 0. A fixed tree: the same bits on every run."""
+  step = GROUP_SIZE // 2
+  while step:
+    low = lidx.lt(step)
+    partner = low.where(lidx + step, lidx)   # (the upper threads read in bounds and store nothing)
+    stores = []
+    for red, shared in arrays:
+      mine, theirs = (UOp(Ops.LOAD, red.dtype, (shared, index, barrier)) for index in (lidx, partner))
+      stores.append(UOp(Ops.STORE, dtypes.void, (shared, lidx, UOp(red.arg, red.dtype, (mine, theirs)), low)))
+    barrier = UOp(Ops.BARRIER, dtypes.void, tuple(stores))
+    step //= 2
+  return {red: UOp(Ops.LOAD, red.dtype, (shared, UOp.const(INT, 0), barrier)) for red, shared in arrays}
+
 def groupable(sink: UOp) -> bool:
   """Whether `map_axes_to_gpu` runs the kernel as one block per row (`group_rows`)."""
   return row_plan(sink) is not None
@@ -201,7 +217,7 @@ def _split_over_threads(size: int, lidx: UOp, outer: UOp) -> tuple[UOp, UOp | No
 def group_rows(sink: UOp) -> UOp | None:
   """A row kernel (`row_plan`) as one block per row (gidx0, the row ranges unflattened): for each reduce group in
   turn, the GROUP_SIZE threads reduce every GROUP_SIZE-th element (coalesced loads) into partials in a shared array,
-  and after a barrier each thread combines them in thread order; the elementwise pass then runs element
+  combined by a tree of barrier-separated rounds (`_tree_combine`); the elementwise pass then runs element
   `j*GROUP_SIZE + lidx0` in a thread's loop j. A store that depends on no thread's element is made by thread 0."""
   plan = row_plan(sink)
   if plan is None: return None
@@ -225,10 +241,8 @@ def group_rows(sink: UOp) -> UOp | None:
       if valid is not None: body = valid.where(body, UOp.const(red.dtype, identity_element(red.arg, red.dtype)))
       shared = UOp(Ops.DEFINE_LOCAL, red.dtype, (), (f"temp{g}_{k}", GROUP_SIZE))
       partials.append((red, shared, UOp(Ops.STORE, dtypes.void, (shared, lidx, _nested(red, body, loops)))))
-    barrier = UOp(Ops.BARRIER, dtypes.void, tuple(store for _, _, store in partials))
-    combine = [new_range(k) for k in sum_levels(GROUP_SIZE, blocked)]
-    for red, shared, _ in partials:
-      finals[red] = _nested(red, UOp(Ops.LOAD, red.dtype, (shared, _flat_index(combine), barrier)), combine)
+    finals.update(_tree_combine(lidx, [(red, shared) for red, shared, _ in partials],
+                                UOp(Ops.BARRIER, dtypes.void, tuple(store for _, _, store in partials))))
   values = dict(finals)
   element_valid = None
   if plan.elementwise is not None:
