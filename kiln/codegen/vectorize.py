@@ -29,7 +29,7 @@ Vector uops (a vector dtype is `dtype.vec(n)`, kiln/dtype.py):
 | `CONST` | `()` | tuple of lane values | a vector constant |
 | `VECTORIZE` | n scalars | None | the vector of those scalars (the same one n times: a broadcast) |
 | `GEP` | `(vector,)` | lane | one lane as a scalar |
-| `DP4A` | `(acc, a0, b0, ...)` | None | int32 lane l: acc's plus each pair's bytes 4l..4l+3 multiplied and summed |
+| `DP4A` | `(acc, a0, b0, ...)` | a < 128 | int32 lane l: acc's plus each pair's bytes 4l..4l+3 multiplied and summed |
 | ALU, `CAST`, `BITCAST`, `DEFINE_ACC`, `ASSIGN` | vectors | as scalar | lane by lane |
 A bool vector's lanes are all-ones or all-zero masks as wide as the lanes they were compared from (32 bits).
 """
@@ -119,7 +119,7 @@ def _address_key(u: UOp) -> int:
 class _Vectorizer:
   """Bundles the lanes of one kernel and writes the vector uop list."""
   def __init__(self, uops: list[UOp], keep_scalar: frozenset[UOp], widths: tuple[int, ...] = VECTOR_WIDTHS,
-               byte_dots: bool = False):
+               byte_dots: int = 0):
     self.uops, self.keep_scalar, self.widths, self.byte_dots = uops, keep_scalar, widths, byte_dots
     # built from reversed pairs so that a uop listed twice keeps its first position and block
     self.position: dict[UOp, int] = dict(zip(reversed(uops), range(len(uops) - 1, -1, -1)))
@@ -238,13 +238,16 @@ class _Vectorizer:
       terms.append(sorted(found, key=lambda pair: (_address_key(pair[1]), _address_key(pair[0]))))
     if any(a.dtype is not terms[0][0][0].dtype or b.dtype is not terms[0][0][1].dtype for t in terms for a, b in t):
       return None
+    # the largest unsigned byte: the target multiplies bytes up to self.byte_dots exactly (AVX2's pmaddubsw: 127)
+    largest = max(_value_range(a)[1] if _value_range(a)[0] >= 0 else 255 for t in terms for a, _ in t)
+    if largest > self.byte_dots: return None
     operands: list[UOp] = [self._constant(tuple(UOp.const(dtypes.int32, 0) for _ in lanes))]
     for chunk in range(0, len(terms[0]), 4):
       for side in (0, 1):
         vector = self.bundle(tuple(t[chunk + k][side] for t in terms for k in range(4)))
         if vector is None or vector.op is _VECTORIZE: return None
         operands.append(vector)
-    vector = UOp(Ops.DP4A, dtypes.int32.vec(len(lanes)), tuple(operands))
+    vector = UOp(Ops.DP4A, dtypes.int32.vec(len(lanes)), tuple(operands), largest < 128)
     self._claim(lanes, vector)
     return self._remember(lanes, vector)
 
@@ -475,11 +478,12 @@ def _chunks(by_offset: dict[int, UOp], widths: tuple[int, ...] = VECTOR_WIDTHS) 
   return chunks
 
 def vectorize(uops: list[UOp], keep_scalar: frozenset[UOp] = frozenset(), max_lanes: int = VECTOR_WIDTHS[0],
-              byte_dots: bool = False) -> list[UOp]:
+              byte_dots: int = 0) -> list[UOp]:
   """The linearized kernel `uops` (docs/ir.md, stage 4) with its isomorphic lanes as vector uops (see the module
   docstring), at most `max_lanes` lanes a vector (one register of the target: 16 float32 on AVX-512, 8 on AVX2; any
   width gives the same bits). Accumulators in `keep_scalar` stay scalar. With `byte_dots` (a renderer that renders
-  DP4A), int32 lanes that each sum products of an unsigned and a signed byte, 4*m of them, become one DP4A. A kernel
+  DP4A: the largest unsigned byte its target multiplies exactly, CPUTarget.byte_dot_max), int32 lanes that each sum
+  products of an unsigned byte (proven at most `byte_dots`) and a signed one, 4*m of them, become one DP4A. A kernel
   with nothing to vectorize comes back unchanged.
 
   >>> from kiln.dtype import dtypes

@@ -434,18 +434,23 @@ def vector_fma_helper(dtype: DType) -> str:
     "#else", f"  return ({t}){{{lanes}}};", "#endif", "}"])
 
 def vector_dot_name(u: UOp) -> str:
-  """The name of the helper that computes DP4A `u` (one per accumulator width and number of byte-vector pairs)."""
-  return f"kiln_dp4a_{vector_type(u.dtype)}_{(len(u.src) - 1) // 2}"
+  """The name of the helper that computes DP4A `u` (per accumulator width, byte-vector pairs and byte range)."""
+  return f"kiln_dp4a_{vector_type(u.dtype)}_{(len(u.src) - 1) // 2}{'_small' if u.arg else ''}"
 
-# GCC's VNNI builtins (what its avx512vnniintrin.h/avxvnniintrin.h call), by int32 lanes, with the CPU feature macros
-# that enable them; elsewhere (clang, or no VNNI) the helper widens and sums lane by lane, which is exact too
+# GCC's builtins (what its own intrinsics headers call), by int32 lanes, with the CPU feature macros that enable
+# them: VNNI's vpdpbusd, else (unsigned bytes below 128 only) pmaddubsw's int16 sums of two products, then pmaddwd
+# by ones; elsewhere (clang, or none of these) the helper widens and sums lane by lane, which is exact too
 _X86_VNNI = {16: ("defined(__AVX512VNNI__)", "v16si"),
              8: ("(defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)", "v8si"),
              4: ("(defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)", "v4si")}
+_X86_MADDUBS = {16: ("defined(__AVX512BW__)", "__builtin_ia32_pmaddubsw512_mask(a, b, (kiln_h){{0}}, -1)",
+                     "__builtin_ia32_pmaddwd512_mask(x, ones, (kiln_intx16){{0}}, (unsigned short)-1)"),
+                8: ("defined(__AVX2__)", "__builtin_ia32_pmaddubsw256(a, b)", "__builtin_ia32_pmaddwd256(x, ones)"),
+                4: ("defined(__SSSE3__)", "__builtin_ia32_pmaddubsw128(a, b)", "__builtin_ia32_pmaddwd128(x, ones)")}
 
 def vector_dot_helper(u: UOp) -> str:
   """The inline function for DP4A `u`: int32 lane l of `acc` plus, for each pair (a, b) of byte vectors, the sum of
-  a[4l+k] * b[4l+k] over k < 4 (vpdpbusd where GCC has VNNI and a is unsigned, b signed)."""
+  a[4l+k] * b[4l+k] over k < 4."""
   t, n, pairs = vector_type(u.dtype), u.dtype.count, (len(u.src) - 1) // 2
   params = ", ".join([f"{t} acc"] + [f"{vector_type(u.src[1 + 2 * p + s].dtype)} {'ab'[s]}{p}" for p in range(pairs)
                                      for s in (0, 1)])
@@ -453,16 +458,29 @@ def vector_dot_helper(u: UOp) -> str:
   for lane in range(n):
     terms = [f"(int)a{p}[{4 * lane + k}]*(int)b{p}[{4 * lane + k}]" for p in range(pairs) for k in range(4)]
     lanes.append(" + ".join([f"acc[{lane}]", *terms]))
-  generic = f"  return ({t}){{{', '.join(lanes)}}};"
   lines = [f"static inline {t} {vector_dot_name(u)}({params}) {{"]
   unsigned_signed = all(u.src[1 + 2 * p].dtype.scalar == dtypes.uint8 and u.src[2 + 2 * p].dtype.scalar == dtypes.int8
                         for p in range(pairs))
-  if (found := _X86_VNNI.get(n)) is not None and unsigned_signed:
+  gcc = "defined(__GNUC__) && !defined(__clang__)"
+  branch = "#if"
+  if (vnni := _X86_VNNI.get(n)) is not None and unsigned_signed:
     chain = "acc"
-    for p in range(pairs): chain = f"__builtin_ia32_vpdpbusd_{found[1]}({chain}, ({t})a{p}, ({t})b{p})"
-    lines += [f"#if defined(__GNUC__) && !defined(__clang__) && ({found[0]})", f"  return {chain};", "#else", generic,
-              "#endif"]
-  else: lines.append(generic)
+    for p in range(pairs): chain = f"__builtin_ia32_vpdpbusd_{vnni[1]}({chain}, ({t})a{p}, ({t})b{p})"
+    lines += [f"{branch} {gcc} && ({vnni[0]})", f"  return {chain};"]
+    branch = "#elif"
+  if (maddubs := _X86_MADDUBS.get(n)) is not None and unsigned_signed and u.arg:
+    feature, pair_sums, quad_sums = maddubs
+    lines += [f"{branch} {gcc} && {feature}",
+              f"  typedef char kiln_q __attribute__((vector_size({4 * n})));",
+              f"  typedef short kiln_h __attribute__((vector_size({4 * n})));",
+              f"  const kiln_h ones = {{{', '.join(['1'] * (2 * n))}}};", f"  {t} r = acc;"]
+    for p in range(pairs):
+      lines += [f"  {{ kiln_q a = (kiln_q)a{p}, b = (kiln_q)b{p}; kiln_h x = (kiln_h){pair_sums.format()};",
+                f"    r += ({t}){quad_sums.format()}; }}"]
+    lines += ["  return r;"]
+    branch = "#elif"
+  generic = f"  return ({t}){{{', '.join(lanes)}}};"
+  lines += [generic] if branch == "#if" else ["#else", generic, "#endif"]
   return "\n".join(lines + ["}"])
 
 # a split reduction's scratch buffer: a counter of finished chunks (reset by the chunk that combines), then partials
@@ -498,7 +516,7 @@ class CRenderer(Renderer):
     if reduction is not None: keeps.append(frozenset(acc for acc, _ in reduction.accumulators))
     # one register a vector: wider generic vectors are split by the compiler, and gcc does it badly
     max_lanes = self.target.float_lanes if self.target is not None else 16
-    byte_dots = self.target is not None and self.target.byte_dot
+    byte_dots = self.target.byte_dot_max if self.target is not None else 0
     for keep in keeps:
       vector_uops = vectorize(uops, keep, max_lanes, byte_dots)
       if vector_uops is not uops and _plan_shape(*thread_plan(vector_uops)) == plan: return vector_uops

@@ -47,10 +47,18 @@ class CPUTarget:
     return max(1, self.vector_bytes // max(1, itemsize))
 
   @property
+  def byte_dot_max(self) -> int:
+    """How the CPU multiplies unsigned by signed bytes into int32 dot products of 4 (kiln/codegen/vectorize.py DP4A):
+    the largest unsigned byte it takes exactly. 255 with VNNI (vpdpbusd, one instruction); 127 with AVX2 or SSSE3
+    (pmaddubsw then pmaddwd: pmaddubsw's int16 sum of two products saturates beyond 2 * 127 * 128); 0 without."""
+    if self.has("avx512_vnni", "avx512vl") or self.has("avx_vnni"): return 255
+    return 127 if self.has("avx2") or self.has("ssse3") else 0
+
+  @property
   def byte_dot(self) -> bool:
-    """Whether the CPU multiplies bytes into int32 dot products in one instruction (x86 VNNI: vpdpbusd), which
-    kiln's quantized matrix-vector products use (kiln/apps/llm/quantized.py)."""
-    return self.has("avx512_vnni", "avx512vl") or self.has("avx_vnni")
+    """Whether byte dot products are a few instructions (`byte_dot_max`), which kiln's quantized matrix-vector
+    products use for their 4-bit weights (kiln/apps/llm/quantized.py)."""
+    return self.byte_dot_max > 0
 
   def has(self, *features: str) -> bool:
     """Whether every one of `features` (cpuinfo spellings: "avx512_vnni", "avx_vnni", "asimddp") is in force."""

@@ -35,15 +35,21 @@ class Ops(enum.Enum):
   LOAD = enum.auto(); STORE = enum.auto(); REDUCE = enum.auto(); DEFINE_ACC = enum.auto(); KERNEL = enum.auto()
   # vector code (kiln/codegen/vectorize.py): lanes gathered into a vector, one lane read out of a vector, and
   # DP4A(acc, a0, b0, a1, b1, ...): int32 lane l of acc plus, for each byte-vector pair, the dot product of bytes
-  # 4l..4l+3 of a and b, each byte widened by its own signedness (x86 vpdpbusd, NVIDIA dp4a)
+  # 4l..4l+3 of a and b, each byte widened by its own signedness (x86 vpdpbusd, NVIDIA dp4a); arg: every unsigned
+  # byte is below 128 (so x86's pmaddubsw, which saturates int16 pair sums, is exact too)
   VECTORIZE = enum.auto(); GEP = enum.auto(); DP4A = enum.auto()
   # a GPU thread's index along one launch dimension (kiln/codegen/gpudims.py): arg ("gidx0", n) is the block index,
   # ("lidx0", n) the thread's index in its block, each in [0, n)
   SPECIAL = enum.auto()
-  # GPU block memory (kiln/codegen/gpudims.py): DEFINE_LOCAL is a block's shared array (arg ("temp0", size)); BARRIER
+  # GPU block memory (kiln/codegen/gpudims.py): DEFINE_LOCAL is a block's shared array (arg ("temp0", size)), or with
+  # arg (name, size, "device") an array in device memory that lives as long as the kernel's module; BARRIER
   # (sources: the stores it orders) waits for every thread of the block, and a LOAD whose third source is a BARRIER
   # reads after it
   DEFINE_LOCAL = enum.auto(); BARRIER = enum.auto()
+  # ATOMIC(buf, index, value, gate, *after): where `gate` holds, a device-wide fence, then buf[index] op= value
+  # atomically (arg: the op, Ops.ADD); its value is buf[index] from before (0 where the gate is false). `after` are
+  # the stores it must follow
+  ATOMIC = enum.auto()
   def __repr__(self) -> str: return f"Ops.{self.name}"
   # members are singletons: identity hashing in C instead of Enum's Python-level hash of the name (a hot path)
   __hash__ = object.__hash__

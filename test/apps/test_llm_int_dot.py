@@ -99,17 +99,18 @@ def test_int_dot_needs_a_pairable_type():
     QuantizedMatrix.from_blocks("Q8_0", random_blocks("Q8_0", 4, 2, rng), (4, 64), int_dot=True)
   assert not QuantizedMatrix.from_blocks("Q4_1", random_blocks("Q4_1", 4, 3, rng), (4, 96)).int_dot
 
-@pytest.mark.parametrize("vnni", [True, False])
-def test_the_target_chooses_the_int_path(monkeypatch, vnni):
+@pytest.mark.parametrize("features,int_dot", [({"avx2", "avx_vnni"}, True), ({"avx2"}, True), ({"sse2"}, False)])
+def test_the_target_chooses_the_int_path(monkeypatch, features, int_dot):
+  """VNNI or AVX2 (pmaddubsw) make byte dot products a few instructions: the int path; plain SSE2 keeps floats."""
   renderer = Device["CPU"].renderer
   described = renderer.describe_target
-  features = described().features - {"avx_vnni", "avx512_vnni"} | ({"avx_vnni"} if vnni else set())
-  monkeypatch.setattr(renderer, "describe_target", lambda: dataclasses.replace(described(), features=features))
+  target = dataclasses.replace(described(), features=frozenset(features))
+  monkeypatch.setattr(renderer, "describe_target", lambda: target)
   realize._runner_cache.clear()
   try:
-    assert has_byte_dot("CPU") is vnni
+    assert has_byte_dot("CPU") is int_dot
     rng = np.random.default_rng(6)
-    assert QuantizedMatrix.from_blocks("Q4_0", random_blocks("Q4_0", 8, 2, rng), (8, 64)).int_dot is vnni
+    assert QuantizedMatrix.from_blocks("Q4_0", random_blocks("Q4_0", 8, 2, rng), (8, 64)).int_dot is int_dot
     with Context(VECTORIZE=0): assert not has_byte_dot("CPU")   # scalar code: the float path is faster
   finally: realize._runner_cache.clear()
 

@@ -3,7 +3,7 @@ products of an unsigned and a signed byte become one DP4A, which the C renderer 
 and as lane-by-lane sums elsewhere. Both give the bits of the scalar code, on every target; the vectorizer makes it
 only when asked (a target with VNNI), and refuses what is not a sum of byte products."""
 from __future__ import annotations
-import dataclasses
+import dataclasses, platform
 import numpy as np
 import pytest
 from kiln import Tensor, Device
@@ -74,11 +74,32 @@ def test_dp4a_helper_on_every_target(vnni_target, cflags):
     assert any(u.op is Ops.DP4A for u in uops) and "__builtin_ia32_vpdpbusd_v8si" in source
     np.testing.assert_array_equal(_byte_dot(*case).numpy(), _scalar(case))
 
-def test_no_dp4a_without_vnni(monkeypatch):
+def _nibble_dot(a: np.ndarray, b: np.ndarray, scale: np.ndarray) -> Tensor:
+  """_byte_dot of a's low nibbles (values below 16: AVX2's pmaddubsw is exact for them)."""
+  product = (Tensor(a) & 15).cast(dtypes.int32) * Tensor(b).cast(dtypes.int32)
+  sums = product[..., 0] + product[..., 1] + product[..., 2] + product[..., 3]
+  return (sums[:, :, 0].cast(dtypes.float32) * Tensor(scale)).sum((-2, -1))
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 targets")
+@pytest.mark.parametrize("march,builtin,groups", [("x86-64-v3", "pmaddubsw256", 8),
+                                                  ("skylake-avx512", "pmaddubsw512_mask", 16)])
+def test_without_vnni_small_bytes_use_pmaddubsw(march, builtin, groups):
+  """Without VNNI (AVX2, AVX-512 before VNNI) only unsigned bytes proven below 128 make a DP4A: pmaddubsw, then
+  pmaddwd by ones."""
+  case = _case(48, groups, 1, seed=9)
+  with Context(VECTORIZE=0, CACHELEVEL=0): want = _nibble_dot(*case).numpy()
+  with Context(CFLAGS=f"-march={march}", CACHELEVEL=0):
+    assert Device["CPU"].renderer.target.byte_dot_max == 127
+    source, uops = _source(_nibble_dot(*case))
+    assert any(u.op is Ops.DP4A for u in uops) and f"__builtin_ia32_{builtin}" in source
+    np.testing.assert_array_equal(_nibble_dot(*case).numpy(), want)
+    _, uops = _source(_byte_dot(*case))   # full-range bytes would saturate pmaddubsw's int16 sums
+    assert not any(u.op is Ops.DP4A for u in uops)
+
+def test_no_dp4a_without_byte_dot_instructions(monkeypatch):
   renderer = Device["CPU"].renderer
   described = renderer.describe_target
-  monkeypatch.setattr(renderer, "describe_target", lambda: dataclasses.replace(
-    described(), features=described().features - {"avx_vnni", "avx512_vnni"}))
+  monkeypatch.setattr(renderer, "describe_target", lambda: dataclasses.replace(described(), features=frozenset()))
   _, uops = _source(_byte_dot(*_case(48, 8, 1, seed=2)))
   assert not any(u.op is Ops.DP4A for u in uops)
 
@@ -95,10 +116,10 @@ def test_only_sums_of_unsigned_by_signed_bytes_become_dp4a():
     product = a.cast(dtypes.int32) * b8.cast(dtypes.int32)
     sums = product[..., 0]
     for k in range(1, terms): sums = sums + product[..., k]
-    vector = vectorize(_lanes(sums.cast(dtypes.float32).sum((-2, -1))), byte_dots=True)
+    vector = vectorize(_lanes(sums.cast(dtypes.float32).sum((-2, -1))), byte_dots=255)
     assert not any(u.op is Ops.DP4A for u in vector)
   product = u8.cast(dtypes.int32) * b8.cast(dtypes.int32)
   sums = product[..., 0] + product[..., 1] + product[..., 2] + product[..., 3]
   uops = _lanes(sums.cast(dtypes.float32).sum((-2, -1)))
-  assert any(u.op is Ops.DP4A for u in vectorize(uops, byte_dots=True))
+  assert any(u.op is Ops.DP4A for u in vectorize(uops, byte_dots=255))
   assert not any(u.op is Ops.DP4A for u in vectorize(uops))   # only when asked

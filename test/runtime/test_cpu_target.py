@@ -82,15 +82,19 @@ def test_march_in_the_compiler_flags_decides_the_instruction_set(tmp_path):
   assert for_flags(xeon, "-march=sapphirerapids").has("avx512_vnni", "avx512_fp16")
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86-64-v3 is an x86 target")
-def test_byte_dot_instruction_from_the_features(tmp_path):
-  """VNNI (AVX512-VNNI with VL, or AVX-VNNI) makes byte dot products one instruction (kiln/apps/llm/quantized.py);
-  an AVX2 EPYC, aarch64 and -march=x86-64-v3 on the Xeon do not have it, -march=alderlake does."""
-  for name in ("avx512_xeon", "avx2_epyc", "aarch64"): (tmp_path / name).mkdir()
+def test_byte_dot_instructions_from_the_features(tmp_path):
+  """Byte dot products (kiln/codegen/vectorize.py DP4A): VNNI (AVX512-VNNI with VL, or AVX-VNNI) multiplies any
+  unsigned byte, AVX2/SSSE3's pmaddubsw those below 128; aarch64 (kiln renders no NEON dot yet) and plain SSE2 none."""
+  for name in ("avx512_xeon", "avx2_epyc", "aarch64", "plain_x86_no_sysfs"): (tmp_path / name).mkdir()
   xeon = _fake_machine(tmp_path / "avx512_xeon", "avx512_xeon")
-  assert xeon.byte_dot and not _fake_machine(tmp_path / "avx2_epyc", "avx2_epyc").byte_dot
+  assert xeon.byte_dot_max == 255 and _fake_machine(tmp_path / "avx2_epyc", "avx2_epyc").byte_dot_max == 127
   assert not _fake_machine(tmp_path / "aarch64", "aarch64").byte_dot
-  assert not for_flags(xeon, ["-march=x86-64-v3"]).byte_dot and for_flags(xeon, ["-march=alderlake"]).byte_dot
-  assert describe_cpu(cpuinfo="flags : avx2 fma avx512f avx512_vnni", cache_dir=None, machine="x86_64").byte_dot is False
+  assert _fake_machine(tmp_path / "plain_x86_no_sysfs", "plain_x86_no_sysfs").byte_dot_max == 127   # ssse3
+  march = {name: for_flags(xeon, [f"-march={name}"]).byte_dot_max for name in ("x86-64-v3", "alderlake", "x86-64-v2",
+                                                                            "x86-64")}
+  assert march == {"x86-64-v3": 127, "alderlake": 255, "x86-64-v2": 127, "x86-64": 0}
+  no_vl = describe_cpu(cpuinfo="flags : avx2 fma avx512f avx512_vnni", cache_dir=None, machine="x86_64")
+  assert no_vl.byte_dot_max == 127
 
 def test_cpu_device_target_follows_cflags():
   renderer = Device["CPU"].renderer

@@ -259,9 +259,10 @@ def load_model(path: str | os.PathLike, *, max_context: int | None = None, allow
   `max_context` is the KV cache length (default min(context_length, 4096)); beyond the model's trained
   context_length it needs `allow_long_context=True`. `int_dot`: whether decode's Q4_0/Q4_1 matrix-vector products
   quantize the activations to int8 and use integer dot products, as llama.cpp does (kiln/apps/llm/quantized.py);
-  None: where the CPU has the instruction (VNNI); False: float products, exact to the dequantized weights; True:
-  wherever the type allows (even on a CPU without VNNI, slowly). A missing or non-GGUF file, an unsupported architecture or
-  tensor type, or a KV cache larger than the machine's memory raises a one-line ValueError naming the file."""
+  None: where the CPU has the instructions (VNNI, AVX2); False: float products, exact to the dequantized weights;
+  True: wherever the type allows (even on a CPU without them, slowly). A missing or non-GGUF file, an unsupported
+  architecture or tensor type, or a KV cache larger than the machine's memory raises a one-line ValueError naming
+  the file."""
   label = str(path)
   _check_file(path, label)
   metadata, tensors = gguf_load_raw(path)

@@ -12,8 +12,8 @@ Float32 scales cost 4 extra bytes per 32 weights for Q4_0/Q8_0 (one scale) and 8
 Splitting a row into separate axes, rather than one axis of K values, keeps the kernel's index arithmetic free of
 `//` and `%` (another 2x).
 
-**Integer dot products.** Where the CPU multiplies bytes into int32 dot products in one instruction (x86 VNNI,
-`CPUTarget.byte_dot`), a Q4_0/Q4_1 matrix-vector product runs as llama.cpp's does: the activations are quantized to
+**Integer dot products.** Where the CPU multiplies bytes into int32 dot products in a few instructions (x86 VNNI's
+vpdpbusd, AVX2's pmaddubsw: `CPUTarget.byte_dot`), a Q4_0/Q4_1 matrix-vector product runs as llama.cpp's does: the activations are quantized to
 int8 per block of 32 (`quantize_activations`: d = max|x| / 127, q = round(x / d)), and each block's 32 nibbles times
 those bytes is an integer dot product, scaled once per block. Such matrices keep their nibbles in *pairs of blocks*
 (`_pair_nibbles`: byte j of pair p holds value j of block 2p in its low nibble and value j of block 2p+1 in its high
@@ -60,8 +60,8 @@ def _bit_fields(packed: Tensor, bits: int, axis: int) -> Tensor:
   return (packed >> shifts) & ((1 << bits) - 1)
 
 def has_byte_dot(device: str | None = None) -> bool:
-  """Whether `device` (default: the default device) renders integer dot products of bytes as one instruction: a
-  renderer that makes DP4A (kiln/codegen/vectorize.py) for a CPU with VNNI."""
+  """Whether `device` (default: the default device) renders integer dot products of bytes in a few instructions: a
+  renderer that makes DP4A (kiln/codegen/vectorize.py) for a CPU with VNNI or AVX2, vectorizing."""
   from kiln.device import Device
   renderer = Device[Device.canonicalize(device) if device is not None else Device.DEFAULT].renderer
   return bool(VECTORIZE) and bool(getattr(renderer, "renders_byte_dots", False)) and \
