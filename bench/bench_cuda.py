@@ -69,7 +69,7 @@ def main() -> None:
   row("sum 256M as (-1, 8192).sum(1).sum()", two_stage, 4 * n, torch_ms(lambda: ta.sum(), reps))
   whole = kiln_ms(lambda: a.sum(), 3)
   assert abs(whole[2].item() - float(ta.double().sum())) <= 1e-3 * abs(float(ta.double().sum())) + 1.0
-  row("sum 256M floats (one block)", whole, 4 * n, torch_ms(lambda: ta.sum(), reps))
+  row("a.sum() of 256M floats", whole, 4 * n, torch_ms(lambda: ta.sum(), reps))
   rows2d = (a[:8192 * 8192].reshape(8192, 8192) * 1.0).realize()
   t2d = ta[:8192 * 8192].reshape(8192, 8192)
   softmax = kiln_ms(lambda: rows2d.softmax(axis=1), reps)

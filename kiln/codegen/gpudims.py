@@ -214,6 +214,57 @@ def _split_over_threads(size: int, lidx: UOp, outer: UOp) -> tuple[UOp, UOp | No
   valid = element.lt(size)
   return valid.where(element, UOp.const(INT, size - 1)), valid
 
+GRID_BLOCKS = 1024   # blocks of a grid-wide reduction: about 8 a multiprocessor on an H200, one wave
+MIN_GRID_REDUCED = 1 << 20   # a full reduction of at least this many elements uses every block (else one block)
+
+def grid_reduction(sink: UOp, plan: RowPlan, new_range) -> UOp | None:
+  """A full reduction (one reduce group, no row, no elementwise pass) of at least MIN_GRID_REDUCED elements over
+  GRID_BLOCKS blocks: each block reduces its share (coalesced, as a row's) to one partial in a device array; thread 0
+  then fences and takes a ticket (ATOMIC add on an arrival counter). The block that takes the last ticket sees
+  every partial: its threads read them (through L2), combine them in a tree, store the result, and reset the
+  counter for the next launch. Fixed orders throughout: the same bits on every run. None where it does not apply."""
+  if plan.rows or plan.elementwise is not None or len(plan.groups) != 1: return None
+  ranges, reds = plan.groups[0]
+  size, blocks = prod(r.src[0].arg for r in ranges), GRID_BLOCKS
+  if size < MIN_GRID_REDUCED: return None
+  lidx = UOp(Ops.SPECIAL, INT, (), ("lidx0", GROUP_SIZE))
+  gidx = UOp(Ops.SPECIAL, INT, (), ("gidx0", blocks))
+  blocked = any(red.arg is Ops.ADD and dtypes.is_float(red.dtype) for red in reds)
+  loops = [new_range(k) for k in sum_levels(-(-size // (GROUP_SIZE * blocks)), blocked)]
+  element = (_flat_index(loops) * blocks + gidx) * GROUP_SIZE + lidx
+  valid = element.lt(size) if prod(r.src[0].arg for r in loops) * blocks * GROUP_SIZE != size else None
+  if valid is not None: element = valid.where(element, UOp.const(INT, size - 1))
+  first = lidx.eq(0)
+  shared, scratch, partial_stores = [], [], []
+  for k, red in enumerate(reds):
+    body = _substitute(red.src[0], _unflatten(element, list(ranges)))
+    if valid is not None: body = valid.where(body, UOp.const(red.dtype, identity_element(red.arg, red.dtype)))
+    shared.append(UOp(Ops.DEFINE_LOCAL, red.dtype, (), (f"temp0_{k}", GROUP_SIZE)))
+    partial_stores.append(UOp(Ops.STORE, dtypes.void, (shared[k], lidx, _nested(red, body, loops))))
+  block_totals = _tree_combine(lidx, list(zip(reds, shared)), UOp(Ops.BARRIER, dtypes.void, tuple(partial_stores)))
+  for k, red in enumerate(reds):
+    scratch.append(UOp(Ops.DEFINE_LOCAL, red.dtype, (), (f"kiln_partials{k}", blocks, "device")))
+  to_device = tuple(UOp(Ops.STORE, dtypes.void, (scratch[k], gidx, block_totals[red], first)) for k, red in enumerate(reds))
+  counter = UOp(Ops.DEFINE_LOCAL, dtypes.uint32, (), ("kiln_arrivals", 1, "device"))
+  zero, one = UOp.const(dtypes.uint32, 0), UOp.const(dtypes.uint32, 1)
+  ticket = UOp(Ops.ATOMIC, dtypes.uint32, (counter, UOp.const(INT, 0), one, first, *to_device), Ops.ADD)
+  flag = UOp(Ops.DEFINE_LOCAL, INT, (), ("kiln_last_block", 1))
+  said = UOp(Ops.STORE, dtypes.void, (flag, UOp.const(INT, 0), ticket.eq(blocks - 1).cast(INT), first))
+  last = UOp(Ops.LOAD, INT, (flag, UOp.const(INT, 0), UOp(Ops.BARRIER, dtypes.void, (said,)))).ne(0)
+  per_thread = new_range(blocks // GROUP_SIZE)
+  gathered = []
+  for k, red in enumerate(reds):
+    read = UOp(Ops.LOAD, red.dtype, (scratch[k], per_thread * GROUP_SIZE + lidx, last))
+    other = UOp(Ops.DEFINE_LOCAL, red.dtype, (), (f"temp1_{k}", GROUP_SIZE))
+    gathered.append((red, other, UOp(Ops.STORE, dtypes.void, (other, lidx, _nested(red, read, [per_thread])))))
+  totals = _tree_combine(lidx, [(red, other) for red, other, _ in gathered],
+                         UOp(Ops.BARRIER, dtypes.void, tuple(store for _, _, store in gathered)))
+  done = first & last
+  stores = [_substitute(st.replace(src=(*st.src[:3], done if len(st.src) == 3 else st.src[3] & done)), totals)
+            if st.op is Ops.STORE else st for st in sink.src]
+  stores.append(UOp(Ops.STORE, dtypes.void, (counter, UOp.const(INT, 0), zero, done)))   # ready for the next launch
+  return graph_rewrite(sink.replace(src=tuple(stores)), symbolic, name="gpudims grid reduction")
+
 def group_rows(sink: UOp) -> UOp | None:
   """A row kernel (`row_plan`) as one block per row (gidx0, the row ranges unflattened): for each reduce group in
   turn, the GROUP_SIZE threads reduce every GROUP_SIZE-th element (coalesced loads) into partials in a shared array,
@@ -226,6 +277,7 @@ def group_rows(sink: UOp) -> UOp | None:
     nonlocal next_id
     next_id += 1
     return UOp(Ops.RANGE, INT, (UOp.const(INT, size),), next_id - 1)
+  if (whole := grid_reduction(sink, plan, new_range)) is not None: return whole
   lidx = UOp(Ops.SPECIAL, INT, (), ("lidx0", GROUP_SIZE))
   finals: dict[UOp, UOp] = {}
   for g, (ranges, reds) in enumerate(plan.groups):

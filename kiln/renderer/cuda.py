@@ -72,7 +72,9 @@ class _CudaKernelWriter(_CKernelWriter):
   def __init__(self, name: str, uops: list[UOp]):
     super().__init__(name, uops)
     self.parallel = self.reduction = None   # the CPU thread plan: a GPU's threads come from SPECIALs instead
-    self.statements.update({Ops.SPECIAL: self._special, Ops.DEFINE_LOCAL: self._define_local, Ops.BARRIER: self._barrier})
+    self.statements.update({Ops.SPECIAL: self._special, Ops.DEFINE_LOCAL: self._define_local, Ops.BARRIER: self._barrier,
+                            Ops.ATOMIC: self._atomic})
+    self.device_arrays: list[str] = []   # file-scope `__device__` arrays (DEFINE_LOCAL with a "device" scope)
     self.block_threads = 1
 
   def _special(self, u: UOp) -> None:
@@ -85,12 +87,31 @@ class _CudaKernelWriter(_CKernelWriter):
   def _define_local(self, u: UOp) -> None:
     self.note_dtype(u.dtype)
     name = self.names[u] = u.arg[0]
-    self.emit(f"__shared__ {STORAGE_TYPES[u.dtype]} {name}[{u.arg[1]}];")
+    if len(u.arg) > 2 and u.arg[2] == "device":   # zero when the module loads, kept between launches
+      self.device_arrays.append(f"__device__ {STORAGE_TYPES[u.dtype]} {name}[{u.arg[1]}];")
+    else: self.emit(f"__shared__ {STORAGE_TYPES[u.dtype]} {name}[{u.arg[1]}];")
+
+  def _atomic(self, u: UOp) -> None:
+    buf, index, value, gate = u.src[:4]
+    if u.arg is not Ops.ADD or u.dtype not in (dtypes.uint32, dtypes.int32):
+      raise NotImplementedError(f"CUDARenderer: no ATOMIC {u.arg} on {u.dtype} (kernel {self.name})")
+    name = self.names[u] = self.fresh_name("ticket")
+    self.emit(f"{STORAGE_TYPES[u.dtype]} {name} = 0;")
+    self.emit(f"if ({self.expr(gate)}) {{ __threadfence(); {name} = atomicAdd(&{self.expr(buf)}[{self.expr(index)}], "
+              f"{self.expr(value)}); }}   /* this block's stores above are visible to every block first */")
 
   def _barrier(self, u: UOp) -> None:
     self.emit("__syncthreads();   /* the block's shared stores above, before any thread reads them */")
 
   def _load(self, u: UOp) -> None:
+    buf = u.src[0]
+    if buf.op is Ops.DEFINE_LOCAL and len(buf.arg) > 2:   # written by other blocks in this launch: read through L2
+      self.note_dtype(u.dtype)
+      read = f"__ldcg(&{self.expr(buf)}[{self.expr(u.src[1])}])"
+      if len(u.src) == 3: read = f"({self.expr(u.src[2])}?{read}:{STORAGE_TYPES[u.dtype]}(0))"
+      name = self.names[u] = self.fresh_name("val")
+      self.emit(f"const {STORAGE_TYPES[u.dtype]} {name} = {read};")
+      return
     if len(u.src) == 3 and u.src[2].op is Ops.BARRIER:   # ordered after the barrier (a source), not gated
       plain = UOp(Ops.LOAD, u.dtype, u.src[:2])
       super()._load(plain)
@@ -130,7 +151,7 @@ class _CudaKernelWriter(_CKernelWriter):
     params += [f"int {self.var_names[v]}" for v in variables]
     head = ([HALF_HELPERS] if self.uses_half else []) + ([BF16_HELPERS] if self.uses_bf16 else [])
     if self.uses_fp8: head += [FP8_HELPERS] + [fp8_helpers(dt) for dt in dtypes.fp8s if dt in self.uses_fp8]
-    head = [PRELUDE] + [device_helpers(block) for block in head]
+    head = [PRELUDE] + [device_helpers(block) for block in head] + self.device_arrays
     bounds = f"__launch_bounds__({self.block_threads}) "
     return "\n".join(head + [f'extern "C" __global__ void {bounds}{self.name}({", ".join(params)}) {{',
                              *self.lines, "}", ""])

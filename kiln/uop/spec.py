@@ -34,7 +34,7 @@ def check_tensor_graph(roots: list[UOp]) -> None:
 _BUFFERS = (Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL)   # what loads and stores address: device memory, a block's shared array
 LOWERED_OPS = GroupOp.ALU | {Ops.SINK, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CONST, Ops.RANGE, Ops.LOAD, Ops.STORE,
                              Ops.REDUCE, Ops.CAST, Ops.BITCAST, Ops.SPECIAL,
-                             Ops.DEFINE_LOCAL, Ops.BARRIER}
+                             Ops.DEFINE_LOCAL, Ops.BARRIER, Ops.ATOMIC}
 
 def check_lowered(sink: UOp) -> None:
   """Lowered kernels: no tensor-level op is left, loads and stores address buffers with integer indices,
@@ -51,7 +51,7 @@ def check_lowered(sink: UOp) -> None:
 
 LINEAR_OPS = GroupOp.ALU | {Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CONST, Ops.RANGE, Ops.ENDRANGE, Ops.LOAD, Ops.STORE,
                             Ops.DEFINE_ACC, Ops.ASSIGN, Ops.CAST, Ops.BITCAST, Ops.SPECIAL,
-                            Ops.DEFINE_LOCAL, Ops.BARRIER}
+                            Ops.DEFINE_LOCAL, Ops.BARRIER, Ops.ATOMIC}
 
 def check_linear(uops: list[UOp]) -> None:
   """Linearized kernels: only stage-4 ops, each node after its sources, loops properly nested."""

@@ -58,6 +58,15 @@ def test_grouped_reductions_match_the_cpu():
   np.testing.assert_allclose(g3.log_softmax(axis=1).numpy(), c3.log_softmax(axis=1).numpy(), rtol=1e-5, atol=1e-5)
 
 @needs_gpu
+def test_grid_wide_full_reductions_match_the_cpu_launch_after_launch():
+  (g, c) = _pair((3, 1000003))   # over 1M elements: every block adds a share, the last one combines
+  for _ in range(3):   # the arrival counter must be back at zero for the next launch
+    np.testing.assert_allclose(g.sum().item(), c.sum().item(), rtol=1e-5)
+  assert g.max().item() == c.max().item() and g.min().item() == c.min().item()
+  np.testing.assert_allclose(g.mean().item(), c.mean().item(), rtol=1e-5, atol=1e-6)
+  assert (g > 0).sum().item() == (c > 0).sum().item()
+
+@needs_gpu
 def test_copies_between_devices_and_a_second_name():
   x = np.arange(1031, dtype=np.float32)
   t = Tensor(x, device="CUDA:0")

@@ -40,6 +40,8 @@ def _cases() -> dict[str, Tensor]:
     "grouped_half_max": Tensor.empty(3000, dtype=dtypes.half).max(),
     "grouped_mean_of_product": (Tensor.empty(16, 1500) * Tensor.empty(1500)).mean(axis=1),
     "grouped_softmax": Tensor.empty(8, 3000).softmax(axis=1),
+    "grid_sum": Tensor.empty(1 << 21).sum(),
+    "grid_mean_odd": Tensor.empty(3, 1000003).mean(),
     "grouped_layernorm": Tensor.empty(8, 2048).layernorm(),
     "fp8": Tensor.empty(300).cast(dtypes.fp8e4m3).cast(dtypes.float32) * 2,
     "bitcast": Tensor.empty(256).bitcast(dtypes.int32) & 0xFF,
@@ -71,6 +73,10 @@ def test_output_axes_become_thread_indices():
   assert src.count("data0[") == 4 and "blockIdx.x" in src, f"not four elements a thread:\n{src}"
   name, src = rendered()["sum_columns"][-1]
   assert "__syncthreads" not in src and "threadIdx.x" in src, f"a short reduction stays in its thread:\n{src}"
+  for case in ("grid_sum", "grid_mean_odd"):
+    name, src = rendered()[case][-1]
+    assert "atomicAdd(&kiln_arrivals[0]" in src and "__device__ float kiln_partials0[1024];" in src, src
+    assert "gidx0 = blockIdx.x;   /* < 1024 */" in src, f"{case} is not spread over the grid:\n{src}"
   for case in ("full_sum", "grouped_rows", "grouped_half_max", "grouped_softmax", "grouped_layernorm"):
     name, src = rendered()[case][-1]
     assert "__shared__" in src and "__syncthreads();" in src, f"{case} is not grouped:\n{src}"
