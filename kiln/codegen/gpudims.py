@@ -1,5 +1,12 @@
-"""Axis mapping for GPU targets: a lowered kernel's output ranges whose iterations touch disjoint memory become one
-flat thread index (block `gidx0` x thread `lidx0`, SPECIAL ops); every other range stays a loop in each thread.
+"""Axis mapping for GPU targets, lowered kernel -> kernel over block and thread indices (SPECIAL `gidx0`, `lidx0`):
+output ranges that touch disjoint memory become one flat thread index, whole-row reductions one block per row (or the
+whole grid, for one long reduction), and every other range stays a loop in each thread.
+
+Row kernels first (`group_rows`, `grid_reduction`): a kernel of reductions over whole rows, with at most one
+elementwise pass over the row that uses them (sums, max, softmax, layernorm), runs a block of GROUP_SIZE threads per
+row that reduce strided partials into a shared array (DEFINE_LOCAL) and combine them in a tree of BARRIER-separated
+rounds; a full reduction of a million elements or more spreads over GRID_BLOCKS blocks whose last one (an ATOMIC
+ticket) combines their partials. Every other kernel maps its output ranges as below.
 
 Which ranges: output ranges (reduced by no REDUCE) of constant size for which a disjointness proof holds: every
 index into a written buffer is affine in them, `sum(c_k * r_k) + rest`, with coefficients that, sorted, each pass the
@@ -244,7 +251,8 @@ def grid_reduction(sink: UOp, plan: RowPlan, new_range) -> UOp | None:
   block_totals = _tree_combine(lidx, list(zip(reds, shared)), UOp(Ops.BARRIER, dtypes.void, tuple(partial_stores)))
   for k, red in enumerate(reds):
     scratch.append(UOp(Ops.DEFINE_LOCAL, red.dtype, (), (f"kiln_partials{k}", blocks, "device")))
-  to_device = tuple(UOp(Ops.STORE, dtypes.void, (scratch[k], gidx, block_totals[red], first)) for k, red in enumerate(reds))
+  to_device = tuple(UOp(Ops.STORE, dtypes.void, (scratch[k], gidx, block_totals[red], first))
+                    for k, red in enumerate(reds))
   counter = UOp(Ops.DEFINE_LOCAL, dtypes.uint32, (), ("kiln_arrivals", 1, "device"))
   zero, one = UOp.const(dtypes.uint32, 0), UOp.const(dtypes.uint32, 1)
   ticket = UOp(Ops.ATOMIC, dtypes.uint32, (counter, UOp.const(INT, 0), one, first, *to_device), Ops.ADD)
@@ -307,7 +315,8 @@ def group_rows(sink: UOp) -> UOp | None:
     if store.op is Ops.STORE:
       per_thread = plan.elementwise is not None and plan.elementwise in store.toposort()
       gate = element_valid if per_thread else first
-      if gate is not None: store = store.replace(src=(*store.src[:3], gate if len(store.src) == 3 else store.src[3] & gate))
+      if gate is not None:
+        store = store.replace(src=(*store.src[:3], gate if len(store.src) == 3 else store.src[3] & gate))
     stores.append(_substitute(store, values))
   grouped = sink.replace(src=tuple(stores))
   if plan.rows:   # the row ranges, in the partials' bodies too: the block index

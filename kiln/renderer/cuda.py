@@ -72,8 +72,8 @@ class _CudaKernelWriter(_CKernelWriter):
   def __init__(self, name: str, uops: list[UOp]):
     super().__init__(name, uops)
     self.parallel = self.reduction = None   # the CPU thread plan: a GPU's threads come from SPECIALs instead
-    self.statements.update({Ops.SPECIAL: self._special, Ops.DEFINE_LOCAL: self._define_local, Ops.BARRIER: self._barrier,
-                            Ops.ATOMIC: self._atomic})
+    self.statements.update({Ops.SPECIAL: self._special, Ops.DEFINE_LOCAL: self._define_local,
+                            Ops.BARRIER: self._barrier, Ops.ATOMIC: self._atomic})
     self.device_arrays: list[str] = []   # file-scope `__device__` arrays (DEFINE_LOCAL with a "device" scope)
     self.block_threads = 1
 

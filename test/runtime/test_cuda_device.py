@@ -30,7 +30,8 @@ def _pair(shape, dtype=np.float32, seed=0):
 @needs_gpu
 def test_elementwise_matches_the_cpu_bit_for_bit():
   (g, c), (g2, c2) = _pair((1000, 37)), _pair((1000, 37), seed=1)
-  for fn in (lambda a, b: ((a * b + 1).relu() * 0.5).exp(), lambda a, b: a.sin() * (b.abs() + 0.1).log2().cos() + a.sigmoid(),
+  for fn in (lambda a, b: ((a * b + 1).relu() * 0.5).exp(),
+             lambda a, b: a.sin() * (b.abs() + 0.1).log2().cos() + a.sigmoid(),
              lambda a, b: (a / b).tanh() + a.abs().sqrt() - (a.half() * b.half()).float(),
              lambda a, b: (a.cast(dtypes.int32) // 3 + b.cast(dtypes.int32) % 2).cast(dtypes.float32)):
     got, want = fn(g, g2).numpy(), fn(c, c2).numpy()
