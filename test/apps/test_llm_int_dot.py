@@ -10,7 +10,7 @@ from kiln import Tensor, Device, GlobalCounters
 from kiln.helpers import Context
 from kiln.engine import realize
 from kiln.nn.gguf import GGML_TYPES, dequantize_blocks
-from kiln.apps.llm.quantized import QuantizedMatrix, quantize_activations, has_byte_dot
+from kiln.apps.llm.quantized import QuantizedMatrix, quantize_activations, byte_dot_max
 from test_llm_model import TYPE_IDS, random_blocks, write_tiny_model
 
 def _activations(rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
@@ -22,12 +22,15 @@ def _activations(rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
 
 def _numpy_int_dot(type_name: str, raw: np.ndarray, x: np.ndarray) -> np.ndarray:
   """llama.cpp's arithmetic in float64: x quantized per block of 32 (d = max|x| / 127, q = x / d rounded half away
-  from zero), the integer dot of the weight's 4-bit values with q, times both scales, plus the offset times sum(x)."""
+  from zero), the integer dot of the weight's unsigned values (Q4: 4-bit, Q8_0: q + 128) with q, times both scales,
+  plus the offset (Q4_1's min, else -zero * scale) times sum(x)."""
   rows, blocks = raw.shape[:2]
   scale = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float64)
-  nibbles = raw[..., (4 if type_name == "Q4_1" else 2):]
-  values = np.concatenate([nibbles & 15, nibbles >> 4], -1).astype(np.float64)   # (rows, blocks, 32)
-  offset = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64) if type_name == "Q4_1" else -8 * scale
+  if type_name == "Q8_0": values, offset = raw[..., 2:].view(np.int8).astype(np.float64) + 128, -128 * scale
+  else:
+    nibbles = raw[..., (4 if type_name == "Q4_1" else 2):]
+    values = np.concatenate([nibbles & 15, nibbles >> 4], -1).astype(np.float64)   # (rows, blocks, 32)
+    offset = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64) if type_name == "Q4_1" else -8 * scale
   xb = x.astype(np.float64).reshape(x.shape[0], blocks, 32)
   d = np.abs(xb).max(-1) / 127
   q = np.trunc(np.divide(xb, d[..., None], out=np.zeros_like(xb), where=d[..., None] > 0) + np.where(xb < 0, -.5, .5))
@@ -41,9 +44,10 @@ def _bound(weight: np.ndarray, x: np.ndarray) -> np.ndarray:
   amax = np.abs(x.astype(np.float64)).reshape(x.shape[0], blocks, 32).max(-1)
   return np.einsum("nb,rb->nr", amax / 254, np.abs(weight).reshape(weight.shape[0], blocks, 32).sum(-1))
 
-@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1"])
-@pytest.mark.parametrize("rows,blocks,x_rows", [(64, 4, 1), (96, 8, 3), (40, 18, 1)])
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("rows,blocks,x_rows", [(64, 4, 1), (96, 8, 3), (40, 18, 1), (48, 3, 2)])
 def test_int_dot_matches_numpy_emulation_and_float_within_the_bound(type_name, rows, blocks, x_rows):
+  if not QuantizedMatrix.allows_int_dot(type_name, blocks): pytest.skip(f"{type_name} pairs blocks: an even number")
   rng = np.random.default_rng(rows + blocks + x_rows)
   raw = random_blocks(type_name, rows, blocks, rng)
   shape = (rows, 32 * blocks)
@@ -95,28 +99,31 @@ def test_int_dot_needs_a_pairable_type():
   rng = np.random.default_rng(5)
   with pytest.raises(ValueError, match="even number of blocks"):
     QuantizedMatrix.from_blocks("Q4_1", random_blocks("Q4_1", 4, 3, rng), (4, 96), int_dot=True)
-  with pytest.raises(ValueError, match="Q8_0"):
-    QuantizedMatrix.from_blocks("Q8_0", random_blocks("Q8_0", 4, 2, rng), (4, 64), int_dot=True)
+  with pytest.raises(ValueError, match="Q6_K"):
+    QuantizedMatrix.from_blocks("Q6_K", random_blocks("Q6_K", 4, 1, rng), (4, 256), int_dot=True)
   assert not QuantizedMatrix.from_blocks("Q4_1", random_blocks("Q4_1", 4, 3, rng), (4, 96)).int_dot
 
-@pytest.mark.parametrize("features,int_dot", [({"avx2", "avx_vnni"}, True), ({"avx2"}, True), ({"sse2"}, False)])
-def test_the_target_chooses_the_int_path(monkeypatch, features, int_dot):
-  """VNNI or AVX2 (pmaddubsw) make byte dot products a few instructions: the int path; plain SSE2 keeps floats."""
+@pytest.mark.parametrize("features,largest", [({"avx2", "avx_vnni"}, 255), ({"avx2"}, 127), ({"sse2"}, 0)])
+def test_the_target_chooses_the_int_path(monkeypatch, features, largest):
+  """VNNI makes byte dot products of any unsigned byte one instruction, AVX2's pmaddubsw those below 128: Q4 matrices
+  (values below 16) take the int path on both, Q8_0 (values q + 128) only with VNNI; plain SSE2 keeps floats."""
   renderer = Device["CPU"].renderer
   described = renderer.describe_target
   target = dataclasses.replace(described(), features=frozenset(features))
   monkeypatch.setattr(renderer, "describe_target", lambda: target)
   realize._runner_cache.clear()
   try:
-    assert has_byte_dot("CPU") is int_dot
+    assert byte_dot_max("CPU") == largest
     rng = np.random.default_rng(6)
-    assert QuantizedMatrix.from_blocks("Q4_0", random_blocks("Q4_0", 8, 2, rng), (8, 64)).int_dot is int_dot
-    with Context(VECTORIZE=0): assert not has_byte_dot("CPU")   # scalar code: the float path is faster
+    assert QuantizedMatrix.from_blocks("Q4_0", random_blocks("Q4_0", 8, 2, rng), (8, 64)).int_dot is (largest > 0)
+    assert QuantizedMatrix.from_blocks("Q8_0", random_blocks("Q8_0", 8, 2, rng), (8, 64)).int_dot is (largest == 255)
+    with Context(VECTORIZE=0): assert byte_dot_max("CPU") == 0   # scalar code: the float path is faster
   finally: realize._runner_cache.clear()
 
 def test_tiny_model_int_decode_is_close_to_float_decode(tmp_path):
-  """Prefill runs float products either way (many rows: the weight is dequantized once); a decode step with int8
-  activations stays close to the float one and picks the same token on this model."""
+  """Prefill's many rows run float products either way (the weight is dequantized once), but its logits come from
+  the last row alone (a matrix-vector product); every step with int8 activations stays close to the float one and
+  picks the same token on this model."""
   from kiln.apps.llm.model import load_model
   path = tmp_path / "tiny.gguf"
   write_tiny_model(path)
@@ -124,8 +131,8 @@ def test_tiny_model_int_decode_is_close_to_float_decode(tmp_path):
   quantized, _ = load_model(path, max_context=32, int_dot=True)
   assert all(b.w_gate.int_dot for b in quantized.blocks) and not any(b.w_gate.int_dot for b in exact.blocks)
   tokens = [3, 17, 42, 8, 79]
-  np.testing.assert_array_equal(quantized.logits(tokens, 0), exact.logits(tokens, 0))
-  for pos, token in enumerate([5, 12, 60], start=len(tokens)):
-    want, got = exact.logits([token], pos), quantized.logits([token], pos)
+  steps = [(tokens, 0)] + [([token], pos) for pos, token in enumerate([5, 12, 60], start=len(tokens))]
+  for ids, pos in steps:
+    want, got = exact.logits(ids, pos), quantized.logits(ids, pos)
     np.testing.assert_allclose(got, want, rtol=0, atol=0.05 * np.abs(want).max())
     assert got.argmax() == want.argmax()

@@ -29,7 +29,7 @@ from kiln.helpers import tqdm
 from kiln.nn.gguf import GGUFTensorInfo, gguf_load_raw
 from kiln.tensor import Tensor
 from kiln.uop.ops import Variable
-from kiln.apps.llm.quantized import PAIRED_FORMATS, SUPPORTED_TYPES, QuantizedMatrix, quantize_activations
+from kiln.apps.llm.quantized import SUPPORTED_TYPES, QuantizedMatrix, quantize_activations
 
 DEFAULT_MAX_CONTEXT = 4096
 PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -292,9 +292,9 @@ def load_model(path: str | os.PathLike, *, max_context: int | None = None, allow
                        f"({', '.join(f'{i.type_name} {i.shape}' for i in infos)}); kiln stacks them into one matrix")
     blocks = np.concatenate([i.blocks.numpy() for i in infos]) if len(infos) > 1 else infos[0].blocks.numpy()
     shape = (sum(i.shape[0] for i in infos), infos[0].shape[1])
-    pairable = infos[0].type_name in PAIRED_FORMATS and infos[0].shape[1] % 64 == 0
+    allowed = QuantizedMatrix.allows_int_dot(infos[0].type_name, blocks.shape[1])
     return QuantizedMatrix.from_blocks(infos[0].type_name, blocks, shape, name=f"{label}: {', '.join(names)}",
-                                       int_dot=int_dot if pairable or int_dot is None else False)
+                                       int_dot=int_dot if allowed or int_dot is None else False)
   def vector(name: str) -> Tensor:
     return get(name).dequantize().cast(dtypes.float32).contiguous().realize()
   def biases(*names: str) -> Tensor | None:

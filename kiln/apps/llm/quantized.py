@@ -59,13 +59,14 @@ def _bit_fields(packed: Tensor, bits: int, axis: int) -> Tensor:
   shifts = (Tensor.arange(fields, device=packed.device, dtype=dtypes.uint8) * bits).reshape(fields, *[1] * trailing)
   return (packed >> shifts) & ((1 << bits) - 1)
 
-def has_byte_dot(device: str | None = None) -> bool:
-  """Whether `device` (default: the default device) renders integer dot products of bytes in a few instructions: a
-  renderer that makes DP4A (kiln/codegen/vectorize.py) for a CPU with VNNI or AVX2, vectorizing."""
+def byte_dot_max(device: str | None = None) -> int:
+  """The largest unsigned byte `device` (default: the default device) multiplies in integer dot products of bytes in
+  a few instructions (CPUTarget.byte_dot_max: 255 with VNNI, 127 with AVX2), 0 where it has none: a renderer that
+  makes DP4A (kiln/codegen/vectorize.py), vectorizing."""
   from kiln.device import Device
   renderer = Device[Device.canonicalize(device) if device is not None else Device.DEFAULT].renderer
-  return bool(VECTORIZE) and bool(getattr(renderer, "renders_byte_dots", False)) and \
-    bool(getattr(renderer.target, "byte_dot", False))
+  if not VECTORIZE or not getattr(renderer, "renders_byte_dots", False): return 0
+  return int(getattr(renderer.target, "byte_dot_max", 0))
 
 # ---------------- per-type repacking (host, at load) and expansion (lazy, in the kernel) ----------------
 # repack: (rows, blocks, block_bytes) uint8 -> named per-row arrays; expand: those arrays as Tensors (any number of
@@ -124,6 +125,14 @@ def _expand_q8_0(p: dict[str, Tensor]) -> Tensor:
   """x = d * q."""
   return p["q"].cast(dtypes.float32) * p["scale"].unsqueeze(-1)
 
+def _repack_q8_0_unsigned(raw: np.ndarray) -> dict[str, np.ndarray]:
+  """Q8_0 with each int8 q stored as the uint8 q + 128 (vpdpbusd multiplies unsigned by signed bytes)."""
+  return {"scale": _f16(raw, 0), "values": raw[..., 2:] ^ np.uint8(0x80)}
+
+def _expand_q8_0_unsigned(p: dict[str, Tensor]) -> Tensor:
+  """x = d * (v - 128)."""
+  return (p["values"].cast(dtypes.float32) - 128) * p["scale"].unsqueeze(-1)
+
 def _repack_q4_k(raw: np.ndarray) -> dict[str, np.ndarray]:
   """The eight 6-bit (scale, min) pairs are multiplied out with d and dmin into float32 per group of 32."""
   low, mid, high = (raw[..., i:i + 4].astype(np.uint32) for i in (4, 8, 12))
@@ -166,10 +175,23 @@ QUANT_FORMATS: dict[str, QuantFormat] = {
   "Q4_K": QuantFormat(_repack_q4_k, _expand_q4_k, lambda nb: (nb, 4, 2, 32)),
   "Q6_K": QuantFormat(_repack_q6_k, _expand_q6_k, lambda nb: (nb, 2, 2, 2, 2, 16)),
 }
-# Q4_0/Q4_1 with an even number of blocks per row, nibbles in pairs of blocks (the integer dot product's layout)
-PAIRED_FORMATS: dict[str, QuantFormat] = {
-  "Q4_0": QuantFormat(_paired(_repack_q4_0), _expand_q4_0_pairs, lambda nb: (nb // 2, 2, 32)),
-  "Q4_1": QuantFormat(_paired(_repack_q4_1), _expand_q4_1_pairs, lambda nb: (nb // 2, 2, 32)),
+@dataclass(frozen=True)
+class IntDotFormat(QuantFormat):
+  """A layout for integer dot products: each block's 32 values as unsigned bytes of at most `largest`, and the weight
+  `scale * (v - zero)` (Q4_1: `scale * v + min`, zero None). `k_shape(nb)` ends in the 32 values of a block."""
+  largest: int = 15
+  zero: int | None = None
+  paired: bool = True   # blocks in pairs (Q4 nibbles): a row needs an even number of them
+
+  def allows(self, blocks: int) -> bool:
+    """Whether a row of `blocks` blocks fits the layout."""
+    return not self.paired or blocks % 2 == 0
+
+# the integer dot product's layouts (module docstring): Q4_0/Q4_1 nibbles in pairs of blocks, Q8_0 as q + 128
+INT_DOT_FORMATS: dict[str, IntDotFormat] = {
+  "Q4_0": IntDotFormat(_paired(_repack_q4_0), _expand_q4_0_pairs, lambda nb: (nb // 2, 2, 32), 15, 8),
+  "Q4_1": IntDotFormat(_paired(_repack_q4_1), _expand_q4_1_pairs, lambda nb: (nb // 2, 2, 32), 15, None),
+  "Q8_0": IntDotFormat(_repack_q8_0_unsigned, _expand_q8_0_unsigned, lambda nb: (nb, 32), 255, 128, paired=False),
 }
 # a product with at least this many rows of x dequantizes the weight once into a scratch buffer (kernel-local: it is
 # not kept between calls outside a TinyJit's own buffers) and runs a float32 matmul
@@ -198,25 +220,31 @@ class QuantizedMatrix:
                   name: str = "weight", int_dot: bool | None = None) -> QuantizedMatrix:
     """Repack `blocks` (rows, blocks per row, block bytes) of a GGUF tensor of `type_name` and `shape`. `int_dot`:
     whether matrix-vector products use integer dot products (module docstring); None: where the type allows it
-    (Q4_0/Q4_1 with an even number of blocks per row) and the device's CPU has the instruction."""
+    (`allows_int_dot`) and the device's CPU multiplies its values (`byte_dot_max`: Q8_0's need VNNI)."""
     if len(shape) != 2: raise ValueError(f"QuantizedMatrix: {name} must be 2-d, got shape {shape}")
     if type_name in PLAIN_FORMATS:
       values = np.ascontiguousarray(blocks).view(PLAIN_FORMATS[type_name]).reshape(shape)
       return cls(type_name, shape, {"w": Tensor(values, device=device).realize()}, (shape[1],))
     if type_name not in QUANT_FORMATS:
       raise ValueError(f"QuantizedMatrix: {name} has type {type_name}; supported: {', '.join(SUPPORTED_TYPES)}")
-    pairable = type_name in PAIRED_FORMATS and blocks.shape[1] % 2 == 0
-    if int_dot and not pairable:
+    if int_dot and not cls.allows_int_dot(type_name, blocks.shape[1]):
       raise ValueError(f"QuantizedMatrix: {name}: integer dot products need Q4_0/Q4_1 with an even number of blocks "
-                       f"per row, got {type_name} with {blocks.shape[1]}")
-    if int_dot is None: int_dot = pairable and has_byte_dot(device)
-    fmt = PAIRED_FORMATS[type_name] if int_dot else QUANT_FORMATS[type_name]
+                       f"per row or Q8_0, got {type_name} with {blocks.shape[1]}")
+    if int_dot is None:
+      int_dot = cls.allows_int_dot(type_name, blocks.shape[1]) and \
+        byte_dot_max(device) >= INT_DOT_FORMATS[type_name].largest
+    fmt = INT_DOT_FORMATS[type_name] if int_dot else QUANT_FORMATS[type_name]
     parts = {key: Tensor(np.ascontiguousarray(arr), device=device).realize() for key, arr in fmt.repack(blocks).items()}
     return cls(type_name, shape, parts, fmt.k_shape(blocks.shape[1]), int_dot)
 
+  @staticmethod
+  def allows_int_dot(type_name: str, blocks: int) -> bool:
+    """Whether a `type_name` matrix of `blocks` blocks per row can use integer dot products."""
+    return type_name in INT_DOT_FORMATS and INT_DOT_FORMATS[type_name].allows(blocks)
+
   def _expand(self, parts: dict[str, Tensor]) -> Tensor:
     if self.type_name in PLAIN_FORMATS: return parts["w"].cast(dtypes.float32)
-    return (PAIRED_FORMATS if self.int_dot else QUANT_FORMATS)[self.type_name].expand(parts)
+    return (INT_DOT_FORMATS if self.int_dot else QUANT_FORMATS)[self.type_name].expand(parts)
 
   @property
   def nbytes(self) -> int:
@@ -248,20 +276,21 @@ class QuantizedMatrix:
     return product.sum(tuple(range(len(lead) + 1, product.ndim)))
 
   def _int_dot_linear(self, x: Tensor, parts: dict[str, Tensor], activations: tuple[Tensor, ...] | None) -> Tensor:
-    """`x @ W.T` with x quantized to int8 blocks: per block, the int32 dot product of its 32 nibbles and bytes (four
-    explicit sums of 4 products each per lane of 8: the C renderer makes each block one vpdpbusd), times both
-    scales, plus the block's offset (Q4_1's min, Q4_0's -8 * scale) times the float sums of x."""
-    lead, (rows, cols) = tuple(x.shape[:-1]), self.shape
-    pairs = cols // 64
+    """`x @ W.T` with x quantized to int8 blocks: per block, the int32 dot product of its 32 unsigned values and the
+    bytes (four explicit sums of 4 products each per lane of 8: the C renderer makes each block one vpdpbusd), times
+    both scales, plus the block's offset (Q4_1's min, else -zero * scale) times the float sums of x."""
+    lead, fmt = tuple(x.shape[:-1]), INT_DOT_FORMATS[self.type_name]
+    blocks = self.k_shape[:-1]   # (pairs, 2) or (blocks,)
     q, d, lane_sums = quantize_activations(x) if activations is None else activations
-    values = _paired_values(parts).reshape(*lead, rows, pairs, 2, 8, 4).cast(dtypes.int32)
-    product = values * q.reshape(*lead, 1, pairs, 2, 8, 4).cast(dtypes.int32)
-    dots = product[..., 0] + product[..., 1] + product[..., 2] + product[..., 3]   # (..., rows, pairs, 2, 8)
-    scale = _block_scales(parts, "scale")
-    offset = _block_scales(parts, "min") if self.type_name == "Q4_1" else scale * -8
-    terms = dots.cast(dtypes.float32) * (scale * d.reshape(*lead, 1, pairs, 2, 1)) + \
-      offset * lane_sums.reshape(*lead, 1, pairs, 2, 8)
-    return terms.sum((-3, -2, -1))
+    values = parts["values"] if "values" in parts else _paired_values(parts)
+    values = values.reshape(*values.shape[:-1], 8, 4).cast(dtypes.int32)
+    product = values * q.reshape(*lead, 1, *blocks, 8, 4).cast(dtypes.int32)
+    dots = product[..., 0] + product[..., 1] + product[..., 2] + product[..., 3]   # (..., rows, *blocks, 8)
+    scale = parts["scale"].reshape(*parts["scale"].shape[:-1], *blocks, 1)
+    offset = parts["min"].reshape(scale.shape) if fmt.zero is None else scale * -fmt.zero
+    terms = dots.cast(dtypes.float32) * (scale * d.reshape(*lead, 1, *blocks, 1)) + \
+      offset * lane_sums.reshape(*lead, 1, *blocks, 8)
+    return terms.sum(tuple(range(-len(blocks) - 1, 0)))
 
   def rows(self, ids: Tensor) -> Tensor:
     """The dequantized rows `W[ids]` for an int Tensor `ids` of shape (n,): a gather of the packed rows, then the
