@@ -211,6 +211,13 @@ DRIVER_PROTOTYPES: dict[str, tuple[tuple[str, ...], tuple[Any, ...]]] = {
   "cuFuncGetAttribute": (("cuFuncGetAttribute",), (P(c_int), c_int, c_void_p)),
   "cuLaunchKernel": (("cuLaunchKernel",), (c_void_p, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_void_p,
                                             P(c_void_p), P(c_void_p))),
+  "cuGraphCreate": (("cuGraphCreate",), (P(c_void_p), c_uint)),
+  "cuGraphAddKernelNode": (("cuGraphAddKernelNode_v2",), (P(c_void_p), c_void_p, P(c_void_p), c_size_t, c_void_p)),
+  "cuGraphInstantiate": (("cuGraphInstantiateWithFlags",), (P(c_void_p), c_void_p, ctypes.c_ulonglong)),
+  "cuGraphExecKernelNodeSetParams": (("cuGraphExecKernelNodeSetParams_v2",), (c_void_p, c_void_p, c_void_p)),
+  "cuGraphLaunch": (("cuGraphLaunch",), (c_void_p, c_void_p)),
+  "cuGraphExecDestroy": (("cuGraphExecDestroy",), (c_void_p,)),
+  "cuGraphDestroy": (("cuGraphDestroy",), (c_void_p,)),
 }
 NVRTC_PROTOTYPES: dict[str, tuple[tuple[str, ...], tuple[Any, ...]]] = {
   "nvrtcVersion": (("nvrtcVersion",), (P(c_int), P(c_int))),
@@ -534,6 +541,61 @@ class Function:
     return value.value
 
   def __repr__(self) -> str: return f"<Function {self.name}>"
+
+class KernelNodeParams(ctypes.Structure):
+  """CUDA_KERNEL_NODE_PARAMS_v2: one kernel launch as a graph node (kern and ctx unused: NULL)."""
+  _fields_ = [("func", c_void_p), ("gridDimX", c_uint), ("gridDimY", c_uint), ("gridDimZ", c_uint),
+              ("blockDimX", c_uint), ("blockDimY", c_uint), ("blockDimZ", c_uint), ("sharedMemBytes", c_uint),
+              ("kernelParams", c_void_p), ("extra", c_void_p), ("kern", c_void_p), ("ctx", c_void_p)]
+
+class Graph:
+  """Kernel launches as one CUDA graph, each node after the one before, instantiated once: `launch` queues all of
+  them with one driver call; `set_args(i, *args)` gives node i new arguments (the same kinds) in the instantiated
+  graph. `launches` are (function, args, grid, block) as `Function.launch` takes them."""
+  def __init__(self, context: Context, launches: Sequence[tuple[Function, Sequence[Any], Any, Any]]):
+    self.context, lib = context, driver()
+    context.activate()
+    graph, self.nodes, self._params = c_void_p(), [], []
+    lib.call("cuGraphCreate", ctypes.byref(graph), 0)
+    self.graph, self.exec = graph.value, 0
+    for function, args, grid, block in launches:
+      params = self._node_params(function, args, grid, block)
+      node = c_void_p()
+      deps = (c_void_p * 1)(self.nodes[-1]) if self.nodes else None
+      lib.call("cuGraphAddKernelNode", ctypes.byref(node), self.graph, deps, 1 if self.nodes else 0,
+               ctypes.byref(params[0]))
+      self.nodes.append(node.value)
+      self._params.append(params)
+    handle = c_void_p()
+    lib.call("cuGraphInstantiate", ctypes.byref(handle), self.graph, 0)
+    self.exec = handle.value
+
+  @staticmethod
+  def _node_params(function: Function, args: Sequence[Any], grid: Any, block: Any) -> tuple:
+    """The node's parameter struct and what it points to (kept alive with the graph)."""
+    (gx, gy, gz), (bx, by, bz) = launch_dims(grid, "grid"), launch_dims(block, "block")
+    pointers, values = pack_args(args)
+    params = KernelNodeParams(function.handle, gx, gy, gz, bx, by, bz, 0, ctypes.cast(pointers, c_void_p), None,
+                              None, None)
+    return params, pointers, values
+
+  def set_args(self, index: int, function: Function, args: Sequence[Any], grid: Any, block: Any) -> None:
+    """Node `index` runs `function` with `args` from the next launch on."""
+    params = self._node_params(function, args, grid, block)
+    self.context.activate()
+    driver().call("cuGraphExecKernelNodeSetParams", self.exec, self.nodes[index], ctypes.byref(params[0]))
+    self._params[index] = params
+
+  def launch(self, stream: Stream | None = None) -> None:
+    """Queue every node on `stream` (None: the default stream); returns at once."""
+    self.context.activate()
+    driver().call("cuGraphLaunch", self.exec, _stream_handle(stream))
+
+  def close(self) -> None:
+    """Free the instantiated graph and the graph."""
+    if self.exec: driver().call("cuGraphExecDestroy", self.exec)
+    if self.graph: driver().call("cuGraphDestroy", self.graph)
+    self.exec = self.graph = 0
 
 class Module:
   """A CUBIN (or PTX) image loaded into a context (cuModuleLoadData); `function(name)` finds a kernel in it."""

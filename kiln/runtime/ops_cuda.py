@@ -41,6 +41,40 @@ class CUDAProgram:
     end.synchronize()
     return start.elapsed_ms(end) / 1e3
 
+class CUDAGraph:
+  """TinyJit's graph runner for CUDA (the GraphRunner interface of kiln/engine/graph.py, built from a capture's
+  launches and the (item, buffer position) pairs a replay swaps): the batch's kernels as one CUDA graph. A replay
+  gives new arguments to the nodes whose buffers or variables changed, then launches the graph: one driver call for
+  the whole batch instead of one per kernel."""
+  def __init__(self, items: list, swapped: set[tuple[int, int]]):
+    self.items, self.swapped = items, swapped
+    self.launches = [self._launch(item) for item in items]
+    self.graph = cuda.Graph(items[0].runner.program.device.context, self.launches)
+    # the nodes a replay may change: swapped buffers, or variables
+    self.watched = sorted({i for i, _ in swapped} | {i for i, item in enumerate(items) if item.runner.vars})
+
+  @staticmethod
+  def supports(item) -> bool:
+    """Compiled CUDA kernels (not copies)."""
+    return isinstance(getattr(item.runner, "program", None), CUDAProgram)
+
+  @staticmethod
+  def _launch(item) -> tuple:
+    """(function, arguments, grid, block) of one captured launch, as its buffers and variables are now."""
+    runner = item.runner
+    args = (*[item.bufs[i]._buf for i in runner.params], *[int(item.var_vals[v]) for v in runner.vars])
+    grid, block = runner.launch if runner.launch is not None else ONE_THREAD
+    return runner.program.function, args, grid, block
+
+  def __call__(self) -> None:
+    """Update the nodes whose arguments changed since the last replay, then launch the graph."""
+    for i in self.watched:
+      launch = self._launch(self.items[i])
+      if launch[1] != self.launches[i][1]:
+        self.graph.set_args(i, *launch)
+        self.launches[i] = launch
+    self.graph.launch()
+
 class CUDADevice(Compiled):
   """GPU `CUDA:<n>`: its primary context, cuMemAlloc memory, CUDA C compiled by NVRTC for its arch."""
   def __init__(self, device: str = "CUDA"):

@@ -297,6 +297,25 @@ def test_vector_add(ctx):
   assert_same(out, a + b)
 
 @needs_gpu
+def test_graph_of_two_launches_with_new_arguments(ctx):
+  n = 4099
+  a, b = random_floats(n, 3), random_floats(n, 4)
+  out, again = np.empty(n, np.float32), np.empty(n, np.float32)
+  with ctx.compile(VECTOR_ADD) as module, ctx.alloc(4 * n) as da, ctx.alloc(4 * n) as db, \
+       ctx.alloc(4 * n) as tmp, ctx.alloc(4 * n) as dout:
+    ctx.copy_in(da, a); ctx.copy_in(db, b); ctx.memset(dout, 0xFF)
+    add, grid = module.function("vector_add"), (n + 255) // 256
+    graph = cuda.Graph(ctx, [(add, (tmp, da, db, n), grid, 256), (add, (dout, tmp, da, n), grid, 256)])
+    graph.launch()
+    ctx.copy_out(out, dout)
+    graph.set_args(1, add, (dout, tmp, tmp, n), grid, 256)   # the second node now doubles the first's output
+    graph.launch()
+    ctx.copy_out(again, dout)
+    graph.close()
+  assert_same(out, (a + b) + a)
+  assert_same(again, (a + b) + (a + b))
+
+@needs_gpu
 def test_copies_round_trip(ctx):
   data = np.random.default_rng(2).integers(0, 256, 1 << 16, dtype=np.uint8)
   back, part = np.zeros_like(data), np.zeros(1024, np.uint8)
