@@ -133,6 +133,42 @@ def _accesses_are_disjoint(uops: list[UOp], loop: UOp) -> bool:
     if split is None or split[0] != stride or split[1] < low or split[2] > high: return False
   return True
 
+@dataclass(frozen=True)
+class Stream:
+  """A read-only buffer that loop `r` walks through: iteration r reads elements [stride*r + low, stride*r + high]
+  of it (and no other iteration reads them: high - low < stride)."""
+  buffer: UOp
+  stride: int
+  low: int
+  high: int
+
+def streamed_loads(uops: list[UOp], loop: UOp) -> list[Stream]:
+  """The buffers only read by the kernel that loop `loop` (a RANGE of `uops`) streams through from loads inside an
+  inner loop of its body (a matrix-vector product's weight rows): each iteration reads its own block, and no
+  iteration reads another's. Loads at indices not affine in `loop` leave their buffer out."""
+  start = uops.index(loop)
+  end = next((i for i in range(start + 1, len(uops)) if uops[i].op is _ENDRANGE and uops[i].src[0] is loop),
+             len(uops))
+  written = {u.src[0] for u in uops if u.op is _STORE}
+  memo: dict[UOp, bool] = {}
+  known: dict[UOp, _Affine] = {}
+  spans: dict[UOp, tuple[int, int, int] | None] = {}
+  depth = 0
+  for u in uops[start + 1:end]:
+    if u.op is _RANGE: depth += 1
+    elif u.op is _ENDRANGE: depth -= 1
+    elif u.op is _LOAD and u.src[0].op is Ops.DEFINE_GLOBAL and u.src[0] not in written:
+      split = _affine_in(u.src[1], loop, memo, known) if depth > 0 else None
+      seen = spans.get(u.src[0], (0, 0, 0))
+      if split is None or seen is None or (seen[0] and split[0] != seen[0]):
+        spans[u.src[0]] = None
+        continue
+      stride, low, high = split
+      high += u.dtype.count - 1   # a vector load's last lane
+      spans[u.src[0]] = (stride, min(low, seen[1]) if seen[0] else low, max(high, seen[2]) if seen[0] else high)
+  return [Stream(buf, *span) for buf, span in spans.items()
+          if span is not None and span[0] > 0 and span[2] - span[1] < span[0]]
+
 def _depends_on(u: UOp, loop: UOp, memo: dict[UOp, bool]) -> bool:
   if u not in memo: memo[u] = u is loop or any(_depends_on(s, loop, memo) for s in u.src)
   return memo[u]
