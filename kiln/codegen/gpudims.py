@@ -125,7 +125,7 @@ def block_size(total: int) -> int:
 COARSEN, MIN_COARSE_BLOCKS = 4, 2048
 
 GROUP_SIZE = 256   # threads of a block that share a grouped reduction
-MIN_GROUPED = 1024   # a kernel whose reductions are all shorter keeps them in one thread each
+MIN_GROUPED = 256   # a kernel whose reductions are all shorter keeps them in one thread each
 # a kernel with more outputs than this keeps one output per thread (a matmul: its threads already fill the GPU, and
 # a block per output would combine 256 partials for every one of them)
 MAX_GROUPED_OUTPUTS = 1 << 16
@@ -179,6 +179,27 @@ def sum_levels(n: int, blocked: bool) -> list[int]:
   inner = math.ceil(n ** (1 / levels))
   while inner ** (levels - 1) * math.ceil(n / inner ** (levels - 1)) < n: inner += 1
   return [math.ceil(n / inner ** (levels - 1))] + [inner] * (levels - 1)
+
+MAX_UNROLLED_ROW = 32   # a row of at most this many elements a thread is unrolled, not looped (8192 at 256 threads)
+
+def _thread_elements(size: int, lidx: UOp, count: int) -> list[tuple[UOp, UOp | None]]:
+  """Elements `k*GROUP_SIZE + lidx` (k < count) of a range of `size`, each clamped to the last element where some
+  thread's would pass it, with that validity (None where every thread's is real). Built alike for every pass, so the
+  passes of a row kernel share their loads and the arithmetic on them (one read of the row, kept in registers)."""
+  out = []
+  for k in range(count):
+    element = lidx + k * GROUP_SIZE if k else lidx
+    if (k + 1) * GROUP_SIZE <= size: out.append((element, None))
+    else:
+      valid = element.lt(size)
+      out.append((valid.where(element, UOp.const(INT, size - 1)), valid))
+  return out
+
+def _chain(red: UOp, bodies: list[UOp]) -> UOp:
+  """`red`'s op applied along `bodies` in order (an unrolled loop's accumulation)."""
+  acc = bodies[0]
+  for body in bodies[1:]: acc = UOp(red.arg, red.dtype, (acc, body))
+  return acc
 
 def _flat_index(loops: list[UOp]) -> UOp:
   """The row-major index of nested loops (the last fastest)."""
@@ -277,7 +298,8 @@ def group_rows(sink: UOp) -> UOp | None:
   """A row kernel (`row_plan`) as one block per row (gidx0, the row ranges unflattened): for each reduce group in
   turn, the GROUP_SIZE threads reduce every GROUP_SIZE-th element (coalesced loads) into partials in a shared array,
   combined by a tree of barrier-separated rounds (`_tree_combine`); the elementwise pass then runs element
-  `j*GROUP_SIZE + lidx0` in a thread's loop j. A store that depends on no thread's element is made by thread 0."""
+  `j*GROUP_SIZE + lidx0` in a thread's loop j. Up to MAX_UNROLLED_ROW elements a thread, the loops are unrolled
+  instead, and every pass reads the same registers. A store that depends on no thread's element is made by thread 0."""
   plan = row_plan(sink)
   if plan is None: return None
   next_id = 1 + max((u.arg for u in sink.toposort() if u.op is Ops.RANGE and isinstance(u.arg, int)), default=0)
@@ -290,34 +312,42 @@ def group_rows(sink: UOp) -> UOp | None:
   finals: dict[UOp, UOp] = {}
   for g, (ranges, reds) in enumerate(plan.groups):
     size = prod(r.src[0].arg for r in ranges)
-    blocked = any(red.arg is Ops.ADD and dtypes.is_float(red.dtype) for red in reds)
-    loops = [new_range(k) for k in sum_levels(-(-size // GROUP_SIZE), blocked)]
-    element = _flat_index(loops) * GROUP_SIZE + lidx
-    valid = element.lt(size) if prod(r.src[0].arg for r in loops) * GROUP_SIZE != size else None
-    if valid is not None: element = valid.where(element, UOp.const(INT, size - 1))
+    count = -(-size // GROUP_SIZE)
+    if count <= MAX_UNROLLED_ROW:   # a thread's elements, unrolled (shared with the other passes: read once)
+      elements, loops = _thread_elements(size, lidx, count), None
+    else:
+      blocked = any(red.arg is Ops.ADD and dtypes.is_float(red.dtype) for red in reds)
+      loops = [new_range(k) for k in sum_levels(count, blocked)]
+      element = _flat_index(loops) * GROUP_SIZE + lidx
+      valid = element.lt(size) if prod(r.src[0].arg for r in loops) * GROUP_SIZE != size else None
+      elements = [(element if valid is None else valid.where(element, UOp.const(INT, size - 1)), valid)]
     partials = []
     for k, red in enumerate(reds):
-      body = _substitute(red.src[0], {**finals, **_unflatten(element, list(ranges))})
-      if valid is not None: body = valid.where(body, UOp.const(red.dtype, identity_element(red.arg, red.dtype)))
+      bodies = []
+      for element, valid in elements:
+        body = _substitute(red.src[0], {**finals, **_unflatten(element, list(ranges))})
+        bodies.append(body if valid is None else
+                      valid.where(body, UOp.const(red.dtype, identity_element(red.arg, red.dtype))))
+      partial = _nested(red, bodies[0], loops) if loops is not None else _chain(red, bodies)
       shared = UOp(Ops.DEFINE_LOCAL, red.dtype, (), (f"temp{g}_{k}", GROUP_SIZE))
-      partials.append((red, shared, UOp(Ops.STORE, dtypes.void, (shared, lidx, _nested(red, body, loops)))))
+      partials.append((red, shared, UOp(Ops.STORE, dtypes.void, (shared, lidx, partial))))
     finals.update(_tree_combine(lidx, [(red, shared) for red, shared, _ in partials],
                                 UOp(Ops.BARRIER, dtypes.void, tuple(store for _, _, store in partials))))
-  values = dict(finals)
-  element_valid = None
+  elements = [(None, None)]
   if plan.elementwise is not None:
     size = plan.elementwise.src[0].arg
-    element, element_valid = _split_over_threads(size, lidx, new_range(-(-size // GROUP_SIZE)))
-    values[plan.elementwise] = element
+    count = -(-size // GROUP_SIZE)
+    elements = _thread_elements(size, lidx, count) if count <= MAX_UNROLLED_ROW else \
+      [_split_over_threads(size, lidx, new_range(count))]
   first = lidx.eq(0)
   stores = []
   for store in sink.src:
-    if store.op is Ops.STORE:
-      per_thread = plan.elementwise is not None and plan.elementwise in store.toposort()
-      gate = element_valid if per_thread else first
-      if gate is not None:
-        store = store.replace(src=(*store.src[:3], gate if len(store.src) == 3 else store.src[3] & gate))
-    stores.append(_substitute(store, values))
+    per_thread = store.op is Ops.STORE and plan.elementwise is not None and plan.elementwise in store.toposort()
+    for element, valid in (elements if per_thread else [(None, None)]):
+      gate = valid if per_thread else first if store.op is Ops.STORE else None
+      copy = store if gate is None else \
+        store.replace(src=(*store.src[:3], gate if len(store.src) == 3 else store.src[3] & gate))
+      stores.append(_substitute(copy, {**finals, plan.elementwise: element} if per_thread else finals))
   grouped = sink.replace(src=tuple(stores))
   if plan.rows:   # the row ranges, in the partials' bodies too: the block index
     rows = list(plan.rows)
