@@ -32,7 +32,9 @@ from kiln.uop.ops import Variable
 from kiln.apps.llm.quantized import SUPPORTED_TYPES, QuantizedMatrix, quantize_activations
 
 DEFAULT_MAX_CONTEXT = 4096
-PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+# a prompt is padded to the next of these lengths (steps of a quarter to a third: 147 tokens run as 160, not 256)
+PREFILL_BUCKETS = (16, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512, 640, 768, 1024, 1280, 1536, 2048, 2560, 3072,
+                   4096)
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 
 # ---------------- configuration ----------------
