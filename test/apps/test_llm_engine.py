@@ -2,7 +2,7 @@
 import importlib.util
 import pytest
 from fake_llm import BOS, IM_END, FakeTokenizer, ScriptedModel
-from kiln.apps.llm.engine import ChatEngine, common_prefix_length
+from kiln.apps.llm.engine import RECOMPUTED_PROMPT_IDS, ChatEngine, common_prefix_length
 
 def make_engine(reply="hello", **model_kwargs):
   model = ScriptedModel(reply, **model_kwargs)
@@ -40,13 +40,16 @@ def test_second_turn_prefills_only_new_tokens():
   assert model.prefill_tokens - first_prefill == len(new_prompt) - reused
   assert engine.cached_ids == model.cache
 
-def test_same_prompt_twice_runs_only_the_last_token():
+def test_same_prompt_twice_runs_only_its_last_tokens():
+  """A cached prompt re-runs only its last RECOMPUTED_PROMPT_IDS tokens, as one prefill (the same products as a fresh
+  prompt's: a single decode step would quantize its activations)."""
   engine, model = make_engine("yo")
   "".join(engine.chat([user("same")]))
   calls_before = len(model.calls)
   assert "".join(engine.chat([user("same")])) == "yo"
   prompt_length = len(engine.prompt_ids([user("same")]))
-  assert model.calls[calls_before] == (1, prompt_length - 1), "a cached prompt re-runs only its last token"
+  rerun = min(RECOMPUTED_PROMPT_IDS, prompt_length)
+  assert model.calls[calls_before] == (rerun, prompt_length - rerun), "a cached prompt re-runs only its last tokens"
 
 def test_diverging_prompt_overwrites_from_the_first_difference():
   engine, model = make_engine("r")
@@ -56,7 +59,7 @@ def test_diverging_prompt_overwrites_from_the_first_difference():
   second = engine.prompt_ids([{"role": "system", "content": "shared system"}, user("bbbb")])
   first = engine.prompt_ids([{"role": "system", "content": "shared system"}, user("aaaa")])
   shared = next(i for i, (a, b) in enumerate(zip(first, second)) if a != b)
-  assert model.prefill_tokens - before == len(second) - shared
+  assert model.prefill_tokens - before == len(second) - min(shared, len(second) - RECOMPUTED_PROMPT_IDS)
   assert engine.cached_ids == model.cache
 
 def test_max_tokens_stops_with_length():

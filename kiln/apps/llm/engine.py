@@ -4,6 +4,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Protocol
 import numpy as np
 from kiln.apps.llm.sampling import check_sampling_args, sample
 from kiln.apps.llm.tokenizer import StreamDecoder
+from kiln.apps.llm.quantized import DEQUANTIZE_MIN_ROWS
 
 if TYPE_CHECKING:
   from kiln.apps.llm.tokenizer import Tokenizer
@@ -12,6 +13,9 @@ class LogitsModel(Protocol):
   """What the engine needs from a model: `kiln.apps.llm.model.Transformer` is one."""
   max_context: int
   def logits(self, tokens: list[int], start_pos: int) -> np.ndarray: ...
+
+# prompt ids a prefill recomputes even when they are cached (see ChatEngine._prefill)
+RECOMPUTED_PROMPT_IDS = DEQUANTIZE_MIN_ROWS
 
 def common_prefix_length(a: list[int], b: list[int]) -> int:
   """How many leading ids `a` and `b` share.
@@ -92,8 +96,10 @@ class ChatEngine:
   def _prefill(self, ids: list[int]) -> np.ndarray:
     """Put `ids` in the KV cache, running the model only on the part after the cached common prefix; the logits of
     the last id."""
-    # at least the last id runs, since its logits are needed even when the whole prompt is cached
-    start = min(common_prefix_length(self.cached_ids, ids), len(ids) - 1)
+    # the last RECOMPUTED_PROMPT_IDS ids run even when cached: their logits are needed, and as a prefill (many rows:
+    # float products) they come out as a fresh prompt's do, where one decode step would quantize its activations to
+    # int8 (kiln/apps/llm/quantized.py) and could start a reply to the same prompt with another token
+    start = min(common_prefix_length(self.cached_ids, ids), max(0, len(ids) - RECOMPUTED_PROMPT_IDS), len(ids) - 1)
     del self.cached_ids[start:]   # those positions are about to be overwritten
     logits = self.model.logits(ids[start:], start)
     self.cached_ids.extend(ids[start:])

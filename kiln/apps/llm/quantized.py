@@ -264,9 +264,10 @@ class QuantizedMatrix:
                        f"{self.shape}")
     lead = tuple(x.shape[:-1])
     if math.prod(lead) >= DEQUANTIZE_MIN_ROWS and all(isinstance(n, int) for n in lead):
-      # many rows (a prefill): expand the weight once into a float32 scratch buffer (transposed, so the matmul
-      # heuristics see `a @ b` with b contiguous along the output) rather than once per row of x
-      return x @ self.dequantize().T.contiguous()
+      # many rows (a prefill): expand the weight once into a float32 scratch buffer rather than once per row of x,
+      # row by row (written transposed, its stores were strided: SmolLM2's 147-token prefill spent 154 of 776 ms
+      # expanding; the matmul copies the transposed operand into its packed layout anyway, kiln/schedule/pack.py)
+      return x @ self.dequantize().contiguous().T
     # broadcast the packed arrays over x's leading axes *before* expanding them: the scheduler gives a buffer to a
     # costly value that is broadcast, which here would be a float32 copy of the whole weight
     parts = {key: part.reshape(*[1] * len(lead), *part.shape).expand(*lead, *part.shape)
