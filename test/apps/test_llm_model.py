@@ -107,16 +107,18 @@ def test_rope(interleaved):
   got = apply_rope(Tensor(x), cos, sin, interleaved).numpy()
   np.testing.assert_allclose(got, numpy_rope(x, positions, 500.0, interleaved), rtol=1e-5, atol=1e-5)
 
-def test_grouped_query_attention_matches_torch():
+@pytest.mark.parametrize("T,L,masked", [(3, 7, True), (1, 7, False), (1, 1, False), (1, 40, False)])
+def test_grouped_query_attention_matches_torch(T, L, masked):
+  """Prefill (T queries, causal mask) and a decode step (one query, no mask: its own formulation)."""
   rng = np.random.default_rng(5)
-  T, L, heads, kv_heads, d = 3, 7, 6, 2, 8
+  heads, kv_heads, d = 6, 2, 8
   q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((T, heads, d), (L, kv_heads, d), (L, kv_heads, d)))
   # the last T keys are the queries' own positions: query t sees keys 0 .. L-T+t
   mask = np.where(np.arange(L)[None] <= L - T + np.arange(T)[:, None], 0, -np.inf).astype(np.float32)
-  got = attention(Tensor(q), Tensor(k), Tensor(v), Tensor(mask)).numpy()
+  got = attention(Tensor(q), Tensor(k), Tensor(v), Tensor(mask) if masked else None).numpy()
   tq, tk, tv = (torch.tensor(a).transpose(0, 1) for a in (q, k, v))
   tk, tv = tk.repeat_interleave(heads // kv_heads, 0), tv.repeat_interleave(heads // kv_heads, 0)
-  want = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=torch.tensor(mask))
+  want = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=torch.tensor(mask) if masked else None)
   np.testing.assert_allclose(got, want.transpose(0, 1).reshape(T, heads * d).numpy(), rtol=1e-5, atol=1e-5)
 
 # ---------------- a tiny model written as a GGUF file ----------------
