@@ -103,7 +103,7 @@ def main() -> None:
   from kiln.engine import graph
   from kiln.runtime.ops_cuda import CUDAGraph
   for graphs in (False, True):   # a 2-kernel function under TinyJit, launch by launch and as one CUDA graph
-    if graphs: graph.GRAPHS["CUDA"] = CUDAGraph
+    graph.GRAPHS["CUDA"] = CUDAGraph if graphs else None   # None: launch by launch (graph_for finds no graph)
     step = TinyJit(lambda x: ((x + 1).contiguous() * 2).contiguous())
     for _ in range(5): step(tiny)
     Device["CUDA"].synchronize()

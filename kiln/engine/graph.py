@@ -138,6 +138,18 @@ class LLVMGraph(CPUGraph):
 # device name -> its graph class; a device without an entry replays launch by launch
 GRAPHS: dict[str, type[GraphRunner]] = {"CPU": CPUGraph, "LLVM": LLVMGraph}
 
+def _cuda_graph() -> type:
+  from kiln.runtime.ops_cuda import CUDAGraph   # the CUDA graph (one cuGraphLaunch a replay), imported when first used
+  return CUDAGraph
+# graph classes of devices whose modules are imported only when one of their launches is batched
+GRAPH_LOADERS: dict[str, Callable[[], type]] = {"CUDA": _cuda_graph}
+
+def graph_for(device: str) -> type | None:
+  """The graph class that batches `device`'s kernels (GRAPHS, else GRAPH_LOADERS), None for launch by launch."""
+  base = device.split(":")[0]
+  if base not in GRAPHS and base in GRAPH_LOADERS: GRAPHS[base] = GRAPH_LOADERS[base]()
+  return GRAPHS.get(base)
+
 def _device_of(item: ExecItem) -> str | None:
   return getattr(item.runner, "device", None)
 
@@ -153,7 +165,7 @@ def batch_launches(items: list[ExecItem], swapped: set[tuple[int, int]]) -> list
   launches: list[Callable[[], None]] = []
   start, max_batch = 0, int(JIT_BATCH_SIZE.value)
   while start < len(items):
-    graph = GRAPHS.get((_device_of(items[start]) or "").split(":")[0])
+    graph = graph_for(_device_of(items[start]) or "")
     end = start
     if graph is not None:
       while end < len(items) and _device_of(items[end]) == _device_of(items[start]) and graph.supports(items[end]) \
