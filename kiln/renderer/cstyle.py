@@ -781,17 +781,27 @@ class _CKernelWriter:
       elif u.dtype in dtypes.fp8s: text = f"kiln_{u.dtype.name}_round({text})"
     return text
 
-  def write(self) -> str:
-    """The whole C source: helpers, signature and body."""
+  renderer_name = "CRenderer"   # in error messages
+
+  def walk(self) -> tuple[list[UOp], list[UOp]]:
+    """Emit the body, a statement per uop in order; the kernel's buffer and variable parameters."""
     buffers, variables = kernel_signature(self.uops)
     self.var_names = {v: f"var{i}" for i, v in enumerate(variables)}
     for u in self.uops:
       handler = self.statements.get(u.op)
       if handler is not None: handler(u)
       elif u.op in C_EXPRESSIONS: self._value(u)
-      else: raise NotImplementedError(f"CRenderer: cannot render {u.op} (kernel {self.name}); see docs/ir.md stage 4")
-    if self.depth != 1: raise ValueError(f"CRenderer: kernel {self.name} leaves {self.depth - 1} RANGE(s) unclosed")
+      else:
+        raise NotImplementedError(f"{self.renderer_name}: cannot render {u.op} (kernel {self.name}); see docs/ir.md "
+                                  f"stage 4")
+    if self.depth != 1:
+      raise ValueError(f"{self.renderer_name}: kernel {self.name} leaves {self.depth - 1} RANGE(s) unclosed")
     for b in buffers: self.note_dtype(b.dtype)
+    return buffers, variables
+
+  def write(self) -> str:
+    """The whole C source: helpers, signature and body."""
+    buffers, variables = self.walk()
     params = [f"{STORAGE_TYPES[b.dtype]}* restrict data{b.arg}" for b in buffers]
     params += [f"int {self.var_names[v]}" for v in variables] + ["int kiln_tid", "int kiln_nthreads"]
     head = ([HALF_HELPERS] if self.uses_half else []) + ([BF16_HELPERS] if self.uses_bf16 else [])

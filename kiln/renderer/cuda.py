@@ -12,8 +12,8 @@ bits and computed in float with the same rounding helpers). What differs:
 """
 from __future__ import annotations
 from kiln.dtype import dtypes
-from kiln.renderer import kernel_signature, kernel_function_name
-from kiln.renderer.cstyle import (CRenderer, _CKernelWriter, BF16_HELPERS, C_EXPRESSIONS, FP8_HELPERS, HALF_HELPERS,
+from kiln.renderer import kernel_function_name
+from kiln.renderer.cstyle import (CRenderer, _CKernelWriter, BF16_HELPERS, FP8_HELPERS, HALF_HELPERS,
                                   STORAGE_TYPES, fp8_helpers)
 from kiln.uop.ops import UOp, Ops
 
@@ -135,18 +135,12 @@ class _CudaKernelWriter(_CKernelWriter):
     out = f"kiln_bitcast<{STORAGE_TYPES[dst]}>({bits})"
     return _FROM_BITS[dst].format(out) if dst in _FROM_BITS else out
 
+  renderer_name = "CUDARenderer"
+
   def write(self) -> str:
     """The whole CUDA source: prelude, device helpers, the kernel."""
-    buffers, variables = kernel_signature(self.uops)
-    self.var_names = {v: f"var{i}" for i, v in enumerate(variables)}
-    for u in self.uops:
-      handler = self.statements.get(u.op)
-      if handler is not None: handler(u)
-      elif u.op in C_EXPRESSIONS: self._value(u)
-      else: raise NotImplementedError(f"CUDARenderer: cannot render {u.op} (kernel {self.name})")
-    if self.depth != 1: raise ValueError(f"CUDARenderer: kernel {self.name} leaves {self.depth - 1} RANGE(s) unclosed")
+    buffers, variables = self.walk()
     if self.vector_types: raise NotImplementedError(f"CUDARenderer: vector uops in kernel {self.name}")
-    for b in buffers: self.note_dtype(b.dtype)
     params = [f"{STORAGE_TYPES[b.dtype]}* __restrict__ data{b.arg}" for b in buffers]
     params += [f"int {self.var_names[v]}" for v in variables]
     head = ([HALF_HELPERS] if self.uses_half else []) + ([BF16_HELPERS] if self.uses_bf16 else [])
