@@ -47,6 +47,18 @@ def test_symbolic_values_match_numpy():
     np.testing.assert_array_equal(Tensor.ones(n, 2).numpy(), np.ones((pos, 2), np.float32))
     np.testing.assert_array_equal((a[:, 0:n] * 2 + 1).exp2().numpy(), np.exp2(a.numpy()[:, :pos] * 2 + 1))
 
+def test_a_product_over_a_symbolic_output_axis_matches_numpy():
+  """A batched product whose symbolic axis is an output axis reused by one operand (attention scores with the
+  positions outermost): the register-tile heuristic used to compare the axis's unknown size with 16 and raise."""
+  rng = np.random.default_rng(3)
+  keys = rng.standard_normal((40, 3, 64)).astype(np.float32)
+  queries = rng.standard_normal((3, 3, 64, 32)).astype(np.float32)
+  k, q = Tensor(keys).realize(), Tensor(queries).realize()
+  for pos in (5, 40):
+    n = Variable("n", 1, 40).bind(pos)
+    got = (k[0:n].reshape(-1, 3, 1, 64, 1) * q.unsqueeze(0)).sum(3).numpy()
+    np.testing.assert_allclose(got, np.einsum("skd,kgdt->skgt", keys[:pos], queries), rtol=1e-4, atol=1e-4)
+
 def test_shape_errors_are_clear():
   n = Variable("n", 1, 7).bind(3)
   a = arange(2, 8, 3)

@@ -435,7 +435,7 @@ def _wide_tile(loads: list[UOp], out_axes: list[UOp], reused: list[int], load_st
   # a partner that 8 or 4 divides (a conv weight gradient's 3-wide kernel axis reuses the same load as its channels)
   # (or one contiguous in the output and a load that is padded to one vector: a conv's 14 or 7 output columns)
   partner = next((rng for rng in reversed(candidates) if rng is not wide and zero_loads(rng) != zero_loads(wide)
-                  and (_first_dividing(Kernel.size(rng), (8, 4)) or Kernel.size(rng) >= 16
+                  and (_first_dividing(Kernel.size(rng), (8, 4)) or (Kernel.size(rng) or 0) >= 16
                        or _padded_vector(rng, load_strides, store_strides) is not None)), None)
   return None if partner is None else (wide, partner)
 
