@@ -256,6 +256,8 @@ SPLIT_REDUCEOP = ContextVar("SPLIT_REDUCEOP", 1, "1: a large reduction whose out
 VALIDATE_WITH_CPU = ContextVar("VALIDATE_WITH_CPU", 0, "1: every kernel that runs on a device other than CPU (outside "
                                "TinyJit replays) runs again on CPU over copies of its inputs, and an output that "
                                "differs (beyond 1e-3) raises an AssertionError naming the kernel")
+PTX = ContextVar("PTX", 0, "1: the CUDA device renders kernels as PTX (kiln/renderer/ptx.py) that the driver compiles "
+                          "when it loads them, instead of CUDA C compiled by NVRTC")
 FUSE_OPTIM = ContextVar("FUSE_OPTIM", 0, "1: optimizers default to fused=True (all parameters updated as one flat "
                                          "vector: fewer kernels per step)")
 

@@ -761,6 +761,25 @@ class CudaAllocator(LRUAllocator):
 
 DEFAULT_NVRTC_OPTIONS = ("--fmad=false",)   # no contraction into FMA: results match the CPU reference bit for bit
 
+class PTXCompiler(Compiler):
+  """PTX text (kiln/renderer/ptx.py) -> the image `cuModuleLoadData` takes: the PTX itself, NUL-terminated; the driver
+  compiles it for the GPU when the module loads (and keeps the result in its own cache). No disk cache here: the
+  output is the source."""
+  disk_cache = False
+
+  def __init__(self, arch: str):
+    if not re.fullmatch(r"sm_\d+[af]?", arch): raise ValueError(f"PTXCompiler: arch must look like sm_90a, got {arch!r}")
+    self.arch = arch
+
+  def cache_key(self) -> str:
+    """The arch: the PTX's `.target`."""
+    return f"PTX {self.arch}"
+
+  def compile(self, src: str) -> bytes:
+    """`src` as a NUL-terminated PTX image; a CompileError when it does not target this compiler's arch."""
+    if f".target {self.arch}" not in src: raise CompileError(f"PTXCompiler: the PTX does not target {self.arch}")
+    return src.encode() + b"\0"
+
 class NVRTCCompiler(Compiler):
   """CUDA C -> CUBIN for `arch` (e.g. "sm_90a") with NVRTC; `compile_cached` keeps CUBINs in kiln's compile cache,
   keyed by the source, the arch, the options and NVRTC's version (`version` is asked of NVRTC when not given)."""

@@ -11,8 +11,10 @@ RuntimeError that says what is missing.
 from __future__ import annotations
 import functools
 from kiln.device import Compiled
+from kiln.helpers import PTX
 from kiln.renderer import kernel_function_name
 from kiln.renderer.cuda import CUDARenderer
+from kiln.renderer.ptx import PTXRenderer
 from kiln.runtime import cuda_driver as cuda
 
 Launch = tuple[tuple[int, int, int], tuple[int, int, int]]
@@ -82,11 +84,13 @@ class CUDADevice(Compiled):
     if not index.isdigit(): raise ValueError(f"CUDA: bad device name {device!r} (CUDA, CUDA:0, CUDA:1, ...)")
     try:
       self.context = cuda.Context(int(index))
-      cuda.nvrtc()   # found now, so that a missing NVRTC is reported when the device opens, not at the first kernel
+      if not PTX: cuda.nvrtc()   # found now, so that a missing NVRTC is reported when the device opens
     except cuda.CudaUnavailableError as e: raise RuntimeError(f"cannot open {device}: {e}") from None
     arch = self.context.properties.arch
-    super().__init__(device, cuda.CudaAllocator(self.context), CUDARenderer(arch), cuda.NVRTCCompiler(arch),
-                     functools.partial(CUDAProgram, self))
+    # PTX=1: kiln's PTX, compiled by the driver when the module loads; otherwise CUDA C through NVRTC
+    renderer, compiler = (PTXRenderer(arch), cuda.PTXCompiler(arch)) if PTX else \
+      (CUDARenderer(arch), cuda.NVRTCCompiler(arch))
+    super().__init__(device, cuda.CudaAllocator(self.context), renderer, compiler, functools.partial(CUDAProgram, self))
 
   def synchronize(self) -> None:
     """Wait until every kernel and copy queued on this GPU has finished."""

@@ -1,0 +1,634 @@
+"""PTXRenderer: a linearized kernel becomes one PTX module (`PTX=1`), which the CUDA driver compiles when it loads it.
+
+It gets the uops the CUDA C renderer gets (kiln/renderer/cuda.py; the same target: output axes mapped to blocks and
+threads by kiln/codegen/gpudims.py, kiln's software transcendental math) and writes, op for op, the instructions
+NVRTC makes of the C renderer's semantics (kiln/renderer/cstyle.py), so both give the same bits:
+- float add, mul, fma, div, rcp and sqrt carry `.rn`: correctly rounded, never contracted (MULACC is one `fma.rn`);
+- float16 and bfloat16 live in f32 registers, every op's result rounded to the type by the C helpers' own
+  instruction sequences (kiln_half_round_f/_d, kiln_f_to_bf16), stored and loaded as 16 bits;
+- integer IDIV/MOD truncate, a zero divisor gives 0 and `MIN // -1` wraps; types narrower than 32 bits live
+  sign- or zero-extended in 32-bit registers and are truncated after each op, as C's promotions do;
+- float -> integer casts go through a 32- or 64-bit conversion whose out-of-range and NaN result is INT_MIN of that
+  width, then wrap to the type (cstyle.py `_c_float_to_int`); MAX gives NaN when its first operand is NaN, or when
+  the second is and the first is not greater; `!=` on floats is unordered;
+- bool values are predicates, stored as a byte.
+Not rendered (NotImplementedError): vector uops, fp8, float MOD (fmod), and native EXP2/LOG2/SIN/POW (software math
+rewrites them first on this target).
+"""
+from __future__ import annotations
+import struct
+from kiln.dtype import DType, dtypes, truncate
+from kiln.renderer import kernel_function_name, kernel_signature
+from kiln.renderer.cuda import CUDARenderer
+from kiln.uop.ops import UOp, Ops, GroupOp
+
+PTX_VERSION = "9.0"   # the PTX ISA of CUDA 13.0 (driver 580)
+
+_NARROW = {dtypes.int8: ("s8", 8), dtypes.uint8: ("u8", 8), dtypes.int16: ("s16", 16), dtypes.uint16: ("u16", 16)}
+_INTS_32 = (dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32)
+_HALVES = (dtypes.float16, dtypes.bfloat16)
+# a register class per dtype: (prefix, declared type)
+_REG_CLASS = {dtypes.bool: ("%p", ".pred"), dtypes.float32: ("%f", ".f32"), dtypes.float16: ("%f", ".f32"),
+              dtypes.bfloat16: ("%f", ".f32"), dtypes.float64: ("%fd", ".f64"), dtypes.int64: ("%rd", ".b64"),
+              dtypes.uint64: ("%rd", ".b64"), **{dt: ("%r", ".b32") for dt in _INTS_32}}
+# what a buffer element is loaded and stored as
+_MEMORY_TYPES = {dtypes.bool: "u8", dtypes.int8: "s8", dtypes.uint8: "u8", dtypes.int16: "s16", dtypes.uint16: "u16",
+                 dtypes.int32: "s32", dtypes.uint32: "u32", dtypes.int64: "s64", dtypes.uint64: "u64",
+                 dtypes.float16: "u16", dtypes.bfloat16: "u16", dtypes.float32: "f32", dtypes.float64: "f64"}
+_SPECIAL_REGISTERS = {"gidx": "%ctaid", "lidx": "%tid"}
+
+def ptx_type(dtype: DType) -> str:
+  """The instruction type suffix a value of `dtype` computes with (narrow ints and 16-bit floats in 32 bits)."""
+  if dtype in (dtypes.float32, *_HALVES): return "f32"
+  if dtype == dtypes.float64: return "f64"
+  if dtype in _INTS_32: return "u32" if dtypes.is_unsigned(dtype) else "s32"
+  if dtype in (dtypes.int64, dtypes.uint64): return "u64" if dtype == dtypes.uint64 else "s64"
+  if dtype == dtypes.bool: return "pred"
+  raise NotImplementedError(f"PTXRenderer: no PTX for dtype {dtype}")
+
+def _bits(dtype: DType) -> int: return 64 if dtype in (dtypes.int64, dtypes.uint64, dtypes.float64) else 32
+
+def ptx_const(value, dtype: DType) -> str:
+  """A PTX immediate for `value` rounded to `dtype`: `0f3F800000` for floats, decimal or hex for integers."""
+  value = truncate(dtype, value)
+  if dtype in (dtypes.float32, *_HALVES): return "0f%08X" % struct.unpack("<I", struct.pack("<f", value))[0]
+  if dtype == dtypes.float64: return "0d%016X" % struct.unpack("<Q", struct.pack("<d", value))[0]
+  if dtype == dtypes.bool: return "1" if value else "0"
+  if dtypes.is_int(dtype):
+    if _bits(dtype) == 64: return "0x%016X" % (value & (2 ** 64 - 1))
+    return str(value) if -2 ** 31 <= value < 2 ** 31 else "0x%08X" % (value & 0xFFFFFFFF)
+  raise NotImplementedError(f"PTXRenderer: no constant of dtype {dtype}")
+
+class PTXRenderer(CUDARenderer):
+  """Renders a linearized kernel as a PTX module: `.visible .entry name(.param .u64 data0, ..., .param .s32 var0)`,
+  the CUDA C renderer's parameters in its order (kiln.renderer.kernel_signature)."""
+  def render(self, name: str, uops: list[UOp]) -> str:
+    """The PTX text of kernel `name`."""
+    return _PTXKernelWriter(kernel_function_name(name), uops, self.arch).write()
+
+class _PTXKernelWriter:
+  """Walks one uop list, giving each value a register and emitting instructions."""
+  def __init__(self, name: str, uops: list[UOp], arch: str):
+    self.name, self.uops, self.arch = name, uops, arch
+    self.names: dict[UOp, str] = {}
+    self.lines: list[str] = []
+    self.counts: dict[str, int] = {}
+    self.reg_types: dict[str, str] = {}
+    self.module_arrays: list[str] = []
+    self.shared_arrays: list[str] = []
+    self.loops: list[tuple[UOp, str, str]] = []
+    self.labels = 0
+    self.block_threads = 1
+    self.statements = {
+      Ops.RANGE: self._range, Ops.ENDRANGE: self._endrange, Ops.LOAD: self._load, Ops.STORE: self._store,
+      Ops.DEFINE_ACC: self._define_acc, Ops.ASSIGN: self._assign, Ops.SPECIAL: self._special,
+      Ops.DEFINE_LOCAL: self._define_local, Ops.BARRIER: self._barrier, Ops.ATOMIC: self._atomic,
+      Ops.CAST: self._cast, Ops.BITCAST: self._bitcast,
+      **{op: self._nothing for op in (Ops.CONST, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.SINK)}}
+
+  def fail(self, what: str) -> NotImplementedError:
+    return NotImplementedError(f"PTXRenderer: {what} (kernel {self.name}); use the CUDA C renderer (PTX=0)")
+
+  # ---- registers and operands ----
+  def reg(self, dtype: DType | str) -> str:
+    """A fresh register for a value of `dtype` (or of a register class: 'pred', 'b16', 'b32', 'b64', 'f32', 'f64')."""
+    prefix, decl = {"pred": ("%p", ".pred"), "b16": ("%h", ".b16"), "b32": ("%r", ".b32"), "b64": ("%rd", ".b64"),
+                    "f32": ("%f", ".f32"), "f64": ("%fd", ".f64")}[dtype] if isinstance(dtype, str) \
+      else self.reg_class(dtype)
+    n = self.counts.get(prefix, 0)
+    self.counts[prefix] = n + 1
+    self.reg_types[prefix] = decl
+    return f"{prefix}{n}"
+
+  def reg_class(self, dtype: DType) -> tuple[str, str]:
+    if dtype.count > 1: raise self.fail(f"vector dtype {dtype}")
+    if dtype not in _REG_CLASS: raise self.fail(f"dtype {dtype} is not supported")
+    return _REG_CLASS[dtype]
+
+  def emit(self, line: str) -> None:
+    """Add one instruction (a `// comment` after it stays after its semicolon)."""
+    code, _, comment = line.partition("   // ")
+    self.lines.append(f"  {code};" + (f"   // {comment}" if comment else ""))
+
+  def operand(self, u: UOp) -> str:
+    """An immediate for a non-bool CONST, else the register holding `u`."""
+    if u.op is Ops.CONST and u.dtype != dtypes.bool:
+      self.reg_class(u.dtype)
+      return ptx_const(u.arg, u.dtype)
+    return self.value(u)
+
+  def value(self, u: UOp) -> str:
+    """The register holding `u` at this point (constants are moved into a fresh one)."""
+    if u.op is Ops.CONST:
+      out = self.reg(u.dtype)
+      if u.dtype == dtypes.bool: self.emit(f"setp.ne.u32 {out}, {1 if u.arg else 0}, 0")
+      else: self.emit(f"mov.{self.mov_type(u.dtype)} {out}, {ptx_const(u.arg, u.dtype)}")
+      return out
+    if u not in self.names: raise ValueError(f"PTXRenderer: {u.op.name} is used before it is computed ({self.name})")
+    return self.names[u]
+
+  @staticmethod
+  def mov_type(dtype: DType) -> str:
+    return {".pred": "pred", ".f32": "f32", ".f64": "f64", ".b32": "b32", ".b64": "b64"}[_REG_CLASS[dtype][1]]
+
+  def normalize(self, r: str, dtype: DType) -> str:
+    """A 32-bit register truncated to narrow int `dtype` and sign- or zero-extended again (C's assignment)."""
+    if dtype not in _NARROW: return r
+    kind, width = _NARROW[dtype]
+    out = self.reg("b32")
+    if kind[0] == "s": self.emit(f"cvt.s32.{kind} {out}, {r}")
+    else: self.emit(f"and.b32 {out}, {r}, {(1 << width) - 1}")
+    return out
+
+  # ---- statements ----
+  def _nothing(self, u: UOp) -> None: pass
+
+  def _special(self, u: UOp) -> None:
+    kind, size = u.arg
+    if kind.startswith("lidx"): self.block_threads *= size
+    out = self.names[u] = self.reg(dtypes.int32)
+    self.emit(f"mov.u32 {out}, {_SPECIAL_REGISTERS[kind[:4]]}.{'xyz'[int(kind[4:])]}   // {kind} < {size}")
+
+  def _define_local(self, u: UOp) -> None:
+    name, size = u.arg[0], u.arg[1]
+    nbytes = size * u.dtype.itemsize
+    if len(u.arg) > 2 and u.arg[2] == "device":   # zero when the module loads, kept between launches
+      self.module_arrays.append(f".global .align 16 .b8 {name}[{nbytes}];")
+    else: self.shared_arrays.append(f"  .shared .align 16 .b8 {name}[{nbytes}];")
+    out = self.names[u] = self.reg("b64")
+    self.emit(f"mov.u64 {out}, {name}")
+
+  def _space(self, buf: UOp) -> str:
+    if buf.op is Ops.DEFINE_LOCAL: return "global" if len(buf.arg) > 2 else "shared"
+    return "global"
+
+  def address(self, buf: UOp, index: UOp) -> str:
+    """`[reg]`: the address of element `index` of `buf`."""
+    size = buf.dtype.itemsize
+    base = self.value(buf)
+    if index.op is Ops.CONST: return f"[{base}+{int(index.arg) * size}]"
+    offset, out = self.reg("b64"), self.reg("b64")
+    if _bits(index.dtype) == 64: self.emit(f"mul.lo.s64 {offset}, {self.value(index)}, {size}")
+    else: self.emit(f"mul.wide.{ptx_type(index.dtype)} {offset}, {self.value(index)}, {size}")
+    self.emit(f"add.s64 {out}, {base}, {offset}")
+    return f"[{out}]"
+
+  def _load(self, u: UOp) -> None:
+    buf, index = u.src[0], u.src[1]
+    gate = u.src[2] if len(u.src) == 3 and u.src[2].op is not Ops.BARRIER else None
+    if u.dtype not in _MEMORY_TYPES: raise self.fail(f"a load of dtype {u.dtype}")
+    space = self._space(buf) + (".cg" if buf.op is Ops.DEFINE_LOCAL and len(buf.arg) > 2 else "")
+    addr, mem = self.address(buf, index), _MEMORY_TYPES[u.dtype]
+    raw = self.reg("b32") if u.dtype in (*_HALVES, dtypes.bool) else self.reg(u.dtype)
+    if gate is not None:   # the gate's zero, then the read only where it holds
+      if u.dtype in (*_HALVES, dtypes.bool): self.emit(f"mov.b32 {raw}, 0")
+      else: self.emit(f"mov.{self.mov_type(u.dtype)} {raw}, {ptx_const(0, u.dtype)}")
+      self.emit(f"@{self.value(gate)} ld.{space}.{mem} {raw}, {addr}")
+    else: self.emit(f"ld.{space}.{mem} {raw}, {addr}")
+    if u.dtype == dtypes.bool:
+      out = self.reg(dtypes.bool)
+      self.emit(f"setp.ne.u32 {out}, {raw}, 0")
+    elif u.dtype == dtypes.float16: out = self.half_to_f(raw)
+    elif u.dtype == dtypes.bfloat16: out = self.bf16_to_f(raw)
+    else: out = raw
+    self.names[u] = out
+
+  def _store(self, u: UOp) -> None:
+    buf, index, value = u.src[:3]
+    if value.dtype not in _MEMORY_TYPES: raise self.fail(f"a store of dtype {value.dtype}")
+    if value.dtype == dtypes.bool:
+      data = self.reg("b32")
+      self.emit(f"selp.u32 {data}, 1, 0, {self.value(value)}")
+    elif value.dtype == dtypes.float16: data = self.half_bits(self.value(value))
+    elif value.dtype == dtypes.bfloat16: data = self.f_to_bf16(self.value(value))
+    else: data = self.operand(value)
+    addr = self.address(buf, index)
+    guard = f"@{self.value(u.src[3])} " if len(u.src) == 4 else ""
+    self.emit(f"{guard}st.{self._space(buf)}.{_MEMORY_TYPES[value.dtype]} {addr}, {data}")
+
+  def _range(self, u: UOp) -> None:
+    counter = self.reg(u.dtype)
+    top, end = f"$L{self.name}_{self.labels}_top", f"$L{self.name}_{self.labels}_end"
+    self.labels += 1
+    self.loops.append((u, top, end))
+    t = ptx_type(u.dtype)
+    self.emit(f"mov.{self.mov_type(u.dtype)} {counter}, 0")
+    self.lines.append(f"{top}:")
+    done = self.reg("pred")
+    self.emit(f"setp.ge.{t} {done}, {counter}, {self.operand(u.src[0])}")
+    self.emit(f"@{done} bra {end}")
+    self.names[u] = counter
+
+  def _endrange(self, u: UOp) -> None:
+    if not self.loops or self.loops[-1][0] is not u.src[0]:
+      raise ValueError(f"PTXRenderer: ENDRANGE without its open RANGE in kernel {self.name}")
+    rng, top, end = self.loops.pop()
+    counter = self.names[rng]
+    self.emit(f"add.{ptx_type(rng.dtype)} {counter}, {counter}, 1")
+    self.emit(f"bra {top}")
+    self.lines.append(f"{end}:")
+
+  def _define_acc(self, u: UOp) -> None:
+    out = self.names[u] = self.reg(u.dtype)
+    self.emit(f"mov.{self.mov_type(u.dtype)} {out}, {self.operand(u.src[0])}")
+
+  def _assign(self, u: UOp) -> None:
+    target, value = u.src
+    if target.op is not Ops.DEFINE_ACC: raise ValueError(f"PTXRenderer: ASSIGN must target a DEFINE_ACC ({self.name})")
+    self.emit(f"mov.{self.mov_type(target.dtype)} {self.names[target]}, {self.operand(value)}")
+    self.names[u] = self.names[target]
+
+  def _barrier(self, u: UOp) -> None:
+    self.emit("bar.sync 0   // the block's shared stores above, before any thread reads them")
+
+  def _atomic(self, u: UOp) -> None:
+    buf, index, value, gate = u.src[:4]
+    if u.arg is not Ops.ADD or u.dtype not in (dtypes.uint32, dtypes.int32):
+      raise self.fail(f"no ATOMIC {u.arg} on {u.dtype}")
+    out = self.names[u] = self.reg(u.dtype)
+    self.emit(f"mov.b32 {out}, 0")
+    p = self.value(gate)
+    self.emit(f"@{p} membar.gl   // this block's stores above are visible to every block first")
+    self.emit(f"@{p} atom.{self._space(buf)}.add.{ptx_type(u.dtype)} {out}, {self.address(buf, index)}, "
+              f"{self.operand(value)}")
+
+  # ---- ALU ----
+  def _alu(self, u: UOp) -> None:
+    if u.dtype.count > 1: raise self.fail(f"vector uop {u.op.name}")
+    for s in u.src: self.reg_class(s.dtype)
+    self.reg_class(u.dtype)
+    operand = u.src[-1].dtype
+    if operand == dtypes.bool or (u.dtype == dtypes.bool and u.op not in GroupOp.Comparison):
+      self.names[u] = self.bool_alu(u)
+      return
+    if u.op in (Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.POW):
+      raise self.fail(f"native {u.op.name} (software math rewrites it on this target)")
+    if u.op in (Ops.AND, Ops.OR, Ops.XOR) and dtypes.is_float(operand):
+      raise TypeError(f"PTXRenderer: {u.op.name} needs integer or bool operands, got {operand}")
+    is_float = dtypes.is_float(operand)
+    out = self.float_alu(u) if is_float else self.int_alu(u)
+    if u.dtype in _HALVES and u.op not in (Ops.NEG, Ops.MAX, Ops.WHERE, Ops.TRUNC) and u.op in GroupOp.ALU:
+      out = self.half_round_f(out) if u.dtype == dtypes.float16 else self.bf16_round(out)
+    self.names[u] = out
+
+  def compare(self, u: UOp, is_float: bool) -> str:
+    t = ptx_type(u.src[0].dtype)
+    cmp = {Ops.CMPLT: "lt", Ops.CMPEQ: "eq", Ops.CMPNE: "neu" if is_float else "ne"}[u.op]
+    out = self.reg(dtypes.bool)
+    self.emit(f"setp.{cmp}.{t} {out}, {self.value(u.src[0])}, {self.operand(u.src[1])}")
+    return out
+
+  def float_alu(self, u: UOp) -> str:
+    if u.op in GroupOp.Comparison: return self.compare(u, True)
+    t, args = ptx_type(u.dtype), [self.operand(s) for s in u.src]
+    if u.op is Ops.WHERE: args = [self.value(u.src[0]), *args[1:]]
+    out = self.reg(u.dtype)
+    simple = {Ops.ADD: "add.rn", Ops.SUB: "sub.rn", Ops.MUL: "mul.rn", Ops.FDIV: "div.rn", Ops.MULACC: "fma.rn",
+              Ops.SQRT: "sqrt.rn", Ops.RECIP: "rcp.rn", Ops.NEG: "neg", Ops.TRUNC: "cvt.rzi"}
+    if u.op in simple:
+      kind = f"{simple[u.op]}.{t}" + (f".{t}" if u.op is Ops.TRUNC else "")
+      first = self.value(u.src[0]) if u.op in (Ops.SQRT, Ops.RECIP, Ops.NEG, Ops.TRUNC) else args[0]
+      self.emit(f"{kind} {out}, {', '.join([first, *args[1:]])}")
+    elif u.op is Ops.MAX:   # a if (a != a || a > b) else b
+      a, nan, greater = self.value(u.src[0]), self.reg("pred"), self.reg("pred")
+      self.emit(f"setp.nan.{t} {nan}, {a}, {a}")
+      self.emit(f"setp.gt.or.{t} {greater}, {a}, {args[1]}, {nan}")
+      self.emit(f"selp.{t} {out}, {a}, {args[1]}, {greater}")
+    elif u.op is Ops.WHERE: self.emit(f"selp.{t} {out}, {args[1]}, {args[2]}, {args[0]}")
+    elif u.op is Ops.MOD: raise self.fail("float MOD (fmod)")
+    else: raise self.fail(f"{u.op.name} on {u.dtype}")
+    return out
+
+  def int_alu(self, u: UOp) -> str:
+    if u.op in GroupOp.Comparison: return self.compare(u, False)
+    t, dt = ptx_type(u.dtype), u.dtype
+    b = "b64" if _bits(dt) == 64 else "b32"
+    out = self.reg(dt)
+    if u.op is Ops.WHERE:
+      self.emit(f"selp.{t} {out}, {self.operand(u.src[1])}, {self.operand(u.src[2])}, {self.value(u.src[0])}")
+      return out
+    if u.op is Ops.NEG:
+      self.emit(f"neg.s{_bits(dt)} {out}, {self.value(u.src[0])}")
+      return self.normalize(out, dt)
+    if u.op is Ops.TRUNC: return self.value(u.src[0])
+    a = self.value(u.src[0])
+    if u.op in (Ops.IDIV, Ops.MOD): return self.normalize(self.int_divide(u, a, out), dt)
+    if u.op in (Ops.SHL, Ops.SHR):
+      amount = self.operand(u.src[1])
+      if _bits(u.src[1].dtype) == 64 and u.src[1].op is not Ops.CONST:
+        amount, wide = self.reg("b32"), amount
+        self.emit(f"cvt.u32.u64 {amount}, {wide}")
+      op = f"shl.{b}" if u.op is Ops.SHL else f"shr.{t}"
+      self.emit(f"{op} {out}, {a}, {amount}")
+      return self.normalize(out, dt)
+    ops = {Ops.ADD: f"add.{t}", Ops.SUB: f"sub.{t}", Ops.MUL: f"mul.lo.{t}", Ops.MAX: f"max.{t}",
+           Ops.AND: f"and.{b}", Ops.OR: f"or.{b}", Ops.XOR: f"xor.{b}"}
+    if u.op not in ops: raise self.fail(f"{u.op.name} on {dt}")
+    self.emit(f"{ops[u.op]} {out}, {a}, {self.operand(u.src[1])}")
+    return self.normalize(out, dt) if u.op in (Ops.ADD, Ops.SUB, Ops.MUL) else out
+
+  def int_divide(self, u: UOp, a: str, out: str) -> str:
+    """C's guarded IDIV/MOD: a zero divisor gives 0; `x / -1` is `-x` and `x % -1` is 0 (no trap)."""
+    t, divisor = ptx_type(u.dtype), u.src[1]
+    op = "div" if u.op is Ops.IDIV else "rem"
+    if divisor.op is Ops.CONST and divisor.arg not in (0, -1):
+      self.emit(f"{op}.{t} {out}, {a}, {ptx_const(divisor.arg, u.dtype)}")
+      return out
+    d = self.value(divisor)
+    zero, minus_one, bad, safe = self.reg("pred"), self.reg("pred"), self.reg("pred"), self.reg(u.dtype)
+    self.emit(f"setp.eq.{t} {zero}, {d}, 0")
+    signed = not dtypes.is_unsigned(u.dtype)
+    if signed:
+      self.emit(f"setp.eq.{t} {minus_one}, {d}, -1")
+      self.emit(f"or.pred {bad}, {zero}, {minus_one}")
+    else: bad = zero
+    self.emit(f"selp.{t} {safe}, 1, {d}, {bad}")
+    quotient = self.reg(u.dtype)
+    self.emit(f"{op}.{t} {quotient}, {a}, {safe}")
+    if signed and op == "div":
+      negated = self.reg(u.dtype)
+      self.emit(f"neg.s{_bits(u.dtype)} {negated}, {a}")
+      self.emit(f"selp.{t} {quotient}, {negated}, {quotient}, {minus_one}")
+    elif signed: self.emit(f"selp.{t} {quotient}, 0, {quotient}, {minus_one}")
+    self.emit(f"selp.{t} {out}, 0, {quotient}, {zero}")
+    return out
+
+  def bool_alu(self, u: UOp) -> str:
+    """ALU ops on bools (predicates), as C computes them in int and converts back to _Bool."""
+    out = self.reg(dtypes.bool)
+    if u.op is Ops.WHERE:
+      if u.dtype != dtypes.bool: raise self.fail(f"WHERE on {u.dtype}")
+      c, a, b = (self.value(s) for s in u.src)
+      when, otherwise = self.reg("pred"), self.reg("pred")
+      self.emit(f"and.pred {when}, {c}, {a}")
+      self.emit(f"not.pred {otherwise}, {c}")
+      self.emit(f"and.pred {otherwise}, {otherwise}, {b}")
+      self.emit(f"or.pred {out}, {when}, {otherwise}")
+      return out
+    args = [self.value(s) for s in u.src]
+    if u.op is Ops.NEG or u.op is Ops.TRUNC:   # -b != 0 is b
+      self.emit(f"mov.pred {out}, {args[0]}")
+      return out
+    if u.op is Ops.CMPLT:   # !a && b
+      self.emit(f"not.pred {out}, {args[0]}")
+      self.emit(f"and.pred {out}, {out}, {args[1]}")
+      return out
+    ops = {Ops.AND: "and", Ops.MUL: "and", Ops.OR: "or", Ops.ADD: "or", Ops.MAX: "or", Ops.XOR: "xor",
+           Ops.CMPNE: "xor", Ops.SUB: "xor", Ops.CMPEQ: "xor"}
+    if u.op not in ops: raise self.fail(f"{u.op.name} on bool")
+    self.emit(f"{ops[u.op]}.pred {out}, {args[0]}, {args[1]}")
+    if u.op is Ops.CMPEQ: self.emit(f"not.pred {out}, {out}")
+    return out
+
+  # ---- casts ----
+  def _cast(self, u: UOp) -> None:
+    src, dst = u.src[0].dtype, u.dtype
+    self.reg_class(src), self.reg_class(dst)
+    x = self.value(u.src[0])
+    self.names[u] = self.convert(x, src, dst)
+
+  def convert(self, x: str, src: DType, dst: DType) -> str:
+    """Register `x` of dtype `src` converted to `dst` as cstyle.py `_c_cast` does."""
+    if dst == dtypes.bool:
+      out = self.reg(dtypes.bool)
+      if src == dtypes.bool: self.emit(f"mov.pred {out}, {x}")
+      else: self.emit(f"setp.{'neu' if dtypes.is_float(src) else 'ne'}.{ptx_type(src)} {out}, {x}, "
+                      f"{ptx_const(0, src)}")
+      return out
+    if src == dtypes.bool:
+      if dtypes.is_float(dst):
+        one, zero = ptx_const(1, dst), ptx_const(0, dst)
+        out = self.reg(dst)
+        self.emit(f"selp.{ptx_type(dst)} {out}, {one}, {zero}, {x}")
+        return out
+      out = self.reg(dst)
+      self.emit(f"selp.{ptx_type(dst)} {out}, 1, 0, {x}")
+      return out
+    if dtypes.is_int(dst) and dtypes.is_float(src): return self.float_to_int(x, src, dst)
+    if dst == dtypes.bfloat16:
+      if src not in (dtypes.float32, dtypes.float16): x = self.convert(x, src, dtypes.float32)
+      return self.bf16_round(x)
+    if dst == dtypes.float16:
+      if src in (dtypes.float32, dtypes.bfloat16): return self.half_round_f(x)
+      return self.half_round_d(self.convert(x, src, dtypes.float64))
+    if dtypes.is_float(dst):
+      s = dtypes.float32 if src in _HALVES else src
+      if s == dst: return x
+      out = self.reg(dst)
+      rounding = "" if dst == dtypes.float64 else ".rn"   # widening is exact; narrowing rounds to nearest even
+      if dtypes.is_float(s): self.emit(f"cvt{rounding}.{ptx_type(dst)}.f{_bits(s)} {out}, {x}")
+      else: self.emit(f"cvt.rn.{ptx_type(dst)}.{ptx_type(s)} {out}, {x}")
+      return out
+    # integer -> integer: widen by the source's signedness, narrow by truncation
+    sb, db = _bits(src), _bits(dst)
+    if sb == db:
+      return self.normalize(x, dst)
+    out = self.reg(dst)
+    if db == 64: self.emit(f"cvt.{'u64.u32' if dtypes.is_unsigned(src) else 's64.s32'} {out}, {x}")
+    else:
+      self.emit(f"cvt.u32.u64 {out}, {x}")
+      out = self.normalize(out, dst)
+    return out
+
+  def float_to_int(self, x: str, src: DType, dst: DType) -> str:
+    """cstyle.py `_c_float_to_int`: a 32- or 64-bit truncating conversion, INT_MIN of that width out of range."""
+    f = "f64" if src == dtypes.float64 else "f32"
+    wide = 64 if _bits(dst) == 64 or dst == dtypes.uint32 else 32
+    magnitude, in_range = self.reg(f), self.reg("pred")
+    limit = ptx_const(2.0 ** (wide - 1), dtypes.float64 if f == "f64" else dtypes.float32)
+    self.emit(f"abs.{f} {magnitude}, {x}")
+    self.emit(f"setp.lt.{f} {in_range}, {magnitude}, {limit}")
+    converted = self.reg("b64" if wide == 64 else "b32")
+    self.emit(f"cvt.rzi.s{wide}.{f} {converted}, {x}")
+    indefinite = "0x8000000000000000" if wide == 64 else "0x80000000"
+    out = self.reg("b64" if wide == 64 else "b32")
+    if dst == dtypes.uint64:
+      unsigned, nonneg, below, ok = self.reg("b64"), self.reg("pred"), self.reg("pred"), self.reg("pred")
+      self.emit(f"cvt.rzi.u64.{f} {unsigned}, {x}")
+      self.emit(f"setp.ge.{f} {nonneg}, {x}, {ptx_const(0.0, src if f == 'f64' else dtypes.float32)}")
+      self.emit(f"setp.lt.{f} {below}, {x}, {ptx_const(2.0 ** 64, src if f == 'f64' else dtypes.float32)}")
+      self.emit(f"and.pred {ok}, {nonneg}, {below}")
+      self.emit(f"selp.b64 {unsigned}, {unsigned}, {indefinite}, {ok}")
+      self.emit(f"selp.b64 {out}, {converted}, {unsigned}, {in_range}")
+      return out
+    self.emit(f"selp.b{wide} {out}, {converted}, {indefinite}, {in_range}")
+    if wide == _bits(dst) and dst not in _NARROW: return out
+    if wide == 64:   # uint32: the low 32 bits
+      low = self.reg("b32")
+      self.emit(f"cvt.u32.u64 {low}, {out}")
+      return low
+    return self.normalize(out, dst)
+
+  def _bitcast(self, u: UOp) -> None:
+    src, dst = u.src[0].dtype, u.dtype
+    if dtypes.bool in (src, dst) or src.itemsize != dst.itemsize:
+      raise TypeError(f"PTXRenderer: cannot BITCAST {src} to {dst} (sizes must match and bool is not allowed)")
+    self.reg_class(src), self.reg_class(dst)
+    x = self.value(u.src[0])
+    if src == dtypes.float16: bits = self.half_bits(x)
+    elif src == dtypes.bfloat16: bits = self.f_to_bf16(x)
+    elif dtypes.is_float(src):
+      bits = self.reg("b64" if _bits(src) == 64 else "b32")
+      self.emit(f"mov.b{_bits(src)} {bits}, {x}")
+    elif src in _NARROW:   # the storage type's bits
+      bits = self.reg("b32")
+      self.emit(f"and.b32 {bits}, {x}, {(1 << _NARROW[src][1]) - 1}")
+    else: bits = x
+    if dst == dtypes.float16: out = self.half_to_f(bits)
+    elif dst == dtypes.bfloat16: out = self.bf16_to_f(bits)
+    elif dtypes.is_float(dst):
+      out = self.reg(dst)
+      self.emit(f"mov.b{_bits(dst)} {out}, {bits}")
+    else: out = self.normalize(bits, dst)
+    self.names[u] = out
+
+  # ---- the 16-bit float helpers of cstyle.py, instruction for instruction ----
+  def half_round_f(self, x: str) -> str:
+    """kiln_half_round_f: float `x` rounded to float16 (nearest even) by an add and a subtract at its half ulp."""
+    bits, magnitude, binade, scale, absolute, rounded, sign, out = (
+      self.reg("b32"), self.reg("b32"), self.reg("b32"), self.reg("f32"), self.reg("f32"), self.reg("f32"),
+      self.reg("b32"), self.reg("b32"))
+    self.emit(f"mov.b32 {bits}, {x}")
+    self.emit(f"and.b32 {magnitude}, {bits}, 0x7FFFFFFF")
+    self.emit(f"and.b32 {binade}, {magnitude}, 0x7F800000")
+    self.emit(f"max.u32 {binade}, {binade}, {113 << 23}")
+    self.emit(f"min.u32 {binade}, {binade}, {142 << 23}")
+    self.emit(f"add.u32 {binade}, {binade}, {13 << 23}")
+    self.emit(f"mov.b32 {scale}, {binade}")
+    self.emit(f"mov.b32 {absolute}, {magnitude}")
+    self.emit(f"add.rn.f32 {rounded}, {absolute}, {scale}")
+    self.emit(f"sub.rn.f32 {rounded}, {rounded}, {scale}")
+    self.emit(f"mul.rn.f32 {rounded}, {rounded}, 0f77800000")
+    self.emit(f"mul.rn.f32 {rounded}, {rounded}, 0f07800000")
+    self.emit(f"mov.b32 {out}, {rounded}")
+    self.emit(f"and.b32 {sign}, {bits}, 0x80000000")
+    self.emit(f"or.b32 {out}, {out}, {sign}")
+    result = self.reg("f32")
+    self.emit(f"mov.b32 {result}, {out}")
+    return result
+
+  def half_round_d(self, x: str) -> str:
+    """kiln_half_round_d: double `x` rounded once to float16, as a float."""
+    bits, magnitude, binade, scale, absolute, rounded = (self.reg("b64"), self.reg("b64"), self.reg("b64"),
+                                                         self.reg("f64"), self.reg("f64"), self.reg("f64"))
+    single, out, high, result = self.reg("f32"), self.reg("b32"), self.reg("b64"), self.reg("f32")
+    high32 = self.reg("b32")
+    self.emit(f"mov.b64 {bits}, {x}")
+    self.emit(f"and.b64 {magnitude}, {bits}, 0x7FFFFFFFFFFFFFFF")
+    self.emit(f"and.b64 {binade}, {magnitude}, 0x7FF0000000000000")
+    self.emit(f"max.u64 {binade}, {binade}, {1009 << 52}")
+    self.emit(f"min.u64 {binade}, {binade}, {1038 << 52}")
+    self.emit(f"add.u64 {binade}, {binade}, {42 << 52}")
+    self.emit(f"mov.b64 {scale}, {binade}")
+    self.emit(f"mov.b64 {absolute}, {magnitude}")
+    self.emit(f"add.rn.f64 {rounded}, {absolute}, {scale}")
+    self.emit(f"sub.rn.f64 {rounded}, {rounded}, {scale}")
+    self.emit(f"cvt.rn.f32.f64 {single}, {rounded}")
+    self.emit(f"mul.rn.f32 {single}, {single}, 0f77800000")
+    self.emit(f"mul.rn.f32 {single}, {single}, 0f07800000")
+    self.emit(f"mov.b32 {out}, {single}")
+    self.emit(f"shr.u64 {high}, {bits}, 32")
+    self.emit(f"cvt.u32.u64 {high32}, {high}")
+    self.emit(f"and.b32 {high32}, {high32}, 0x80000000")
+    self.emit(f"or.b32 {out}, {out}, {high32}")
+    self.emit(f"mov.b32 {result}, {out}")
+    return result
+
+  def half_bits(self, x: str) -> str:
+    """kiln_half_bits of a float16 value held in float `x`: its 16 bits (a NaN keeps its top payload bits)."""
+    half, bits, wide, dbits, payload, sign, nan_bits, nan = (
+      self.reg("b16"), self.reg("b32"), self.reg("f64"), self.reg("b64"), self.reg("b64"), self.reg("b64"),
+      self.reg("b32"), self.reg("pred"))
+    self.emit(f"cvt.rn.f16.f32 {half}, {x}")
+    self.emit(f"cvt.u32.u16 {bits}, {half}")
+    self.emit(f"cvt.f64.f32 {wide}, {x}")
+    self.emit(f"mov.b64 {dbits}, {wide}")
+    self.emit(f"shr.u64 {payload}, {dbits}, 42")
+    self.emit(f"and.b64 {payload}, {payload}, 1023")
+    self.emit(f"shr.u64 {sign}, {dbits}, 48")
+    self.emit(f"and.b64 {sign}, {sign}, 32768")
+    self.emit(f"or.b64 {payload}, {payload}, {sign}")
+    self.emit(f"or.b64 {payload}, {payload}, 32256")
+    self.emit(f"cvt.u32.u64 {nan_bits}, {payload}")
+    self.emit(f"testp.notanumber.f32 {nan}, {x}")
+    out = self.reg("b32")
+    self.emit(f"selp.b32 {out}, {nan_bits}, {bits}, {nan}")
+    return out
+
+  def half_to_f(self, bits: str) -> str:
+    """kiln_half_to_f: 16 bits (in a 32-bit register) to their float16 value as a float."""
+    half, value, exponent, special, sign, mantissa, built, out = (
+      self.reg("b16"), self.reg("f32"), self.reg("b32"), self.reg("pred"), self.reg("b32"), self.reg("b32"),
+      self.reg("b32"), self.reg("f32"))
+    self.emit(f"cvt.u16.u32 {half}, {bits}")
+    self.emit(f"cvt.f32.f16 {value}, {half}")
+    self.emit(f"and.b32 {exponent}, {bits}, 0x7C00")
+    self.emit(f"setp.eq.u32 {special}, {exponent}, 0x7C00")   # inf and NaN: built from the bits
+    self.emit(f"and.b32 {sign}, {bits}, 0x8000")
+    self.emit(f"shl.b32 {sign}, {sign}, 16")
+    self.emit(f"and.b32 {mantissa}, {bits}, 0x3FF")
+    self.emit(f"shl.b32 {mantissa}, {mantissa}, 13")
+    self.emit(f"or.b32 {built}, {sign}, {mantissa}")
+    self.emit(f"or.b32 {built}, {built}, 0x7F800000")
+    self.emit(f"mov.b32 {out}, {built}")
+    self.emit(f"selp.f32 {out}, {out}, {value}, {special}")
+    return out
+
+  def bf16_to_f(self, bits: str) -> str:
+    """kiln_bf16_to_f: 16 bits to their bfloat16 value as a float."""
+    wide, out = self.reg("b32"), self.reg("f32")
+    self.emit(f"shl.b32 {wide}, {bits}, 16")
+    self.emit(f"mov.b32 {out}, {wide}")
+    return out
+
+  def f_to_bf16(self, x: str) -> str:
+    """kiln_f_to_bf16: float `x` to bfloat16 bits, nearest even; a NaN stays a quiet NaN."""
+    bits, magnitude, nan, odd = self.reg("b32"), self.reg("b32"), self.reg("pred"), self.reg("b32")
+    rounded, quiet, out = self.reg("b32"), self.reg("b32"), self.reg("b32")
+    self.emit(f"mov.b32 {bits}, {x}")
+    self.emit(f"and.b32 {magnitude}, {bits}, 0x7FFFFFFF")
+    self.emit(f"setp.gt.u32 {nan}, {magnitude}, 0x7F800000")
+    self.emit(f"shr.u32 {odd}, {bits}, 16")
+    self.emit(f"or.b32 {quiet}, {odd}, 64")
+    self.emit(f"and.b32 {odd}, {odd}, 1")
+    self.emit(f"add.u32 {rounded}, {bits}, 0x7FFF")
+    self.emit(f"add.u32 {rounded}, {rounded}, {odd}")
+    self.emit(f"shr.u32 {rounded}, {rounded}, 16")
+    self.emit(f"selp.b32 {out}, {quiet}, {rounded}, {nan}")
+    return out
+
+  def bf16_round(self, x: str) -> str:
+    """kiln_bf16_round: float `x` rounded to bfloat16."""
+    return self.bf16_to_f(self.f_to_bf16(x))
+
+  # ---- the module ----
+  def write(self) -> str:
+    """The whole PTX module: header, device arrays, the entry with its parameters, registers and body."""
+    buffers, variables = kernel_signature(self.uops)
+    prologue: list[str] = []
+    self.lines, body = prologue, []
+    params = []
+    for b in buffers:
+      if b.dtype not in _MEMORY_TYPES: raise self.fail(f"a buffer of dtype {b.dtype}")
+      params.append(f".param .u64 data{b.arg}")
+      generic, out = self.reg("b64"), self.reg("b64")
+      self.emit(f"ld.param.u64 {generic}, [data{b.arg}]")
+      self.emit(f"cvta.to.global.u64 {out}, {generic}")
+      self.names[b] = out
+    for i, v in enumerate(variables):
+      params.append(f".param .s32 var{i}")
+      raw = self.reg(dtypes.int32)
+      self.emit(f"ld.param.s32 {raw}, [var{i}]")
+      self.names[v] = raw if v.dtype == dtypes.int32 else self.convert(raw, dtypes.int32, v.dtype)
+    self.lines = body
+    for u in self.uops:
+      handler = self.statements.get(u.op)
+      if handler is not None: handler(u)
+      elif u.op in GroupOp.ALU: self._alu(u)
+      else: raise self.fail(f"cannot render {u.op}; see docs/ir.md stage 4")
+    if self.loops: raise ValueError(f"PTXRenderer: kernel {self.name} leaves {len(self.loops)} RANGE(s) unclosed")
+    registers = [f"  .reg {decl} {prefix}<{self.counts[prefix]}>;" for prefix, decl in self.reg_types.items()]
+    head = [f"// kiln: kernel {self.name}", f".version {PTX_VERSION}", f".target {self.arch}", ".address_size 64", ""]
+    return "\n".join(head + self.module_arrays + [
+      f".visible .entry {self.name}(", ",\n".join(f"  {p}" for p in params), f") .maxntid {self.block_threads}, 1, 1",
+      "{", *registers, *self.shared_arrays, *prologue, *body, "  ret;", "}", ""])
