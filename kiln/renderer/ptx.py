@@ -12,7 +12,9 @@ NVRTC makes of the C renderer's semantics (kiln/renderer/cstyle.py), so both giv
   width, then wrap to the type (cstyle.py `_c_float_to_int`); MAX gives NaN when its first operand is NaN, or when
   the second is and the first is not greater; `!=` on floats is unordered;
 - bool values are predicates, stored as a byte.
-Not rendered (NotImplementedError): vector uops, fp8, float MOD (fmod), and native EXP2/LOG2/SIN/POW (software math
+POW on float32 (and 16-bit floats) is 2**(y*log2|x|) on the hardware's approximate lg2/ex2 with C99's special cases:
+within a few ulp, not CUDA libdevice's bits. float32 MOD is exact (as fmodf is).
+Not rendered (NotImplementedError): vector uops, fp8, float64 POW and MOD, and native EXP2/LOG2/SIN (software math
 rewrites them first on this target).
 """
 from __future__ import annotations
@@ -261,8 +263,8 @@ class _PTXKernelWriter:
     if operand == dtypes.bool or (u.dtype == dtypes.bool and u.op not in GroupOp.Comparison):
       self.names[u] = self.bool_alu(u)
       return
-    if u.op in (Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.POW):
-      raise self.fail(f"native {u.op.name} (software math rewrites it on this target)")
+    if u.op in (Ops.EXP2, Ops.LOG2, Ops.SIN) or (u.op is Ops.POW and u.dtype == dtypes.float64):
+      raise self.fail(f"native {u.op.name} on {u.dtype} (software math rewrites EXP2/LOG2/SIN on this target)")
     if u.op in (Ops.AND, Ops.OR, Ops.XOR) and dtypes.is_float(operand):
       raise TypeError(f"PTXRenderer: {u.op.name} needs integer or bool operands, got {operand}")
     is_float = dtypes.is_float(operand)
@@ -295,8 +297,105 @@ class _PTXKernelWriter:
       self.emit(f"setp.gt.or.{t} {greater}, {a}, {args[1]}, {nan}")
       self.emit(f"selp.{t} {out}, {a}, {args[1]}, {greater}")
     elif u.op is Ops.WHERE: self.emit(f"selp.{t} {out}, {args[1]}, {args[2]}, {args[0]}")
-    elif u.op is Ops.MOD: raise self.fail("float MOD (fmod)")
+    elif u.op is Ops.POW: return self.pow_f32(self.value(u.src[0]), self.value(u.src[1]))
+    elif u.op is Ops.MOD and t == "f32": return self.fmod_f32(self.value(u.src[0]), self.value(u.src[1]))
+    elif u.op is Ops.MOD: raise self.fail("float64 MOD (fmod)")
     else: raise self.fail(f"{u.op.name} on {u.dtype}")
+    return out
+
+  def pow_f32(self, x: str, y: str) -> str:
+    """C's powf(x, y) as 2**(y * log2|x|) with the hardware's approximate lg2/ex2 (a few ulp times |y log2 x|, not
+    CUDA's libdevice bits), the sign of an odd integer power and C99's special cases: y == 0 or x == 1 give 1, so
+    does x == -1 with y infinite; a finite negative x to a finite non-integer power is NaN."""
+    p = [self.reg("pred") for _ in range(9)]
+    f = [self.reg("f32") for _ in range(6)]
+    whole, odd_bits = self.reg("b32"), self.reg("b32")
+    absx, log, product, power, truncated, absy = f
+    is_int, small, odd, negative, finite_negative, not_int, one, unit, bad = p
+    self.emit(f"abs.f32 {absx}, {x}")
+    self.emit(f"lg2.approx.f32 {log}, {absx}")
+    self.emit(f"mul.rn.f32 {product}, {y}, {log}")
+    self.emit(f"ex2.approx.f32 {power}, {product}")
+    self.emit(f"cvt.rzi.f32.f32 {truncated}, {y}")
+    self.emit(f"setp.eq.f32 {is_int}, {truncated}, {y}")   # infinities count as (even) integers
+    self.emit(f"abs.f32 {absy}, {y}")
+    self.emit(f"setp.lt.f32 {small}, {absy}, 0f4B800000")   # 2**24 and above are even
+    self.emit(f"cvt.rzi.s32.f32 {whole}, {truncated}")
+    self.emit(f"and.b32 {odd_bits}, {whole}, 1")
+    self.emit(f"setp.eq.and.u32 {odd}, {odd_bits}, 1, {small}")
+    self.emit(f"and.pred {odd}, {odd}, {is_int}")
+    self.emit(f"mov.b32 {whole}, {x}")
+    self.emit(f"setp.lt.s32 {negative}, {whole}, 0")   # the sign bit: -0 too
+    self.emit(f"and.pred {negative}, {negative}, {odd}")
+    out = self.reg("f32")
+    self.emit(f"neg.f32 {out}, {power}")
+    self.emit(f"selp.f32 {out}, {out}, {power}, {negative}")
+    self.emit(f"setp.lt.f32 {finite_negative}, {x}, 0f00000000")
+    self.emit(f"setp.gt.and.f32 {finite_negative}, {x}, 0fFF800000, {finite_negative}")
+    self.emit(f"not.pred {not_int}, {is_int}")
+    self.emit(f"setp.leu.and.f32 {bad}, {absy}, 0f7F800000, {not_int}")   # finite (or NaN) non-integer y
+    self.emit(f"and.pred {bad}, {bad}, {finite_negative}")
+    self.emit(f"selp.f32 {out}, 0f7FFFFFFF, {out}, {bad}")
+    self.emit(f"setp.eq.f32 {one}, {y}, 0f00000000")
+    self.emit(f"setp.eq.or.f32 {one}, {x}, 0f3F800000, {one}")
+    self.emit(f"setp.eq.f32 {unit}, {x}, 0fBF800000")
+    self.emit(f"setp.eq.and.f32 {unit}, {absy}, 0f7F800000, {unit}")
+    self.emit(f"or.pred {one}, {one}, {unit}")
+    self.emit(f"selp.f32 {out}, 0f3F800000, {out}, {one}")
+    return out
+
+  def fmod_f32(self, x: str, y: str) -> str:
+    """C's fmodf(x, y), exact: |x| reduced by |y| in double, 28 quotient bits a step (each step's product and
+    difference are exact), the result with x's sign; NaN for an infinite x, a zero y or a NaN, x for an infinite y."""
+    ax, ay, r, yy, q, diff = (self.reg("f64") for _ in range(6))
+    bits, exponent, ybits, yexp, scale = (self.reg("b64") for _ in range(5))
+    done, negative, nan, keep = (self.reg("pred") for _ in range(4))
+    top, end = f"$L{self.name}_{self.labels}_fmod", f"$L{self.name}_{self.labels}_fmod_end"
+    self.labels += 1
+    self.emit(f"cvt.f64.f32 {ax}, {x}")
+    self.emit(f"abs.f64 {ax}, {ax}")
+    self.emit(f"cvt.f64.f32 {ay}, {y}")
+    self.emit(f"abs.f64 {ay}, {ay}")
+    self.emit(f"mov.b64 {ybits}, {ay}")
+    self.emit(f"shr.u64 {yexp}, {ybits}, 52")
+    self.emit(f"mov.f64 {r}, {ax}")
+    self.emit(f"setp.eq.f64 {done}, {ay}, 0d7FF0000000000000")   # an infinite x or y: nothing to reduce
+    self.emit(f"setp.eq.or.f64 {done}, {ax}, 0d7FF0000000000000, {done}")
+    self.lines.append(f"{top}:")
+    self.emit(f"setp.ltu.or.f64 {done}, {r}, {ay}, {done}")   # also stops on NaN
+    self.emit(f"@{done} bra {end}")
+    self.emit(f"mov.b64 {bits}, {r}")
+    self.emit(f"shr.u64 {exponent}, {bits}, 52")
+    self.emit(f"sub.s64 {exponent}, {exponent}, {yexp}")
+    self.emit(f"sub.s64 {exponent}, {exponent}, 28")
+    self.emit(f"max.s64 {exponent}, {exponent}, 0")
+    self.emit(f"add.s64 {scale}, {exponent}, 1023")
+    self.emit(f"shl.b64 {scale}, {scale}, 52")
+    self.emit(f"mov.b64 {yy}, {scale}")
+    self.emit(f"mul.rn.f64 {yy}, {yy}, {ay}")   # |y| * 2**k, exact
+    self.emit(f"div.rn.f64 {q}, {r}, {yy}")
+    self.emit(f"cvt.rzi.f64.f64 {q}, {q}")   # the quotient, or one more when the division rounded up to it
+    self.emit(f"neg.f64 {q}, {q}")
+    self.emit(f"fma.rn.f64 {diff}, {q}, {yy}, {r}")
+    self.emit(f"setp.lt.f64 {negative}, {diff}, 0d0000000000000000")
+    self.emit(f"add.rn.f64 {r}, {diff}, {yy}")
+    self.emit(f"selp.f64 {r}, {r}, {diff}, {negative}")
+    self.emit(f"bra {top}")
+    self.lines.append(f"{end}:")
+    single, sign, magnitude = self.reg("f32"), self.reg("b32"), self.reg("b32")
+    self.emit(f"cvt.rn.f32.f64 {single}, {r}")   # exact: the remainder is a float
+    self.emit(f"mov.b32 {magnitude}, {single}")
+    self.emit(f"mov.b32 {sign}, {x}")
+    self.emit(f"and.b32 {sign}, {sign}, 0x80000000")
+    self.emit(f"or.b32 {magnitude}, {magnitude}, {sign}")
+    out = self.reg("f32")
+    self.emit(f"mov.b32 {out}, {magnitude}")
+    self.emit(f"setp.eq.f64 {nan}, {ax}, 0d7FF0000000000000")
+    self.emit(f"setp.eq.or.f64 {nan}, {ay}, 0d0000000000000000, {nan}")
+    self.emit(f"setp.nan.or.f64 {nan}, {ax}, {ay}, {nan}")
+    self.emit(f"selp.f32 {out}, 0f7FFFFFFF, {out}, {nan}")
+    self.emit(f"setp.eq.f64 {keep}, {ay}, 0d7FF0000000000000")   # fmod(finite x, inf) is x
+    self.emit(f"selp.f32 {out}, {x}, {out}, {keep}")
     return out
 
   def int_alu(self, u: UOp) -> str:

@@ -114,9 +114,17 @@ def test_float_max_keeps_nan_and_ne_is_unordered():
   ne = _elementwise(Ops.CMPNE, dtypes.float32, dtypes.float32, dtypes.float32, out_dtype=dtypes.bool)
   assert "setp.neu.f32" in ne and "st.global.u8" in ne, ne
 
+def test_pow_and_fmod():
+  pow_ = _elementwise(Ops.POW, dtypes.float32, dtypes.float32, dtypes.float32)
+  assert "lg2.approx.f32" in pow_ and "ex2.approx.f32" in pow_ and "0f7FFFFFFF" in pow_, pow_
+  fmod = _elementwise(Ops.MOD, dtypes.float32, dtypes.float32, dtypes.float32)
+  assert "fma.rn.f64" in fmod and "cvt.rzi.f64.f64" in fmod and "_fmod:" in fmod, fmod
+
 def test_unsupported_ops_raise_not_implemented():
-  with pytest.raises(NotImplementedError, match="fmod"): _elementwise(Ops.MOD, dtypes.float32, dtypes.float32,
-                                                                      dtypes.float32)
+  with pytest.raises(NotImplementedError, match="MOD"): _elementwise(Ops.MOD, dtypes.float64, dtypes.float64,
+                                                                     dtypes.float64)
+  with pytest.raises(NotImplementedError, match="POW"): _elementwise(Ops.POW, dtypes.float64, dtypes.float64,
+                                                                     dtypes.float64)
   with pytest.raises(NotImplementedError, match="EXP2"): _elementwise(Ops.EXP2, dtypes.float32)
 
 def test_constants():
@@ -145,6 +153,8 @@ def test_every_kernel_assembles_for_sm_90a_without_spills():
           for k, (name, src, *_) in enumerate(kernels)]
   jobs += [(f"narrow_{op.name}_{dt.name}", _elementwise(op, dt, dt, dt)) for op in (Ops.ADD, Ops.IDIV, Ops.SHL, Ops.MAX)
            for dt in (dtypes.int8, dtypes.uint16, dtypes.int64)]
+  jobs += [(f"float_{op.name}_{dt.name}", _elementwise(op, dt, dt, dt)) for op in (Ops.POW, Ops.MOD)
+           for dt in (dtypes.float32, dtypes.float16)]
   jobs += [(f"cast_{a.name}_{b.name}", _elementwise(Ops.CAST, b, a)) for a in (dtypes.float32, dtypes.float64,
            dtypes.float16, dtypes.int8, dtypes.uint32, dtypes.int64, dtypes.uint64, dtypes.bool)
            for b in (dtypes.int8, dtypes.uint32, dtypes.int64, dtypes.uint64, dtypes.float16, dtypes.bfloat16,
