@@ -1,7 +1,8 @@
 """The CUDA device (`DEV=CUDA`, `CUDA=1`, `Device["CUDA:1"]`): NVIDIA GPUs through kiln's own driver binding.
 
 Memory is cuMemAlloc'd behind the LRU allocator, kernels are CUDA C (kiln/renderer/cuda.py) compiled by NVRTC to a
-CUBIN for the GPU's exact arch (sm_90a on Hopper; disk-cached by source, arch, options and NVRTC version), and a
+CUBIN for the GPU's exact arch (sm_90a on Hopper; disk-cached by source, arch, options and NVRTC version), or with
+PTX=1 PTX (kiln/renderer/ptx.py) that the driver compiles when it loads it, and a
 program launches with the grid and block sizes its runner carries (kiln/codegen/gpudims.py `launch_size`). All
 launches and copies go to the default stream, in order; reading a buffer back waits for the kernels before it.
 
