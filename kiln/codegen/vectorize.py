@@ -18,8 +18,10 @@ and only ops whose vector form is exact are vectorized (float32, int32, uint32 a
 for quantized weights: their loads, wrapping arithmetic, bit ops and shifts, and their conversion to int32/float32;
 no float16/bfloat16/fp8/64-bit, no libm calls, no gated loads, integer division only by a constant other than 0 and
 -1, shifts only by one value proven below the lane width). A vector is at most `max_lanes` lanes wide, one register
-of the target: wider generic vectors are split by the C compiler, and gcc splits them badly. Loads never move past a store to their buffer, nor stores past a load or store of theirs,
-and an accumulator is vectorized only when every scalar read of it comes after all its lanes' updates.
+of the target: wider generic vectors are split by the C compiler, and gcc splits them badly (a DP4A's byte operands
+are four times its int32 lanes: one register too). Loads never move past a store to their buffer, nor stores past a
+load or store of theirs, and an accumulator is vectorized only when every scalar read of it comes after all its
+lanes' updates.
 
 Vector uops (a vector dtype is `dtype.vec(n)`, kiln/dtype.py):
 | op | src | arg | meaning |

@@ -13,17 +13,19 @@ Splitting a row into separate axes, rather than one axis of K values, keeps the 
 `//` and `%` (another 2x).
 
 **Integer dot products.** Where the CPU multiplies bytes into int32 dot products in a few instructions (x86 VNNI's
-vpdpbusd, AVX2's pmaddubsw: `CPUTarget.byte_dot`), a Q4_0/Q4_1 matrix-vector product runs as llama.cpp's does: the activations are quantized to
-int8 per block of 32 (`quantize_activations`: d = max|x| / 127, q = round(x / d)), and each block's 32 nibbles times
-those bytes is an integer dot product, scaled once per block. Such matrices keep their nibbles in *pairs of blocks*
-(`_pair_nibbles`: byte j of pair p holds value j of block 2p in its low nibble and value j of block 2p+1 in its high
-one), so one mask or shift gives a block's 32 values in order, as the 32 bytes of one vpdpbusd operand. The error:
-each activation moves by at most d/2, so an output differs from the float path's by at most
-sum over blocks of (max|x_b| / 254) * sum_i |d_b * q_i| (Q4_1's min term is computed from the float activations and
-adds only rounding); test/apps/test_llm_int_dot.py checks that bound. Over SmolLM2-135M's 30 layers
-a decode step's logits move by up to ~1-2 (their spread is ~25-30) and a greedy reply can differ from the float
-one after a few tokens, as llama.cpp's can from the float model's: `load_model(..., int_dot=False)` keeps decode
-exact to the dequantized weights. Prefill (many rows: the weight is dequantized once) always runs float products.
+vpdpbusd, AVX2's pmaddubsw: `CPUTarget.byte_dot_max`), a Q4_0/Q4_1/Q8_0 matrix-vector product runs as llama.cpp's
+does: the activations are quantized to int8 per block of 32 (`quantize_activations`: d = max|x| / 127, q = round(x /
+d)), and each block's 32 unsigned values times those bytes is an integer dot product, scaled once per block
+(`IntDotFormat`). Q4 matrices keep their nibbles in *pairs of blocks* (`_pair_nibbles`: byte j of pair p holds value
+j of block 2p in its low nibble and value j of block 2p+1 in its high one), so one mask or shift gives a block's 32
+values in order, the 32 bytes of one vpdpbusd operand; Q8_0 keeps q + 128 (unsigned, as vpdpbusd's first operand
+must be; it needs VNNI). The error: each activation moves by at most d/2, so an output differs from the float
+path's by at most sum over blocks of (max|x_b| / 254) * sum_i |w_i| (w without Q4_1's min, whose term is computed
+from the float activations); test/apps/test_llm_int_dot.py checks that bound. Over SmolLM2-135M's 30 layers a
+decode step's logits move by up to ~1-2 (their spread is ~25-30) and a greedy reply can differ from the float one
+after a few tokens, as llama.cpp's can from the float model's: `load_model(..., int_dot=False)` keeps every product
+exact to the dequantized weights. A product of many rows (prefill) dequantizes the weight once and runs float
+products either way.
 """
 from __future__ import annotations
 import math
