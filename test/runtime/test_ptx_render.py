@@ -15,7 +15,7 @@ from kiln.renderer.cuda import CUDARenderer
 from kiln.renderer.ptx import PTXRenderer, ptx_const
 from kiln.runtime import cuda_driver as cuda
 from kiln.uop.ops import UOp, Ops
-from test_cuda_render import _cases   # noqa: E402  (test/runtime is on sys.path: pytest's default import mode)
+from test_cuda_render import _cases, check_ptxas_reports   # noqa: E402  (test/runtime is on sys.path: pytest's default import mode)
 
 UNSUPPORTED = {"fp8": "fp8"}   # cases the PTX renderer refuses (NotImplementedError naming the dtype)
 
@@ -163,11 +163,7 @@ def test_every_kernel_assembles_for_sm_90a_without_spills():
   with tempfile.TemporaryDirectory(prefix="kiln_ptx_") as folder, \
        concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
     results = list(pool.map(lambda job: _assemble(*job, folder), jobs))
-  for (name, src), (code, report) in zip(jobs, results):
-    assert code == 0, f"{name} does not assemble:\n{report}\n{src}"
-    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
-    assert spills and all(s == ("0", "0") for s in spills), f"{name} spills registers:\n{report}"
-    assert "0 bytes stack frame" in report, f"{name} uses local memory:\n{report}"
+  check_ptxas_reports(jobs, results)
 
 # ---- on a GPU: the same bits as the CUDA C renderer ----
 needs_gpu = pytest.mark.skipif(not cuda.available() or cuda.device_count() == 0, reason="no CUDA GPU")
