@@ -46,7 +46,7 @@ def kernel_name(ast: UOp) -> str:
 
 def count_ops(uops: list[UOp]) -> int:
   """ALU operations the kernel executes, weighting each by the trip counts of the loops around it (a vector op
-  counts its lanes, a fused multiply-add two)."""
+  counts its lanes, a fused multiply-add two, a DP4A 4 multiplies and 4 adds per lane and byte-vector pair)."""
   total, trips = 0, 1
   stack = []
   for u in uops:
@@ -59,6 +59,7 @@ def count_ops(uops: list[UOp]) -> int:
       n = stack.pop()
       trips = trips // n if n else prod(stack)
     elif u.op in GroupOp.ALU: total += trips * u.dtype.count * (2 if u.op is Ops.MULACC else 1)   # a multiply and an add
+    elif u.op is Ops.DP4A: total += trips * u.dtype.count * 8 * ((len(u.src) - 1) // 2)
   return total
 
 _runner_cache: dict[tuple, CompiledRunner] = {}

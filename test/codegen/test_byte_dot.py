@@ -73,6 +73,8 @@ def test_dp4a_helper_on_every_target(vnni_target, cflags):
     source, uops = _source(_byte_dot(*case))
     assert any(u.op is Ops.DP4A for u in uops) and "__builtin_ia32_vpdpbusd_v8si" in source
     np.testing.assert_array_equal(_byte_dot(*case).numpy(), _scalar(case))
+    # the FLOP count sees the products DP4A does: at least 2 ops for each of the a.size multiply-adds
+    assert realize.count_ops(uops) >= 2 * case[0].size
 
 def _nibble_dot(a: np.ndarray, b: np.ndarray, scale: np.ndarray) -> Tensor:
   """_byte_dot of a's low nibbles (values below 16: AVX2's pmaddubsw is exact for them)."""
