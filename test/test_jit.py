@@ -283,6 +283,24 @@ def test_shape_and_dtype_changes_recapture():
     np.testing.assert_allclose(out.numpy(), v + v, rtol=1e-6)
   assert len(f._captures) == 3
 
+def test_least_recently_used_capture_is_dropped_first():
+  # a replay of the newest capture skips reordering the captures: the order must stay least recently used first
+  from kiln.engine.jit import MAX_CAPTURES
+  @TinyJit
+  def f(x): return (x * 2).realize()
+  def call(n: int) -> None:
+    v = rand(n)
+    np.testing.assert_allclose(f(Tensor(v)).numpy(), v * 2, rtol=1e-6)
+  for n in (1, 2):
+    for _ in range(3): call(n)   # captures of shapes (1,) then (2,)
+  for n in (1, 1, 2, 2, 1):   # (2,) then (1,) used last
+    call(n)
+  assert f.captured is f._captures[next(reversed(f._captures))]
+  for n in range(3, MAX_CAPTURES + 2):   # MAX_CAPTURES - 1 more captures: one of the first two must go
+    for _ in range(3): call(n)
+  shapes = [key[1][0][2] for key in f._captures]
+  assert 1 in shapes and 2 not in shapes, shapes
+
 def test_input_on_another_device():
   @TinyJit
   def f(x): return (x + 1).realize()

@@ -22,6 +22,7 @@ from kiln.engine.graph import batch_launches, plain_launch
 from kiln.tensor import Tensor, _forget_results_computed_from, _tensor_around, _computed_from
 
 ReturnType = TypeVar("ReturnType")
+_BUFFER = Ops.BUFFER   # bound once: `Ops.X` is a metaclass attribute lookup
 
 SCALARS = (int, float, bool, str, bytes, complex, type(None))
 MAX_CAPTURES = 8        # captures kept per TinyJit (one per guard signature), least recently used dropped first
@@ -334,14 +335,17 @@ class CapturedJit:
       elif not _same_value(value, expected): return f"{_path_str(path)} changed from {expected!r} to {value!r}"
     return None
 
-  def replay(self, tensors: list[Tensor], var_vals: dict[UOp, int] | None = None) -> Any:
-    """Run the captured launches with the buffers of `tensors` as inputs and the values `var_vals` of bound
-    Variables; returns the output structure."""
+  def replay(self, tensors: list[Tensor], var_vals: dict[UOp, int] | None = None,
+             input_bufs: list[Buffer] | None = None) -> Any:
+    """Run the captured launches with the buffers of `tensors` as inputs (`input_bufs`, when the caller has them)
+    and the values `var_vals` of bound Variables; returns the output structure."""
     if var_vals:
       for vals in self.var_dicts:
         for var in vals:
           if var in var_vals: vals[var] = var_vals[var]
-    input_bufs = [t.uop.base.buffer.allocate() for t in tensors]
+    if input_bufs is None: input_bufs = [t.uop.base.buffer for t in tensors]
+    for buf in input_bufs:
+      if not buf.is_initialized(): buf.allocate()
     for bufs, pos, k in self.input_slots: bufs[pos] = input_bufs[k]
     fresh = []
     for device, size, dtype, slots in self.fresh:
@@ -355,7 +359,7 @@ class CapturedJit:
     GlobalCounters.kernel_count += self.kernel_count
     GlobalCounters.global_ops += self.ops
     GlobalCounters.global_mem += self.mem
-    if DEBUG >= 2: print(f"*** TinyJit {self.name}: replayed {len(self.items)} launches")
+    if DEBUG.value >= 2: print(f"*** TinyJit {self.name}: replayed {len(self.items)} launches")
     # results computed earlier from buffers the replay overwrote are out of date, as after an eager assign
     for k in self.written_inputs: _forget_results_computed_from(input_bufs[k])
     for buf in self.written_state: _forget_results_computed_from(buf)
@@ -370,7 +374,8 @@ class CapturedJit:
         node = UOp.new_buffer(buf.device, buf.size, buf.dtype)
         node.buffer = buf
       outs.append(_tensor_around(_apply_chain(node, _rebind(chain, var_vals) if var_vals else chain)))
-    return _fill(self.template, outs)
+    template = self.template
+    return outs[template.index] if type(template) is _Out else _fill(template, outs)
 
 def _plan_intermediates(items: list[ExecItem], intermediate_ids: set[int]) -> int:
   """Let intermediates whose lifetimes (first to last launch that uses them) do not overlap share one buffer of the
@@ -481,19 +486,26 @@ class TinyJit(Generic[ReturnType]):
     tensors: list[Tensor] = []
     objects: list[Any] = []
     binds: list[UOp] = []
-    if not kwargs and all(type(a) is Tensor for a in args):   # the common case, without the general walk
-      tensors.extend(args)
-      structure: Any = len(args)
-    else: structure = _describe((args, kwargs), tensors, objects, binds)
+    structure: Any = None
+    if not kwargs:   # the common case, only tensors, without the general walk
+      for a in args:
+        if type(a) is not Tensor: break
+      else:
+        tensors.extend(args)
+        structure = len(args)
+    if structure is None: structure = _describe((args, kwargs), tensors, objects, binds)
     if not JIT.value:
       return self.fxn(*args, **kwargs) if self.fxn is not None else \
         self.captured.replay(tensors, _call_variables(binds, tuple(_tensor_signature(t) for t in tensors))[1])
     # inputs are realized buffers: a lazy input is computed first (outside the capture)
-    pending = [t for t in tensors if t.uop.base.op is not Ops.BUFFER]
-    if pending: Tensor.realize_all(pending)
-    ids = [id(t.uop.base.buffer) for t in tensors]
+    bases = [t.uop.base for t in tensors]
+    if [base for base in bases if base.op is not _BUFFER]:
+      Tensor.realize_all([t for t, base in zip(tensors, bases) if base.op is not _BUFFER])
+      bases = [t.uop.base for t in tensors]
+    input_bufs = [base.buffer for base in bases]
+    ids = [id(buf) for buf in input_bufs]
     aliasing = tuple(ids.index(i) for i in ids) if len(set(ids)) != len(ids) else None
-    signatures = tuple(_tensor_signature(t) for t in tensors)
+    signatures = tuple([_tensor_signature(t) for t in tensors])
     # bound Variables guard by Variable (name, range), and their values are replayed: one capture serves every value
     var_vals = None
     if binds or _ops.binds_made: signatures, var_vals = _call_variables(binds, signatures)
@@ -501,16 +513,17 @@ class TinyJit(Generic[ReturnType]):
     key = (structure, signatures, aliasing, Tensor.training, Device._default, dtypes.default_float, dtypes.default_int)
     entry = self._captures.get(key)
     if self.fxn is None:   # only a capture handed in: replay it when the guards match, there is nothing to re-capture
-      if key != self.captured.key or (changed := self._replay_blocker(self.captured, tensors, objects)) is not None:
+      if key != self.captured.key or (changed := self._replay_blocker(self.captured, input_bufs, objects)) is not None:
         raise RuntimeError(f"TinyJit: the arguments do not match the capture of {self.name}"
                            f"{': ' + changed if key == self.captured.key else ''}")
-      return self.captured.replay(tensors, var_vals)
+      return self.captured.replay(tensors, var_vals, input_bufs)
     if entry is not None:
-      changed = self._replay_blocker(entry, tensors, objects)
+      changed = self._replay_blocker(entry, input_bufs, objects)
       if changed is None:
-        self._captures.move_to_end(key)
-        self.captured = entry
-        return entry.replay(tensors, var_vals)
+        if entry is not self.captured:   # the most recent capture is the last one already
+          self._captures.move_to_end(key)
+          self.captured = entry
+        return entry.replay(tensors, var_vals, input_bufs)
       if DEBUG >= 1: print(f"TinyJit {self.name}: re-capturing because {changed}")
       del self._captures[key]
     elif key not in self._seen:
@@ -520,13 +533,13 @@ class TinyJit(Generic[ReturnType]):
       return self._run(args, kwargs, tensors, record=False)
     return self._capture(key, args, kwargs, tensors, objects)
 
-  def _replay_blocker(self, entry: CapturedJit, tensors: list[Tensor], objects: list[Any]) -> str | None:
-    """Why `entry` cannot be replayed with these inputs (None when it can)."""
-    for k, t in enumerate(tensors):
-      buf = t.uop.base.buffer
-      pinned = entry.pinned_inputs.get(k)
+  def _replay_blocker(self, entry: CapturedJit, input_bufs: list[Buffer], objects: list[Any]) -> str | None:
+    """Why `entry` cannot be replayed with these input buffers (None when it can)."""
+    pinned_inputs, internal_ids = entry.pinned_inputs, entry.internal_ids
+    for k, buf in enumerate(input_bufs):
+      pinned = pinned_inputs.get(k) if pinned_inputs else None
       if pinned is not None and buf is not pinned: return f"input {k} was a buffer the kernels also use as state"
-      if pinned is None and id(buf) in entry.internal_ids: return f"input {k} is a buffer the captured kernels use"
+      if pinned is None and id(buf) in internal_ids: return f"input {k} is a buffer the captured kernels use"
     for node, result in entry.reused_results:
       if node.forward is not result:
         return "a result computed before the capture (and reused by it) was overwritten or recomputed"
