@@ -158,7 +158,7 @@ class Buffer:
       self._buf = allocator.offset_view(self._base.allocate()._buf, self._offset, self.nbytes)
       self._allocator = allocator
     elif self._allocator is None:
-      if MAX_BUFFER_SIZE > 0 and self.size > MAX_BUFFER_SIZE.value:
+      if MAX_BUFFER_SIZE.value > 0 and self.size > MAX_BUFFER_SIZE.value:
         raise RuntimeError(f"Buffer: {self.size} elements is more than MAX_BUFFER_SIZE={MAX_BUFFER_SIZE.value}")
       allocator = Device[self.device].allocator
       self._buf = allocator.alloc(self.nbytes)
@@ -454,6 +454,9 @@ class Compiled:
 
   def __repr__(self) -> str: return f"<{type(self).__name__} {self.device}>"
 
+# device name as written -> its canonical name (Device.canonicalize)
+_canonical_names: dict[str, str] = {}
+
 class _DeviceRegistry:
   """The devices by name: `Device["CPU"]` is the one `Compiled` for CPU. `Device.DEFAULT` is where tensors go."""
   def __init__(self):
@@ -485,13 +488,18 @@ class _DeviceRegistry:
   @staticmethod
   def canonicalize(device: str) -> str:
     """'cpu' -> 'CPU', 'cpu:0' -> 'CPU', 'cpu:1' -> 'CPU:1'."""
+    if type(device) is str and (known := _canonical_names.get(device)) is not None: return known   # every Buffer asks
     if not isinstance(device, str) or not device:
       raise ValueError(f"a device name must be a non-empty string, got {device!r}")
     base, _, index = device.partition(":")
     base = base.upper()
-    return base if index in ("", "0") else f"{base}:{index}"
+    canonical = base if index in ("", "0") else f"{base}:{index}"
+    if len(_canonical_names) < 1024: _canonical_names[device] = canonical
+    return canonical
 
   def __getitem__(self, name: str) -> Compiled:
+    # an opened device by the name it was opened as (canonical already): the common case, without canonicalizing
+    if type(name) is str and (dev := self._opened.get(name)) is not None: return dev
     canonical = self.canonicalize(name)
     if (dev := self._opened.get(canonical)) is not None: return dev
     base = canonical.partition(":")[0]

@@ -581,6 +581,11 @@ def test_device_registry():
   assert second is not cpu and second.device == "CPU:1" and Device["cpu:1"] is second
   assert Device.canonicalize("cpu") == "CPU" and Device.canonicalize("cpu:0") == "CPU"
   assert Device.canonicalize("CPU:1") == "CPU:1" and Device.canonicalize("Python") == "PYTHON"
+  for _ in range(2):   # remembered names (asked again) give the same answers, and bad names still raise
+    assert Device.canonicalize("cpu:0") == "CPU" and Device.canonicalize("cpu:1") == "CPU:1"
+    for bad in ("", None, 3, ["CPU"]):
+      with pytest.raises(ValueError): Device.canonicalize(bad)
+  with pytest.raises(ValueError): Device[None]
   assert {"CPU", "PYTHON"} <= set(Device.known())
   for part in (cpu.allocator, cpu.renderer, cpu.compiler, cpu.runtime): assert part is not None
   cpu.synchronize()
