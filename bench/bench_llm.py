@@ -5,17 +5,23 @@
   DEBUG=2 python bench/bench_llm.py --profile                  # one eager decode step, time per kernel name
   THREADS=1 python bench/bench_llm.py --profile                # the same on one thread (eager launches on several
                                                                # threads also time the pool's wake-ups)
+  DEV=CUDA python bench/bench_llm.py --random-gguf smollm2-135m   # a GGUF of SmolLM2-135M's exact shapes and types
+                                                               # (Q4_1, Q8_0 embedding) with random weights, written
+                                                               # to a temporary file and benchmarked (the real file
+                                                               # need not be there: for the GPU machine)
+  python bench/bench_llm.py --random-gguf smollm2-135m --matrix-type Q4_0   # the same shapes, other types
 
 Prefill: one pass over a ~100-token prompt (after a warm-up pass that compiles and captures). Decode: 128 greedy
 tokens through the jitted step. The bandwidth figure is the bytes of weights one decoded token reads (every packed
 matrix once, the tied embedding as the output head) times tokens/s.
 """
 from __future__ import annotations
-import argparse, collections, contextlib, io, re, sys, time, pathlib
+import argparse, collections, contextlib, dataclasses, io, re, sys, tempfile, time, pathlib
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import numpy as np
 from kiln import Context, Tensor, Variable, dtypes
-from kiln.apps.llm.model import Transformer, load_model, default_model_path
+from kiln.apps.llm.model import Transformer, load_model, default_model_path, read_config
+from kiln.apps.llm.random_model import PRESETS, write_random_gguf
 
 PROMPT_TOKENS, DECODE_TOKENS = 100, 128
 
@@ -23,9 +29,35 @@ def weight_bytes_per_token(model: Transformer) -> int:
   matrices = [m for b in model.blocks for m in (b.wqkv, b.wo, b.w_gate, b.w_up, b.w_down)] + [model.output]
   return sum(m.nbytes for m in matrices)
 
-def bench_kiln(prompt: list[int]) -> dict[str, float]:
+def decode_launches(model: Transformer) -> str:
+  """What one jitted decode replay launches: its kernels, and the launches they are batched into (a device graph
+  counts as one), e.g. '302 kernels in 1 launch (CUDAGraph)'."""
+  captured = model._decode.captured
+  if captured is None: return "not captured"
+  launches = captured._launches or []
+  kinds = collections.Counter(type(launch).__name__ for launch in launches)
+  batches = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
+  return f"{captured.kernel_count} kernels in {len(launches)} launches ({batches})"
+
+def decode_step_parts(model: Transformer, token: int, start: int, steps: int = 32) -> dict[str, float]:
+  """Where a decode step's wall time goes, in us (mean of `steps`): making the token's input tensor on the device,
+  the jitted step (launching; on a GPU it does not wait for the kernels), and the logits to the host (waiting for
+  the kernels, then the copy) with the argmax."""
+  total = collections.Counter()
+  for i in range(steps):
+    t0 = time.perf_counter()
+    ids = Tensor([token], dtype=dtypes.int32, device=model.device).realize()
+    t1 = time.perf_counter()
+    out = model._decode(ids, Variable("start_pos", 0, model.max_context - 1).bind(start + i))
+    t2 = time.perf_counter()
+    token = int(out.numpy().argmax())
+    t3 = time.perf_counter()
+    total["input"] += t1 - t0; total["jit call"] += t2 - t1; total["logits to host"] += t3 - t2
+  return {f"step {name} us": seconds / steps * 1e6 for name, seconds in total.items()}
+
+def bench_kiln(path: pathlib.Path, prompt: list[int]) -> dict[str, float | str]:
   t0 = time.perf_counter()
-  model, _ = load_model(default_model_path(), max_context=512)
+  model, _ = load_model(path, max_context=512)
   load_s = time.perf_counter() - t0
   t0 = time.perf_counter()
   model.logits(prompt, 0); model.logits(prompt, 0)       # compile, then capture the prefill jit
@@ -38,15 +70,16 @@ def bench_kiln(prompt: list[int]) -> dict[str, float]:
   t0 = time.perf_counter()
   for i in range(DECODE_TOKENS): token = int(model.logits([token], len(prompt) + 3 + i).argmax())
   decode_s = time.perf_counter() - t0
+  parts = decode_step_parts(model, token, len(prompt) + 3 + DECODE_TOKENS)
   nbytes = weight_bytes_per_token(model)
-  return {"load s": load_s, "first prefill (compile) s": warm_s, "prefill tok/s": len(prompt) / prefill_s,
+  return {"device": model.device, "decode jit": decode_launches(model), "load s": load_s,
+          "first prefill (compile) s": warm_s, "prefill tok/s": len(prompt) / prefill_s,
           "decode tok/s": DECODE_TOKENS / decode_s, "weights MB/token": nbytes / 1e6,
-          "decode GB/s of weights": nbytes * DECODE_TOKENS / decode_s / 1e9}
+          "decode GB/s of weights": nbytes * DECODE_TOKENS / decode_s / 1e9, **parts}
 
-def bench_transformers(prompt: list[int]) -> dict[str, float]:
+def bench_transformers(path: pathlib.Path, prompt: list[int]) -> dict[str, float]:
   import torch
   from transformers import AutoModelForCausalLM
-  path = default_model_path()
   model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
   ids = torch.tensor([prompt])
   with torch.no_grad():
@@ -63,13 +96,15 @@ def bench_transformers(prompt: list[int]) -> dict[str, float]:
   return {"prefill tok/s": len(prompt) / prefill_s, "decode tok/s": DECODE_TOKENS / decode_s,
           "threads": torch.get_num_threads()}
 
-def profile_decode() -> None:
-  """Time per kernel name of one eager decode step (DEBUG=2 lines), largest first."""
-  model, _ = load_model(default_model_path(), max_context=512)
-  for pos in range(2): model._decode_step(Tensor([1], dtype=dtypes.int32), Variable("start_pos", 0, 511).bind(pos))
+def profile_decode(path: pathlib.Path, log: pathlib.Path | None = None) -> None:
+  """Time per kernel name of one eager decode step (DEBUG=2 lines), largest first; `log`: write every line there."""
+  model, _ = load_model(path, max_context=512)
+  token = lambda: Tensor([1], dtype=dtypes.int32, device=model.device)
+  for pos in range(2): model._decode_step(token(), Variable("start_pos", 0, 511).bind(pos))
   out = io.StringIO()
   with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), Context(DEBUG=2):
-    model._decode_step(Tensor([1], dtype=dtypes.int32), Variable("start_pos", 0, 511).bind(100))
+    model._decode_step(token(), Variable("start_pos", 0, 511).bind(100))
+  if log is not None: log.write_text(out.getvalue())
   total, count, rates = collections.Counter(), collections.Counter(), collections.defaultdict(list)
   for line in out.getvalue().splitlines():
     m = re.match(r"\*\*\* \S+\s+\d+ (\S+)\s+([\d.]+) (us|ms)\s+[\d.]+ GFLOP/s\s+([\d.]+) GB/s", line)
@@ -85,11 +120,29 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--peer", choices=["transformers"], help="also time this framework")
   parser.add_argument("--profile", action="store_true", help="time per kernel of one eager decode step")
+  parser.add_argument("--profile-log", metavar="FILE", type=pathlib.Path, help="with --profile: the DEBUG=2 lines")
+  parser.add_argument("--model", metavar="PATH", type=pathlib.Path, help="GGUF file (default: SmolLM2-135M's)")
+  parser.add_argument("--random-gguf", choices=sorted(PRESETS), metavar="MODEL",
+                      help=f"benchmark a GGUF with random weights in this model's shapes and types ({', '.join(PRESETS)})")
+  parser.add_argument("--matrix-type", metavar="TYPE", help="with --random-gguf: the weight matrices' type instead "
+                      "of the model's (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, F16, F32)")
+  parser.add_argument("--embedding-type", metavar="TYPE", help="with --random-gguf: the token embedding's type")
   args = parser.parse_args()
-  if args.profile: return profile_decode()
-  prompt = [int(t) for t in np.random.default_rng(0).integers(100, 40000, PROMPT_TOKENS)]
-  rows = {"kiln": bench_kiln(prompt)}
-  if args.peer == "transformers": rows["transformers"] = bench_transformers(prompt)
+  path = args.model or (None if args.random_gguf else default_model_path())
+  if args.random_gguf:
+    spec = PRESETS[args.random_gguf]
+    spec = dataclasses.replace(spec, matrix_type=args.matrix_type or spec.matrix_type,
+                               embedding_type=args.embedding_type or spec.embedding_type)
+    path = pathlib.Path(tempfile.mkdtemp()) / f"{args.random_gguf}-random-{spec.matrix_type}.gguf"
+    t0 = time.perf_counter()
+    write_random_gguf(path, spec)
+    print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, {spec.matrix_type} matrices, {spec.embedding_type} "
+          f"embedding) in {time.perf_counter() - t0:.1f} s")
+  if args.profile: return profile_decode(path, args.profile_log)
+  vocab = read_config(path).vocab_size
+  prompt = [int(t) for t in np.random.default_rng(0).integers(min(100, vocab // 2), min(40000, vocab), PROMPT_TOKENS)]
+  rows = {"kiln": bench_kiln(path, prompt)}
+  if args.peer == "transformers": rows["transformers"] = bench_transformers(path, prompt)
   for name, row in rows.items():
     print(f"{name}: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
 

@@ -23,6 +23,7 @@ import importlib.util, math, os, pathlib
 from dataclasses import dataclass
 from typing import Any
 import numpy as np
+from kiln.device import Device
 from kiln.dtype import dtypes
 from kiln.engine.jit import TinyJit
 from kiln.helpers import tqdm
@@ -155,14 +156,17 @@ class Block:
 class Transformer:
   """A Llama-family decoder with a KV cache. `logits(tokens, start_pos)` is the whole interface; see the module doc."""
   def __init__(self, config: LlamaConfig, blocks: list[Block], token_embd: QuantizedMatrix, output_norm: Tensor,
-               output: QuantizedMatrix, max_context: int, freq_factors: np.ndarray | None = None):
+               output: QuantizedMatrix, max_context: int, freq_factors: np.ndarray | None = None,
+               device: str | None = None):
     self.config, self.blocks, self.token_embd, self.output_norm, self.output = config, blocks, token_embd, \
       output_norm, output
     self.max_context = max_context
+    # where the KV cache, the rope tables and each call's inputs live: the weights' device (load_model's `device`)
+    self.device = Device.canonicalize(device) if device is not None else Device.DEFAULT
     cos, sin = rope_tables(config, max_context, freq_factors)
-    self.rope_cos, self.rope_sin = Tensor(cos).realize(), Tensor(sin).realize()
+    self.rope_cos, self.rope_sin = Tensor(cos, device=self.device).realize(), Tensor(sin, device=self.device).realize()
     cache_shape = (2, max_context, config.n_kv_heads, config.head_dim)
-    self.caches = [Tensor.zeros(*cache_shape).contiguous().realize() for _ in blocks]
+    self.caches = [Tensor.zeros(*cache_shape, device=self.device).contiguous().realize() for _ in blocks]
     self._decode = TinyJit(self._decode_step, optimize=True)
     self._prefill: dict[int, TinyJit] = {}
 
@@ -218,7 +222,7 @@ class Transformer:
                        f"{[t for t in tokens if not 0 <= t < self.config.vocab_size][:5]}")
     if n == 1:
       pos = Variable("start_pos", 0, self.max_context - 1).bind(start_pos)
-      return self._decode(Tensor([tokens[0]], dtype=dtypes.int32), pos).numpy()
+      return self._decode(Tensor([tokens[0]], dtype=dtypes.int32, device=self.device), pos).numpy()
     size = self._bucket(n, start_pos)
     padded = np.zeros(size, np.int32)
     padded[:n] = tokens
@@ -226,7 +230,8 @@ class Transformer:
     mask = np.where(np.arange(self.max_context)[None, :] <= start_pos + np.arange(size)[:, None], 0, -np.inf)
     pos = Variable("start_pos", 0, self.max_context - size).bind(start_pos)
     run = self._prefill.setdefault(size, TinyJit(self._prefill_step, optimize=True))
-    return run(Tensor(padded), pos, Tensor(mask.astype(np.float32)), Tensor([n - 1], dtype=dtypes.int32)).numpy()
+    return run(Tensor(padded, device=self.device), pos, Tensor(mask.astype(np.float32), device=self.device),
+               Tensor([n - 1], dtype=dtypes.int32, device=self.device)).numpy()
 
   def _bucket(self, n: int, start_pos: int) -> int:
     """The padded prefill length: the smallest bucket holding n tokens that fits the cache, else exactly n."""
@@ -262,14 +267,16 @@ def read_config(path: str | os.PathLike) -> LlamaConfig:
   return LlamaConfig.from_gguf(metadata, tensors, str(path))
 
 def load_model(path: str | os.PathLike, *, max_context: int | None = None, allow_long_context: bool = False,
-               progress: bool = False, int_dot: bool | None = None) -> tuple[Transformer, dict]:
+               progress: bool = False, int_dot: bool | None = None, device: str | None = None
+               ) -> tuple[Transformer, dict]:
   """(model, gguf metadata) from a Llama-family GGUF file. Weight matrices stay quantized in memory.
 
   `max_context` is the KV cache length (default min(context_length, 4096)); beyond the model's trained
   context_length it needs `allow_long_context=True`. `int_dot`: whether decode's Q4_0/Q4_1 matrix-vector products
   quantize the activations to int8 and use integer dot products, as llama.cpp does (kiln/apps/llm/quantized.py);
   None: where the CPU has the instructions (VNNI, AVX2); False: float products, exact to the dequantized weights;
-  True: wherever the type allows (even on a CPU without them, slowly). A missing or non-GGUF file, an unsupported
+  True: wherever the type allows (even on a CPU without them, slowly). `device`: where the weights, the KV cache
+  and every kernel live (default Device.DEFAULT; `DEV=CUDA` puts the whole model on the GPU). A missing or non-GGUF file, an unsupported
   architecture or tensor type, or a KV cache larger than the machine's memory raises a one-line ValueError naming
   the file."""
   label = str(path)
@@ -302,10 +309,11 @@ def load_model(path: str | os.PathLike, *, max_context: int | None = None, allow
     blocks = np.concatenate([i.blocks.numpy() for i in infos]) if len(infos) > 1 else infos[0].blocks.numpy()
     shape = (sum(i.shape[0] for i in infos), infos[0].shape[1])
     allowed = QuantizedMatrix.allows_int_dot(infos[0].type_name, blocks.shape[1])
-    return QuantizedMatrix.from_blocks(infos[0].type_name, blocks, shape, name=f"{label}: {', '.join(names)}",
+    return QuantizedMatrix.from_blocks(infos[0].type_name, blocks, shape, device=device,
+                                       name=f"{label}: {', '.join(names)}",
                                        int_dot=int_dot if allowed or int_dot is None else False)
   def vector(name: str) -> Tensor:
-    return get(name).dequantize().cast(dtypes.float32).contiguous().realize()
+    return get(name).dequantize().cast(dtypes.float32).contiguous().realize().to(device).realize()
   def biases(*names: str) -> Tensor | None:
     return Tensor.cat(*[vector(name) for name in names]).contiguous().realize() if names[0] in tensors else None
 
@@ -320,7 +328,8 @@ def load_model(path: str | os.PathLike, *, max_context: int | None = None, allow
   token_embd = matrix("token_embd.weight")
   output = matrix("output.weight") if "output.weight" in tensors else token_embd   # tied
   freq_factors = get("rope_freqs.weight").dequantize().numpy() if "rope_freqs.weight" in tensors else None
-  model = Transformer(config, blocks, token_embd, vector("output_norm.weight"), output, max_context, freq_factors)
+  model = Transformer(config, blocks, token_embd, vector("output_norm.weight"), output, max_context, freq_factors,
+                      device)
   bar.close()
   return model, metadata
 
