@@ -41,6 +41,8 @@ def main() -> None:
   parser.add_argument("--floats", type=int, default=256 << 20)
   parser.add_argument("--reps", type=int, default=10)
   parser.add_argument("--json", default="")
+  parser.add_argument("--rows", default="memory,matmul,launch",
+                      help="which rows: memory, matmul, tiles, launch (commas)")
   args = parser.parse_args()
   import torch
   from kiln import Tensor, Device
@@ -48,8 +50,10 @@ def main() -> None:
   Device.DEFAULT = "CUDA"
   def fill(seed: int) -> Tensor:   # made on the GPU: no 1 GiB host copies
     return ((Tensor.arange(n, device="CUDA") * (seed * 7 + 3) % 1000).float() * 0.004 - 2.0).realize()
-  a, b, c = fill(0), fill(1), fill(2)
-  ta, tb, tc = (torch.from_numpy(x.numpy()).cuda() for x in (a, b, c))
+  a = b = c = ta = tb = tc = None
+  if "memory" in args.rows:
+    a, b, c = fill(0), fill(1), fill(2)
+    ta, tb, tc = (torch.from_numpy(x.numpy()).cuda() for x in (a, b, c))
   def row(name: str, kiln_result, bytes_moved: int, torch_time: float | None, extra: str = "") -> None:
     ms, kernels, _ = kiln_result
     rows.append({"name": name, "kiln_ms": ms, "kiln_GBps": bytes_moved / ms / 1e6, "kernels": kernels,
@@ -58,6 +62,28 @@ def main() -> None:
     print(f"{name:34s} kiln {ms:9.3f} ms {bytes_moved / ms / 1e6:8.1f} GB/s ({kernels} kernels)   torch "
           + (f"{torch_time:9.3f} ms {bytes_moved / torch_time / 1e6:8.1f} GB/s" if torch_time else "-") + f"  {extra}")
 
+  if "memory" in args.rows: memory_rows(a, b, c, ta, tb, tc, reps, row)
+  if "matmul" in args.rows:
+    for size in (1024, 2048, 4096): rows.append(matmul_row(size, reps))
+  if "tiles" in args.rows:   # 4096^3 under other tile settings of kiln/codegen/gpu_tiles.py (compiled afresh)
+    from kiln.codegen import gpu_tiles
+    from kiln.engine import realize
+    saved = gpu_tiles.TILES, gpu_tiles.BLOCK_KS
+    for tiles, block_ks in (((128, 128),), (8,)), (((128, 64),), (16,)), (((64, 64),), (16,)):
+      gpu_tiles.TILES, gpu_tiles.BLOCK_KS = tiles, block_ks
+      realize._runner_cache.clear()
+      print(f"tiles {tiles}, K step {block_ks}:")
+      rows.append({**matmul_row(4096, reps), "tiles": tiles, "block_k": block_ks})
+    gpu_tiles.TILES, gpu_tiles.BLOCK_KS = saved
+    realize._runner_cache.clear()
+  if "launch" in args.rows: launch_rows(rows)
+  if args.json:
+    with open(args.json, "w") as f: json.dump({"floats": n, "reps": reps, "rows": rows}, f, indent=1)
+
+def memory_rows(a, b, c, ta, tb, tc, reps: int, row) -> None:
+  """The memory-bound rows: elementwise chain, copy-like, sums, softmax, layernorm."""
+  import torch
+  n = a.shape[0]
   elementwise = kiln_ms(lambda: ((a * b + c).relu() * 0.5).exp(), reps)
   got, want = elementwise[2].numpy()[:1 << 20], ((ta * tb + tc).relu() * 0.5).exp()[:1 << 20].cpu().numpy()
   np.testing.assert_allclose(got, want, rtol=2e-6)
@@ -80,16 +106,30 @@ def main() -> None:
   np.testing.assert_allclose(layernorm[2].numpy()[:64], want, rtol=1e-3, atol=1e-3)
   row("layernorm 8192x8192 (rows)", layernorm, 2 * 4 * 8192 * 8192,
       torch_ms(lambda: torch.nn.functional.layer_norm(t2d, (8192,), eps=1e-5), reps))
-  m = Tensor.rand(1024, 1024, device="CUDA").realize()
-  mm = kiln_ms(lambda: m @ m, 3)
-  tm = torch.from_numpy(m.numpy()).cuda()
-  np.testing.assert_allclose(mm[2].numpy(), (tm @ tm).cpu().numpy(), rtol=1e-3, atol=1e-3)
+
+def matmul_row(size: int, reps: int) -> dict:
+  """fp32 size^3 matmul, kiln's SIMT tiles vs PyTorch without TF32 (cuBLAS SIMT); checked on 64 rows (all of them up to
+  1024) against PyTorch in float64."""
+  import torch
+  from kiln import Tensor
+  m = Tensor.rand(size, size, device="CUDA").realize()
+  w = Tensor.rand(size, size, device="CUDA").realize()
+  mm = kiln_ms(lambda: m @ w, reps)
+  tm, tw = torch.from_numpy(m.numpy()).cuda(), torch.from_numpy(w.numpy()).cuda()
+  rows_checked = size if size <= 1024 else 64
+  want = (tm[:rows_checked].double() @ tw.double()).cpu().numpy()
+  np.testing.assert_allclose(mm[2].numpy()[:rows_checked], want, rtol=1e-4, atol=1e-3)
   with _no_tf32():
-    torch_mm = torch_ms(lambda: tm @ tm, reps)
-  rows.append({"name": "matmul 1024^3 fp32", "kiln_ms": mm[0], "kiln_TFLOPs": 2 * 1024 ** 3 / mm[0] / 1e9,
-               "torch_ms": torch_mm, "torch_TFLOPs": 2 * 1024 ** 3 / torch_mm / 1e9})
-  print(f"matmul 1024^3 fp32: kiln {mm[0]:.3f} ms {2 * 1024 ** 3 / mm[0] / 1e9:.2f} TFLOP/s, torch {torch_mm:.3f} ms "
-        f"{2 * 1024 ** 3 / torch_mm / 1e9:.2f} TFLOP/s (no TF32)")
+    torch_mm = torch_ms(lambda: tm @ tw, reps)
+  flops = 2 * size ** 3
+  print(f"matmul {size}^3 fp32: kiln {mm[0]:.3f} ms {flops / mm[0] / 1e9:.2f} TFLOP/s ({mm[1]} kernels), torch "
+        f"{torch_mm:.3f} ms {flops / torch_mm / 1e9:.2f} TFLOP/s (no TF32): {torch_mm / mm[0]:.0%} of torch")
+  return {"name": f"matmul {size}^3 fp32", "kiln_ms": mm[0], "kiln_TFLOPs": flops / mm[0] / 1e9, "kernels": mm[1],
+          "torch_ms": torch_mm, "torch_TFLOPs": flops / torch_mm / 1e9}
+
+def launch_rows(rows: list) -> None:
+  """Eager tiny-call time and TinyJit replay, launch by launch and as one CUDA graph."""
+  from kiln import Tensor, Device
   tiny = Tensor.ones(16, device="CUDA").realize()
   for _ in range(3): (tiny + 1).realize()
   Device["CUDA"].synchronize()
@@ -117,8 +157,6 @@ def main() -> None:
     print(f"TinyJit replay of 2 kernels ({'CUDA graph' if graphs else 'plain launches'}, graph used: {used}): "
           f"{replay_us:.1f} us a call (wall clock)")
   graph.GRAPHS.pop("CUDA", None)
-  if args.json:
-    with open(args.json, "w") as f: json.dump({"floats": n, "reps": reps, "rows": rows}, f, indent=1)
 
 class _no_tf32:
   """PyTorch's fp32 matmul without TF32 tensor cores, as kiln's (restored after)."""

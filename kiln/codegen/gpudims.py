@@ -358,7 +358,10 @@ def group_rows(sink: UOp) -> UOp | None:
 def map_axes_to_gpu(sink: UOp) -> UOp:
   """A lowered (and optimized) kernel with its mappable output ranges replaced by the thread index (see the module
   docstring); a kernel with none is returned as it is (it runs as one thread). A kernel of one long reduction
-  becomes one block per row instead (`group_rows`)."""
+  becomes one block per row instead (`group_rows`), and a matmul-shaped one shared-memory tiles
+  (kiln/codegen/gpu_tiles.py)."""
+  from kiln.codegen.gpu_tiles import tile_matmul
+  if (tiled := tile_matmul(sink)) is not None: return tiled
   if (grouped := group_rows(sink)) is not None: return grouped
   mapped = mappable_ranges(sink)
   if not mapped: return sink

@@ -204,7 +204,8 @@ def linearize(sink: UOp) -> list[UOp]:
     for red in reduces:
       acc = mapped[red]
       update = UOp(red.arg, red.dtype, (acc, body := mapped.get(red.src[0], red.src[0])))
-      if red.arg is Ops.ADD and body.op is _MUL and red.dtype in FUSED_DTYPES: sums_of_products.append(update)
+      if red.arg is Ops.ADD and body.op in (_MUL, Ops.MULACC) and red.dtype in FUSED_DTYPES:
+        sums_of_products.append(update)
       out.append(update)
       out.append(UOp(Ops.ASSIGN, red.dtype, (acc, update)))
     for rng in reversed(key): out.append(UOp(Ops.ENDRANGE, dtypes.void, (mapped.get(rng, rng),)))
@@ -275,16 +276,93 @@ def fuse_multiply_accumulate(uops: list[UOp], updates: list[UOp]) -> list[UOp]:
     if not uses.keys().isdisjoint(u.src):
       for s in u.src:
         if s in uses: uses[s] += 1
-  fused = {u: UOp(Ops.MULACC, u.dtype, (*u.src[1].src, u.src[0])) for u in updates if uses[u.src[1]] == 1}
+  if any(u.src[1].op is Ops.MULACC for u in updates): uses = _use_counts(uops)
+  fused = {u: UOp(Ops.MULACC, u.dtype, (*u.src[1].src, u.src[0])) for u in updates
+           if u.src[1].op is _MUL and uses[u.src[1]] == 1}
+  # a body that is itself a chain of fused multiply-adds ending in a product (an unrolled step of a GPU matmul tile,
+  # kiln/codegen/gpu_tiles.py) accumulates into the accumulator link by link: acc + fma(a, b, rest) -> fma(a, b,
+  # acc + rest), so the tile's accumulators are its only registers that live through the loop
+  # each new link takes its original's place (loads and multiply-adds interleaved, as the block ordered them: few
+  # registers), or, where the accumulator is declared after the chain begins, all of them the update's place
+  chains: dict[UOp, list[UOp]] = {}   # an update -> the new links emitted in its place
+  moved: dict[UOp, UOp] = {}   # an original link -> the new link emitted in its place
+  replaced: set[UOp] = set()   # the original links
+  position = {u: i for i, u in enumerate(uops)} if any(u.src[1].op is Ops.MULACC for u in updates) else {}
+  for u in updates:
+    if u.src[1].op is not Ops.MULACC or uses[u.src[1]] != 1: continue
+    links, node = [], u.src[1]
+    while node.op is Ops.MULACC and (not links or uses[node] == 1): links.append(node); node = node.src[2]
+    if node.op is not _MUL or uses[node] != 1 or node in replaced or node in moved: continue
+    chain = [UOp(Ops.MULACC, u.dtype, (*node.src, u.src[0]))]
+    for link in reversed(links): chain.append(UOp(Ops.MULACC, u.dtype, (link.src[0], link.src[1], chain[-1])))
+    fused[u] = chain[-1]
+    if position[u.src[0]] < position[node]: moved.update(zip([node, *reversed(links)], chain))
+    else:
+      replaced.update(links + [node])
+      chains[u] = chain
   if not fused: return uops
-  products = {u.src[1] for u in fused}
+  products = {u.src[1] for u in fused if u.src[1].op is _MUL}
   out: list[UOp] = []
   for u in uops:
-    if u in products: continue
-    if u in fused: out.append(fused[u])
+    if u in products or u in replaced: continue
+    if u in moved: out.append(moved[u])
+    elif u in chains: out.extend(chains[u])
+    elif u in fused:
+      if u.src[1].op is _MUL: out.append(fused[u])   # (a moved chain's update: its last link is in place already)
     elif fused.keys().isdisjoint(u.src): out.append(u)
     else: out.append(u.replace(src=tuple(fused.get(s, s) for s in u.src)))
-  return out
+  return _advance_chains_together(out, _moved_chains(moved)) if moved else out
+
+def _moved_chains(moved: dict[UOp, UOp]) -> list[list[UOp]]:
+  """The threaded chains of `moved` (new links, the accumulator's first), in the order their first links appear."""
+  new_links = set(moved.values())
+  bottoms = [link for link in moved.values() if link.src[2] not in new_links]
+  above = {link.src[2]: link for link in moved.values() if link.src[2] in new_links}
+  chains = []
+  for link in bottoms:
+    chain = [link]
+    while chain[-1] in above: chain.append(above[chain[-1]])
+    chains.append(chain)
+  return chains
+
+_ORDERED = frozenset({Ops.RANGE, Ops.ENDRANGE, Ops.BARRIER, Ops.STORE, Ops.ASSIGN, Ops.DEFINE_ACC, Ops.DEFINE_LOCAL,
+                      Ops.SPECIAL, Ops.ATOMIC})
+
+def _advance_chains_together(uops: list[UOp], chains: list[list[UOp]]) -> list[UOp]:
+  """`uops` with the stretch of straight-line code holding the chains reordered so that they advance one link at a
+  time, each link right after the operands it needs: an unrolled step of a GPU matmul tile then loads one k's values
+  (merged into 16-byte loads), does its multiply-adds and moves on, instead of loading every k's values first (every
+  loaded value live at once: spills). Unchanged where the stretch holds anything whose order matters."""
+  position = {u: i for i, u in enumerate(uops)}
+  first = min(position[chain[0]] for chain in chains)
+  last = max(position[chain[-1]] for chain in chains)
+  start = first
+  while start > 0 and uops[start - 1].op not in _ORDERED: start -= 1
+  stretch = uops[start:last + 1]
+  if any(u.op in _ORDERED for u in stretch) or len({len(c) for c in chains}) != 1: return uops
+  inside, placed, out = set(stretch), set(), []
+  def place(root: UOp) -> None:
+    stack = [(root, False)]
+    while stack:
+      node, ready = stack.pop()
+      if node in placed: continue
+      if not ready:
+        stack.append((node, True))
+        stack += [(s, False) for s in reversed(node.src) if s in inside and s not in placed]
+        continue
+      placed.add(node)
+      out.append(node)
+  for level in range(len(chains[0])):
+    for chain in chains: place(chain[level])
+  out += [u for u in stretch if u not in placed]
+  return uops[:start] + out + uops[last + 1:]
+
+def _use_counts(uops: list[UOp]) -> dict[UOp, int]:
+  """How many sources among `uops` name each uop."""
+  uses: dict[UOp, int] = {}
+  for u in uops:
+    for s in u.src: uses[s] = uses.get(s, 0) + 1
+  return uses
 
 def _hoist_depths(layout: _KernelLayout, items: list[Item], output_ranges: list[UOp]) -> dict[Item, int]:
   """How many output loops must be open around each item: one past the innermost output loop it depends on, or

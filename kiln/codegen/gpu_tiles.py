@@ -1,0 +1,206 @@
+"""SIMT matmul tiling for GPU targets, lowered kernel -> kernel over block and thread indices with shared memory.
+
+A kernel of the matmul shape, `out[b, m, n] = epilogue(sum_k A(b, m, k) * B(b, k, n))` (one STORE of one float32 sum
+of a product whose factors each depend on one output range of their own, any batch ranges and the reduce ranges;
+the factors may be any expressions of loads: casts, fused elementwise ops), runs as:
+
+- one block of THREADS threads (16 x 16) per BM x BN output tile (`gidx0` the tile column, `gidx1` the tile row,
+  `gidx2` the batch), each thread holding a TM x TN register tile of accumulators (one REDUCE each);
+- the K loop stepped by BK: each step the block copies the A tile (BM x BK) and the B tile (BK x BN) into shared
+  arrays (DEFINE_LOCAL `tile_a`, `tile_b`), every thread loading elements that neighbouring threads' neighbours in
+  memory (coalesced), then a BARRIER, then each thread reads a column of A and a row of B from shared memory per k
+  and updates its TM x TN accumulators with fused multiply-adds (MULACC, a chain of BK per step);
+- the shared arrays are double-buffered (step s uses half s % 2): step s+2 writes a half only after every thread has
+  passed step s+1's barrier, i.e. finished reading it in step s, so one barrier a step suffices;
+- a thread's TN columns are TN/4 groups of 4 adjacent ones, BN/(TN/4) apart (rows likewise): its shared reads are
+  aligned groups of 4 (16-byte loads) that a warp makes without bank conflicts, and its stores are 16-byte runs.
+
+Refused (None, the kernel then maps as before) where the shape does not divide a tile of TILES, the sum is not
+float32, or anything else does not fit: a plan is checked before the kernel is built, never guessed.
+"""
+from __future__ import annotations
+from dataclasses import dataclass
+from kiln.dtype import dtypes
+from kiln.helpers import prod
+from kiln.uop.ops import UOp, Ops, GroupOp, toposort
+from kiln.uop.pattern import graph_rewrite
+from kiln.uop.symbolic import symbolic
+
+INT = dtypes.int32
+THREADS_ROWS, THREADS_COLS = 16, 16   # a block's threads, as a grid over its output tile
+THREADS = THREADS_ROWS * THREADS_COLS
+# (BM, BN) output tiles, largest first; a thread holds (BM/16) x (BN/16) outputs
+TILES = ((128, 128), (128, 64), (64, 64), (32, 32))
+BLOCK_KS = (16, 8)   # the K step: the first that divides K
+# the largest tile that gives at least this many blocks is taken (the H200 has 132 multiprocessors: fewer blocks
+# leave some idle); when none does, the tile with the most blocks
+MIN_BLOCKS = 132
+SHARED_PAD = 4   # floats after each shared row written k-fastest (its writes would otherwise hit one bank)
+# what a factor may be made of: loads and elementwise math over them (no reduction, no shared memory)
+FACTOR_OPS = GroupOp.ALU | {Ops.LOAD, Ops.CONST, Ops.RANGE, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CAST, Ops.BITCAST}
+
+@dataclass(frozen=True)
+class MatmulPlan:
+  """A matmul-shaped kernel's parts: its STORE, the float32 sum (outermost REDUCE of a chain of nested ones), the
+  reduce ranges (outermost first), the row, column and batch output ranges, the factors A (of row, k) and B (of k,
+  col), whether each factor's memory is fastest along k, and the chosen tile (BM, BN, BK)."""
+  store: UOp
+  total: UOp
+  k_ranges: tuple[UOp, ...]
+  row: UOp
+  col: UOp
+  batch: tuple[UOp, ...]
+  a: UOp
+  b: UOp
+  a_k_fastest: bool
+  b_k_fastest: bool
+  tile: tuple[int, int, int]
+
+def _size(rng: UOp) -> int | None:
+  return rng.src[0].arg if rng.src[0].op is Ops.CONST else None
+
+def _ranges(node: UOp) -> set[UOp]:
+  return {u for u in node.toposort() if u.op is Ops.RANGE}
+
+def _k_fastest(factor: UOp, outer: UOp, k_ranges: tuple[UOp, ...]) -> bool:
+  """Whether the factor's first load moves less in memory along the innermost k range than along `outer` (its
+  output range): then neighbouring threads should take neighbouring k (coalesced)."""
+  from kiln.codegen.gpudims import _linear
+  load = next((u for u in factor.toposort() if u.op is Ops.LOAD), None)
+  if load is None: return True
+  form = _linear(load.src[1], frozenset((outer, k_ranges[-1])), {})
+  if form is None: return True
+  k_step, outer_step = abs(form[0].get(k_ranges[-1], 0)), abs(form[0].get(outer, 0))
+  return k_step != 0 and (outer_step == 0 or k_step < outer_step)
+
+def choose_tile(m: int, n: int, k: int, batch: int) -> tuple[int, int, int] | None:
+  """(BM, BN, BK) for an m x n x k matmul (times `batch`), or None when no tile of TILES divides it.
+
+  >>> choose_tile(4096, 4096, 4096, 1), choose_tile(1024, 1024, 1024, 1), choose_tile(100, 64, 64, 1)
+  ((128, 128, 16), (64, 64, 16), None)
+  """
+  bk = next((bk for bk in BLOCK_KS if k % bk == 0), None)
+  fits = [(bm, bn) for bm, bn in TILES if m % bm == 0 and n % bn == 0 and bm * bk % THREADS == 0
+          and bn * bk % THREADS == 0] if bk is not None else []
+  if not fits: return None
+  blocks = {tile: m // tile[0] * (n // tile[1]) * batch for tile in fits}
+  best = next((tile for tile in fits if blocks[tile] >= MIN_BLOCKS), max(fits, key=lambda tile: blocks[tile]))
+  return (*best, bk)
+
+def matmul_plan(sink: UOp) -> MatmulPlan | None:
+  """The MatmulPlan of a lowered kernel of the matmul shape (see the module docstring), or None."""
+  from kiln.codegen.gpudims import _first_conflict
+  if len(sink.src) != 1 or sink.src[0].op is not Ops.STORE or len(sink.src[0].src) != 3: return None
+  store = sink.src[0]
+  if store.src[0].op is not Ops.DEFINE_GLOBAL: return None
+  nodes = toposort([sink])
+  reduces = [u for u in nodes if u.op is Ops.REDUCE]
+  if not reduces: return None
+  total = reduces[-1]   # sources come first: the outermost REDUCE is the last one
+  chain, body = [total], total.src[0]
+  while body.op is Ops.REDUCE: chain.append(body); body = body.src[0]
+  if len(chain) != len(reduces) or any(r.arg is not Ops.ADD or r.dtype != dtypes.float32 for r in chain): return None
+  if body.op is not Ops.MUL or len(body.src) != 2: return None
+  k_ranges = tuple(sorted((r for red in chain for r in red.src[1:]), key=lambda r: r.arg if isinstance(r.arg, int)
+                          else 1 << 30))
+  if len(set(k_ranges)) != len(k_ranges) or any(_size(r) is None for r in k_ranges): return None
+  a, b = body.src
+  for factor in (a, b):
+    if any(u.op not in FACTOR_OPS for u in factor.toposort()): return None
+    if any(u.op is Ops.LOAD and u.src[0] is store.src[0] for u in factor.toposort()): return None
+  outputs = [u for u in nodes if u.op is Ops.RANGE and u not in k_ranges]
+  if any(_size(r) is None for r in outputs): return None
+  a_ranges, b_ranges = _ranges(a), _ranges(b)
+  rows = [r for r in outputs if r in a_ranges and r not in b_ranges]
+  cols = [r for r in outputs if r in b_ranges and r not in a_ranges]
+  batch = tuple(r for r in outputs if r in a_ranges and r in b_ranges)
+  if len(rows) != 1 or len(cols) != 1 or len(rows) + len(cols) + len(batch) != len(outputs): return None
+  if not set(k_ranges) <= a_ranges | b_ranges: return None
+  row, col = rows[0], cols[0]
+  # the epilogue reads the sum and output ranges only, and each output is written by one thread
+  epilogue_ranges = {u for u in toposort([store], stop=lambda u: u is total) if u.op is Ops.RANGE}
+  if epilogue_ranges - set(outputs): return None
+  if _first_conflict(nodes, outputs) is not None: return None
+  from kiln.codegen.gpudims import _linear
+  form = _linear(store.src[1], frozenset(outputs), {})
+  if form is not None and abs(form[0].get(col, 0)) > abs(form[0].get(row, 0)):   # columns should be the fast axis
+    a, b, row, col = b, a, col, row
+  tile = choose_tile(_size(row), _size(col), prod(_size(r) for r in k_ranges), prod(_size(r) for r in batch))
+  if tile is None or prod(_size(r) for r in batch) > 65535 or _size(row) // tile[0] > 65535: return None
+  return MatmulPlan(store, total, k_ranges, row, col, batch, a, b, _k_fastest(a, row, k_ranges),
+                    _k_fastest(b, col, k_ranges), tile)
+
+def _spread(thread: UOp, count: int, tile: int) -> list[UOp]:
+  """The `count` offsets in a tile of `tile` of the thread at `thread` (of 16 along this axis): groups of up to 4
+  adjacent ones, the groups tile/(count/4) apart.
+
+  >>> [u.arg for u in _spread(UOp.const(INT, 1), 8, 128)]
+  [4, 5, 6, 7, 68, 69, 70, 71]
+  """
+  width = min(4, count)
+  groups = count // width
+  stride = tile // groups
+  return [graph_rewrite(thread * width + (j // width) * stride + j % width, symbolic) for j in range(count)]
+
+def _stage(factor: UOp, outer: UOp, k_ranges: tuple[UOp, ...], k_fastest: bool, shared: UOp, lidx: UOp,
+           origin: UOp, k_base: UOp, half: UOp, tile: int, bk: int, lead: int) -> list[UOp]:
+  """The STOREs with which the block copies the factor's `tile` x `bk` tile at (origin, k_base) into its half of
+  `shared` (laid out [half][k][tile + pad], row length `lead`): element e = lidx + THREADS*j of each thread, the
+  fast axis of the factor's memory taking neighbouring e."""
+  from kiln.codegen.gpudims import _unflatten, _substitute
+  stores = []
+  for j in range(tile * bk // THREADS):
+    element = lidx + THREADS * j if j else lidx
+    if k_fastest: offset, kk = element // bk, element % bk
+    else: offset, kk = element % tile, element // tile
+    values = {outer: origin + offset, **_unflatten(k_base + kk, list(k_ranges))}
+    value = _substitute(factor, values)
+    index = half * (bk * lead) + kk * lead + offset
+    stores.append(UOp(Ops.STORE, dtypes.void, (shared, index, value.cast(dtypes.float32)
+                                                if value.dtype != dtypes.float32 else value)))
+  return stores
+
+def tile_matmul(sink: UOp) -> UOp | None:
+  """A matmul-shaped kernel (`matmul_plan`) as shared-memory tiles per block and register tiles per thread (the
+  module docstring), or None where no plan fits."""
+  from kiln.codegen.gpudims import _unflatten, _substitute
+  plan = matmul_plan(sink)
+  if plan is None: return None
+  bm, bn, bk = plan.tile
+  tm, tn = bm // THREADS_ROWS, bn // THREADS_COLS
+  m, n, k = _size(plan.row), _size(plan.col), prod(_size(r) for r in plan.k_ranges)
+  next_id = 1 + max((u.arg for u in sink.toposort() if u.op is Ops.RANGE and isinstance(u.arg, int)), default=0)
+  step = UOp(Ops.RANGE, INT, (UOp.const(INT, k // bk),), next_id)
+  lidx = UOp(Ops.SPECIAL, INT, (), ("lidx0", THREADS))
+  col_block = UOp(Ops.SPECIAL, INT, (), ("gidx0", n // bn))
+  row_block = UOp(Ops.SPECIAL, INT, (), ("gidx1", m // bm))
+  batch = prod(_size(r) for r in plan.batch)
+  values = _unflatten(UOp(Ops.SPECIAL, INT, (), ("gidx2", batch)), list(plan.batch)) if batch > 1 else \
+    {r: UOp.const(INT, 0) for r in plan.batch}
+  factors = [_substitute(f, values) for f in (plan.a, plan.b)]
+  lead_a = bm + (SHARED_PAD if plan.a_k_fastest else 0)
+  lead_b = bn + (SHARED_PAD if plan.b_k_fastest else 0)
+  tile_a = UOp(Ops.DEFINE_LOCAL, dtypes.float32, (), ("tile_a", 2 * bk * lead_a))
+  tile_b = UOp(Ops.DEFINE_LOCAL, dtypes.float32, (), ("tile_b", 2 * bk * lead_b))
+  half, k_base = step % 2, step * bk
+  row_origin, col_origin = row_block * bm, col_block * bn
+  stores = _stage(factors[0], plan.row, plan.k_ranges, plan.a_k_fastest, tile_a, lidx, row_origin, k_base, half,
+                  bm, bk, lead_a) + \
+           _stage(factors[1], plan.col, plan.k_ranges, plan.b_k_fastest, tile_b, lidx, col_origin, k_base, half,
+                  bn, bk, lead_b)
+  staged = UOp(Ops.BARRIER, dtypes.void, tuple(stores))   # the step's tiles are in shared memory
+  rows = _spread(lidx // THREADS_COLS, tm, bm)
+  cols = _spread(lidx % THREADS_COLS, tn, bn)
+  def read(shared: UOp, lead: int, kk: int, offset: UOp) -> UOp:
+    return UOp(Ops.LOAD, dtypes.float32, (shared, half * (bk * lead) + kk * lead + offset, staged))
+  a_reads = [[read(tile_a, lead_a, kk, r) for r in rows] for kk in range(bk)]
+  b_reads = [[read(tile_b, lead_b, kk, c) for c in cols] for kk in range(bk)]
+  out = []
+  for i, r in enumerate(rows):
+    for j, c in enumerate(cols):
+      chain = a_reads[0][i] * b_reads[0][j]
+      for kk in range(1, bk): chain = UOp(Ops.MULACC, dtypes.float32, (a_reads[kk][i], b_reads[kk][j], chain))
+      acc = UOp(Ops.REDUCE, dtypes.float32, (chain, step), Ops.ADD)
+      at = {**values, plan.row: row_origin + r, plan.col: col_origin + c, plan.total: acc}
+      out.append(_substitute(plan.store, at))
+  return graph_rewrite(sink.replace(src=tuple(out)), symbolic, name="gpu tiles")

@@ -1,0 +1,131 @@
+"""A lockstep GPU emulator for tests: runs the linear uops of a GPU kernel (SPECIAL block and thread indices, shared
+arrays, BARRIERs) block by block, every thread of a block at once as one NumPy lane, so a barrier holds by
+construction and shared memory means what it means on a GPU. Stricter than hardware where that finds bugs: a load or
+store out of bounds, or two threads storing different values at one address in one store, raises.
+
+  run_lockstep(uops, launch, buffers)   # buffers: {parameter number: 1-D NumPy array}, written in place
+"""
+from __future__ import annotations
+import numpy as np
+from kiln.dtype import to_numpy_dtype
+from kiln.uop.ops import UOp, Ops
+
+class LockstepError(AssertionError):
+  """A kernel did something a GPU would not do reliably (a race on a store, an access out of bounds)."""
+
+def _trunc_div(a, b):
+  quotient = np.abs(a) // np.abs(b)
+  return np.where((a < 0) != (b < 0), -quotient, quotient).astype(a.dtype)
+
+_BINARY = {Ops.ADD: np.add, Ops.SUB: np.subtract, Ops.MUL: np.multiply, Ops.MAX: np.maximum, Ops.CMPLT: np.less,
+           Ops.CMPNE: np.not_equal, Ops.CMPEQ: np.equal, Ops.AND: np.bitwise_and, Ops.OR: np.bitwise_or,
+           Ops.XOR: np.bitwise_xor, Ops.SHL: np.left_shift, Ops.SHR: np.right_shift, Ops.POW: np.power}
+_UNARY = {Ops.NEG: np.negative, Ops.SQRT: np.sqrt, Ops.EXP2: np.exp2, Ops.LOG2: np.log2, Ops.SIN: np.sin,
+          Ops.TRUNC: np.trunc, Ops.RECIP: lambda x: np.divide(1, x)}
+
+def run_lockstep(uops: list[UOp], launch, buffers: dict[int, np.ndarray], var_vals: dict | None = None) -> None:
+  """Run `uops` over the (grid, block) sizes `launch` (None: one thread) on `buffers`."""
+  grid, block = launch if launch is not None else ((1, 1, 1), (1, 1, 1))
+  threads = int(np.prod(block))
+  flat = np.arange(threads)
+  thread_index = [flat % block[0], flat // block[0] % block[1], flat // (block[0] * block[1])]
+  ends, starts = {}, []
+  for pc, u in enumerate(uops):   # each RANGE's ENDRANGE
+    if u.op is Ops.RANGE: starts.append(pc)
+    elif u.op is Ops.ENDRANGE: ends[starts.pop()] = pc
+  device_arrays: dict[UOp, np.ndarray] = {}
+  with np.errstate(all="ignore"):
+    for gz in range(grid[2]):
+      for gy in range(grid[1]):
+        for gx in range(grid[0]):
+          _run_block(uops, ends, (gx, gy, gz), thread_index, threads, buffers, device_arrays, var_vals or {})
+
+def _lanes(value, threads: int, dtype) -> np.ndarray:
+  out = np.asarray(value)
+  return out if out.shape == (threads,) else np.full(threads, out, dtype=to_numpy_dtype(dtype))
+
+def _run_block(uops, ends, block_index, thread_index, threads, buffers, device_arrays, var_vals) -> None:
+  values: dict[UOp, np.ndarray] = {}
+  counters: dict[UOp, int] = {}
+  shared: dict[UOp, np.ndarray] = {}
+  range_pc = {u: pc for pc, u in enumerate(uops) if u.op is Ops.RANGE}
+  def buffer_of(u: UOp) -> np.ndarray:
+    if u.op is Ops.DEFINE_GLOBAL: return buffers[u.arg]
+    if len(u.arg) > 2: return device_arrays.setdefault(u, np.zeros(u.arg[1], to_numpy_dtype(u.dtype)))
+    return shared[u]
+  def checked(buf: np.ndarray, index: np.ndarray, gate: np.ndarray, u: UOp) -> np.ndarray:
+    bad = gate & ((index < 0) | (index >= buf.shape[0]))
+    if bad.any(): raise LockstepError(f"{u.op.name} out of bounds: index {index[bad][0]} of {buf.shape[0]}")
+    return np.where(gate, index, 0)
+  pc = 0
+  while pc < len(uops):
+    u = uops[pc]
+    op = u.op
+    if op is Ops.RANGE:
+      size = _lanes(values[u.src[0]], threads, u.dtype)
+      if (size != size[0]).any(): raise LockstepError("a loop bound differs between the threads of a block")
+      if size[0] <= 0: pc = ends[pc] + 1; continue
+      counters[u] = 0
+      values[u] = _lanes(0, threads, u.dtype)
+    elif op is Ops.ENDRANGE:
+      rng = u.src[0]
+      counters[rng] += 1
+      if counters[rng] < int(np.asarray(values[rng.src[0]]).flat[0]):
+        values[rng] = _lanes(counters[rng], threads, rng.dtype)
+        pc = range_pc[rng] + 1
+        continue
+    elif op is Ops.CONST: values[u] = _lanes(u.arg, threads, u.dtype)
+    elif op is Ops.DEFINE_GLOBAL: pass
+    elif op is Ops.DEFINE_VAR: values[u] = _lanes(var_vals[u], threads, u.dtype)
+    elif op is Ops.DEFINE_LOCAL:
+      if len(u.arg) <= 2: shared[u] = np.zeros(u.arg[1], to_numpy_dtype(u.dtype))
+    elif op is Ops.SPECIAL:
+      kind, size = u.arg[0], u.arg[1]
+      axis = int(kind[4:])
+      values[u] = (thread_index[axis] if kind.startswith("lidx") else _lanes(block_index[axis], threads, u.dtype)
+                   ).astype(np.int32)
+    elif op is Ops.BARRIER: pass   # lockstep: every thread finished what comes before
+    elif op is Ops.LOAD:
+      buf = buffer_of(u.src[0])
+      gate = values[u.src[2]] if len(u.src) == 3 and u.src[2].op is not Ops.BARRIER else np.ones(threads, bool)
+      index = checked(buf, values[u.src[1]], gate, u)
+      values[u] = np.where(gate, buf[index], np.zeros((), buf.dtype))
+    elif op is Ops.STORE:
+      buf = buffer_of(u.src[0])
+      gate = values[u.src[3]] if len(u.src) == 4 else np.ones(threads, bool)
+      index = checked(buf, values[u.src[1]], gate, u)[gate]
+      written = _lanes(values[u.src[2]], threads, u.src[2].dtype).astype(buf.dtype)[gate]
+      order = np.argsort(index, kind="stable")
+      same = index[order][1:] == index[order][:-1]
+      if (same & (written[order][1:] != written[order][:-1])).any():
+        raise LockstepError(f"two threads store different values at one address of {u.src[0].op.name}")
+      buf[index] = written
+    elif op is Ops.ATOMIC:
+      buf = buffer_of(u.src[0])
+      index, add, gate = values[u.src[1]], _lanes(values[u.src[2]], threads, u.dtype), values[u.src[3]]
+      old = np.zeros(threads, buf.dtype)
+      for t in np.flatnonzero(gate):   # one thread after another
+        old[t] = buf[index[t]]
+        buf[index[t]] += add[t]
+      values[u] = old
+    elif op is Ops.DEFINE_ACC: values[u] = np.array(values[u.src[0]], copy=True)
+    elif op is Ops.ASSIGN: values[u.src[0]] = values[u] = values[u.src[1]]
+    else: values[u] = _alu(u, [values[s] for s in u.src])
+    pc += 1
+
+def _alu(u: UOp, args: list[np.ndarray]) -> np.ndarray:
+  """One ALU op on every thread's operands, rounded to the op's dtype."""
+  out_dtype = to_numpy_dtype(u.dtype)
+  op = u.op
+  if op is Ops.CAST: return args[0].astype(out_dtype)
+  if op is Ops.BITCAST: return args[0].view(out_dtype)
+  if op is Ops.WHERE: return np.where(args[0], args[1], args[2]).astype(out_dtype)
+  if op is Ops.MULACC:   # one rounding (exact products of float32 in float64, then one more for the add: close)
+    wide = args[0].astype(np.float64) * args[1].astype(np.float64) + args[2].astype(np.float64)
+    return wide.astype(out_dtype)
+  if op is Ops.IDIV: return _trunc_div(args[0], args[1])
+  if op is Ops.MOD: return np.fmod(args[0], args[1]).astype(out_dtype)
+  if op is Ops.FDIV: return np.divide(args[0], args[1]).astype(out_dtype)
+  if op in _BINARY: return _BINARY[op](args[0], args[1]).astype(out_dtype)
+  if op in _UNARY: return _UNARY[op](args[0]).astype(out_dtype)
+  raise NotImplementedError(f"lockstep emulator: no {op.name} ({u.dtype})")
