@@ -189,6 +189,21 @@ def test_results_of_an_overwritten_buffer_are_recomputed_after_a_hit():
     np.testing.assert_array_equal(doubled.numpy(), (np.float32([1, 2]) + step) * 2)
     np.testing.assert_array_equal(again.numpy(), (np.float32([1, 2]) + step + 1) * 2)
 
+@pytest.mark.parametrize("cached", [True, False])
+def test_a_result_read_before_an_assign_in_its_run_is_not_reused_for_the_new_contents(cached):
+  # the copy is computed in the run that overwrites x (read first), and its graph node stays alive (held here;
+  # a cache or autograd's origin can hold it too): the same graph built after the assign reads the new contents
+  with Context(SCHEDULE_CACHE=int(cached)):
+    x = Tensor(np.arange(4, dtype=np.float32)).realize()
+    held, want = [], np.arange(4, dtype=np.float32)
+    for _ in range(3):
+      copy = x.flip(0).contiguous()
+      held.append(copy.uop)
+      x[1:3].assign(x[1:3] * 2)
+      np.testing.assert_array_equal(copy.numpy(), want[::-1])
+      want[1:3] *= 2
+      np.testing.assert_array_equal(x.numpy(), want)
+
 # ---------------- distinct tensors of one value keep distinct buffers ----------------
 
 class TwinNorms:
