@@ -157,3 +157,24 @@ def test_the_cache_keeps_no_graph_alive():
     t.realize()
     del t
     assert node() is None, "a realized graph's root node is still referenced"
+
+# ---------------- the graph key ----------------
+
+@pytest.mark.parametrize("seed", range(6))
+def test_recursive_and_iterative_key_walks_give_the_same_key(seed):
+  rng = np.random.default_rng(seed)
+  inputs = [Tensor(rng.standard_normal((3, 4)).astype(np.float32)).realize() for _ in range(3)]
+  roots = [t.uop for t in _run_program(_random_program(rng, 3, int(rng.integers(2, 9))), inputs)]
+  structure, buffers = cache.graph_key(roots)
+  walk = cache._KeyWalk(roots)
+  root_ids = tuple([walk.visit_iterative(r) for r in roots])
+  assert structure == (tuple(walk.entries), root_ids) and buffers == walk.buffers
+
+def test_the_key_changes_with_the_graph_and_not_with_the_buffers():
+  a, b = Tensor(np.float32([1, 2])).realize(), Tensor(np.float32([3, 4])).realize()
+  def key(t: Tensor): return cache.graph_key([t.uop])
+  (k1, bufs1), (k2, bufs2) = key(a + 1), key(b + 1)
+  assert k1 == k2 and hash(k1) == hash(k2) and bufs1 != bufs2
+  assert {k1: "template"}.get(k2) == "template"   # a new key finds the stored one (its hash is remembered)
+  others = [key(a + 2)[0], key(a * 1)[0], key(a - 1)[0], key((a + 1).sum())[0], key(a + a)[0], key(a.cast("half") + 1)[0]]
+  for other in others: assert other != k1 and hash(other) != hash(k1)

@@ -32,13 +32,15 @@ MAX_ENTRIES = 512   # templates kept, least recently used dropped first
 _UNCACHED_OPS = frozenset({Ops.BIND, Ops.DEFINE_VAR})
 
 class _Template:
-  """A schedule with its buffers as references: ("in", slot) for the graph's k-th distinct input Buffer, ("new", j)
-  for the j-th buffer the schedule created (device, size, dtype in `new`). `results` holds per root (j, shape) for
-  a view of new buffer j, (None, None) for a root that was a realized view already, and ("assign", None) for an
-  assign; `overwritten` the slots that assigns write."""
-  __slots__ = ("items", "new", "results", "inputs", "overwritten")
+  """A schedule with its buffers as numbers into a call's buffer pool: the graph's distinct input Buffers in slot
+  order, then the buffers the schedule created (device, size, dtype in `new`). `results` holds per root (k, shape)
+  for a view of pool buffer k, (None, None) for a root that was a realized view already, and ("assign", None) for an
+  assign; `inputs` and `overwritten` (the slots that assigns write) are slot numbers; `key` is the graph key the
+  template is stored under."""
+  __slots__ = ("items", "new", "results", "inputs", "overwritten", "key")
   def __init__(self, items: list, new: list[tuple], results: list[tuple], inputs: list[int], overwritten: list[int]):
     self.items, self.new, self.results, self.inputs, self.overwritten = items, new, results, inputs, overwritten
+    self.key: tuple = ()
 
 _templates: collections.OrderedDict = collections.OrderedDict()
 _settings: tuple = ()
@@ -55,62 +57,130 @@ class _Uncacheable(Exception):
 _BUFFER, _UNIQUE, _ASSIGN = Ops.BUFFER, Ops.UNIQUE, Ops.ASSIGN
 _FLOAT_OR_BOOL = (float, bool)
 
+class _Key(tuple):
+  """A graph key whose hash is computed once: the dict lookup and the LRU reordering after it would both hash it
+  (the anchors' transformer key, ~800 entries, takes ~30 us to hash)."""
+  def __new__(cls, value: tuple):
+    key = super().__new__(cls, value)
+    key.hash = tuple.__hash__(key)
+    return key
+  def __hash__(self) -> int: return self.hash
+
 def graph_key(roots: list[UOp]) -> tuple[tuple, list[Buffer]] | None:
   """The structure of the graph under `roots` (realized nodes followed to their buffers) with each distinct Buffer
-  as a slot number, and the Buffers in slot order; None when the graph must not be cached."""
-  index: dict[UOp, int] = {}
-  entries: list[tuple] = []
-  slot_of: dict[int, int] = {}
-  buffers: list[Buffer] = []
-  symbolic_possible = _ops.binds_made > 0   # no arg can hold a Variable before one was bound
-  # a post-order walk with an explicit stack (a sort's network of small steps is deeper than Python's recursion
-  # limit): a node's entry comes after its sources', in source order; a realized node shares its buffer's entry
-  stack = list(reversed(roots))
-  pop, push, get = stack.pop, stack.append, index.get
-  root_set = set(roots)
+  as a slot number, and the Buffers in slot order; None when the graph must not be cached.
+
+  The structure lists one entry per node, after its sources' entries and in source order: (op, dtype, arg, source
+  entry numbers), a BUFFER as (op, dtype, (device, size), slot). A realized node shares its buffer's entry; a UNIQUE
+  node inside the graph is its source (as scheduled). The walk recurses (cheapest in Python); a graph deeper than
+  the recursion limit (a sort's network of small steps) is walked again with an explicit stack."""
+  walk = _KeyWalk(roots)
   try:
+    try: root_ids = walk.visit_recursive(roots)
+    except RecursionError:
+      walk = _KeyWalk(roots)
+      root_ids = tuple([walk.visit_iterative(r) for r in roots])
+  except _Uncacheable: return None
+  return _Key((tuple(walk.entries), root_ids)), walk.buffers
+
+class _KeyWalk:
+  """The state of one graph_key walk: entry numbers by node, the entries, and the buffers by slot."""
+  __slots__ = ("index", "entries", "slot_of", "buffers", "roots", "symbolic_possible")
+  def __init__(self, roots: list[UOp]):
+    self.index: dict[UOp, int] = {}
+    self.entries: list[tuple] = []
+    self.slot_of: dict[int, int] = {}
+    self.buffers: list[Buffer] = []
+    self.roots = set(roots)
+    self.symbolic_possible = _ops.binds_made > 0   # no arg can hold a Variable before one was bound
+
+  def visit_recursive(self, roots: list[UOp]) -> tuple[int, ...]:
+    """The entry numbers of `roots`, each node's sources visited first by recursion (a closure: its locals are the
+    fastest reads in Python)."""
+    index, entries, symbolic_possible, entry_of = self.index, self.entries, self.symbolic_possible, self.entry_of
+    get, append = index.get, entries.append
+    def visit(node: UOp) -> int:
+      if (i := get(node)) is not None: return i
+      if node.forward is not None:   # realized earlier: read its buffer
+        i = index[node] = visit(_realized(node))
+        return i
+      op = node.op
+      if op in _UNCACHED_OPS or (symbolic_possible and _holds_uop(node.arg)): raise _Uncacheable
+      if op is _BUFFER or op is _UNIQUE or op is _ASSIGN:
+        entry_of(node, tuple([visit(src) for src in node.src]))
+        return index[node]
+      srcs = []
+      for src in node.src:
+        i = get(src)
+        srcs.append(visit(src) if i is None else i)
+      arg = node.arg
+      i = index[node] = len(entries)
+      append((op, node.dtype, _cache_key_arg(arg) if type(arg) in _FLOAT_OR_BOOL else arg, tuple(srcs)))
+      return i
+    try: return tuple([visit(r) for r in roots])
+    finally: visit = None   # noqa: F841  (the closure refers to itself: a cycle that kept the graph alive until GC)
+
+  def entry_of(self, node: UOp, srcs: tuple) -> None:
+    """Enter a BUFFER, UNIQUE or ASSIGN node whose sources have the entries `srcs` (checked for what makes a graph
+    uncacheable)."""
+    op, arg = node.op, node.arg
+    if op in _UNCACHED_OPS or (self.symbolic_possible and _holds_uop(arg)): raise _Uncacheable
+    if op is _BUFFER:
+      buf = node.buffer
+      if buf is None or buf._base is not None or arg[1][:4].upper() == "DISK": raise _Uncacheable
+      if (slot := self.slot_of.get(id(buf))) is None:
+        slot = self.slot_of[id(buf)] = len(self.buffers)
+        self.buffers.append(buf)
+      entry: tuple = (op, node.dtype, arg[1:], slot)
+    else:
+      if op is _ASSIGN and not _target_is_plain_view(node.src[0]): raise _Uncacheable
+      if op is _UNIQUE:   # its id is identity, not structure: inside a graph it is its source (as scheduled)
+        if node not in self.roots:
+          self.index[node] = srcs[0]
+          return
+        arg = None
+      entry = (op, node.dtype, _cache_key_arg(arg) if type(arg) in _FLOAT_OR_BOOL else arg, srcs)
+    self.index[node] = len(self.entries)
+    self.entries.append(entry)
+
+  def visit_iterative(self, root: UOp) -> int:
+    """visit(root) with an explicit stack instead of recursion: the same entries in the same order."""
+    index, get = self.index, self.index.get
+    stack = [root]
     while stack:
       node = stack[-1]
       if node in index:
-        pop()
+        stack.pop()
         continue
-      if node.forward is not None:   # realized earlier: read its buffer
-        target = node.forward
-        while target.forward is not None: target = target.forward
-        if (i := get(target)) is None: push(target)
+      if node.forward is not None:
+        target = _realized(node)
+        if (i := get(target)) is None: stack.append(target)
         else:
           index[node] = i
-          pop()
+          stack.pop()
         continue
-      op, arg = node.op, node.arg
-      if op is _BUFFER:
-        buf = node.buffer
-        if buf is None or buf._base is not None or arg[1][:4].upper() == "DISK": raise _Uncacheable
-        if (slot := slot_of.get(id(buf))) is None:
-          slot = slot_of[id(buf)] = len(buffers)
-          buffers.append(buf)
-        entry: tuple = (op, node.dtype, arg[1:], slot)
-      else:
-        srcs = [get(src) for src in node.src]
-        if None in srcs:   # sources first, leftmost on top (the node stays below them)
-          if op in _UNCACHED_OPS or (symbolic_possible and _holds_uop(arg)): raise _Uncacheable
-          stack.extend([src for src, i in zip(reversed(node.src), reversed(srcs)) if i is None])
-          continue
-        if op in _UNCACHED_OPS or (symbolic_possible and _holds_uop(arg)): raise _Uncacheable
-        if op is _ASSIGN and not _target_is_plain_view(node.src[0]): raise _Uncacheable
-        if op is _UNIQUE:   # its id is identity, not structure: inside a graph it is its source (as scheduled)
-          if node not in root_set:
-            index[node] = srcs[0]
-            pop()
-            continue
-          arg = None
-        entry = (op, node.dtype, _cache_key_arg(arg) if type(arg) in _FLOAT_OR_BOOL else arg, tuple(srcs))
-      pop()
-      index[node] = len(entries)
-      entries.append(entry)
-  except _Uncacheable: return None
-  root_ids = tuple([index[r] for r in roots])
-  return (tuple(entries), root_ids), buffers
+      srcs = [get(src) for src in node.src]
+      if None in srcs:   # sources first, leftmost on top (the node stays below them)
+        if node.op in _UNCACHED_OPS or (self.symbolic_possible and _holds_uop(node.arg)): raise _Uncacheable
+        stack.extend([src for src, i in zip(reversed(node.src), reversed(srcs)) if i is None])
+        continue
+      stack.pop()
+      if node.op is _BUFFER or node.op is _UNIQUE or node.op is _ASSIGN: self.entry_of(node, tuple(srcs))
+      else: self.entry_of_plain(node, tuple(srcs))
+    return index[root]
+
+  def entry_of_plain(self, node: UOp, srcs: tuple) -> None:
+    """Enter a node of any other op (checked for what makes a graph uncacheable)."""
+    op, arg = node.op, node.arg
+    if op in _UNCACHED_OPS or (self.symbolic_possible and _holds_uop(arg)): raise _Uncacheable
+    self.index[node] = len(self.entries)
+    self.entries.append((op, node.dtype, _cache_key_arg(arg) if type(arg) in _FLOAT_OR_BOOL else arg, srcs))
+
+def _realized(node: UOp) -> UOp:
+  """The end of a realized node's `forward` chain (a view of its buffer)."""
+  target = node.forward
+  while target.forward is not None: target = target.forward
+  return target
 
 def _target_is_plain_view(target: UOp) -> bool:
   """An assign's target is movement ops over a BUFFER node, none of them realized through another node: a hit can
@@ -132,30 +202,42 @@ def cached_schedule(roots: list[UOp], schedule_fn: Callable, item_cls: type, sch
     stats["uncached"] += 1
     return schedule_fn(roots)
   structure, buffers = found
-  settings = tuple(v.value for v in ContextVar.registry.values())   # a setting may change how graphs are cut
+  settings = _settings_now()   # a setting may change how graphs are cut
   if settings != _settings: _templates.clear(); _settings = settings   # noqa: E702
   template = _templates.get(structure)
   if template is None:
     stats["misses"] += 1
     schedule = schedule_fn(roots)
     if (made := _make_template(roots, buffers, schedule)) is not None:
+      made.key = structure
       _templates[structure] = made
       while len(_templates) > MAX_ENTRIES: _templates.popitem(last=False)
     return schedule
   stats["hits"] += 1
-  _templates.move_to_end(structure)
-  new = [Buffer(device, size, dtype) for device, size, dtype in template.new]
-  def buffer(ref: tuple) -> Buffer: return buffers[ref[1]] if ref[0] == "in" else new[ref[1]]
-  items = [item_cls(ast, [buffer(r) for r in refs], metadata) for ast, refs, metadata in template.items]
+  _templates.move_to_end(template.key)   # the stored key itself: found by identity, not compared entry by entry
+  pool = buffers + [Buffer(device, size, dtype) for device, size, dtype in template.new]
+  items = [item_cls(ast, [pool[k] for k in refs], metadata) for ast, refs, metadata in template.items]
   results = {}
-  for root, (j, shape) in zip(roots, template.results):
-    if j is None: results[root] = root   # a realized view: nothing to compute
-    elif j == "assign": results[root] = assign_result_fn(root)
+  for root, (k, shape) in zip(roots, template.results):
+    if k is None: results[root] = root   # a realized view: nothing to compute
+    elif k == "assign": results[root] = assign_result_fn(root)
     else:
-      node = UOp.new_buffer(new[j].device, new[j].size, new[j].dtype)
-      node.buffer = new[j]
+      buf = pool[k]
+      node = UOp.new_buffer(buf.device, buf.size, buf.dtype)
+      node.buffer = buf
       results[root] = view_fn(node, shape)
   return schedule_cls(items, results, [buffers[k] for k in template.inputs], [buffers[k] for k in template.overwritten])
+
+# every setting once (an alias names a setting twice in the registry), remade when settings are declared
+_setting_vars: list[ContextVar] = []
+_registry_size = [-1]
+
+def _settings_now() -> tuple:
+  """The value of every setting."""
+  if _registry_size[0] != len(ContextVar.registry):
+    _setting_vars[:] = list({id(v): v for v in ContextVar.registry.values()}.values())
+    _registry_size[0] = len(ContextVar.registry)
+  return tuple([v.value for v in _setting_vars])
 
 def _make_template(roots: list[UOp], buffers: list[Buffer], schedule) -> _Template | None:
   """The template of `schedule`, or None when it holds something a template cannot express."""
@@ -163,12 +245,12 @@ def _make_template(roots: list[UOp], buffers: list[Buffer], schedule) -> _Templa
   slot_of = {id(b): k for k, b in enumerate(buffers)}
   new_of: dict[int, int] = {}
   new: list[tuple] = []
-  def ref(buf: Buffer) -> tuple:
-    if (k := slot_of.get(id(buf))) is not None: return ("in", k)
+  def ref(buf: Buffer) -> int:
+    if (k := slot_of.get(id(buf))) is not None: return k
     if id(buf) not in new_of:
-      new_of[id(buf)] = len(new)
+      new_of[id(buf)] = len(buffers) + len(new)
       new.append((buf.device, buf.size, buf.dtype))
-    return ("new", new_of[id(buf)])
+    return new_of[id(buf)]
   items = []
   for item in schedule.items:
     if item.var_vals: return None
@@ -183,9 +265,9 @@ def _make_template(roots: list[UOp], buffers: list[Buffer], schedule) -> _Templa
       results.append(("assign", None))
       continue
     if result.op is not Ops.RESHAPE or result.src[0].op is not Ops.BUFFER or result.src[0].buffer is None: return None
-    kind, j = ref(result.src[0].buffer)
-    if kind != "new": return None
-    results.append((j, result.arg))
+    k = ref(result.src[0].buffer)
+    if k < len(buffers): return None   # a root's value must live in a buffer of its own
+    results.append((k, result.arg))
   inputs, overwritten = [], []
   for buffers_of_schedule, slots in ((schedule.inputs, inputs), (schedule.overwritten, overwritten)):
     for buf in buffers_of_schedule:
