@@ -176,6 +176,8 @@ class _PTXKernelWriter:
     return f"[{out}]"
 
   def _load(self, u: UOp) -> None:
+    if u in self.quads: return self._load_quad(self.quads[u])
+    if u in self.quad_members: return   # read with its quad, earlier
     buf, index = u.src[0], u.src[1]
     gate = u.src[2] if len(u.src) == 3 and u.src[2].op is not Ops.BARRIER else None
     if u.dtype not in _MEMORY_TYPES: raise self.fail(f"a load of dtype {u.dtype}")
@@ -194,6 +196,18 @@ class _PTXKernelWriter:
     elif u.dtype == dtypes.bfloat16: out = self.bf16_to_f(raw)
     else: out = raw
     self.names[u] = out
+
+  def _load_quad(self, quad: list[UOp]) -> None:
+    """Four float32 loads of shared elements 4q..4q+3 (16-byte aligned) as one `ld.shared.v4.f32`."""
+    index = quad[0].src[1]
+    base, first = (index.src[0], index.src[1].arg) if index.op is Ops.ADD and index.src[1].op is Ops.CONST else \
+      (index, 0)
+    offset, addr = self.reg("b64"), self.reg("b64")
+    self.emit(f"mul.wide.{ptx_type(base.dtype)} {offset}, {self.value(base)}, 4")
+    self.emit(f"add.s64 {addr}, {self.value(quad[0].src[0])}, {offset}")
+    outs = [self.reg(dtypes.float32) for _ in quad]
+    self.emit(f"ld.shared.v4.f32 {{{', '.join(outs)}}}, [{addr}+{4 * first}]")
+    for load, out in zip(quad, outs): self.names[load] = out
 
   def _store(self, u: UOp) -> None:
     buf, index, value = u.src[:3]
@@ -720,6 +734,8 @@ class _PTXKernelWriter:
       self.emit(f"ld.param.s32 {raw}, [var{i}]")
       self.names[v] = raw if v.dtype == dtypes.int32 else self.convert(raw, dtypes.int32, v.dtype)
     self.lines = body
+    self.quads = shared_quads(self.uops)   # earliest load of a quad -> the quad, in element order
+    self.quad_members = {load for quad in self.quads.values() for load in quad}
     for u in self.uops:
       handler = self.statements.get(u.op)
       if handler is not None: handler(u)
@@ -731,3 +747,37 @@ class _PTXKernelWriter:
     return "\n".join(head + self.module_arrays + [
       f".visible .entry {self.name}(", ",\n".join(f"  {p}" for p in params), f") .maxntid {self.block_threads}, 1, 1",
       "{", *registers, *self.shared_arrays, *prologue, *body, "  ret;", "}", ""])
+
+def _multiple_of(u: UOp, n: int) -> bool:
+  """Whether the int value of `u` is a multiple of `n` whatever its ranges and thread indices (a sufficient test)."""
+  if u.op is Ops.CONST: return isinstance(u.arg, int) and u.arg % n == 0
+  if u.op is Ops.ADD: return all(_multiple_of(s, n) for s in u.src)
+  if u.op is Ops.MUL: return any(_multiple_of(s, n) for s in u.src)
+  if u.op is Ops.SHL and u.src[1].op is Ops.CONST: return (1 << u.src[1].arg) % n == 0 or _multiple_of(u.src[0], n)
+  return False
+
+_STRAIGHT_BREAKS = frozenset({Ops.RANGE, Ops.ENDRANGE, Ops.BARRIER, Ops.STORE, Ops.ATOMIC})
+
+def shared_quads(uops: list[UOp]) -> dict[UOp, list[UOp]]:
+  """Groups of four ungated float32 loads of one shared array at elements `base + 4q + j` (j = 0..3, `base` a
+  multiple of 4: 16-byte aligned, as the arrays are) with nothing between them that could change the array or the
+  iteration: each group is read by one vector load where its earliest member stands (a GPU matmul tile's shared reads,
+  kiln/codegen/gpu_tiles.py). Keyed by that earliest load; each group in element order."""
+  groups: dict[tuple[UOp, UOp, int], dict[int, tuple[int, UOp]]] = {}
+  for pos, u in enumerate(uops):
+    if u.op is not Ops.LOAD or u.dtype != dtypes.float32 or u.src[0].op is not Ops.DEFINE_LOCAL: continue
+    if len(u.src[0].arg) > 2 or (len(u.src) == 3 and u.src[2].op is not Ops.BARRIER): continue
+    index = u.src[1]
+    base, const = (index.src[0], index.src[1].arg) if index.op is Ops.ADD and index.src[1].op is Ops.CONST else \
+      (index, 0)
+    if not isinstance(const, int) or const < 0 or not _multiple_of(base, 4): continue
+    groups.setdefault((u.src[0], base, const // 4), {}).setdefault(const % 4, (pos, u))
+  breaks = [pos for pos, u in enumerate(uops) if u.op in _STRAIGHT_BREAKS]
+  quads: dict[UOp, list[UOp]] = {}
+  for members in groups.values():
+    if len(members) != 4: continue
+    positions = [pos for pos, _ in members.values()]
+    if any(min(positions) < b < max(positions) for b in breaks): continue
+    earliest = uops[min(positions)]
+    quads[earliest] = [members[j][1] for j in range(4)]
+  return quads

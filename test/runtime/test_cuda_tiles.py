@@ -126,6 +126,7 @@ PTXAS = shutil.which("ptxas")
 def test_4096_kernel_as_ptx_assembles_without_spills():
   src = _render_4096(PTXRenderer())
   assert src.count("fma.rn.f32") == 1024 and "bar.sync" in src
+  assert src.count("ld.shared.v4.f32") == 64 and "ld.shared.f32" not in src, "shared reads are not 16-byte loads"
   with tempfile.TemporaryDirectory(prefix="kiln_tiles_") as folder:
     path = os.path.join(folder, "matmul.ptx")
     with open(path, "w") as f: f.write(src)
