@@ -65,15 +65,17 @@ def main() -> None:
   if "memory" in args.rows: memory_rows(a, b, c, ta, tb, tc, reps, row)
   if "matmul" in args.rows:
     for size in (1024, 2048, 4096): rows.append(matmul_row(size, reps))
-  if "tiles" in args.rows:   # 4096^3 under other tile settings of kiln/codegen/gpu_tiles.py (compiled afresh)
+  if "tiles" in args.rows:   # matmuls under other tile settings of kiln/codegen/gpu_tiles.py (compiled afresh)
     from kiln.codegen import gpu_tiles
     from kiln.engine import realize
     saved = gpu_tiles.TILES, gpu_tiles.BLOCK_KS
-    for tiles, block_ks in (((128, 128),), (8,)), (((128, 64),), (16,)), (((64, 64),), (16,)):
+    for size, tiles, block_ks in ((4096, ((128, 128, 1.0),), (8,)), (4096, ((128, 64, 1.0),), (16,)),
+                                  (1024, ((128, 64, 1.0),), (16,)), (1024, ((64, 64, 1.0),), (16,)),
+                                  (1024, ((128, 128, 1.0),), (16,))):
       gpu_tiles.TILES, gpu_tiles.BLOCK_KS = tiles, block_ks
       realize._runner_cache.clear()
       print(f"tiles {tiles}, K step {block_ks}:")
-      rows.append({**matmul_row(4096, reps), "tiles": tiles, "block_k": block_ks})
+      rows.append({**matmul_row(size, reps), "tiles": tiles, "block_k": block_ks})
     gpu_tiles.TILES, gpu_tiles.BLOCK_KS = saved
     realize._runner_cache.clear()
   if "launch" in args.rows: launch_rows(rows)

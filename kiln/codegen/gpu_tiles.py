@@ -4,7 +4,7 @@ A kernel of the matmul shape, `out[b, m, n] = epilogue(sum_k A(b, m, k) * B(b, k
 of a product whose factors each depend on one output range of their own, any batch ranges and the reduce ranges;
 the factors may be any expressions of loads: casts, fused elementwise ops), runs as:
 
-- one block of THREADS threads (16 x 16) per BM x BN output tile (`gidx0` the tile column, `gidx1` the tile row,
+- one block of THREADS threads (16 x 16) per BM x BN output tile (`choose_tile`) (`gidx0` the tile column, `gidx1` the tile row,
   `gidx2` the batch), each thread holding a TM x TN register tile of accumulators (one REDUCE each);
 - the K loop stepped by BK: each step the block copies the A tile (BM x BK) and the B tile (BK x BN) into shared
   arrays (DEFINE_LOCAL `tile_a`, `tile_b`), every thread loading elements that neighbouring threads' neighbours in
@@ -29,12 +29,11 @@ from kiln.uop.symbolic import symbolic
 INT = dtypes.int32
 THREADS_ROWS, THREADS_COLS = 16, 16   # a block's threads, as a grid over its output tile
 THREADS = THREADS_ROWS * THREADS_COLS
-# (BM, BN) output tiles, largest first; a thread holds (BM/16) x (BN/16) outputs
-TILES = ((128, 128), (128, 64), (64, 64), (32, 32))
+# (BM, BN) output tiles, largest first, each with its rate relative to the first when the GPU is full of its blocks
+# (a thread holds (BM/16) x (BN/16) outputs; H200, 4096^3: 45.7, 40.1 and 31.7 TFLOP/s, bench/gpu_notes.md call 13)
+TILES = ((128, 128, 1.0), (128, 64, 0.88), (64, 64, 0.69), (32, 32, 0.3))
 BLOCK_KS = (16, 8)   # the K step: the first that divides K
-# the largest tile that gives at least this many blocks is taken (the H200 has 132 multiprocessors: fewer blocks
-# leave some idle); when none does, the tile with the most blocks
-MIN_BLOCKS = 132
+MULTIPROCESSORS = 132   # the H200's: blocks run in waves of this many (a last partial wave leaves SMs idle)
 SHARED_PAD = 4   # floats after each shared row written k-fastest (its writes would otherwise hit one bank)
 # what a factor may be made of: loads and elementwise math over them (no reduction, no shared memory)
 FACTOR_OPS = GroupOp.ALU | {Ops.LOAD, Ops.CONST, Ops.RANGE, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CAST, Ops.BITCAST}
@@ -74,18 +73,21 @@ def _k_fastest(factor: UOp, outer: UOp, k_ranges: tuple[UOp, ...]) -> bool:
   return k_step != 0 and (outer_step == 0 or k_step < outer_step)
 
 def choose_tile(m: int, n: int, k: int, batch: int) -> tuple[int, int, int] | None:
-  """(BM, BN, BK) for an m x n x k matmul (times `batch`), or None when no tile of TILES divides it.
+  """(BM, BN, BK) for an m x n x k matmul (times `batch`), or None when no tile of TILES divides it: the tile whose
+  rate times the share of multiprocessors its waves of blocks keep busy is highest.
 
   >>> choose_tile(4096, 4096, 4096, 1), choose_tile(1024, 1024, 1024, 1), choose_tile(100, 64, 64, 1)
-  ((128, 128, 16), (64, 64, 16), None)
+  ((128, 128, 16), (128, 64, 16), None)
   """
   bk = next((bk for bk in BLOCK_KS if k % bk == 0), None)
-  fits = [(bm, bn) for bm, bn in TILES if m % bm == 0 and n % bn == 0 and bm * bk % THREADS == 0
-          and bn * bk % THREADS == 0] if bk is not None else []
-  if not fits: return None
-  blocks = {tile: m // tile[0] * (n // tile[1]) * batch for tile in fits}
-  best = next((tile for tile in fits if blocks[tile] >= MIN_BLOCKS), max(fits, key=lambda tile: blocks[tile]))
-  return (*best, bk)
+  if bk is None: return None
+  best, best_score = None, 0.0
+  for bm, bn, rate in TILES:
+    if m % bm or n % bn or bm * bk % THREADS or bn * bk % THREADS: continue
+    blocks = m // bm * (n // bn) * batch
+    busy = blocks / (-(-blocks // MULTIPROCESSORS) * MULTIPROCESSORS)
+    if rate * busy > best_score: best, best_score = (bm, bn, bk), rate * busy
+  return best
 
 def matmul_plan(sink: UOp) -> MatmulPlan | None:
   """The MatmulPlan of a lowered kernel of the matmul shape (see the module docstring), or None."""

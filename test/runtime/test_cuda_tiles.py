@@ -6,7 +6,7 @@ from __future__ import annotations
 import os, re, shutil, subprocess, tempfile
 import numpy as np
 import pytest
-from kiln import Tensor, dtypes
+from kiln import Tensor
 from kiln.codegen import gpu_tiles
 from kiln.codegen.gpudims import launch_size
 from kiln.engine.realize import kernel_name, lower_for_codegen, optimize_for, render_with
@@ -51,7 +51,7 @@ def test_tiled_matmul_matches_numpy(m, k, n):
   _check(got, a @ b, f"{m}x{k}x{n}")
 
 def test_largest_tile_and_epilogue(monkeypatch):
-  monkeypatch.setattr(gpu_tiles, "MIN_BLOCKS", 1)   # one block of the 128 x 128 tile, each thread 8 x 8 outputs
+  monkeypatch.setattr(gpu_tiles, "MULTIPROCESSORS", 1)   # one block of the 128 x 128 tile, each thread 8 x 8 outputs
   rng = np.random.default_rng(1)
   a, b, bias = _data(rng, 128, 32), _data(rng, 32, 128), _data(rng, 128)
   got, uops, launch = _emulate((Tensor(a) @ Tensor(b) + Tensor(bias)).relu())
