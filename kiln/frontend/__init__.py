@@ -1,0 +1,1 @@
+"""Model-format frontends: onnx.py runs ONNX graphs as kiln Tensor ops (needs the optional onnx package)."""

@@ -1,0 +1,160 @@
+"""Run ONNX models on kiln: OnnxRunner turns each node of the graph into kiln Tensor ops.
+
+>>> runner = OnnxRunner("model.onnx")              # doctest: +SKIP
+>>> outputs = runner({"input": np.zeros((1, 3, 224, 224), np.float32)})   # doctest: +SKIP
+
+The graph's ops are lazy Tensor ops, so they fuse into kernels and run on any kiln device. The operators live in
+onnx_ops.py (math, shapes, reductions, control flow) and onnx_nn.py (conv, pools, norms, resize, recurrent layers).
+"""
+from __future__ import annotations
+import inspect, os
+from collections import ChainMap
+from typing import Any, Callable
+import numpy as np
+from kiln.tensor import Tensor
+from kiln.frontend.onnx_proto import import_onnx, dtype_of_onnx, value_of_proto, attribute_value, STRING
+from kiln.frontend.onnx_ops import OPS
+
+Value = Any  # a Tensor, a list of values (an ONNX sequence), None (an empty optional) or a numpy string array
+
+def _describe(value: Value) -> str:
+  """A value's shape and dtype for error messages."""
+  if isinstance(value, Tensor): return f"{tuple(value.shape)} {value.dtype.name}"
+  if isinstance(value, np.ndarray): return f"{value.shape} {value.dtype}"
+  if isinstance(value, list): return f"sequence of {len(value)}"
+  return "None" if value is None else type(value).__name__
+
+class NodeContext:
+  """What an operator may need beyond its inputs and attributes: the opset, its output count, subgraph execution."""
+  def __init__(self, runner: OnnxRunner, node, scope: ChainMap):
+    self.runner, self.node, self.scope = runner, node, scope
+    self.opset, self.n_outputs = runner.opset, len(node.output)
+
+  def run_graph(self, graph, inputs: list[Value]) -> list[Value]:
+    """Run a subgraph (If/Loop/Scan body) with these inputs; names of enclosing graphs stay visible."""
+    return self.runner.run_graph(graph, dict(zip([i.name for i in graph.input], inputs)), self.scope)
+
+_takes_context: dict[Callable, bool] = {}
+_parameters: dict[Callable, dict] = {}
+
+def _signature(fn: Callable) -> dict:
+  if fn not in _parameters: _parameters[fn] = dict(inspect.signature(fn).parameters)
+  return _parameters[fn]
+
+class OnnxRunner:
+  """An ONNX model, callable as `runner({input_name: value})` -> `{output_name: Tensor | list | None}`.
+
+  `model` is a path, the serialized bytes, or an onnx.ModelProto. Inputs may be numpy arrays, Tensors, lists (cast to
+  the input's declared dtype) or None (an omitted optional input).
+  """
+  def __init__(self, model, device: str | None = None):
+    onnx = import_onnx()
+    if isinstance(model, (str, os.PathLike)): model = onnx.load(os.fspath(model))
+    elif isinstance(model, (bytes, bytearray)): model = onnx.load_from_string(bytes(model))
+    self.model, self.graph, self.device = model, model.graph, device
+    self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    self.initializers = {t.name: self._load(t) for t in self.graph.initializer}
+    self.inputs = [i for i in self.graph.input if i.name not in self.initializers]
+    self.output_names = [o.name for o in self.graph.output]
+
+  def _load(self, proto) -> Value:
+    value = value_of_proto(proto)
+    return value.to(self.device) if self.device is not None and isinstance(value, Tensor) else value
+
+  def _input_value(self, info, value: Value) -> Value:
+    """A user's input as the graph wants it: a Tensor of the declared dtype, a list for a sequence, None if omitted."""
+    if value is None: return None
+    kind = info.type.WhichOneof("value")
+    if kind == "sequence_type":
+      return [self._input_value(type("Info", (), {"type": info.type.sequence_type.elem_type, "name": info.name})(), v)
+              for v in value]
+    if kind == "optional_type":
+      return self._input_value(type("Info", (), {"type": info.type.optional_type.elem_type, "name": info.name})(),
+                               value)
+    tensor_type = info.type.tensor_type
+    if tensor_type.elem_type == STRING: return np.asarray(value, dtype=object)
+    dtype = dtype_of_onnx(tensor_type.elem_type)
+    if isinstance(value, Tensor): tensor = value if value.dtype == dtype else value.cast(dtype)
+    else: tensor = Tensor(np.array(value, order="C"), dtype=dtype, device=self.device)
+    if tensor_type.HasField("shape"):
+      dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
+      if len(dims) != tensor.ndim or any(d is not None and d != s for d, s in zip(dims, tensor.shape)):
+        shown = tuple(d if d is not None else "?" for d in dims)
+        raise ValueError(f"ONNX input {info.name!r}: expected shape {shown}, got {tuple(tensor.shape)}")
+    return tensor
+
+  def __call__(self, inputs: dict[str, Value] | None = None, debug: bool = False) -> dict[str, Value]:
+    inputs = inputs or {}
+    unknown = set(inputs) - {i.name for i in self.inputs}
+    if unknown: raise KeyError(f"ONNX model has no input(s) {sorted(unknown)}; its inputs: {[i.name for i in self.inputs]}")
+    values: dict[str, Value] = dict(self.initializers)
+    for info in self.inputs:
+      if info.name not in inputs and info.type.WhichOneof("value") == "tensor_type":
+        raise KeyError(f"ONNX input {info.name!r} is missing; the model's inputs: {[i.name for i in self.inputs]}")
+      values[info.name] = self._input_value(info, inputs.get(info.name))
+    outputs = self.run_graph(self.graph, values, ChainMap(), debug=debug)
+    return dict(zip(self.output_names, outputs))
+
+  def run_graph(self, graph, values: dict[str, Value], outer: ChainMap, debug: bool = False) -> list[Value]:
+    """Run a graph's nodes in order on `values` (plus the names of enclosing scopes); its outputs in order."""
+    scope = outer.new_child(values)
+    if graph is not self.graph:
+      for t in graph.initializer: scope[t.name] = self._load(t)
+    for node in graph.node:
+      inputs = [scope[name] if name else None for name in node.input]
+      results = self.run_node(node, inputs, scope)
+      for name, result in zip(node.output, results):
+        if name: scope[name] = result
+      if debug: print(f"{node.op_type} {node.name!r}: {[_describe(v) for v in inputs]} -> "
+                      f"{[_describe(v) for v in results]}")
+    return [scope[o.name] for o in graph.output]
+
+  def run_node(self, node, inputs: list[Value], scope: ChainMap) -> list[Value]:
+    """One node's outputs; an unsupported op or attribute, or a failure inside the op, names the node."""
+    where = lambda: (f"ONNX node {node.name!r} ({node.op_type}, opset {self.opset}) with inputs "
+                     f"{[_describe(v) for v in inputs]}")
+    if node.domain not in ("", "ai.onnx") or node.op_type not in OPS:
+      domain = f" of domain {node.domain!r}" if node.domain else ""
+      raise NotImplementedError(f"{where()}: op {node.op_type}{domain} is not supported")
+    fn = OPS[node.op_type]
+    params = _signature(fn)
+    attrs = {a.name: attribute_value(a) for a in node.attribute}
+    accepts_any = any(p.kind == p.VAR_KEYWORD for p in params.values())
+    for name in attrs:
+      if not accepts_any and (name not in params or params[name].kind == params[name].VAR_POSITIONAL):
+        raise NotImplementedError(f"{where()}: attribute {name!r} is not supported")
+    if "ctx" in params: attrs["ctx"] = NodeContext(self, node, scope)
+    while inputs and inputs[-1] is None: inputs = inputs[:-1]
+    try:
+      result = fn(*inputs, **attrs)
+    except NotImplementedError as err:
+      raise NotImplementedError(f"{where()}: {err}") from err
+    except Exception as err:
+      raise RuntimeError(f"{where()}: {type(err).__name__}: {err}") from err
+    results = list(result) if isinstance(result, tuple) else [result]
+    return results[:len(node.output)]
+
+def _main():
+  """python -m kiln.frontend.onnx model.onnx [--benchmark N]: run a model on random inputs, print outputs and speed."""
+  import argparse, time
+  parser = argparse.ArgumentParser(description="Run an ONNX model with kiln on random inputs")
+  parser.add_argument("model")
+  parser.add_argument("--dim", type=int, default=1, help="the size given to symbolic dimensions")
+  parser.add_argument("--benchmark", type=int, default=0, help="time this many runs")
+  args = parser.parse_args()
+  runner = OnnxRunner(args.model)
+  rng = np.random.default_rng(0)
+  feeds = {}
+  for info in runner.inputs:
+    tensor_type = info.type.tensor_type
+    shape = [d.dim_value if d.HasField("dim_value") else args.dim for d in tensor_type.shape.dim]
+    feeds[info.name] = rng.standard_normal(shape).astype(np.float32)
+  for name, value in runner(feeds).items():
+    print(name, value.numpy() if isinstance(value, Tensor) else value)
+  for _ in range(args.benchmark):
+    start = time.perf_counter()
+    for value in runner(feeds).values():
+      if isinstance(value, Tensor): value.realize()
+    print(f"{(time.perf_counter() - start) * 1e3:.2f} ms")
+
+if __name__ == "__main__": _main()

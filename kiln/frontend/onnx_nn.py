@@ -1,0 +1,346 @@
+"""The ONNX neural-network operators as kiln Tensor ops: conv, pools, normalizations, resize, recurrent layers."""
+from __future__ import annotations
+import math
+import numpy as np
+from kiln.dtype import dtypes
+from kiln.tensor import Tensor
+from kiln.frontend.onnx_ops import op, ints, scalar, axis_of, full, is_float, move_axis
+
+# ---- padding shared by conv and pools
+
+def _pads(auto_pad: str, pads, sizes, kernel, strides, dilations) -> tuple[list[int], list[int]]:
+  """ONNX pads/auto_pad -> (begins, ends) per spatial axis."""
+  n = len(sizes)
+  if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+    begins, ends = [], []
+    for size, k, s, d in zip(sizes, kernel, strides, dilations):
+      total = max(0, (-(-size // s) - 1) * s + (k - 1) * d + 1 - size)
+      small, large = total // 2, total - total // 2
+      begins.append(small if auto_pad == "SAME_UPPER" else large)
+      ends.append(large if auto_pad == "SAME_UPPER" else small)
+    return begins, ends
+  if auto_pad == "VALID" or pads is None: return [0] * n, [0] * n
+  if auto_pad != "NOTSET": raise NotImplementedError(f"auto_pad={auto_pad!r}")
+  return list(pads[:n]), list(pads[n:])
+
+def _flat_pads(begins, ends) -> tuple[int, ...]:
+  """Per-axis (begin, end) -> kiln's flat padding, last axis first."""
+  return tuple(v for b, e in reversed(list(zip(begins, ends))) for v in (b, e))
+
+def _spatial_pad(x: Tensor, begins, ends, value: float = 0.0) -> Tensor:
+  n = len(begins)
+  if not any(begins) and not any(ends): return x
+  return x.pad(((0, 0),) * (x.ndim - n) + tuple(zip(begins, ends)), value=value)
+
+@op("Conv")
+def conv(x: Tensor, w: Tensor, b: Tensor | None = None, auto_pad: str = "NOTSET", dilations=None, group: int = 1,
+         kernel_shape=None, pads=None, strides=None) -> Tensor:
+  n = w.ndim - 2
+  kernel = list(w.shape[2:])
+  strides, dilations = list(strides or [1] * n), list(dilations or [1] * n)
+  begins, ends = _pads(auto_pad, pads, x.shape[2:], kernel, strides, dilations)
+  return x.conv2d(w, b, groups=group, stride=tuple(strides), dilation=tuple(dilations), padding=_flat_pads(begins, ends))
+
+@op("ConvInteger")
+def conv_integer(x: Tensor, w: Tensor, x_zero_point=None, w_zero_point=None, auto_pad: str = "NOTSET",
+                 dilations=None, group: int = 1, kernel_shape=None, pads=None, strides=None) -> Tensor:
+  x32, w32 = x.cast(dtypes.int32), w.cast(dtypes.int32)
+  if x_zero_point is not None: x32 = x32 - x_zero_point.cast(dtypes.int32)
+  if w_zero_point is not None:
+    zero = w_zero_point.cast(dtypes.int32)
+    w32 = w32 - (zero.reshape(-1, *[1] * (w.ndim - 1)) if zero.ndim == 1 else zero)
+  n = w.ndim - 2
+  strides, dilations = list(strides or [1] * n), list(dilations or [1] * n)
+  begins, ends = _pads(auto_pad, pads, x.shape[2:], list(w.shape[2:]), strides, dilations)
+  # padding must add the zero point's value (zero after the shift), so shift before padding
+  return x32.conv2d(w32, groups=group, stride=tuple(strides), dilation=tuple(dilations),
+                    padding=_flat_pads(begins, ends)).cast(dtypes.int32)
+
+@op("ConvTranspose")
+def conv_transpose(x: Tensor, w: Tensor, b: Tensor | None = None, auto_pad: str = "NOTSET", dilations=None,
+                   group: int = 1, kernel_shape=None, output_padding=None, output_shape=None, pads=None,
+                   strides=None) -> Tensor:
+  n = w.ndim - 2
+  kernel = list(w.shape[2:])
+  strides, dilations = list(strides or [1] * n), list(dilations or [1] * n)
+  extra = list(output_padding or [0] * n)
+  sizes = x.shape[2:]
+  natural = [s * (i - 1) + (k - 1) * d + 1 for i, k, s, d in zip(sizes, kernel, strides, dilations)]
+  if output_shape is not None:
+    wanted = list(output_shape)[-n:]
+    totals = [nat + e - o for nat, e, o in zip(natural, extra, wanted)]
+    upper = auto_pad != "SAME_LOWER"
+    begins = [t // 2 if upper else t - t // 2 for t in totals]
+    ends = [t - bgn for t, bgn in zip(totals, begins)]
+  elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+    totals = [nat + e - i * s for nat, e, i, s in zip(natural, extra, sizes, strides)]
+    begins = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in totals]
+    ends = [t - bgn for t, bgn in zip(totals, begins)]
+  else:
+    begins, ends = _pads(auto_pad, pads, sizes, kernel, strides, dilations)
+  full_out = x.conv_transpose2d(w, groups=group, stride=tuple(strides), dilation=tuple(dilations))
+  # crop the pads, then grow by output_padding (rows no input reaches: zeros before the bias)
+  ends = [e - p for e, p in zip(ends, extra)]
+  crop = [(max(bg, 0), nat - max(e, 0)) for bg, e, nat in zip(begins, ends, natural)]
+  out = full_out.shrink((None, None) + tuple(crop))
+  out = _spatial_pad(out, [max(-bg, 0) for bg in begins], [max(-e, 0) for e in ends])
+  if b is not None: out = out + b.reshape(1, -1, *[1] * n)
+  return out
+
+# ---- pools
+
+def _pool_windows(x: Tensor, kernel, strides, dilations, auto_pad, pads, ceil_mode, fill) -> tuple[Tensor, list, list]:
+  """Padded sliding windows (..., *out, *kernel), with the explicit pads and the extra end pads ceil_mode adds."""
+  n = len(kernel)
+  sizes = x.shape[x.ndim - n:]
+  begins, ends = _pads(auto_pad, pads, sizes, kernel, strides, dilations)
+  extra = []
+  for size, k, s, d, bg, e in zip(sizes, kernel, strides, dilations, begins, ends):
+    span, padded = (k - 1) * d + 1, size + bg + e
+    out = (-(-(padded - span) // s) if ceil_mode else (padded - span) // s) + 1
+    if ceil_mode and (out - 1) * s >= size + bg: out -= 1
+    extra.append(max(0, (out - 1) * s + span - padded))
+  padded = _spatial_pad(x, begins, [e + x_ for e, x_ in zip(ends, extra)], fill)
+  return padded._pool(tuple(kernel), tuple(strides), tuple(dilations)), begins, ends, extra
+
+def _pool_args(x: Tensor, kernel_shape, strides, dilations):
+  n = len(kernel_shape)
+  return list(kernel_shape), list(strides or [1] * n), list(dilations or [1] * n)
+
+@op("MaxPool")
+def max_pool(x: Tensor, auto_pad: str = "NOTSET", ceil_mode: int = 0, dilations=None, kernel_shape=None, pads=None,
+             storage_order: int = 0, strides=None, ctx=None):
+  kernel, strides, dilations = _pool_args(x, kernel_shape, strides, dilations)
+  n = len(kernel)
+  fill = -math.inf if is_float(x) else dtypes.min(x.dtype)
+  windows, begins, ends, extra = _pool_windows(x, kernel, strides, dilations, auto_pad, pads, ceil_mode, fill)
+  reduce_axes = tuple(range(windows.ndim - n, windows.ndim))
+  values = windows.max(reduce_axes)
+  if ctx is None or ctx.n_outputs < 2: return values
+  # indices: the flat position (over N, C, spatial) of each window's first maximum
+  spatial = x.shape[2:]
+  positions = np.arange(int(np.prod(spatial)), dtype=np.int64).reshape(spatial)
+  if storage_order: positions = np.arange(int(np.prod(spatial)), dtype=np.int64).reshape(spatial[::-1]).T
+  index_windows, *_ = _pool_windows(Tensor(positions).reshape(1, 1, *spatial), kernel, strides, dilations, auto_pad,
+                                    pads, ceil_mode, -1)
+  flat = windows.reshape(*windows.shape[:windows.ndim - n], -1)
+  first = flat.argmax(-1, keepdim=True)
+  index = index_windows.reshape(*index_windows.shape[:index_windows.ndim - n], -1)
+  index = index.expand(*flat.shape).gather(-1, first).squeeze(-1)
+  batch, channels = x.shape[0], x.shape[1]
+  offsets = (Tensor.arange(batch * channels, dtype=dtypes.int64) * int(np.prod(spatial))).reshape(batch, channels,
+                                                                                                *[1] * n)
+  return values, index + offsets
+
+@op("AveragePool")
+def average_pool(x: Tensor, auto_pad: str = "NOTSET", ceil_mode: int = 0, count_include_pad: int = 0, dilations=None,
+                 kernel_shape=None, pads=None, strides=None) -> Tensor:
+  kernel, strides, dilations = _pool_args(x, kernel_shape, strides, dilations)
+  n = len(kernel)
+  windows, begins, ends, extra = _pool_windows(x, kernel, strides, dilations, auto_pad, pads, ceil_mode, 0.0)
+  reduce_axes = tuple(range(windows.ndim - n, windows.ndim))
+  total = windows.sum(reduce_axes)
+  # the divisor counts the input cells (and with count_include_pad the explicit pads, never ceil_mode's extra)
+  ones = Tensor.ones(*x.shape[2:], dtype=x.dtype)
+  if count_include_pad: ones = _spatial_pad(ones, begins, ends, 1.0)
+  else: ones = _spatial_pad(ones, begins, ends, 0.0)
+  counts = _spatial_pad(ones, [0] * n, extra, 0.0)._pool(tuple(kernel), tuple(strides), tuple(dilations))
+  counts = counts.sum(tuple(range(counts.ndim - n, counts.ndim)))
+  return (total / counts).cast(x.dtype)
+
+@op("LpPool")
+def lp_pool(x: Tensor, auto_pad: str = "NOTSET", ceil_mode: int = 0, dilations=None, kernel_shape=None, p: int = 2,
+            pads=None, strides=None) -> Tensor:
+  kernel, strides, dilations = _pool_args(x, kernel_shape, strides, dilations)
+  n = len(kernel)
+  windows, *_ = _pool_windows(x.abs().pow(p), kernel, strides, dilations, auto_pad, pads, ceil_mode, 0.0)
+  return windows.sum(tuple(range(windows.ndim - n, windows.ndim))).pow(1.0 / p)
+
+@op("GlobalAveragePool")
+def global_average_pool(x: Tensor) -> Tensor: return x.mean(tuple(range(2, x.ndim)), keepdim=True)
+@op("GlobalMaxPool")
+def global_max_pool(x: Tensor) -> Tensor: return x.max(tuple(range(2, x.ndim)), keepdim=True)
+@op("GlobalLpPool")
+def global_lp_pool(x: Tensor, p: int = 2) -> Tensor:
+  return x.abs().pow(p).sum(tuple(range(2, x.ndim)), keepdim=True).pow(1.0 / p)
+
+@op("MaxUnpool")
+def max_unpool(x: Tensor, indices: Tensor, output_shape=None, kernel_shape=None, pads=None, strides=None) -> Tensor:
+  n = len(kernel_shape)
+  strides = list(strides or [1] * n)
+  pads = list(pads or [0] * (2 * n))
+  if output_shape is not None: shape = ints(output_shape)
+  else:
+    spatial = [(i - 1) * s + k - pads[j] - pads[j + n]
+               for j, (i, s, k) in enumerate(zip(x.shape[2:], strides, kernel_shape))]
+    shape = [x.shape[0], x.shape[1], *spatial]
+  out = Tensor.zeros(int(np.prod(shape)), dtype=x.dtype)
+  return out.scatter(0, indices.cast(dtypes.int64).reshape(-1), x.reshape(-1)).reshape(shape)
+
+# ---- normalizations
+
+def _channel(param: Tensor, ndim: int) -> Tensor: return param.reshape(1, -1, *[1] * (ndim - 2))
+
+@op("BatchNormalization")
+def batch_norm(x: Tensor, scale: Tensor, bias: Tensor, mean: Tensor, var: Tensor, epsilon: float = 1e-5,
+               momentum: float = 0.9, training_mode: int = 0, spatial: int = 1, ctx=None):
+  if training_mode:
+    axes = tuple(i for i in range(x.ndim) if i != 1)
+    batch_mean, batch_var = x.mean(axes), x.var(axes, correction=0)
+    y = (x - _channel(batch_mean, x.ndim)) / (_channel(batch_var, x.ndim) + epsilon).sqrt()
+    y = y * _channel(scale, x.ndim) + _channel(bias, x.ndim)
+    return y, mean * momentum + batch_mean * (1 - momentum), var * momentum + batch_var * (1 - momentum)
+  invstd = (var + epsilon).rsqrt()
+  return (x - _channel(mean, x.ndim)) * _channel(invstd * scale, x.ndim) + _channel(bias, x.ndim)
+
+@op("InstanceNormalization")
+def instance_norm(x: Tensor, scale: Tensor, bias: Tensor, epsilon: float = 1e-5) -> Tensor:
+  axes = tuple(range(2, x.ndim))
+  mean, var = x.mean(axes, keepdim=True), x.var(axes, keepdim=True, correction=0)
+  return (x - mean) / (var + epsilon).sqrt() * _channel(scale, x.ndim) + _channel(bias, x.ndim)
+
+@op("LayerNormalization")
+def layer_norm(x: Tensor, scale: Tensor, bias: Tensor | None = None, axis: int = -1, epsilon: float = 1e-5,
+               stash_type: int = 1):
+  axis = axis_of(axis, x.ndim)
+  axes = tuple(range(axis, x.ndim))
+  source = x.cast(dtypes.float32) if stash_type == 1 else x
+  mean = source.mean(axes, keepdim=True)
+  invstd = ((source - mean) ** 2).mean(axes, keepdim=True).add(epsilon).rsqrt()
+  y = ((source - mean) * invstd).cast(x.dtype) * scale
+  if bias is not None: y = y + bias
+  return y, mean, invstd
+
+@op("RMSNormalization")
+def rms_norm(x: Tensor, scale: Tensor, axis: int = -1, epsilon: float = 1e-5, stash_type: int = 1) -> Tensor:
+  axes = tuple(range(axis_of(axis, x.ndim), x.ndim))
+  source = x.cast(dtypes.float32) if stash_type == 1 else x
+  y = source * (source * source).mean(axes, keepdim=True).add(epsilon).rsqrt()
+  return y.cast(x.dtype) * scale
+
+@op("GroupNormalization")
+def group_norm(x: Tensor, scale: Tensor, bias: Tensor, epsilon: float = 1e-5, num_groups: int = 1,
+               stash_type: int = 1) -> Tensor:
+  n, c = x.shape[0], x.shape[1]
+  grouped = x.reshape(n, num_groups, -1)
+  source = grouped.cast(dtypes.float32) if stash_type == 1 else grouped
+  mean, var = source.mean(2, keepdim=True), source.var(2, keepdim=True, correction=0)
+  y = ((source - mean) / (var + epsilon).sqrt()).cast(x.dtype).reshape(x.shape)
+  if scale.shape[0] != c:  # opset 18: one scale and bias per group
+    scale, bias = scale.repeat_interleave(c // num_groups), bias.repeat_interleave(c // num_groups)
+  return y * _channel(scale, x.ndim) + _channel(bias, x.ndim)
+
+@op("MeanVarianceNormalization")
+def mean_variance_norm(x: Tensor, axes=(0, 2, 3)) -> Tensor:
+  axes = tuple(axis_of(a, x.ndim) for a in axes)
+  mean = x.mean(axes, keepdim=True)
+  return (x - mean) / ((x - mean) ** 2).mean(axes, keepdim=True).sqrt().add(1e-9)
+
+@op("LRN")
+def lrn(x: Tensor, size: int = 1, alpha: float = 1e-4, beta: float = 0.75, bias: float = 1.0) -> Tensor:
+  squares = move_axis(x * x, 1, x.ndim - 1)
+  before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
+  padded = squares.pad(((0, 0),) * (x.ndim - 1) + ((before, after),))
+  window_sum = move_axis(padded._pool((size,)).sum(-1), x.ndim - 1, 1)
+  return x / (window_sum * (alpha / size) + bias).pow(beta)
+
+# ---- resize: each axis is a weight matrix (out x in) built in numpy, applied with a matmul; nearest gathers
+
+def _source_coordinates(mode: str, out_size: int, in_size: int, scale: float, roi: tuple[float, float]) -> np.ndarray:
+  i = np.arange(out_size, dtype=np.float64)
+  if mode == "half_pixel": return (i + 0.5) / scale - 0.5
+  if mode == "half_pixel_symmetric":
+    adjustment = out_size / (scale * in_size)
+    return in_size / 2 * (1 - adjustment) + (i + 0.5) / scale - 0.5
+  if mode == "pytorch_half_pixel": return (i + 0.5) / scale - 0.5 if out_size > 1 else np.zeros(out_size)
+  if mode == "align_corners": return i * (in_size - 1) / (out_size - 1) if out_size > 1 else np.zeros(out_size)
+  if mode == "asymmetric": return i / scale
+  if mode == "tf_crop_and_resize":
+    start, end = roi
+    if out_size > 1: return start * (in_size - 1) + i * (end - start) * (in_size - 1) / (out_size - 1)
+    return np.full(out_size, 0.5 * (start + end) * (in_size - 1))
+  raise NotImplementedError(f"coordinate_transformation_mode={mode!r}")
+
+def _nearest(coords: np.ndarray, nearest_mode: str) -> np.ndarray:
+  if nearest_mode == "round_prefer_floor": return np.where(coords % 1 == 0.5, np.floor(coords), np.round(coords))
+  if nearest_mode == "round_prefer_ceil": return np.where(coords % 1 == 0.5, np.ceil(coords), np.round(coords))
+  if nearest_mode == "floor": return np.floor(coords)
+  if nearest_mode == "ceil": return np.ceil(coords)
+  raise NotImplementedError(f"nearest_mode={nearest_mode!r}")
+
+def _cubic(t: np.ndarray, a: float) -> np.ndarray:
+  t = np.abs(t)
+  near = ((a + 2) * t - (a + 3)) * t * t + 1
+  far = ((a * t - 5 * a) * t + 8 * a) * t - 4 * a
+  return np.where(t <= 1, near, np.where(t < 2, far, 0.0))
+
+def _interpolation_matrix(coords: np.ndarray, in_size: int, mode: str, scale: float, antialias: int, cubic_a: float,
+                          exclude_outside: int) -> np.ndarray:
+  """(out, in) weights of linear or cubic interpolation at these source coordinates, edges clamped."""
+  matrix = np.zeros((len(coords), in_size))
+  kernel_scale = min(scale, 1.0) if antialias else 1.0
+  radius = 1 if mode == "linear" else 2
+  for row, x in enumerate(coords):
+    base = math.floor(x)
+    start = math.floor(-radius / kernel_scale) + 1  # taps where the (scaled) kernel can be nonzero
+    taps = np.arange(start, 2 - start)
+    offsets = (taps - (x - base)) * kernel_scale
+    weights = np.clip(1 - np.abs(offsets), 0, None) if mode == "linear" else _cubic(offsets, cubic_a)
+    positions = base + taps
+    if exclude_outside: weights = np.where((positions >= 0) & (positions < in_size), weights, 0.0)
+    if antialias or exclude_outside: weights = weights / weights.sum()
+    np.add.at(matrix[row], np.clip(positions, 0, in_size - 1).astype(np.int64), weights)
+  return matrix
+
+@op("Resize")
+def resize(x: Tensor, roi=None, scales=None, sizes=None, antialias: int = 0, axes=None,
+           coordinate_transformation_mode: str = "half_pixel", cubic_coeff_a: float = -0.75, exclude_outside: int = 0,
+           extrapolation_value: float = 0.0, keep_aspect_ratio_policy: str = "stretch", mode: str = "nearest",
+           nearest_mode: str = "round_prefer_floor") -> Tensor:
+  axes = [axis_of(a, x.ndim) for a in axes] if axes is not None else list(range(x.ndim))
+  in_sizes = [x.shape[a] for a in axes]
+  scale_values = [float(v) for v in x_values(scales)] if scales is not None and scales.numel() else None
+  size_values = ints(sizes) if sizes is not None and sizes.numel() else None
+  if size_values is not None:
+    if keep_aspect_ratio_policy == "stretch": scale_values = [o / i for o, i in zip(size_values, in_sizes)]
+    else:
+      pick = min if keep_aspect_ratio_policy == "not_larger" else max
+      common = pick(o / i for o, i in zip(size_values, in_sizes))
+      scale_values = [common] * len(axes)
+      size_values = [int(math.floor(common * i + 0.5)) for i in in_sizes]
+  else: size_values = [int(math.floor(i * s)) for i, s in zip(in_sizes, scale_values)]
+  roi_values = [float(v) for v in x_values(roi)] if roi is not None and roi.numel() else None
+  inside = None
+  for k, (axis, in_size, out_size, scale) in enumerate(zip(axes, in_sizes, size_values, scale_values)):
+    if in_size == out_size and coordinate_transformation_mode != "tf_crop_and_resize" and scale == 1: continue
+    if roi_values is not None:
+      half = len(roi_values) // 2
+      region = (roi_values[k], roi_values[half + k])
+    else: region = (0.0, 1.0)
+    coords = _source_coordinates(coordinate_transformation_mode, out_size, in_size, scale, region)
+    if coordinate_transformation_mode == "tf_crop_and_resize":
+      valid = (coords >= 0) & (coords <= in_size - 1)
+      mask = valid.reshape([-1 if i == axis else 1 for i in range(x.ndim)])
+      inside = mask if inside is None else inside & mask
+    if mode == "nearest":
+      index = np.clip(_nearest(coords, nearest_mode), 0, in_size - 1).astype(np.int64)
+      x = x[(slice(None),) * axis + (Tensor(index),)]
+      continue
+    if mode not in ("linear", "cubic"): raise NotImplementedError(f"mode={mode!r}")
+    weights = _interpolation_matrix(coords, in_size, mode, scale, antialias, cubic_coeff_a, exclude_outside)
+    moved = move_axis(x, axis, x.ndim - 1)
+    compute = dtypes.float32 if not is_float(x) or x.dtype in dtypes.narrow_floats else x.dtype
+    result = moved.cast(compute).matmul(Tensor(weights.T.astype(np.float64)).cast(compute))
+    if not is_float(x): result = result.round().clip(dtypes.min(x.dtype), dtypes.max(x.dtype))
+    x = move_axis(result.cast(x.dtype), x.ndim - 1, axis)
+  if inside is not None: x = Tensor(np.broadcast_to(inside, x.shape).copy()).where(x, extrapolation_value)
+  return x
+
+def x_values(t: Tensor) -> list:
+  return t.numpy().reshape(-1).tolist()
+
+@op("Upsample")
+def upsample(x: Tensor, scales=None, mode: str = "nearest") -> Tensor:
+  mode = {"bilinear": "linear", "trilinear": "linear"}.get(mode, mode)
+  scales_tensor = scales if isinstance(scales, Tensor) else Tensor(list(scales), dtype=dtypes.float32)
+  return resize(x, None, scales_tensor, coordinate_transformation_mode="asymmetric", mode=mode, nearest_mode="floor")

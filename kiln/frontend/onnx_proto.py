@@ -1,0 +1,81 @@
+"""Reading ONNX protobufs into kiln values: element types, tensors (initializers, Constant values) and attributes."""
+from __future__ import annotations
+from typing import Any
+import numpy as np
+from kiln.dtype import DType, dtypes
+from kiln.tensor import Tensor
+
+def import_onnx():
+  """The onnx package, or an ImportError saying how to install it."""
+  try:
+    import onnx
+  except ImportError as err:
+    raise ImportError("kiln.frontend.onnx needs the onnx package: pip install 'kiln[onnx]'") from err
+  return onnx
+
+# ONNX TensorProto.DataType -> kiln dtype. int4/uint4 values are held in 8-bit integers.
+ONNX_DTYPES: dict[int, DType] = {
+  1: dtypes.float32, 2: dtypes.uint8, 3: dtypes.int8, 4: dtypes.uint16, 5: dtypes.int16, 6: dtypes.int32,
+  7: dtypes.int64, 9: dtypes.bool, 10: dtypes.float16, 11: dtypes.float64, 12: dtypes.uint32, 13: dtypes.uint64,
+  16: dtypes.bfloat16, 17: dtypes.fp8e4m3, 19: dtypes.fp8e5m2, 21: dtypes.uint8, 22: dtypes.int8,
+}
+ONNX_TYPE_NAMES = {1: "FLOAT", 2: "UINT8", 3: "INT8", 4: "UINT16", 5: "INT16", 6: "INT32", 7: "INT64", 8: "STRING",
+                   9: "BOOL", 10: "FLOAT16", 11: "DOUBLE", 12: "UINT32", 13: "UINT64", 14: "COMPLEX64",
+                   15: "COMPLEX128", 16: "BFLOAT16", 17: "FLOAT8E4M3FN", 18: "FLOAT8E4M3FNUZ", 19: "FLOAT8E5M2",
+                   20: "FLOAT8E5M2FNUZ", 21: "UINT4", 22: "INT4", 23: "FLOAT4E2M1"}
+STRING = 8
+
+def dtype_of_onnx(elem_type: int) -> DType:
+  """The kiln dtype of an ONNX element type; NotImplementedError for one kiln cannot hold."""
+  if elem_type not in ONNX_DTYPES:
+    raise NotImplementedError(f"ONNX element type {ONNX_TYPE_NAMES.get(elem_type, elem_type)} is not supported")
+  return ONNX_DTYPES[elem_type]
+
+def _float_bits_to_float32(bits: np.ndarray, elem_type: int) -> np.ndarray:
+  """Unpacked bfloat16 / float8 bit patterns (as integers) -> float32 values."""
+  if elem_type == 16: return (bits.astype(np.uint32) << 16).view(np.float32)
+  from onnx import numpy_helper
+  if elem_type == 17: return numpy_helper.float8e4m3_to_float32(bits)
+  return numpy_helper.float8e5m2_to_float32(bits)
+
+def numpy_of_proto(proto) -> np.ndarray:
+  """A TensorProto's values as a numpy array: bfloat16/float8 as float32, int4/uint4 as int8/uint8, strings as str."""
+  from onnx import numpy_helper
+  array = numpy_helper.to_array(proto)
+  if proto.data_type in (16, 17, 19):
+    return _float_bits_to_float32(array.view(np.uint16 if proto.data_type == 16 else np.uint8), proto.data_type)
+  if proto.data_type in (21, 22): return array.astype(np.uint8 if proto.data_type == 21 else np.int8)
+  if proto.data_type == STRING: return array.astype(object)
+  return array
+
+def value_of_proto(proto) -> Tensor | np.ndarray:
+  """A TensorProto as a kiln Tensor of its ONNX dtype (a numpy object array for strings)."""
+  array = numpy_of_proto(proto)
+  if proto.data_type == STRING: return array
+  dtype = dtype_of_onnx(proto.data_type)
+  if proto.data_type in (16, 17, 19): return Tensor(array).cast(dtype)
+  return Tensor(np.array(array, order="C"), dtype=dtype)
+
+def attribute_value(attr) -> Any:
+  """An AttributeProto as a Python value: ints, floats, str, tuples of them, Tensors, or a GraphProto (subgraphs)."""
+  from onnx import AttributeProto
+  kind = attr.type
+  if kind == AttributeProto.FLOAT: return float(attr.f)
+  if kind == AttributeProto.INT: return int(attr.i)
+  if kind == AttributeProto.STRING: return attr.s.decode()
+  if kind == AttributeProto.TENSOR: return value_of_proto(attr.t)
+  if kind == AttributeProto.GRAPH: return attr.g
+  if kind == AttributeProto.FLOATS: return tuple(float(v) for v in attr.floats)
+  if kind == AttributeProto.INTS: return tuple(int(v) for v in attr.ints)
+  if kind == AttributeProto.STRINGS: return tuple(s.decode() for s in attr.strings)
+  if kind == AttributeProto.TENSORS: return tuple(value_of_proto(t) for t in attr.tensors)
+  if kind == AttributeProto.GRAPHS: return tuple(attr.graphs)
+  if kind == AttributeProto.SPARSE_TENSOR:
+    from onnx import numpy_helper
+    sparse = attr.sparse_tensor
+    values, indices = numpy_of_proto(sparse.values), numpy_helper.to_array(sparse.indices)
+    dense = np.zeros(int(np.prod(sparse.dims)), dtype=values.dtype)
+    flat = indices if indices.ndim == 1 else np.ravel_multi_index(indices.T, tuple(sparse.dims))
+    dense[flat] = values
+    return Tensor(dense.reshape(tuple(sparse.dims)), dtype=dtype_of_onnx(sparse.values.data_type))
+  raise NotImplementedError(f"attribute {attr.name!r} has an unsupported type {kind}")
