@@ -83,6 +83,17 @@ def _split_offset(index: UOp) -> tuple[UOp | None, int]:
       if off.op is _CONST and isinstance(off.arg, int): return base, off.arg
   return index, 0
 
+MIN_TRANSPOSED_RUN = 8   # the shortest run of neighbouring addresses that reorders an accumulator tile's lanes
+
+def _leading_run(keys: list[list[tuple]], j: int) -> int:
+  """How many accumulators from the first read consecutive addresses through load j, with their other loads equal:
+  the length of the list's own first run along that load."""
+  run = 1
+  while run < len(keys) and keys[run][j][:2] == keys[0][j][:2] and keys[run][j][2] == keys[0][j][2] + run and \
+        keys[run][:j] + keys[run][j + 1:] == keys[0][:j] + keys[0][j + 1:]:
+    run += 1
+  return run
+
 def _value_range(u: UOp) -> tuple[int, int]:
   """(min, max) of an integer uop: its constant, or what value ranges prove; (-1, -1) when unknown."""
   if u.op is _CONST: return (u.arg, u.arg) if isinstance(u.arg, int) else (-1, -1)
@@ -324,6 +335,7 @@ class _Vectorizer:
     if value is None: return False
     vector = UOp(_STORE, dtypes.void, (stores[0].src[0], stores[0].src[1], value))
     self._claim(stores, vector)
+    if self.built == 0: self.real += 1   # a vector made already (an accumulator tile's): one store for its lanes
     return True
 
   def seed_all(self) -> None:
@@ -334,19 +346,29 @@ class _Vectorizer:
       runs.setdefault((u.src[0], base, self.block[u], u.src[2].dtype), []).append((offset, u))
     runs_per_buffer: dict[UOp, int] = {}
     for buffer, *_ in runs: runs_per_buffer[buffer] = runs_per_buffer.get(buffer, 0) + 1
-    for (buffer, *_), run in runs.items():
-      by_offset = dict(sorted(run, key=lambda x: x[0]))
-      disjoint = len(by_offset) == len(run) and runs_per_buffer[buffer] == 1 and \
-        len(run) == len(self.stores_at.get(buffer, ()))
-      for lanes in _chunks(by_offset, self.widths): self.try_seed(lambda lanes=lanes: self.store_seed(lanes, disjoint))
-    groups: dict[tuple, list[UOp]] = {}
-    for u in self.accumulators:
-      if u in self.claimed or u in self.keep_scalar or len(self.assigns.get(u, ())) != 1:
-        continue
-      assign = self.assigns[u][0]
-      groups.setdefault((self.block[u], self.block[assign], assign.src[1].op, u.dtype), []).append(u)
-    for accs in groups.values():
-      accs = self._in_address_order(accs)
+    def seed_stores() -> None:
+      for (buffer, *_), run in runs.items():
+        by_offset = dict(sorted(run, key=lambda x: x[0]))
+        disjoint = len(by_offset) == len(run) and runs_per_buffer[buffer] == 1 and \
+          len(run) == len(self.stores_at.get(buffer, ()))
+        for lanes in _chunks(by_offset, self.widths):
+          self.try_seed(lambda lanes=lanes: self.store_seed(lanes, disjoint))
+    def accumulator_groups(transpose: bool) -> list[tuple[list[UOp], bool]]:
+      groups: dict[tuple, list[UOp]] = {}
+      for u in self.accumulators:
+        if u in self.claimed or u in self.keep_scalar or len(self.assigns.get(u, ())) != 1: continue
+        assign = self.assigns[u][0]
+        groups.setdefault((self.block[u], self.block[assign], assign.src[1].op, u.dtype), []).append(u)
+      return [self._in_address_order(accs, transpose) for accs in groups.values()]
+    # an accumulator tile whose lanes read one operand's consecutive addresses along another axis than the list's
+    # (a 1x1 conv's input gradient: 16 input channels of the weight, under 7 output columns): its vectors follow
+    # that operand, bundled before the stores (which run once per tile, after the loop) would pick the output's axis
+    ordered = accumulator_groups(True)
+    transposed = any(moved for _, moved in ordered)
+    if not transposed:
+      seed_stores()
+      ordered = accumulator_groups(False)
+    for accs, _ in ordered:
       start = 0
       while start < len(accs):
         # the widest bundle that vectorizes from this lane (16 lanes of a tile whose runs are 8 long do not: its 8
@@ -357,19 +379,38 @@ class _Vectorizer:
             start += width
             break
         else: start += 1
+    if transposed: seed_stores()
 
-  def _in_address_order(self, accs: list[UOp]) -> list[UOp]:
-    """Accumulators sorted by the address each one's update loads from, when every update reads one buffer at one
-    base plus its own offset (the simplifier may have put an integer sum's lanes out of order); else as given. Any
-    lane order gives the same bits: the code after the loop reads each accumulator's own lane."""
+  def _in_address_order(self, accs: list[UOp], transpose: bool) -> tuple[list[UOp], bool]:
+    """(accumulators ordered so that neighbours read neighbouring addresses, whether that moved them across the
+    list's own runs). With one load per update: sorted by its address, when every update reads one buffer at one
+    base plus its own offset (the simplifier may have put an integer sum's lanes out of order). With several (a
+    tile's multiply-adds): grouped by the other loads, each group sorted by the address of the load whose groups are
+    the longest consecutive runs, when those are at least MIN_TRANSPOSED_RUN long and longer than the list's own
+    runs (only with `transpose`). Else as given. Any lane order gives the same bits: the code after the loop reads
+    each accumulator's own lane."""
     keys = []
     for acc in accs:
       update = self.assigns[acc][0].src[1]
-      loads = [s for s in update.src if s.op is _LOAD and len(s.src) == 2]
-      if len(loads) != 1: return accs
-      keys.append((loads[0].src[0], *_split_offset(loads[0].src[1])))
-    if any(k[:2] != keys[0][:2] for k in keys) or len({k[2] for k in keys}) != len(keys): return accs
-    return [acc for _, acc in sorted(zip((k[2] for k in keys), accs), key=lambda pair: pair[0])]
+      keys.append([(s.src[0], *_split_offset(s.src[1])) for s in update.src if s.op is _LOAD and len(s.src) == 2])
+    if not keys or any(len(k) != len(keys[0]) for k in keys) or not keys[0] or \
+       (len(keys[0]) > 1 and not transpose): return accs, False
+    if len(keys[0]) == 1:
+      if any(k[0][:2] != keys[0][0][:2] for k in keys) or len({k[0][2] for k in keys}) != len(keys): return accs, False
+      return [acc for _, acc in sorted(zip((k[0][2] for k in keys), accs), key=lambda pair: pair[0])], False
+    best, best_run = None, max(_leading_run(keys, j) for j in range(len(keys[0])))
+    for j in range(len(keys[0])):
+      if any(k[j][:2] != keys[0][j][:2] for k in keys): continue
+      groups: dict[tuple, list[int]] = {}
+      for i, k in enumerate(keys): groups.setdefault(tuple(k[:j] + k[j + 1:]), []).append(i)
+      runs = []
+      for members in groups.values():
+        members.sort(key=lambda i: keys[i][j][2])
+        offsets = [keys[i][j][2] for i in members]
+        runs.append(len(members) if offsets == list(range(offsets[0], offsets[0] + len(offsets))) else 1)
+      if min(runs) >= MIN_TRANSPOSED_RUN and min(runs) > best_run:
+        best, best_run = [accs[i] for members in groups.values() for i in members], min(runs)
+    return (accs, False) if best is None else (best, True)
 
   # ---- writing ----
   def write(self) -> list[UOp]:

@@ -153,6 +153,20 @@ def test_heuristic_tile_choices(build, want):
 def test_heuristic_tile_choices_avx512(build, want):
   with Context(PACK_MATMUL=0): assert _heuristic_choice(build(), AVX512_XEON) == want
 
+def _conv_input_gradient(channels: int, out_channels: int, size: int) -> Tensor:
+  x = Tensor.empty(4, channels, size, size).requires_grad_()
+  (x.conv2d(Tensor.empty(out_channels, channels, 1, 1)) * Tensor.empty(4, out_channels, size, size)).sum().backward()
+  return x.grad
+
+@pytest.mark.parametrize("target", [AVX2_EPYC, AVX512_XEON], ids=["avx2", "avx512"])
+def test_conv_input_gradient_tiles_the_weights_contiguous_channels(target):
+  # 7 output columns (the output's contiguous axis) that 8 does not divide: 16 input channels, contiguous in the
+  # weight, are the tile's wide axis; its 4 MiB weight panel, walked one strided line a step, is blocked from one L2
+  assert _heuristic_choice(_conv_input_gradient(512, 2048, 7), target) == \
+    [Opt(U, 1, 16), Opt(OptOps.PADTO, 3, 8), Opt(U, 3, 8), Opt(OptOps.KBLOCK, 3, 256)]
+  # 14 columns: the same tile, and a 1 MiB panel that stays in L2 unblocked
+  assert _heuristic_choice(_conv_input_gradient(256, 1024, 14), target)[0] == Opt(U, 1, 16)
+
 def test_packed_transposed_matmul_gets_the_wide_tile():
   # packed (kiln/schedule/pack.py), `b.T` is read along its 16-lane runs like any `b`
   assert _heuristic_choice(Tensor.empty(512, 512) @ Tensor.empty(512, 512).T) == [Opt(U, 1, 16), Opt(U, 0, 4)]

@@ -242,3 +242,24 @@ def test_runner_and_codegen_caches_key_on_vectorize():
       sources.setdefault(("codegen", vectorized), key)
   assert "vector_size" in sources[1] and "vector_size" not in sources[0]
   assert sources[("codegen", 0)] != sources[("codegen", 1)]
+
+def test_short_output_rows_vectorize_along_the_contiguous_operand():
+  # a 1x1 conv's input gradient over 7 columns: 8 and 4 do not divide the output's contiguous axis, so the tile's
+  # vectors run along the input channels, where the weight is contiguous (16 lanes a multiply-add, not 4 + 3
+  # scalars), and each accumulator's lanes are stored apart after the loop
+  rng = np.random.default_rng(3)
+  g_np, w_np = rng.standard_normal((2, 256, 7, 7)).astype(np.float32), rng.standard_normal((256, 64)).astype(np.float32)
+  g, w = Tensor(g_np).realize(), Tensor(w_np.reshape(256, 64, 1, 1)).realize()
+  x = Tensor.zeros(2, 64, 7, 7).contiguous().realize().requires_grad_()
+  (x.conv2d(w) * g).sum().backward()
+  item = last_kernel_item(x.grad)
+  kernel = optimize_kernel(lower_kernel(item.ast))
+  with Context(VECTORIZE=1): _, uops = render_lowered("CPU", "xgrad", kernel)
+  accs = [u for u in uops if u.op is Ops.DEFINE_ACC]
+  assert accs and min(u.dtype.count for u in accs) >= 8, sorted({u.dtype.count for u in accs})
+  got = {}
+  for vectorized in (0, 1):
+    with Context(VECTORIZE=vectorized): got[vectorized] = run_lowered(item, kernel, f"xgrad{vectorized}")
+  assert got[0].tobytes() == got[1].tobytes()
+  want = np.einsum("nohw,oc->nchw", g_np, w_np)
+  np.testing.assert_allclose(got[1].reshape(want.shape), want, rtol=1e-4, atol=1e-3)
