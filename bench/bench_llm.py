@@ -32,7 +32,8 @@ def weight_bytes_per_token(model: Transformer) -> int:
 def decode_launches(model: Transformer) -> str:
   """What one jitted decode replay launches: its kernels, and the launches they are batched into (a device graph
   counts as one), e.g. '302 kernels in 1 launch (CUDAGraph)'."""
-  captured = model._decode.captured
+  jits = [model._decode, *model._decode_windows.values()]   # GPU targets: one per attention window
+  captured = next((jit.captured for jit in reversed(jits) if jit.captured is not None), None)
   if captured is None: return "not captured"
   launches = captured._launches or []
   kinds = collections.Counter(type(launch).__name__ for launch in launches)
@@ -46,9 +47,14 @@ def decode_step_parts(model: Transformer, token: int, start: int, steps: int = 3
   total = collections.Counter()
   for i in range(steps):
     t0 = time.perf_counter()
-    ids = Tensor([token], dtype=dtypes.int32, device=model.device).realize()
-    t1 = time.perf_counter()
-    out = model._decode(ids, Variable("start_pos", 0, model.max_context - 1).bind(start + i))
+    if model.gpu:   # what Transformer.logits does for one token on a GPU target
+      model._step_input.uop.base.buffer.copyin(memoryview(np.array([token, start + i], np.int32)).cast("B"))
+      t1 = time.perf_counter()
+      out = model._decode_windows[model.window(start + i + 1)](model._step_input)
+    else:
+      ids = Tensor([token], dtype=dtypes.int32, device=model.device).realize()
+      t1 = time.perf_counter()
+      out = model._decode(ids, Variable("start_pos", 0, model.max_context - 1).bind(start + i))
     t2 = time.perf_counter()
     token = int(out.numpy().argmax())
     t3 = time.perf_counter()

@@ -17,7 +17,7 @@ from kiln.apps.llm.tokenizer import Tokenizer
 
 needs_gpu = pytest.mark.skipif(not cuda.available(), reason=f"no usable CUDA GPU: {cuda.unavailable_reason()}")
 SMALL = RandomModelSpec(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=96, vocab_size=300,
-                        matrix_type="Q4_1", embedding_type="Q8_0", context_length=64)
+                        matrix_type="Q4_1", embedding_type="Q8_0", context_length=256)
 TOKENS = [5, 17, 260, 42, 8, 299, 0, 120, 33]   # a 5-token prefill, then 4 decode steps
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def test_random_gguf_has_the_spec_shapes_types_and_a_tokenizer(small_path):
   metadata, tensors = gguf_load_raw(small_path)
   config = LlamaConfig.from_gguf(metadata, tensors, "small")
   assert (config.dim, config.n_layers, config.n_heads, config.n_kv_heads, config.hidden_dim, config.vocab_size,
-          config.context_length) == (64, 2, 4, 2, 96, 300, 64)
+          config.context_length) == (64, 2, 4, 2, 96, 300, 256)
   assert {name: (info.shape, info.type_name) for name, info in tensors.items()} == \
          {name: (shape, type_name) for name, shape, type_name, _ in model_tensors(SMALL)}
   tokenizer = Tokenizer.from_gguf_metadata(metadata)
@@ -107,7 +107,19 @@ def test_gpu_style_python_matches_cpu(small_path, gpu_python):
   got = logits_sequence(model)
   reference, _ = load_model(small_path, max_context=32, int_dot=False, device="CPU")
   assert_same_logits(got, logits_sequence(reference), "GPU-style PYTHON against CPU")
-  assert model._decode.captured is not None
+  assert list(model._decode_windows) == [32] and model._decode_windows[32].captured is not None   # 32: max_context
+  assert model._decode.captured is None   # the CPU's decode (a Variable position) did not run
+
+def test_gpu_style_python_across_windows(small_path, gpu_python):
+  """Decode steps whose attention windows differ (128 positions, then the whole cache of 160), after a prefill that
+  left a gap of never-written positions: the same logits as the CPU's symbolic-length attention."""
+  model, _ = load_model(small_path, max_context=160, device=gpu_python)
+  reference, _ = load_model(small_path, max_context=160, int_dot=False, device="CPU")
+  def run(m):
+    return [m.logits(TOKENS[:5], 0), m.logits(TOKENS[5:8], 124)] + [m.logits([t], 127 + i) for i, t in
+                                                                      enumerate(TOKENS[:4])]
+  assert_same_logits(run(model), run(reference), "GPU-style PYTHON against CPU, windows 128 and 160")
+  assert sorted(model._decode_windows) == [128, 160]
 
 @needs_gpu
 @pytest.mark.parametrize("matrix_type", ["Q4_1", "Q4_0", "Q8_0", "Q6_K", "F16"])
@@ -122,5 +134,6 @@ def test_cuda_matches_cpu(tmp_path, matrix_type):
   got = logits_sequence(model)
   reference, _ = load_model(path, max_context=32, int_dot=False, device="CPU")
   assert_same_logits(got, logits_sequence(reference), f"CUDA against CPU, {matrix_type}")
-  launches = model._decode.captured._launches
+  assert list(model._decode_windows) == [32]
+  launches = model._decode_windows[32].captured._launches
   assert [type(launch).__name__ for launch in launches] == ["CUDAGraph"], launches

@@ -19,7 +19,7 @@ prefill pass over several tokens or one jitted decode step for a single token.
   (x[2i], x[2i+1]); Qwen2 files are not permuted and rotate the two halves (x[i], x[i + d/2]).
 """
 from __future__ import annotations
-import importlib.util, math, os, pathlib
+import functools, importlib.util, math, os, pathlib
 from dataclasses import dataclass
 from typing import Any
 import numpy as np
@@ -29,7 +29,7 @@ from kiln.engine.jit import TinyJit
 from kiln.helpers import tqdm
 from kiln.nn.gguf import GGUFTensorInfo, gguf_load_raw
 from kiln.tensor import Tensor
-from kiln.uop.ops import Variable
+from kiln.uop.ops import UOp, Variable
 from kiln.apps.llm.quantized import SUPPORTED_TYPES, QuantizedMatrix, quantize_activations
 
 DEFAULT_MAX_CONTEXT = 4096
@@ -37,6 +37,7 @@ DEFAULT_MAX_CONTEXT = 4096
 PREFILL_BUCKETS = (16, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512, 640, 768, 1024, 1280, 1536, 2048, 2560, 3072,
                    4096)
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+MIN_WINDOW = 128   # GPU targets attend over windows of the cache of at least this many positions (Transformer.window)
 
 # ---------------- configuration ----------------
 
@@ -139,7 +140,34 @@ def attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> T
   weighted = (scores.softmax(0).unsqueeze(-1) * values.reshape(-1, n_kv, 1, 1, head_dim)).sum(0).contiguous()
   return weighted.permute(2, 0, 1, 3).reshape(T, n_heads * head_dim)
 
+def attention_rows(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
+  """`attention` with the positions innermost, scores (n_kv, group, T, L), for GPU targets: each row of scores is
+  one softmax row, which a GPU kernel reduces with a block of threads (kiln/codegen/gpudims.py). L must be a constant
+  there (a symbolic output axis runs in one thread), so the model attends over a window of the cache, masked."""
+  T, n_heads, head_dim = q.shape
+  n_kv = keys.shape[1]
+  group = n_heads // n_kv
+  queries = q.reshape(T, n_kv, group, 1, head_dim).permute(1, 2, 0, 3, 4)                 # (n_kv, group, T, 1, hd)
+  keys_by_head = keys.permute(1, 0, 2).reshape(n_kv, 1, 1, -1, head_dim)                  # (n_kv, 1, 1, L, hd)
+  scores = (queries * keys_by_head).sum(-1) * (1.0 / math.sqrt(head_dim))                 # (n_kv, group, T, L)
+  if mask is not None: scores = scores + mask.reshape(1, 1, T, -1)
+  values_by_head = values.permute(1, 0, 2).reshape(n_kv, 1, 1, -1, head_dim)
+  weighted = (scores.softmax(-1).unsqueeze(-1) * values_by_head).sum(3)                   # (n_kv, group, T, hd)
+  return weighted.permute(2, 0, 1, 3).reshape(T, n_heads * head_dim)
+
 # ---------------- the model ----------------
+
+@dataclass
+class StepPlan:
+  """Where one model call's tokens go: their rotary rows (T, head_dim // 2), the cache positions attention reads
+  ([0, length)), the additive mask (T, length) or None, and where the new keys and values are written: at
+  `start_pos` (an int or a bound Variable), or, for one token, at the position in the int32 tensor `position` (1,)."""
+  cos: Tensor
+  sin: Tensor
+  length: Variable | int
+  mask: Tensor | None
+  start_pos: Variable | int | None = None
+  position: Tensor | None = None
 
 @dataclass
 class Block:
@@ -165,12 +193,19 @@ class Transformer:
     self.device = Device.canonicalize(device) if device is not None else Device.DEFAULT
     cos, sin = rope_tables(config, max_context, freq_factors)
     self.rope_cos, self.rope_sin = Tensor(cos, device=self.device).realize(), Tensor(sin, device=self.device).realize()
-    cache_shape = (2, max_context, config.n_kv_heads, config.head_dim)
+    # GPU targets (blocks and threads) attend over constant windows of the cache (`attention_rows`), and decode
+    # reads its token and position from a device buffer written in place each step (`_decode_window_step`)
+    self.gpu = bool(Device[self.device].renderer.has_local)
+    cache_shape = (max_context, 2, config.n_kv_heads, config.head_dim) if self.gpu else \
+      (2, max_context, config.n_kv_heads, config.head_dim)
     self.caches = [Tensor.zeros(*cache_shape, device=self.device).contiguous().realize() for _ in blocks]
     self._decode = TinyJit(self._decode_step, optimize=True)
-    self._prefill: dict[int, TinyJit] = {}
+    self._prefill: dict = {}   # bucket (CPU) or (bucket, window) (GPU) -> TinyJit
+    self._step_input = Tensor.zeros(2, dtype=dtypes.int32, device=self.device).contiguous().realize()
+    self._decode_windows: dict[int, TinyJit] = {}
+    self._windows: dict[tuple[int, int], Tensor] = {}   # (cache id, length) -> that prefix as a tensor of its own
 
-  def _layer(self, block: Block, cache: Tensor, x: Tensor, start_pos: Variable | int, mask: Tensor | None) -> Tensor:
+  def _layer(self, block: Block, cache: Tensor, x: Tensor, step: StepPlan) -> Tensor:
     c, T = self.config, x.shape[0]
     # the cache write below runs at once (assign into a view), so x gets a buffer first: otherwise every later
     # use of x would compute the earlier layers again
@@ -181,12 +216,14 @@ class Transformer:
     qkv = qkv.realize()   # read by the cache write (which runs at once) and by the queries: computed once
     q_size, kv_size = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
     q, k, v = qkv[:, :q_size], qkv[:, q_size:q_size + kv_size], qkv[:, q_size + kv_size:]
-    cos, sin = self.rope_cos[start_pos:start_pos + T], self.rope_sin[start_pos:start_pos + T]
-    q = apply_rope(q.reshape(T, c.n_heads, c.head_dim), cos, sin, c.rope_interleaved)
-    k = apply_rope(k.reshape(T, c.n_kv_heads, c.head_dim), cos, sin, c.rope_interleaved)
-    cache[:, start_pos:start_pos + T].assign(Tensor.stack(k, v.reshape(T, c.n_kv_heads, c.head_dim)))
-    filled = cache[:, 0:start_pos + T]
-    x = x + block.wo.linear(attention(q, filled[0], filled[1], mask))
+    if self.gpu: attended = self._attention_gpu(cache, qkv[:, :q_size + kv_size], v, step)
+    else:
+      q = apply_rope(q.reshape(T, c.n_heads, c.head_dim), step.cos, step.sin, c.rope_interleaved)
+      k = apply_rope(k.reshape(T, c.n_kv_heads, c.head_dim), step.cos, step.sin, c.rope_interleaved)
+      cache[:, step.start_pos:step.start_pos + T].assign(Tensor.stack(k, v.reshape(T, c.n_kv_heads, c.head_dim)))
+      filled = cache[:, 0:step.length]
+      attended = attention(q, filled[0], filled[1], step.mask)
+    x = x + block.wo.linear(attended)
     h = rms_norm(x, block.ffn_norm, c.norm_eps)
     # a buffer of its own: quantizing the down projection's input (int_dot) reads it three times, and silu's exp is
     # not free (float products compute it in the gate and up kernel either way)
@@ -194,18 +231,75 @@ class Transformer:
     hidden = (block.w_gate.linear(h, shared).silu() * block.w_up.linear(h, shared)).contiguous()
     return x + block.w_down.linear(hidden)
 
-  def forward(self, tokens: Tensor, start_pos: Variable | int, mask: Tensor | None) -> Tensor:
-    """Hidden states after the final norm, (T, dim), for int tokens (T,) at positions start_pos.. (lazy)."""
+  def _attention_gpu(self, cache: Tensor, qk: Tensor, v: Tensor, step: StepPlan) -> Tensor:
+    """GPU targets: queries and keys rotated in one kernel, the new keys and values written into the cache, whose
+    layout there is (max_context, 2, n_kv, hd) so that a window is one contiguous prefix (written in place), and
+    attention over the window (`attention_rows`)."""
+    c, T = self.config, qk.shape[0]
+    qk = apply_rope(qk.reshape(T, c.n_heads + c.n_kv_heads, c.head_dim), step.cos, step.sin, c.rope_interleaved)
+    qk = qk.contiguous().realize()   # read by the cache write (which runs at once) and by the scores
+    q, k = qk[:, :c.n_heads], qk[:, c.n_heads:]
+    new = Tensor.stack(k, v.reshape(T, c.n_kv_heads, c.head_dim), dim=1)                  # (T, 2, n_kv, hd)
+    if step.position is None:
+      cache[step.start_pos:step.start_pos + T].assign(new)
+      filled = cache[0:step.length]
+    else:   # one token at a position held in a device tensor: rewrite the window, the new values where it matches
+      filled = self._window_of(cache, step.length)
+      hit = Tensor.arange(step.length, device=self.device, dtype=dtypes.int32) == step.position
+      filled.assign(hit.reshape(-1, 1, 1, 1).where(new, filled))
+    return attention_rows(q, filled[:, 0], filled[:, 1], step.mask)
+
+  def _window_of(self, cache: Tensor, length: int) -> Tensor:
+    """The first `length` positions of a (GPU-layout) cache as a tensor of their own over the same memory (a view
+    of its buffer, made once): assigned as a whole, a kernel writes it in place, where the slice `cache[0:length]`
+    would be written through a scratch buffer and copied back (kiln/schedule/kernelize.py, an assign through a view)."""
+    key = (id(cache), length)
+    if key not in self._windows:
+      base = cache.uop.base.buffer
+      size = length * math.prod(cache.shape[1:])
+      buffer = UOp.new_buffer(self.device, size, cache.dtype)
+      buffer.buffer = base.view(size, cache.dtype, 0)
+      self._windows[key] = Tensor(buffer.reshape((length, *cache.shape[1:])))
+    return self._windows[key]
+
+  def forward(self, tokens: Tensor, step: StepPlan) -> Tensor:
+    """Hidden states after the final norm, (T, dim), for int tokens (T,) placed as `step` says (lazy)."""
     x = self.token_embd.rows(tokens)
-    for block, cache in zip(self.blocks, self.caches): x = self._layer(block, cache, x, start_pos, mask)
+    for block, cache in zip(self.blocks, self.caches): x = self._layer(block, cache, x, step)
     return rms_norm(x, self.output_norm, self.config.norm_eps)
 
-  def _decode_step(self, token: Tensor, start_pos: Variable) -> Tensor:
-    return self.output.linear(self.forward(token, start_pos, None)).reshape(-1).realize()
+  def _plan(self, start_pos: Variable, T: int, mask: Tensor | None, window: int | None = None) -> StepPlan:
+    """Tokens at positions start_pos..start_pos+T-1, attending over [0, start_pos + T) (CPU: a symbolic length) or,
+    given a `window`, over the cache's first `window` positions with `mask` hiding the rest."""
+    cos, sin = self.rope_cos[start_pos:start_pos + T], self.rope_sin[start_pos:start_pos + T]
+    length = start_pos + T if window is None else window
+    if mask is not None: mask = mask[:, 0:length]
+    return StepPlan(cos, sin, length, mask, start_pos=start_pos)
 
-  def _prefill_step(self, tokens: Tensor, start_pos: Variable, mask: Tensor, last: Tensor) -> Tensor:
-    hidden = self.forward(tokens, start_pos, mask[:, 0:start_pos + tokens.shape[0]])
+  def _decode_step(self, token: Tensor, start_pos: Variable) -> Tensor:
+    return self.output.linear(self.forward(token, self._plan(start_pos, 1, None))).reshape(-1).realize()
+
+  def _decode_window_step(self, step_input: Tensor, window: int) -> Tensor:
+    """GPU decode: `step_input` (token, position) int32 on the device, attention over the cache's first `window`
+    positions. No Variable: a CUDA graph replays it with no kernel argument changed, only the input's bytes."""
+    token, position = step_input[0:1], step_input[1:2]
+    cos, sin = self.rope_cos[position].realize(), self.rope_sin[position].realize()   # once for every layer
+    positions = Tensor.arange(window, device=self.device, dtype=dtypes.int32)
+    mask = (positions <= position).where(0.0, -math.inf).reshape(1, window).realize()   # once for every layer
+    plan = StepPlan(cos, sin, window, mask, position=position)
+    return self.output.linear(self.forward(token, plan)).reshape(-1).realize()
+
+  def _prefill_step(self, tokens: Tensor, start_pos: Variable, mask: Tensor, last: Tensor,
+                    window: int | None = None) -> Tensor:
+    hidden = self.forward(tokens, self._plan(start_pos, tokens.shape[0], mask, window))
     return self.output.linear(hidden[last]).reshape(-1).realize()
+
+  def window(self, needed: int) -> int:
+    """GPU targets: the cache positions a call attends over when it needs the first `needed`: the next power of two
+    of at least MIN_WINDOW, at most max_context (one compiled set of kernels per window size)."""
+    size = MIN_WINDOW
+    while size < needed: size *= 2
+    return min(size, self.max_context)
 
   def logits(self, tokens: list[int], start_pos: int) -> np.ndarray:
     """float32 logits (vocab_size,) of the last of `tokens`, placed at positions start_pos.. of the KV cache
@@ -220,6 +314,14 @@ class Transformer:
     if any(not 0 <= t < self.config.vocab_size for t in tokens):
       raise ValueError(f"Transformer.logits: token ids must be in [0, {self.config.vocab_size}), got "
                        f"{[t for t in tokens if not 0 <= t < self.config.vocab_size][:5]}")
+    if n == 1 and self.gpu:
+      window = self.window(start_pos + 1)
+      self._step_input.uop.base.buffer.copyin(memoryview(np.array([tokens[0], start_pos], np.int32)).cast("B"))
+      run = self._decode_windows.get(window)
+      if run is None:
+        run = self._decode_windows[window] = TinyJit(functools.partial(self._decode_window_step, window=window),
+                                                     optimize=True)
+      return run(self._step_input).numpy()
     if n == 1:
       pos = Variable("start_pos", 0, self.max_context - 1).bind(start_pos)
       return self._decode(Tensor([tokens[0]], dtype=dtypes.int32, device=self.device), pos).numpy()
@@ -229,7 +331,11 @@ class Transformer:
     # query t (position start_pos + t) sees keys 0 .. start_pos + t
     mask = np.where(np.arange(self.max_context)[None, :] <= start_pos + np.arange(size)[:, None], 0, -np.inf)
     pos = Variable("start_pos", 0, self.max_context - size).bind(start_pos)
-    run = self._prefill.setdefault(size, TinyJit(self._prefill_step, optimize=True))
+    if self.gpu:
+      window = self.window(start_pos + size)
+      run = self._prefill.setdefault((size, window), TinyJit(functools.partial(self._prefill_step, window=window),
+                                                             optimize=True))
+    else: run = self._prefill.setdefault(size, TinyJit(self._prefill_step, optimize=True))
     return run(Tensor(padded, device=self.device), pos, Tensor(mask.astype(np.float32), device=self.device),
                Tensor([n - 1], dtype=dtypes.int32, device=self.device)).numpy()
 
