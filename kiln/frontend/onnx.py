@@ -12,7 +12,7 @@ from collections import ChainMap
 from typing import Any, Callable
 import numpy as np
 from kiln.tensor import Tensor
-from kiln.frontend.onnx_proto import import_onnx, dtype_of_onnx, value_of_proto, attribute_value, STRING
+from kiln.frontend.onnx_proto import import_onnx, dtype_of_onnx, value_of_proto, attribute_value, ONNX_DTYPES, STRING
 from kiln.frontend.onnx_ops import OPS
 
 Value = Any  # a Tensor, a list of values (an ONNX sequence), None (an empty optional) or a numpy string array
@@ -26,15 +26,47 @@ def _describe(value: Value) -> str:
 
 class NodeContext:
   """What an operator may need beyond its inputs and attributes: the opset, its output count, subgraph execution."""
-  def __init__(self, runner: OnnxRunner, node, scope: ChainMap):
+  def __init__(self, runner: OnnxRunner, node, scope: ChainMap, opset: int):
     self.runner, self.node, self.scope = runner, node, scope
-    self.opset, self.n_outputs = runner.opset, len(node.output)
+    self.opset, self.n_outputs = opset, len(node.output)
 
   def run_graph(self, graph, inputs: list[Value]) -> list[Value]:
     """Run a subgraph (If/Loop/Scan body) with these inputs; names of enclosing graphs stay visible."""
-    return self.runner.run_graph(graph, dict(zip([i.name for i in graph.input], inputs)), self.scope)
+    return self.runner.run_graph(graph, dict(zip([i.name for i in graph.input], inputs)), self.scope, self.opset)
 
-_takes_context: dict[Callable, bool] = {}
+def _onnx_elem_type(value: Value) -> int:
+  """The ONNX element type of a Tensor's dtype (STRING for a numpy object array)."""
+  if isinstance(value, np.ndarray): return STRING
+  return next(code for code, dtype in ONNX_DTYPES.items() if dtype == value.dtype)
+
+def _type_proto(value: Value):
+  """A value's ONNX TypeProto (what a context-dependent function body is built for)."""
+  from onnx import helper
+  if isinstance(value, list):
+    return helper.make_sequence_type_proto(_type_proto(value[0]) if value else helper.make_tensor_type_proto(1, None))
+  if value is None: return helper.make_tensor_type_proto(1, None)
+  return helper.make_tensor_type_proto(_onnx_elem_type(value), list(value.shape))
+
+def function_body(node, inputs: list[Value], opset: int):
+  """The ONNX spec's FunctionProto defining this op in simpler ops (None if the spec gives none)."""
+  from onnx import FunctionProto, defs
+  try: schema = defs.get_schema(node.op_type, opset, node.domain)
+  except defs.SchemaError: return None
+  if schema.has_function: body = schema.get_function_with_opset_version(opset)
+  elif schema.has_context_dependent_function:
+    types = [_type_proto(v).SerializeToString() for v in inputs]
+    body = schema.get_context_dependent_function_with_opset_version(opset, node.SerializeToString(), types)
+  else: return None
+  if not body: return None
+  function = FunctionProto.FromString(body)
+  # the schema's attribute defaults, for attribute references the node leaves out
+  for name, attr in schema.attributes.items():
+    if attr.default_value.type and name not in {a.name for a in function.attribute_proto}:
+      default = function.attribute_proto.add()
+      default.CopyFrom(attr.default_value)
+      default.name = name
+  return function
+
 _parameters: dict[Callable, dict] = {}
 
 def _signature(fn: Callable) -> dict:
@@ -92,28 +124,60 @@ class OnnxRunner:
       if info.name not in inputs and info.type.WhichOneof("value") == "tensor_type":
         raise KeyError(f"ONNX input {info.name!r} is missing; the model's inputs: {[i.name for i in self.inputs]}")
       values[info.name] = self._input_value(info, inputs.get(info.name))
-    outputs = self.run_graph(self.graph, values, ChainMap(), debug=debug)
+    outputs = self.run_graph(self.graph, values, ChainMap(), self.opset, debug)
     return dict(zip(self.output_names, outputs))
 
-  def run_graph(self, graph, values: dict[str, Value], outer: ChainMap, debug: bool = False) -> list[Value]:
+  def run_graph(self, graph, values: dict[str, Value], outer: ChainMap, opset: int | None = None,
+                debug: bool = False) -> list[Value]:
     """Run a graph's nodes in order on `values` (plus the names of enclosing scopes); its outputs in order."""
     scope = outer.new_child(values)
     if graph is not self.graph:
       for t in graph.initializer: scope[t.name] = self._load(t)
-    for node in graph.node:
+    self.run_nodes(graph.node, scope, opset or self.opset, debug)
+    return [scope[o.name] for o in graph.output]
+
+  def run_nodes(self, nodes, scope: ChainMap, opset: int, debug: bool = False):
+    for node in nodes:
       inputs = [scope[name] if name else None for name in node.input]
-      results = self.run_node(node, inputs, scope)
+      results = self.run_node(node, inputs, scope, opset)
       for name, result in zip(node.output, results):
         if name: scope[name] = result
       if debug: print(f"{node.op_type} {node.name!r}: {[_describe(v) for v in inputs]} -> "
                       f"{[_describe(v) for v in results]}")
-    return [scope[o.name] for o in graph.output]
 
-  def run_node(self, node, inputs: list[Value], scope: ChainMap) -> list[Value]:
+  def run_function(self, body, node, inputs: list[Value], opset: int) -> list[Value]:
+    """A node run as its spec's function body: attribute references resolve to the node's attributes."""
+    given = {a.name: a for a in body.attribute_proto}
+    given.update({a.name: a for a in node.attribute})
+    nodes = []
+    for inner in body.node:
+      if any(a.ref_attr_name for a in inner.attribute):
+        inner = type(inner).FromString(inner.SerializeToString())
+        kept = []
+        for a in inner.attribute:
+          if not a.ref_attr_name: kept.append(a)
+          elif a.ref_attr_name in given:
+            resolved = type(a).FromString(given[a.ref_attr_name].SerializeToString())
+            resolved.name = a.name
+            kept.append(resolved)
+        del inner.attribute[:]
+        inner.attribute.extend(kept)
+      nodes.append(inner)
+    scope = ChainMap(dict(zip(body.input, inputs + [None] * (len(body.input) - len(inputs)))))
+    inner_opset = next((o.version for o in body.opset_import if o.domain in ("", "ai.onnx")), opset)
+    self.run_nodes(nodes, scope, inner_opset)
+    return [scope.get(name) if name else None for name in body.output]
+
+  def run_node(self, node, inputs: list[Value], scope: ChainMap, opset: int | None = None) -> list[Value]:
     """One node's outputs; an unsupported op or attribute, or a failure inside the op, names the node."""
-    where = lambda: (f"ONNX node {node.name!r} ({node.op_type}, opset {self.opset}) with inputs "
+    opset = opset or self.opset
+    where = lambda: (f"ONNX node {node.name!r} ({node.op_type}, opset {opset}) with inputs "
                      f"{[_describe(v) for v in inputs]}")
     if node.domain not in ("", "ai.onnx") or node.op_type not in OPS:
+      body = function_body(node, inputs, opset) if node.domain in ("", "ai.onnx") else None
+      if body is not None:
+        try: return self.run_function(body, node, inputs, opset)[:len(node.output)]
+        except NotImplementedError as err: raise NotImplementedError(f"{where()}, run as its function body: {err}") from err
       domain = f" of domain {node.domain!r}" if node.domain else ""
       raise NotImplementedError(f"{where()}: op {node.op_type}{domain} is not supported")
     fn = OPS[node.op_type]
@@ -123,7 +187,7 @@ class OnnxRunner:
     for name in attrs:
       if not accepts_any and (name not in params or params[name].kind == params[name].VAR_POSITIONAL):
         raise NotImplementedError(f"{where()}: attribute {name!r} is not supported")
-    if "ctx" in params: attrs["ctx"] = NodeContext(self, node, scope)
+    if "ctx" in params: attrs["ctx"] = NodeContext(self, node, scope, opset)
     while inputs and inputs[-1] is None: inputs = inputs[:-1]
     try:
       result = fn(*inputs, **attrs)

@@ -69,8 +69,9 @@ def conv_transpose(x: Tensor, w: Tensor, b: Tensor | None = None, auto_pad: str 
   if output_shape is not None:
     wanted = list(output_shape)[-n:]
     totals = [nat + e - o for nat, e, o in zip(natural, extra, wanted)]
+    # half the padding before (the larger half after, unless SAME_LOWER); growing (a negative total) adds zeros after
     upper = auto_pad != "SAME_LOWER"
-    begins = [t // 2 if upper else t - t // 2 for t in totals]
+    begins = [int(t / 2) if upper else t - int(t / 2) for t in totals]
     ends = [t - bgn for t, bgn in zip(totals, begins)]
   elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
     totals = [nat + e - i * s for nat, e, i, s in zip(natural, extra, sizes, strides)]
@@ -169,13 +170,13 @@ def max_unpool(x: Tensor, indices: Tensor, output_shape=None, kernel_shape=None,
   n = len(kernel_shape)
   strides = list(strides or [1] * n)
   pads = list(pads or [0] * (2 * n))
-  if output_shape is not None: shape = ints(output_shape)
-  else:
-    spatial = [(i - 1) * s + k - pads[j] - pads[j + n]
-               for j, (i, s, k) in enumerate(zip(x.shape[2:], strides, kernel_shape))]
-    shape = [x.shape[0], x.shape[1], *spatial]
+  spatial = [(i - 1) * s + k - pads[j] - pads[j + n] for j, (i, s, k) in enumerate(zip(x.shape[2:], strides, kernel_shape))]
+  shape = [x.shape[0], x.shape[1], *spatial]
   out = Tensor.zeros(int(np.prod(shape)), dtype=x.dtype)
-  return out.scatter(0, indices.cast(dtypes.int64).reshape(-1), x.reshape(-1)).reshape(shape)
+  out = out.scatter(0, indices.cast(dtypes.int64).reshape(-1), x.reshape(-1)).reshape(shape)
+  # indices address the default output shape; a larger output_shape pads after
+  if output_shape is not None: out = _spatial_pad(out, [0] * n, [o - s for o, s in zip(ints(output_shape)[2:], spatial)])
+  return out
 
 # ---- normalizations
 
@@ -253,7 +254,9 @@ def _source_coordinates(mode: str, out_size: int, in_size: int, scale: float, ro
     adjustment = out_size / (scale * in_size)
     return in_size / 2 * (1 - adjustment) + (i + 0.5) / scale - 0.5
   if mode == "pytorch_half_pixel": return (i + 0.5) / scale - 0.5 if out_size > 1 else np.zeros(out_size)
-  if mode == "align_corners": return i * (in_size - 1) / (out_size - 1) if out_size > 1 else np.zeros(out_size)
+  # the resized length is in_size * scale, not rounded (they differ when scales, not sizes, are given)
+  if mode == "align_corners":
+    return i * (in_size - 1) / (in_size * scale - 1) if out_size > 1 else np.zeros(out_size)
   if mode == "asymmetric": return i / scale
   if mode == "tf_crop_and_resize":
     start, end = roi
