@@ -105,11 +105,15 @@ def bench_transformers(path: pathlib.Path, prompt: list[int]) -> dict[str, float
 def profile_decode(path: pathlib.Path, log: pathlib.Path | None = None) -> None:
   """Time per kernel name of one eager decode step (DEBUG=2 lines), largest first; `log`: write every line there."""
   model, _ = load_model(path, max_context=512)
-  token = lambda: Tensor([1], dtype=dtypes.int32, device=model.device)
-  for pos in range(2): model._decode_step(token(), Variable("start_pos", 0, 511).bind(pos))
+  def step(pos: int) -> None:
+    if model.gpu:   # the GPU decode path (Transformer._decode_window_step), eagerly
+      model._step_input.uop.base.buffer.copyin(memoryview(np.array([1, pos], np.int32)).cast("B"))
+      model._decode_window_step(model._step_input, model.window(pos + 1))
+    else: model._decode_step(Tensor([1], dtype=dtypes.int32), Variable("start_pos", 0, 511).bind(pos))
+  for pos in range(98, 100): step(pos)
   out = io.StringIO()
   with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), Context(DEBUG=2):
-    model._decode_step(token(), Variable("start_pos", 0, 511).bind(100))
+    step(100)
   if log is not None: log.write_text(out.getvalue())
   total, count, rates = collections.Counter(), collections.Counter(), collections.defaultdict(list)
   for line in out.getvalue().splitlines():
