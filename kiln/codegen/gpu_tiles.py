@@ -15,13 +15,13 @@ the factors may be any expressions of loads: casts, fused elementwise ops), runs
 - a thread's TN columns are TN/4 groups of 4 adjacent ones, BN/(TN/4) apart (rows likewise): its shared reads are
   aligned groups of 4 (16-byte loads) that a warp makes without bank conflicts, and its stores are 16-byte runs.
 
-Refused (None, the kernel then maps as before) where the shape does not divide a tile of TILES, the sum is not
-float32, or anything else does not fit: a plan is checked before the kernel is built, never guessed.
+Off with NOLOCALS=1. Refused (None, the kernel then maps as before) where the shape does not divide a tile of TILES,
+the sum is not float32, or anything else does not fit: a plan is checked before the kernel is built, never guessed.
 """
 from __future__ import annotations
 from dataclasses import dataclass
 from kiln.dtype import dtypes
-from kiln.helpers import prod
+from kiln.helpers import NOLOCALS, prod
 from kiln.uop.ops import UOp, Ops, GroupOp, toposort
 from kiln.uop.pattern import graph_rewrite
 from kiln.uop.symbolic import symbolic
@@ -166,7 +166,7 @@ def tile_matmul(sink: UOp) -> UOp | None:
   """A matmul-shaped kernel (`matmul_plan`) as shared-memory tiles per block and register tiles per thread (the
   module docstring), or None where no plan fits."""
   from kiln.codegen.gpudims import _unflatten, _substitute
-  plan = matmul_plan(sink)
+  plan = matmul_plan(sink) if not NOLOCALS else None
   if plan is None: return None
   bm, bn, bk = plan.tile
   tm, tn = bm // THREADS_ROWS, bn // THREADS_COLS

@@ -158,3 +158,11 @@ def test_tiled_epilogue_transposed_batched_on_the_gpu():
   _check(got, np.maximum(a @ b.T + bias, 0), "relu(a @ b.T + bias)")
   x, y = _data(rng, 4, 128, 64), _data(rng, 4, 64, 256)
   _check((Tensor(x, device="CUDA") @ Tensor(y, device="CUDA")).numpy(), x @ y, "batched")
+
+def test_nolocals_turns_tiles_off():
+  from kiln.helpers import Context
+  a, b = Tensor.empty(64, 64), Tensor.empty(64, 64)
+  item = [i for i in (a @ b).schedule() if i.ast.op is not Ops.COPY][-1]
+  lowered = optimize_for(CUDARenderer(), lower_for_codegen(item.ast))
+  assert gpu_tiles.tile_matmul(lowered) is not None
+  with Context(NOLOCALS=1): assert gpu_tiles.tile_matmul(lowered) is None
