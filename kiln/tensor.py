@@ -31,7 +31,7 @@ from kiln.mixin.common import TensorIndexError, TensorValueError, UnsupportedErr
   broadcasts_to, broadcast_shape as _broadcast_shape
 
 # hot reads bound once: `Ops.X` is a metaclass attribute lookup (~130 ns under Python 3.11), a global ~10 ns
-_ADD, _MUL = Ops.ADD, Ops.MUL
+_ADD, _MUL, _BUFFER, _ASSIGN, _UNIQUE = Ops.ADD, Ops.MUL, Ops.BUFFER, Ops.ASSIGN, Ops.UNIQUE
 
 _requires_grad_tensors: weakref.WeakSet = weakref.WeakSet()
 class _LiveTensors:
@@ -201,7 +201,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
   @staticmethod
   def realize_all(tensors: Sequence[Tensor]) -> None:
     """Realize all `tensors` together, scheduling their pending computations at once."""
-    todo = [(t, t.uop) for t in dict.fromkeys(tensors) if not t.uop.base.op is Ops.BUFFER]
+    todo = [(t, t.uop) for t in dict.fromkeys(tensors) if t.uop.base.op is not _BUFFER]
     if not todo: return
     roots = list(dict.fromkeys(uop for _, uop in todo))
     schedule = None
@@ -209,55 +209,63 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     # before the overwrite (the scheduler runs reads of a buffer's old value before its assign). The buffers that
     # assign roots overwrite are known before scheduling (an optimizer step's are all roots), so their readers join
     # the first schedule; one that a pending assign deeper in the graph overwrites is found in the schedule
-    targets = [root.src[0].base for root in roots if root.op is Ops.ASSIGN]
-    overwritten = [target.buffer for target in targets if target.op is Ops.BUFFER and target.buffer is not None]
+    targets = [root.src[0].base for root in roots if root.op is _ASSIGN]
+    overwritten = [target.buffer for target in targets if target.op is _BUFFER and target.buffer is not None]
     checked: set[int] = set()
     while True:
       unchecked = [buf for buf in overwritten if id(buf) not in checked]
-      checked.update(id(buf) for buf in unchecked)
-      if unchecked and (stale := _pending_readers(unchecked, {id(t) for t, _ in todo})):
-        todo += [(t, t.uop) for t in stale]
-        roots = list(dict.fromkeys(uop for _, uop in todo))
-        schedule = None
+      if unchecked:
+        checked.update([id(buf) for buf in unchecked])
+        if stale := _pending_readers(unchecked, {id(t) for t, _ in todo}):
+          todo += [(t, t.uop) for t in stale]
+          roots = list(dict.fromkeys(uop for _, uop in todo))
+          schedule = None
       if schedule is None: schedule = create_schedule(roots)
       overwritten = schedule.overwritten
-      if all(id(buf) in checked for buf in overwritten): break
+      if not overwritten or all(id(buf) in checked for buf in overwritten): break
     run_schedule(schedule.items)
     # results computed earlier from the old contents of overwritten buffers no longer stand for their graphs
-    for buf in schedule.overwritten: _forget_results_computed_from(buf)
+    for buf in overwritten: _forget_results_computed_from(buf)
     differentiable = _graphs_needing_gradients(roots)
     inputs = {id(buf) for buf in schedule.inputs}
     realized_from_inputs: list[UOp] = []
+    result_buffers: list[Buffer] = []
+    results = schedule.results
     for t, old in todo:
-      new = schedule.results[old]
-      if new is not old:
-        # (an assign's result is a node of its own already: see kernelize._assign_result)
-        if old.op is not Ops.ASSIGN and new.base.op is Ops.BUFFER and id(new.base.buffer) in inputs:
-          # nothing was computed (`x.detach()` of a realized x): the result is a view of an input's buffer, so it
-          # gets a node of its own over the same storage, or it would be the input itself to autograd and assign
-          new = _alias_view(new)
-        # a graph that reads no buffer (constants, arange) is not redirected to its result: an equal graph built
-        # later is computed again, so it stays a constant that folds into the kernels using it (a realized
-        # Tensor.ones(()) would otherwise turn every backward()'s seed into a load). A UNIQUE root is the one
-        # node of its tensor, so it can be.
-        if old.op is not Ops.ASSIGN and (schedule.inputs or old.op is Ops.UNIQUE):
-          old.forward = new
-          # its own buffer too: once an assign overwrites it, an equal graph built later must be computed again
-          if new.base.op is Ops.BUFFER: _results_of(new.base.buffer).add_nodes([old])
-          realized_from_inputs.append(old)
-        # the realized node remembers its graph, so backward() still reaches the parameters behind it. An assign's
-        # gradient flows to its target alone (gradient.py), so its result remembers a marker over the target's
-        # identity instead (_origin_of): remembering the assign itself chained every optimizer step to the one
-        # before (their updates, gradients and forward passes stayed alive and every backward() walked them all)
-        if old in differentiable and new.origin is None: new.origin = _origin_of(old)
-        t.uop = new
-    if realized_from_inputs:   # one set of this run's results, shared by every input buffer (hundreds in a step)
-      group = weakref.WeakSet(realized_from_inputs)
+      new = results[old]
+      if new is old: continue
+      new_base = new.base
+      # (an assign's result is a node of its own already: see kernelize._assign_result)
+      if old.op is not _ASSIGN and new_base.op is _BUFFER and id(new_base.buffer) in inputs:
+        # nothing was computed (`x.detach()` of a realized x): the result is a view of an input's buffer, so it
+        # gets a node of its own over the same storage, or it would be the input itself to autograd and assign
+        new = _alias_view(new)
+        new_base = new.base
+      # a graph that reads no buffer (constants, arange) is not redirected to its result: an equal graph built
+      # later is computed again, so it stays a constant that folds into the kernels using it (a realized
+      # Tensor.ones(()) would otherwise turn every backward()'s seed into a load). A UNIQUE root is the one
+      # node of its tensor, so it can be.
+      if old.op is not _ASSIGN and (inputs or old.op is _UNIQUE):
+        old.forward = new
+        # its own buffer too: once an assign overwrites it, an equal graph built later must be computed again
+        if new_base.op is _BUFFER: result_buffers.append(new_base.buffer)
+        realized_from_inputs.append(old)
+      # the realized node remembers its graph, so backward() still reaches the parameters behind it. An assign's
+      # gradient flows to its target alone (gradient.py), so its result remembers a marker over the target's
+      # identity instead (_origin_of): remembering the assign itself chained every optimizer step to the one
+      # before (their updates, gradients and forward passes stayed alive and every backward() walked them all)
+      if old in differentiable and new.origin is None: new.origin = _origin_of(old)
+      t.uop = new
+    if realized_from_inputs:
+      # one group of this run's results, shared by every input buffer (hundreds in a step) and every result buffer
+      # (overwriting one result forgets the run's others too: they are computed again, never read stale)
+      group = _NodeGroup(realized_from_inputs)
       for buf in schedule.inputs: _results_of(buf).add_group(group)
+      for buf in result_buffers: _results_of(buf).add_group(group)
       # nor do this run's results computed from a buffer it overwrote: a tensor read before the assign holds the
       # old values, but its graph reads the buffer's node, which now stands for the new contents (a slice assign
       # leaves the target's node as it is); an equal graph built later is computed again
-      for buf in schedule.overwritten: _forget_results_computed_from(buf)
+      for buf in overwritten: _forget_results_computed_from(buf)
 
   def schedule(self, *others: Tensor) -> list:
     """The kernels that realizing this tensor would run (nothing runs)."""
@@ -1445,25 +1453,30 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     try: yield
     finally: Tensor.training = previous
 
+class _NodeGroup:
+  """Weak references to the nodes one realize run redirected to their results (a WeakSet costs ~2 us to make: its
+  removal callbacks are not needed, dead references are skipped)."""
+  __slots__ = ("refs",)
+  def __init__(self, nodes: list[UOp]): self.refs = [weakref.ref(node) for node in nodes]
+  def __iter__(self): return iter([node for ref in self.refs if (node := ref()) is not None])
+  def __len__(self) -> int: return sum(ref() is not None for ref in self.refs)
+
 class _ComputedFrom:
-  """The realized graph nodes computed from one buffer, iterated as nodes. Kept as weak sets that several buffers
-  share (one per realize run for all its inputs), so registering a run's results under each of its many input
+  """The realized graph nodes computed from one buffer, iterated as nodes. Kept as groups that several buffers
+  share (one per realize run for all its inputs and results), so registering a run's results under each of its many
   buffers costs one append per buffer, not one per result and buffer."""
   __slots__ = ("groups", "prune_at")
   def __init__(self) -> None:
-    self.groups: list[weakref.WeakSet] = []
+    self.groups: list[_NodeGroup] = []
     self.prune_at = 16
-  def add_group(self, group: weakref.WeakSet) -> None:
+  def add_group(self, group: _NodeGroup) -> None:
     """Record the nodes of `group` (shared, not copied)."""
     self.groups.append(group)
-    if len(self.groups) >= self.prune_at:   # sets whose nodes all died are dropped; amortized by doubling
+    if len(self.groups) >= self.prune_at:   # groups whose nodes all died are dropped; amortized by doubling
       self.groups = [g for g in self.groups if len(g)]
       self.prune_at = max(16, 2 * len(self.groups))
-  def add_nodes(self, nodes: list[UOp]) -> None:
-    """Record `nodes` in a set of their own."""
-    self.add_group(weakref.WeakSet(nodes))
   def __iter__(self):
-    return iter([node for group in list(self.groups) for node in list(group)])
+    return iter([node for group in list(self.groups) for node in group])
 
 # realized graph nodes (whose `forward` points at their result) by the buffers they were computed from
 _computed_from: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -204,6 +204,21 @@ def test_a_result_read_before_an_assign_in_its_run_is_not_reused_for_the_new_con
       want[1:3] *= 2
       np.testing.assert_array_equal(x.numpy(), want)
 
+def test_a_result_whose_own_buffer_is_overwritten_is_computed_again():
+  # realized together, the results are registered under their own buffers; one overwritten, an equal graph built
+  # later (the old nodes held alive) is computed again, never read from the overwritten buffer
+  w = Tensor(np.float32([1, 2])).realize()
+  for step in range(3):
+    doubled, tripled = w * 2, w * 3
+    held = [doubled.uop, tripled.uop]
+    Tensor.realize_all([doubled, tripled])
+    tripled.assign(Tensor(np.float32([7, 7]))).realize()
+    np.testing.assert_array_equal((w * 3).numpy(), [3, 6])
+    np.testing.assert_array_equal((w * 2).numpy(), [2, 4])
+    doubled.assign(Tensor(np.float32([5, 5]))).realize()
+    np.testing.assert_array_equal((w * 2).numpy(), [2, 4])
+    assert held
+
 # ---------------- distinct tensors of one value keep distinct buffers ----------------
 
 class TwinNorms:

@@ -63,6 +63,7 @@ def buffer_view(buf_uop: UOp, shape: tuple) -> UOp:
   if _ops.binds_made and any(isinstance(s, UOp) for s in shape):   # (no shape is symbolic before a bind exists)
     src = UOp(Ops.SHRINK, buf_uop.dtype, (buf_uop,), ((0, sprod(shape)),))
     return UOp(Ops.RESHAPE, buf_uop.dtype, (src,), tuple(shape))
+  buf_uop.shape   # noqa: B018 -- known now; found later, the view's shape would take a graph walk
   return UOp(Ops.RESHAPE, buf_uop.dtype, (buf_uop,), tuple(shape))
 
 def is_realized_view(u: UOp) -> bool:
