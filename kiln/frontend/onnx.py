@@ -12,7 +12,7 @@ from collections import ChainMap
 from typing import Any, Callable
 import numpy as np
 from kiln.tensor import Tensor
-from kiln.frontend.onnx_proto import import_onnx, dtype_of_onnx, value_of_proto, attribute_value, ONNX_DTYPES, STRING
+from kiln.frontend.onnx_proto import import_onnx, dtype_of_onnx, value_of_proto, attribute_value, numpy_input, ONNX_DTYPES, STRING
 from kiln.frontend.onnx_ops import OPS
 
 Value = Any  # a Tensor, a list of values (an ONNX sequence), None (an empty optional) or a numpy string array
@@ -107,7 +107,10 @@ class OnnxRunner:
     if tensor_type.elem_type == STRING: return np.asarray(value, dtype=object)
     dtype = dtype_of_onnx(tensor_type.elem_type)
     if isinstance(value, Tensor): tensor = value if value.dtype == dtype else value.cast(dtype)
-    else: tensor = Tensor(np.array(value, order="C"), dtype=dtype, device=self.device)
+    else:
+      array = numpy_input(np.array(value, order="C"), tensor_type.elem_type)
+      tensor = Tensor(array, device=self.device)
+      if tensor.dtype != dtype: tensor = tensor.cast(dtype)
     if tensor_type.HasField("shape"):
       dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
       if len(dims) != tensor.ndim or any(d is not None and d != s for d, s in zip(dims, tensor.shape)):

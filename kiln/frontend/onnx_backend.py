@@ -8,12 +8,19 @@ except ImportError:  # onnx is optional: this module still imports (for doctests
   Backend, BackendRep = object, object
 from kiln.tensor import Tensor
 from kiln.frontend.onnx import OnnxRunner
+from kiln.frontend.onnx_proto import numpy_output
+
+def _elem_type(info) -> int | None:
+  """The element type of a graph output's tensor type (None for sequences, optionals, unknown)."""
+  kind = info.type.WhichOneof("value")
+  return info.type.tensor_type.elem_type if kind == "tensor_type" else None
 
 def _to_numpy(value: Any, elem_type: int | None = None) -> Any:
-  """A runner output as the backend tests compare it: numpy arrays, lists of them, or None."""
+  """A runner output as the backend tests compare it: numpy arrays (bfloat16, float8 and int4 in onnx's own numpy
+  dtypes), lists of them, or None."""
   if isinstance(value, list): return [_to_numpy(v) for v in value]
-  if isinstance(value, Tensor): return value.numpy()
-  return value
+  if isinstance(value, Tensor): value = value.numpy()
+  return numpy_output(value, elem_type) if isinstance(value, np.ndarray) and elem_type else value
 
 class KilnRep(BackendRep):
   """A prepared model: run(inputs) feeds the graph's inputs in order and returns its outputs in order."""
@@ -26,7 +33,7 @@ class KilnRep(BackendRep):
       if not isinstance(inputs, (list, tuple)): inputs = [inputs]
       feeds = {info.name: value for info, value in zip(self.runner.inputs, inputs)}
     outputs = self.runner(feeds)
-    return tuple(_to_numpy(outputs[name]) for name in self.runner.output_names)
+    return tuple(_to_numpy(outputs[info.name], _elem_type(info)) for info in self.runner.graph.output)
 
 class KilnBackend(Backend):
   """prepare(model) -> KilnRep; runs on kiln's default device (device='CPU' in the ONNX tests)."""

@@ -61,7 +61,12 @@ def _same_dtype_binary(name: str):
     return getattr(a, name)(b)
   return binary
 
-for _onnx_name, _method in [("Add", "add"), ("Sub", "sub"), ("Mul", "mul"), ("Equal", "eq"), ("BitwiseAnd", "bitwise_and"),
+@op("Equal")
+def equal(a, b) -> Tensor:
+  if isinstance(a, np.ndarray): return Tensor(np.equal(a, b).astype(bool))  # strings
+  return a.eq(b)
+
+for _onnx_name, _method in [("Add", "add"), ("Sub", "sub"), ("Mul", "mul"), ("BitwiseAnd", "bitwise_and"),
                             ("BitwiseOr", "bitwise_or"), ("BitwiseXor", "bitwise_xor"), ("And", "bitwise_and"),
                             ("Or", "bitwise_or"), ("Xor", "bitwise_xor")]:
   OPS[_onnx_name] = _same_dtype_binary(_method)
@@ -202,16 +207,25 @@ def hardmax(x: Tensor, axis: int | None = None, ctx=None) -> Tensor: return _sof
 
 # ---- casts
 
+# float8: the largest finite value, and the magnitude from which saturate=0 rounds to the overflow value (NaN for
+# e4m3fn, which has no infinity; inf for e5m2). 448's last mantissa bit is even, so a tie at 464 rounds down to it.
 _FP8_MAX = {dtypes.fp8e4m3: 448.0, dtypes.fp8e5m2: 57344.0}
+_FP8_OVERFLOW = {dtypes.fp8e4m3: (464.0, math.nan, False), dtypes.fp8e5m2: (61440.0, math.inf, True)}  # keeps sign
+_INT4_RANGE = {21: (0, 15), 22: (-8, 7)}
 
 def cast_to(x, dtype: DType, saturate: int = 1):
   """ONNX Cast: float->int truncates; float8 targets saturate to their largest finite value unless saturate=0."""
   if isinstance(x, np.ndarray):  # strings
     return Tensor(x.astype(np.float64 if dtypes.is_float(dtype) else np.int64)).cast(dtype)
   if x.dtype == dtype: return x
-  if dtype in _FP8_MAX and saturate and is_float(x):
+  if dtype in _FP8_MAX and is_float(x):
     limit = _FP8_MAX[dtype]
-    x = x.isnan().where(x, x.clip(-limit, limit))
+    if saturate: x = x.isnan().where(x, x.clip(-limit, limit))
+    else:
+      threshold, overflow, signed = _FP8_OVERFLOW[dtype]
+      big = x.abs() > threshold if not signed else x.abs() >= threshold
+      over = (x < 0).where(-overflow, overflow)
+      return big.where(over, x.clip(-limit, limit)).cast(dtype)
   if is_float(x) and not dtypes.is_float(dtype) and dtype != dtypes.bool: x = x.trunc()
   return x.cast(dtype)
 
@@ -219,7 +233,11 @@ def cast_to(x, dtype: DType, saturate: int = 1):
 def cast(x, to: int = 1, saturate: int = 1, round_mode: str = "up"):
   if to == 8:  # STRING
     values = x.numpy() if isinstance(x, Tensor) else x
-    return np.vectorize(lambda v: str(v) if not isinstance(v, float) else repr(v)).__call__(values).astype(object)
+    return values.astype(str).astype(object)  # numpy writes a float32 in its shortest round-trip form
+  if to in _INT4_RANGE:  # int4/uint4 are held in 8-bit integers; a cast saturates to their range
+    low, high = _INT4_RANGE[to]
+    if is_float(x): x = x.round()
+    return x.clip(low, high).cast(dtype_of_onnx(to))
   return cast_to(x, dtype_of_onnx(to), saturate)
 
 @op("CastLike")
@@ -747,7 +765,18 @@ def loop(max_trip_count=None, condition=None, *carried, body=None, ctx=None):
 
 @op("Scan")
 def scan(*inputs, body=None, num_scan_inputs: int = 0, scan_input_axes=None, scan_input_directions=None,
-         scan_output_axes=None, scan_output_directions=None, ctx=None):
+         scan_output_axes=None, scan_output_directions=None, directions=None, ctx=None):
+  if ctx.opset < 9:  # opset 8: inputs are (sequence_lens, state..., scans...) with a leading batch axis on every one
+    sequence_lens, batched = inputs[0], inputs[1:]
+    if sequence_lens is not None: raise NotImplementedError("Scan-8 with sequence_lens")
+    per_batch = [_scan(list(x[b] for x in batched), body, num_scan_inputs, None, directions, None, None, ctx)
+                 for b in range(batched[0].shape[0])]
+    return tuple(outs[0].stack(*outs[1:]) for outs in zip(*per_batch))
+  return _scan(list(inputs), body, num_scan_inputs, scan_input_axes, scan_input_directions, scan_output_axes,
+               scan_output_directions, ctx)
+
+def _scan(inputs: list, body, num_scan_inputs, scan_input_axes, scan_input_directions, scan_output_axes,
+          scan_output_directions, ctx) -> tuple:
   n_state = len(inputs) - num_scan_inputs
   state, sequences = list(inputs[:n_state]), list(inputs[n_state:])
   in_axes = [axis_of(a, s.ndim) for a, s in zip(scan_input_axes or [0] * num_scan_inputs, sequences)]
@@ -778,4 +807,4 @@ def sequence_map(seq: list, *others, body=None, ctx=None):
     for collected, value in zip(outputs, results): collected.append(value)
   return tuple(outputs or [[] for _ in body.output])
 
-from kiln.frontend import onnx_nn  # noqa: E402,F401  (registers the neural-network operators)
+from kiln.frontend import onnx_nn, onnx_strings  # noqa: E402,F401  (they register their operators here)

@@ -79,3 +79,28 @@ def attribute_value(attr) -> Any:
     dense[flat] = values
     return Tensor(dense.reshape(tuple(sparse.dims)), dtype=dtype_of_onnx(sparse.values.data_type))
   raise NotImplementedError(f"attribute {attr.name!r} has an unsupported type {kind}")
+
+def numpy_input(array: np.ndarray, elem_type: int) -> np.ndarray:
+  """An array as onnx's numpy_helper gives it (bfloat16 as uint16 bits, float8/int4 as onnx's custom dtypes) -> the
+  plain values kiln takes (float32 for bfloat16/float8, int8/uint8 for int4/uint4)."""
+  if elem_type in (16, 17, 19) and not np.issubdtype(array.dtype, np.floating):
+    return _float_bits_to_float32(array.view(np.uint16 if elem_type == 16 else np.uint8), elem_type)
+  if elem_type in (21, 22) and array.dtype.names: return array.view(np.uint8 if elem_type == 21 else np.int8)
+  return array
+
+def numpy_output(array: np.ndarray, elem_type: int) -> np.ndarray:
+  """The inverse of numpy_input: kiln's float32 values of a bfloat16/float8 output (already on that dtype's grid) as
+  the bit patterns and custom dtypes onnx's numpy_helper uses, int4/uint4 in onnx's custom dtypes."""
+  from onnx import _custom_element_types as custom, helper
+  if elem_type == 16:
+    return (np.asarray(array, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+  if elem_type in (17, 19):
+    convert = helper.float32_to_float8e4m3 if elem_type == 17 else helper.float32_to_float8e5m2
+    values = np.asarray(array, np.float32)
+    bits = np.vectorize(lambda v: convert(abs(v), saturate=False), otypes=[np.uint8])(values)
+    bits = bits | (np.signbit(values).astype(np.uint8) << 7)  # the sign of NaN and zero too
+    return bits.view(custom.float8e4m3fn if elem_type == 17 else custom.float8e5m2)
+  if elem_type in (21, 22):
+    return np.asarray(array).astype(np.uint8 if elem_type == 21 else np.int8).view(
+      custom.uint4 if elem_type == 21 else custom.int4)
+  return array
