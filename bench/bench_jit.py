@@ -3,24 +3,29 @@
 and without the CPU graph.
 
 Run: `python bench/bench_jit.py` (prints the best and the median of several timed batches, in microseconds per
-call). On a shared, loaded machine the best batch is the closer estimate of the idle-machine cost.
+call, and the best batch's CPU time on the main thread). On a shared, loaded machine the best batch is the closer
+estimate of the idle-machine cost, and the CPU time (these kernels are too small to run on the thread pool) the
+least disturbed by other processes.
 """
 import statistics, time
 from kiln import Tensor, TinyJit, Context
 
 class Timing(tuple):
-  """(best, median) microseconds per call, printed as 'best / median'."""
-  def __format__(self, spec: str) -> str: return f"{format(self[0], spec)} / {format(self[1], spec)}"
+  """(best, median, best CPU) microseconds per call, printed as 'best / median (CPU best)'."""
+  def __format__(self, spec: str) -> str:
+    return f"{format(self[0], spec)} / {format(self[1], spec)}  (CPU {format(self[2], spec)})"
 
 def per_call_us(fn, calls: int = 2000, batches: int = 7) -> Timing:
-  """Best and median over `batches` of the mean time of `calls` calls of fn(), in microseconds."""
+  """Best and median over `batches` of the mean time of `calls` calls of fn(), and the best batch's mean CPU time
+  on this thread, in microseconds."""
   fn()
-  times = []
+  times, cpu_times = [], []
   for _ in range(batches):
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.thread_time()
     for _ in range(calls): fn()
     times.append((time.perf_counter() - start) / calls * 1e6)
-  return Timing((min(times), statistics.median(times)))
+    cpu_times.append((time.thread_time() - cpu_start) / calls * 1e6)
+  return Timing((min(times), statistics.median(times), min(cpu_times)))
 
 def jitted_chain(n_kernels: int, graph: bool) -> Timing:
   """Replay time of a jitted function of `n_kernels` kernels (contiguous() cuts the chain into kernels)."""
@@ -44,7 +49,7 @@ def main() -> None:
   def step() -> None: chained[0] = (chained[0] + 1).realize()   # a new input buffer every call: scheduled each time
   eager_new = per_call_us(step, calls=500)
   with Context(SCHEDULE_CACHE=0): eager_new_uncached = per_call_us(step, calls=500)
-  print("us per call, best / median batch")
+  print("us per call, best / median batch (CPU: the best batch's main-thread CPU time)")
   print(f"eager (a+1).realize() on 16 floats:                {eager:8.1f} us/call")
   print(f"  ... with 50 requires_grad tensors alive:         {eager_params:8.1f} us/call")
   print(f"eager x = (x+1).realize(), a new x every call:     {eager_new:8.1f} us/call")
