@@ -5,7 +5,7 @@ steps under TinyJit)."""
 import dataclasses, importlib.util
 import numpy as np
 import pytest
-from kiln import Device
+from kiln import Context, Device
 from kiln.engine import realize
 from kiln.nn.gguf import gguf_load_raw
 from kiln.renderer.python import PythonRenderer
@@ -88,14 +88,15 @@ class _DropLaunch:
 
 @pytest.fixture
 def gpu_python(monkeypatch):
-  """Device PYTHON with a GPU-style renderer, fresh runner caches and no codegen cache."""
+  """Device PYTHON with a GPU-style renderer, fresh runner caches and no codegen cache; NOLOCALS=1: the PYTHON
+  renderer has no shared memory, so matmuls are not tiled (test/runtime/gpu_lockstep.py runs tiles)."""
   dev = Device["PYTHON"]
   runtime = dev.runtime
   monkeypatch.setattr(dev, "renderer", GPUStylePython())
   monkeypatch.setattr(dev, "runtime", lambda name, lib: _DropLaunch(runtime(name, lib)))
   monkeypatch.setattr(realize, "_runner_cache", {})
   monkeypatch.setenv("CODEGEN_CACHE", "0")
-  return "PYTHON"
+  with Context(NOLOCALS=1): yield "PYTHON"
 
 def test_gpu_style_python_matches_cpu(small_path, gpu_python):
   """Weights, KV cache and inputs on the emulated GPU; integer dot products off there (no DP4A renderer)."""

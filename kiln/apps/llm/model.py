@@ -224,7 +224,11 @@ class Transformer:
       filled = cache[:, 0:step.length]
       attended = attention(q, filled[0], filled[1], step.mask)
     x = x + block.wo.linear(attended)
+    # GPU targets: x and its norm get buffers here, so the norm is one row kernel (kiln/codegen/gpudims.py: a block
+    # per row) rather than a mean kernel and a normalizing one that both recompute x + wo(attended)
+    if self.gpu: x = x.realize()
     h = rms_norm(x, block.ffn_norm, c.norm_eps)
+    if self.gpu: h = h.realize()
     # a buffer of its own: quantizing the down projection's input (int_dot) reads it three times, and silu's exp is
     # not free (float products compute it in the gate and up kernel either way)
     shared = quantize_activations(h) if block.w_gate.int_dot and block.w_up.int_dot else None   # x quantized once
