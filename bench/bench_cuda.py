@@ -42,7 +42,7 @@ def main() -> None:
   parser.add_argument("--reps", type=int, default=10)
   parser.add_argument("--json", default="")
   parser.add_argument("--rows", default="memory,matmul,launch",
-                      help="which rows: memory, matmul, tiles, launch (commas)")
+                      help="which rows: memory, matmul, tiles, conv, launch (commas)")
   args = parser.parse_args()
   import torch
   from kiln import Tensor, Device
@@ -78,6 +78,7 @@ def main() -> None:
       rows.append({**matmul_row(size, reps), "tiles": tiles, "block_k": block_ks})
     gpu_tiles.TILES, gpu_tiles.BLOCK_KS = saved
     realize._runner_cache.clear()
+  if "conv" in args.rows: rows.append(conv_row(reps))
   if "launch" in args.rows: launch_rows(rows)
   if args.json:
     with open(args.json, "w") as f: json.dump({"floats": n, "reps": reps, "rows": rows}, f, indent=1)
@@ -128,6 +129,25 @@ def matmul_row(size: int, reps: int) -> dict:
         f"{torch_mm:.3f} ms {flops / torch_mm / 1e9:.2f} TFLOP/s (no TF32): {torch_mm / mm[0]:.0%} of torch")
   return {"name": f"matmul {size}^3 fp32", "kiln_ms": mm[0], "kiln_TFLOPs": flops / mm[0] / 1e9, "kernels": mm[1],
           "torch_ms": torch_mm, "torch_TFLOPs": flops / torch_mm / 1e9}
+
+def conv_row(reps: int) -> dict:
+  """fp32 conv2d 32x64x56x56 by 64x64x3x3, padding 1 (a ResNet layer), kiln's tiles (an implicit matmul) vs PyTorch
+  (cuDNN, no TF32); checked on the first image against PyTorch in float64."""
+  import torch
+  from kiln import Tensor
+  x = Tensor.rand(32, 64, 56, 56, device="CUDA").realize()
+  w = (Tensor.rand(64, 64, 3, 3, device="CUDA") - 0.5).realize()
+  conv = kiln_ms(lambda: x.conv2d(w, padding=1), reps)
+  tx, tw = torch.from_numpy(x.numpy()).cuda(), torch.from_numpy(w.numpy()).cuda()
+  want = torch.nn.functional.conv2d(tx[:1].double(), tw.double(), padding=1).cpu().numpy()
+  np.testing.assert_allclose(conv[2].numpy()[:1], want, rtol=1e-4, atol=1e-3)
+  torch.backends.cudnn.allow_tf32 = False
+  torch_conv = torch_ms(lambda: torch.nn.functional.conv2d(tx, tw, padding=1), reps)
+  flops = 2 * 32 * 64 * 56 * 56 * 64 * 9
+  print(f"conv2d 32x64x56x56 * 64x64x3x3 fp32: kiln {conv[0]:.3f} ms {flops / conv[0] / 1e9:.2f} TFLOP/s "
+        f"({conv[1]} kernels), torch {torch_conv:.3f} ms {flops / torch_conv / 1e9:.2f} TFLOP/s (no TF32)")
+  return {"name": "conv2d 32x64x56x56 * 64x64x3x3 fp32", "kiln_ms": conv[0], "kiln_TFLOPs": flops / conv[0] / 1e9,
+          "kernels": conv[1], "torch_ms": torch_conv, "torch_TFLOPs": flops / torch_conv / 1e9}
 
 def launch_rows(rows: list) -> None:
   """Eager tiny-call time and TinyJit replay, launch by launch and as one CUDA graph."""

@@ -1,13 +1,14 @@
 """SIMT matmul tiling for GPU targets, lowered kernel -> kernel over block and thread indices with shared memory.
 
 A kernel of the matmul shape, `out[b, m, n] = epilogue(sum_k A(b, m, k) * B(b, k, n))` (one STORE of one float32 sum
-of a product whose factors each depend on one output range of their own, any batch ranges and the reduce ranges;
-the factors may be any expressions of loads: casts, fused elementwise ops), runs as:
+of a product whose factors each depend on output ranges of their own, any batch ranges and the reduce ranges; the
+factors may be any expressions of loads: casts, fused elementwise ops, a convolution's padded windows, its several
+pixel ranges flattened into one m), runs as:
 
-- one block of THREADS threads (16 x 16) per BM x BN output tile (`choose_tile`) (`gidx0` the tile column, `gidx1` the tile row,
-  `gidx2` the batch), each thread holding a TM x TN register tile of accumulators (one REDUCE each);
+- one block of THREADS threads (16 x 16) per BM x BN output tile (`choose_tile`; `gidx0` the tile column, `gidx1`
+  the tile row, `gidx2` the batch), each thread holding a TM x TN register tile of accumulators (one REDUCE each);
 - the K loop stepped by BK: each step the block copies the A tile (BM x BK) and the B tile (BK x BN) into shared
-  arrays (DEFINE_LOCAL `tile_a`, `tile_b`), every thread loading elements that neighbouring threads' neighbours in
+  arrays (DEFINE_LOCAL `tile_a`, `tile_b`), neighbouring threads loading neighbouring elements of each factor's
   memory (coalesced), then a BARRIER, then each thread reads a column of A and a row of B from shared memory per k
   and updates its TM x TN accumulators with fused multiply-adds (MULACC, a chain of BK per step);
 - the shared arrays are double-buffered (step s uses half s % 2): step s+2 writes a half only after every thread has
@@ -31,7 +32,7 @@ THREADS_ROWS, THREADS_COLS = 16, 16   # a block's threads, as a grid over its ou
 THREADS = THREADS_ROWS * THREADS_COLS
 # (BM, BN) output tiles, largest first, each with its rate relative to the first when the GPU is full of its blocks
 # (a thread holds (BM/16) x (BN/16) outputs; H200, 4096^3: 45.7, 40.1 and 31.7 TFLOP/s, bench/gpu_notes.md call 13)
-TILES = ((128, 128, 1.0), (128, 64, 0.88), (64, 64, 0.69), (32, 32, 0.3))
+TILES = ((128, 128, 1.0), (128, 64, 0.88), (64, 128, 0.88), (64, 64, 0.69), (32, 32, 0.3))   # 64x128: as 128x64
 BLOCK_KS = (16, 8)   # the K step: the first that divides K
 MULTIPROCESSORS = 132   # the H200's: blocks run in waves of this many (a last partial wave leaves SMs idle)
 SHARED_PAD = 4   # floats after each shared row written k-fastest (its writes would otherwise hit one bank)
@@ -41,19 +42,22 @@ FACTOR_OPS = GroupOp.ALU | {Ops.LOAD, Ops.CONST, Ops.RANGE, Ops.DEFINE_GLOBAL, O
 @dataclass(frozen=True)
 class MatmulPlan:
   """A matmul-shaped kernel's parts: its STORE, the float32 sum (outermost REDUCE of a chain of nested ones), the
-  reduce ranges (outermost first), the row, column and batch output ranges, the factors A (of row, k) and B (of k,
-  col), whether each factor's memory is fastest along k, and the chosen tile (BM, BN, BK)."""
+  reduce ranges (outermost first), the row, column and batch output ranges (each in loop order: a convolution's rows
+  are its batch and pixel ranges, flattened), the factors A (of rows, k) and B (of k, columns), whether each factor's
+  memory is fastest along k, and the chosen tile (BM, BN, BK)."""
   store: UOp
   total: UOp
   k_ranges: tuple[UOp, ...]
-  row: UOp
-  col: UOp
+  rows: tuple[UOp, ...]
+  cols: tuple[UOp, ...]
   batch: tuple[UOp, ...]
   a: UOp
   b: UOp
   a_k_fastest: bool
   b_k_fastest: bool
   tile: tuple[int, int, int]
+
+def _range_key(r: UOp): return (0, r.arg) if isinstance(r.arg, int) else (1, str(r.arg))
 
 def _size(rng: UOp) -> int | None:
   return rng.src[0].arg if rng.src[0].op is Ops.CONST else None
@@ -113,24 +117,26 @@ def matmul_plan(sink: UOp) -> MatmulPlan | None:
   outputs = [u for u in nodes if u.op is Ops.RANGE and u not in k_ranges]
   if any(_size(r) is None for r in outputs): return None
   a_ranges, b_ranges = _ranges(a), _ranges(b)
-  rows = [r for r in outputs if r in a_ranges and r not in b_ranges]
-  cols = [r for r in outputs if r in b_ranges and r not in a_ranges]
+  outputs.sort(key=_range_key)
+  rows = tuple(r for r in outputs if r in a_ranges and r not in b_ranges)
+  cols = tuple(r for r in outputs if r in b_ranges and r not in a_ranges)
   batch = tuple(r for r in outputs if r in a_ranges and r in b_ranges)
-  if len(rows) != 1 or len(cols) != 1 or len(rows) + len(cols) + len(batch) != len(outputs): return None
+  if not rows or not cols or len(rows) + len(cols) + len(batch) != len(outputs): return None
   if not set(k_ranges) <= a_ranges | b_ranges: return None
-  row, col = rows[0], cols[0]
   # the epilogue reads the sum and output ranges only, and each output is written by one thread
   epilogue_ranges = {u for u in toposort([store], stop=lambda u: u is total) if u.op is Ops.RANGE}
   if epilogue_ranges - set(outputs): return None
   if _first_conflict(nodes, outputs) is not None: return None
   from kiln.codegen.gpudims import _linear
   form = _linear(store.src[1], frozenset(outputs), {})
-  if form is not None and abs(form[0].get(col, 0)) > abs(form[0].get(row, 0)):   # columns should be the fast axis
-    a, b, row, col = b, a, col, row
-  tile = choose_tile(_size(row), _size(col), prod(_size(r) for r in k_ranges), prod(_size(r) for r in batch))
-  if tile is None or prod(_size(r) for r in batch) > 65535 or _size(row) // tile[0] > 65535: return None
-  return MatmulPlan(store, total, k_ranges, row, col, batch, a, b, _k_fastest(a, row, k_ranges),
-                    _k_fastest(b, col, k_ranges), tile)
+  # the columns should hold the output's fastest axis (a thread's 4 adjacent columns: 16-byte runs of stores)
+  if form is not None and abs(form[0].get(cols[-1], 0)) > abs(form[0].get(rows[-1], 0)):
+    a, b, rows, cols = b, a, cols, rows
+  m, n = prod(_size(r) for r in rows), prod(_size(r) for r in cols)
+  tile = choose_tile(m, n, prod(_size(r) for r in k_ranges), prod(_size(r) for r in batch))
+  if tile is None or prod(_size(r) for r in batch) > 65535 or m // tile[0] > 65535: return None
+  return MatmulPlan(store, total, k_ranges, rows, cols, batch, a, b, _k_fastest(a, rows[-1], k_ranges),
+                    _k_fastest(b, cols[-1], k_ranges), tile)
 
 def _spread(thread: UOp, count: int, tile: int) -> list[UOp]:
   """The `count` offsets in a tile of `tile` of the thread at `thread` (of 16 along this axis): groups of up to 4
@@ -144,7 +150,7 @@ def _spread(thread: UOp, count: int, tile: int) -> list[UOp]:
   stride = tile // groups
   return [graph_rewrite(thread * width + (j // width) * stride + j % width, symbolic) for j in range(count)]
 
-def _stage(factor: UOp, outer: UOp, k_ranges: tuple[UOp, ...], k_fastest: bool, shared: UOp, lidx: UOp,
+def _stage(factor: UOp, outer: tuple[UOp, ...], k_ranges: tuple[UOp, ...], k_fastest: bool, shared: UOp, lidx: UOp,
            origin: UOp, k_base: UOp, half: UOp, tile: int, bk: int, lead: int) -> list[UOp]:
   """The STOREs with which the block copies the factor's `tile` x `bk` tile at (origin, k_base) into its half of
   `shared` (laid out [half][k][tile + pad], row length `lead`): element e = lidx + THREADS*j of each thread, the
@@ -155,7 +161,7 @@ def _stage(factor: UOp, outer: UOp, k_ranges: tuple[UOp, ...], k_fastest: bool, 
     element = lidx + THREADS * j if j else lidx
     if k_fastest: offset, kk = element // bk, element % bk
     else: offset, kk = element % tile, element // tile
-    values = {outer: origin + offset, **_unflatten(k_base + kk, list(k_ranges))}
+    values = {**_unflatten(origin + offset, list(outer)), **_unflatten(k_base + kk, list(k_ranges))}
     value = _substitute(factor, values)
     index = half * (bk * lead) + kk * lead + offset
     stores.append(UOp(Ops.STORE, dtypes.void, (shared, index, value.cast(dtypes.float32)
@@ -170,7 +176,8 @@ def tile_matmul(sink: UOp) -> UOp | None:
   if plan is None: return None
   bm, bn, bk = plan.tile
   tm, tn = bm // THREADS_ROWS, bn // THREADS_COLS
-  m, n, k = _size(plan.row), _size(plan.col), prod(_size(r) for r in plan.k_ranges)
+  m, n = prod(_size(r) for r in plan.rows), prod(_size(r) for r in plan.cols)
+  k = prod(_size(r) for r in plan.k_ranges)
   next_id = 1 + max((u.arg for u in sink.toposort() if u.op is Ops.RANGE and isinstance(u.arg, int)), default=0)
   step = UOp(Ops.RANGE, INT, (UOp.const(INT, k // bk),), next_id)
   lidx = UOp(Ops.SPECIAL, INT, (), ("lidx0", THREADS))
@@ -186,9 +193,9 @@ def tile_matmul(sink: UOp) -> UOp | None:
   tile_b = UOp(Ops.DEFINE_LOCAL, dtypes.float32, (), ("tile_b", 2 * bk * lead_b))
   half, k_base = step % 2, step * bk
   row_origin, col_origin = row_block * bm, col_block * bn
-  stores = _stage(factors[0], plan.row, plan.k_ranges, plan.a_k_fastest, tile_a, lidx, row_origin, k_base, half,
+  stores = _stage(factors[0], plan.rows, plan.k_ranges, plan.a_k_fastest, tile_a, lidx, row_origin, k_base, half,
                   bm, bk, lead_a) + \
-           _stage(factors[1], plan.col, plan.k_ranges, plan.b_k_fastest, tile_b, lidx, col_origin, k_base, half,
+           _stage(factors[1], plan.cols, plan.k_ranges, plan.b_k_fastest, tile_b, lidx, col_origin, k_base, half,
                   bn, bk, lead_b)
   staged = UOp(Ops.BARRIER, dtypes.void, tuple(stores))   # the step's tiles are in shared memory
   rows = _spread(lidx // THREADS_COLS, tm, bm)
@@ -203,6 +210,7 @@ def tile_matmul(sink: UOp) -> UOp | None:
       chain = a_reads[0][i] * b_reads[0][j]
       for kk in range(1, bk): chain = UOp(Ops.MULACC, dtypes.float32, (a_reads[kk][i], b_reads[kk][j], chain))
       acc = UOp(Ops.REDUCE, dtypes.float32, (chain, step), Ops.ADD)
-      at = {**values, plan.row: row_origin + r, plan.col: col_origin + c, plan.total: acc}
+      at = {**values, **_unflatten(row_origin + r, list(plan.rows)), **_unflatten(col_origin + c, list(plan.cols)),
+            plan.total: acc}
       out.append(_substitute(plan.store, at))
   return graph_rewrite(sink.replace(src=tuple(out)), symbolic, name="gpu tiles")

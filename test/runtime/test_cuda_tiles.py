@@ -166,3 +166,14 @@ def test_nolocals_turns_tiles_off():
   lowered = optimize_for(CUDARenderer(), lower_for_codegen(item.ast))
   assert gpu_tiles.tile_matmul(lowered) is not None
   with Context(NOLOCALS=1): assert gpu_tiles.tile_matmul(lowered) is None
+
+@pytest.mark.parametrize("channels_out,padding,size", [(32, 1, 8), (64, 0, 10)])
+def test_convolution_as_tiles(channels_out, padding, size):
+  import torch
+  rng = np.random.default_rng(7)
+  # m = 2 images x 8 x 8 output pixels (flattened), k = 8 channels x 3 x 3 = 72 (steps of 8)
+  x, w = _data(rng, 2, 8, size, size), _data(rng, channels_out, 8, 3, 3)
+  got, uops, _ = _emulate(Tensor(x).conv2d(Tensor(w), padding=padding))
+  assert _tiled(uops), "the convolution was not tiled"
+  want = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), padding=padding).numpy()
+  _check(got, want, f"conv2d padding {padding}")
