@@ -347,3 +347,68 @@ def upsample(x: Tensor, scales=None, mode: str = "nearest") -> Tensor:
   mode = {"bilinear": "linear", "trilinear": "linear"}.get(mode, mode)
   scales_tensor = scales if isinstance(scales, Tensor) else Tensor(list(scales), dtype=dtypes.float32)
   return resize(x, None, scales_tensor, coordinate_transformation_mode="asymmetric", mode=mode, nearest_mode="floor")
+
+# ---- grid sampling
+
+def _reflect(x: Tensor, low: float, high: float) -> Tensor:
+  """Coordinates folded back into [low, high] as by a mirror at each end (repeatedly, for far-out values)."""
+  span = high - low
+  if span == 0: return x * 0 + low
+  below, above = x < low, x > high
+  distance = below.where(low - x, x - high)
+  flips = (distance / span).floor()
+  rest = distance - flips * span
+  even = (flips - (flips / 2).floor() * 2) == 0
+  return below.where(even.where(low + rest, high - rest), above.where(even.where(high - rest, low + rest), x))
+
+def _cubic_weight(t: Tensor, a: float = -0.75) -> Tensor:
+  t = t.abs()
+  near = ((t * (a + 2) - (a + 3)) * t * t) + 1
+  far = ((t * a - 5 * a) * t + 8 * a) * t - 4 * a
+  return (t <= 1).where(near, (t < 2).where(far, 0.0))
+
+@op("GridSample")
+def grid_sample(x: Tensor, grid: Tensor, align_corners: int = 0, mode: str = "linear",
+                padding_mode: str = "zeros") -> Tensor:
+  """Sample x (N, C, *spatial) at grid (N, *out, r) in [-1, 1] (last axis x, y, ...: the spatial axes reversed)."""
+  import itertools
+  mode = {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode)
+  if mode not in ("linear", "nearest", "cubic"): raise NotImplementedError(f"mode={mode!r}")
+  if padding_mode not in ("zeros", "border", "reflection"): raise NotImplementedError(f"padding_mode={padding_mode!r}")
+  n, c, sizes = x.shape[0], x.shape[1], list(x.shape[2:])
+  rank, out_spatial = len(sizes), list(grid.shape[1:-1])
+  points = int(np.prod(out_spatial))
+  flat_grid = grid.reshape(n, points, rank).cast(dtypes.float32)
+  low_high = lambda size: (0.0, size - 1.0) if align_corners else (-0.5, size - 0.5)
+  taps_per_axis = []
+  for axis, size in enumerate(sizes):
+    g = flat_grid[:, :, rank - 1 - axis]
+    u = (g + 1) / 2 * (size - 1) if align_corners else ((g + 1) * size - 1) / 2
+    if padding_mode == "border": u = u.clip(0, size - 1)
+    elif padding_mode == "reflection": u = _reflect(u, *low_high(size))
+    if mode == "nearest":
+      taps_per_axis.append([(u.round(), None)])
+      continue
+    base = u.floor()
+    frac = u - base
+    if mode == "linear": taps_per_axis.append([(base, 1 - frac), (base + 1, frac)])
+    else: taps_per_axis.append([(base + k, _cubic_weight(frac - k)) for k in (-1, 0, 1, 2)])
+  source = x.reshape(n, c, int(np.prod(sizes)))
+  total = None
+  for combo in itertools.product(*taps_per_axis):
+    flat, weight, valid, stride = None, None, None, 1
+    for axis in reversed(range(rank)):
+      index, w = combo[axis]
+      size = sizes[axis]
+      inside = (index >= 0) & (index <= size - 1)
+      if padding_mode == "reflection": index = _reflect(index, *low_high(size)).round()
+      index = index.clip(0, size - 1).cast(dtypes.int64)
+      flat = index * stride if flat is None else flat + index * stride
+      stride *= size
+      valid = inside if valid is None else valid & inside
+      if w is not None: weight = w if weight is None else weight * w
+    if padding_mode == "zeros": weight = valid.where(weight if weight is not None else 1.0, 0.0)
+    picked = source.gather(2, flat.reshape(n, 1, points).expand(n, c, points))
+    term = picked * weight.reshape(n, 1, points).cast(x.dtype) if weight is not None else picked
+    total = term if total is None else total + term
+  return total.reshape(n, c, *out_spatial).cast(x.dtype)

@@ -807,4 +807,4 @@ def sequence_map(seq: list, *others, body=None, ctx=None):
     for collected, value in zip(outputs, results): collected.append(value)
   return tuple(outputs or [[] for _ in body.output])
 
-from kiln.frontend import onnx_nn, onnx_strings  # noqa: E402,F401  (they register their operators here)
+from kiln.frontend import onnx_nn, onnx_rnn, onnx_strings  # noqa: E402,F401  (they register their ops here)
