@@ -28,6 +28,8 @@ def _cases() -> dict[str, Tensor]:
     "full_sum": a.sum(),
     "softmax": a.softmax(axis=1),
     "matmul": a @ c,
+    "matmul_tiles_128": Tensor.empty(128, 256) @ Tensor.empty(256, 128),
+    "conv_tiles": Tensor.empty(2, 8, 8, 8).conv2d(Tensor.empty(32, 8, 3, 3), padding=1),
     "half": (h * h + 1).sqrt(),
     "bfloat16": (h.cast(dtypes.bfloat16) * 3).cast(dtypes.float32),
     "casts": (a.cast(dtypes.int32) + i[:128].reshape(1, 128)).cast(dtypes.half).cast(dtypes.float32),
