@@ -244,9 +244,13 @@ class Transformer:
     qk = qk.contiguous().realize()   # read by the cache write (which runs at once) and by the scores
     q, k = qk[:, :c.n_heads], qk[:, c.n_heads:]
     new = Tensor.stack(k, v.reshape(T, c.n_kv_heads, c.head_dim), dim=1)                  # (T, 2, n_kv, hd)
-    if step.position is None:
-      cache[step.start_pos:step.start_pos + T].assign(new)
-      filled = cache[0:step.length]
+    if step.position is None:   # tokens at start_pos (a Variable): the window with them shifted in, where they go
+      filled = self._window_of(cache, step.length)
+      # (a store at start_pos + t would have a symbolic offset, which the disjointness proof of the axis mapping
+      # does not take: the write ran in one thread; here every store index is the window's own)
+      around = ((step.start_pos, step.length - T - step.start_pos), (0, 0), (0, 0), (0, 0))
+      inside = Tensor.ones(T, 1, 1, 1, dtype=dtypes.bool, device=self.device).pad(around)
+      filled.assign(inside.where(new.pad(around), filled))
     else:   # one token at a position held in a device tensor: rewrite the window, the new values where it matches
       filled = self._window_of(cache, step.length)
       hit = Tensor.arange(step.length, device=self.device, dtype=dtypes.int32) == step.position
@@ -337,6 +341,7 @@ class Transformer:
     pos = Variable("start_pos", 0, self.max_context - size).bind(start_pos)
     if self.gpu:
       window = self.window(start_pos + size)
+      pos = Variable("start_pos", 0, window - size).bind(start_pos)   # the tokens lie inside the window
       run = self._prefill.setdefault((size, window), TinyJit(functools.partial(self._prefill_step, window=window),
                                                              optimize=True))
     else: run = self._prefill.setdefault(size, TinyJit(self._prefill_step, optimize=True))
