@@ -269,6 +269,10 @@ class CapturedJit:
                outs: list[Tensor], template: Any, guards: list, keep: list, prune: bool, key: Any = None,
                optimize: bool = False):
     self.name, self.items, self.template, self.guards, self.keep, self.key = name, items, template, guards, keep, key
+    # each guard as (path, its root, the steps from the root, the expected value), and the roots the guards start
+    # from: a replay looks up only those
+    self.guard_plan = [(path, path[0], path[1:], expected) for path, expected in guards]
+    self.guard_roots = list(dict.fromkeys(path[0] for path, _ in guards))
     state_ids = {id(g[1][1]) for g in guards if isinstance(g[1], tuple)}
     input_index = {}
     for k, b in enumerate(input_bufs): input_index.setdefault(id(b), k)
@@ -324,15 +328,16 @@ class CapturedJit:
 
   def check_state(self, roots: dict) -> str | None:
     """None if the Python state the capture read is unchanged, else a description of what changed."""
-    for path, expected in self.guards:
-      try: value = _follow(roots[path[0]], path[1:])
+    for path, root, steps, expected in self.guard_plan:
+      try: value = _follow(roots[root], steps)
       except (AttributeError, KeyError, IndexError, TypeError): return f"{_path_str(path)} is gone"
       if isinstance(expected, tuple):   # (tensor, marker)
         if not isinstance(value, Tensor) or _marker(value) is not expected[1]:
           return f"{_path_str(path)} is another tensor"
       elif type(expected) is _ArraySnapshot:
         if not expected.matches(value): return f"{_path_str(path)} (a numpy array) was replaced or changed"
-      elif not _same_value(value, expected): return f"{_path_str(path)} changed from {expected!r} to {value!r}"
+      elif not (type(value) is type(expected) and value == expected) and not _same_value(value, expected):
+        return f"{_path_str(path)} changed from {expected!r} to {value!r}"
     return None
 
   def replay(self, tensors: list[Tensor], var_vals: dict[UOp, int] | None = None,
@@ -461,21 +466,28 @@ class TinyJit(Generic[ReturnType]):
     """The launches of the most recent capture (empty before one)."""
     return self.captured.items if self.captured is not None else []
 
-  def _state_roots(self, objects: list[Any]) -> dict[tuple, Any]:
-    """Where the function can reach Python state: its closure cells, the globals it names, argument objects."""
-    roots: dict[tuple, Any] = {}
+  def _state_roots(self, objects: list[Any], wanted: list[tuple] | None = None) -> dict[tuple, Any]:
+    """Where the function can reach Python state: its closure cells, the globals it names, argument objects (only
+    the roots in `wanted`, when given: a replay's guards start from a few)."""
     fxn = self.fxn
     code = getattr(fxn, "__code__", None)
-    if code is not None:
-      for name, cell in zip(code.co_freevars, fxn.__closure__ or ()):
-        try: roots[("cell", name)] = cell.cell_contents
-        except ValueError: pass   # a cell not filled yet
-      fglobals = fxn.__globals__
-      if self._global_names is None: self._global_names = sorted(_code_names(code))
-      for name in self._global_names:
-        if name in fglobals: roots[("global", name)] = fglobals[name]
-    for j, obj in enumerate(objects): roots[("arg", j)] = obj
-    if roots.get(("global", "Tensor")) is Tensor: del roots[("global", "Tensor")]
+    if code is not None and self._global_names is None: self._global_names = sorted(_code_names(code))
+    if wanted is None:
+      wanted = [("cell", name) for name in code.co_freevars] + [("global", name) for name in self._global_names] \
+        if code is not None else []
+      wanted += [("arg", j) for j in range(len(objects))]
+    roots: dict[tuple, Any] = {}
+    for root in wanted:
+      kind, key = root
+      if kind == "arg":
+        if key < len(objects): roots[root] = objects[key]
+      elif code is None: continue
+      elif kind == "cell":
+        if key in code.co_freevars and fxn.__closure__:
+          try: roots[root] = fxn.__closure__[code.co_freevars.index(key)].cell_contents
+          except ValueError: pass   # a cell not filled yet
+      elif key in fxn.__globals__: roots[root] = fxn.__globals__[key]
+    if roots.get(_TENSOR_GLOBAL) is Tensor: del roots[_TENSOR_GLOBAL]
     return roots
 
   def __call__(self, *args, **kwargs) -> ReturnType:
@@ -543,7 +555,7 @@ class TinyJit(Generic[ReturnType]):
     for node, result in entry.reused_results:
       if node.forward is not result:
         return "a result computed before the capture (and reused by it) was overwritten or recomputed"
-    return entry.check_state(self._state_roots(objects)) if entry.guards else None
+    return entry.check_state(self._state_roots(objects, entry.guard_roots)) if entry.guards else None
 
   def _run(self, args, kwargs, tensors, record: bool) -> Any:
     recorder = _Recorder(self.name, recording=record)
@@ -593,6 +605,7 @@ class TinyJit(Generic[ReturnType]):
     return ret
 
 _MISSING = object()
+_TENSOR_GLOBAL = ("global", "Tensor")   # kiln's own Tensor class, when a function names it, is no state
 
 def _reused_results(recorder: _Recorder, input_bufs: list[Buffer], before: dict) -> list[tuple[UOp, UOp]]:
   """The graph nodes whose earlier results (`node.forward`) the capture read instead of computing them, as
