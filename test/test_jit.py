@@ -194,6 +194,19 @@ def test_global_tensor_reassigned_between_calls():
     v = rand(2)
     np.testing.assert_allclose(f(Tensor(v)).numpy(), v * ([5, 7] if i >= 4 else [1, 1]), rtol=1e-6)
 
+def test_a_global_deleted_or_a_closure_rebound_after_the_capture_is_seen():
+  global GLOBAL_GONE
+  GLOBAL_GONE = 3.0
+  factor = 2.0
+  @TinyJit
+  def f(x): return (x * GLOBAL_GONE * factor).realize()
+  v = rand(2)
+  for _ in range(4): np.testing.assert_allclose(f(Tensor(v)).numpy(), v * 6, rtol=1e-6)
+  factor = 5.0   # the closure cell now holds another value: re-captured
+  np.testing.assert_allclose(f(Tensor(v)).numpy(), v * 15, rtol=1e-6)
+  del GLOBAL_GONE   # the replay's guard finds the global gone: the function runs again, and fails as Python does
+  with pytest.raises(NameError): f(Tensor(v))
+
 step = 0          # a loop counter named like the optimizer's method: not read by the jitted function below
 GLOBAL_SCALE = 2.0
 
