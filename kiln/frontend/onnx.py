@@ -176,14 +176,15 @@ class OnnxRunner:
     opset = opset or self.opset
     where = lambda: (f"ONNX node {node.name!r} ({node.op_type}, opset {opset}) with inputs "
                      f"{[_describe(v) for v in inputs]}")
-    if node.domain not in ("", "ai.onnx") or node.op_type not in OPS:
+    key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+    if key not in OPS:
       body = function_body(node, inputs, opset) if node.domain in ("", "ai.onnx") else None
       if body is not None:
         try: return self.run_function(body, node, inputs, opset)[:len(node.output)]
         except NotImplementedError as err: raise NotImplementedError(f"{where()}, run as its function body: {err}") from err
       domain = f" of domain {node.domain!r}" if node.domain else ""
       raise NotImplementedError(f"{where()}: op {node.op_type}{domain} is not supported")
-    fn = OPS[node.op_type]
+    fn = OPS[key]
     params = _signature(fn)
     attrs = {a.name: attribute_value(a) for a in node.attribute}
     accepts_any = any(p.kind == p.VAR_KEYWORD for p in params.values())

@@ -412,3 +412,74 @@ def grid_sample(x: Tensor, grid: Tensor, align_corners: int = 0, mode: str = "li
     term = picked * weight.reshape(n, 1, points).cast(x.dtype) if weight is not None else picked
     total = term if total is None else total + term
   return total.reshape(n, c, *out_spatial).cast(x.dtype)
+
+# ---- quantized matmul and conv: integer accumulation, one rescale, round half to even, saturate
+
+def _requantize(accumulated: Tensor, scale: Tensor, y_scale: Tensor, y_zero_point: Tensor | None) -> Tensor:
+  out_dtype = y_zero_point.dtype if y_zero_point is not None else dtypes.uint8
+  value = (accumulated.cast(dtypes.float32) * (scale.cast(dtypes.float32) / y_scale.cast(dtypes.float32))).round()
+  if y_zero_point is not None: value = value + y_zero_point.cast(dtypes.float32)
+  return value.clip(dtypes.min(out_dtype), dtypes.max(out_dtype)).cast(out_dtype)
+
+def _shifted(x: Tensor, zero_point: Tensor | None, shape=None) -> Tensor:
+  x32 = x.cast(dtypes.int32)
+  if zero_point is None: return x32
+  zero = zero_point.cast(dtypes.int32)
+  return x32 - (zero.reshape(shape) if shape is not None and zero.numel() > 1 else zero.reshape(()) if zero.numel() == 1 else zero)
+
+@op("QLinearMatMul")
+def qlinear_matmul(a: Tensor, a_scale: Tensor, a_zero_point: Tensor, b: Tensor, b_scale: Tensor,
+                   b_zero_point: Tensor, y_scale: Tensor, y_zero_point: Tensor | None = None) -> Tensor:
+  accumulated = _shifted(a, a_zero_point, (-1, 1)).matmul(_shifted(b, b_zero_point, (1, -1)))
+  scale = a_scale.cast(dtypes.float32).reshape(-1, 1) if a_scale.numel() > 1 else a_scale.cast(dtypes.float32).reshape(())
+  b_scale = b_scale.cast(dtypes.float32).reshape(1, -1) if b_scale.numel() > 1 else b_scale.cast(dtypes.float32).reshape(())
+  return _requantize(accumulated, scale * b_scale, y_scale.reshape(()), y_zero_point)
+
+@op("QLinearConv")
+def qlinear_conv(x: Tensor, x_scale: Tensor, x_zero_point: Tensor, w: Tensor, w_scale: Tensor, w_zero_point: Tensor,
+                 y_scale: Tensor, y_zero_point: Tensor | None = None, b: Tensor | None = None,
+                 auto_pad: str = "NOTSET", dilations=None, group: int = 1, kernel_shape=None, pads=None,
+                 strides=None) -> Tensor:
+  n = w.ndim - 2
+  strides, dilations = list(strides or [1] * n), list(dilations or [1] * n)
+  begins, ends = _pads(auto_pad, pads, x.shape[2:], list(w.shape[2:]), strides, dilations)
+  accumulated = _shifted(x, x_zero_point).conv2d(_shifted(w, w_zero_point, (-1, *[1] * (w.ndim - 1))), groups=group,
+                                                 stride=tuple(strides), dilation=tuple(dilations),
+                                                 padding=_flat_pads(begins, ends))
+  if b is not None: accumulated = accumulated + b.cast(dtypes.int32).reshape(1, -1, *[1] * n)
+  scale = x_scale.cast(dtypes.float32).reshape(()) * (w_scale.cast(dtypes.float32).reshape(1, -1, *[1] * n)
+                                                      if w_scale.numel() > 1 else w_scale.cast(dtypes.float32).reshape(()))
+  return _requantize(accumulated, scale, y_scale.reshape(()), y_zero_point)
+
+# ---- detection: data-dependent output sizes, computed on the host
+
+@op("NonMaxSuppression")
+def non_max_suppression(boxes: Tensor, scores: Tensor, max_output_boxes_per_class=None, iou_threshold=None,
+                        score_threshold=None, center_point_box: int = 0) -> Tensor:
+  """(selected, 3) int64 rows of (batch, class, box): per batch and class, boxes by falling score, each kept unless
+  it overlaps a kept one by more than iou_threshold."""
+  all_boxes, all_scores = boxes.numpy().astype(np.float64), scores.numpy().astype(np.float64)
+  limit = int(scalar(max_output_boxes_per_class)) if max_output_boxes_per_class is not None else 0
+  overlap = float(scalar(iou_threshold)) if iou_threshold is not None else 0.0
+  floor = float(scalar(score_threshold)) if score_threshold is not None else None
+  if center_point_box:
+    cx, cy, w, h = np.moveaxis(all_boxes, -1, 0)
+    corners = np.stack([cy - h / 2, cx - w / 2, cy + h / 2, cx + w / 2], -1)
+  else:
+    y1, x1, y2, x2 = np.moveaxis(all_boxes, -1, 0)
+    corners = np.stack([np.minimum(y1, y2), np.minimum(x1, x2), np.maximum(y1, y2), np.maximum(x1, x2)], -1)
+  selected = []
+  for batch in range(all_scores.shape[0]):
+    area = (corners[batch, :, 2] - corners[batch, :, 0]) * (corners[batch, :, 3] - corners[batch, :, 1])
+    for cls in range(all_scores.shape[1]):
+      class_scores = all_scores[batch, cls]
+      kept: list[int] = []
+      for box in np.argsort(-class_scores, kind="stable"):
+        if len(kept) >= limit or (floor is not None and class_scores[box] <= floor): break
+        top = np.maximum(corners[batch, kept, :2], corners[batch, box, :2])
+        bottom = np.minimum(corners[batch, kept, 2:], corners[batch, box, 2:])
+        inter = np.prod(np.clip(bottom - top, 0, None), axis=-1)
+        iou = inter / np.maximum(area[kept] + area[box] - inter, 1e-30)
+        if not np.any(iou > overlap): kept.append(int(box))
+      selected.extend((batch, cls, box) for box in kept)
+  return Tensor(np.array(selected, dtype=np.int64).reshape(-1, 3), dtype=dtypes.int64)

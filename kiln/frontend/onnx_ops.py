@@ -807,4 +807,5 @@ def sequence_map(seq: list, *others, body=None, ctx=None):
     for collected, value in zip(outputs, results): collected.append(value)
   return tuple(outputs or [[] for _ in body.output])
 
-from kiln.frontend import onnx_nn, onnx_rnn, onnx_strings  # noqa: E402,F401  (they register their ops here)
+# noqa: E402,F401 below: these modules register their operators in OPS
+from kiln.frontend import onnx_domains, onnx_nn, onnx_rnn, onnx_signal, onnx_strings  # noqa: E402,F401

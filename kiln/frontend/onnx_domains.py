@@ -1,0 +1,84 @@
+"""Operators of the other ONNX domains the backend tests use: ai.onnx.preview.training (optimizer steps) and
+ai.onnx.ml (classic ML). They register in OPS as "domain.OpType"."""
+from __future__ import annotations
+import numpy as np
+from kiln.dtype import dtypes
+from kiln.tensor import Tensor
+from kiln.frontend.onnx_ops import op, scalar
+
+TRAINING, ML = "ai.onnx.preview.training.", "ai.onnx.ml."
+
+def _groups(tensors: tuple, count: int) -> list[tuple]:
+  """(X1..Xn, G1..Gn, ...) -> [(X1, G1, ...), ...]: the optimizer inputs of each parameter."""
+  n = len(tensors) // count
+  return [tuple(tensors[k * n + i] for k in range(count)) for i in range(n)]
+
+@op(TRAINING + "Adagrad")
+def adagrad(rate: Tensor, step: Tensor, *tensors, decay_factor: float = 0.0, epsilon: float = 1e-6,
+            norm_coefficient: float = 0.0):
+  current = rate / (step.cast(rate.dtype) * decay_factor + 1)
+  xs, hs = [], []
+  for x, g, h in _groups(tensors, 3):
+    gradient = x * norm_coefficient + g
+    h_new = h + gradient * gradient
+    xs.append(x - current * gradient / (h_new.sqrt() + epsilon))
+    hs.append(h_new)
+  return tuple(xs + hs)
+
+@op(TRAINING + "Momentum")
+def momentum(rate: Tensor, step: Tensor, *tensors, alpha: float = 0.0, beta: float = 0.0, mode: str = "standard",
+             norm_coefficient: float = 0.0):
+  first = int(scalar(step)) == 0
+  xs, vs = [], []
+  for x, g, v in _groups(tensors, 3):
+    gradient = x * norm_coefficient + g
+    v_new = v * alpha + gradient * (1.0 if first else beta)
+    if mode == "nesterov": xs.append(x - rate * (gradient + v_new * alpha))
+    elif mode == "standard": xs.append(x - rate * v_new)
+    else: raise NotImplementedError(f"mode={mode!r}")
+    vs.append(v_new)
+  return tuple(xs + vs)
+
+@op(TRAINING + "Adam")
+def adam(rate: Tensor, step: Tensor, *tensors, alpha: float = 0.9, beta: float = 0.999, epsilon: float = 1e-6,
+         norm_coefficient: float = 0.0, norm_coefficient_post: float = 0.0):
+  t = int(scalar(step))
+  adjusted = rate * (float(np.sqrt(1 - beta ** t)) / (1 - alpha ** t)) if t > 0 else rate
+  xs, vs, hs = [], [], []
+  for x, g, v, h in _groups(tensors, 4):
+    gradient = x * norm_coefficient + g
+    v_new = v * alpha + gradient * (1 - alpha)
+    h_new = h * beta + gradient * gradient * (1 - beta)
+    xs.append((x - adjusted * v_new / (h_new.sqrt() + epsilon)) * (1 - norm_coefficient_post))
+    vs.append(v_new)
+    hs.append(h_new)
+  return tuple(xs + vs + hs)
+
+@op(ML + "Binarizer")
+def binarizer(x: Tensor, threshold: float = 0.0) -> Tensor: return (x > threshold).cast(x.dtype)
+
+@op(ML + "ArrayFeatureExtractor")
+def array_feature_extractor(x, indices: Tensor):
+  picked = Tensor(indices.numpy().reshape(-1).astype(np.int64))
+  if isinstance(x, np.ndarray): return x[..., indices.numpy().reshape(-1)]
+  return x[..., picked]
+
+@op(ML + "LabelEncoder")
+def label_encoder(x, default_float: float = -0.0, default_int64: int = -1, default_string: str = "_Unused",
+                  default_tensor=None, keys_floats=None, keys_int64s=None, keys_strings=None, keys_tensor=None,
+                  values_floats=None, values_int64s=None, values_strings=None, values_tensor=None):
+  """Map each element through keys -> values (on the host); unmapped elements get the default."""
+  as_list = lambda t: t.numpy().reshape(-1).tolist() if isinstance(t, Tensor) else list(t.reshape(-1))
+  keys = next(list(k) if not isinstance(k, (Tensor, np.ndarray)) else as_list(k)
+              for k in (keys_floats, keys_int64s, keys_strings, keys_tensor) if k is not None)
+  for values, default, dtype in ((values_floats, default_float, np.float32), (values_int64s, default_int64, np.int64),
+                                 (values_strings, default_string, object), (values_tensor, default_tensor, None)):
+    if values is not None: break
+  if isinstance(values, (Tensor, np.ndarray)):
+    dtype = values.numpy().dtype if isinstance(values, Tensor) else object
+    values = as_list(values)
+    default = as_list(default)[0] if default is not None else (0 if dtype != object else "_Unused")
+  mapping = dict(zip(keys, values))
+  source = x.numpy() if isinstance(x, Tensor) else np.asarray(x, dtype=object)
+  out = np.array([mapping.get(v, default) for v in source.reshape(-1).tolist()], dtype=dtype).reshape(source.shape)
+  return out if dtype is object else Tensor(out)
