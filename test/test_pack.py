@@ -67,12 +67,33 @@ def test_packed_views_read_every_element_where_it_was(small_packs):
 @pytest.mark.parametrize("why, build", [
   ("columns not a multiple of 16", lambda: Tensor.empty(64, 32) @ Tensor.empty(32, 40)),
   ("rows not a multiple of 8", lambda: Tensor.empty(60, 32) @ Tensor.empty(32, 48)),
-  ("a sum over two axes", lambda: (Tensor.empty(64, 1, 8, 4) * Tensor.empty(1, 48, 8, 4)).sum((2, 3))),
   ("a max, not a sum", lambda: (Tensor.empty(64, 1, 32) * Tensor.empty(1, 48, 32)).max(-1)),
   ("an elementwise product", lambda: (Tensor.empty(64, 48, 32) * Tensor.empty(64, 48, 32)).sum(-1)),
 ])
 def test_sums_that_are_not_tiled_matmuls_are_not_packed(small_packs, why, build):
   assert packed_sums(build()) == 0, why
+
+def test_sums_over_several_axes_pack_them_in_order(small_packs):
+  # a matmul over two reduce axes, and a 1x1 conv's weight gradient (a sum over the batch and the image)
+  fn = lambda a, b: (a.reshape(64, 1, 8, 4) * b.reshape(1, 48, 8, 4)).sum((2, 3))
+  assert packed_sums(fn(Tensor.empty(64, 32), Tensor.empty(48, 32))) == 1
+  check(fn, fn, [(64, 32), (48, 32)])
+  x, w = Tensor.empty(2, 16, 5, 5, requires_grad=True), Tensor.empty(32, 16, 1, 1, requires_grad=True)
+  (x.conv2d(w) * Tensor.empty(2, 32, 5, 5)).sum().backward()
+  assert packed_sums(w.grad) >= 1
+  check(lambda x, w: x.conv2d(w), lambda x, w: torch.nn.functional.conv2d(x, w), [(2, 16, 5, 5), (32, 16, 1, 1)])
+
+@pytest.mark.parametrize("kernel", [1, 3])
+def test_conv_weights_over_short_rows_are_copied_channel_major(small_packs, kernel):
+  # 7 output columns (8 does not divide them): the weight, broadcast along the image, is copied contiguous along
+  # the 16 output channels of the forward conv and the input channels of its input gradient (kiln/schedule/pack.py
+  # `_packed_channels`); the results are the unpacked ones
+  x, w = Tensor.empty(2, 32, 7, 7, requires_grad=True), Tensor.empty(16, 32, kernel, kernel, requires_grad=True)
+  out = x.conv2d(w, padding=kernel // 2)
+  (root,) = pack_matmuls([out.uop], toposort([out.uop]), lambda device: True)
+  assert any(u.op is Ops.CONTIGUOUS and u.src[0].op is Ops.PERMUTE and u.shape[-1] == 16 for u in toposort([root]))
+  ours = lambda x, w: x.conv2d(w, padding=kernel // 2)
+  check(ours, lambda x, w: torch.nn.functional.conv2d(x, w, padding=kernel // 2), [(2, 32, 7, 7), (16, 32, kernel, kernel)])
 
 def test_a_broadcast_constant_factor_is_not_copied(small_packs):
   out = (Tensor.empty(64, 32) @ Tensor.ones(32, 48)).uop

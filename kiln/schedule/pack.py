@@ -14,12 +14,18 @@ The matmul then reads the packed buffers through views that put every element ba
 and every later rewrite, is unchanged); once the optimizer upcasts c by 16 and d by 8, the index math folds to plain
 strides. A pack is an elementwise kernel (a copy, or whatever computed the operand, fused into it).
 
-Only sums of a product over one axis qualify, with each factor broadcast along the other's output axis (matmul,
-batched matmul, and both matmuls of its backward), when c and d are multiples of the lane counts and the work is
+Only sums of a product qualify (over one axis, or several kept in their order: a 1x1 conv's weight gradient sums
+over the batch and the image), with each factor broadcast along the other's output axis (matmul, batched matmul,
+and both matmuls of its backward), when c and d are multiples of the lane counts and the work is
 large enough to pay for two more kernels and their memory traffic (PACK_MIN_WORK, and at least PACK_MIN_REUSE rows
 and columns: a prefill's few tokens times a dequantized output head would copy the whole matrix for a few uses).
 Measured on the 2-core EPYC (clang 14, 2 threads, best of 3): 2048x2048x2048 float32 120-138 GFLOP/s unpacked, 195
 packed and cache-blocked (the two packs 2.5-3 ms each; NumPy 182-192 in the same runs).
+
+A conv over short output rows (7 or 14 columns: ResNet's last stages) has no good vector axis along them. There
+the factor that varies along the channels alone, broadcast along the image (its weight, in the forward conv and in
+the input gradient), is copied to (channels/16, reduce axes..., 16), and the register tile's vectors run along the
+channels (`_packed_channels`).
 
 A smaller matmul (from PACK_STRIDED_MIN_WORK) packs `b` alone where `b` is strided along the output's contiguous
 axis (`axis_stride`): `x @ w.T`, which every `x @ w` meets in its backward. Unpacked, each vector of the tile's `b`
@@ -53,7 +59,7 @@ def pack_matmuls(roots: list[UOp], nodes: list[UOp], device_packs: Callable[[str
     new_src = tuple(done[s] for s in node.src)
     new = node if new_src == node.src else _labelled(node.replace(src=new_src), node)
     if node.op is Ops.REDUCE_AXIS and isinstance(device := node.device, str) and device_packs(device) and \
-       (packed := _packed_matmul(new)) is not None:
+       ((packed := _packed_matmul(new)) is not None or (packed := _packed_channels(new)) is not None):
       new = packed
     done[node] = new
   out = [done[r] for r in roots]
@@ -74,23 +80,23 @@ def _packed_matmul(reduce: UOp) -> UOp | None:
   while product.op is Ops.CAST:
     above.append(product)
     product = product.src[0]
-  if op is not Ops.ADD or len(axes) != 1 or product.op is not Ops.MUL: return None
+  if op is not Ops.ADD or product.op is not Ops.MUL: return None
   shape = product.shape
   if shape is None or not all(type(s) is int for s in shape) or \
      prod(shape) < min(PACK_MIN_WORK, PACK_STRIDED_MIN_WORK): return None
-  (r,) = axes
   factors = [_broadcast_source(f) for f in product.src]
   if None in factors: return None
   broadcast = [{i for i, (s, full) in enumerate(zip(ex.src[0].shape, shape)) if s == 1 and full > 1}
                for _, ex in factors]
-  if any(r in b or shape[r] < ROW_LANES for b in broadcast): return None
+  # several reduce axes (a 1x1 conv's weight gradient sums over the batch and the image) pack in their order
+  if any(r in b for r in axes for b in broadcast) or prod(shape[r] for r in axes) < ROW_LANES: return None
   # c: the output's innermost axis; the factor that varies along it is `b` (16 lanes), the other `a` (8 lanes)
-  c = max((i for i in range(len(shape)) if i != r and shape[i] > 1), default=None)
+  c = max((i for i in range(len(shape)) if i not in axes and shape[i] > 1), default=None)
   if c is None or (c in broadcast[0]) == (c in broadcast[1]): return None
   ib = 0 if c in broadcast[1] else 1   # factor ib varies along c; factor 1 - ib is broadcast along it
   ia = 1 - ib
   # d: the innermost axis along which `a` varies and `b` is broadcast (the tile's rows)
-  d = max((i for i in range(len(shape)) if i not in (r, c) and i in broadcast[ib] and i not in broadcast[ia]),
+  d = max((i for i in range(len(shape)) if i not in axes and i != c and i in broadcast[ib] and i not in broadcast[ia]),
           default=None)
   if d is None or shape[c] % COLUMN_LANES or shape[d] % ROW_LANES or min(shape[c], shape[d]) < PACK_MIN_REUSE:
     return None
@@ -102,12 +108,52 @@ def _packed_matmul(reduce: UOp) -> UOp | None:
   for index, axis, lanes in packs:
     casts, expand = factors[index]
     if _is_constant(expand.src[0]): continue   # a broadcast constant reads no memory: nothing to pack
-    value = _labelled(UOp(Ops.EXPAND, expand.dtype, (_packed_view(expand, axis, lanes, r),), expand.arg), expand)
+    value = _labelled(UOp(Ops.EXPAND, expand.dtype, (_packed_view(expand, axis, lanes, axes),), expand.arg), expand)
     for cast in reversed(casts): value = _labelled(cast.replace(src=(value,)), cast)
     new[index] = value
   summed = _labelled(product.replace(src=tuple(new)), product)
   for cast in reversed(above): summed = _labelled(cast.replace(src=(summed,)), cast)
   return _labelled(reduce.replace(src=(summed,)), reduce)
+
+def _packed_channels(reduce: UOp) -> UOp | None:
+  """`reduce` reading one factor from a copy contiguous along the channels, or None where that does not apply: a
+  large sum of a product over any reduce axes whose output rows (its contiguous axis) are short, 7 or 14 wide, and
+  one of whose factors varies along another output axis c that 16 divides, strided, while the other factor is
+  broadcast along c. A conv's input gradient over ResNet's 7x7 and 14x14 maps reads its flipped weight 9 apart
+  along c: copied to (c/16, reduce axes..., 16), each step of the sum reads 16 channels as one vector, and the
+  register tile's vectors run along c (kiln/codegen/opt/heuristic.py `_wide_tile`)."""
+  op, axes = reduce.arg
+  product, above = reduce.src[0], []
+  while product.op is Ops.CAST:
+    above.append(product)
+    product = product.src[0]
+  shape = product.shape
+  if op is not Ops.ADD or product.op is not Ops.MUL or shape is None or not all(type(s) is int for s in shape) or \
+     prod(shape) < PACK_MIN_WORK: return None
+  factors = [_broadcast_source(f) for f in product.src]
+  if None in factors: return None
+  broadcast = [{i for i, (s, full) in enumerate(zip(ex.src[0].shape, shape)) if s == 1 and full > 1}
+               for _, ex in factors]
+  outputs = [i for i in range(len(shape)) if i not in axes and shape[i] > 1]
+  if not outputs or any(r in b for r in axes for b in broadcast): return None
+  inner = outputs[-1]
+  # rows that make vectors already, or a kernel's few columns (a weight gradient's 3)
+  if shape[inner] >= COLUMN_LANES or shape[inner] % ROW_LANES == 0 or shape[inner] <= 4: return None
+  for ib in (0, 1):
+    # the factor varies along one output axis alone, the channels, and is broadcast along the rest (a weight)
+    channels = [i for i in outputs if i not in broadcast[ib]]
+    if len(channels) != 1 or (c := channels[0]) not in broadcast[1 - ib] or shape[c] % COLUMN_LANES: continue
+    casts, expand = factors[ib]
+    if _is_constant(expand.src[0]) or axis_stride(expand.src[0], c) == 1: continue
+    value = _labelled(UOp(Ops.EXPAND, expand.dtype, (_packed_view(expand, c, COLUMN_LANES, axes),), expand.arg),
+                      expand)
+    for cast in reversed(casts): value = _labelled(cast.replace(src=(value,)), cast)
+    new = list(product.src)
+    new[ib] = value
+    summed = _labelled(product.replace(src=tuple(new)), product)
+    for cast in reversed(above): summed = _labelled(cast.replace(src=(summed,)), cast)
+    return _labelled(reduce.replace(src=(summed,)), reduce)
+  return None
 
 def axis_stride(value: UOp, axis: int) -> int | None:
   """The distance in elements between neighbours along `axis` of `value`, a view (PERMUTE, EXPAND, RESHAPE of a
@@ -162,17 +208,17 @@ def _fuses_a_reduction(value: UOp) -> bool:
           stack.append(src)
   return False
 
-def _packed_view(expand: UOp, axis: int, lanes: int, reduce_axis: int) -> UOp:
+def _packed_view(expand: UOp, axis: int, lanes: int, reduce_axes: tuple[int, ...]) -> UOp:
   """The source of `expand` (same shape) read from a contiguous copy laid out as (other axes..., axis/lanes,
-  reduce_axis, lanes)."""
+  reduce_axes..., lanes)."""
   value = expand.src[0]
   # a value computed by a reduction (the previous matmul) is stored in its own layout first: fused into the pack,
   # that matmul would write the tile-major layout, its vector axis made the rows, and gather every `b` vector
   if _fuses_a_reduction(value): value = _labelled(UOp(Ops.CONTIGUOUS, value.dtype, (value,)), expand)
   shape = value.shape
   split = shape[:axis] + (shape[axis] // lanes, lanes) + shape[axis + 1:]
-  lane, red = axis + 1, reduce_axis + (reduce_axis > axis)
-  order = tuple(i for i in range(len(split)) if i not in (lane, red)) + (red, lane)
+  lane, reds = axis + 1, tuple(r + (r > axis) for r in reduce_axes)
+  order = tuple(i for i in range(len(split)) if i != lane and i not in reds) + reds + (lane,)
   packed = UOp(Ops.CONTIGUOUS, value.dtype, (_labelled(value.reshape(split), expand).permute(order),))
   for node in (packed.src[0], packed): _labelled(node, expand)
   inverse = tuple(sorted(range(len(order)), key=order.__getitem__))
