@@ -202,14 +202,32 @@ class OnnxRunner:
     results = list(result) if isinstance(result, tuple) else [result]
     return results[:len(node.output)]
 
+def supported_ops() -> dict[str, list[str]]:
+  """The operators kiln runs: "kiln" (implemented in onnx_ops.py and its sibling modules, "domain.Op" outside the
+  default domain) and "function" (default-domain ops run as their spec's function body)."""
+  from onnx import defs
+  by_body = {s.name for s in defs.get_all_schemas() if s.domain == "" and not s.deprecated
+             and (s.has_function or s.has_context_dependent_function)}
+  return {"kiln": sorted(OPS), "function": sorted(by_body - set(OPS))}
+
+def ops_markdown() -> str:
+  """The supported-operator lists of docs/onnx.md (python -m kiln.frontend.onnx --ops prints them)."""
+  ops = supported_ops()
+  lines = [f"Implemented in kiln ({len(ops['kiln'])}):", "", ", ".join(f"`{name}`" for name in ops["kiln"]), "",
+           f"Run as the ONNX spec's function body ({len(ops['function'])}):", "",
+           ", ".join(f"`{name}`" for name in ops["function"])]
+  return "\n".join(lines) + "\n"
+
 def _main():
   """python -m kiln.frontend.onnx model.onnx [--benchmark N]: run a model on random inputs, print outputs and speed."""
   import argparse, time
   parser = argparse.ArgumentParser(description="Run an ONNX model with kiln on random inputs")
-  parser.add_argument("model")
+  parser.add_argument("model", nargs="?")
+  parser.add_argument("--ops", action="store_true", help="print the supported operators (for docs/onnx.md)")
   parser.add_argument("--dim", type=int, default=1, help="the size given to symbolic dimensions")
   parser.add_argument("--benchmark", type=int, default=0, help="time this many runs")
   args = parser.parse_args()
+  if args.ops or args.model is None: return print(ops_markdown(), end="")
   runner = OnnxRunner(args.model)
   rng = np.random.default_rng(0)
   feeds = {}

@@ -11,7 +11,7 @@ from typing import Callable
 import numpy as np
 from kiln.dtype import DType, dtypes
 from kiln.tensor import Tensor
-from kiln.frontend.onnx_proto import dtype_of_onnx
+from kiln.frontend.onnx_proto import EMULATED_FLOATS, dtype_of_onnx, round_to_emulated
 
 OPS: dict[str, Callable] = {}
 
@@ -234,6 +234,9 @@ def cast(x, to: int = 1, saturate: int = 1, round_mode: str = "up"):
   if to == 8:  # STRING
     values = x.numpy() if isinstance(x, Tensor) else x
     return values.astype(str).astype(object)  # numpy writes a float32 in its shortest round-trip form
+  if to in EMULATED_FLOATS:
+    values = x.cast(dtypes.float32).numpy()
+    return Tensor(round_to_emulated(values, to, bool(saturate)), dtype=dtypes.float32)
   if to in _INT4_RANGE:  # int4/uint4 are held in 8-bit integers; a cast saturates to their range
     low, high = _INT4_RANGE[to]
     if is_float(x): x = x.round()
@@ -684,6 +687,26 @@ def dynamic_quantize_linear(x: Tensor):
   zero_point = (-low / scale).round().clip(0, 255)
   quantized = ((x / scale).round() + zero_point).clip(0, 255).cast(dtypes.uint8)
   return quantized, scale, zero_point.cast(dtypes.uint8)
+
+# ---- random generators (kiln's generator: values differ from numpy's, distributions match)
+
+def _random_dtype(dtype: int | None, like: Tensor | None) -> DType:
+  if dtype is not None: return dtype_of_onnx(dtype)
+  return like.dtype if like is not None else dtypes.float32
+
+@op("RandomUniform", "RandomUniformLike")
+def random_uniform(like=None, dtype: int | None = None, high: float = 1.0, low: float = 0.0, seed: float | None = None,
+                   shape=None) -> Tensor:
+  if seed is not None: Tensor.manual_seed(int(seed))
+  dims = tuple(shape) if shape is not None else like.shape
+  return (Tensor.rand(*dims) * (high - low) + low).cast(_random_dtype(dtype, like))
+
+@op("RandomNormal", "RandomNormalLike")
+def random_normal(like=None, dtype: int | None = None, mean: float = 0.0, scale: float = 1.0,
+                  seed: float | None = None, shape=None) -> Tensor:
+  if seed is not None: Tensor.manual_seed(int(seed))
+  dims = tuple(shape) if shape is not None else like.shape
+  return (Tensor.randn(*dims) * scale + mean).cast(_random_dtype(dtype, like))
 
 # ---- sequences and optionals (Python lists; an empty optional is None)
 

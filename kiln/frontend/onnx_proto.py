@@ -18,7 +18,11 @@ ONNX_DTYPES: dict[int, DType] = {
   1: dtypes.float32, 2: dtypes.uint8, 3: dtypes.int8, 4: dtypes.uint16, 5: dtypes.int16, 6: dtypes.int32,
   7: dtypes.int64, 9: dtypes.bool, 10: dtypes.float16, 11: dtypes.float64, 12: dtypes.uint32, 13: dtypes.uint64,
   16: dtypes.bfloat16, 17: dtypes.fp8e4m3, 19: dtypes.fp8e5m2, 21: dtypes.uint8, 22: dtypes.int8,
+  18: dtypes.float32, 20: dtypes.float32, 23: dtypes.float32,
 }
+# float8e4m3fnuz, float8e5m2fnuz and float4e2m1 have no kiln dtype: their values are held in float32 (on that type's
+# grid); a Cast to them rounds on the host with onnx's converters.
+EMULATED_FLOATS = (18, 20, 23)
 ONNX_TYPE_NAMES = {1: "FLOAT", 2: "UINT8", 3: "INT8", 4: "UINT16", 5: "INT16", 6: "INT32", 7: "INT64", 8: "STRING",
                    9: "BOOL", 10: "FLOAT16", 11: "DOUBLE", 12: "UINT32", 13: "UINT64", 14: "COMPLEX64",
                    15: "COMPLEX128", 16: "BFLOAT16", 17: "FLOAT8E4M3FN", 18: "FLOAT8E4M3FNUZ", 19: "FLOAT8E5M2",
@@ -31,18 +35,38 @@ def dtype_of_onnx(elem_type: int) -> DType:
     raise NotImplementedError(f"ONNX element type {ONNX_TYPE_NAMES.get(elem_type, elem_type)} is not supported")
   return ONNX_DTYPES[elem_type]
 
+_NARROW_FLOATS = (16, 17, 19, 18, 20, 23)
+
 def _float_bits_to_float32(bits: np.ndarray, elem_type: int) -> np.ndarray:
-  """Unpacked bfloat16 / float8 bit patterns (as integers) -> float32 values."""
+  """Unpacked bfloat16 / float8 / float4 bit patterns (as integers) -> float32 values."""
   if elem_type == 16: return (bits.astype(np.uint32) << 16).view(np.float32)
   from onnx import numpy_helper
-  if elem_type == 17: return numpy_helper.float8e4m3_to_float32(bits)
-  return numpy_helper.float8e5m2_to_float32(bits)
+  if elem_type == 23: return numpy_helper.unpacked_float4e2m1_to_float32(bits.astype(np.uint8))
+  if elem_type in (17, 18): return numpy_helper.float8e4m3_to_float32(bits, uz=elem_type == 18).astype(np.float32)
+  return numpy_helper.float8e5m2_to_float32(bits, fn=elem_type == 20, uz=elem_type == 20).astype(np.float32)
+
+def _float32_to_bits(values: np.ndarray, elem_type: int, saturate: bool) -> np.ndarray:
+  """float32 values -> the nearest float8 / float4 bit patterns (uint8), with the sign of NaN and zero kept."""
+  from onnx import helper, subbyte
+  values = np.asarray(values, np.float32)
+  if elem_type == 23: return subbyte.float32_to_float4e2m1_unpacked(values).astype(np.uint8)
+  convert = {17: lambda v: helper._float32_to_float8e4m3(v, saturate=saturate),
+             18: lambda v: helper._float32_to_float8e4m3(v, uz=True, saturate=saturate),
+             19: lambda v: helper._float32_to_float8e5m2(v, saturate=saturate),
+             20: lambda v: helper._float32_to_float8e5m2(v, fn=True, uz=True, saturate=saturate)}[elem_type]
+  if elem_type in (18, 20): return np.vectorize(convert, otypes=[np.uint8])(values)  # one NaN, no negative zero
+  bits = np.vectorize(lambda v: convert(abs(v)), otypes=[np.uint8])(values)
+  return bits | (np.signbit(values).astype(np.uint8) << 7)
+
+def round_to_emulated(values: np.ndarray, elem_type: int, saturate: bool) -> np.ndarray:
+  """float32 values rounded onto an emulated type's grid (held in float32)."""
+  return _float_bits_to_float32(_float32_to_bits(values, elem_type, saturate), elem_type)
 
 def numpy_of_proto(proto) -> np.ndarray:
   """A TensorProto's values as a numpy array: bfloat16/float8 as float32, int4/uint4 as int8/uint8, strings as str."""
   from onnx import numpy_helper
   array = numpy_helper.to_array(proto)
-  if proto.data_type in (16, 17, 19):
+  if proto.data_type in _NARROW_FLOATS:
     return _float_bits_to_float32(array.view(np.uint16 if proto.data_type == 16 else np.uint8), proto.data_type)
   if proto.data_type in (21, 22): return array.astype(np.uint8 if proto.data_type == 21 else np.int8)
   if proto.data_type == STRING: return array.astype(object)
@@ -53,7 +77,7 @@ def value_of_proto(proto) -> Tensor | np.ndarray:
   array = numpy_of_proto(proto)
   if proto.data_type == STRING: return array
   dtype = dtype_of_onnx(proto.data_type)
-  if proto.data_type in (16, 17, 19): return Tensor(array).cast(dtype)
+  if proto.data_type in _NARROW_FLOATS: return Tensor(array).cast(dtype)
   return Tensor(np.array(array, order="C"), dtype=dtype)
 
 def attribute_value(attr) -> Any:
@@ -83,7 +107,7 @@ def attribute_value(attr) -> Any:
 def numpy_input(array: np.ndarray, elem_type: int) -> np.ndarray:
   """An array as onnx's numpy_helper gives it (bfloat16 as uint16 bits, float8/int4 as onnx's custom dtypes) -> the
   plain values kiln takes (float32 for bfloat16/float8, int8/uint8 for int4/uint4)."""
-  if elem_type in (16, 17, 19) and not np.issubdtype(array.dtype, np.floating):
+  if elem_type in _NARROW_FLOATS and not np.issubdtype(array.dtype, np.floating):
     return _float_bits_to_float32(array.view(np.uint16 if elem_type == 16 else np.uint8), elem_type)
   if elem_type in (21, 22) and array.dtype.names: return array.view(np.uint8 if elem_type == 21 else np.int8)
   return array
@@ -91,15 +115,12 @@ def numpy_input(array: np.ndarray, elem_type: int) -> np.ndarray:
 def numpy_output(array: np.ndarray, elem_type: int) -> np.ndarray:
   """The inverse of numpy_input: kiln's float32 values of a bfloat16/float8 output (already on that dtype's grid) as
   the bit patterns and custom dtypes onnx's numpy_helper uses, int4/uint4 in onnx's custom dtypes."""
-  from onnx import _custom_element_types as custom, helper
+  from onnx import _custom_element_types as custom
   if elem_type == 16:
     return (np.asarray(array, np.float32).view(np.uint32) >> 16).astype(np.uint16)
-  if elem_type in (17, 19):
-    convert = helper.float32_to_float8e4m3 if elem_type == 17 else helper.float32_to_float8e5m2
-    values = np.asarray(array, np.float32)
-    bits = np.vectorize(lambda v: convert(abs(v), saturate=False), otypes=[np.uint8])(values)
-    bits = bits | (np.signbit(values).astype(np.uint8) << 7)  # the sign of NaN and zero too
-    return bits.view(custom.float8e4m3fn if elem_type == 17 else custom.float8e5m2)
+  if elem_type in (17, 18, 19, 20, 23):
+    names = {17: "float8e4m3fn", 18: "float8e4m3fnuz", 19: "float8e5m2", 20: "float8e5m2fnuz", 23: "float4e2m1"}
+    return _float32_to_bits(array, elem_type, saturate=False).view(getattr(custom, names[elem_type]))
   if elem_type in (21, 22):
     return np.asarray(array).astype(np.uint8 if elem_type == 21 else np.int8).view(
       custom.uint4 if elem_type == 21 else custom.int4)
