@@ -82,3 +82,47 @@ def label_encoder(x, default_float: float = -0.0, default_int64: int = -1, defau
   source = x.numpy() if isinstance(x, Tensor) else np.asarray(x, dtype=object)
   out = np.array([mapping.get(v, default) for v in source.reshape(-1).tolist()], dtype=dtype).reshape(source.shape)
   return out if dtype is object else Tensor(out)
+
+_TREE_TESTS = {0: np.less_equal, 1: np.less, 2: np.greater_equal, 3: np.greater, 4: np.equal, 5: np.not_equal}
+
+@op(ML + "TreeEnsemble")
+def tree_ensemble(x: Tensor, aggregate_function: int = 1, leaf_targetids=(), leaf_weights=None,
+                  membership_values=None, n_targets: int = 1, nodes_falseleafs=(), nodes_falsenodeids=(),
+                  nodes_featureids=(), nodes_hitrates=None, nodes_missing_value_tracks_true=None, nodes_modes=None,
+                  nodes_splits=None, nodes_trueleafs=(), nodes_truenodeids=(), post_transform: int = 0,
+                  tree_roots=()) -> Tensor:
+  """Walk every tree for every row (on the host) and aggregate the reached leaves' weights per target."""
+  if post_transform != 0: raise NotImplementedError(f"post_transform={post_transform}")
+  rows = x.numpy()
+  modes, splits = nodes_modes.numpy().reshape(-1), nodes_splits.numpy().reshape(-1)
+  weights = leaf_weights.numpy().reshape(-1)
+  tracks = list(nodes_missing_value_tracks_true or [0] * len(modes))
+  members, current, sets = (membership_values.numpy().reshape(-1).tolist() if membership_values is not None else []), [], []
+  for value in members:  # NaN-separated sets, one per BRANCH_MEMBER node in order
+    if not np.isnan(value): current.append(value)
+    else:
+      sets.append(set(current))
+      current = []
+  if current: sets.append(set(current))
+  member_set = {}
+  for node in range(len(modes)):
+    if modes[node] == 6: member_set[node] = sets[len(member_set)]
+  out = np.zeros((rows.shape[0], n_targets), rows.dtype)
+  for r, row in enumerate(rows):
+    leaves = []
+    for root in tree_roots:
+      node, is_leaf = root, False
+      while not is_leaf:
+        value = row[nodes_featureids[node]]
+        if np.isnan(value): go_true = bool(tracks[node])
+        elif modes[node] == 6: go_true = value in member_set[node]
+        else: go_true = bool(_TREE_TESTS[int(modes[node])](value, splits[node]))
+        node, is_leaf = ((nodes_truenodeids[node], nodes_trueleafs[node]) if go_true
+                         else (nodes_falsenodeids[node], nodes_falseleafs[node]))
+      leaves.append(node)
+    for target in range(n_targets):
+      picked = [weights[leaf] for leaf in leaves if leaf_targetids[leaf] == target]
+      if not picked: continue
+      combine = {0: np.mean, 1: np.sum, 2: np.min, 3: np.max}[aggregate_function]
+      out[r, target] = combine(picked) if aggregate_function != 0 else np.sum(picked) / len(tree_roots)
+  return Tensor(out)

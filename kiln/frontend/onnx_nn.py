@@ -483,3 +483,127 @@ def non_max_suppression(boxes: Tensor, scores: Tensor, max_output_boxes_per_clas
         if not np.any(iou > overlap): kept.append(int(box))
       selected.extend((batch, cls, box) for box in kept)
   return Tensor(np.array(selected, dtype=np.int64).reshape(-1, 3), dtype=dtypes.int64)
+
+@op("Col2Im")
+def col2im(x: Tensor, image_shape: Tensor, block_shape: Tensor, dilations=None, pads=None, strides=None) -> Tensor:
+  """(N, C*prod(block), L) columns -> (N, C, *image): each column's block is added at its place in the image."""
+  image, block = ints(image_shape), ints(block_shape)
+  n_dims = len(image)
+  dilations, strides = list(dilations or [1] * n_dims), list(strides or [1] * n_dims)
+  pads = list(pads or [0] * (2 * n_dims))
+  padded = [size + pads[i] + pads[i + n_dims] for i, size in enumerate(image)]
+  counts = [(p - d * (k - 1) - 1) // s + 1 for p, k, d, s in zip(padded, block, dilations, strides)]
+  # the padded-image position of block element k in patch l, per axis, combined row-major
+  per_axis = [(np.arange(c)[None, :] * s + np.arange(k)[:, None] * d) for c, k, s, d in zip(counts, block, strides, dilations)]
+  position = np.zeros((1, 1), dtype=np.int64)
+  for axis, grid in enumerate(per_axis):
+    position = (position[:, None, :, None] * padded[axis] + grid[None, :, None, :]).reshape(
+      position.shape[0] * grid.shape[0], position.shape[1] * grid.shape[1])
+  batch, channels = x.shape[0], x.shape[1] // int(np.prod(block))
+  source = x.reshape(batch, channels, -1)
+  index = Tensor(position.reshape(-1)).reshape(1, 1, -1).expand(batch, channels, position.size)
+  total = Tensor.zeros(batch, channels, int(np.prod(padded)), dtype=x.dtype).scatter_reduce(2, index, source, "sum")
+  out = total.reshape(batch, channels, *padded)
+  return out.shrink((None, None) + tuple((pads[i], pads[i] + size) for i, size in enumerate(image)))
+
+@op("DeformConv")
+def deform_conv(x: Tensor, w: Tensor, offset: Tensor, b: Tensor | None = None, mask: Tensor | None = None,
+                dilations=None, group: int = 1, kernel_shape=None, offset_group: int = 1, pads=None,
+                strides=None) -> Tensor:
+  """A 2-d conv whose kernel taps are moved by per-position offsets (sampled bilinearly, zero outside) and scaled
+  by an optional mask."""
+  if w.ndim != 4: raise NotImplementedError(f"DeformConv with a {w.ndim - 2}-d kernel")
+  batch, channels, height, width = x.shape
+  out_channels, per_group, kh, kw = w.shape
+  dilations, strides, pads = list(dilations or [1, 1]), list(strides or [1, 1]), list(pads or [0, 0, 0, 0])
+  out_h, out_w = offset.shape[2], offset.shape[3]
+  taps, points = kh * kw, out_h * out_w
+  base_y = (np.arange(out_h)[:, None] * strides[0] - pads[0]).reshape(1, out_h, 1) + \
+           (np.arange(kh) * dilations[0]).reshape(kh, 1, 1).repeat(kw, 0)
+  base_x = (np.arange(out_w)[None, :] * strides[1] - pads[1]).reshape(1, 1, out_w) + \
+           np.tile(np.arange(kw) * dilations[1], kh).reshape(taps, 1, 1)
+  base_y = np.broadcast_to(base_y, (taps, out_h, out_w)).reshape(taps, points).astype(np.float32)
+  base_x = np.broadcast_to(base_x, (taps, out_h, out_w)).reshape(taps, points).astype(np.float32)
+  moves = offset.reshape(batch, offset_group, taps, 2, points)
+  y, xs = moves[:, :, :, 0] + Tensor(base_y), moves[:, :, :, 1] + Tensor(base_x)  # (batch, groups, taps, points)
+  y0, x0 = y.floor(), xs.floor()
+  fy, fx = y - y0, xs - x0
+  source = x.reshape(batch, offset_group, channels // offset_group, height * width)
+  sampled = None
+  for dy, wy in ((0, 1 - fy), (1, fy)):
+    for dx, wx in ((0, 1 - fx), (1, fx)):
+      row, col = y0 + dy, x0 + dx
+      inside = (row >= 0) & (row <= height - 1) & (col >= 0) & (col <= width - 1)
+      flat = (row.clip(0, height - 1) * width + col.clip(0, width - 1)).cast(dtypes.int64)
+      flat = flat.reshape(batch, offset_group, 1, taps * points).expand(batch, offset_group, channels // offset_group,
+                                                                         taps * points)
+      weight = inside.where(wy * wx, 0.0).reshape(batch, offset_group, 1, taps * points)
+      term = source.gather(3, flat) * weight
+      sampled = term if sampled is None else sampled + term
+  sampled = sampled.reshape(batch, offset_group, channels // offset_group, taps, points)
+  if mask is not None: sampled = sampled * mask.reshape(batch, offset_group, 1, taps, points)
+  sampled = sampled.reshape(batch, group, channels // group, taps, points)
+  kernel = w.reshape(group, out_channels // group, per_group, taps)
+  out = Tensor.einsum("ngckp,gock->ngop", sampled, kernel).reshape(batch, out_channels, out_h, out_w)
+  return out + b.reshape(1, -1, 1, 1) if b is not None else out
+
+def _roi_samples(roi, scale, offset, legacy, out_h, out_w, ratio, height, width):
+  """One roi's bilinear taps: flat indices and weights (out_h, out_w, samples, 4) and the sample count."""
+  x1, y1, x2, y2 = (v * scale - offset for v in roi)
+  roi_h, roi_w = y2 - y1, x2 - x1
+  if legacy: roi_h, roi_w = max(roi_h, 1.0), max(roi_w, 1.0)
+  bin_h, bin_w = roi_h / out_h, roi_w / out_w
+  grid_h = ratio if ratio > 0 else int(math.ceil(roi_h / out_h))
+  grid_w = ratio if ratio > 0 else int(math.ceil(roi_w / out_w))
+  index = np.zeros((out_h, out_w, max(grid_h * grid_w, 1), 4), np.int64)
+  weight = np.zeros(index.shape, np.float64)
+  for ph in range(out_h):
+    for pw in range(out_w):
+      for iy in range(grid_h):
+        for ix in range(grid_w):
+          y = y1 + ph * bin_h + (iy + 0.5) * bin_h / grid_h
+          x = x1 + pw * bin_w + (ix + 0.5) * bin_w / grid_w
+          if y < -1.0 or y > height or x < -1.0 or x > width: continue
+          y, x = max(y, 0.0), max(x, 0.0)
+          y_low, x_low = int(y), int(x)
+          if y_low >= height - 1: y_low, y_high, y = height - 1, height - 1, float(height - 1)
+          else: y_high = y_low + 1
+          if x_low >= width - 1: x_low, x_high, x = width - 1, width - 1, float(width - 1)
+          else: x_high = x_low + 1
+          ly, lx = y - y_low, x - x_low
+          s = iy * grid_w + ix
+          index[ph, pw, s] = [y_low * width + x_low, y_low * width + x_high, y_high * width + x_low,
+                              y_high * width + x_high]
+          weight[ph, pw, s] = [(1 - ly) * (1 - lx), (1 - ly) * lx, ly * (1 - lx), ly * lx]
+  return index, weight, max(grid_h * grid_w, 1)
+
+@op("RoiAlign")
+def roi_align(x: Tensor, rois: Tensor, batch_indices: Tensor, coordinate_transformation_mode: str = "half_pixel",
+              mode: str = "avg", output_height: int = 1, output_width: int = 1, sampling_ratio: int = 0,
+              spatial_scale: float = 1.0, ctx=None) -> Tensor:
+  """Average (or max) of bilinear samples in each bin of each roi; the sample grid depends on the roi's size, so the
+  taps are laid out on the host and gathered on the device. Max mode takes the largest weighted corner, as
+  onnxruntime does."""
+  if ctx is not None and ctx.opset < 16: coordinate_transformation_mode = "output_half_pixel"
+  legacy = coordinate_transformation_mode == "output_half_pixel"
+  offset = 0.0 if legacy else 0.5
+  batch, channels, height, width = x.shape
+  boxes = rois.numpy().astype(np.float64)
+  laid_out = [_roi_samples(r, spatial_scale, offset, legacy, output_height, output_width, sampling_ratio, height, width)
+              for r in boxes]
+  samples = max(s for _, _, s in laid_out)
+  count = len(laid_out)
+  index = np.zeros((count, output_height, output_width, samples, 4), np.int64)
+  weight = np.zeros(index.shape, np.float64)
+  present = np.zeros(index.shape, bool)
+  for k, (i, w, s) in enumerate(laid_out):
+    index[k, :, :, :s], weight[k, :, :, :s], present[k, :, :, :s] = i, w, True
+  divisor = np.array([s for _, _, s in laid_out], np.float64).reshape(count, 1, 1, 1)
+  source = x.reshape(batch, channels, height * width)[batch_indices.cast(dtypes.int64)]  # (rois, C, H*W)
+  flat = Tensor(index.reshape(count, 1, -1)).expand(count, channels, index[0].size)
+  values = source.gather(2, flat).reshape(count, channels, output_height, output_width, samples, 4)
+  weighted = values * Tensor(weight.astype(np.float32)).reshape(count, 1, output_height, output_width, samples, 4)
+  if mode == "avg": return (weighted.sum((4, 5)) / Tensor(divisor.astype(np.float32)).reshape(count, 1, 1, 1)).cast(x.dtype)
+  if mode != "max": raise NotImplementedError(f"mode={mode!r}")
+  weighted = Tensor(present).reshape(count, 1, output_height, output_width, samples, 4).where(weighted, -math.inf)
+  return weighted.max((4, 5)).cast(x.dtype)

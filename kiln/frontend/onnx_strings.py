@@ -43,3 +43,34 @@ def string_normalizer(x, case_change_action: str = "NONE", is_case_sensitive: in
   kept = [change(s) for s in kept] or [""]
   out = np.array(kept, dtype=object)
   return out.reshape(1, -1) if values.ndim == 2 else out
+
+@op("TfIdfVectorizer")
+def tfidf_vectorizer(x, max_gram_length: int = 1, max_skip_count: int = 0, min_gram_length: int = 1,
+                     mode: str = "TF", ngram_counts=(), ngram_indexes=(), pool_int64s=None, pool_strings=None,
+                     weights=None) -> Tensor:
+  """Count the pool's n-grams (tokens `skip` apart, for skip 0..max_skip_count) in each row; TF counts, IDF the
+  weight where the count is nonzero, TFIDF count times weight."""
+  pool = list(pool_int64s if pool_int64s is not None else pool_strings)
+  starts = list(ngram_counts) + [len(pool)]
+  lookup, k = {}, 0
+  for group in range(len(ngram_counts)):
+    n = group + 1
+    for j in range(starts[group], starts[group + 1], n):
+      lookup[tuple(pool[j:j + n])] = ngram_indexes[k]
+      k += 1
+  values = x.numpy() if isinstance(x, Tensor) else np.asarray(x, dtype=object)
+  rows = values.reshape(1, -1) if values.ndim == 1 else values
+  width = max(ngram_indexes) + 1 if len(ngram_indexes) else 0
+  counts = np.zeros((rows.shape[0], width), np.float32)
+  for r, row in enumerate(rows.tolist()):
+    for n in range(min_gram_length, max_gram_length + 1):
+      for skip in range(0, max_skip_count + 1 if n > 1 else 1):  # a unigram is the same at every skip
+        step = skip + 1
+        for start in range(len(row) - (n - 1) * step):
+          gram = tuple(row[start + i * step] for i in range(n))
+          if gram in lookup: counts[r, lookup[gram]] += 1
+  scale = np.asarray(weights, np.float32) if weights is not None else np.ones(width, np.float32)
+  if mode == "IDF": counts = (counts > 0) * scale
+  elif mode == "TFIDF": counts = counts * scale
+  elif mode != "TF": raise NotImplementedError(f"mode={mode!r}")
+  return Tensor(counts.reshape(width) if values.ndim == 1 else counts, dtype=dtypes.float32)
