@@ -111,3 +111,21 @@ def test_wrong_input_shape_and_missing_input_are_reported():
     runner({"x": np.zeros((2, 5), np.float32)})
   with pytest.raises(KeyError, match="'x' is missing"):
     runner({})
+
+def test_docs_list_every_supported_op():
+  """docs/onnx.md's operator lists are the code's: regenerate with python -m kiln.frontend.onnx --ops."""
+  import pathlib
+  from kiln.frontend.onnx import ops_markdown, supported_ops
+  text = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "onnx.md").read_text()
+  listed = text.split("<!-- ops -->\n", 1)[1].split("<!-- /ops -->", 1)[0]
+  assert listed == ops_markdown(), "docs/onnx.md's operator list is stale: python -m kiln.frontend.onnx --ops"
+  missing = [name for names in supported_ops().values() for name in names if f"`{name}`" not in listed]
+  assert not missing, f"not in docs/onnx.md: {missing}"
+
+def test_node_test_count_in_docs_matches_expected_failures():
+  import pathlib, onnx.backend.test
+  text = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "onnx.md").read_text()
+  failures = [line for line in (pathlib.Path(__file__).with_name("onnx_expected_failures.txt")).read_text().splitlines()
+              if line.strip() and not line.startswith("#")]
+  total = len(list((pathlib.Path(onnx.backend.test.__file__).parent / "data" / "node").iterdir()))
+  assert f"{total - len(failures)} of the {total} node tests pass" in text
