@@ -8,6 +8,10 @@ from kiln import Tensor, Context
 from kiln.uop.ops import Ops, toposort
 from kiln.schedule import pack
 from kiln.schedule.pack import pack_matmuls
+from kiln.schedule.kernelize import create_schedule
+from kiln.codegen.lowerer import lower_kernel
+from kiln.codegen.opt import optimize_kernel
+from kiln.engine.realize import render_lowered
 from helpers import check, assert_close
 
 @pytest.fixture
@@ -92,6 +96,14 @@ def test_conv_weights_over_short_rows_are_copied_channel_major(small_packs, kern
   out = x.conv2d(w, padding=kernel // 2)
   (root,) = pack_matmuls([out.uop], toposort([out.uop]), lambda device: True)
   assert any(u.op is Ops.CONTIGUOUS and u.src[0].op is Ops.PERMUTE and u.shape[-1] == 16 for u in toposort([root]))
+  # the input gradient's register tile: vectors of at least 8 input channels (not 4 + 3 columns)
+  g = Tensor(np.random.default_rng(5).standard_normal((2, 16, 7, 7), dtype=np.float32))
+  x = Tensor.zeros(2, 32, 7, 7).contiguous().realize().requires_grad_()
+  (x.conv2d(Tensor(np.ones((16, 32, kernel, kernel), np.float32)), padding=kernel // 2) * g).sum().backward()
+  items = [i for i in create_schedule([x.grad.uop]).items if i.ast.op is Ops.SINK]
+  with Context(VECTORIZE=1): _, uops = render_lowered("CPU", "xgrad", optimize_kernel(lower_kernel(items[-1].ast)))
+  accs = [u for u in uops if u.op is Ops.DEFINE_ACC]
+  assert accs and min(u.dtype.count for u in accs) >= 8, sorted({u.dtype.count for u in accs})
   ours = lambda x, w: x.conv2d(w, padding=kernel // 2)
   check(ours, lambda x, w: torch.nn.functional.conv2d(x, w, padding=kernel // 2), [(2, 32, 7, 7), (16, 32, kernel, kernel)])
 

@@ -86,10 +86,10 @@ def _split_offset(index: UOp) -> tuple[UOp | None, int]:
 MIN_TRANSPOSED_RUN = 8   # the shortest run of neighbouring addresses that reorders an accumulator tile's lanes
 
 def _leading_run(keys: list[list[tuple]], j: int) -> int:
-  """How many accumulators from the first read consecutive addresses through load j, with their other loads equal:
-  the length of the list's own first run along that load."""
+  """How many accumulators from the first read consecutive addresses through load j (keys: ("load", buffer, base,
+  offset) or ("value", uop) per operand), with their other operands equal: the list's own first run along it."""
   run = 1
-  while run < len(keys) and keys[run][j][:2] == keys[0][j][:2] and keys[run][j][2] == keys[0][j][2] + run and \
+  while run < len(keys) and keys[run][j][:3] == keys[0][j][:3] and keys[run][j][3] == keys[0][j][3] + run and \
         keys[run][:j] + keys[run][j + 1:] == keys[0][:j] + keys[0][j + 1:]:
     run += 1
   return run
@@ -383,30 +383,27 @@ class _Vectorizer:
 
   def _in_address_order(self, accs: list[UOp], transpose: bool) -> tuple[list[UOp], bool]:
     """(accumulators ordered so that neighbours read neighbouring addresses, whether that moved them across the
-    list's own runs). With one load per update: sorted by its address, when every update reads one buffer at one
-    base plus its own offset (the simplifier may have put an integer sum's lanes out of order). With several (a
-    tile's multiply-adds): grouped by the other loads, each group sorted by the address of the load whose groups are
-    the longest consecutive runs, when those are at least MIN_TRANSPOSED_RUN long and longer than the list's own
-    runs (only with `transpose`). Else as given. Any lane order gives the same bits: the code after the loop reads
-    each accumulator's own lane."""
-    keys = []
-    for acc in accs:
-      update = self.assigns[acc][0].src[1]
-      keys.append([(s.src[0], *_split_offset(s.src[1])) for s in update.src if s.op is _LOAD and len(s.src) == 2])
-    if not keys or any(len(k) != len(keys[0]) for k in keys) or not keys[0] or \
-       (len(keys[0]) > 1 and not transpose): return accs, False
-    if len(keys[0]) == 1:
-      if any(k[0][:2] != keys[0][0][:2] for k in keys) or len({k[0][2] for k in keys}) != len(keys): return accs, False
-      return [acc for _, acc in sorted(zip((k[0][2] for k in keys), accs), key=lambda pair: pair[0])], False
-    best, best_run = None, max(_leading_run(keys, j) for j in range(len(keys[0])))
-    for j in range(len(keys[0])):
-      if any(k[j][:2] != keys[0][j][:2] for k in keys): continue
+    list's own runs). Where each update reads one load at its own offset from one buffer and base: sorted by that
+    address (the simplifier may have put an integer sum's lanes out of order). Else, with `transpose`, for a tile's
+    multiply-adds: grouped by their other operands, each group sorted by the address of the load whose groups are
+    the longest consecutive runs, when those are at least MIN_TRANSPOSED_RUN long and longer than the list's own.
+    Else as given. Any lane order gives the same bits: the code after the loop reads each accumulator's own lane."""
+    keys = [[("load", s.src[0], *_split_offset(s.src[1])) if s.op is _LOAD and len(s.src) == 2 else ("value", s)
+             for s in self.assigns[acc][0].src[1].src if s.op is not _DEFINE_ACC] for acc in accs]
+    if not keys or any(len(k) != len(keys[0]) for k in keys) or not keys[0]: return accs, False
+    loads = [j for j in range(len(keys[0])) if all(k[j][0] == "load" and k[j][1:3] == keys[0][j][1:3] for k in keys)]
+    if len(loads) == 1 and sum(kind == "load" for kind, *_ in keys[0]) == 1 and \
+       len({k[loads[0]][3] for k in keys}) == len(keys):
+      return [acc for _, acc in sorted(zip((k[loads[0]][3] for k in keys), accs), key=lambda pair: pair[0])], False
+    if not transpose or len(keys[0]) < 2: return accs, False
+    best, best_run = None, max(_leading_run(keys, j) for j in loads) if loads else 1
+    for j in loads:
       groups: dict[tuple, list[int]] = {}
       for i, k in enumerate(keys): groups.setdefault(tuple(k[:j] + k[j + 1:]), []).append(i)
       runs = []
       for members in groups.values():
-        members.sort(key=lambda i: keys[i][j][2])
-        offsets = [keys[i][j][2] for i in members]
+        members.sort(key=lambda i: keys[i][j][3])
+        offsets = [keys[i][j][3] for i in members]
         runs.append(len(members) if offsets == list(range(offsets[0], offsets[0] + len(offsets))) else 1)
       if min(runs) >= MIN_TRANSPOSED_RUN and min(runs) > best_run:
         best, best_run = [accs[i] for members in groups.values() for i in members], min(runs)
