@@ -5,6 +5,7 @@ import numpy as np
 from kiln.dtype import dtypes
 from kiln.tensor import Tensor
 from kiln.frontend.onnx_ops import op, ints, scalar, axis_of, full, is_float, move_axis
+from kiln.frontend.onnx_proto import dtype_of_onnx
 
 # ---- padding shared by conv and pools
 
@@ -607,3 +608,48 @@ def roi_align(x: Tensor, rois: Tensor, batch_indices: Tensor, coordinate_transfo
   if mode != "max": raise NotImplementedError(f"mode={mode!r}")
   weighted = Tensor(present).reshape(count, 1, output_height, output_width, samples, 4).where(weighted, -math.inf)
   return weighted.max((4, 5)).cast(x.dtype)
+
+# ---- attention (opset 23), with the semantics of the spec's function body
+
+def _heads(x: Tensor, count: int | None) -> Tensor:
+  """A 3-d input (batch, seq, heads*size) -> (batch, heads, seq, size); 4-d inputs are already split."""
+  if x.ndim == 4: return x
+  if not count: raise ValueError("a 3-d Attention input needs q_num_heads and kv_num_heads")
+  return x.reshape(x.shape[0], x.shape[1], count, -1).permute(0, 2, 1, 3)
+
+@op("Attention")
+def attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, past_key: Tensor | None = None,
+              past_value: Tensor | None = None, is_causal: int = 0, kv_num_heads: int | None = None,
+              q_num_heads: int | None = None, qk_matmul_output_mode: int = 0, scale: float | None = None,
+              softcap: float = 0.0, softmax_precision: int | None = None):
+  """softmax(Q K^T * scale + bias) V over heads; past keys/values are prepended; a causal mask keeps key j <= query i
+  (aligned at the first key, as the spec's function body does it).
+
+  Where onnx 1.18's reference (and so its function body and its node tests' expected values) departs from the spec's
+  text, kiln follows the text and onnxruntime: a 3-d input's hidden axis splits into (heads, size) before the heads
+  move forward (onnx/onnx#7118), and in grouped-query attention each K/V head serves a contiguous group of Q heads."""
+  queries, keys, values = _heads(q, q_num_heads), _heads(k, kv_num_heads), _heads(v, kv_num_heads)
+  if past_key is not None: keys = past_key.cat(keys, dim=2)
+  if past_value is not None: values = past_value.cat(values, dim=2)
+  present_key, present_value = keys, values
+  groups = queries.shape[1] // keys.shape[1]
+  if groups > 1: keys, values = keys.repeat_interleave(groups, 1), values.repeat_interleave(groups, 1)
+  factor = scale if scale is not None else 1 / math.sqrt(queries.shape[-1])
+  scores = queries.matmul(keys.transpose(-1, -2)) * factor
+  q_len, kv_len = scores.shape[-2], scores.shape[-1]
+  recorded = [scores]
+  if attn_mask is not None:
+    bias = attn_mask.where(0.0, -math.inf).cast(scores.dtype) if attn_mask.dtype == dtypes.bool else attn_mask
+    scores = scores + bias
+  elif is_causal:
+    keep = Tensor.arange(q_len).reshape(q_len, 1) >= Tensor.arange(kv_len).reshape(1, kv_len)
+    scores = keep.where(scores, -math.inf)
+  recorded.append(scores)
+  if softcap: scores = (scores / softcap).tanh() * softcap
+  recorded.append(scores)
+  compute = dtype_of_onnx(softmax_precision) if softmax_precision else scores.dtype
+  weights = scores.cast(compute).softmax(-1).cast(scores.dtype)
+  recorded.append(weights)
+  y = weights.matmul(values)
+  if q.ndim == 3: y = y.permute(0, 2, 1, 3).reshape(q.shape[0], q.shape[1], -1)
+  return y, present_key, present_value, recorded[qk_matmul_output_mode]

@@ -831,4 +831,4 @@ def sequence_map(seq: list, *others, body=None, ctx=None):
   return tuple(outputs or [[] for _ in body.output])
 
 # noqa: E402,F401 below: these modules register their operators in OPS
-from kiln.frontend import onnx_domains, onnx_nn, onnx_rnn, onnx_signal, onnx_strings  # noqa: E402,F401
+from kiln.frontend import onnx_domains, onnx_host, onnx_nn, onnx_rnn, onnx_signal  # noqa: E402,F401

@@ -1,4 +1,4 @@
-"""The ONNX string operators, on numpy object arrays (kiln Tensors hold no strings): they run on the host."""
+"""ONNX operators computed on the host with numpy: strings (kiln Tensors hold none), TfIdfVectorizer, ImageDecoder."""
 from __future__ import annotations
 import re
 import numpy as np
@@ -74,3 +74,20 @@ def tfidf_vectorizer(x, max_gram_length: int = 1, max_skip_count: int = 0, min_g
   elif mode == "TFIDF": counts = counts * scale
   elif mode != "TF": raise NotImplementedError(f"mode={mode!r}")
   return Tensor(counts.reshape(width) if values.ndim == 1 else counts, dtype=dtypes.float32)
+
+@op("ImageDecoder")
+def image_decoder(encoded: Tensor, pixel_format: str = "RGB") -> Tensor:
+  """Decode an encoded image (JPEG, PNG, BMP, TIFF, WebP, PNM, JPEG 2000) to (height, width, channels) uint8 with
+  Pillow on the host; pixel_format RGB, BGR or Grayscale (one channel)."""
+  try:
+    from PIL import Image
+  except ImportError as err:
+    raise NotImplementedError("ImageDecoder needs Pillow: pip install pillow") from err
+  import io
+  image = Image.open(io.BytesIO(encoded.numpy().astype(np.uint8).tobytes()))
+  if pixel_format == "Grayscale": pixels = np.asarray(image.convert("L"))[:, :, None]
+  elif pixel_format in ("RGB", "BGR"):
+    pixels = np.asarray(image.convert("RGB"))
+    if pixel_format == "BGR": pixels = pixels[:, :, ::-1]
+  else: raise NotImplementedError(f"pixel_format={pixel_format!r}")
+  return Tensor(np.ascontiguousarray(pixels), dtype=dtypes.uint8)
