@@ -55,6 +55,7 @@ class _Uncacheable(Exception):
 
 # hot reads in graph_key bound once: `Ops.X` is a metaclass attribute lookup (~130 ns under Python 3.11)
 _BUFFER, _UNIQUE, _ASSIGN = Ops.BUFFER, Ops.UNIQUE, Ops.ASSIGN
+_SPECIAL_OPS = frozenset({_BUFFER, _UNIQUE, _ASSIGN}) | _UNCACHED_OPS   # entered by _KeyWalk.entry_of
 _FLOAT_OR_BOOL = (float, bool)
 
 class _Key(tuple):
@@ -99,30 +100,31 @@ class _KeyWalk:
     fastest reads in Python)."""
     index, entries, symbolic_possible, entry_of = self.index, self.entries, self.symbolic_possible, self.entry_of
     get, append = index.get, entries.append
-    def visit(node: UOp) -> int:
-      if (i := get(node)) is not None: return i
+    def visit(node: UOp) -> int:   # a node not entered yet (callers look it up first)
       if node.forward is not None:   # realized earlier: read its buffer
-        i = index[node] = visit(_realized(node))
+        target = _realized(node)
+        i = index[node] = visit(target) if (i := get(target)) is None else i
         return i
       op = node.op
-      if op in _UNCACHED_OPS or (symbolic_possible and _holds_uop(node.arg)): raise _Uncacheable
-      if op is _BUFFER or op is _UNIQUE or op is _ASSIGN:
-        entry_of(node, tuple([visit(src) for src in node.src]))
+      if op in _SPECIAL_OPS or (symbolic_possible and _holds_uop(node.arg)):
+        if op in _UNCACHED_OPS or (symbolic_possible and _holds_uop(node.arg)): raise _Uncacheable
+        entry_of(node, tuple([visit(src) if (i := get(src)) is None else i for src in node.src]))
         return index[node]
       srcs = []
       for src in node.src:
         i = get(src)
         srcs.append(visit(src) if i is None else i)
       arg = node.arg
+      if type(arg) is float or type(arg) is bool: arg = _cache_key_arg(arg)
       i = index[node] = len(entries)
-      append((op, node.dtype, _cache_key_arg(arg) if type(arg) in _FLOAT_OR_BOOL else arg, tuple(srcs)))
+      append((op, node.dtype, arg, tuple(srcs)))
       return i
-    try: return tuple([visit(r) for r in roots])
+    try: return tuple([visit(r) if (i := get(r)) is None else i for r in roots])
     finally: visit = None   # noqa: F841  (the closure refers to itself: a cycle that kept the graph alive until GC)
 
   def entry_of(self, node: UOp, srcs: tuple) -> None:
-    """Enter a BUFFER, UNIQUE or ASSIGN node whose sources have the entries `srcs` (checked for what makes a graph
-    uncacheable)."""
+    """Enter a node of the rare ops (BUFFER, UNIQUE, ASSIGN) whose sources have the entries `srcs`; raises
+    _Uncacheable for a node whose graph must be scheduled anew."""
     op, arg = node.op, node.arg
     if op in _UNCACHED_OPS or (self.symbolic_possible and _holds_uop(arg)): raise _Uncacheable
     if op is _BUFFER:
