@@ -11,7 +11,7 @@ from kiln.helpers import CC, CFLAGS
 from kiln.renderer import kernel_function_name
 from kiln.renderer.cstyle import CRenderer, chunks_symbol, scratch_symbol, task_symbol, work_symbol
 from kiln.runtime.cpu_target import target_for_flags
-from kiln.runtime.threadpool import (MIN_WORK_PER_THREAD, build_library_in_background, chunks_for, pool_for,
+from kiln.runtime.threadpool import (MIN_WORK_PER_THREAD, THREADS, build_library_in_background, chunks_for, pool_for,
                                      thread_count)
 
 # always on: no FMA contraction (results must match the reference bit for bit), no errno from libm, wrapping signed ints
@@ -313,11 +313,18 @@ class CPUProgram:
     (`chunks_for`: a descheduled thread then delays only a small chunk)."""
     return self.chunks if self.chunks else chunks_for(self.work, self.threads())
 
+  _threads_memo: tuple | None = None   # (THREADS, MIN_WORK_PER_THREAD, threads) of the last `threads()`
+
   def threads(self) -> int:
     """Threads a launch runs on now: for a splittable kernel, as many as give each MIN_WORK_PER_THREAD uops (at most
     the pool's size, at least 1); 1 for any other kernel."""
     if self.task is None: return 1
-    return max(1, min(thread_count(), self.chunks or thread_count(), self.work // max(1, MIN_WORK_PER_THREAD)))
+    # remembered for the settings it was found under: every launch asks (~1.5 us of an eager launch)
+    memo = self._threads_memo
+    if memo is not None and memo[0] == THREADS.value and memo[1] == MIN_WORK_PER_THREAD: return memo[2]
+    threads = max(1, min(thread_count(), self.chunks or thread_count(), self.work // max(1, MIN_WORK_PER_THREAD)))
+    self._threads_memo = (THREADS.value, MIN_WORK_PER_THREAD, threads)
+    return threads
 
   def __call__(self, *bufs, vals: tuple[int, ...] = (), wait: bool = False) -> float | None:
     """Run the kernel on host buffers `bufs` with integer arguments `vals`; with wait=True return elapsed seconds."""

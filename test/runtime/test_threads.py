@@ -390,3 +390,14 @@ def test_outer_loop_reading_its_own_output_is_not_split():
   assert find_split_reduction(uops) is None
   assert find_split_reduction([u for u in uops if u is not previous and u is not total][:-2]
                               + [store(out, o, assign), end(o)]) is not None
+
+def test_a_programs_thread_count_follows_the_settings_it_is_asked_under(monkeypatch):
+  # threads() is remembered per program: a new THREADS or MIN_WORK_PER_THREAD must still be seen
+  t = Tensor(A) * 2
+  item = t.schedule()[-1]
+  program = realize.get_runner(item.bufs[0].device, item.ast).program
+  assert program.task is not None
+  for threads in (1, 3, 2, 3):
+    with Context(THREADS=threads): assert program.threads() == threads
+  monkeypatch.setattr(ops_cpu, "MIN_WORK_PER_THREAD", program.work)
+  with Context(THREADS=3): assert program.threads() == 1
