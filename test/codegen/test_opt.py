@@ -167,6 +167,14 @@ def test_conv_input_gradient_tiles_the_weights_contiguous_channels(target):
   # 14 columns: the same tile, and a 1 MiB panel that stays in L2 unblocked
   assert _heuristic_choice(_conv_input_gradient(256, 1024, 14), target)[0] == Opt(U, 1, 16)
 
+def test_vector_axis_that_8_does_not_divide_gets_16_overlapping_lanes():
+  # 100 and 28 columns: 16 lanes with the last tile overlapping (at most a quarter more computed), not vectors of 4
+  with Context(PACK_MATMUL=0):
+    assert Opt(U, 1, 16) in _heuristic_choice(Tensor.empty(100, 64) @ Tensor.empty(64, 100), AVX512_XEON)
+    assert Opt(U, 1, 16) in _heuristic_choice(Tensor.empty(64, 64) @ Tensor.empty(64, 28), AVX512_XEON)
+    # 36 would compute 48: a third more
+    assert Opt(U, 1, 16) not in _heuristic_choice(Tensor.empty(64, 64) @ Tensor.empty(64, 36), AVX512_XEON)
+
 def test_packed_transposed_matmul_gets_the_wide_tile():
   # packed (kiln/schedule/pack.py), `b.T` is read along its 16-lane runs like any `b`
   assert _heuristic_choice(Tensor.empty(512, 512) @ Tensor.empty(512, 512).T) == [Opt(U, 1, 16), Opt(U, 0, 4)]

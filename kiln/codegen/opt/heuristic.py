@@ -203,7 +203,9 @@ def heuristic_opts(kernel: Kernel, target: CPUTarget | None = None) -> list[Opt]
     wide_amounts = _halvings(plan.wide) if vector_axis else (16, 8, 4)
     if not _first_dividing(Kernel.size(wide), wide_amounts) and (k := _short_axis(Kernel.size(wide))):
       _try(kernel, Opt(OptOps.UPCAST, kernel.output_axes.index(wide), k))
-    else: _upcast_padded(kernel, wide, wide_amounts)
+    elif not (vector_axis and (k := _overlapping_vector(Kernel.size(wide))) and wide is not kernel.output_axes[0]
+              and _try(kernel, Opt(OptOps.UPCAST, kernel.output_axes.index(wide), k))):
+      _upcast_padded(kernel, wide, wide_amounts)
     # (a fully upcast axis is gone from the list)
     if not pad_partner_first and partner in kernel.output_axes:
       # 16 rows can exceed MAX_NODES where 8 do not (a GELU epilogue copied 256 times): 8 rows then. A software-math
@@ -373,6 +375,12 @@ def _matrix_vector(kernel: Kernel, loads: list[UOp], out_axes: list[UOp],
   return kernel.applied
 
 MAX_WHOLE_TILE_AXIS = 16
+
+def _overlapping_vector(size: int | None) -> int | None:
+  """16 lanes, the last tile overlapping the one before it, for a vector axis that 8 does not divide when that
+  computes at most a quarter more (ResNet's 28 image columns: 16 + 16 rather than vectors of 4); else None."""
+  if size is None or size <= 16 or size % 8 == 0 or (-size) % 16 * 4 > size: return None
+  return 16
 
 def _short_axis(size: int | None) -> int | None:
   """The size of a tile's wide axis that 16, 8 and 4 do not divide, when it is short enough to upcast whole (an MLP's
