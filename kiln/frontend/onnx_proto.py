@@ -4,6 +4,7 @@ from typing import Any
 import numpy as np
 from kiln.dtype import DType, dtypes
 from kiln.tensor import Tensor
+from kiln.frontend import onnx_floats
 
 def import_onnx():
   """The onnx package, or an ImportError saying how to install it."""
@@ -21,7 +22,7 @@ ONNX_DTYPES: dict[int, DType] = {
   18: dtypes.float32, 20: dtypes.float32, 23: dtypes.float32,
 }
 # float8e4m3fnuz, float8e5m2fnuz and float4e2m1 have no kiln dtype: their values are held in float32 (on that type's
-# grid); a Cast to them rounds on the host with onnx's converters.
+# grid); a Cast to them rounds on the host (onnx_floats.py).
 EMULATED_FLOATS = (18, 20, 23)
 ONNX_TYPE_NAMES = {1: "FLOAT", 2: "UINT8", 3: "INT8", 4: "UINT16", 5: "INT16", 6: "INT32", 7: "INT64", 8: "STRING",
                    9: "BOOL", 10: "FLOAT16", 11: "DOUBLE", 12: "UINT32", 13: "UINT64", 14: "COMPLEX64",
@@ -40,23 +41,11 @@ _NARROW_FLOATS = (16, 17, 19, 18, 20, 23)
 def _float_bits_to_float32(bits: np.ndarray, elem_type: int) -> np.ndarray:
   """Unpacked bfloat16 / float8 / float4 bit patterns (as integers) -> float32 values."""
   if elem_type == 16: return (bits.astype(np.uint32) << 16).view(np.float32)
-  from onnx import numpy_helper
-  if elem_type == 23: return numpy_helper.unpacked_float4e2m1_to_float32(bits.astype(np.uint8))
-  if elem_type in (17, 18): return numpy_helper.float8e4m3_to_float32(bits, uz=elem_type == 18).astype(np.float32)
-  return numpy_helper.float8e5m2_to_float32(bits, fn=elem_type == 20, uz=elem_type == 20).astype(np.float32)
+  return onnx_floats.decode(bits, elem_type)
 
 def _float32_to_bits(values: np.ndarray, elem_type: int, saturate: bool) -> np.ndarray:
-  """float32 values -> the nearest float8 / float4 bit patterns (uint8), with the sign of NaN and zero kept."""
-  from onnx import helper, subbyte
-  values = np.asarray(values, np.float32)
-  if elem_type == 23: return subbyte.float32_to_float4e2m1_unpacked(values).astype(np.uint8)
-  convert = {17: lambda v: helper._float32_to_float8e4m3(v, saturate=saturate),
-             18: lambda v: helper._float32_to_float8e4m3(v, uz=True, saturate=saturate),
-             19: lambda v: helper._float32_to_float8e5m2(v, saturate=saturate),
-             20: lambda v: helper._float32_to_float8e5m2(v, fn=True, uz=True, saturate=saturate)}[elem_type]
-  if elem_type in (18, 20): return np.vectorize(convert, otypes=[np.uint8])(values)  # one NaN, no negative zero
-  bits = np.vectorize(lambda v: convert(abs(v)), otypes=[np.uint8])(values)
-  return bits | (np.signbit(values).astype(np.uint8) << 7)
+  """float32 values -> the nearest float8 / float4 bit patterns (uint8)."""
+  return onnx_floats.encode(values, elem_type, saturate)
 
 def round_to_emulated(values: np.ndarray, elem_type: int, saturate: bool) -> np.ndarray:
   """float32 values rounded onto an emulated type's grid (held in float32)."""

@@ -212,3 +212,26 @@ def test_attention_matches_onnxruntime_where_the_node_tests_disagree(name):
   outputs = OnnxRunner(model)(feeds)
   for info, reference in zip(model.graph.output, session.run(None, feeds)):
     assert_close(outputs[info.name].numpy(), reference, atol=1e-5)
+
+@pytest.mark.parametrize("elem_type", [17, 18, 19, 20, 23])
+def test_narrow_float_codecs_agree_with_onnx(elem_type):
+  """kiln's float8/float4 tables decode every code as onnx does, and round (saturating) to the same codes."""
+  import warnings
+  from onnx import numpy_helper as nh, subbyte
+  from onnx import helper as onnx_helper
+  from kiln.frontend import onnx_floats
+  codes = np.arange(16 if elem_type == 23 else 256)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    reference = {17: lambda c: nh.float8e4m3_to_float32(c), 18: lambda c: nh.float8e4m3_to_float32(c, uz=True),
+                 19: lambda c: nh.float8e5m2_to_float32(c), 20: lambda c: nh.float8e5m2_to_float32(c, fn=True, uz=True),
+                 23: lambda c: nh.unpacked_float4e2m1_to_float32(c.astype(np.uint8))}[elem_type](codes)
+    np.testing.assert_array_equal(onnx_floats.decode(codes, elem_type), reference)
+    values = (np.random.default_rng(elem_type).standard_normal(500) * 10.0 ** np.arange(-5, 5).repeat(50)).astype(np.float32)
+    values = np.concatenate([values, np.array([0, -0.0, np.inf, -np.inf, np.nan], np.float32)])
+    if elem_type == 23: expected = subbyte.float32_to_float4e2m1_unpacked(values)
+    else:
+      convert = onnx_helper._float32_to_float8e4m3 if elem_type in (17, 18) else onnx_helper._float32_to_float8e5m2
+      flags = {17: {}, 18: {"uz": True}, 19: {}, 20: {"fn": True, "uz": True}}[elem_type]
+      expected = np.array([convert(v, saturate=True, **flags) for v in values])
+  np.testing.assert_array_equal(onnx_floats.encode(values, elem_type, saturate=True), expected)
