@@ -138,7 +138,8 @@ def main() -> None:
   parser.add_argument("--profile-log", metavar="FILE", type=pathlib.Path, help="with --profile: the DEBUG=2 lines")
   parser.add_argument("--model", metavar="PATH", type=pathlib.Path, help="GGUF file (default: SmolLM2-135M's)")
   parser.add_argument("--random-gguf", choices=sorted(PRESETS), metavar="MODEL",
-                      help=f"benchmark a GGUF with random weights in this model's shapes and types ({', '.join(PRESETS)})")
+                      help="benchmark a GGUF with random weights in this model's shapes and types "
+                           f"({', '.join(PRESETS)})")
   parser.add_argument("--matrix-type", metavar="TYPE", help="with --random-gguf: the weight matrices' type instead "
                       "of the model's (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, F16, F32)")
   parser.add_argument("--embedding-type", metavar="TYPE", help="with --random-gguf: the token embedding's type")

@@ -63,10 +63,13 @@ def _bit_fields(packed: Tensor, bits: int, axis: int) -> Tensor:
 
 def byte_dot_max(device: str | None = None) -> int:
   """The largest unsigned byte `device` (default: the default device) multiplies in integer dot products of bytes in
-  a few instructions (CPUTarget.byte_dot_max: 255 with VNNI, 127 with AVX2), 0 where it has none: a renderer that
-  makes DP4A (kiln/codegen/vectorize.py), vectorizing."""
+  a few instructions (CPUTarget.byte_dot_max: 255 with VNNI, 127 with AVX2), 0 where it has none: a CPU renderer
+  that makes DP4A (kiln/codegen/vectorize.py), vectorizing. Always 0 on GPU targets."""
   from kiln.device import Device
   renderer = Device[Device.canonicalize(device) if device is not None else Device.DEFAULT].renderer
+  # GPU targets (blocks and threads: CUDA) get float products: the byte dot products come from the CPU renderer's
+  # vector pass, which a GPU renderer does not run, and a decode step there is bound by its kernel count, not bytes
+  if renderer.has_local: return 0
   if not VECTORIZE or not getattr(renderer, "renders_byte_dots", False): return 0
   return int(getattr(renderer.target, "byte_dot_max", 0))
 
