@@ -110,9 +110,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     t = Tensor.__new__(Tensor)
     t.uop, t.grad, t._requires_grad = uop, None, None
     _live_tensors.add(t)
-    if uop.meta is None:   # a new node
-      uop.shape   # noqa: B018 -- its shape now, while its sources' are known: later it would take a graph walk
-      if TRACEBACK_SOURCE.value: uop.meta = _user_op[2] or _op_label(name)
+    if uop.meta is None: _label(uop, name)
     return t
 
   # ---------------- properties ----------------
@@ -834,7 +832,9 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
       if dtype == x.uop.dtype and shape:
         # the common case (x * 0.5): no promotion, and the scalar broadcasts to x's shape. The same nodes the general
         # path below builds, without its checks, the constant's first two nodes kept (~11 of the ~18 us of x * 0.5)
-        y = Tensor._wrap(_scalar_view(dtype, value, x.device, len(shape)).expand(shape), "expand")
+        # (an operand only: not a live tensor, pending assigns need not know it)
+        y = _tensor_around(_scalar_view(dtype, value, x.device, len(shape)).expand(shape))
+        if y.uop.meta is None: _label(y.uop, "expand")
         return (y, x) if reverse else (x, y)
       y = _tensor_around(UOp.const(dtype, value, x.device))
     else: raise TypeError(f"{op}: unsupported operand type {type(other).__name__}{_where()}")
@@ -1822,6 +1822,11 @@ def _scalar_view(dtype: DType, value, device: str, ndim: int) -> UOp:
     if len(_scalar_views) >= _SCALAR_VIEWS_MAX: _scalar_views.clear()
     view = _scalar_views[key] = UOp.const(dtype, value, device).reshape((1,) * ndim)
   return view
+
+def _label(uop: UOp, name: str) -> None:
+  """Record the user's source line on a freshly built node (`name`: its op, outside any public method)."""
+  uop.shape   # noqa: B018 -- its shape now, while its sources' are known: later it would take a graph walk
+  if TRACEBACK_SOURCE.value: uop.meta = _user_op[2] or _op_label(name)
 
 def _tensor_around(uop: UOp) -> Tensor:
   """A Tensor holding `uop` as it is (no conversion, no metadata): the fast path for nodes built internally."""

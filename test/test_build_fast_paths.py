@@ -55,6 +55,14 @@ def test_cache_keeps_no_metadata():
   assert view.op is Ops.EXPAND and view.src[0].meta is None and view.src[0].src[0].meta is None
   assert math.isclose(y.numpy()[0, 0], 0.25)
 
+def test_scalar_operand_is_labelled_and_is_no_live_tensor():
+  x = Tensor.ones(2, 3)
+  before = len(_live_tensors)
+  y = x * 0.75
+  view = y.uop.src[1]
+  assert view.op is Ops.EXPAND and view.meta is not None and "test_build_fast_paths.py" in view.meta
+  assert view.shape == (2, 3) and len(_live_tensors) == before + 1   # y only: the operand dies at once
+
 @pytest.mark.parametrize("args", [((4, 6),), (4, 6), ((2, 2, 6),), ((24,),), (24,)])
 def test_reshape_fast_path_same_node_and_values(args):
   a = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
