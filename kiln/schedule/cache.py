@@ -110,14 +110,19 @@ class _KeyWalk:
         if op in _UNCACHED_OPS or (symbolic_possible and _holds_uop(node.arg)): raise _Uncacheable
         entry_of(node, tuple([visit(src) if (i := get(src)) is None else i for src in node.src]))
         return index[node]
-      srcs = []
-      for src in node.src:
-        i = get(src)
-        srcs.append(visit(src) if i is None else i)
+      src = node.src
+      if len(src) == 1:   # most nodes have one or two sources: no list to build
+        if (i := get(src[0])) is None: i = visit(src[0])
+        srcs: tuple = (i,)
+      elif len(src) == 2:
+        if (i := get(src[0])) is None: i = visit(src[0])
+        if (j := get(src[1])) is None: j = visit(src[1])
+        srcs = (i, j)
+      else: srcs = tuple([visit(s) if (i := get(s)) is None else i for s in src])
       arg = node.arg
       if type(arg) is float or type(arg) is bool: arg = _cache_key_arg(arg)
       i = index[node] = len(entries)
-      append((op, node.dtype, arg, tuple(srcs)))
+      append((op, node.dtype, arg, srcs))
       return i
     try: return tuple([visit(r) if (i := get(r)) is None else i for r in roots])
     finally: visit = None   # noqa: F841  (the closure refers to itself: a cycle that kept the graph alive until GC)
