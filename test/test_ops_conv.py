@@ -4,6 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from kiln import Tensor, Device, dtypes
+from kiln.helpers import prod
+from kiln.uop.ops import Ops, toposort
 from helpers import check, assert_close
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -30,11 +32,19 @@ CONV_CASES = [
   ((1, 1, 3, 3), (1, 1, 3, 3), {"padding": 2, "stride": 2}),                # padding bigger than half the kernel
   ((2, 4, 9, 8), (6, 2, 3, 3), {"groups": 2, "stride": 2, "padding": 1}),   # strided groups (phases per group)
   ((1, 3, 11, 10), (2, 3, 5, 4), {"stride": (3, 2), "padding": (2, 1)}),    # kernel longer than the strides
+  ((2, 4, 7, 6), (6, 4, 1, 1), {"stride": 2}),                              # 1x1 strided: input subsampled first
+  ((1, 4, 9, 8), (4, 2, 1, 1), {"stride": (3, 2), "padding": 1, "groups": 2}),
 ]
 
 @pytest.mark.parametrize("xs, ws, kw", CONV_CASES)
 def test_conv2d(xs, ws, kw):
   check(lambda x, w: x.conv2d(w, **kw), lambda x, w: _torch_conv(x, w, **kw), [xs, ws])
+
+def test_strided_1x1_conv_sums_only_the_real_taps():
+  # subsampled, a 1x1 stride-2 conv sums C_in products per output (phases would pad its kernel to 2x2: 4x as many)
+  x, w = Tensor.empty(2, 8, 14, 14), Tensor.empty(16, 8, 1, 1)
+  sums = [u for u in toposort([x.conv2d(w, stride=2).uop]) if u.op is Ops.REDUCE_AXIS]
+  assert sums and all(prod(u.src[0].shape) == 2 * 16 * 7 * 7 * 8 for u in sums)
 
 def test_conv2d_bias_and_noncontiguous_input():
   # the input is a transposed view; bias gradients checked too

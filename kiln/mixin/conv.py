@@ -90,6 +90,17 @@ def _phases_pay(x: Tensor, strides, dilations, pairs, dtype) -> bool:
   return any(s > 1 for s in strides) and all(d == 1 for d in dilations) and dtype is None and \
     all(b >= 0 and a >= 0 for b, a in pairs) and all(isinstance(d, int) for d in x.shape)
 
+def _subsample(x: Tensor, strides: tuple[int, ...], pairs) -> Tensor:
+  """The padded input at every stride-th position of each spatial axis (from the first), (N, C, *ceil(padded/s))."""
+  n, (batch, channels) = len(strides), x.shape[:2]
+  padded = [size + b + a for size, (b, a) in zip(x.shape[2:], pairs)]
+  lengths = [-(-p // s) * s for p, s in zip(padded, strides)]
+  x = x._pad_spatial([(b, a + length - p) for (b, a), length, p in zip(pairs, lengths, padded)])
+  x = x.reshape(batch, channels, *flatten((length // s, s) for length, s in zip(lengths, strides)))
+  x = x.shrink(((0, batch), (0, channels), *flatten(((0, length // s), (0, 1)) for length, s in zip(lengths, strides))))
+  # a contiguous copy: read in place, the conv's rows would be strided (no vector loads)
+  return x.reshape(batch, channels, *[length // s for length, s in zip(lengths, strides)]).contiguous()
+
 def _phase_input(x: Tensor, strides: tuple[int, ...], pairs) -> Tensor:
   """The padded input (zeros added up to a multiple of each stride) with each spatial axis split by position modulo
   its stride, the remainders moved into the channels: (N, C*prod(strides), *padded/strides), channel c*prod(strides)
@@ -232,6 +243,10 @@ class ConvMixin:
     if any(p < span for p, span in zip(padded, spans)) or 0 in kernel:
       raise TensorValueError(f"{op}: kernel {fmt(kernel)} (dilation {fmt(dilations)}) is larger than the padded input "
                              f"{fmt(padded)} of input {fmt(x.shape)}{where()}")
+    if all(k == 1 for k in kernel) and _phases_pay(x, strides, dilations, pairs, None):
+      # a 1x1 kernel at a stride reads every stride-th input: subsampled first, it is a stride-1 conv (its phases
+      # would pad the kernel to the strides, 4x the products at stride 2: a ResNet downsample)
+      return _subsample(x, strides, pairs)._conv(weight, bias, groups, 1, dilations, [(0, 0)] * n, dtype, op, taps)
     if _phases_pay(x, strides, dilations, pairs, dtype):
       # a strided conv is a stride-1 conv of the input's phases with the weight's (_phase_input): contiguous rows
       # the weight's padded taps read inputs of the next window, or ones no output reads: select them out
