@@ -12,8 +12,9 @@ from collections import ChainMap
 from typing import Any, Callable
 import numpy as np
 from kiln.tensor import Tensor
-from kiln.frontend.onnx_proto import import_onnx, dtype_of_onnx, value_of_proto, attribute_value, numpy_input, ONNX_DTYPES, STRING
+from kiln.frontend.onnx_proto import import_onnx, dtype_of_onnx, value_of_proto, attribute_value, numpy_input, host_entries, host_value, remember, ONNX_DTYPES, STRING
 from kiln.frontend.onnx_ops import OPS
+from kiln.frontend.onnx_fold import FOLDERS, fold
 
 Value = Any  # a Tensor, a list of values (an ONNX sequence), None (an empty optional) or a numpy string array
 
@@ -86,12 +87,17 @@ class OnnxRunner:
     self.model, self.graph, self.device = model, model.graph, device
     self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
     self.initializers = {t.name: self._load(t) for t in self.graph.initializer}
+    initializer_ids = {id(v) for v in self.initializers.values()}
+    self._known = {key: entry for key, entry in host_entries().items() if key in initializer_ids}
     self.inputs = [i for i in self.graph.input if i.name not in self.initializers]
     self.output_names = [o.name for o in self.graph.output]
 
   def _load(self, proto) -> Value:
     value = value_of_proto(proto)
-    return value.to(self.device) if self.device is not None and isinstance(value, Tensor) else value
+    if self.device is None or not isinstance(value, Tensor): return value
+    known = host_value(value)
+    moved = value.to(self.device)
+    return remember(moved, known) if known is not None else moved
 
   def _input_value(self, info, value: Value) -> Value:
     """A user's input as the graph wants it: a Tensor of the declared dtype, a list for a sequence, None if omitted."""
@@ -127,7 +133,13 @@ class OnnxRunner:
       if info.name not in inputs and info.type.WhichOneof("value") == "tensor_type":
         raise KeyError(f"ONNX input {info.name!r} is missing; the model's inputs: {[i.name for i in self.inputs]}")
       values[info.name] = self._input_value(info, inputs.get(info.name))
-    outputs = self.run_graph(self.graph, values, ChainMap(), self.opset, debug)
+    known = host_entries()
+    known.clear()
+    known.update(self._known)
+    try: outputs = self.run_graph(self.graph, values, ChainMap(), self.opset, debug)
+    finally:  # host copies made during the call go with it; the initializers' stay
+      known.clear()
+      known.update(self._known)
     return dict(zip(self.output_names, outputs))
 
   def run_graph(self, graph, values: dict[str, Value], outer: ChainMap, opset: int | None = None,
@@ -191,6 +203,9 @@ class OnnxRunner:
     for name in attrs:
       if not accepts_any and (name not in params or params[name].kind == params[name].VAR_POSITIONAL):
         raise NotImplementedError(f"{where()}: attribute {name!r} is not supported")
+    if key in FOLDERS:
+      folded = fold(key, inputs, attrs)
+      if folded is not None: return folded
     if "ctx" in params: attrs["ctx"] = NodeContext(self, node, scope, opset)
     while inputs and inputs[-1] is None: inputs = inputs[:-1]
     try:

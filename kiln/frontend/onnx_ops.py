@@ -11,7 +11,7 @@ from typing import Callable
 import numpy as np
 from kiln.dtype import DType, dtypes
 from kiln.tensor import Tensor
-from kiln.frontend.onnx_proto import EMULATED_FLOATS, dtype_of_onnx, round_to_emulated
+from kiln.frontend.onnx_proto import EMULATED_FLOATS, dtype_of_onnx, host_value, remember, round_to_emulated
 
 OPS: dict[str, Callable] = {}
 
@@ -24,16 +24,20 @@ def op(*names: str):
 
 # ---- helpers: static values of small tensors (shapes, axes), axes, dtypes
 
+def host_array(value) -> np.ndarray:
+  """A tensor's values on the host: its host copy where there is one (see onnx_proto.remember), else read."""
+  if not isinstance(value, Tensor): return np.asarray(value)
+  known = host_value(value)
+  return known if known is not None else value.numpy()
+
 def ints(value) -> list[int] | None:
   """A shape/axes-like input or attribute as a list of Python ints (None stays None)."""
   if value is None: return None
-  if isinstance(value, Tensor): value = value.numpy()
-  return [int(v) for v in np.asarray(value).reshape(-1)]
+  return [int(v) for v in host_array(value).reshape(-1)]
 
 def scalar(value):
   """A one-element input as a Python number."""
-  if isinstance(value, Tensor): return value.numpy().reshape(-1)[0].item()
-  return np.asarray(value).reshape(-1)[0].item()
+  return host_array(value).reshape(-1)[0].item()
 
 def axis_of(axis: int, ndim: int) -> int:
   """A possibly negative axis -> 0..ndim-1."""
@@ -268,11 +272,13 @@ def constant(value=None, value_float=None, value_floats=None, value_int=None, va
 
 @op("Shape")
 def shape(x, start: int = 0, end: int | None = None) -> Tensor:
-  dims = list(x.shape)
-  return Tensor(dims[slice(start, end)], dtype=dtypes.int64)
+  dims = np.array(list(x.shape)[slice(start, end)], dtype=np.int64)
+  return remember(Tensor(dims, dtype=dtypes.int64), dims)
 
 @op("Size")
-def size(x) -> Tensor: return Tensor(int(np.prod(x.shape)), dtype=dtypes.int64)
+def size(x) -> Tensor:
+  count = np.array(int(np.prod(x.shape)), dtype=np.int64)
+  return remember(Tensor(count, dtype=dtypes.int64), count)
 
 @op("ConstantOfShape")
 def constant_of_shape(shape_: Tensor, value: Tensor | None = None) -> Tensor:

@@ -61,13 +61,34 @@ def numpy_of_proto(proto) -> np.ndarray:
   if proto.data_type == STRING: return array.astype(object)
   return array
 
+# Host copies of small tensors whose values are known without running a kernel: initializers, Constant values, Shape
+# outputs, and the shape arithmetic onnx_fold.py computes from them. Reading a shape-like input then needs no
+# realize, so shape-computing graphs run under TinyJit (where reading a value is refused) and launch fewer kernels.
+# Keyed by id, holding the tensor so the id stays its own; the runner drops a call's entries when the call ends.
+HOST_LIMIT = 4096
+_host: dict[int, tuple[Tensor, np.ndarray]] = {}
+
+def remember(tensor: Tensor, array: np.ndarray) -> Tensor:
+  """Record a small tensor's values on the host; returns the tensor."""
+  if np.asarray(array).size <= HOST_LIMIT: _host[id(tensor)] = (tensor, np.asarray(array))
+  return tensor
+
+def host_value(value) -> np.ndarray | None:
+  """The host copy of a tensor's values, None where there is none."""
+  entry = _host.get(id(value))
+  return entry[1] if entry is not None and entry[0] is value else None
+
+def host_entries() -> dict[int, tuple[Tensor, np.ndarray]]:
+  return _host
+
 def value_of_proto(proto) -> Tensor | np.ndarray:
   """A TensorProto as a kiln Tensor of its ONNX dtype (a numpy object array for strings)."""
   array = numpy_of_proto(proto)
   if proto.data_type == STRING: return array
   dtype = dtype_of_onnx(proto.data_type)
   if proto.data_type in _NARROW_FLOATS: return Tensor(array).cast(dtype)
-  return Tensor(np.array(array, order="C"), dtype=dtype)
+  array = np.array(array, order="C")
+  return remember(Tensor(array, dtype=dtype), array)
 
 def attribute_value(attr) -> Any:
   """An AttributeProto as a Python value: ints, floats, str, tuples of them, Tensors, or a GraphProto (subgraphs)."""

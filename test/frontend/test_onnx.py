@@ -235,3 +235,63 @@ def test_narrow_float_codecs_agree_with_onnx(elem_type):
       flags = {17: {}, 18: {"uz": True}, 19: {}, 20: {"fn": True, "uz": True}}[elem_type]
       expected = np.array([convert(v, saturate=True, **flags) for v in values])
   np.testing.assert_array_equal(onnx_floats.encode(values, elem_type, saturate=True), expected)
+
+def test_runner_under_tinyjit():
+  """A model computing its Reshape target from Shape (folded on the host) replays under TinyJit with new inputs."""
+  from kiln import TinyJit
+  nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "zero"], ["n"]),
+           helper.make_node("Unsqueeze", ["n", "axes"], ["n1"]), helper.make_node("Concat", ["n1", "rest"], ["target"], axis=0),
+           helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "target"], ["flat"]),
+           helper.make_node("MatMul", ["flat", "w"], ["y"])]
+  w = np.random.default_rng(4).standard_normal((6, 2)).astype(np.float32)
+  constants = {"zero": np.array(0, np.int64), "axes": np.array([0], np.int64), "rest": np.array([-1], np.int64)}
+  model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 2, 3])],
+                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 2])],
+                     [numpy_helper.from_array(w, "w")] + [numpy_helper.from_array(v, k) for k, v in constants.items()])
+  runner = OnnxRunner(model)
+  step = TinyJit(lambda x: runner({"x": x})["y"].realize())
+  rng = np.random.default_rng(5)
+  for _ in range(4):
+    x = rng.standard_normal((3, 2, 3)).astype(np.float32)
+    assert_close(step(Tensor(x)).numpy(), np.maximum(x, 0).reshape(3, 6) @ w)
+
+def folding_node_tests():
+  """The node tests made of one op that onnx_fold.py computes on the host, with only tensor inputs."""
+  import os, onnx.backend.test
+  from kiln.frontend.onnx_fold import FOLDERS
+  root = os.path.join(os.path.dirname(onnx.backend.test.__file__), "data", "node")
+  names = []
+  for name in sorted(os.listdir(root)):
+    model = onnx.load(os.path.join(root, name, "model.onnx"))
+    if len(model.graph.node) == 1 and model.graph.node[0].op_type in FOLDERS and all(
+        i.type.WhichOneof("value") == "tensor_type" for i in model.graph.input):
+      names.append(name)
+  return names
+
+@pytest.mark.parametrize("name", folding_node_tests())
+def test_host_folding_matches_the_node_tests(name, monkeypatch):
+  """With the inputs made initializers (known on the host), the op is computed by onnx_fold.py and must still give
+  the node test's outputs."""
+  import glob, os, onnx.backend.test
+  from kiln.frontend import onnx as kiln_onnx
+  folder = os.path.join(os.path.dirname(onnx.backend.test.__file__), "data", "node", name)
+  model = onnx.load(os.path.join(folder, "model.onnx"))
+  plain = {1, 2, 3, 4, 5, 6, 7, 9, 11, 12, 13}
+  if any(v.type.tensor_type.elem_type not in plain for v in list(model.graph.input) + list(model.graph.output)):
+    pytest.skip("a dtype kiln holds in another (bfloat16, float8, int4, strings)")
+  arrays = [numpy_helper.to_array(onnx.load_tensor(f)) for f in sorted(glob.glob(folder + "/test_data_set_0/input_*.pb"))]
+  model.graph.initializer.extend(numpy_helper.from_array(a, info.name) for info, a in zip(model.graph.input, arrays))
+  calls = []
+  real_fold = kiln_onnx.fold
+  def counting_fold(*args):
+    result = real_fold(*args)
+    calls.append(result is not None)
+    return result
+  monkeypatch.setattr(kiln_onnx, "fold", counting_fold)
+  outputs = OnnxRunner(model)({})
+  expected = [numpy_helper.to_array(onnx.load_tensor(f)) for f in sorted(glob.glob(folder + "/test_data_set_0/output_*.pb"))]
+  for info, reference in zip(model.graph.output, expected):
+    actual = outputs[info.name].numpy()
+    assert actual.dtype == reference.dtype and actual.shape == reference.shape, (actual.dtype, actual.shape)
+    np.testing.assert_allclose(actual, reference, rtol=1e-6)
+  if not any(calls): pytest.skip("an attribute or size onnx_fold.py leaves to the kiln op")
