@@ -64,7 +64,7 @@ def main() -> None:
 
   if "memory" in args.rows: memory_rows(a, b, c, ta, tb, tc, reps, row)
   if "matmul" in args.rows:
-    for size in (1024, 2048, 4096): rows.append(matmul_row(size, reps))
+    for size in (1024, 2048, 4096, 4000): rows.append(matmul_row(size, reps))   # 4000: guarded edge tiles
   if "tiles" in args.rows:   # matmuls under other tile settings of kiln/codegen/gpu_tiles.py (compiled afresh)
     from kiln.codegen import gpu_tiles
     from kiln.engine import realize

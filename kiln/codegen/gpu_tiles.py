@@ -16,8 +16,10 @@ pixel ranges flattened into one m), runs as:
 - a thread's TN columns are TN/4 groups of 4 adjacent ones, BN/(TN/4) apart (rows likewise): its shared reads are
   aligned groups of 4 (16-byte loads) that a warp makes without bank conflicts, and its stores are 16-byte runs.
 
-Off with NOLOCALS=1. Refused (None, the kernel then maps as before) where the shape does not divide a tile of TILES,
-the sum is not float32, or anything else does not fit: a plan is checked before the kernel is built, never guessed.
+Where a tile does not divide m, n or k, the edge tiles are guarded: loads past an edge read a clamped element and
+stage a zero, stores past it are gated off. Off with NOLOCALS=1. Refused (None, the kernel then maps as before)
+where every tile would be mostly padding (a matrix-vector product), the sum is not float32, or anything else does not
+fit: a plan is checked before the kernel is built, never guessed.
 """
 from __future__ import annotations
 from dataclasses import dataclass
@@ -76,21 +78,29 @@ def _k_fastest(factor: UOp, outer: UOp, k_ranges: tuple[UOp, ...]) -> bool:
   k_step, outer_step = abs(form[0].get(k_ranges[-1], 0)), abs(form[0].get(outer, 0))
   return k_step != 0 and (outer_step == 0 or k_step < outer_step)
 
+def _ceil(a: int, b: int) -> int: return -(-a // b)
+
+MIN_USEFUL = 0.5   # a tile whose edge tiles would leave more of its work padding than this is not taken
+
 def choose_tile(m: int, n: int, k: int, batch: int) -> tuple[int, int, int] | None:
-  """(BM, BN, BK) for an m x n x k matmul (times `batch`), or None when no tile of TILES divides it: the tile whose
-  rate times the share of multiprocessors its waves of blocks keep busy is highest.
+  """(BM, BN, BK) for an m x n x k matmul (times `batch`): the tile of TILES whose rate, times the share of the
+  multiprocessors its waves of blocks keep busy, times the share of its work that is not padding (edge tiles where
+  it does not divide m, n or k: guarded), is highest; None when every tile would be mostly padding.
 
   >>> choose_tile(4096, 4096, 4096, 1), choose_tile(1024, 1024, 1024, 1), choose_tile(100, 64, 64, 1)
-  ((128, 128, 16), (128, 64, 16), None)
+  ((128, 128, 16), (128, 64, 16), (32, 32, 16))
+  >>> choose_tile(1, 4096, 4096, 1), choose_tile(4096, 4096, 3, 1)   # a matrix-vector product; a sum of 3 terms
+  (None, None)
   """
-  bk = next((bk for bk in BLOCK_KS if k % bk == 0), None)
-  if bk is None: return None
+  bk = next((bk for bk in BLOCK_KS if k % bk == 0), BLOCK_KS[-1])
   best, best_score = None, 0.0
   for bm, bn, rate in TILES:
-    if m % bm or n % bn or bm * bk % THREADS or bn * bk % THREADS: continue
-    blocks = m // bm * (n // bn) * batch
-    busy = blocks / (-(-blocks // MULTIPROCESSORS) * MULTIPROCESSORS)
-    if rate * busy > best_score: best, best_score = (bm, bn, bk), rate * busy
+    if bm * bk % THREADS or bn * bk % THREADS: continue
+    useful = m / (_ceil(m, bm) * bm) * n / (_ceil(n, bn) * bn) * k / (_ceil(k, bk) * bk)
+    if useful < MIN_USEFUL: continue
+    blocks = _ceil(m, bm) * _ceil(n, bn) * batch
+    busy = blocks / (_ceil(blocks, MULTIPROCESSORS) * MULTIPROCESSORS)
+    if rate * busy * useful > best_score: best, best_score = (bm, bn, bk), rate * busy * useful
   return best
 
 def matmul_plan(sink: UOp) -> MatmulPlan | None:
@@ -134,7 +144,7 @@ def matmul_plan(sink: UOp) -> MatmulPlan | None:
     a, b, rows, cols = b, a, cols, rows
   m, n = prod(_size(r) for r in rows), prod(_size(r) for r in cols)
   tile = choose_tile(m, n, prod(_size(r) for r in k_ranges), prod(_size(r) for r in batch))
-  if tile is None or prod(_size(r) for r in batch) > 65535 or m // tile[0] > 65535: return None
+  if tile is None or prod(_size(r) for r in batch) > 65535 or _ceil(m, tile[0]) > 65535: return None
   return MatmulPlan(store, total, k_ranges, rows, cols, batch, a, b, _k_fastest(a, rows[-1], k_ranges),
                     _k_fastest(b, cols[-1], k_ranges), tile)
 
@@ -150,19 +160,31 @@ def _spread(thread: UOp, count: int, tile: int) -> list[UOp]:
   stride = tile // groups
   return [graph_rewrite(thread * width + (j // width) * stride + j % width, symbolic) for j in range(count)]
 
+def _clamped(index: UOp, size: int, guarded: bool) -> tuple[UOp, UOp | None]:
+  """`index` clamped to `size - 1` and whether it was below `size`, where an edge tile may pass it (`guarded`)."""
+  if not guarded: return index, None
+  valid = index.lt(size)
+  return valid.where(index, UOp.const(INT, size - 1)), valid
+
 def _stage(factor: UOp, outer: tuple[UOp, ...], k_ranges: tuple[UOp, ...], k_fastest: bool, shared: UOp, lidx: UOp,
            origin: UOp, k_base: UOp, half: UOp, tile: int, bk: int, lead: int) -> list[UOp]:
   """The STOREs with which the block copies the factor's `tile` x `bk` tile at (origin, k_base) into its half of
   `shared` (laid out [half][k][tile + pad], row length `lead`): element e = lidx + THREADS*j of each thread, the
-  fast axis of the factor's memory taking neighbouring e."""
+  fast axis of the factor's memory taking neighbouring e. Elements past the factor's edge (an edge tile) are zeros,
+  read at a clamped index (every load in bounds)."""
   from kiln.codegen.gpudims import _unflatten, _substitute
+  extent, k = prod(_size(r) for r in outer), prod(_size(r) for r in k_ranges)
   stores = []
   for j in range(tile * bk // THREADS):
     element = lidx + THREADS * j if j else lidx
     if k_fastest: offset, kk = element // bk, element % bk
     else: offset, kk = element % tile, element // tile
-    values = {**_unflatten(origin + offset, list(outer)), **_unflatten(k_base + kk, list(k_ranges))}
+    at, inside = _clamped(origin + offset, extent, extent % tile != 0)
+    at_k, inside_k = _clamped(k_base + kk, k, k % bk != 0)
+    values = {**_unflatten(at, list(outer)), **_unflatten(at_k, list(k_ranges))}
     value = _substitute(factor, values)
+    valid = inside & inside_k if inside is not None and inside_k is not None else inside or inside_k
+    if valid is not None: value = valid.where(value, UOp.const(value.dtype, 0))
     index = half * (bk * lead) + kk * lead + offset
     stores.append(UOp(Ops.STORE, dtypes.void, (shared, index, value.cast(dtypes.float32)
                                                 if value.dtype != dtypes.float32 else value)))
@@ -179,10 +201,10 @@ def tile_matmul(sink: UOp) -> UOp | None:
   m, n = prod(_size(r) for r in plan.rows), prod(_size(r) for r in plan.cols)
   k = prod(_size(r) for r in plan.k_ranges)
   next_id = 1 + max((u.arg for u in sink.toposort() if u.op is Ops.RANGE and isinstance(u.arg, int)), default=0)
-  step = UOp(Ops.RANGE, INT, (UOp.const(INT, k // bk),), next_id)
+  step = UOp(Ops.RANGE, INT, (UOp.const(INT, _ceil(k, bk)),), next_id)
   lidx = UOp(Ops.SPECIAL, INT, (), ("lidx0", THREADS))
-  col_block = UOp(Ops.SPECIAL, INT, (), ("gidx0", n // bn))
-  row_block = UOp(Ops.SPECIAL, INT, (), ("gidx1", m // bm))
+  col_block = UOp(Ops.SPECIAL, INT, (), ("gidx0", _ceil(n, bn)))
+  row_block = UOp(Ops.SPECIAL, INT, (), ("gidx1", _ceil(m, bm)))
   batch = prod(_size(r) for r in plan.batch)
   values = _unflatten(UOp(Ops.SPECIAL, INT, (), ("gidx2", batch)), list(plan.batch)) if batch > 1 else \
     {r: UOp.const(INT, 0) for r in plan.batch}
@@ -210,7 +232,10 @@ def tile_matmul(sink: UOp) -> UOp | None:
       chain = a_reads[0][i] * b_reads[0][j]
       for kk in range(1, bk): chain = UOp(Ops.MULACC, dtypes.float32, (a_reads[kk][i], b_reads[kk][j], chain))
       acc = UOp(Ops.REDUCE, dtypes.float32, (chain, step), Ops.ADD)
-      at = {**values, **_unflatten(row_origin + r, list(plan.rows)), **_unflatten(col_origin + c, list(plan.cols)),
-            plan.total: acc}
-      out.append(_substitute(plan.store, at))
+      row, row_inside = _clamped(row_origin + r, m, m % bm != 0)   # an edge tile's outputs past the edge: not
+      col, col_inside = _clamped(col_origin + c, n, n % bn != 0)   # stored (their epilogue reads stay in bounds)
+      at = {**values, **_unflatten(row, list(plan.rows)), **_unflatten(col, list(plan.cols)), plan.total: acc}
+      store = _substitute(plan.store, at)
+      gate = row_inside & col_inside if row_inside is not None and col_inside is not None else row_inside or col_inside
+      out.append(store if gate is None else store.replace(src=(*store.src, gate)))
   return graph_rewrite(sink.replace(src=tuple(out)), symbolic, name="gpu tiles")

@@ -76,8 +76,24 @@ def test_half_inputs():
   assert _tiled(uops)
   _check(got, a.astype(np.float32) @ b.astype(np.float32), "half inputs")
 
-@pytest.mark.parametrize("m,k,n", [(100, 64, 64), (64, 20, 64), (64, 64, 30)])
-def test_shapes_no_tile_divides_are_refused_and_still_right(m, k, n):
+@pytest.mark.parametrize("m,k,n", [(100, 64, 64), (64, 20, 64), (64, 64, 30), (200, 100, 150), (97, 13, 131)])
+def test_edge_tiles_are_guarded(m, k, n):
+  rng = np.random.default_rng(4)
+  a, b, bias = _data(rng, m, k), _data(rng, k, n), _data(rng, n)
+  got, uops, _ = _emulate((Tensor(a) @ Tensor(b) + Tensor(bias)).relu())   # the epilogue's reads stay in bounds too
+  assert _tiled(uops), f"{m}x{k}x{n} was not tiled"
+  _check(got, np.maximum(a @ b + bias, 0), f"{m}x{k}x{n}")
+
+def test_guarded_conv_with_odd_pixels():
+  import torch
+  rng = np.random.default_rng(8)
+  x, w = _data(rng, 1, 8, 7, 7), _data(rng, 32, 8, 3, 3)   # m = 49 output pixels
+  got, uops, _ = _emulate(Tensor(x).conv2d(Tensor(w), padding=1))
+  assert _tiled(uops)
+  _check(got, torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), padding=1).numpy(), "conv 7x7")
+
+@pytest.mark.parametrize("m,k,n", [(1, 64, 64), (7, 64, 64), (64, 3, 64)])
+def test_mostly_padding_shapes_are_refused_and_still_right(m, k, n):
   rng = np.random.default_rng(4)
   a, b = _data(rng, m, k), _data(rng, k, n)
   got, uops, _ = _emulate(Tensor(a) @ Tensor(b))
@@ -141,7 +157,8 @@ needs_gpu = pytest.mark.skipif(not cuda.available(), reason=f"no usable CUDA GPU
 
 @needs_gpu
 @pytest.mark.parametrize("m,k,n", [(64, 128, 96), (256, 64, 128), (512, 512, 512), (1024, 1024, 1024),
-                                   (128, 4096, 128), (100, 64, 64), (2048, 2048, 2048)])
+                                   (128, 4096, 128), (100, 64, 64), (2048, 2048, 2048), (1000, 1000, 1000),
+                                   (333, 77, 517), (7, 64, 64)])
 def test_tiled_matmul_on_the_gpu(m, k, n):
   rng = np.random.default_rng(5)
   a, b = _data(rng, m, k), _data(rng, k, n)
