@@ -88,8 +88,10 @@ class _NodeRef(weakref.ref):
   __slots__ = ("key",)
 
 def _drop_node(ref: _NodeRef) -> None:
-  """A node died: forget it, unless its key already names a newer node."""
-  if _uop_refs.get(ref.key) is ref: del _uop_refs[ref.key]
+  """A node died: forget it, unless its key already names a newer node (one lookup of the key: hashing it again
+  costs as much as the rest)."""
+  found = _uop_refs.pop(ref.key, None)
+  if found is not None and found is not ref: _uop_refs[ref.key] = found   # put back: the newer node's
 _buffer_ids = itertools.count()
 _unique_ids = itertools.count()
 

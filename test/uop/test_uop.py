@@ -47,6 +47,23 @@ def test_buffers_are_unique_and_args_must_be_hashable():
   assert UOp.new_buffer("CPU", 4, dtypes.float32) is not UOp.new_buffer("CPU", 4, dtypes.float32)
   with pytest.raises(TypeError, match="hashable"): UOp(Ops.RESHAPE, I32, (), [2, 2])
 
+def test_a_dead_nodes_late_callback_keeps_the_newer_node_of_its_key():
+  import gc
+  from kiln.uop import ops
+  node = c(987654)
+  key = (Ops.CONST, I32, (), 987654)
+  newer_ref = ops._uop_refs[key]
+  class Dead: pass
+  dead = Dead()
+  stale = ops._NodeRef(dead)   # stands for the reference of an earlier node of this key, its callback run late
+  stale.key = key
+  ops._drop_node(stale)
+  assert ops._uop_refs[key] is newer_ref and c(987654) is node
+  del node
+  gc.collect()
+  assert key not in ops._uop_refs   # the node itself dying forgets its key
+  del dead
+
 def test_pickle_round_trip_keeps_identity():
   expr = (UOp.variable("a", 0, 10) + 1) * 3
   assert pickle.loads(pickle.dumps(expr)) is expr
