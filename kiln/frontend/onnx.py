@@ -12,7 +12,8 @@ from collections import ChainMap
 from typing import Any, Callable
 import numpy as np
 from kiln.tensor import Tensor
-from kiln.frontend.onnx_proto import import_onnx, dtype_of_onnx, value_of_proto, attribute_value, numpy_input, host_entries, host_value, remember, ONNX_DTYPES, STRING
+from kiln.frontend.onnx_proto import (ONNX_DTYPES, STRING, attribute_value, dtype_of_onnx, host_entries, host_value,
+                                      import_onnx, numpy_input, remember, value_of_proto)
 from kiln.frontend.onnx_ops import OPS
 from kiln.frontend.onnx_fold import FOLDERS, fold
 
@@ -127,7 +128,8 @@ class OnnxRunner:
   def __call__(self, inputs: dict[str, Value] | None = None, debug: bool = False) -> dict[str, Value]:
     inputs = inputs or {}
     unknown = set(inputs) - {i.name for i in self.inputs}
-    if unknown: raise KeyError(f"ONNX model has no input(s) {sorted(unknown)}; its inputs: {[i.name for i in self.inputs]}")
+    if unknown:
+      raise KeyError(f"ONNX model has no input(s) {sorted(unknown)}; its inputs: {[i.name for i in self.inputs]}")
     values: dict[str, Value] = dict(self.initializers)
     for info in self.inputs:
       if info.name not in inputs and info.type.WhichOneof("value") == "tensor_type":
@@ -193,7 +195,8 @@ class OnnxRunner:
       body = function_body(node, inputs, opset) if node.domain in ("", "ai.onnx") else None
       if body is not None:
         try: return self.run_function(body, node, inputs, opset)[:len(node.output)]
-        except NotImplementedError as err: raise NotImplementedError(f"{where()}, run as its function body: {err}") from err
+        except NotImplementedError as err:
+          raise NotImplementedError(f"{where()}, run as its function body: {err}") from err
       domain = f" of domain {node.domain!r}" if node.domain else ""
       raise NotImplementedError(f"{where()}: op {node.op_type}{domain} is not supported")
     fn = OPS[key]

@@ -97,7 +97,8 @@ def tree_ensemble(x: Tensor, aggregate_function: int = 1, leaf_targetids=(), lea
   modes, splits = nodes_modes.numpy().reshape(-1), nodes_splits.numpy().reshape(-1)
   weights = leaf_weights.numpy().reshape(-1)
   tracks = list(nodes_missing_value_tracks_true or [0] * len(modes))
-  members, current, sets = (membership_values.numpy().reshape(-1).tolist() if membership_values is not None else []), [], []
+  members = membership_values.numpy().reshape(-1).tolist() if membership_values is not None else []
+  current, sets = [], []
   for value in members:  # NaN-separated sets, one per BRANCH_MEMBER node in order
     if not np.isnan(value): current.append(value)
     else:

@@ -40,7 +40,8 @@ def conv(x: Tensor, w: Tensor, b: Tensor | None = None, auto_pad: str = "NOTSET"
   kernel = list(w.shape[2:])
   strides, dilations = list(strides or [1] * n), list(dilations or [1] * n)
   begins, ends = _pads(auto_pad, pads, x.shape[2:], kernel, strides, dilations)
-  return x.conv2d(w, b, groups=group, stride=tuple(strides), dilation=tuple(dilations), padding=_flat_pads(begins, ends))
+  return x.conv2d(w, b, groups=group, stride=tuple(strides), dilation=tuple(dilations),
+                  padding=_flat_pads(begins, ends))
 
 @op("ConvInteger")
 def conv_integer(x: Tensor, w: Tensor, x_zero_point=None, w_zero_point=None, auto_pad: str = "NOTSET",
@@ -171,12 +172,14 @@ def max_unpool(x: Tensor, indices: Tensor, output_shape=None, kernel_shape=None,
   n = len(kernel_shape)
   strides = list(strides or [1] * n)
   pads = list(pads or [0] * (2 * n))
-  spatial = [(i - 1) * s + k - pads[j] - pads[j + n] for j, (i, s, k) in enumerate(zip(x.shape[2:], strides, kernel_shape))]
+  spatial = [(i - 1) * s + k - pads[j] - pads[j + n]
+             for j, (i, s, k) in enumerate(zip(x.shape[2:], strides, kernel_shape))]
   shape = [x.shape[0], x.shape[1], *spatial]
   out = Tensor.zeros(int(np.prod(shape)), dtype=x.dtype)
   out = out.scatter(0, indices.cast(dtypes.int64).reshape(-1), x.reshape(-1)).reshape(shape)
   # indices address the default output shape; a larger output_shape pads after
-  if output_shape is not None: out = _spatial_pad(out, [0] * n, [o - s for o, s in zip(ints(output_shape)[2:], spatial)])
+  if output_shape is not None:
+    out = _spatial_pad(out, [0] * n, [o - s for o, s in zip(ints(output_shape)[2:], spatial)])
   return out
 
 # ---- normalizations
@@ -422,19 +425,20 @@ def _requantize(accumulated: Tensor, scale: Tensor, y_scale: Tensor, y_zero_poin
   if y_zero_point is not None: value = value + y_zero_point.cast(dtypes.float32)
   return value.clip(dtypes.min(out_dtype), dtypes.max(out_dtype)).cast(out_dtype)
 
-def _shifted(x: Tensor, zero_point: Tensor | None, shape=None) -> Tensor:
+def _broadcastable(param: Tensor, shape, dtype) -> Tensor:
+  """A scale or zero point: a scalar, or (one value per row/column/channel) reshaped to `shape`."""
+  return param.cast(dtype).reshape(shape if param.numel() > 1 else ())
+
+def _shifted(x: Tensor, zero_point: Tensor | None, shape=()) -> Tensor:
   x32 = x.cast(dtypes.int32)
-  if zero_point is None: return x32
-  zero = zero_point.cast(dtypes.int32)
-  return x32 - (zero.reshape(shape) if shape is not None and zero.numel() > 1 else zero.reshape(()) if zero.numel() == 1 else zero)
+  return x32 if zero_point is None else x32 - _broadcastable(zero_point, shape, dtypes.int32)
 
 @op("QLinearMatMul")
 def qlinear_matmul(a: Tensor, a_scale: Tensor, a_zero_point: Tensor, b: Tensor, b_scale: Tensor,
                    b_zero_point: Tensor, y_scale: Tensor, y_zero_point: Tensor | None = None) -> Tensor:
   accumulated = _shifted(a, a_zero_point, (-1, 1)).matmul(_shifted(b, b_zero_point, (1, -1)))
-  scale = a_scale.cast(dtypes.float32).reshape(-1, 1) if a_scale.numel() > 1 else a_scale.cast(dtypes.float32).reshape(())
-  b_scale = b_scale.cast(dtypes.float32).reshape(1, -1) if b_scale.numel() > 1 else b_scale.cast(dtypes.float32).reshape(())
-  return _requantize(accumulated, scale * b_scale, y_scale.reshape(()), y_zero_point)
+  scale = _broadcastable(a_scale, (-1, 1), dtypes.float32) * _broadcastable(b_scale, (1, -1), dtypes.float32)
+  return _requantize(accumulated, scale, y_scale.reshape(()), y_zero_point)
 
 @op("QLinearConv")
 def qlinear_conv(x: Tensor, x_scale: Tensor, x_zero_point: Tensor, w: Tensor, w_scale: Tensor, w_zero_point: Tensor,
@@ -448,8 +452,7 @@ def qlinear_conv(x: Tensor, x_scale: Tensor, x_zero_point: Tensor, w: Tensor, w_
                                                  stride=tuple(strides), dilation=tuple(dilations),
                                                  padding=_flat_pads(begins, ends))
   if b is not None: accumulated = accumulated + b.cast(dtypes.int32).reshape(1, -1, *[1] * n)
-  scale = x_scale.cast(dtypes.float32).reshape(()) * (w_scale.cast(dtypes.float32).reshape(1, -1, *[1] * n)
-                                                      if w_scale.numel() > 1 else w_scale.cast(dtypes.float32).reshape(()))
+  scale = x_scale.cast(dtypes.float32).reshape(()) * _broadcastable(w_scale, (1, -1, *[1] * n), dtypes.float32)
   return _requantize(accumulated, scale, y_scale.reshape(()), y_zero_point)
 
 # ---- detection: data-dependent output sizes, computed on the host
@@ -495,7 +498,8 @@ def col2im(x: Tensor, image_shape: Tensor, block_shape: Tensor, dilations=None, 
   padded = [size + pads[i] + pads[i + n_dims] for i, size in enumerate(image)]
   counts = [(p - d * (k - 1) - 1) // s + 1 for p, k, d, s in zip(padded, block, dilations, strides)]
   # the padded-image position of block element k in patch l, per axis, combined row-major
-  per_axis = [(np.arange(c)[None, :] * s + np.arange(k)[:, None] * d) for c, k, s, d in zip(counts, block, strides, dilations)]
+  per_axis = [(np.arange(c)[None, :] * s + np.arange(k)[:, None] * d)
+              for c, k, s, d in zip(counts, block, strides, dilations)]
   position = np.zeros((1, 1), dtype=np.int64)
   for axis, grid in enumerate(per_axis):
     position = (position[:, None, :, None] * padded[axis] + grid[None, :, None, :]).reshape(
@@ -604,7 +608,8 @@ def roi_align(x: Tensor, rois: Tensor, batch_indices: Tensor, coordinate_transfo
   flat = Tensor(index.reshape(count, 1, -1)).expand(count, channels, index[0].size)
   values = source.gather(2, flat).reshape(count, channels, output_height, output_width, samples, 4)
   weighted = values * Tensor(weight.astype(np.float32)).reshape(count, 1, output_height, output_width, samples, 4)
-  if mode == "avg": return (weighted.sum((4, 5)) / Tensor(divisor.astype(np.float32)).reshape(count, 1, 1, 1)).cast(x.dtype)
+  if mode == "avg":
+    return (weighted.sum((4, 5)) / Tensor(divisor.astype(np.float32)).reshape(count, 1, 1, 1)).cast(x.dtype)
   if mode != "max": raise NotImplementedError(f"mode={mode!r}")
   weighted = Tensor(present).reshape(count, 1, output_height, output_width, samples, 4).where(weighted, -math.inf)
   return weighted.max((4, 5)).cast(x.dtype)

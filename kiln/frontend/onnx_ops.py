@@ -376,7 +376,8 @@ def _linear_index(indices: Tensor, dims) -> Tensor:
 def gather_nd(data: Tensor, indices: Tensor, batch_dims: int = 0) -> Tensor:
   indices = indices.cast(dtypes.int64)
   depth = indices.shape[-1]
-  batch, indexed, tail = data.shape[:batch_dims], data.shape[batch_dims:batch_dims + depth], data.shape[batch_dims + depth:]
+  batch, indexed = data.shape[:batch_dims], data.shape[batch_dims:batch_dims + depth]
+  tail = data.shape[batch_dims + depth:]
   middle = indices.shape[batch_dims:-1]
   n_batch, n_middle, n_tail = int(np.prod(batch)), int(np.prod(middle)), int(np.prod(tail))
   source = data.reshape(n_batch, int(np.prod(indexed)), n_tail)
@@ -519,7 +520,8 @@ def unique(x: Tensor, axis: int | None = None, sorted: int = 1):  # noqa: A002
     order = np.argsort(first, kind="stable")
     rank = np.empty_like(order)
     rank[order] = np.arange(len(order))
-    uniques, first, counts, inverse = np.take(uniques, order, axis=axis or 0), first[order], counts[order], rank[inverse]
+    uniques, first, counts = np.take(uniques, order, axis=axis or 0), first[order], counts[order]
+    inverse = rank[inverse]
   to_int = lambda a: Tensor(np.asarray(a, dtype=np.int64).reshape(-1))
   return Tensor(uniques, dtype=x.dtype), to_int(first), to_int(inverse), to_int(counts)
 

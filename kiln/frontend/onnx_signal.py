@@ -30,7 +30,8 @@ def dft(x: Tensor, dft_length=None, axis=None, inverse: int = 0, onesided: int =
   moved = move_axis(x, signal_axis, x.ndim - 2)  # (..., n, 1 or 2)
   size = moved.shape[-2]
   if length < size: moved = moved.shrink(tuple((0, length) if i == moved.ndim - 2 else None for i in range(moved.ndim)))
-  elif length > size: moved = moved.pad(tuple((0, length - size) if i == moved.ndim - 2 else (0, 0) for i in range(moved.ndim)))
+  elif length > size:
+    moved = moved.pad(tuple((0, length - size) if i == moved.ndim - 2 else (0, 0) for i in range(moved.ndim)))
   real = moved[..., 0]
   imag = moved[..., 1] if moved.shape[-1] == 2 else None
   out = _dft_last(real, imag, length // 2 + 1 if onesided else length, bool(inverse))

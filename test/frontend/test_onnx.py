@@ -11,6 +11,12 @@ def make_model(nodes, inputs, outputs, initializers=(), opset=19):
   graph = helper.make_graph(nodes, "test", inputs, outputs, initializer=list(initializers))
   return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
+def load_test_data(folder, kind):
+  """A node test's first data set: its input_*.pb or output_*.pb tensors, in order."""
+  import glob
+  files = sorted(glob.glob(f"{folder}/test_data_set_0/{kind}_*.pb"))
+  return [numpy_helper.to_array(onnx.load_tensor(f)) for f in files]
+
 def assert_close(actual, expected, atol=1e-5):
   actual, expected = np.asarray(actual), np.asarray(expected)
   assert actual.shape == expected.shape, f"shape {actual.shape} != {expected.shape}"
@@ -174,8 +180,8 @@ def test_lstm_and_resize_match_onnxruntime():
   model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 2, features]),
                              helper.make_tensor_value_info("lens", TensorProto.INT32, [2]),
                              helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 2, 6, 8])],
-                     [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "y_h", "y_c", "resized")],
-                     inits)
+                     [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+                      for n in ("y", "y_h", "y_c", "resized")], inits)
   feeds = {"x": rng.standard_normal((4, 2, features)).astype(np.float32), "lens": np.array([4, 2], np.int32),
            "image": rng.standard_normal((1, 2, 6, 8)).astype(np.float32)}
   expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
@@ -202,11 +208,11 @@ ATTENTION_REFERENCE_BUGS = ["test_attention_3d_gqa_causal", "test_attention_3d_w
 def test_attention_matches_onnxruntime_where_the_node_tests_disagree(name):
   """3-d and grouped-query Attention: onnx 1.18's expected values come from a reference with known bugs
   (onnx/onnx#7118), so these node tests are expected failures; kiln must match onnxruntime on them instead."""
-  import glob, os, onnx.backend.test
+  import os, onnx.backend.test
   ort = pytest.importorskip("onnxruntime")
   folder = os.path.join(os.path.dirname(onnx.backend.test.__file__), "data", "node", name)
   model = onnx.load(os.path.join(folder, "model.onnx"))
-  arrays = [numpy_helper.to_array(onnx.load_tensor(f)) for f in sorted(glob.glob(folder + "/test_data_set_0/input_*.pb"))]
+  arrays = load_test_data(folder, "input")
   session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
   feeds = {info.name: array for info, array in zip(session.get_inputs(), arrays)}
   outputs = OnnxRunner(model)(feeds)
@@ -227,7 +233,8 @@ def test_narrow_float_codecs_agree_with_onnx(elem_type):
                  19: lambda c: nh.float8e5m2_to_float32(c), 20: lambda c: nh.float8e5m2_to_float32(c, fn=True, uz=True),
                  23: lambda c: nh.unpacked_float4e2m1_to_float32(c.astype(np.uint8))}[elem_type](codes)
     np.testing.assert_array_equal(onnx_floats.decode(codes, elem_type), reference)
-    values = (np.random.default_rng(elem_type).standard_normal(500) * 10.0 ** np.arange(-5, 5).repeat(50)).astype(np.float32)
+    magnitudes = 10.0 ** np.arange(-5, 5).repeat(50)
+    values = (np.random.default_rng(elem_type).standard_normal(500) * magnitudes).astype(np.float32)
     values = np.concatenate([values, np.array([0, -0.0, np.inf, -np.inf, np.nan], np.float32)])
     if elem_type == 23: expected = subbyte.float32_to_float4e2m1_unpacked(values)
     else:
@@ -240,7 +247,8 @@ def test_runner_under_tinyjit():
   """A model computing its Reshape target from Shape (folded on the host) replays under TinyJit with new inputs."""
   from kiln import TinyJit
   nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "zero"], ["n"]),
-           helper.make_node("Unsqueeze", ["n", "axes"], ["n1"]), helper.make_node("Concat", ["n1", "rest"], ["target"], axis=0),
+           helper.make_node("Unsqueeze", ["n", "axes"], ["n1"]),
+           helper.make_node("Concat", ["n1", "rest"], ["target"], axis=0),
            helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "target"], ["flat"]),
            helper.make_node("MatMul", ["flat", "w"], ["y"])]
   w = np.random.default_rng(4).standard_normal((6, 2)).astype(np.float32)
@@ -272,14 +280,14 @@ def folding_node_tests():
 def test_host_folding_matches_the_node_tests(name, monkeypatch):
   """With the inputs made initializers (known on the host), the op is computed by onnx_fold.py and must still give
   the node test's outputs."""
-  import glob, os, onnx.backend.test
+  import os, onnx.backend.test
   from kiln.frontend import onnx as kiln_onnx
   folder = os.path.join(os.path.dirname(onnx.backend.test.__file__), "data", "node", name)
   model = onnx.load(os.path.join(folder, "model.onnx"))
   plain = {1, 2, 3, 4, 5, 6, 7, 9, 11, 12, 13}
   if any(v.type.tensor_type.elem_type not in plain for v in list(model.graph.input) + list(model.graph.output)):
     pytest.skip("a dtype kiln holds in another (bfloat16, float8, int4, strings)")
-  arrays = [numpy_helper.to_array(onnx.load_tensor(f)) for f in sorted(glob.glob(folder + "/test_data_set_0/input_*.pb"))]
+  arrays = load_test_data(folder, "input")
   model.graph.initializer.extend(numpy_helper.from_array(a, info.name) for info, a in zip(model.graph.input, arrays))
   calls = []
   real_fold = kiln_onnx.fold
@@ -289,7 +297,7 @@ def test_host_folding_matches_the_node_tests(name, monkeypatch):
     return result
   monkeypatch.setattr(kiln_onnx, "fold", counting_fold)
   outputs = OnnxRunner(model)({})
-  expected = [numpy_helper.to_array(onnx.load_tensor(f)) for f in sorted(glob.glob(folder + "/test_data_set_0/output_*.pb"))]
+  expected = load_test_data(folder, "output")
   for info, reference in zip(model.graph.output, expected):
     actual = outputs[info.name].numpy()
     assert actual.dtype == reference.dtype and actual.shape == reference.shape, (actual.dtype, actual.shape)

@@ -1,4 +1,4 @@
-"""The official ONNX backend node tests (onnx 1.18's ~1450 cases) run against kiln through kiln/frontend/onnx_backend.py.
+"""The official ONNX backend node tests (onnx 1.18's 1450 cases) run against kiln (kiln/frontend/onnx_backend.py).
 
 Every node test runs; the cases kiln does not pass yet are listed, each with its reason, in
 onnx_expected_failures.txt and run as expected failures (one that starts passing fails the run: take it off the list).
