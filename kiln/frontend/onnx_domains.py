@@ -2,7 +2,6 @@
 ai.onnx.ml (classic ML). They register in OPS as "domain.OpType"."""
 from __future__ import annotations
 import numpy as np
-from kiln.dtype import dtypes
 from kiln.tensor import Tensor
 from kiln.frontend.onnx_ops import op, scalar
 

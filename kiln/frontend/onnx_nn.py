@@ -4,7 +4,7 @@ import math
 import numpy as np
 from kiln.dtype import dtypes
 from kiln.tensor import Tensor
-from kiln.frontend.onnx_ops import op, ints, scalar, axis_of, full, is_float, move_axis
+from kiln.frontend.onnx_ops import op, ints, scalar, axis_of, is_float, move_axis
 from kiln.frontend.onnx_proto import dtype_of_onnx
 
 # ---- padding shared by conv and pools
@@ -658,3 +658,39 @@ def attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, 
   y = weights.matmul(values)
   if q.ndim == 3: y = y.permute(0, 2, 1, 3).reshape(q.shape[0], q.shape[1], -1)
   return y, present_key, present_value, recorded[qk_matmul_output_mode]
+
+@op("LpNormalization")
+def lp_normalization(x: Tensor, axis: int = -1, p: int = 2) -> Tensor:
+  if p not in (1, 2): raise NotImplementedError(f"p={p}")
+  norm = x.abs().sum(axis, keepdim=True) if p == 1 else (x * x).sum(axis, keepdim=True).sqrt()
+  return x / norm
+
+@op("MaxRoiPool")
+def max_roi_pool(x: Tensor, rois: Tensor, pooled_shape=None, spatial_scale: float = 1.0) -> Tensor:
+  """Max over each bin of each roi (batch, x1, y1, x2, y2), corners scaled and rounded; an empty bin is 0. The bins'
+  cells are laid out on the host, the maxima taken on the device."""
+  out_h, out_w = pooled_shape
+  batch, channels, height, width = x.shape
+  boxes = rois.numpy().astype(np.float64)
+  bins: list[list[int]] = []
+  for box in boxes:
+    x1, y1, x2, y2 = (int(np.round(v * spatial_scale)) for v in box[1:])
+    roi_h, roi_w = max(y2 - y1 + 1, 1), max(x2 - x1 + 1, 1)
+    for ph in range(out_h):
+      for pw in range(out_w):
+        top = min(max(int(math.floor(ph * roi_h / out_h)) + y1, 0), height)
+        bottom = min(max(int(math.ceil((ph + 1) * roi_h / out_h)) + y1, 0), height)
+        left = min(max(int(math.floor(pw * roi_w / out_w)) + x1, 0), width)
+        right = min(max(int(math.ceil((pw + 1) * roi_w / out_w)) + x1, 0), width)
+        bins.append([r * width + c for r in range(top, bottom) for c in range(left, right)])
+  cells = max(1, max(len(b) for b in bins))
+  index = np.zeros((len(bins), cells), np.int64)
+  valid = np.zeros((len(bins), cells), bool)
+  for i, b in enumerate(bins): index[i, :len(b)], valid[i, :len(b)] = b, True
+  count = len(boxes)
+  source = x.reshape(batch, channels, height * width)[Tensor(boxes[:, 0].astype(np.int64))]
+  flat = Tensor(index.reshape(count, 1, -1)).expand(count, channels, out_h * out_w * cells)
+  values = source.gather(2, flat).reshape(count, channels, out_h, out_w, cells)
+  mask = Tensor(valid.reshape(count, 1, out_h, out_w, cells))
+  pooled = mask.where(values, -math.inf).max(-1)
+  return Tensor(valid.any(-1).reshape(count, 1, out_h, out_w)).where(pooled, 0.0).cast(x.dtype)

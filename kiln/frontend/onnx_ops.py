@@ -716,6 +716,12 @@ def random_normal(like=None, dtype: int | None = None, mean: float = 0.0, scale:
   dims = tuple(shape) if shape is not None else like.shape
   return (Tensor.randn(*dims) * scale + mean).cast(_random_dtype(dtype, like))
 
+@op("Multinomial")
+def multinomial(x: Tensor, dtype: int = 6, sample_size: int = 1, seed: float | None = None) -> Tensor:
+  """sample_size class indices per row of unnormalized log-probabilities."""
+  if seed is not None: Tensor.manual_seed(int(seed))
+  return x.softmax(-1).multinomial(sample_size, replacement=True).cast(dtype_of_onnx(dtype))
+
 # ---- sequences and optionals (Python lists; an empty optional is None)
 
 @op("SequenceEmpty")

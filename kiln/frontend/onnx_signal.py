@@ -5,9 +5,8 @@ Complex values are a trailing axis of 2 (real, imaginary); a real signal may hav
 from __future__ import annotations
 import math
 import numpy as np
-from kiln.dtype import dtypes
 from kiln.tensor import Tensor
-from kiln.frontend.onnx_ops import op, scalar, axis_of, move_axis, full
+from kiln.frontend.onnx_ops import op, scalar, axis_of, move_axis
 from kiln.frontend.onnx_proto import dtype_of_onnx
 
 def _dft_last(real: Tensor, imag: Tensor | None, bins: int, inverse: bool) -> Tensor:

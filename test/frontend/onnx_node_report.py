@@ -3,7 +3,7 @@
 python test/frontend/onnx_node_report.py [REGEX] [--out FILE]: REGEX selects tests (default: all of them); each test
 gets 120 s. Used to refresh onnx_expected_failures.txt and the pass count in docs/onnx.md.
 """
-import argparse, re, signal, sys, time, unittest
+import argparse, re, signal, time, unittest
 import onnx.backend.test
 from kiln.frontend import onnx_backend
 

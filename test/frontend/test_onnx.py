@@ -303,3 +303,26 @@ def test_host_folding_matches_the_node_tests(name, monkeypatch):
     assert actual.dtype == reference.dtype and actual.shape == reference.shape, (actual.dtype, actual.shape)
     np.testing.assert_allclose(actual, reference, rtol=1e-6)
   if not any(calls): pytest.skip("an attribute or size onnx_fold.py leaves to the kiln op")
+
+def test_ops_outside_the_node_tests_match_onnxruntime():
+  """MaxRoiPool, LpNormalization and Multinomial (near-certain classes) have no node tests: onnxruntime is the check."""
+  ort = pytest.importorskip("onnxruntime")
+  rng = np.random.default_rng(6)
+  nodes = [helper.make_node("MaxRoiPool", ["x", "rois"], ["pooled"], pooled_shape=[3, 2], spatial_scale=0.5),
+           helper.make_node("LpNormalization", ["x"], ["l1"], axis=1, p=1),
+           helper.make_node("LpNormalization", ["x"], ["l2"]),
+           helper.make_node("Multinomial", ["logits"], ["samples"], sample_size=5)]
+  model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 10, 12]),
+                             helper.make_tensor_value_info("rois", TensorProto.FLOAT, [3, 5]),
+                             helper.make_tensor_value_info("logits", TensorProto.FLOAT, [2, 4])],
+                     [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("pooled", "l1", "l2")] +
+                     [helper.make_tensor_value_info("samples", TensorProto.INT32, None)])
+  model.ir_version = 9  # what this onnxruntime reads
+  feeds = {"x": rng.standard_normal((2, 3, 10, 12)).astype(np.float32),
+           "rois": np.array([[0, 2, 2, 12, 16], [1, 0, 4, 22, 18], [0, 6.8, 5.2, 8.2, 5.8]], np.float32),
+           "logits": np.log(np.array([[1e-7, 1, 1e-7, 1e-7], [1, 1e-7, 1e-7, 1e-7]], np.float32))}
+  expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+  out = OnnxRunner(model)(feeds)
+  for name, reference in zip(("pooled", "l1", "l2", "samples"), expected):
+    assert_close(out[name].numpy(), reference, atol=1e-6)
+  assert out["samples"].numpy().dtype == np.int32
