@@ -100,17 +100,13 @@ class OnnxRunner:
     moved = value.to(self.device)
     return remember(moved, known) if known is not None else moved
 
-  def _input_value(self, info, value: Value) -> Value:
+  def _input_value(self, name: str, type_proto, value: Value) -> Value:
     """A user's input as the graph wants it: a Tensor of the declared dtype, a list for a sequence, None if omitted."""
     if value is None: return None
-    kind = info.type.WhichOneof("value")
-    if kind == "sequence_type":
-      return [self._input_value(type("Info", (), {"type": info.type.sequence_type.elem_type, "name": info.name})(), v)
-              for v in value]
-    if kind == "optional_type":
-      return self._input_value(type("Info", (), {"type": info.type.optional_type.elem_type, "name": info.name})(),
-                               value)
-    tensor_type = info.type.tensor_type
+    kind = type_proto.WhichOneof("value")
+    if kind == "sequence_type": return [self._input_value(name, type_proto.sequence_type.elem_type, v) for v in value]
+    if kind == "optional_type": return self._input_value(name, type_proto.optional_type.elem_type, value)
+    tensor_type = type_proto.tensor_type
     if tensor_type.elem_type == STRING: return np.asarray(value, dtype=object)
     dtype = dtype_of_onnx(tensor_type.elem_type)
     if isinstance(value, Tensor): tensor = value if value.dtype == dtype else value.cast(dtype)
@@ -122,19 +118,23 @@ class OnnxRunner:
       dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
       if len(dims) != tensor.ndim or any(d is not None and d != s for d, s in zip(dims, tensor.shape)):
         shown = tuple(d if d is not None else "?" for d in dims)
-        raise ValueError(f"ONNX input {info.name!r}: expected shape {shown}, got {tuple(tensor.shape)}")
+        raise ValueError(f"ONNX input {name!r}: expected shape {shown}, got {tuple(tensor.shape)}")
     return tensor
 
   def __call__(self, inputs: dict[str, Value] | None = None, debug: bool = False) -> dict[str, Value]:
+    """Run the model: {input name: value} -> {output name: Tensor | list | None}. An input that has an initializer
+    may be given too, replacing it."""
     inputs = inputs or {}
-    unknown = set(inputs) - {i.name for i in self.inputs}
+    declared = {i.name: i for i in self.graph.input}
+    unknown = set(inputs) - set(declared)
     if unknown:
       raise KeyError(f"ONNX model has no input(s) {sorted(unknown)}; its inputs: {[i.name for i in self.inputs]}")
     values: dict[str, Value] = dict(self.initializers)
     for info in self.inputs:
       if info.name not in inputs and info.type.WhichOneof("value") == "tensor_type":
         raise KeyError(f"ONNX input {info.name!r} is missing; the model's inputs: {[i.name for i in self.inputs]}")
-      values[info.name] = self._input_value(info, inputs.get(info.name))
+    for name, value in inputs.items(): values[name] = self._input_value(name, declared[name].type, value)
+    for info in self.inputs: values.setdefault(info.name, None)
     known = host_entries()
     known.clear()
     known.update(self._known)

@@ -326,3 +326,25 @@ def test_ops_outside_the_node_tests_match_onnxruntime():
   for name, reference in zip(("pooled", "l1", "l2", "samples"), expected):
     assert_close(out[name].numpy(), reference, atol=1e-6)
   assert out["samples"].numpy().dtype == np.int32
+
+def test_an_input_with_an_initializer_can_be_replaced():
+  node = helper.make_node("Add", ["x", "bias"], ["y"])
+  bias = numpy_helper.from_array(np.array([1, 2], np.float32), "bias")
+  model = make_model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+                              helper.make_tensor_value_info("bias", TensorProto.FLOAT, [2])],
+                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], [bias])
+  runner = OnnxRunner(model)
+  x = np.zeros(2, np.float32)
+  assert_close(runner({"x": x})["y"].numpy(), [1, 2])
+  assert_close(runner({"x": x, "bias": np.array([5, 6], np.float32)})["y"].numpy(), [5, 6])
+
+def test_command_line_runs_a_model(tmp_path):
+  import subprocess, sys, pathlib
+  model, _, _ = mlp_model()
+  path = tmp_path / "mlp.onnx"
+  onnx.save(model, str(path))
+  root = pathlib.Path(__file__).resolve().parents[2]
+  result = subprocess.run([sys.executable, "-m", "kiln.frontend.onnx", str(path), "--dim", "3", "--benchmark", "2"],
+                          capture_output=True, text=True, cwd=root, timeout=300)
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.startswith("y ") and result.stdout.count(" ms") == 2, result.stdout
