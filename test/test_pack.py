@@ -96,6 +96,11 @@ def test_conv_weights_over_short_rows_are_copied_channel_major(small_packs, kern
   out = x.conv2d(w, padding=kernel // 2)
   (root,) = pack_matmuls([out.uop], toposort([out.uop]), lambda device: True)
   assert any(u.op is Ops.CONTIGUOUS and u.src[0].op is Ops.PERMUTE and u.shape[-1] == 16 for u in toposort([root]))
+  # the weight gradient (a sum over batch and image, its innermost output axis the kernel's width) is a packed
+  # matmul over the input channels
+  x, w = Tensor.empty(2, 32, 7, 7, requires_grad=True), Tensor.empty(16, 32, kernel, kernel, requires_grad=True)
+  (x.conv2d(w, padding=kernel // 2) * Tensor.empty(2, 16, 7, 7)).sum().backward()
+  assert packed_sums(w.grad) >= 1
   # the input gradient's register tile: vectors of at least 8 input channels (not 4 + 3 columns)
   g = Tensor(np.random.default_rng(5).standard_normal((2, 16, 7, 7), dtype=np.float32))
   x = Tensor.zeros(2, 32, 7, 7).contiguous().realize().requires_grad_()

@@ -92,6 +92,12 @@ def _packed_matmul(reduce: UOp) -> UOp | None:
   if any(r in b for r in axes for b in broadcast) or prod(shape[r] for r in axes) < ROW_LANES: return None
   # c: the output's innermost axis; the factor that varies along it is `b` (16 lanes), the other `a` (8 lanes)
   c = max((i for i in range(len(shape)) if i not in axes and shape[i] > 1), default=None)
+  if len(axes) > 1 and (c is None or shape[c] % COLUMN_LANES) and \
+     (shape[axes[-1]] < COLUMN_LANES or shape[axes[-1]] % ROW_LANES):   # image rows too short for the sum's vectors
+    # a conv's weight gradient, whose innermost output axis is the kernel's width (3): the channels are the columns
+    # (the input's windows copied per tap, 9x the input for 3x3, then one packed matmul)
+    c = max((i for i in range(len(shape)) if i not in axes and shape[i] % COLUMN_LANES == 0 and
+             (i in broadcast[0]) != (i in broadcast[1])), default=None)
   if c is None or (c in broadcast[0]) == (c in broadcast[1]): return None
   ib = 0 if c in broadcast[1] else 1   # factor ib varies along c; factor 1 - ib is broadcast along it
   ia = 1 - ib
