@@ -13,7 +13,7 @@ from typing import Any, Callable
 import numpy as np
 from kiln.tensor import Tensor
 from kiln.frontend.onnx_proto import (ONNX_DTYPES, STRING, attribute_value, dtype_of_onnx, host_entries, host_value,
-                                      import_onnx, numpy_input, remember, value_of_proto)
+                                      import_onnx, mark_type, numpy_input, remember, value_of_proto)
 from kiln.frontend.onnx_ops import OPS
 from kiln.frontend.onnx_fold import FOLDERS, fold
 
@@ -119,7 +119,7 @@ class OnnxRunner:
       if len(dims) != tensor.ndim or any(d is not None and d != s for d, s in zip(dims, tensor.shape)):
         shown = tuple(d if d is not None else "?" for d in dims)
         raise ValueError(f"ONNX input {name!r}: expected shape {shown}, got {tuple(tensor.shape)}")
-    return tensor
+    return mark_type(tensor, tensor_type.elem_type)
 
   def __call__(self, inputs: dict[str, Value] | None = None, debug: bool = False) -> dict[str, Value]:
     """Run the model: {input name: value} -> {output name: Tensor | list | None}. An input that has an initializer
@@ -133,11 +133,11 @@ class OnnxRunner:
     for info in self.inputs:
       if info.name not in inputs and info.type.WhichOneof("value") == "tensor_type":
         raise KeyError(f"ONNX input {info.name!r} is missing; the model's inputs: {[i.name for i in self.inputs]}")
-    for name, value in inputs.items(): values[name] = self._input_value(name, declared[name].type, value)
-    for info in self.inputs: values.setdefault(info.name, None)
     known = host_entries()
     known.clear()
     known.update(self._known)
+    for name, value in inputs.items(): values[name] = self._input_value(name, declared[name].type, value)
+    for info in self.inputs: values.setdefault(info.name, None)
     try: outputs = self.run_graph(self.graph, values, ChainMap(), self.opset, debug)
     finally:  # host copies made during the call go with it; the initializers' stay
       known.clear()

@@ -11,7 +11,8 @@ from typing import Callable
 import numpy as np
 from kiln.dtype import DType, dtypes
 from kiln.tensor import Tensor
-from kiln.frontend.onnx_proto import EMULATED_FLOATS, dtype_of_onnx, host_value, remember, round_to_emulated
+from kiln.frontend.onnx_proto import (EMULATED_FLOATS, HELD_TYPES, dtype_of_onnx, held_type, host_value, mark_type,
+                                      remember, round_to_emulated)
 
 OPS: dict[str, Callable] = {}
 
@@ -239,17 +240,18 @@ def cast(x, to: int = 1, saturate: int = 1, round_mode: str = "up"):
     values = x.numpy() if isinstance(x, Tensor) else x
     return values.astype(str).astype(object)  # numpy writes a float32 in its shortest round-trip form
   if to in EMULATED_FLOATS:
-    values = x.cast(dtypes.float32).numpy()
-    return Tensor(round_to_emulated(values, to, bool(saturate)), dtype=dtypes.float32)
+    values = host_array(x.cast(dtypes.float32))
+    return mark_type(Tensor(round_to_emulated(values, to, bool(saturate)), dtype=dtypes.float32), to)
   if to in _INT4_RANGE:  # int4/uint4 are held in 8-bit integers; a cast saturates to their range
     low, high = _INT4_RANGE[to]
     if is_float(x): x = x.round()
-    return x.clip(low, high).cast(dtype_of_onnx(to))
+    return mark_type(x.clip(low, high).cast(dtype_of_onnx(to)), to)
   return cast_to(x, dtype_of_onnx(to), saturate)
 
 @op("CastLike")
 def cast_like(x, target, saturate: int = 1, round_mode: str = "up"):
   if isinstance(target, np.ndarray): return cast(x, to=8)
+  if held_type(target) is not None: return cast(x, to=held_type(target), saturate=saturate)
   return cast_to(x, target.dtype, saturate)
 
 # ---- constants and shapes
@@ -445,11 +447,14 @@ def range_(start: Tensor, limit: Tensor, delta: Tensor) -> Tensor:
 def where(condition: Tensor, x: Tensor, y: Tensor) -> Tensor: return condition.where(x, y)
 
 @op("Dropout")
-def dropout(data: Tensor, ratio=None, training_mode=None, seed: int | None = None):
-  """Inference only: the data unchanged and an all-true mask."""
-  if training_mode is not None and scalar(training_mode) and (ratio is None or scalar(ratio) > 0):
-    raise NotImplementedError("Dropout with training_mode=True")
-  return data, full(data.shape, True, dtypes.bool)
+def dropout(data: Tensor, ratio=None, training_mode=None, seed: int | None = None, is_test: int = 0):
+  """Inference (the default): the data unchanged and an all-true mask. Training mode keeps each element with
+  probability 1 - ratio (kiln's generator), scaled by 1 / (1 - ratio)."""
+  rate = (scalar(ratio) if isinstance(ratio, Tensor) else ratio) if ratio is not None else 0.5
+  if training_mode is None or not scalar(training_mode) or rate == 0: return data, full(data.shape, True, dtypes.bool)
+  if seed is not None: Tensor.manual_seed(int(seed))
+  keep = Tensor.rand(*data.shape) >= rate
+  return keep.where(data / (1 - rate), 0).cast(data.dtype), keep
 
 @op("DepthToSpace")
 def depth_to_space(x: Tensor, blocksize: int = 1, mode: str = "DCR") -> Tensor:
@@ -671,14 +676,19 @@ def _per_axis(param: Tensor, x: Tensor, axis: int, block_size: int) -> Tensor:
 @op("QuantizeLinear")
 def quantize_linear(x: Tensor, y_scale: Tensor, y_zero_point: Tensor | None = None, axis: int = 1,
                     block_size: int = 0, output_dtype: int = 0, saturate: int = 1, precision: int = 0) -> Tensor:
+  held = held_type(y_zero_point) if y_zero_point is not None else output_dtype if output_dtype in HELD_TYPES else None
   dtype = (y_zero_point.dtype if y_zero_point is not None else
            dtype_of_onnx(output_dtype) if output_dtype else dtypes.uint8)
   scale = _per_axis(y_scale, x, axis, block_size)
   value = x.cast(dtypes.float32) / scale.cast(dtypes.float32)
+  if held in EMULATED_FLOATS:  # the zero point (0 for float types) still turns -0 into +0
+    if y_zero_point is not None: value = value + _per_axis(y_zero_point, x, axis, block_size).cast(dtypes.float32)
+    return cast(value, to=held, saturate=saturate)
   if dtypes.is_float(dtype): return cast_to(value, dtype, saturate)
   value = value.round()
   if y_zero_point is not None: value = value + _per_axis(y_zero_point, x, axis, block_size).cast(dtypes.float32)
-  return value.clip(dtypes.min(dtype), dtypes.max(dtype)).cast(dtype)
+  low, high = _INT4_RANGE[held] if held in _INT4_RANGE else (dtypes.min(dtype), dtypes.max(dtype))
+  return mark_type(value.clip(low, high).cast(dtype), held) if held else value.clip(low, high).cast(dtype)
 
 @op("DequantizeLinear")
 def dequantize_linear(x: Tensor, x_scale: Tensor, x_zero_point: Tensor | None = None, axis: int = 1,

@@ -61,24 +61,46 @@ def numpy_of_proto(proto) -> np.ndarray:
   if proto.data_type == STRING: return array.astype(object)
   return array
 
-# Host copies of small tensors whose values are known without running a kernel: initializers, Constant values, Shape
-# outputs, and the shape arithmetic onnx_fold.py computes from them. Reading a shape-like input then needs no
-# realize, so shape-computing graphs run under TinyJit (where reading a value is refused) and launch fewer kernels.
-# Keyed by id, holding the tensor so the id stays its own; the runner drops a call's entries when the call ends.
+# What is known about a tensor beyond its kiln dtype, by id (holding the tensor so the id stays its own); the runner
+# drops a call's entries when the call ends.
+# - A host copy of small tensors whose values are known without running a kernel: initializers, Constant values,
+#   Shape outputs, and the shape arithmetic onnx_fold.py computes from them. Reading a shape-like input then needs no
+#   realize, so shape-computing graphs run under TinyJit (where reading a value is refused) and launch fewer kernels.
+# - The ONNX type of a tensor held in a wider kiln dtype (float8 fnuz and float4 in float32, int4/uint4 in 8 bits),
+#   which CastLike and QuantizeLinear read from their target / zero point.
 HOST_LIMIT = 4096
-_host: dict[int, tuple[Tensor, np.ndarray]] = {}
+HELD_TYPES = (18, 20, 21, 22, 23)
+_host: dict[int, tuple[Tensor, np.ndarray | None, int | None]] = {}
+
+def _entry(value) -> tuple[Tensor, np.ndarray | None, int | None] | None:
+  entry = _host.get(id(value))
+  return entry if entry is not None and entry[0] is value else None
 
 def remember(tensor: Tensor, array: np.ndarray) -> Tensor:
   """Record a small tensor's values on the host; returns the tensor."""
-  if np.asarray(array).size <= HOST_LIMIT: _host[id(tensor)] = (tensor, np.asarray(array))
+  if np.asarray(array).size <= HOST_LIMIT:
+    held = _entry(tensor)
+    _host[id(tensor)] = (tensor, np.asarray(array), held[2] if held else None)
+  return tensor
+
+def mark_type(tensor: Tensor, elem_type: int) -> Tensor:
+  """Record the ONNX type of a tensor held in a wider dtype (HELD_TYPES); returns the tensor."""
+  if elem_type in HELD_TYPES:
+    held = _entry(tensor)
+    _host[id(tensor)] = (tensor, held[1] if held else None, elem_type)
   return tensor
 
 def host_value(value) -> np.ndarray | None:
   """The host copy of a tensor's values, None where there is none."""
-  entry = _host.get(id(value))
-  return entry[1] if entry is not None and entry[0] is value else None
+  entry = _entry(value)
+  return entry[1] if entry is not None else None
 
-def host_entries() -> dict[int, tuple[Tensor, np.ndarray]]:
+def held_type(value) -> int | None:
+  """The ONNX type of a tensor held in a wider dtype, None for the others."""
+  entry = _entry(value)
+  return entry[2] if entry is not None else None
+
+def host_entries() -> dict[int, tuple[Tensor, np.ndarray | None, int | None]]:
   return _host
 
 def value_of_proto(proto) -> Tensor | np.ndarray:
@@ -86,9 +108,9 @@ def value_of_proto(proto) -> Tensor | np.ndarray:
   array = numpy_of_proto(proto)
   if proto.data_type == STRING: return array
   dtype = dtype_of_onnx(proto.data_type)
-  if proto.data_type in _NARROW_FLOATS: return Tensor(array).cast(dtype)
+  if proto.data_type in _NARROW_FLOATS: return mark_type(Tensor(array).cast(dtype), proto.data_type)
   array = np.array(array, order="C")
-  return remember(Tensor(array, dtype=dtype), array)
+  return mark_type(remember(Tensor(array, dtype=dtype), array), proto.data_type)
 
 def attribute_value(attr) -> Any:
   """An AttributeProto as a Python value: ints, floats, str, tuples of them, Tensors, or a GraphProto (subgraphs)."""
