@@ -222,7 +222,9 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
       overwritten = schedule.overwritten
       if not overwritten or all(id(buf) in checked for buf in overwritten): break
     run_schedule(schedule.items)
-    # results computed earlier from the old contents of overwritten buffers no longer stand for their graphs
+    # results computed earlier from the old contents of overwritten buffers no longer stand for their graphs; this
+    # run's results do (the scheduler read the old contents before overwriting them), so they are registered after:
+    # a graph built before this run that reads one of them (t6 = t4 + t5, t5 read before t4's assign) needs its value
     for buf in overwritten: _forget_results_computed_from(buf)
     differentiable = _graphs_needing_gradients(roots)
     inputs = {id(buf) for buf in schedule.inputs}
@@ -260,10 +262,6 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
       group = _NodeGroup(realized_from_inputs)
       for buf in schedule.inputs: _results_of(buf).add_group(group)
       for buf in result_buffers: _results_of(buf).add_group(group)
-      # nor do this run's results computed from a buffer it overwrote: a tensor read before the assign holds the
-      # old values, but its graph reads the buffer's node, which now stands for the new contents (a slice assign
-      # leaves the target's node as it is); an equal graph built later is computed again
-      for buf in overwritten: _forget_results_computed_from(buf)
 
   def schedule(self, *others: Tensor) -> list:
     """The kernels that realizing this tensor would run (nothing runs)."""
