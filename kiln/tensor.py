@@ -229,7 +229,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     differentiable = _graphs_needing_gradients(roots)
     inputs = {id(buf) for buf in schedule.inputs}
     realized_from_inputs: list[UOp] = []
-    result_buffers: list[Buffer] = []
+    own_buffers: list[tuple[Buffer, UOp]] = []   # (result buffer, the node realized into it)
     results = schedule.results
     for t, old in todo:
       new = results[old]
@@ -248,7 +248,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
       if old.op is not _ASSIGN and (inputs or old.op is _UNIQUE):
         old.forward = new
         # its own buffer too: once an assign overwrites it, an equal graph built later must be computed again
-        if new_base.op is _BUFFER: result_buffers.append(new_base.buffer)
+        if new_base.op is _BUFFER: own_buffers.append((new_base.buffer, old))
         realized_from_inputs.append(old)
       # the realized node remembers its graph, so backward() still reaches the parameters behind it. An assign's
       # gradient flows to its target alone (gradient.py), so its result remembers a marker over the target's
@@ -256,12 +256,13 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
       # before (their updates, gradients and forward passes stayed alive and every backward() walked them all)
       if old in differentiable and new.origin is None: new.origin = _origin_of(old)
       t.uop = new
-    if realized_from_inputs:
-      # one group of this run's results, shared by every input buffer (hundreds in a step) and every result buffer
-      # (overwriting one result forgets the run's others too: they are computed again, never read stale)
+    if realized_from_inputs:   # one group of this run's results, shared by every input buffer (hundreds in a step)
       group = _NodeGroup(realized_from_inputs)
       for buf in schedule.inputs: _results_of(buf).add_group(group)
-      for buf in result_buffers: _results_of(buf).add_group(group)
+      # and each result under its own buffer alone: forgetting a result is not free (a graph built before the run
+      # may read it, and computing it again would read its inputs as they are now)
+      for buf, node in own_buffers:
+        _results_of(buf).add_group(group if len(realized_from_inputs) == 1 else _NodeGroup([node]))
 
   def schedule(self, *others: Tensor) -> list:
     """The kernels that realizing this tensor would run (nothing runs)."""
