@@ -303,7 +303,9 @@ def _interpolation_matrix(coords: np.ndarray, in_size: int, mode: str, scale: fl
 def resize(x: Tensor, roi=None, scales=None, sizes=None, antialias: int = 0, axes=None,
            coordinate_transformation_mode: str = "half_pixel", cubic_coeff_a: float = -0.75, exclude_outside: int = 0,
            extrapolation_value: float = 0.0, keep_aspect_ratio_policy: str = "stretch", mode: str = "nearest",
-           nearest_mode: str = "round_prefer_floor") -> Tensor:
+           nearest_mode: str = "round_prefer_floor", ctx=None) -> Tensor:
+  if ctx is not None and ctx.opset < 11:  # Resize-10: (X, scales), sampled as Upsample does
+    return upsample(x, roi, mode=mode)
   axes = [axis_of(a, x.ndim) for a in axes] if axes is not None else list(range(x.ndim))
   in_sizes = [x.shape[a] for a in axes]
   scale_values = [float(v) for v in x_values(scales)] if scales is not None and scales.numel() else None

@@ -348,3 +348,16 @@ def test_command_line_runs_a_model(tmp_path):
                           capture_output=True, text=True, cwd=root, timeout=300)
   assert result.returncode == 0, result.stderr
   assert result.stdout.startswith("y ") and result.stdout.count(" ms") == 2, result.stdout
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_resize_opset_10_matches_onnxruntime(mode):
+  """Resize-10 takes (X, scales) and samples as Upsample does."""
+  ort = pytest.importorskip("onnxruntime")
+  node = helper.make_node("Resize", ["x", "scales"], ["y"], mode=mode)
+  model = make_model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 3, 4])],
+                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                     [numpy_helper.from_array(np.array([1, 1, 2, 1.5], np.float32), "scales")], opset=10)
+  model.ir_version = 8
+  x = np.arange(12, dtype=np.float32).reshape(1, 1, 3, 4)
+  expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+  assert_close(OnnxRunner(model)({"x": x})["y"].numpy(), expected)
