@@ -1462,7 +1462,7 @@ class _NodeGroup:
 
 class _ComputedFrom:
   """The realized graph nodes computed from one buffer, iterated as nodes. Kept as groups that several buffers
-  share (one per realize run for all its inputs and results), so registering a run's results under each of its many
+  share (one per realize run for all its inputs), so registering a run's results under each of its many input
   buffers costs one append per buffer, not one per result and buffer."""
   __slots__ = ("groups", "prune_at")
   def __init__(self) -> None:
