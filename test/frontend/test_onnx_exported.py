@@ -52,7 +52,8 @@ class SmallCNN(torch.nn.Module):
   def forward(self, x):
     x = self.stem(x)
     x = self.pool(x + self.block(x))
-    return torch.nn.functional.log_softmax(self.head(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1)), -1)
+    pooled = torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1)
+    return torch.nn.functional.log_softmax(self.head(pooled), -1)
 
 def test_exported_cnn_with_dynamic_batch_height_and_width():
   torch.manual_seed(0)
@@ -73,7 +74,8 @@ class TransformerBlock(torch.nn.Module):
     self.heads = heads
     self.norm1, self.norm2 = torch.nn.LayerNorm(width), torch.nn.LayerNorm(width)
     self.qkv, self.proj = torch.nn.Linear(width, 3 * width), torch.nn.Linear(width, width)
-    self.mlp = torch.nn.Sequential(torch.nn.Linear(width, 2 * width), torch.nn.GELU(), torch.nn.Linear(2 * width, width))
+    self.mlp = torch.nn.Sequential(torch.nn.Linear(width, 2 * width), torch.nn.GELU(),
+                                   torch.nn.Linear(2 * width, width))
   def forward(self, x):
     batch, steps, width = x.shape
     q, k, v = self.qkv(self.norm1(x)).split(width, -1)
