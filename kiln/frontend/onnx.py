@@ -4,7 +4,9 @@
 >>> outputs = runner({"input": np.zeros((1, 3, 224, 224), np.float32)})   # doctest: +SKIP
 
 The graph's ops are lazy Tensor ops, so they fuse into kernels and run on any kiln device. The operators live in
-onnx_ops.py (math, shapes, reductions, control flow) and onnx_nn.py (conv, pools, norms, resize, recurrent layers).
+onnx_ops.py (the table OPS; math, shapes, reductions, control flow) and the modules it imports (onnx_nn.py,
+onnx_rnn.py, onnx_signal.py, onnx_host.py, onnx_domains.py); an op missing there runs as its spec's function body.
+docs/onnx.md has the whole picture.
 """
 from __future__ import annotations
 import inspect, os
@@ -54,10 +56,13 @@ def function_body(node, inputs: list[Value], opset: int):
   from onnx import FunctionProto, defs
   try: schema = defs.get_schema(node.op_type, opset, node.domain)
   except defs.SchemaError: return None
-  if schema.has_function: body = schema.get_function_with_opset_version(opset)
+  # the newest body the model's opset has, else the oldest (a body written in ops of a later opset than the model's)
+  pick = lambda versions: max((v for v in versions if v <= opset), default=min(versions, default=opset))
+  if schema.has_function: body = schema.get_function_with_opset_version(pick(schema.function_opset_versions))
   elif schema.has_context_dependent_function:
     types = [_type_proto(v).SerializeToString() for v in inputs]
-    body = schema.get_context_dependent_function_with_opset_version(opset, node.SerializeToString(), types)
+    version = pick(schema.context_dependent_function_opset_versions)
+    body = schema.get_context_dependent_function_with_opset_version(version, node.SerializeToString(), types)
   else: return None
   if not body: return None
   function = FunctionProto.FromString(body)
