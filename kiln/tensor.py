@@ -1574,11 +1574,25 @@ def _graphs_needing_gradients(roots: list[UOp]) -> set[UOp]:
   """The roots whose graphs contain a tensor that requires a gradient (empty when no tensor does)."""
   if not _requires_grad_tensors: return set()
   wanted = _grad_identities()
-  reaches: set[UOp] = set()   # one pass over all roots' graphs, not one walk per root
+  reached: dict[UOp, bool] = {}
+  def reaches(node: UOp) -> bool:   # by recursion, each node once: cheaper than a toposort for an eager graph
+    if (known := reached.get(node)) is not None: return known
+    found = node in wanted
+    if not found:
+      for src in ((node.origin,) if node.origin is not None else node.src):
+        if reaches(src):
+          found = True
+          break
+    reached[node] = found
+    return found
+  try: return {root for root in roots if reaches(root)}
+  except RecursionError: pass   # a graph deeper than the recursion limit: one iterative pass instead
+  finally: reaches = None   # noqa: F841  (the closure refers to itself: a cycle that kept the graph alive until GC)
+  reaching: set[UOp] = set()   # one pass over all roots' graphs, not one walk per root
   for node in gradient_graph(UOp(Ops.SINK, dtypes.void, tuple(roots)), whole=True):
-    if node in wanted or any(s in reaches for s in ((node.origin,) if node.origin is not None else node.src)):
-      reaches.add(node)
-  return reaches & set(roots)
+    if node in wanted or any(s in reaching for s in ((node.origin,) if node.origin is not None else node.src)):
+      reaching.add(node)
+  return reaching & set(roots)
 
 def _matmul_graph(x: UOp, w: UOp) -> UOp:
   """x @ w for operands of 2+ axes of int sizes and one dtype that sums in itself: the nodes Tensor.dot's general path

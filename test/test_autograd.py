@@ -1,5 +1,7 @@
 """Autograd across realize(): gradients still reach parameters behind realized values, as in PyTorch."""
+import sys
 import numpy as np
+import pytest
 import torch
 from kiln import Tensor
 
@@ -68,3 +70,14 @@ def test_contiguous_backward_keeps_values_and_gradients():
   loss.backward()
   np.testing.assert_allclose(loss.numpy(), float(np.maximum((X @ W) * 3, 0).sum()))
   np.testing.assert_allclose(w.grad.numpy(), torch_grad(lambda x, w: ((x @ w) * 3).relu().sum()))
+
+@pytest.mark.parametrize("depth", [10, sys.getrecursionlimit() + 100])
+def test_a_realized_graph_keeps_its_history_for_backward_however_deep(depth):
+  # realize finds the graphs that need gradients by recursion, and past the recursion limit by one iterative pass
+  w = Tensor([1.0, 2.0], requires_grad=True)
+  t = w
+  for _ in range(depth): t = t + 0.5
+  t.realize()
+  np.testing.assert_allclose(t.numpy(), [1.0 + depth * 0.5, 2.0 + depth * 0.5], rtol=1e-5)
+  (t * t).sum().backward()
+  np.testing.assert_allclose(w.grad.numpy(), 2 * t.numpy(), rtol=1e-5)
