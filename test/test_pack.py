@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from kiln import Tensor, Context
+from kiln import Tensor, Context, Device
 from kiln.uop.ops import Ops, toposort
 from kiln.schedule import pack
 from kiln.schedule.pack import pack_matmuls
@@ -21,6 +21,10 @@ def small_packs(monkeypatch):
   monkeypatch.setattr(pack, "PACK_MIN_WORK", 1)
   monkeypatch.setattr(pack, "PACK_MIN_REUSE", 8)
   with Context(SCHEDULE_CACHE=0): yield
+
+# what the default device schedules: packs only where its renderer asks for them (host CPU devices)
+host_packs = pytest.mark.skipif(not Device[Device.DEFAULT].renderer.packs_matmul_operands,
+                                reason="the default device's renderer does not pack matmul operands")
 
 def packed_sums(t: Tensor) -> int:
   """How many reductions of `t`'s graph `pack_matmuls` rewrites (on any device)."""
@@ -54,6 +58,7 @@ def test_backward_matmuls_are_packed_too(small_packs):
   # each gradient's graph holds its backward matmul and the forward one (relu's mask), both packed
   assert packed_sums(a.grad) == 2 and packed_sums(b.grad) == 2
 
+@host_packs
 def test_packing_adds_two_copy_kernels_labelled_with_the_users_op(small_packs):
   a, b = (Tensor(np.ones((32, 32), np.float32)).realize() for _ in range(2))
   with Context(PACK_MATMUL=0): assert len((a @ b).schedule()) == 1
@@ -87,6 +92,7 @@ def test_sums_over_several_axes_pack_them_in_order(small_packs):
   assert packed_sums(w.grad) >= 1
   check(lambda x, w: x.conv2d(w), lambda x, w: torch.nn.functional.conv2d(x, w), [(2, 16, 5, 5), (32, 16, 1, 1)])
 
+@host_packs
 @pytest.mark.parametrize("kernel", [1, 3])
 def test_conv_weights_over_short_rows_are_copied_channel_major(small_packs, kernel):
   # 7 output columns (8 does not divide them): the weight, broadcast along the image, is copied contiguous along
