@@ -4,6 +4,8 @@ import functools
 import numpy as np
 import torch
 from kiln import Tensor, Device, dtypes
+from kiln.engine import realize
+from kiln.renderer.python import PythonRenderer
 
 def make_input(shape, dtype, rng: np.random.Generator, low=-2.0, high=2.0) -> np.ndarray:
   """Random values of `shape`: uniform floats in [low, high), ints in [low, high), fair bools."""
@@ -99,3 +101,29 @@ def check_stacked(names, kiln_fns, torch_fns, arrays, **kwargs):
   def torch_fn(*xs): return torch.stack([fn(*(x[i] for x in xs)) for i, fn in enumerate(torch_fns)])
   try: return check(kiln_fn, torch_fn, arrays, **kwargs)
   except AssertionError as e: raise AssertionError(f"{e}\n(row i is op {dict(enumerate(names))})") from None
+
+# ---------------- a GPU-style PYTHON device (no GPU needed) ----------------
+
+class GPUStylePython(PythonRenderer):
+  """The PYTHON renderer as a GPU target: kernels go through the axis-mapping stage (kiln/codegen/gpudims.py)."""
+  has_local = True
+
+class DropLaunch:
+  """The PYTHON program, taking (and recording, then ignoring) the launch sizes a GPU runner passes: the emulator
+  loops over them."""
+  launches: list = []
+  def __init__(self, program): self.program = program
+  def __call__(self, *bufs, vals=(), wait=False, launch=None):
+    if launch is not None: DropLaunch.launches.append(launch)
+    return self.program(*bufs, vals=vals, wait=wait)
+
+def use_gpu_style_python(monkeypatch) -> str:
+  """Make device PYTHON a GPU-style target for one test (fresh runner caches, no codegen cache); its name."""
+  dev = Device["PYTHON"]
+  runtime = dev.runtime
+  monkeypatch.setattr(dev, "renderer", GPUStylePython())
+  monkeypatch.setattr(dev, "runtime", lambda name, lib: DropLaunch(runtime(name, lib)))
+  monkeypatch.setattr(realize, "_runner_cache", {})
+  monkeypatch.setenv("CODEGEN_CACHE", "0")
+  DropLaunch.launches.clear()
+  return "PYTHON"

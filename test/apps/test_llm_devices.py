@@ -5,12 +5,11 @@ steps under TinyJit)."""
 import dataclasses, importlib.util
 import numpy as np
 import pytest
-from kiln import Context, Device
-from kiln.engine import realize
+from kiln import Context
 from kiln.nn.gguf import gguf_load_raw
-from kiln.renderer.python import PythonRenderer
+from helpers import use_gpu_style_python
 from kiln.runtime import cuda_driver as cuda
-from kiln.apps.llm.model import LlamaConfig, load_model, read_config, default_model_path
+from kiln.apps.llm.model import LlamaConfig, load_model, default_model_path
 from kiln.apps.llm.quantized import byte_dot_max
 from kiln.apps.llm.random_model import SMOLLM2_135M, RandomModelSpec, model_tensors, write_random_gguf
 from kiln.apps.llm.tokenizer import Tokenizer
@@ -77,25 +76,11 @@ def test_smollm2_preset_matches_the_real_file(tmp_path):
 
 # ---------------- the same model on other devices ----------------
 
-class GPUStylePython(PythonRenderer):
-  """The PYTHON renderer as a GPU target: kernels go through the axis-mapping stage (kiln/codegen/gpudims.py)."""
-  has_local = True
-
-class _DropLaunch:
-  """The PYTHON program, taking (and ignoring) the launch sizes a GPU runner passes: the emulator loops over them."""
-  def __init__(self, program): self.program = program
-  def __call__(self, *bufs, vals=(), wait=False, launch=None): return self.program(*bufs, vals=vals, wait=wait)
-
 @pytest.fixture
 def gpu_python(monkeypatch):
-  """Device PYTHON with a GPU-style renderer, fresh runner caches and no codegen cache; NOLOCALS=1: the PYTHON
-  renderer has no shared memory, so matmuls are not tiled (test/runtime/gpu_lockstep.py runs tiles)."""
-  dev = Device["PYTHON"]
-  runtime = dev.runtime
-  monkeypatch.setattr(dev, "renderer", GPUStylePython())
-  monkeypatch.setattr(dev, "runtime", lambda name, lib: _DropLaunch(runtime(name, lib)))
-  monkeypatch.setattr(realize, "_runner_cache", {})
-  monkeypatch.setenv("CODEGEN_CACHE", "0")
+  """Device PYTHON as a GPU-style target (test/helpers.py); NOLOCALS=1: the PYTHON renderer has no shared memory, so
+  matmuls are not tiled (test/runtime/gpu_lockstep.py runs tiles)."""
+  use_gpu_style_python(monkeypatch)
   with Context(NOLOCALS=1): yield "PYTHON"
 
 def test_gpu_style_python_matches_cpu(small_path, gpu_python):

@@ -3,35 +3,15 @@ blocks and threads gets SPECIAL thread indices for its output axes, the emulator
 match NumPy. Needs no GPU."""
 import numpy as np
 import pytest
-from kiln import Tensor, Device, dtypes
+from kiln import Tensor, dtypes
 from kiln.codegen import gpudims
-from kiln.engine import realize
-from kiln.renderer.python import PythonRenderer
+from helpers import DropLaunch as _DropLaunch, use_gpu_style_python
 from kiln.uop.ops import UOp, Ops
-
-class GPUStylePython(PythonRenderer):
-  """The PYTHON renderer as a GPU target: kernels go through the axis-mapping stage."""
-  has_local = True
-
-class _DropLaunch:
-  """The PYTHON program, taking (and ignoring) the launch sizes a GPU runner passes: the emulator loops over them."""
-  def __init__(self, program): self.program = program
-  def __call__(self, *bufs, vals=(), wait=False, launch=None):
-    if launch is not None: _DropLaunch.launches.append(launch)
-    return self.program(*bufs, vals=vals, wait=wait)
-  launches: list = []
 
 @pytest.fixture
 def gpu_python(monkeypatch):
   """Device PYTHON with a GPU-style renderer, fresh runner caches and no codegen cache."""
-  dev = Device["PYTHON"]
-  runtime = dev.runtime
-  monkeypatch.setattr(dev, "renderer", GPUStylePython())
-  monkeypatch.setattr(dev, "runtime", lambda name, lib: _DropLaunch(runtime(name, lib)))
-  monkeypatch.setattr(realize, "_runner_cache", {})
-  monkeypatch.setenv("CODEGEN_CACHE", "0")
-  _DropLaunch.launches.clear()
-  return "PYTHON"
+  return use_gpu_style_python(monkeypatch)
 
 def _numpy(rng, *shape): return rng.uniform(-2, 2, shape).astype(np.float32)
 
