@@ -28,6 +28,8 @@ from kiln.helpers import NOLOCALS, prod
 from kiln.uop.ops import UOp, Ops, GroupOp, toposort
 from kiln.uop.pattern import graph_rewrite
 from kiln.uop.symbolic import symbolic
+from kiln.codegen.gpudims import _range_key, _linear, _first_conflict, _unflatten, _substitute   # imports us lazily
+from kiln.codegen.opt.kernel import Kernel
 
 INT = dtypes.int32
 THREADS_ROWS, THREADS_COLS = 16, 16   # a block's threads, as a grid over its output tile
@@ -59,18 +61,12 @@ class MatmulPlan:
   b_k_fastest: bool
   tile: tuple[int, int, int]
 
-def _range_key(r: UOp): return (0, r.arg) if isinstance(r.arg, int) else (1, str(r.arg))
-
-def _size(rng: UOp) -> int | None:
-  return rng.src[0].arg if rng.src[0].op is Ops.CONST else None
-
 def _ranges(node: UOp) -> set[UOp]:
   return {u for u in node.toposort() if u.op is Ops.RANGE}
 
 def _k_fastest(factor: UOp, outer: UOp, k_ranges: tuple[UOp, ...]) -> bool:
   """Whether the factor's first load moves less in memory along the innermost k range than along `outer` (its
   output range): then neighbouring threads should take neighbouring k (coalesced)."""
-  from kiln.codegen.gpudims import _linear
   load = next((u for u in factor.toposort() if u.op is Ops.LOAD), None)
   if load is None: return True
   form = _linear(load.src[1], frozenset((outer, k_ranges[-1])), {})
@@ -105,7 +101,6 @@ def choose_tile(m: int, n: int, k: int, batch: int) -> tuple[int, int, int] | No
 
 def matmul_plan(sink: UOp) -> MatmulPlan | None:
   """The MatmulPlan of a lowered kernel of the matmul shape (see the module docstring), or None."""
-  from kiln.codegen.gpudims import _first_conflict
   if len(sink.src) != 1 or sink.src[0].op is not Ops.STORE or len(sink.src[0].src) != 3: return None
   store = sink.src[0]
   if store.src[0].op is not Ops.DEFINE_GLOBAL: return None
@@ -119,13 +114,13 @@ def matmul_plan(sink: UOp) -> MatmulPlan | None:
   if body.op is not Ops.MUL or len(body.src) != 2: return None
   k_ranges = tuple(sorted((r for red in chain for r in red.src[1:]), key=lambda r: r.arg if isinstance(r.arg, int)
                           else 1 << 30))
-  if len(set(k_ranges)) != len(k_ranges) or any(_size(r) is None for r in k_ranges): return None
+  if len(set(k_ranges)) != len(k_ranges) or any(Kernel.size(r) is None for r in k_ranges): return None
   a, b = body.src
   for factor in (a, b):
     if any(u.op not in FACTOR_OPS for u in factor.toposort()): return None
     if any(u.op is Ops.LOAD and u.src[0] is store.src[0] for u in factor.toposort()): return None
   outputs = [u for u in nodes if u.op is Ops.RANGE and u not in k_ranges]
-  if any(_size(r) is None for r in outputs): return None
+  if any(Kernel.size(r) is None for r in outputs): return None
   a_ranges, b_ranges = _ranges(a), _ranges(b)
   outputs.sort(key=_range_key)
   rows = tuple(r for r in outputs if r in a_ranges and r not in b_ranges)
@@ -137,14 +132,13 @@ def matmul_plan(sink: UOp) -> MatmulPlan | None:
   epilogue_ranges = {u for u in toposort([store], stop=lambda u: u is total) if u.op is Ops.RANGE}
   if epilogue_ranges - set(outputs): return None
   if _first_conflict(nodes, outputs) is not None: return None
-  from kiln.codegen.gpudims import _linear
   form = _linear(store.src[1], frozenset(outputs), {})
   # the columns should hold the output's fastest axis (a thread's 4 adjacent columns: 16-byte runs of stores)
   if form is not None and abs(form[0].get(cols[-1], 0)) > abs(form[0].get(rows[-1], 0)):
     a, b, rows, cols = b, a, cols, rows
-  m, n = prod(_size(r) for r in rows), prod(_size(r) for r in cols)
-  tile = choose_tile(m, n, prod(_size(r) for r in k_ranges), prod(_size(r) for r in batch))
-  if tile is None or prod(_size(r) for r in batch) > 65535 or _ceil(m, tile[0]) > 65535: return None
+  m, n = prod(Kernel.size(r) for r in rows), prod(Kernel.size(r) for r in cols)
+  tile = choose_tile(m, n, prod(Kernel.size(r) for r in k_ranges), prod(Kernel.size(r) for r in batch))
+  if tile is None or prod(Kernel.size(r) for r in batch) > 65535 or _ceil(m, tile[0]) > 65535: return None
   return MatmulPlan(store, total, k_ranges, rows, cols, batch, a, b, _k_fastest(a, rows[-1], k_ranges),
                     _k_fastest(b, cols[-1], k_ranges), tile)
 
@@ -172,8 +166,7 @@ def _stage(factor: UOp, outer: tuple[UOp, ...], k_ranges: tuple[UOp, ...], k_fas
   `shared` (laid out [half][k][tile + pad], row length `lead`): element e = lidx + THREADS*j of each thread, the
   fast axis of the factor's memory taking neighbouring e. Elements past the factor's edge (an edge tile) are zeros,
   read at a clamped index (every load in bounds)."""
-  from kiln.codegen.gpudims import _unflatten, _substitute
-  extent, k = prod(_size(r) for r in outer), prod(_size(r) for r in k_ranges)
+  extent, k = prod(Kernel.size(r) for r in outer), prod(Kernel.size(r) for r in k_ranges)
   stores = []
   for j in range(tile * bk // THREADS):
     element = lidx + THREADS * j if j else lidx
@@ -193,19 +186,18 @@ def _stage(factor: UOp, outer: tuple[UOp, ...], k_ranges: tuple[UOp, ...], k_fas
 def tile_matmul(sink: UOp) -> UOp | None:
   """A matmul-shaped kernel (`matmul_plan`) as shared-memory tiles per block and register tiles per thread (the
   module docstring), or None where no plan fits."""
-  from kiln.codegen.gpudims import _unflatten, _substitute
   plan = matmul_plan(sink) if not NOLOCALS else None
   if plan is None: return None
   bm, bn, bk = plan.tile
   tm, tn = bm // THREADS_ROWS, bn // THREADS_COLS
-  m, n = prod(_size(r) for r in plan.rows), prod(_size(r) for r in plan.cols)
-  k = prod(_size(r) for r in plan.k_ranges)
+  m, n = prod(Kernel.size(r) for r in plan.rows), prod(Kernel.size(r) for r in plan.cols)
+  k = prod(Kernel.size(r) for r in plan.k_ranges)
   next_id = 1 + max((u.arg for u in sink.toposort() if u.op is Ops.RANGE and isinstance(u.arg, int)), default=0)
   step = UOp(Ops.RANGE, INT, (UOp.const(INT, _ceil(k, bk)),), next_id)
   lidx = UOp(Ops.SPECIAL, INT, (), ("lidx0", THREADS))
   col_block = UOp(Ops.SPECIAL, INT, (), ("gidx0", _ceil(n, bn)))
   row_block = UOp(Ops.SPECIAL, INT, (), ("gidx1", _ceil(m, bm)))
-  batch = prod(_size(r) for r in plan.batch)
+  batch = prod(Kernel.size(r) for r in plan.batch)
   values = _unflatten(UOp(Ops.SPECIAL, INT, (), ("gidx2", batch)), list(plan.batch)) if batch > 1 else \
     {r: UOp.const(INT, 0) for r in plan.batch}
   factors = [_substitute(f, values) for f in (plan.a, plan.b)]
