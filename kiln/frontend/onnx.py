@@ -120,7 +120,8 @@ class OnnxRunner:
       tensor = Tensor(array, device=self.device)
       if tensor.dtype != dtype: tensor = tensor.cast(dtype)
     if tensor_type.HasField("shape"):
-      dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
+      # a negative dim_value (some exporters write -1) is a symbolic size, as a dim_param is
+      dims = [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else None for d in tensor_type.shape.dim]
       if len(dims) != tensor.ndim or any(d is not None and d != s for d, s in zip(dims, tensor.shape)):
         shown = tuple(d if d is not None else "?" for d in dims)
         raise ValueError(f"ONNX input {name!r}: expected shape {shown}, got {tuple(tensor.shape)}")

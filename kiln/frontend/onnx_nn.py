@@ -299,6 +299,20 @@ def _interpolation_matrix(coords: np.ndarray, in_size: int, mode: str, scale: fl
     np.add.at(matrix[row], np.clip(positions, 0, in_size - 1).astype(np.int64), weights)
   return matrix
 
+def take_known(x: Tensor, axis: int, index: np.ndarray) -> Tensor:
+  """x's entries at a host-known `index` along `axis`: a strided slice where the index steps evenly, a repeat where
+  each source entry is taken k times in order (a nearest upsample by an integer factor), else a gather."""
+  size, count = x.shape[axis], len(index)
+  lead = (slice(None),) * axis
+  if count and (count == 1 or (np.diff(index) == index[1] - index[0]).all()) and (count == 1 or index[1] > index[0]):
+    step = int(index[1] - index[0]) if count > 1 else 1
+    return x[lead + (slice(int(index[0]), int(index[0]) + step * (count - 1) + 1, step),)]
+  if count % size == 0 and (index == np.repeat(np.arange(size), count // size)).all():
+    shape = list(x.shape)
+    repeated = x.unsqueeze(axis + 1).expand(*shape[:axis + 1], count // size, *shape[axis + 1:])
+    return repeated.reshape(*shape[:axis], count, *shape[axis + 1:])
+  return x[lead + (Tensor(index),)]
+
 @op("Resize")
 def resize(x: Tensor, roi=None, scales=None, sizes=None, antialias: int = 0, axes=None,
            coordinate_transformation_mode: str = "half_pixel", cubic_coeff_a: float = -0.75, exclude_outside: int = 0,
@@ -333,7 +347,7 @@ def resize(x: Tensor, roi=None, scales=None, sizes=None, antialias: int = 0, axe
       inside = mask if inside is None else inside & mask
     if mode == "nearest":
       index = np.clip(_nearest(coords, nearest_mode), 0, in_size - 1).astype(np.int64)
-      x = x[(slice(None),) * axis + (Tensor(index),)]
+      x = take_known(x, axis, index)
       continue
     if mode not in ("linear", "cubic"): raise NotImplementedError(f"mode={mode!r}")
     weights = _interpolation_matrix(coords, in_size, mode, scale, antialias, cubic_coeff_a, exclude_outside)

@@ -361,3 +361,29 @@ def test_resize_opset_10_matches_onnxruntime(mode):
   x = np.arange(12, dtype=np.float32).reshape(1, 1, 3, 4)
   expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
   assert_close(OnnxRunner(model)({"x": x})["y"].numpy(), expected)
+
+def test_negative_declared_dimension_is_symbolic():
+  """Some exporters (paddle2onnx) write an unknown size as dim_value -1: any size is accepted there."""
+  node = helper.make_node("Relu", ["x"], ["y"])
+  model = make_model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 3])],
+                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+  x = np.array([[-1, 2, -3], [4, -5, 6]], np.float32)
+  assert_close(OnnxRunner(model)({"x": x})["y"].numpy(), np.maximum(x, 0))
+
+@pytest.mark.parametrize("scales,nearest_mode", [([1, 1, 2, 2], "floor"), ([1, 1, 0.5, 0.5], "floor"),
+                                                  pytest.param([1, 1, 1.5, 2.5], "round_prefer_floor", marks=pytest.mark.xfail(
+                                                    strict=True, reason="kiln core: two tensor-index gathers in a row "
+                                                    "fail to compile (vmin of a vector index in codegen/parallel.py)"))])
+def test_nearest_resize_of_both_axes_matches_onnxruntime(scales, nearest_mode):
+  """Nearest upsampling by whole factors (a repeat), downsampling (a strided slice) and other factors (a gather)
+  on both spatial axes, as a text detector's FPN does."""
+  ort = pytest.importorskip("onnxruntime")
+  node = helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest",
+                          coordinate_transformation_mode="asymmetric", nearest_mode=nearest_mode)
+  model = make_model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 96, 6, 6])],
+                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                     [numpy_helper.from_array(np.array(scales, np.float32), "scales")], opset=13)
+  model.ir_version = 8
+  x = np.random.default_rng(0).standard_normal((1, 96, 6, 6)).astype(np.float32)
+  expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+  assert_close(OnnxRunner(model)({"x": x})["y"].numpy(), expected)
