@@ -42,7 +42,7 @@ def main() -> None:
   parser.add_argument("--reps", type=int, default=10)
   parser.add_argument("--json", default="")
   parser.add_argument("--rows", default="memory,matmul,launch",
-                      help="which rows: memory, matmul, tiles, conv, launch (commas)")
+                      help="which rows: memory, matmul, tiles, conv, launch (with the graph chains) (commas)")
   args = parser.parse_args()
   import torch
   from kiln import Tensor, Device
@@ -179,6 +179,32 @@ def launch_rows(rows: list) -> None:
     print(f"TinyJit replay of 2 kernels ({'CUDA graph' if graphs else 'plain launches'}, graph used: {used}): "
           f"{replay_us:.1f} us a call (wall clock)")
   graph.GRAPHS.pop("CUDA", None)
+  chain_rows(rows)
+
+def chain_rows(rows: list, length: int = 200) -> None:
+  """What one kernel node of a CUDA graph costs when each waits for the one before (an LLM decode step is ~300 such
+  kernels): TinyJit replays of `length` dependent kernels, each replay waited for; us per kernel. Elementwise on 16
+  floats (one block), and a row reduction of 576 floats (a block per row, 960 rows: a decode step's qkv shape)."""
+  from kiln import Tensor, Device, TinyJit
+  def chained(x: Tensor, op) -> Tensor:
+    for _ in range(length): x = op(x).contiguous()
+    return x
+  for name, shape, op in (("elementwise 16 floats", (16,), lambda x: x * 0.5 + 1.0),
+                          ("row sums 960x576", (960, 576), lambda x: x - x.mean(-1, keepdim=True) * 0.5)):
+    step = TinyJit(lambda x, op=op: chained(x, op))
+    x = Tensor.ones(*shape, device="CUDA").realize()
+    for _ in range(4): step(x)
+    Device["CUDA"].synchronize()
+    times = []
+    for _ in range(20):
+      start = time.perf_counter()
+      step(x)
+      Device["CUDA"].synchronize()
+      times.append(time.perf_counter() - start)
+    per_kernel = statistics.median(times) / step.captured.kernel_count * 1e6
+    rows.append({"name": f"graph chain of {step.captured.kernel_count} kernels, {name}", "us_per_kernel": per_kernel})
+    print(f"graph chain of {step.captured.kernel_count} dependent kernels, {name}: {per_kernel:.2f} us a kernel "
+          f"(replay to completion, median of 20)")
 
 class _no_tf32:
   """PyTorch's fp32 matmul without TF32 tensor cores, as kiln's (restored after)."""

@@ -32,7 +32,7 @@ bool -> C++ bool, a numpy scalar or ctypes value -> its own type (pass `ctypes.c
 'cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY (2): out of memory'
 """
 from __future__ import annotations
-import ctypes, ctypes.util, functools, glob, importlib.util, os, platform, re, sys
+import ctypes, ctypes.util, functools, glob, importlib.util, os, platform, re, sys, threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
@@ -253,6 +253,14 @@ class _Library:
     function = self.functions.get(name)
     if function is None: raise CudaError(name, -1, "MISSING_SYMBOL", f"{self.where.name} does not export it")
     if (code := function(*args)) != 0: raise self.describe(name, code)
+
+  def raw(self, name: str) -> Any:
+    """`name` as a function without argument types, for the hot paths: ctypes converts nothing, so every argument
+    must already be a ctypes value or a small int (an int becomes a C int). It returns the error code: check it."""
+    if name not in self.functions: raise CudaError(name, -1, "MISSING_SYMBOL", f"{self.where.name} does not export it")
+    function = self.handle[self.functions[name].__name__]   # a second function object: its own (empty) argtypes
+    function.restype = ctypes.c_int
+    return function
 
 def _driver_error(call: str, code: int) -> CudaError:
   """The CudaError for `code`, named and described by the driver itself (cuGetErrorName/String)."""
@@ -526,13 +534,15 @@ class Function:
     them. Returns at once: synchronize the stream or an event to wait for it."""
     grid_xyz, block_xyz = launch_dims(grid, "grid"), launch_dims(block, "block")
     if shared < 0: raise ValueError(f"launch: shared memory must be >= 0 bytes, got {shared}")
-    lib = driver()
     self.module.context.activate()
-    if shared > self.shared_limit:
-      lib.call("cuFuncSetAttribute", self.handle, FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED, shared)
-      self.shared_limit = shared
+    if shared > self.shared_limit: self.allow_shared(shared)
     params, _values = pack_args(args)
-    lib.call("cuLaunchKernel", self.handle, *grid_xyz, *block_xyz, shared, _stream_handle(stream), params, None)
+    driver().call("cuLaunchKernel", self.handle, *grid_xyz, *block_xyz, shared, _stream_handle(stream), params, None)
+
+  def allow_shared(self, shared: int) -> None:
+    """Let launches of the kernel use `shared` bytes of dynamic shared memory (over 48 KiB needs asking)."""
+    driver().call("cuFuncSetAttribute", self.handle, FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED, shared)
+    self.shared_limit = shared
 
   def attribute(self, which: int) -> int:
     """A CUfunction_attribute of the kernel (e.g. 4: registers per thread)."""
@@ -541,6 +551,34 @@ class Function:
     return value.value
 
   def __repr__(self) -> str: return f"<Function {self.name}>"
+
+class PackedLaunch:
+  """One kernel launch with its argument block packed once: `values[k].value = x` gives argument k a new value of
+  the same kind (a DeviceMemory argument takes its new address, an int its new value), and `launch()` queues the
+  kernel with the block as it is now. The hot path of repeated launches (TinyJit replays, eager calls of a kernel
+  already run): no argument is converted again. cuLaunchKernel copies the arguments when it is called, so the block
+  may be rewritten for the next launch as soon as `launch` returns (one thread at a time per PackedLaunch)."""
+  def __init__(self, function: Function, args: Sequence[Any], grid: Any = 1, block: Any = 1, shared: int = 0):
+    self.function, self.shared = function, shared
+    self.grid, self.block = launch_dims(grid, "grid"), launch_dims(block, "block")
+    if shared < 0: raise ValueError(f"launch: shared memory must be >= 0 bytes, got {shared}")
+    self.params, self.values = pack_args(args)
+    self.node = KernelNodeParams(function.handle, *self.grid, *self.block, shared,
+                                 ctypes.cast(self.params, c_void_p), None, None, None)
+    self._launch_args = (c_void_p(function.handle), *self.grid, *self.block, shared, None,
+                         c_void_p(ctypes.addressof(self.params)), None)
+    self._raw = _raw("cuLaunchKernel")
+
+  def launch(self) -> None:
+    """Queue the kernel on the default stream with the arguments now in `values`; returns at once."""
+    self.function.module.context.activate()
+    if self.shared > self.function.shared_limit: self.function.allow_shared(self.shared)
+    if (code := self._raw(*self._launch_args)) != 0: raise _driver_error("cuLaunchKernel", code)
+
+@functools.cache
+def _raw(name: str) -> Any:
+  """The driver's `name` without argument conversion (`_Library.raw`), made once."""
+  return driver().raw(name)
 
 class KernelNodeParams(ctypes.Structure):
   """CUDA_KERNEL_NODE_PARAMS_v2: one kernel launch as a graph node (kern and ctx unused: NULL)."""
@@ -551,51 +589,64 @@ class KernelNodeParams(ctypes.Structure):
 class Graph:
   """Kernel launches as one CUDA graph, each node after the one before, instantiated once: `launch` queues all of
   them with one driver call; `set_args(i, *args)` gives node i new arguments (the same kinds) in the instantiated
-  graph. `launches` are (function, args, grid, block) as `Function.launch` takes them."""
-  def __init__(self, context: Context, launches: Sequence[tuple[Function, Sequence[Any], Any, Any]]):
+  graph. `launches` are (function, args, grid, block) as `Function.launch` takes them, or PackedLaunches.
+
+  The graph can be instantiated more than once (`instantiate`): executables of one graph differ only in their nodes'
+  arguments (`update`), so a caller that alternates between a few argument sets keeps one executable for each and
+  launches it (`launch_exec`) without updating any node."""
+  def __init__(self, context: Context, launches: Sequence[tuple[Function, Sequence[Any], Any, Any] | PackedLaunch]):
     self.context, lib = context, driver()
     context.activate()
-    graph, self.nodes, self._params = c_void_p(), [], []
+    graph, self.nodes, self.execs = c_void_p(), [], []
     lib.call("cuGraphCreate", ctypes.byref(graph), 0)
     self.graph, self.exec = graph.value, 0
-    for function, args, grid, block in launches:
-      params = self._node_params(function, args, grid, block)
+    self.packed = [launch if isinstance(launch, PackedLaunch) else PackedLaunch(*launch) for launch in launches]
+    for packed in self.packed:
+      if packed.shared > packed.function.shared_limit: packed.function.allow_shared(packed.shared)
       node = c_void_p()
       deps = (c_void_p * 1)(self.nodes[-1]) if self.nodes else None
       lib.call("cuGraphAddKernelNode", ctypes.byref(node), self.graph, deps, 1 if self.nodes else 0,
-               ctypes.byref(params[0]))
+               ctypes.byref(packed.node))
       self.nodes.append(node.value)
-      self._params.append(params)
-    handle = c_void_p()
-    lib.call("cuGraphInstantiate", ctypes.byref(handle), self.graph, 0)
-    self.exec = handle.value
+    self.exec = self.instantiate()
+    self._set_params, self._graph_launch = _raw("cuGraphExecKernelNodeSetParams"), _raw("cuGraphLaunch")
+    self._node_handles = [c_void_p(node) for node in self.nodes]
+    self._node_params = [c_void_p(ctypes.addressof(packed.node)) for packed in self.packed]
 
-  @staticmethod
-  def _node_params(function: Function, args: Sequence[Any], grid: Any, block: Any) -> tuple:
-    """The node's parameter struct and what it points to (kept alive with the graph)."""
-    (gx, gy, gz), (bx, by, bz) = launch_dims(grid, "grid"), launch_dims(block, "block")
-    pointers, values = pack_args(args)
-    params = KernelNodeParams(function.handle, gx, gy, gz, bx, by, bz, 0, ctypes.cast(pointers, c_void_p), None,
-                              None, None)
-    return params, pointers, values
+  def instantiate(self) -> int:
+    """A new executable of the graph, its nodes with the arguments they were added with."""
+    handle = c_void_p()
+    self.context.activate()
+    driver().call("cuGraphInstantiate", ctypes.byref(handle), self.graph, 0)
+    self.execs.append(handle.value)
+    return handle.value
+
+  def update(self, exec_handle: int, index: int) -> None:
+    """Node `index` of the executable `exec_handle` runs with the arguments now in `packed[index].values`."""
+    code = self._set_params(c_void_p(exec_handle), self._node_handles[index], self._node_params[index])
+    if code != 0: raise _driver_error("cuGraphExecKernelNodeSetParams", code)
+
+  def launch_exec(self, exec_handle: int) -> None:
+    """Queue the executable `exec_handle` on the default stream; returns at once (its context must be current)."""
+    if (code := self._graph_launch(c_void_p(exec_handle), None)) != 0: raise _driver_error("cuGraphLaunch", code)
 
   def set_args(self, index: int, function: Function, args: Sequence[Any], grid: Any, block: Any) -> None:
-    """Node `index` runs `function` with `args` from the next launch on."""
-    params = self._node_params(function, args, grid, block)
+    """Node `index` runs `function` with `args` from the next launch on (of the first executable)."""
+    self.packed[index] = PackedLaunch(function, args, grid, block)
+    self._node_params[index] = c_void_p(ctypes.addressof(self.packed[index].node))
     self.context.activate()
-    driver().call("cuGraphExecKernelNodeSetParams", self.exec, self.nodes[index], ctypes.byref(params[0]))
-    self._params[index] = params
+    self.update(self.exec, index)
 
   def launch(self, stream: Stream | None = None) -> None:
-    """Queue every node on `stream` (None: the default stream); returns at once."""
+    """Queue every node of the first executable on `stream` (None: the default stream); returns at once."""
     self.context.activate()
     driver().call("cuGraphLaunch", self.exec, _stream_handle(stream))
 
   def close(self) -> None:
-    """Free the instantiated graph and the graph."""
-    if self.exec: driver().call("cuGraphExecDestroy", self.exec)
+    """Free the executables and the graph."""
+    for handle in self.execs: driver().call("cuGraphExecDestroy", handle)
     if self.graph: driver().call("cuGraphDestroy", self.graph)
-    self.exec = self.graph = 0
+    self.execs, self.exec, self.graph = [], 0, 0
 
 class Module:
   """A CUBIN (or PTX) image loaded into a context (cuModuleLoadData); `function(name)` finds a kernel in it."""
@@ -621,6 +672,11 @@ class Module:
   def __enter__(self) -> Module: return self
   def __exit__(self, *exc: Any) -> None: self.close()
 
+# the context kiln last made current on each thread: making it current again is skipped (a library that switches the
+# thread's context behind kiln's back, to another GPU's, must switch it back; PyTorch on GPU 0 uses the same primary
+# context)
+_current = threading.local()
+
 class Context:
   """The primary context of GPU `index`, retained until `close`: memory, copies, streams, events and modules.
 
@@ -636,8 +692,10 @@ class Context:
     self.activate()
 
   def activate(self) -> None:
-    """Make this context current on the calling thread."""
+    """Make this context current on the calling thread (no driver call where kiln made it current there last)."""
+    if getattr(_current, "handle", None) == self.handle: return
     driver().call("cuCtxSetCurrent", self.handle)
+    _current.handle = self.handle
 
   def synchronize(self) -> None:
     """Wait until all work queued in this context has finished."""
@@ -726,6 +784,7 @@ class Context:
   def close(self) -> None:
     """Release the primary context (the driver destroys it when no one else holds it)."""
     if self.handle: driver().call("cuDevicePrimaryCtxRelease", self.index)
+    if getattr(_current, "handle", None) == self.handle: _current.handle = None
     self.handle = 0
 
   def __enter__(self) -> Context: return self

@@ -10,7 +10,8 @@ Importing this module needs no GPU; opening the device where there is none (or n
 RuntimeError that says what is missing.
 """
 from __future__ import annotations
-import functools
+import collections, functools
+from typing import Any
 from kiln.device import Compiled
 from kiln.helpers import PTX
 from kiln.renderer import kernel_function_name
@@ -23,38 +24,66 @@ ONE_THREAD: Launch = ((1, 1, 1), (1, 1, 1))   # a kernel without thread indices 
 
 class CUDAProgram:
   """A kernel loaded from its CUBIN. Call as `prg(*device_memory, vals=(ints...), wait=False, launch=(grid, block))`;
-  with wait=True it returns the kernel's time in seconds, measured with CUDA events."""
+  with wait=True it returns the kernel's time in seconds, measured with CUDA events. The argument block of each
+  launch shape (buffer and value counts, grid and block) is packed once and rewritten in place by later calls
+  (cuda.PackedLaunch)."""
   def __init__(self, device: CUDADevice, name: str, lib: bytes):
     self.device, self.name = device, kernel_function_name(name)
     self.module = device.context.load(lib)
     self.function = self.module.function(self.name)
     self._events: tuple[cuda.Event, cuda.Event] | None = None
+    self._packed: dict[tuple, cuda.PackedLaunch] = {}
+
+  def packed(self, bufs: tuple, vals: tuple[int, ...] = (), launch: Launch | None = None) -> cuda.PackedLaunch:
+    """The launch of this kernel over `bufs` (DeviceMemory) and `vals` with `launch`'s sizes, its arguments packed:
+    a new PackedLaunch (not the one `__call__` reuses), for a caller that keeps it."""
+    grid, block = launch if launch is not None else ONE_THREAD
+    return cuda.PackedLaunch(self.function, (*bufs, *vals), grid, block)
 
   def __call__(self, *bufs, vals: tuple[int, ...] = (), wait: bool = False, launch: Launch | None = None):
     """Queue the kernel on the default stream (and, with wait=True, wait for it and return its seconds)."""
-    grid, block = launch if launch is not None else ONE_THREAD
+    key = (len(bufs), len(vals), launch)
+    if (packed := self._packed.get(key)) is None: packed = self._packed[key] = self.packed(bufs, vals, launch)
+    else:
+      values = packed.values
+      for k, buf in enumerate(bufs): values[k].value = buf.ptr
+      for k, val in enumerate(vals, len(bufs)): values[k].value = val
     if not wait:
-      self.function.launch(*bufs, *vals, grid=grid, block=block)
+      packed.launch()
       return None
     if self._events is None: self._events = (self.device.context.event(), self.device.context.event())
     start, end = self._events
     start.record()
-    self.function.launch(*bufs, *vals, grid=grid, block=block)
+    packed.launch()
     end.record()
     end.synchronize()
     return start.elapsed_ms(end) / 1e3
 
 class CUDAGraph:
   """TinyJit's graph runner for CUDA (the GraphRunner interface of kiln/engine/graph.py, built from a capture's
-  launches and the (item, buffer position) pairs a replay swaps): the batch's kernels as one CUDA graph. A replay
-  gives new arguments to the nodes whose buffers or variables changed, then launches the graph: one driver call for
-  the whole batch instead of one per kernel."""
+  launches and the (item, buffer position) pairs a replay swaps): the batch's kernels as one CUDA graph, each
+  kernel's argument block packed once. A replay reads the arguments that can change (swapped buffers' addresses,
+  variables' values) into one tuple and launches the graph's executable for that tuple: up to MAX_EXECS
+  executables are kept, so a replay whose fresh outputs alternate between two buffers (the last replay's outputs
+  are alive while the next allocates) updates no node. A new tuple updates the changed nodes of the least recently
+  used executable (or of a new one), then launches it: one driver call for the whole batch in the common case."""
+  MAX_EXECS = 4
+
   def __init__(self, items: list, swapped: set[tuple[int, int]]):
     self.items, self.swapped = items, swapped
-    self.launches = [self._launch(item) for item in items]
-    self.graph = cuda.Graph(items[0].runner.program.device.context, self.launches)
-    # the nodes a replay may change: swapped buffers, or variables
-    self.watched = sorted({i for i, _ in swapped} | {i for i, item in enumerate(items) if item.runner.vars})
+    self.context = items[0].runner.program.device.context
+    launches = [self._packed(item) for item in items]
+    self.graph = cuda.Graph(self.context, launches)
+    # what a replay re-reads: per changing argument, (node index, argument index, source, key): source[key] is a
+    # Buffer (its address) or a variable's value
+    self.slots: list[tuple[int, int, Any, Any, bool]] = []
+    for i, item in enumerate(items):
+      runner = item.runner
+      for k, pos in enumerate(runner.params):
+        if (i, pos) in swapped: self.slots.append((i, k, item.bufs, pos, True))
+      for k, var in enumerate(runner.vars, len(runner.params)): self.slots.append((i, k, item.var_vals, var, False))
+    self.state = self._read()   # the arguments the nodes were added with: every executable starts so
+    self.execs: collections.OrderedDict[tuple, int] = collections.OrderedDict({self.state: self.graph.exec})
 
   @staticmethod
   def supports(item) -> bool:
@@ -62,21 +91,36 @@ class CUDAGraph:
     return isinstance(getattr(item.runner, "program", None), CUDAProgram)
 
   @staticmethod
-  def _launch(item) -> tuple:
-    """(function, arguments, grid, block) of one captured launch, as its buffers and variables are now."""
+  def _packed(item) -> cuda.PackedLaunch:
+    """One captured launch, its arguments as its buffers and variables are now."""
     runner = item.runner
-    args = (*[item.bufs[i]._buf for i in runner.params], *[int(item.var_vals[v]) for v in runner.vars])
-    grid, block = runner.launch if runner.launch is not None else ONE_THREAD
-    return runner.program.function, args, grid, block
+    bufs = tuple(item.bufs[i]._buf for i in runner.params)
+    return runner.program.packed(bufs, tuple(int(item.var_vals[v]) for v in runner.vars), runner.launch)
+
+  def _read(self) -> tuple:
+    """The changing arguments as they are now (buffer addresses and variable values, in slot order)."""
+    return tuple([source[key]._buf.ptr if is_buffer else int(source[key]) for _, _, source, key, is_buffer in self.slots])
+
+  def _exec_for(self, state: tuple) -> int:
+    """An executable whose nodes hold the arguments `state`: the least recently used one (or a new one while fewer
+    than MAX_EXECS exist) with the nodes whose arguments differ updated."""
+    if len(self.execs) < self.MAX_EXECS: old, handle = self.state, self.graph.instantiate()
+    else: old, handle = self.execs.popitem(last=False)
+    changed = sorted({slot[0] for slot, was, now in zip(self.slots, old, state) if was != now})
+    packed = self.graph.packed
+    for (i, k, *_), now in zip(self.slots, state): packed[i].values[k].value = now
+    self.context.activate()
+    for i in changed: self.graph.update(handle, i)
+    self.execs[state] = handle
+    return handle
 
   def __call__(self) -> None:
-    """Update the nodes whose arguments changed since the last replay, then launch the graph."""
-    for i in self.watched:
-      launch = self._launch(self.items[i])
-      if launch[1] != self.launches[i][1]:
-        self.graph.set_args(i, *launch)
-        self.launches[i] = launch
-    self.graph.launch()
+    """Launch the executable for the arguments as they are now (made or updated first when there is none)."""
+    state = self._read() if self.slots else ()
+    if (handle := self.execs.get(state)) is None: handle = self._exec_for(state)
+    elif len(self.execs) > 1: self.execs.move_to_end(state)
+    self.context.activate()
+    self.graph.launch_exec(handle)
 
 class CUDADevice(Compiled):
   """GPU `CUDA:<n>`: its primary context, cuMemAlloc memory, CUDA C compiled by NVRTC for its arch."""

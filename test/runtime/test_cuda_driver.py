@@ -316,6 +316,36 @@ def test_graph_of_two_launches_with_new_arguments(ctx):
   assert_same(again, (a + b) + (a + b))
 
 @needs_gpu
+def test_packed_launches_and_graph_executables_with_their_own_arguments(ctx):
+  """A PackedLaunch rewritten in place between launches; two executables of one graph, each updated to its own
+  arguments, launched in turn."""
+  n = 1000
+  a, b = random_floats(n, 5), random_floats(n, 6)
+  out1, out2 = np.empty(n, np.float32), np.empty(n, np.float32)
+  with ctx.compile(VECTOR_ADD) as module, ctx.alloc(4 * n) as da, ctx.alloc(4 * n) as db, \
+       ctx.alloc(4 * n) as d1, ctx.alloc(4 * n) as d2:
+    ctx.copy_in(da, a); ctx.copy_in(db, b); ctx.memset(d1, 0xFF); ctx.memset(d2, 0xFF)
+    add = module.function("vector_add")
+    packed = cuda.PackedLaunch(add, (d1, da, db, n), (n + 255) // 256, 256)
+    packed.launch()
+    packed.values[0].value, packed.values[2].value = d2.ptr, da.ptr   # d2 = a + a
+    packed.launch()
+    ctx.copy_out(out1, d1); ctx.copy_out(out2, d2)
+    assert_same(out1, a + b)
+    assert_same(out2, a + a)
+    ctx.memset(d1, 0xFF); ctx.memset(d2, 0xFF)
+    graph = cuda.Graph(ctx, [(add, (d1, da, db, n), (n + 255) // 256, 256)])
+    second = graph.instantiate()
+    graph.packed[0].values[0].value, graph.packed[0].values[1].value = d2.ptr, db.ptr   # d2 = b + b
+    graph.update(second, 0)
+    graph.launch_exec(graph.exec)   # the first still holds the arguments it was added with
+    graph.launch_exec(second)
+    ctx.copy_out(out1, d1); ctx.copy_out(out2, d2)
+    graph.close()
+  assert_same(out1, a + b)
+  assert_same(out2, b + b)
+
+@needs_gpu
 def test_copies_round_trip(ctx):
   data = np.random.default_rng(2).integers(0, 256, 1 << 16, dtype=np.uint8)
   back, part = np.zeros_like(data), np.zeros(1024, np.uint8)
