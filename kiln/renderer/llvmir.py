@@ -28,8 +28,10 @@ from dataclasses import dataclass
 from typing import Callable
 from kiln.dtype import DType, dtypes, truncate, FP8_VALUES
 from kiln.renderer import Renderer, kernel_signature, kernel_function_name
-from kiln.renderer.cstyle import (EXACT_FLOAT_OPS, SCRATCH_HEADER_BYTES, CRenderer, check_alu_dtypes, chunks_symbol,
-                                  scratch_symbol, task_symbol, thread_plan, work_symbol)
+from kiln.codegen.parallel import streamed_loads
+from kiln.renderer.cstyle import (EXACT_FLOAT_OPS, PREFETCH_BYTES, PREFETCH_MAX_BLOCK, SCRATCH_HEADER_BYTES, CRenderer,
+                                  check_alu_dtypes, chunks_symbol, scratch_symbol, task_symbol, thread_plan,
+                                  work_symbol)
 from kiln.uop.ops import UOp, Ops, GroupOp
 
 FULL_UNROLL_MAX_TRIPS = 16   # loops up to this many iterations may be unrolled whole by LLVM (_LLVMKernelWriter)
@@ -431,6 +433,57 @@ def _bitcast(w: _LLVMKernelWriter, u: UOp, a: list[str]) -> str:
   if sty != dty: bits = w.inst(f"bitcast {sty} {bits} to {dty}")
   return _from_storage(w, bits, dst)
 
+# ---------------- integer dot products of bytes (DP4A, kiln/codegen/vectorize.py) ----------------
+# x86 instructions by int32 lanes, chosen from the target's features (cpuinfo spellings; kiln/runtime/cpu_target.py):
+# VNNI's vpdpbusd (any unsigned byte by a signed one), else, when every unsigned byte is below 128 (DP4A's arg),
+# pmaddubsw's int16 sums of two products then pmaddwd by ones; anything else widens, multiplies and sums lane groups,
+# which is exact too. The intrinsics take their byte vectors as i32 lanes (LLVM >= 22 upgrades them to i8 vectors).
+_VNNI_FEATURES = {16: (("avx512_vnni",),), 8: (("avx512_vnni", "avx512vl"), ("avx_vnni",)),
+                  4: (("avx512_vnni", "avx512vl"), ("avx_vnni",))}
+_VNNI_INTRINSIC = {16: "llvm.x86.avx512.vpdpbusd.512", 8: "llvm.x86.avx512.vpdpbusd.256",
+                   4: "llvm.x86.avx512.vpdpbusd.128"}
+_MADDUBS = {16: ("avx512bw", "llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512"),
+            8: ("avx2", "llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd"),
+            4: ("ssse3", "llvm.x86.ssse3.pmadd.ub.sw.128", "llvm.x86.sse2.pmadd.wd")}
+
+def byte_dot_method(u: UOp, features: frozenset[str]) -> str:
+  """How DP4A `u` is computed on a CPU with `features`: "vnni", "maddubs" or "generic" (see above)."""
+  n, pairs = u.dtype.count, (len(u.src) - 1) // 2
+  unsigned_by_signed = all(u.src[1 + 2 * p].dtype.scalar == dtypes.uint8 and
+                           u.src[2 + 2 * p].dtype.scalar == dtypes.int8 for p in range(pairs))
+  if not unsigned_by_signed: return "generic"
+  if any(all(f in features for f in need) for need in _VNNI_FEATURES.get(n, ())): return "vnni"
+  if u.arg and n in _MADDUBS and _MADDUBS[n][0] in features: return "maddubs"
+  return "generic"
+
+def _dp4a(w: _LLVMKernelWriter, u: UOp, a: list[str]) -> str:
+  """DP4A: int32 lane l of the accumulator a[0] plus, for each byte-vector pair, the sum of the products of bytes
+  4l..4l+3 (each widened by its own signedness)."""
+  n, ty = u.dtype.count, ll_type(u.dtype)
+  pairs = [(u.src[1 + 2 * p], a[1 + 2 * p], u.src[2 + 2 * p], a[2 + 2 * p]) for p in range((len(u.src) - 1) // 2)]
+  method, acc = byte_dot_method(u, w.features), a[0]
+  for left, x, right, y in pairs:
+    bytes_type = ll_type(left.dtype)
+    if method == "vnni":
+      x, y = (w.inst(f"bitcast {bytes_type} {v} to {ty}") for v in (x, y))
+      acc = w.call(_VNNI_INTRINSIC[n], ty, [(ty, acc), (ty, x), (ty, y)])
+    elif method == "maddubs":
+      _, pair_sums, quad_sums = _MADDUBS[n]
+      shorts = f"<{2 * n} x i16>"
+      summed = w.call(pair_sums, shorts, [(bytes_type, x), (bytes_type, y)])
+      quads = w.call(quad_sums, ty, [(shorts, summed), (shorts, ll_const(1, dtypes.int16.vec(2 * n)))])
+      acc = w.inst(f"add {ty} {acc}, {quads}")
+    else:
+      wide = f"<{4 * n} x i32>"
+      x, y = (w.inst(f"{'zext' if s.dtype.scalar == dtypes.uint8 else 'sext'} {bytes_type} {v} to {wide}")
+              for s, v in ((left, x), (right, y)))
+      products = w.inst(f"mul {wide} {x}, {y}")
+      for k in range(4):
+        lanes = ", ".join(f"i32 {4 * lane + k}" for lane in range(n))
+        group = w.inst(f"shufflevector {wide} {products}, {wide} poison, <{n} x i32> <{lanes}>")
+        acc = w.inst(f"add {ty} {acc}, {group}")
+  return acc
+
 # Op -> function(writer, uop, operand values) -> the result value (float16/bfloat16/fp8 operands are floats)
 LLVM_EXPRESSIONS: dict[Ops, Callable[[_LLVMKernelWriter, UOp, list[str]], str]] = {
   Ops.ADD: _arith("add", "fadd", "or"), Ops.SUB: _arith("sub", "fsub", "xor"), Ops.MUL: _arith("mul", "fmul", "and"),
@@ -440,7 +493,7 @@ LLVM_EXPRESSIONS: dict[Ops, Callable[[_LLVMKernelWriter, UOp, list[str]], str]] 
   Ops.XOR: _bitwise("xor"), Ops.SHL: _shift, Ops.SHR: _shift, Ops.POW: _intrinsic("pow"),
   Ops.EXP2: _intrinsic("exp2"), Ops.LOG2: _intrinsic("log2"), Ops.SIN: _intrinsic("sin"),
   Ops.SQRT: _intrinsic("sqrt"), Ops.RECIP: _recip, Ops.NEG: _neg, Ops.TRUNC: _trunc, Ops.WHERE: _where,
-  Ops.CAST: _cast, Ops.BITCAST: _bitcast, Ops.MULACC: _fma,
+  Ops.CAST: _cast, Ops.BITCAST: _bitcast, Ops.MULACC: _fma, Ops.DP4A: _dp4a,
 }
 
 class LLVMRenderer(Renderer):
@@ -452,12 +505,15 @@ class LLVMRenderer(Renderer):
   # software versions (<= 1 ulp, docs/transcendental.md) vectorize with the rest of the loop
   has_native_transcendentals = False
   packs_matmul_operands = True   # kiln/schedule/pack.py: matmul 1024 76 -> 91, 2048 60 -> 71 GFLOP/s (2-core EPYC)
+  renders_byte_dots = True   # DP4A as vpdpbusd/pmaddubsw where the target has them (byte_dot_method)
   # the same SLP vectorizer and thread plan as the C renderer, checked the same way (see CRenderer.vectorize)
   vectorize = CRenderer.vectorize
 
   def render(self, name: str, uops: list[UOp]) -> str:
     """The LLVM IR module of function `name` (see the module docstring for the semantics)."""
-    writer = _LLVMKernelWriter(kernel_function_name(name), uops)
+    target = self.target
+    features = target.features if target is not None and target.arch in ("x86_64", "AMD64") else frozenset()
+    writer = _LLVMKernelWriter(kernel_function_name(name), uops, features)
     try: return writer.write()
     finally: writer.statements.clear()   # its own bound methods: a reference cycle, broken so refcounting frees it
 
@@ -482,8 +538,9 @@ class _LLVMKernelWriter:
   combined in chunk order, then the epilogue); the kernel runs every chunk and then finishes, and `<name>_task` runs
   one chunk with the scratch after the buffers (`@<name>_chunks`, `@<name>_scratch`), the last chunk to end finishing.
   """
-  def __init__(self, name: str, uops: list[UOp]):
+  def __init__(self, name: str, uops: list[UOp], features: frozenset[str] = frozenset()):
     self.name, self.uops = name, uops
+    self.features = features   # the x86 instruction-set flags the code may use (DP4A's instructions), else empty
     self.counter = 0
     self.declarations: dict[str, str] = {}
     self.helpers: dict[str, None] = {}
@@ -644,6 +701,27 @@ class _LLVMKernelWriter:
     self.emit(f"br i1 {more}, label %{label}_body, label %{label}_exit")
     self.start_block(f"{label}_body")
     self.values[u] = counter
+    if self.parallel is not None and u is self.parallel.loop: self.prefetch_streams(u, counter, ty)
+
+  def prefetch_streams(self, loop: UOp, counter: str, ty: str) -> None:
+    """At the top of each iteration of the thread-split loop, prefetch the blocks that an iteration PREFETCH_BYTES
+    ahead reads from each buffer the loop streams through in small blocks (a matrix-vector product's weight rows),
+    as the C renderer does (CRenderer's _prefetch_streams: why, and the figures)."""
+    streams = [(st, st.stride * st.buffer.dtype.itemsize, (st.high - st.low + 1) * st.buffer.dtype.itemsize)
+               for st in streamed_loads(self.uops, loop)]
+    streams = [(st, stride, size) for st, stride, size in streams if stride >= 64 and size <= PREFETCH_MAX_BLOCK]
+    if not streams: return
+    ahead = max(1, -(-PREFETCH_BYTES // max(stride for _, stride, _ in streams)))
+    self.declarations["llvm.prefetch.p0"] = "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)"
+    iteration = counter if ty == "i64" else self.inst(f"sext {ty} {counter} to i64")
+    later = self.inst(f"add i64 {iteration}, {ahead}")
+    for st, _, size in streams:
+      element = self.inst(f"add i64 {self.inst(f'mul i64 {later}, {st.stride}')}, {st.low}")
+      # no `inbounds`: the last iterations prefetch past the buffer's end, which is harmless but must not be poison
+      start = self.inst(f"getelementptr {STORAGE_TYPES[st.buffer.dtype]}, ptr %data{st.buffer.arg}, i64 {element}")
+      for offset in range(0, size, 64):
+        line = self.inst(f"getelementptr i8, ptr {start}, i64 {offset}") if offset else start
+        self.emit(f"call void @llvm.prefetch.p0(ptr {line}, i32 0, i32 3, i32 1)")
 
   def _endrange(self, u: UOp) -> None:
     if not self.loops: raise ValueError(f"LLVMRenderer: ENDRANGE without an open RANGE in kernel {self.name}")
