@@ -18,6 +18,8 @@ from kiln.frontend.onnx_proto import (ONNX_DTYPES, STRING, attribute_value, dtyp
                                       import_onnx, mark_type, numpy_input, remember, value_of_proto)
 from kiln.frontend.onnx_ops import OPS
 from kiln.frontend.onnx_fold import FOLDERS, fold
+from kiln.frontend.onnx_cache import GraphCache
+from kiln.engine.realize import capturing
 
 Value = Any  # a Tensor, a list of values (an ONNX sequence), None (an empty optional) or a numpy string array
 
@@ -80,13 +82,22 @@ def _signature(fn: Callable) -> dict:
   if fn not in _parameters: _parameters[fn] = dict(inspect.signature(fn).parameters)
   return _parameters[fn]
 
+def _check_shape(name: str, tensor_type, shape: tuple) -> None:
+  """A ValueError naming the input where `shape` does not fit its declared one (symbolic sizes take any size)."""
+  if not tensor_type.HasField("shape"): return
+  # a negative dim_value (some exporters write -1) is a symbolic size, as a dim_param is
+  dims = [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else None for d in tensor_type.shape.dim]
+  if len(dims) != len(shape) or any(d is not None and d != s for d, s in zip(dims, shape)):
+    shown = tuple(d if d is not None else "?" for d in dims)
+    raise ValueError(f"ONNX input {name!r}: expected shape {shown}, got {shape}")
+
 class OnnxRunner:
   """An ONNX model, callable as `runner({input_name: value})` -> `{output_name: Tensor | list | None}`.
 
   `model` is a path, the serialized bytes, or an onnx.ModelProto. Inputs may be numpy arrays, Tensors, lists (cast to
   the input's declared dtype) or None (an omitted optional input).
   """
-  def __init__(self, model, device: str | None = None):
+  def __init__(self, model, device: str | None = None, cache: bool = True):
     onnx = import_onnx()
     if isinstance(model, (str, os.PathLike)): model = onnx.load(os.fspath(model))
     elif isinstance(model, (bytes, bytearray)): model = onnx.load_from_string(bytes(model))
@@ -97,6 +108,7 @@ class OnnxRunner:
     self._known = {key: entry for key, entry in host_entries().items() if key in initializer_ids}
     self.inputs = [i for i in self.graph.input if i.name not in self.initializers]
     self.output_names = [o.name for o in self.graph.output]
+    self.cache = GraphCache({i.name: i for i in self.graph.input}, device) if cache else None
 
   def _load(self, proto) -> Value:
     value = value_of_proto(proto)
@@ -119,36 +131,43 @@ class OnnxRunner:
       array = numpy_input(np.array(value, order="C"), tensor_type.elem_type)
       tensor = Tensor(array, device=self.device)
       if tensor.dtype != dtype: tensor = tensor.cast(dtype)
-    if tensor_type.HasField("shape"):
-      # a negative dim_value (some exporters write -1) is a symbolic size, as a dim_param is
-      dims = [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else None for d in tensor_type.shape.dim]
-      if len(dims) != tensor.ndim or any(d is not None and d != s for d, s in zip(dims, tensor.shape)):
-        shown = tuple(d if d is not None else "?" for d in dims)
-        raise ValueError(f"ONNX input {name!r}: expected shape {shown}, got {tuple(tensor.shape)}")
+    _check_shape(name, tensor_type, tuple(tensor.shape))
     return mark_type(tensor, tensor_type.elem_type)
 
   def __call__(self, inputs: dict[str, Value] | None = None, debug: bool = False) -> dict[str, Value]:
     """Run the model: {input name: value} -> {output name: Tensor | list | None}. An input that has an initializer
-    may be given too, replacing it."""
+    may be given too, replacing it. The kiln graph is built once per input signature and reused (onnx_cache.py),
+    except with `debug`, inside a TinyJit function, or where the model cannot be cached."""
     inputs = inputs or {}
     declared = {i.name: i for i in self.graph.input}
     unknown = set(inputs) - set(declared)
     if unknown:
       raise KeyError(f"ONNX model has no input(s) {sorted(unknown)}; its inputs: {[i.name for i in self.inputs]}")
-    values: dict[str, Value] = dict(self.initializers)
     for info in self.inputs:
       if info.name not in inputs and info.type.WhichOneof("value") == "tensor_type":
         raise KeyError(f"ONNX input {info.name!r} is missing; the model's inputs: {[i.name for i in self.inputs]}")
+    if self.cache is not None and not debug and not capturing:
+      arrays = self.cache.arrays(inputs)
+      if arrays is not None:
+        for name, array in arrays.items(): _check_shape(name, declared[name].type.tensor_type, array.shape)
+        outputs = self.cache.run(arrays, self._run)
+        if outputs is not None: return dict(zip(self.output_names, outputs))
+    return dict(zip(self.output_names, self._run(inputs, {}, debug)))
+
+  def _run(self, inputs: dict[str, Value], hosts: dict[str, np.ndarray], debug: bool = False) -> list[Value]:
+    """The graph's outputs for these inputs; `hosts` gives host copies of some of them (onnx_cache.py)."""
+    declared = {i.name: i for i in self.graph.input}
+    values: dict[str, Value] = dict(self.initializers)
     known = host_entries()
     known.clear()
     known.update(self._known)
     for name, value in inputs.items(): values[name] = self._input_value(name, declared[name].type, value)
+    for name, array in hosts.items(): remember(values[name], array)
     for info in self.inputs: values.setdefault(info.name, None)
-    try: outputs = self.run_graph(self.graph, values, ChainMap(), self.opset, debug)
+    try: return self.run_graph(self.graph, values, ChainMap(), self.opset, debug)
     finally:  # host copies made during the call go with it; the initializers' stay
       known.clear()
       known.update(self._known)
-    return dict(zip(self.output_names, outputs))
 
   def run_graph(self, graph, values: dict[str, Value], outer: ChainMap, opset: int | None = None,
                 debug: bool = False) -> list[Value]:

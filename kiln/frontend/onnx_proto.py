@@ -1,5 +1,6 @@
 """Reading ONNX protobufs into kiln values: element types, tensors (initializers, Constant values) and attributes."""
 from __future__ import annotations
+import contextlib
 from typing import Any
 import numpy as np
 from kiln.dtype import DType, dtypes
@@ -90,10 +91,22 @@ def mark_type(tensor: Tensor, elem_type: int) -> Tensor:
     _host[id(tensor)] = (tensor, held[1] if held else None, elem_type)
   return tensor
 
+_host_reads: list[set[int]] = []   # ids of tensors whose host copies were read, inside track_host_reads()
+
 def host_value(value) -> np.ndarray | None:
   """The host copy of a tensor's values, None where there is none."""
   entry = _entry(value)
-  return entry[1] if entry is not None else None
+  if entry is None: return None
+  if _host_reads and entry[1] is not None: _host_reads[-1].add(id(value))
+  return entry[1]
+
+@contextlib.contextmanager
+def track_host_reads():
+  """Collect the ids of the tensors whose host copies `host_value` hands out inside the block (yields the set)."""
+  reads: set[int] = set()
+  _host_reads.append(reads)
+  try: yield reads
+  finally: _host_reads.pop()
 
 def held_type(value) -> int | None:
   """The ONNX type of a tensor held in a wider dtype, None for the others."""

@@ -387,3 +387,82 @@ def test_nearest_resize_of_both_axes_matches_onnxruntime(scales, nearest_mode):
   x = np.random.default_rng(0).standard_normal((1, 96, 6, 6)).astype(np.float32)
   expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
   assert_close(OnnxRunner(model)({"x": x})["y"].numpy(), expected)
+
+def counting_builds(runner, monkeypatch) -> list:
+  """Count the runner's graph walks (each call of run_graph on the top graph)."""
+  walks = []
+  original = runner.run_graph
+  def run_graph(graph, *args, **kwargs):
+    if graph is runner.graph: walks.append(1)
+    return original(graph, *args, **kwargs)
+  monkeypatch.setattr(runner, "run_graph", run_graph)
+  return walks
+
+def test_graph_is_built_once_per_input_signature(monkeypatch):
+  """Calls with new values of the same shape reuse the graph; a new batch size builds one more; every result is
+  right, and a result stays valid after later calls."""
+  model, w, b = mlp_model()
+  runner = OnnxRunner(model)
+  walks = counting_builds(runner, monkeypatch)
+  rng = np.random.default_rng(7)
+  xs = [rng.standard_normal((n, 4)).astype(np.float32) for n in (2, 2, 2, 5, 2, 5)]
+  results = [runner({"x": x})["y"] for x in xs]
+  for x, y in zip(xs, results): assert_close(y.numpy(), reference_mlp(x, w, b))
+  assert len(walks) == 2
+  uncached = OnnxRunner(model, cache=False)
+  walks = counting_builds(uncached, monkeypatch)
+  for x in xs[:3]: assert_close(uncached({"x": x})["y"].numpy(), reference_mlp(x, w, b))
+  assert len(walks) == 3
+
+def test_cached_graph_takes_tensor_inputs_and_its_own_outputs():
+  """A recurrent caller feeds the state output back in as a Tensor: the cached graph copies it in."""
+  node = helper.make_node("Add", ["state", "x"], ["next"])
+  model = make_model([node], [helper.make_tensor_value_info("state", TensorProto.FLOAT, [3]),
+                              helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                     [helper.make_tensor_value_info("next", TensorProto.FLOAT, [3])])
+  runner = OnnxRunner(model)
+  state, history = np.zeros(3, np.float32), []
+  for k in range(4):
+    state = runner({"state": state, "x": np.full(3, k, np.float32)})["next"]
+    history.append(state)
+  assert [h.numpy().tolist() for h in history] == [[0] * 3, [1] * 3, [3] * 3, [6] * 3]
+  assert len(runner.cache.graphs) == 1
+
+def test_steering_input_values_join_the_signature():
+  """An If on a small integer input: each value takes its own branch, each gets a graph of its own."""
+  then_graph = helper.make_graph([helper.make_node("Neg", ["x"], ["out"])], "then", [],
+                                 [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)])
+  else_graph = helper.make_graph([helper.make_node("Abs", ["x"], ["out"])], "else", [],
+                                 [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)])
+  nodes = [helper.make_node("Equal", ["mode", "one"], ["cond"]),
+           helper.make_node("If", ["cond"], ["y"], then_branch=then_graph, else_branch=else_graph)]
+  model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+                             helper.make_tensor_value_info("mode", TensorProto.INT64, [])],
+                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                     [numpy_helper.from_array(np.array(1, np.int64), "one")])
+  runner = OnnxRunner(model)
+  x = np.array([-2, 3], np.float32)
+  for mode, expected in [(1, -x), (0, np.abs(x)), (1, -x), (0, np.abs(x))]:
+    assert_close(runner({"x": x, "mode": np.array(mode, np.int64)})["y"].numpy(), expected)
+  assert len(runner.cache.graphs) == 2
+
+def test_value_dependent_graph_is_not_cached():
+  """NonZero's output size depends on the input's values: such a signature runs uncached, and stays right."""
+  model = make_model([helper.make_node("NonZero", ["x"], ["y"])],
+                     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                     [helper.make_tensor_value_info("y", TensorProto.INT64, None)])
+  runner = OnnxRunner(model)
+  for x in ([0, 1, 0, 2], [3, 0, 0, 0], [1, 1, 1, 0]):
+    x = np.array(x, np.float32)
+    assert runner({"x": x})["y"].numpy().tolist() == [np.nonzero(x)[0].tolist()]
+  assert list(runner.cache.graphs.values()) == [None]
+
+def test_an_output_that_is_an_input_is_not_overwritten():
+  """Identity returns the input itself: that graph is not cached, so an earlier result keeps its values."""
+  model = make_model([helper.make_node("Identity", ["x"], ["y"])],
+                     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+  runner = OnnxRunner(model)
+  first = runner({"x": np.array([1, 2], np.float32)})["y"]
+  second = runner({"x": np.array([3, 4], np.float32)})["y"]
+  assert first.numpy().tolist() == [1, 2] and second.numpy().tolist() == [3, 4]

@@ -1,0 +1,124 @@
+"""Build an ONNX model's kiln graph once per input signature and reuse it (OnnxRunner's graph cache).
+
+Walking the ONNX graph costs Python time on every call (tens of milliseconds for a model of a few hundred nodes,
+more than its kernels take for a small one). The kiln graph a model builds depends only on its inputs' shapes and
+dtypes, and on the values of the few inputs that steer it (a sample rate an `If` tests, a shape fed as an input),
+so it is built once for such a signature, on placeholder input buffers, and kept; a later call copies its inputs
+into the placeholders and realizes the kept graph again (kiln's schedule cache then finds its kernels at once).
+
+A graph is kept only where that is sound: every input a plain tensor, every output a tensor or None that is not an
+input itself, and no value of an input read while building except through its host copy (small integer inputs:
+their values join the signature, only for those the build read). A build that needs an input's values from a
+kernel (a data-dependent shape: `NonZero`, a `Range` over an input) is seen by the placeholders refusing to be
+allocated, and that signature runs uncached, as every call did before.
+"""
+from __future__ import annotations
+from collections import OrderedDict
+from typing import Any, Callable
+import numpy as np
+from kiln.dtype import dtypes, to_numpy_dtype
+from kiln.tensor import Tensor, _forget_results_computed_from, _pending_readers
+from kiln.frontend.onnx_proto import dtype_of_onnx, numpy_input, track_host_reads
+
+# integer/bool inputs up to this many elements keep a host copy in the build (a shape, a sample rate, a flag)
+STEERING_LIMIT = 64
+MAX_GRAPHS = 16
+
+class _ValueNeeded(Exception):
+  """A placeholder input's values were needed while building: this signature cannot be cached."""
+
+class _Graph:
+  """One built graph: the placeholder Tensors its inputs live in and its outputs' lazy nodes."""
+  def __init__(self, placeholders: dict[str, Tensor], outputs: list, steering: dict[str, bytes]):
+    self.placeholders, self.outputs, self.steering = placeholders, outputs, steering
+
+def _refuse(*args, **kwargs):
+  raise _ValueNeeded()
+
+def _needed_values(err: BaseException | None) -> bool:
+  while err is not None:
+    if isinstance(err, _ValueNeeded): return True
+    err = err.__cause__ or err.__context__
+  return False
+
+class GraphCache:
+  """Graphs built for input signatures (shapes, dtypes, steering values), most recently used last."""
+  def __init__(self, declared: dict, device: str | None):
+    self.declared, self.device = declared, device
+    self.graphs: OrderedDict[tuple, _Graph | None] = OrderedDict()   # None: this signature is not cacheable
+    self.steering: dict[tuple, tuple[str, ...]] = {}                 # shape signature -> inputs whose values steer
+
+  def arrays(self, inputs: dict[str, Any]) -> dict[str, np.ndarray] | None:
+    """The inputs as numpy arrays of their declared dtypes, or None where one cannot be cached (a sequence, a
+    string, a narrow float without a numpy type, a Tensor of another dtype)."""
+    arrays = {}
+    for name, value in inputs.items():
+      type_proto = self.declared[name].type
+      if type_proto.WhichOneof("value") != "tensor_type" or value is None: return None
+      elem_type = type_proto.tensor_type.elem_type
+      try: dtype = dtype_of_onnx(elem_type)
+      except Exception: return None
+      if dtype in dtypes.fp8s or dtype == dtypes.bfloat16 or not isinstance(value, (np.ndarray, Tensor, list)): return None
+      if isinstance(value, Tensor):
+        if value.dtype != dtype: return None
+        array = value.numpy()
+      else: array = numpy_input(np.asarray(value), elem_type)
+      if array.dtype == object: return None
+      arrays[name] = array.astype(to_numpy_dtype(dtype), order="C", copy=False)
+    return arrays
+
+  def run(self, arrays: dict[str, np.ndarray], build: Callable[[dict, dict], list]) -> list | None:
+    """The outputs for these inputs from a kept graph (built now if this signature is new), or None where this
+    signature cannot be cached (the caller then runs the graph as usual)."""
+    shape_key = tuple((name, a.shape, a.dtype.str) for name, a in sorted(arrays.items()))
+    steering = self.steering.get(shape_key, ())
+    key = shape_key + tuple(arrays[name].tobytes() for name in steering)
+    if key in self.graphs:
+      graph = self.graphs[key]
+      if graph is None: return None
+      self.graphs.move_to_end(key)
+      return self._replay(graph, arrays)
+    graph = self._build(arrays, build)
+    if graph is not None and tuple(graph.steering) != steering:
+      self.steering[shape_key] = tuple(graph.steering)
+      key = shape_key + tuple(graph.steering.values())
+    self.graphs[key] = graph
+    if len(self.graphs) > MAX_GRAPHS: self.graphs.popitem(last=False)
+    return self._replay(graph, arrays) if graph is not None else None
+
+  def _build(self, arrays: dict[str, np.ndarray], build: Callable[[dict, dict], list]) -> _Graph | None:
+    """Run `build(placeholders, host copies)` on placeholder inputs; the graph it returns, None if not cacheable."""
+    placeholders, hosts = {}, {}
+    for name, array in arrays.items():
+      dtype = dtype_of_onnx(self.declared[name].type.tensor_type.elem_type)
+      placeholder = Tensor.empty(*array.shape, dtype=dtype, device=self.device)
+      if array.size <= STEERING_LIMIT and (np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_):
+        hosts[name] = array
+      placeholder.uop.base.buffer.allocate = _refuse   # any kernel reading it during the build would allocate it
+      placeholders[name] = placeholder
+    try:
+      with track_host_reads() as reads:
+        outputs = build(placeholders, hosts)
+    except Exception as err:
+      if _needed_values(err): return None
+      raise
+    finally:
+      for placeholder in placeholders.values(): del placeholder.uop.base.buffer.allocate
+    inputs = {id(p.uop.base.buffer) for p in placeholders.values()}
+    for out in outputs:
+      if out is None: continue
+      if not isinstance(out, Tensor) or (out.uop.base.buffer is not None and id(out.uop.base.buffer) in inputs):
+        return None
+    steering = {name: arrays[name].tobytes() for name, p in placeholders.items() if id(p) in reads}
+    return _Graph(placeholders, [out.uop if out is not None else None for out in outputs], steering)
+
+  def _replay(self, graph: _Graph, arrays: dict[str, np.ndarray]) -> list:
+    # results of earlier calls still pending (outputs not read yet, tensors computed from them) read the old values:
+    # they are computed before the placeholders are overwritten, as kiln does before an assign
+    stale = _pending_readers([p.uop.base.buffer for p in graph.placeholders.values()], set())
+    if stale: Tensor.realize_all(stale)
+    for name, placeholder in graph.placeholders.items():
+      buffer = placeholder.uop.base.buffer
+      buffer.copyin(memoryview(arrays[name].reshape(-1).view(np.uint8)))
+      _forget_results_computed_from(buffer)   # the graph's last results were computed from the old values
+    return [Tensor(uop) if uop is not None else None for uop in graph.outputs]
