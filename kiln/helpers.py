@@ -232,6 +232,9 @@ TRACEMETA = TRACEBACK_SOURCE
 CC = ContextVar("CC", "", "C compiler for the CPU device (default: clang if on PATH, else gcc, else cc)")
 CFLAGS = ContextVar("CFLAGS", "", "extra flags for the CPU device's C compiler, after its defaults (-O2 -march=native), "
                    "so a later -O or -march here wins")
+CPU_LLVM = ContextVar("CPU_LLVM", 0, "1: the CPU device compiles kernels in process with LLVM (llvmlite) instead of a C "
+                     "compiler; 0: with the C compiler (CC, else clang, gcc or cc on PATH), and with LLVM where none is "
+                     "found. Read when the CPU device opens (tinygrad's name)")
 VECTORIZE = ContextVar("VECTORIZE", 1, "1: the C renderer turns a kernel's upcast lanes into explicit vector code "
                        "(kiln/codegen/vectorize.py); 0: scalar C, left to the C compiler's vectorizer")
 TRANSCENDENTAL = ContextVar("TRANSCENDENTAL", 1, "software exp2/log2/sin and fast division by constants: 0: never; "

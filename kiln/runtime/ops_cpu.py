@@ -2,12 +2,18 @@
 
 A kernel whose outermost loop can be split (kiln/renderer/cstyle.py, "Threads") runs on the thread pool
 (kiln/runtime/threadpool.py) when a launch has enough work; every other launch runs on the calling thread.
+
+Where no C compiler is found (CC unset and none of clang, gcc, cc on PATH: a machine with only pip-installed
+packages), or with CPU_LLVM=1, the device compiles its kernels in process with LLVM instead (llvmlite: the LLVM
+renderer, compiler and programs of kiln/runtime/ops_llvm.py, the same thread plans and pool); `cpu_compiler_kind`
+decides, when the device opens.
 """
 from __future__ import annotations
-import ctypes, functools, hashlib, os, platform, re, shlex, shutil, subprocess, tempfile, threading, time, weakref
+import ctypes, functools, hashlib, importlib.util, os, platform, re, shlex, shutil, subprocess, tempfile, threading, \
+  time, weakref
 import numpy as np
 from kiln.device import Compiled, Compiler, CompileError, HostAllocator
-from kiln.helpers import CC, CFLAGS
+from kiln.helpers import CC, CFLAGS, CPU_LLVM, DEBUG
 from kiln.renderer import kernel_function_name
 from kiln.renderer.cstyle import CRenderer, chunks_symbol, scratch_symbol, task_symbol, work_symbol
 from kiln.runtime.cpu_target import target_for_flags
@@ -24,7 +30,16 @@ def find_c_compiler() -> str:
   """The C compiler to use: the CC setting if set, else clang if on PATH, else gcc, else cc."""
   if CC.value: return CC.value
   if (found := _compiler_on_path(os.environ.get("PATH"))) is not None: return found
-  raise CompileError("no C compiler found: install clang or gcc, or set CC=/path/to/compiler")
+  raise CompileError("no C compiler found: install clang or gcc, set CC=/path/to/compiler, or pip install llvmlite "
+                     "(the CPU device then compiles with LLVM)")
+
+def cpu_compiler_kind() -> str:
+  """What the CPU device compiles with, decided when it opens: "llvm" with CPU_LLVM=1, or where no C compiler is
+  found (CC unset, none of clang, gcc, cc on PATH) and llvmlite is installed; "c" otherwise (without llvmlite, the
+  first kernel then reports the missing compiler)."""
+  if CPU_LLVM: return "llvm"
+  if CC.value or _compiler_on_path(os.environ.get("PATH")) is not None: return "c"
+  return "llvm" if importlib.util.find_spec("llvmlite") is not None else "c"
 
 @functools.lru_cache(maxsize=4)
 def _compiler_on_path(path: str | None) -> str | None:
@@ -345,12 +360,46 @@ class CPUProgram:
     return time.perf_counter() - start if wait else None
 
 class CPUDevice(Compiled):
-  """Host memory, C kernels compiled by clang/gcc."""
+  """Host memory, C kernels compiled by clang/gcc, or LLVM kernels compiled in process (`cpu_compiler_kind`)."""
   def __init__(self, device: str = "CPU"):
+    if cpu_compiler_kind() == "llvm":
+      self._open_with_llvm(device)
+      return
     super().__init__(device, HostAllocator(), CRenderer(), ClangCompiler(), CPUProgram)
     # the heuristics plan for the instructions the compiler may use (-march=native, or the -march CFLAGS gives)
     self.renderer.describe_target = lambda: target_for_flags(self.compiler.command())
-    # the pool's own C library is built meanwhile (overlapping the first kernels' codegen), if threads will be used
-    try: threaded = thread_count() > 1
-    except ValueError: threaded = False   # a bad THREADS is reported by the first launch
-    if threaded: build_library_in_background()
+    _build_pool_library()
+
+  def _open_with_llvm(self, device: str) -> None:
+    """The device with the LLVM device's renderer, compiler and programs (kiln/runtime/ops_llvm.py)."""
+    from kiln.runtime.ops_llvm import LLVMCompiler, LLVMProgram, host_target
+    from kiln.renderer.llvmir import LLVMRenderer
+    if DEBUG >= 1 and not CPU_LLVM:
+      print(f"{device}: no C compiler found (CC unset, no clang, gcc or cc on PATH): compiling kernels with LLVM "
+            "(llvmlite); CC=/path/to/compiler for C")
+    super().__init__(device, HostAllocator(), LLVMRenderer(), LLVMCompiler(), LLVMProgram)
+    self.renderer.describe_target = host_target   # compiled for the host CPU, all its features (-march=native)
+    _register_graph_by_compiler()
+    # the pool's C library where a compiler is found (CPU_LLVM=1 beside gcc), else its LLVM build at the first launch
+    if CC.value or _compiler_on_path(os.environ.get("PATH")) is not None: _build_pool_library()
+
+def _build_pool_library() -> None:
+  """Start building the thread pool's C library (overlapping the first kernels' codegen), if threads will be used."""
+  try: threaded = thread_count() > 1
+  except ValueError: threaded = False   # a bad THREADS is reported by the first launch
+  if threaded: build_library_in_background()
+
+@functools.cache
+def _register_graph_by_compiler() -> None:
+  """TinyJit's CPU graph in the language of the device's compiler: C for the C path, LLVM IR where the CPU device
+  compiles with LLVM (kiln/engine/graph.py's CPUGraph and LLVMGraph run the same kernels' entry points)."""
+  from kiln.device import Device
+  from kiln.engine.graph import GRAPHS, CPUGraph, LLVMGraph
+  from kiln.runtime.ops_llvm import LLVMCompiler
+  class CPUDeviceGraph(CPUGraph):
+    """CPUGraph or LLVMGraph, whichever the batch's device compiles (CPU devices opened before and after a change
+    of CPU_LLVM may differ)."""
+    def __new__(cls, items, swapped):
+      llvm = isinstance(Device[items[0].runner.device].compiler, LLVMCompiler)
+      return (LLVMGraph if llvm else CPUGraph)(items, swapped)
+  GRAPHS["CPU"] = CPUDeviceGraph
