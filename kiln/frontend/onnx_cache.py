@@ -4,7 +4,8 @@ Walking the ONNX graph costs Python time on every call (tens of milliseconds for
 more than its kernels take for a small one). The kiln graph a model builds depends only on its inputs' shapes and
 dtypes, and on the values of the few inputs that steer it (a sample rate an `If` tests, a shape fed as an input),
 so it is built once for such a signature, on placeholder input buffers, and kept; a later call copies its inputs
-into the placeholders and realizes the kept graph again (kiln's schedule cache then finds its kernels at once).
+into the placeholders and realizes the kept graph again, through a TinyJit that from the third call on replays
+its kernels without scheduling them. The outputs are realized (each call's in fresh buffers).
 
 A graph is kept only where that is sound: every input a plain tensor, every output a tensor or None that is not an
 input itself, and no value of an input read while building except through its host copy (small integer inputs:
@@ -17,6 +18,7 @@ from collections import OrderedDict
 from typing import Any, Callable
 import numpy as np
 from kiln.dtype import dtypes, to_numpy_dtype
+from kiln.engine.jit import TinyJit
 from kiln.tensor import Tensor, _forget_results_computed_from, _pending_readers
 from kiln.frontend.onnx_proto import dtype_of_onnx, numpy_input, track_host_reads
 
@@ -28,9 +30,17 @@ class _ValueNeeded(Exception):
   """A placeholder input's values were needed while building: this signature cannot be cached."""
 
 class _Graph:
-  """One built graph: the placeholder Tensors its inputs live in and its outputs' lazy nodes."""
+  """One built graph: the placeholder Tensors its inputs live in, its outputs' lazy nodes, and a TinyJit that
+  realizes them (from its third call on it replays the kernels: no graph key, no scheduling)."""
   def __init__(self, placeholders: dict[str, Tensor], outputs: list, steering: dict[str, bytes]):
     self.placeholders, self.outputs, self.steering = placeholders, outputs, steering
+    self.skip = {id(p) for p in placeholders.values()}
+    self.realize = TinyJit(self._realize)
+
+  def _realize(self, *placeholders: Tensor) -> list[Tensor]:
+    results = [Tensor(uop) for uop in self.outputs if uop is not None]
+    Tensor.realize_all(results)
+    return results
 
 def _refuse(*args, **kwargs):
   raise _ValueNeeded()
@@ -115,10 +125,16 @@ class GraphCache:
   def _replay(self, graph: _Graph, arrays: dict[str, np.ndarray]) -> list:
     # results of earlier calls still pending (outputs not read yet, tensors computed from them) read the old values:
     # they are computed before the placeholders are overwritten, as kiln does before an assign
-    stale = _pending_readers([p.uop.base.buffer for p in graph.placeholders.values()], set())
+    stale = _pending_readers([p.uop.base.buffer for p in graph.placeholders.values()], graph.skip)
     if stale: Tensor.realize_all(stale)
     for name, placeholder in graph.placeholders.items():
       buffer = placeholder.uop.base.buffer
       buffer.copyin(memoryview(arrays[name].reshape(-1).view(np.uint8)))
       _forget_results_computed_from(buffer)   # the graph's last results were computed from the old values
-    return [Tensor(uop) if uop is not None else None for uop in graph.outputs]
+    try: realized = graph.realize(*graph.placeholders.values())
+    except RuntimeError:   # TinyJit refuses this graph (e.g. no kernel to capture: every output a constant)
+      if graph.realize == graph._realize: raise
+      graph.realize = graph._realize
+      realized = graph.realize()
+    results = iter(realized)
+    return [next(results) if uop is not None else None for uop in graph.outputs]
