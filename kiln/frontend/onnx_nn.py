@@ -58,6 +58,19 @@ def conv_integer(x: Tensor, w: Tensor, x_zero_point=None, w_zero_point=None, aut
   return x32.conv2d(w32, groups=group, stride=tuple(strides), dilation=tuple(dilations),
                     padding=_flat_pads(begins, ends)).cast(dtypes.int32)
 
+def _unpatchify(x: Tensor, w: Tensor) -> Tensor:
+  """A transposed conv whose stride equals its kernel (windows that neither overlap nor leave gaps, as a 2x2
+  stride-2 upsampling head has): a 1x1 conv to every output channel and kernel offset, each input pixel's results
+  then laid out as its output patch. Unlike the general path it multiplies no inserted zeros."""
+  n, kernel = w.ndim - 2, list(w.shape[2:])
+  batch, sizes, outputs = x.shape[0], list(x.shape[2:]), w.shape[1]
+  # (in, out, *k) -> (out * prod(k), in, 1...): one 1x1 filter per output channel and kernel offset
+  filters = w.permute(1, *range(2, w.ndim), 0).reshape(outputs * math.prod(kernel), w.shape[0], *[1] * n)
+  y = x.conv2d(filters).contiguous().reshape(batch, outputs, *kernel, *sizes)   # the conv alone, then a copy
+  # (batch, out, *k, *sizes) -> (batch, out, size0, k0, size1, k1, ...)
+  order = [0, 1] + [axis for i in range(n) for axis in (2 + n + i, 2 + i)]
+  return y.permute(*order).reshape(batch, outputs, *[s * k for s, k in zip(sizes, kernel)])
+
 @op("ConvTranspose")
 def conv_transpose(x: Tensor, w: Tensor, b: Tensor | None = None, auto_pad: str = "NOTSET", dilations=None,
                    group: int = 1, kernel_shape=None, output_padding=None, output_shape=None, pads=None,
@@ -81,7 +94,8 @@ def conv_transpose(x: Tensor, w: Tensor, b: Tensor | None = None, auto_pad: str 
     ends = [t - bgn for t, bgn in zip(totals, begins)]
   else:
     begins, ends = _pads(auto_pad, pads, sizes, kernel, strides, dilations)
-  full_out = x.conv_transpose2d(w, groups=group, stride=tuple(strides), dilation=tuple(dilations))
+  if group == 1 and strides == kernel and all(d == 1 for d in dilations): full_out = _unpatchify(x, w)
+  else: full_out = x.conv_transpose2d(w, groups=group, stride=tuple(strides), dilation=tuple(dilations))
   # crop the pads, then grow by output_padding (rows no input reaches: zeros before the bias)
   ends = [e - p for e, p in zip(ends, extra)]
   crop = [(max(bg, 0), nat - max(e, 0)) for bg, e, nat in zip(begins, ends, natural)]

@@ -466,3 +466,21 @@ def test_an_output_that_is_an_input_is_not_overwritten():
   first = runner({"x": np.array([1, 2], np.float32)})["y"]
   second = runner({"x": np.array([3, 4], np.float32)})["y"]
   assert first.numpy().tolist() == [1, 2] and second.numpy().tolist() == [3, 4]
+
+@pytest.mark.parametrize("shape,kernel,attrs", [((1, 6, 5, 7), (2, 2), {}), ((2, 3, 4, 3), (3, 2), {"pads": [1, 0, 1, 1]}),
+                                                ((1, 4, 5), (3,), {"output_padding": [2]}),
+                                                ((1, 2, 3, 2, 2), (2, 2, 2), {})])
+def test_conv_transpose_with_stride_equal_to_kernel_matches_onnxruntime(shape, kernel, attrs):
+  """The stride == kernel path (a 1x1 conv, then each pixel's patch laid out), with bias, pads, output padding, 1-d
+  and 3-d."""
+  ort = pytest.importorskip("onnxruntime")
+  rng = np.random.default_rng(8)
+  w = rng.standard_normal((shape[1], 5, *kernel)).astype(np.float32)
+  b = rng.standard_normal(5).astype(np.float32)
+  node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], strides=list(kernel), **attrs)
+  model = make_model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                     [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+  x = rng.standard_normal(shape).astype(np.float32)
+  expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+  assert_close(OnnxRunner(model)({"x": x})["y"].numpy(), expected, atol=1e-4)
