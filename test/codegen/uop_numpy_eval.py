@@ -1,7 +1,7 @@
 """A tiny vectorized NumPy evaluator of scalar uop graphs with kiln's C semantics, for dense sweeps of rewrite rules.
 
 `evaluate(root, {leaf: array})` computes `root` for every element of the input arrays at once: floats round per op in
-their own dtype (NumPy float ops are IEEE, no FMA), integers wrap, IDIV/MOD truncate toward zero (0 for a zero
+their own dtype (NumPy float ops are IEEE; MULACC is one fused multiply-add), integers wrap, IDIV/MOD truncate toward zero (0 for a zero
 divisor), BITCAST reinterprets bits, MAX propagates NaN, comparisons give bool.
 """
 from __future__ import annotations
@@ -30,6 +30,32 @@ BINARY = {
 UNARY = {Ops.EXP2: np.exp2, Ops.LOG2: np.log2, Ops.SIN: np.sin, Ops.SQRT: np.sqrt, Ops.RECIP: np.reciprocal,
          Ops.NEG: np.negative, Ops.TRUNC: np.trunc}
 
+def _two_sum(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  s = a + b
+  t = s - a
+  return s, (a - (s - t)) + (b - t)
+
+def _fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+  """a*b + c rounded once (MULACC). float32: the product is exact in float64, the sum rounded to odd in float64 (a
+  lowest bit set where TwoSum's error is not 0), which then rounds to float32 as the exact value does. float64:
+  Dekker's exact product and a TwoSum, the result rounded once but for rare ties (well within an ulp test)."""
+  if a.dtype == np.float32:
+    p = a.astype(np.float64) * b.astype(np.float64)
+    s, e = _two_sum(p, c.astype(np.float64))
+    even = (s.view(np.int64) & 1) == 0
+    s = np.where(np.isfinite(e) & (e != 0) & even, np.nextafter(s, np.where(e > 0, np.inf, -np.inf)), s)
+    return s.astype(np.float32)
+  def split(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    t = 134217729.0 * x
+    hi = t - (t - x)
+    return hi, x - hi
+  p = a * b
+  (ah, al), (bh, bl) = split(a), split(b)
+  pe = ((ah * bh - p) + ah * bl + al * bh) + al * bl
+  s, se = _two_sum(p, c)
+  exact = s + (pe + se)
+  return np.where(np.isfinite(exact), exact, a * b + c)
+
 def evaluate(root: UOp, inputs: dict[UOp, np.ndarray]) -> np.ndarray:
   """The value of `root` for every element of the arrays bound to its leaves (DEFINE_VAR/DEFINE_GLOBAL/LOAD nodes)."""
   values: dict[UOp, np.ndarray] = {}
@@ -47,6 +73,7 @@ def evaluate(root: UOp, inputs: dict[UOp, np.ndarray]) -> np.ndarray:
         if u.op in (Ops.SHL, Ops.SHR): b = b.astype(a.dtype)
         out = BINARY[u.op](a, b)
       elif u.op in UNARY: out = UNARY[u.op](src[0])
+      elif u.op is Ops.MULACC: out = _fma(*np.broadcast_arrays(*(np.asarray(v, dtype=npdt) for v in src)))
       else: raise NotImplementedError(f"uop_numpy_eval: cannot evaluate {u.op}")
       if npdt is not None and u.op not in (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ): out = np.asarray(out).astype(npdt, copy=False)
       values[u] = np.asarray(out)
