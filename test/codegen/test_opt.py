@@ -119,10 +119,12 @@ U = OptOps.UPCAST
   (lambda: Tensor.empty(512, 512) @ Tensor.empty(512, 512), [Opt(U, 1, 16), Opt(U, 0, 4)]),
   (lambda: Tensor.empty(1024, 1024) @ Tensor.empty(1024, 1024), [Opt(U, 1, 16), Opt(U, 0, 4)]),
   (lambda: Tensor.empty(4, 64, 32) @ Tensor.empty(4, 32, 48), [Opt(U, 2, 16), Opt(U, 1, 4)]),   # batched
-  # conv: 16 output channels share each (padded) input load, 16 output columns (one vector, the last tile
-  # overlapping) share each weight; 14 columns are padded to one vector of 16 (8 and 4 do not divide them; a tile
-  # of 8 images instead was scalar code: 16x64x14x14 pad 1 17.6 -> 51.6 GFLOP/s on the Xeon)
-  (lambda: Tensor.empty(16, 64, 56, 56).conv2d(Tensor.empty(64, 64, 3, 3), padding=1), [Opt(U, 1, 16), Opt(U, 3, 16)]),
+  # conv: a 3-D tile of 4 output channels (each sharing the padded input loads) x 2 output rows (whose windows share
+  # input rows) x one 8-lane vector of output columns: 8 of AVX2's 16 registers accumulate. 14 columns are padded to
+  # one vector of 16 (8 and 4 do not divide them; a tile of 8 images instead was scalar code: 16x64x14x14 pad 1
+  # 17.6 -> 51.6 GFLOP/s on the Xeon)
+  (lambda: Tensor.empty(16, 64, 56, 56).conv2d(Tensor.empty(64, 64, 3, 3), padding=1),
+   [Opt(U, 1, 4), Opt(U, 2, 2), Opt(U, 3, 8)]),
   (lambda: Tensor.empty(16, 64, 14, 14).conv2d(Tensor.empty(64, 64, 3, 3), padding=1),
    [Opt(U, 1, 16), Opt(OptOps.PADTO, 3, 16), Opt(U, 3, 16)]),
   (lambda: Tensor.empty(4, 512, 7, 7).conv2d(Tensor.empty(512, 512, 3, 3), padding=1),
@@ -146,8 +148,12 @@ def test_heuristic_tile_choices(build, want):
   (lambda: Tensor.empty(4, 64, 32) @ Tensor.empty(4, 32, 48), [Opt(U, 2, 16), Opt(U, 1, 8)]),   # 32 would pad 48
   # 16 rows would make a 32x16 tile, over kiln's 256 copies: 8 rows
   (lambda: Tensor.empty(256, 256) @ Tensor.empty(256, 1024), [Opt(U, 1, 32), Opt(U, 0, 8)]),
-  # a conv's columns are its vectors and stay 16 (one zmm) under 16 output channels
-  (lambda: Tensor.empty(16, 64, 56, 56).conv2d(Tensor.empty(64, 64, 3, 3), padding=1), [Opt(U, 1, 16), Opt(U, 3, 16)]),
+  # a conv's tile: 8 output channels x 2 rows x 16 columns (one zmm; the last of 56 columns' tiles overlapping), 16
+  # of the 32 registers accumulating; 28 columns likewise (two tiles of 16)
+  (lambda: Tensor.empty(16, 64, 56, 56).conv2d(Tensor.empty(64, 64, 3, 3), padding=1),
+   [Opt(U, 1, 8), Opt(U, 2, 2), Opt(U, 3, 16)]),
+  (lambda: Tensor.empty(4, 128, 28, 28).conv2d(Tensor.empty(128, 128, 3, 3), padding=1),
+   [Opt(U, 1, 8), Opt(U, 2, 2), Opt(U, 3, 16)]),
   (lambda: Tensor.empty(512, 512) @ Tensor.empty(512, 512).T, [Opt(U, 1, 16), Opt(U, 0, 16)]),
 ])
 def test_heuristic_tile_choices_avx512(build, want):
