@@ -210,11 +210,12 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     targets = [root.src[0].base for root in roots if root.op is _ASSIGN]
     overwritten = [target.buffer for target in targets if target.op is _BUFFER and target.buffer is not None]
     checked: set[int] = set()
+    aliases: list[Tensor] = []   # realized tensors over an overwritten buffer: they get its new identity after the run
     while True:
       unchecked = [buf for buf in overwritten if id(buf) not in checked]
       if unchecked:
         checked.update([id(buf) for buf in unchecked])
-        if stale := _pending_readers(unchecked, {id(t) for t, _ in todo}):
+        if stale := _pending_readers(unchecked, {id(t) for t, _ in todo}, aliases):
           todo += [(t, t.uop) for t in stale]
           roots = list(dict.fromkeys(uop for _, uop in todo))
           schedule = None
@@ -256,6 +257,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
       # before (their updates, gradients and forward passes stayed alive and every backward() walked them all)
       if old in differentiable and new.origin is None: new.origin = _origin_of(old)
       t.uop = new
+    if aliases: _renew_identities(aliases, _new_identities_of_targets(roots, results))
     if realized_from_inputs:   # one group of this run's results, shared by every input buffer (hundreds in a step)
       group = _NodeGroup(realized_from_inputs)
       for buf in schedule.inputs: _results_of(buf).add_group(group)
@@ -632,7 +634,8 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     buf = target.base.buffer
     if buf is None or buf._base is not None or is_symbolic_shape(self.shape): return False
     # PyTorch order: pending tensors that read the old values (or pending assigns to it) are computed first
-    if stale := _pending_readers([buf], {id(self)}): Tensor.realize_all(stale)
+    aliases: list[Tensor] = []
+    if stale := _pending_readers([buf], {id(self)}, aliases): Tensor.realize_all(stale)
     value = np.full(buf.size, const_value(self.dtype, x), dtype=to_numpy_dtype(self.dtype))
     buf.copyin(memoryview(value.view(np.uint8)))
     # a new identity for the updated buffer, so nodes built on the old contents never look realized (as a kernel
@@ -641,6 +644,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     fresh.buffer = buf
     self.uop = fresh if target.op is Ops.BUFFER else UOp(Ops.RESHAPE, self.dtype, (fresh,), target.arg)
     _forget_results_computed_from(buf)
+    if aliases: _renew_identities(aliases, {target.base: fresh})
     return True
 
   def _assign_into_view(self, target: UOp, value: Tensor) -> Tensor:
@@ -1517,19 +1521,22 @@ def _alias_view(view: UOp) -> UOp:
   fresh.buffer = base.buffer
   return substitute(view, {base: fresh})
 
-def _pending_readers(buffers, skip: set[int]) -> list[Tensor]:
+def _pending_readers(buffers, skip: set[int], aliases: list[Tensor] | None = None) -> list[Tensor]:
   """Live tensors (other than those in `skip`) that must be computed before `buffers` are overwritten: unrealized
   graphs reading one of them, and views of one of them that PyTorch would have copied (flip, pad, repeat), which
-  become pending copies here. Views PyTorch aliases (slices, reshapes, permutes, expands) read the new values."""
+  become pending copies here. Views PyTorch aliases (slices, reshapes, permutes, expands) read the new values: they,
+  and the realized tensors over one of `buffers` themselves, are appended to `aliases` when it is given."""
   found, visited, wanted = [], set(), {id(b) for b in buffers}
   reads: dict[UOp, bool] = {}
   for t in list(_live_tensors):
     if id(t) in skip: continue
     view = t.uop
     if view.base.op is Ops.BUFFER:
-      if view.op in GroupOp.Movement and id(view.base.buffer) in wanted and not _view_aliases_buffer(view):
-        t.uop = UOp(Ops.CONTIGUOUS, view.dtype, (view,))
-        found.append(t)
+      if id(view.base.buffer) in wanted:
+        if view.op in GroupOp.Movement and not _view_aliases_buffer(view):
+          t.uop = UOp(Ops.CONTIGUOUS, view.dtype, (view,))
+          found.append(t)
+        elif aliases is not None: aliases.append(t)
       continue
     for node in toposort([t.uop], stop=lambda n: n in visited):
       if node in visited: continue
@@ -1537,6 +1544,37 @@ def _pending_readers(buffers, skip: set[int]) -> list[Tensor]:
       reads[node] = (node.op is Ops.BUFFER and id(node.buffer) in wanted) or any(reads.get(s, False) for s in node.src)
     if reads.get(t.uop, False): found.append(t)
   return found
+
+def _new_identities_of_targets(roots: list[UOp], results: dict[UOp, UOp]) -> dict[UOp, UOp]:
+  """The BUFFER node each assign root's target had -> the new node over the same storage its result has. A slice
+  assign's target keeps its place for autograd: the new node's `origin` is the old node's (or the old node), so the
+  gradients of graphs built before and after the assign reach one identity."""
+  fresh_of: dict[UOp, UOp] = {}
+  for root in roots:
+    if root.op is not _ASSIGN: continue
+    target = root.src[0]
+    old_base, fresh = target.base, results[root].base
+    if old_base.op is not _BUFFER or fresh.op is not _BUFFER or old_base in fresh_of: continue
+    fresh_of[old_base] = fresh
+    if fresh.origin is None and not is_contiguous_buffer(target):
+      fresh.origin = old_base.origin if old_base.origin is not None else old_base
+  return fresh_of
+
+def _renew_identities(aliases: list[Tensor], fresh_of: dict[UOp, UOp]) -> None:
+  """The realized tensors in `aliases` read buffers that were just overwritten: each moves from its old BUFFER node
+  to a new node over the same storage (`fresh_of`'s, else one made here), as an assigned tensor does. A node
+  computed from the old contents in the overwriting run (read before the write) keeps its result for the graphs
+  built before, which hold it; the same expression built afterwards is over the new node, so it is another node and
+  is computed from the new contents."""
+  for t in aliases:
+    view = t.uop
+    base = view.base
+    if base.op is not _BUFFER: continue
+    if (fresh := fresh_of.get(base)) is None:
+      fresh = fresh_of[base] = UOp.new_buffer(base.arg[1], base.arg[2], base.dtype)
+      fresh.buffer = base.buffer
+      fresh.origin = base.origin if base.origin is not None else base
+    t.uop = fresh if view is base else substitute(view, {base: fresh})
 
 def _view_aliases_buffer(view: UOp) -> bool:
   """Whether movement ops over a BUFFER are a strided view of it, as PyTorch's views are (every element at an

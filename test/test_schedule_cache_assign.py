@@ -189,14 +189,12 @@ def test_results_of_an_overwritten_buffer_are_recomputed_after_a_hit():
     np.testing.assert_array_equal(doubled.numpy(), (np.float32([1, 2]) + step) * 2)
     np.testing.assert_array_equal(again.numpy(), (np.float32([1, 2]) + step + 1) * 2)
 
-@pytest.mark.xfail(reason="known: a slice assign keeps its target's BUFFER node, so a graph node computed from the "
-                   "old contents in the assign's own run (and still alive) stands for both the old value (graphs built "
-                   "before the run read it) and the new one (the same graph built after); forgetting its result broke "
-                   "the first case (test_fuzz_graphs seed 100001). A fix gives the target a new identity.", strict=True)
 @pytest.mark.parametrize("cached", [True, False])
 def test_a_result_read_before_an_assign_in_its_run_is_not_reused_for_the_new_contents(cached):
   # the copy is computed in the run that overwrites x (read first), and its graph node stays alive (held here;
-  # a cache or autograd's origin can hold it too): the same graph built after the assign reads the new contents
+  # a cache or autograd's origin can hold it too): the same graph built after the assign reads the new contents,
+  # as x moved to a new node over its storage (a graph built before the run keeps the old node and its result:
+  # test_fuzz_graphs seed 100001)
   with Context(SCHEDULE_CACHE=int(cached)):
     x = Tensor(np.arange(4, dtype=np.float32)).realize()
     held, want = [], np.arange(4, dtype=np.float32)
