@@ -591,22 +591,27 @@ class Graph:
   them with one driver call; `set_args(i, *args)` gives node i new arguments (the same kinds) in the instantiated
   graph. `launches` are (function, args, grid, block) as `Function.launch` takes them, or PackedLaunches.
 
+  `dependencies[i]`, when given, lists the earlier nodes node i waits for (instead of the one before it): nodes
+  that wait for none of each other may run at the same time.
+
   The graph can be instantiated more than once (`instantiate`): executables of one graph differ only in their nodes'
   arguments (`update`), so a caller that alternates between a few argument sets keeps one executable for each and
   launches it (`launch_exec`) without updating any node."""
-  def __init__(self, context: Context, launches: Sequence[tuple[Function, Sequence[Any], Any, Any] | PackedLaunch]):
+  def __init__(self, context: Context, launches: Sequence[tuple[Function, Sequence[Any], Any, Any] | PackedLaunch],
+               dependencies: Sequence[Sequence[int]] | None = None):
     self.context, lib = context, driver()
     context.activate()
     graph, self.nodes, self.execs = c_void_p(), [], []
     lib.call("cuGraphCreate", ctypes.byref(graph), 0)
     self.graph, self.exec = graph.value, 0
     self.packed = [launch if isinstance(launch, PackedLaunch) else PackedLaunch(*launch) for launch in launches]
-    for packed in self.packed:
+    for i, packed in enumerate(self.packed):
       if packed.shared > packed.function.shared_limit: packed.function.allow_shared(packed.shared)
       node = c_void_p()
-      deps = (c_void_p * 1)(self.nodes[-1]) if self.nodes else None
-      lib.call("cuGraphAddKernelNode", ctypes.byref(node), self.graph, deps, 1 if self.nodes else 0,
-               ctypes.byref(packed.node))
+      waits = ([i - 1] if i else []) if dependencies is None else sorted(set(dependencies[i]))
+      if any(not 0 <= j < i for j in waits): raise ValueError(f"Graph: node {i} may wait only for earlier nodes: {waits}")
+      deps = (c_void_p * len(waits))(*[self.nodes[j] for j in waits]) if waits else None
+      lib.call("cuGraphAddKernelNode", ctypes.byref(node), self.graph, deps, len(waits), ctypes.byref(packed.node))
       self.nodes.append(node.value)
     self.exec = self.instantiate()
     self._set_params, self._graph_launch = _raw("cuGraphExecKernelNodeSetParams"), _raw("cuGraphLaunch")

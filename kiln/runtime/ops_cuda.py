@@ -59,6 +59,51 @@ class CUDAProgram:
     end.synchronize()
     return start.elapsed_ms(end) / 1e3
 
+def kernel_dependencies(items: list, swapped: set[tuple[int, int]]) -> list[list[int]]:
+  """For each captured launch, the earlier launches it must wait for, from the memory they use: every earlier writer
+  of memory it reads or writes, and every earlier reader of memory it writes (a kernel writes its first buffer and
+  reads the others). Memory is a byte range of an allocation (a view is its range of its base), and the buffers a
+  replay swaps in (inputs, fresh outputs) all count as one allocation, since a replay may bring views of one memory
+  there. Two launches of one grid-wide reduction wait for each other (it keeps its arrival counter and partial
+  sums in module memory, `kiln_arrivals`). Launches that wait for none of each other may run at the same time. An access inside the range of a
+  later write is forgotten once that write is recorded: waiting for the write waits for it.
+
+  >>> from types import SimpleNamespace as N
+  >>> buf = lambda n: N(_base=None, _offset=0, nbytes=n)
+  >>> a, b, c, d = buf(4), buf(4), buf(4), buf(4)
+  >>> item = lambda *bufs: N(bufs=list(bufs), runner=N(program=object(), source=''))
+  >>> kernel_dependencies([item(b, a), item(c, a), item(d, b, c), item(a, d)], set())
+  [[], [], [0, 1], [0, 1, 2]]
+  """
+  writes: dict[object, list[tuple[int, int, int]]] = {}   # allocation -> (start, end, launch) of each write
+  reads: dict[object, list[tuple[int, int, int]]] = {}
+  last_of_program: dict[int, int] = {}
+  deps: list[list[int]] = []
+  for i, item in enumerate(items):
+    regions = []
+    for pos, buf in enumerate(item.bufs):
+      if (i, pos) in swapped: regions.append(("swapped", 0, 1 << 62))
+      else:
+        base = buf._base if buf._base is not None else buf
+        regions.append((id(base), buf._offset, buf._offset + max(1, buf.nbytes)))
+    waits: set[int] = set()
+    for key, lo, hi in regions:   # earlier writes of anything this launch touches
+      waits.update(j for a, b, j in writes.get(key, ()) if a < hi and lo < b)
+    key, lo, hi = regions[0]      # earlier reads of what it writes
+    waits.update(j for a, b, j in reads.get(key, ()) if a < hi and lo < b)
+    if "kiln_arrivals" in getattr(item.runner, "source", ""):   # module memory (kiln/codegen/gpudims.py)
+      program = id(item.runner.program)
+      if program in last_of_program: waits.add(last_of_program[program])
+      last_of_program[program] = i
+    for key, lo, hi in regions[1:]: reads.setdefault(key, []).append((lo, hi, i))
+    # a write stands for the accesses inside its range from now on (whoever waits for it waits for them): dropped
+    key, lo, hi = regions[0]
+    reads[key] = [r for r in reads.get(key, ()) if not (lo <= r[0] and r[1] <= hi) or r[2] == i]
+    writes[key] = [w for w in writes.get(key, ()) if not (lo <= w[0] and w[1] <= hi)] + [(lo, hi, i)]
+    waits.discard(i)
+    deps.append(sorted(waits))
+  return deps
+
 class CUDAGraph:
   """TinyJit's graph runner for CUDA (the GraphRunner interface of kiln/engine/graph.py, built from a capture's
   launches and the (item, buffer position) pairs a replay swaps): the batch's kernels as one CUDA graph, each
@@ -66,14 +111,19 @@ class CUDAGraph:
   variables' values) into one tuple and launches the graph's executable for that tuple: up to MAX_EXECS
   executables are kept, so a replay whose fresh outputs alternate between two buffers (the last replay's outputs
   are alive while the next allocates) updates no node. A new tuple updates the changed nodes of the least recently
-  used executable (or of a new one), then launches it: one driver call for the whole batch in the common case."""
+  used executable (or of a new one), then launches it: one driver call for the whole batch in the common case.
+  New executables are made only for graphs of at most MAX_INSTANTIATED_NODES kernels: instantiating a large one
+  costs milliseconds (an LLM decode step's 338 kernels, inferred from call 21 of bench/gpu_notes.md), updating the
+  one node its fresh output changes costs microseconds."""
   MAX_EXECS = 4
+  MAX_INSTANTIATED_NODES = 32
 
   def __init__(self, items: list, swapped: set[tuple[int, int]]):
     self.items, self.swapped = items, swapped
     self.context = items[0].runner.program.device.context
     launches = [self._packed(item) for item in items]
-    self.graph = cuda.Graph(self.context, launches)
+    self.dependencies = kernel_dependencies(items, swapped)
+    self.graph = cuda.Graph(self.context, launches, self.dependencies)
     # what a replay re-reads: per changing argument, (node index, argument index, source, key): source[key] is a
     # Buffer (its address) or a variable's value
     self.slots: list[tuple[int, int, Any, Any, bool]] = []
@@ -103,8 +153,9 @@ class CUDAGraph:
 
   def _exec_for(self, state: tuple) -> int:
     """An executable whose nodes hold the arguments `state`: the least recently used one (or a new one while fewer
-    than MAX_EXECS exist) with the nodes whose arguments differ updated."""
-    if len(self.execs) < self.MAX_EXECS: old, handle = self.state, self.graph.instantiate()
+    than MAX_EXECS exist, for a small graph) with the nodes whose arguments differ updated."""
+    if len(self.execs) < self.MAX_EXECS and len(self.items) <= self.MAX_INSTANTIATED_NODES:
+      old, handle = self.state, self.graph.instantiate()
     else: old, handle = self.execs.popitem(last=False)
     changed = sorted({slot[0] for slot, was, now in zip(self.slots, old, state) if was != now})
     packed = self.graph.packed

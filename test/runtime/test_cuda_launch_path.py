@@ -3,7 +3,8 @@ built here with the C compiler; memory is host memory, kernels do nothing, calls
 that this process's driver binding stays the real one. Checked: an eager kernel is one cuLaunchKernel; a TinyJit
 replay is one cuGraphLaunch; the executable each replay launches holds exactly the arguments of that replay's
 buffers and variables (its fresh outputs alternating between buffers, outputs kept alive, a Variable's value
-changing), with no node updated once the alternating outputs have an executable each."""
+changing), with no node updated once the alternating outputs have an executable each; the graph's nodes wait only
+for the nodes whose memory they use."""
 from __future__ import annotations
 import json, os, pathlib, shutil, subprocess, sys
 import pytest
@@ -34,10 +35,10 @@ def child() -> dict:
     launch_exec(self, handle)
     launched.append(list(execs[handle]))
   original_init = cuda.Graph.__init__
-  def init(self, context, launches):
+  def init(self, context, launches, dependencies=None):
     packed = [launch if isinstance(launch, cuda.PackedLaunch) else cuda.PackedLaunch(*launch) for launch in launches]
     self._added = [tuple(v.value for v in p.values) for p in packed]   # what the nodes were added with
-    original_init(self, context, packed)
+    original_init(self, context, packed, dependencies)
     execs[self.exec] = list(self._added)
   cuda.Graph.__init__, cuda.Graph.instantiate, cuda.Graph.update, cuda.Graph.launch_exec = \
     init, fake_instantiate, fake_update, fake_launch
@@ -62,6 +63,10 @@ def child() -> dict:
     step(a)
     right.append(launched[-1] == expected(step))
   out["replay"] = [x - y for x, y in zip(counts(), before)]
+  out["chain_dependencies"] = step.captured._launches[0].dependencies
+  branches = TinyJit(lambda x: (x + 1).contiguous() + (x * 2).contiguous())
+  for _ in range(3): branches(a)
+  out["branch_dependencies"] = branches.captured._launches[0].dependencies
   out["replay_args_right"] = all(right)
   kept, right = [], []   # outputs kept alive: every replay has a new output buffer (executables are updated)
   for _ in range(8):
@@ -69,6 +74,16 @@ def child() -> dict:
     right.append(launched[-1] == expected(step))
   out["kept_args_right"] = all(right)
   out["kept_distinct_outputs"] = len({t.uop.base.buffer._buf.ptr for t in kept})
+
+  def chain(x):
+    for _ in range(40): x = (x * 0.5 + 1).contiguous()
+    return x
+  long, right = TinyJit(chain), []   # a large graph: its one executable is updated, never a second one made
+  for k in range(6):
+    long(a)
+    if k >= 2: right.append(launched[-1] == expected(long))
+  out["long_args_right"] = all(right)
+  out["long_execs"] = len(long.captured._launches[0].execs)
 
   @TinyJit
   def shifted(x, n): return (x[n:n + 4] * 3).contiguous() + 1
@@ -101,7 +116,10 @@ def test_launch_path_over_a_fake_driver(fake_driver):
   launches, graph_launches, updates = out["replay"]
   assert (launches, graph_launches) == (0, 20) and updates <= 2   # one cuGraphLaunch a replay; alternating outputs:
   assert out["replay_args_right"]                                 # an executable each, updated at most once
+  assert out["chain_dependencies"] == [[], [0]]
+  assert out["branch_dependencies"] == [[], [], [0, 1]]   # two kernels that read the input, then their sum
   assert out["kept_args_right"] and out["kept_distinct_outputs"] == 8
+  assert out["long_args_right"] and out["long_execs"] == 1
   assert out["variable_args_right"] and out["variable_values"] == [0, 1, 2, 3, 4]
 
 if __name__ == "__main__":
