@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from kiln.dtype import dtypes
-from kiln.helpers import prod
+from kiln.helpers import NOLOCALS, prod
 from kiln.uop.ops import UOp, Ops, toposort, identity_element
 from kiln.uop.pattern import graph_rewrite
 from kiln.uop.symbolic import symbolic
@@ -124,8 +124,24 @@ def block_size(total: int) -> int:
 # (`t_c = (gidx0*COARSEN + c)*L + lidx0`: every load of a warp stays coalesced): four loads in flight per thread
 COARSEN, MIN_COARSE_BLOCKS = 4, 2048
 
-GROUP_SIZE = 256   # threads of a block that share a grouped reduction
-MIN_GROUPED = 256   # a kernel whose reductions are all shorter keeps them in one thread each
+GROUP_SIZE = 256   # threads of a block that share a grid-wide reduction, and the most that share a row
+MIN_GROUP_SIZE = 32   # the fewest threads a row's block has (one warp)
+# a row kernel's block has about (longest row) / ROW_ELEMENTS threads, a power of two from MIN_GROUP_SIZE to
+# GROUP_SIZE: a short row (a decode step's 576-float norms and matrix-vector rows) gets a small block, whose threads
+# each keep several elements in flight and combine in fewer barrier-separated rounds
+ROW_ELEMENTS = 8
+MIN_GROUPED = 128   # a kernel whose reductions are all shorter keeps them in one thread each
+
+def row_group_size(size: int) -> int:
+  """The threads of the block that reduces a row of `size` elements (`ROW_ELEMENTS` a thread, a power of two in
+  [MIN_GROUP_SIZE, GROUP_SIZE]).
+
+  >>> row_group_size(576), row_group_size(1536), row_group_size(256), row_group_size(100000)
+  (128, 256, 32, 256)
+  """
+  group = MIN_GROUP_SIZE
+  while group < GROUP_SIZE and group * ROW_ELEMENTS < size: group *= 2
+  return group
 # a kernel with more outputs than this keeps one output per thread (a matmul: its threads already fill the GPU, and
 # a block per output would combine 256 partials for every one of them)
 MAX_GROUPED_OUTPUTS = 1 << 16
@@ -142,7 +158,9 @@ class RowPlan:
 
 def row_plan(sink: UOp) -> RowPlan | None:
   """The RowPlan of a kernel made of reductions over whole rows and, optionally, an elementwise pass over the row
-  that uses them (softmax, layernorm, a row sum, a full sum); None for any other kernel."""
+  that uses them (softmax, layernorm, a row sum, a full sum); None for any other kernel, and with NOLOCALS=1 (no
+  shared memory for the partials)."""
+  if NOLOCALS: return None
   nodes = toposort([sink])
   reduces = [u for u in nodes if u.op is Ops.REDUCE]
   if not reduces: return None
@@ -182,14 +200,14 @@ def sum_levels(n: int, blocked: bool) -> list[int]:
 
 MAX_UNROLLED_ROW = 32   # a row of at most this many elements a thread is unrolled, not looped (8192 at 256 threads)
 
-def _thread_elements(size: int, lidx: UOp, count: int) -> list[tuple[UOp, UOp | None]]:
-  """Elements `k*GROUP_SIZE + lidx` (k < count) of a range of `size`, each clamped to the last element where some
+def _thread_elements(size: int, lidx: UOp, count: int, group: int = GROUP_SIZE) -> list[tuple[UOp, UOp | None]]:
+  """Elements `k*group + lidx` (k < count) of a range of `size`, each clamped to the last element where some
   thread's would pass it, with that validity (None where every thread's is real). Built alike for every pass, so the
   passes of a row kernel share their loads and the arithmetic on them (one read of the row, kept in registers)."""
   out = []
   for k in range(count):
-    element = lidx + k * GROUP_SIZE if k else lidx
-    if (k + 1) * GROUP_SIZE <= size: out.append((element, None))
+    element = lidx + k * group if k else lidx
+    if (k + 1) * group <= size: out.append((element, None))
     else:
       valid = element.lt(size)
       out.append((valid.where(element, UOp.const(INT, size - 1)), valid))
@@ -214,11 +232,11 @@ def _nested(red: UOp, body: UOp, loops: list[UOp]) -> UOp:
   for loop in reversed(loops): body = UOp(Ops.REDUCE, red.dtype, (body, loop), red.arg)
   return body
 
-def _tree_combine(lidx: UOp, arrays: list[tuple[UOp, UOp]], barrier: UOp) -> dict[UOp, UOp]:
-  """Each REDUCE's total from the GROUP_SIZE partials in its shared array (written before `barrier`): log2 rounds in
+def _tree_combine(lidx: UOp, arrays: list[tuple[UOp, UOp]], barrier: UOp, group: int = GROUP_SIZE) -> dict[UOp, UOp]:
+  """Each REDUCE's total from the `group` partials in its shared array (written before `barrier`): log2 rounds in
   which thread i < s combines elements i and i + s into element i (s = half the block, then half of that...), a
   barrier after each round; then every thread reads element 0. A fixed tree: the same bits on every run."""
-  step = GROUP_SIZE // 2
+  step = group // 2
   while step:
     low = lidx.lt(step)
     partner = low.where(lidx + step, lidx)   # (the upper threads read in bounds and store nothing)
@@ -234,11 +252,11 @@ def groupable(sink: UOp) -> bool:
   """Whether `map_axes_to_gpu` runs the kernel as one block per row (`group_rows`)."""
   return row_plan(sink) is not None
 
-def _split_over_threads(size: int, lidx: UOp, outer: UOp) -> tuple[UOp, UOp | None]:
-  """The element `outer*GROUP_SIZE + lidx` of a range of `size` (clamped to the last one) and whether it is real
-  (None when GROUP_SIZE divides `size`)."""
-  element = outer * GROUP_SIZE + lidx
-  if size % GROUP_SIZE == 0: return element, None
+def _split_over_threads(size: int, lidx: UOp, outer: UOp, group: int = GROUP_SIZE) -> tuple[UOp, UOp | None]:
+  """The element `outer*group + lidx` of a range of `size` (clamped to the last one) and whether it is real
+  (None when `group` divides `size`)."""
+  element = outer * group + lidx
+  if size % group == 0: return element, None
   valid = element.lt(size)
   return valid.where(element, UOp.const(INT, size - 1)), valid
 
@@ -295,8 +313,8 @@ def grid_reduction(sink: UOp, plan: RowPlan, new_range) -> UOp | None:
   return graph_rewrite(sink.replace(src=tuple(stores)), symbolic, name="gpudims grid reduction")
 
 def group_rows(sink: UOp) -> UOp | None:
-  """A row kernel (`row_plan`) as one block per row (gidx0, the row ranges unflattened): for each reduce group in
-  turn, the GROUP_SIZE threads reduce every GROUP_SIZE-th element (coalesced loads) into partials in a shared array,
+  """A row kernel (`row_plan`) as one block per row (gidx0, the row ranges unflattened) of `row_group_size` threads:
+  for each reduce group in turn, the block's threads reduce every group-th element (coalesced loads) into partials in a shared array,
   combined by a tree of barrier-separated rounds (`_tree_combine`); the elementwise pass then runs element
   `j*GROUP_SIZE + lidx0` in a thread's loop j. Up to MAX_UNROLLED_ROW elements a thread, the loops are unrolled
   instead, and every pass reads the same registers. A store that depends on no thread's element is made by thread 0."""
@@ -308,18 +326,21 @@ def group_rows(sink: UOp) -> UOp | None:
     next_id += 1
     return UOp(Ops.RANGE, INT, (UOp.const(INT, size),), next_id - 1)
   if (whole := grid_reduction(sink, plan, new_range)) is not None: return whole
-  lidx = UOp(Ops.SPECIAL, INT, (), ("lidx0", GROUP_SIZE))
+  longest = max([prod(r.src[0].arg for r in ranges) for ranges, _ in plan.groups] +
+                ([plan.elementwise.src[0].arg] if plan.elementwise is not None else []))
+  group = row_group_size(longest)
+  lidx = UOp(Ops.SPECIAL, INT, (), ("lidx0", group))
   finals: dict[UOp, UOp] = {}
   for g, (ranges, reds) in enumerate(plan.groups):
     size = prod(r.src[0].arg for r in ranges)
-    count = -(-size // GROUP_SIZE)
+    count = -(-size // group)
     if count <= MAX_UNROLLED_ROW:   # a thread's elements, unrolled (shared with the other passes: read once)
-      elements, loops = _thread_elements(size, lidx, count), None
+      elements, loops = _thread_elements(size, lidx, count, group), None
     else:
       blocked = any(red.arg is Ops.ADD and dtypes.is_float(red.dtype) for red in reds)
       loops = [new_range(k) for k in sum_levels(count, blocked)]
-      element = _flat_index(loops) * GROUP_SIZE + lidx
-      valid = element.lt(size) if prod(r.src[0].arg for r in loops) * GROUP_SIZE != size else None
+      element = _flat_index(loops) * group + lidx
+      valid = element.lt(size) if prod(r.src[0].arg for r in loops) * group != size else None
       elements = [(element if valid is None else valid.where(element, UOp.const(INT, size - 1)), valid)]
     partials = []
     for k, red in enumerate(reds):
@@ -329,16 +350,16 @@ def group_rows(sink: UOp) -> UOp | None:
         bodies.append(body if valid is None else
                       valid.where(body, UOp.const(red.dtype, identity_element(red.arg, red.dtype))))
       partial = _nested(red, bodies[0], loops) if loops is not None else _chain(red, bodies)
-      shared = UOp(Ops.DEFINE_LOCAL, red.dtype, (), (f"temp{g}_{k}", GROUP_SIZE))
+      shared = UOp(Ops.DEFINE_LOCAL, red.dtype, (), (f"temp{g}_{k}", group))
       partials.append((red, shared, UOp(Ops.STORE, dtypes.void, (shared, lidx, partial))))
     finals.update(_tree_combine(lidx, [(red, shared) for red, shared, _ in partials],
-                                UOp(Ops.BARRIER, dtypes.void, tuple(store for _, _, store in partials))))
+                                UOp(Ops.BARRIER, dtypes.void, tuple(store for _, _, store in partials)), group))
   elements = [(None, None)]
   if plan.elementwise is not None:
     size = plan.elementwise.src[0].arg
-    count = -(-size // GROUP_SIZE)
-    elements = _thread_elements(size, lidx, count) if count <= MAX_UNROLLED_ROW else \
-      [_split_over_threads(size, lidx, new_range(count))]
+    count = -(-size // group)
+    elements = _thread_elements(size, lidx, count, group) if count <= MAX_UNROLLED_ROW else \
+      [_split_over_threads(size, lidx, new_range(count), group)]
   first = lidx.eq(0)
   stores = []
   for store in sink.src:
