@@ -124,6 +124,22 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor
   first, second = x[..., :head_dim // 2], x[..., head_dim // 2:]
   return (first * cos - second * sin).cat(first * sin + second * cos, dim=-1)
 
+def rope_pair_tables(cos: np.ndarray, sin: np.ndarray, interleaved: bool) -> tuple[np.ndarray, np.ndarray]:
+  """cos and signed sin per lane, (positions, head_dim) float32, for `rotate_pairs`: lane j of a rotated row is
+  x[j] * c[j] + x[partner(j)] * s[j] (s = -sin on a pair's first lane, +sin on its second)."""
+  if interleaved:
+    return np.repeat(cos, 2, axis=1), np.stack([-sin, sin], axis=-1).reshape(sin.shape[0], -1)
+  return np.concatenate([cos, cos], axis=1), np.concatenate([-sin, sin], axis=1)
+
+def rotate_pairs(x: Tensor, c: Tensor, s: Tensor, interleaved: bool) -> Tensor:
+  """`apply_rope` for x (T, heads, head_dim) with the tables of `rope_pair_tables` (T, head_dim), as
+  x * c + partner(x) * s: the partner lane is a movement (a flip), so the rotation is 3 ALU ops a lane, which the
+  scheduler recomputes inside its consumers (attention's scores, the cache write) instead of giving it a kernel.
+  The same bits as `apply_rope` (a - b*s == a + b*(-s) exactly; the sum's two terms commute)."""
+  T, heads, head_dim = x.shape
+  partner = x.reshape(T, heads, head_dim // 2, 2).flip(-1) if interleaved else x.reshape(T, heads, 2, head_dim // 2).flip(2)
+  return x * c.reshape(T, 1, head_dim) + partner.reshape(T, heads, head_dim) * s.reshape(T, 1, head_dim)
+
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
   """x / sqrt(mean(x^2) + eps) * weight over the last axis."""
   return x * (x.square().mean(-1, keepdim=True) + eps).rsqrt() * weight
@@ -175,6 +191,8 @@ class StepPlan:
   mask: Tensor | None
   start_pos: Variable | int | None = None
   position: Tensor | None = None
+  rope_pairs: tuple[Tensor, Tensor] | None = None   # GPU decode: the step's `rope_pair_tables` rows, (T, head_dim)
+  hit: Tensor | None = None   # GPU decode: (length,) bool, True at the cache position the step writes
 
 @dataclass
 class Block:
@@ -200,17 +218,19 @@ class Transformer:
     self.device = Device.canonicalize(device) if device is not None else Device.DEFAULT
     cos, sin = rope_tables(config, max_context, freq_factors)
     self.rope_cos, self.rope_sin = Tensor(cos, device=self.device).realize(), Tensor(sin, device=self.device).realize()
+    self.rope_pairs: tuple[Tensor, Tensor] | None = None   # GPU targets: rope_pair_tables, made below
     # GPU targets (blocks and threads) attend over constant windows of the cache (`attention_rows`), and decode
     # reads its token and position from a device buffer written in place each step (`_decode_window_step`)
     self.gpu = bool(Device[self.device].renderer.has_local)
-    cache_shape = (max_context, 2, config.n_kv_heads, config.head_dim) if self.gpu else \
-      (2, max_context, config.n_kv_heads, config.head_dim)
+    if self.gpu: self.rope_pairs = tuple(Tensor(t, device=self.device).realize()
+                                         for t in rope_pair_tables(cos, sin, config.rope_interleaved))
+    cache_shape = (2, max_context, config.n_kv_heads, config.head_dim)
     self.caches = [Tensor.zeros(*cache_shape, device=self.device).contiguous().realize() for _ in blocks]
     self._decode = TinyJit(self._decode_step, optimize=True)
     self._prefill: dict = {}   # bucket (CPU) or (bucket, window) (GPU) -> TinyJit
     self._step_input = Tensor.zeros(2, dtype=dtypes.int32, device=self.device).contiguous().realize()
     self._decode_windows: dict[int, TinyJit] = {}
-    self._windows: dict[tuple[int, int], Tensor] = {}   # (cache id, length) -> that prefix as a tensor of its own
+    self._windows: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}   # (cache id, length) -> `_windows_of`
 
   def _layer(self, block: Block, cache: Tensor, x: Tensor, step: StepPlan) -> Tensor:
     c, T = self.config, x.shape[0]
@@ -243,44 +263,63 @@ class Transformer:
     return x + block.w_down.linear(hidden)
 
   def _attention_gpu(self, cache: Tensor, qk: Tensor, v: Tensor, step: StepPlan) -> Tensor:
-    """GPU targets: queries and keys rotated in one kernel, the new keys and values written into the cache, whose
-    layout there is (max_context, 2, n_kv, hd) so that a window is one contiguous prefix (written in place), and
-    attention over the window (`attention_rows`)."""
+    """GPU targets: the new keys and values written into the cache's windows, which are contiguous prefixes of its
+    key and value halves (`_windows_of`, written in place), and attention over the window (`attention_rows`).
+    A prefill rotates queries and keys in one kernel and attends over the windows as written; decode is
+    `_attention_gpu_decode`."""
     c, T = self.config, qk.shape[0]
+    if step.position is not None: return self._attention_gpu_decode(cache, qk, v, step)
     qk = apply_rope(qk.reshape(T, c.n_heads + c.n_kv_heads, c.head_dim), step.cos, step.sin, c.rope_interleaved)
-    qk = qk.contiguous().realize()   # read by the cache write (which runs at once) and by the scores
+    qk = qk.contiguous().realize()   # read by the cache writes (which run at once) and by the scores
     q, k = qk[:, :c.n_heads], qk[:, c.n_heads:]
-    new = Tensor.stack(k, v.reshape(T, c.n_kv_heads, c.head_dim), dim=1)                  # (T, 2, n_kv, hd)
-    if step.position is None:   # tokens at start_pos (a Variable): the window with them shifted in, where they go
-      filled = self._window_of(cache, step.length)
-      # (a store at start_pos + t would have a symbolic offset, which the disjointness proof of the axis mapping
-      # does not take: the write ran in one thread; here every store index is the window's own)
-      around = ((step.start_pos, step.length - T - step.start_pos), (0, 0), (0, 0), (0, 0))
-      inside = Tensor.ones(T, 1, 1, 1, dtype=dtypes.bool, device=self.device).pad(around)
-      filled.assign(inside.where(new.pad(around), filled))
-    else:   # one token at a position held in a device tensor: rewrite the window, the new values where it matches
-      filled = self._window_of(cache, step.length)
-      hit = Tensor.arange(step.length, device=self.device, dtype=dtypes.int32) == step.position
-      filled.assign(hit.reshape(-1, 1, 1, 1).where(new, filled))
-    return attention_rows(q, filled[:, 0], filled[:, 1], step.mask)
+    keys, values = self._windows_of(cache, step.length)
+    # tokens at start_pos (a Variable): each window with them shifted in where they go (a store at start_pos + t
+    # would have a symbolic offset, which the disjointness proof of the axis mapping does not take: the write ran in
+    # one thread; here every store index is the window's own)
+    around = ((step.start_pos, step.length - T - step.start_pos), (0, 0), (0, 0))
+    inside = Tensor.ones(T, 1, 1, dtype=dtypes.bool, device=self.device).pad(around)
+    keys.assign(inside.where(k.pad(around), keys))
+    values.assign(inside.where(v.reshape(T, c.n_kv_heads, c.head_dim).pad(around), values))
+    return attention_rows(q, keys, values, step.mask)
 
-  def _window_of(self, cache: Tensor, length: int) -> Tensor:
-    """The first `length` positions of a (GPU-layout) cache as a tensor of their own over the same memory (a view
-    of its buffer, made once): assigned as a whole, a kernel writes it in place, where the slice `cache[0:length]`
-    would be written through a scratch buffer and copied back (kiln/schedule/kernelize.py, an assign through a view)."""
+  def _attention_gpu_decode(self, cache: Tensor, qk: Tensor, v: Tensor, step: StepPlan) -> Tensor:
+    """GPU decode, one token at the position `step.hit` marks: queries and keys rotated inside the kernels that
+    read them (`rotate_pairs`: no kernel of their own), and attention over the windows as they were before this
+    step's writes with the new key and value put in where `hit` is (built apart from the writes' values, so that
+    no buffer is made for them), so the cache writes are no input of the scores: in a CUDA graph they run beside
+    the rest of the layer (kiln/runtime/ops_cuda.py orders nodes by the buffers they use)."""
+    c, T = self.config, qk.shape[0]
+    rotated = rotate_pairs(qk.reshape(T, c.n_heads + c.n_kv_heads, c.head_dim), *step.rope_pairs, c.rope_interleaved)
+    q, k = rotated[:, :c.n_heads], rotated[:, c.n_heads:]
+    v = v.reshape(T, c.n_kv_heads, c.head_dim)
+    keys, values = self._windows_of(cache, step.length)
+    hit = step.hit.reshape(-1, 1, 1)
+    keys.assign(hit.where(k, keys))
+    values.assign(hit.where(v, values))
+    return attention_rows(q, keys, values, step.mask)
+
+  def _windows_of(self, cache: Tensor, length: int) -> tuple[Tensor, Tensor]:
+    """The first `length` positions of a cache's keys and of its values, each a tensor of its own over the same
+    memory (views of its buffer, made once): assigned as a whole, a kernel writes each in place, where the slice
+    `cache[0, 0:length]` would be written through a scratch buffer and copied back (kiln/schedule/kernelize.py, an
+    assign through a view)."""
     key = (id(cache), length)
     if key not in self._windows:
       base = cache.uop.base.buffer
-      size = length * math.prod(cache.shape[1:])
-      buffer = UOp.new_buffer(self.device, size, cache.dtype)
-      buffer.buffer = base.view(size, cache.dtype, 0)
-      self._windows[key] = Tensor(buffer.reshape((length, *cache.shape[1:])))
+      row = math.prod(cache.shape[2:])
+      halves = []
+      for half in range(2):
+        buffer = UOp.new_buffer(self.device, length * row, cache.dtype)
+        buffer.buffer = base.view(length * row, cache.dtype, half * cache.shape[1] * row * cache.dtype.itemsize)
+        halves.append(Tensor(buffer.reshape((length, *cache.shape[2:]))))
+      self._windows[key] = tuple(halves)
     return self._windows[key]
 
   def forward(self, tokens: Tensor, step: StepPlan) -> Tensor:
     """Hidden states after the final norm, (T, dim), for int tokens (T,) placed as `step` says (lazy)."""
     x = self.token_embd.rows(tokens)
     for block, cache in zip(self.blocks, self.caches): x = self._layer(block, cache, x, step)
+    if self.gpu: x = x.realize()   # the final norm then is one row kernel (a block per row), as the layers' are
     return rms_norm(x, self.output_norm, self.config.norm_eps)
 
   def _plan(self, start_pos: Variable, T: int, mask: Tensor | None, window: int | None = None) -> StepPlan:
@@ -298,10 +337,11 @@ class Transformer:
     """GPU decode: `step_input` (token, position) int32 on the device, attention over the cache's first `window`
     positions. No Variable: a CUDA graph replays it with no kernel argument changed, only the input's bytes."""
     token, position = step_input[0:1], step_input[1:2]
-    cos, sin = self.rope_cos[position].realize(), self.rope_sin[position].realize()   # once for every layer
+    pair_c, pair_s = (table[position].realize() for table in self.rope_pairs)   # once for every layer
     positions = Tensor.arange(window, device=self.device, dtype=dtypes.int32)
     mask = (positions <= position).where(0.0, -math.inf).reshape(1, window).realize()   # once for every layer
-    plan = StepPlan(cos, sin, window, mask, position=position)
+    hit = (positions == position).realize()
+    plan = StepPlan(pair_c, pair_s, window, mask, position=position, rope_pairs=(pair_c, pair_s), hit=hit)
     return self.output.linear(self.forward(token, plan)).reshape(-1).realize()
 
   def _prefill_step(self, tokens: Tensor, start_pos: Variable, mask: Tensor, last: Tensor,
