@@ -43,7 +43,12 @@ def main() -> None:
   parser.add_argument("--json", default="")
   parser.add_argument("--rows", default="memory,matmul,launch",
                       help="which rows: memory, matmul, tiles, conv, launch (with the graph chains) (commas)")
+  parser.add_argument("--row-elements", type=int, metavar="N", help="about N elements a thread in a row kernel's "
+                      "block (kiln/codegen/gpudims.py ROW_ELEMENTS)")
   args = parser.parse_args()
+  if args.row_elements:
+    from kiln.codegen import gpudims
+    gpudims.ROW_ELEMENTS = args.row_elements
   import torch
   from kiln import Tensor, Device
   n, reps, rows = args.floats, args.reps, []
@@ -80,6 +85,7 @@ def main() -> None:
     realize._runner_cache.clear()
   if "conv" in args.rows: rows.append(conv_row(reps))
   if "launch" in args.rows: launch_rows(rows)
+  elif "chain" in args.rows: chain_rows(rows)
   if args.json:
     with open(args.json, "w") as f: json.dump({"floats": n, "reps": reps, "rows": rows}, f, indent=1)
 
@@ -190,7 +196,9 @@ def chain_rows(rows: list, length: int = 200) -> None:
     for _ in range(length): x = op(x).contiguous()
     return x
   for name, shape, op in (("elementwise 16 floats", (16,), lambda x: x * 0.5 + 1.0),
-                          ("row sums 960x576", (960, 576), lambda x: x - x.mean(-1, keepdim=True) * 0.5)):
+                          ("row sums 960x576", (960, 576), lambda x: x - x.mean(-1, keepdim=True) * 0.5),
+                          ("row sums 1x576", (1, 576), lambda x: x - x.mean(-1, keepdim=True) * 0.5),
+                          ("softmax 9x256", (9, 256), lambda x: x.softmax(-1))):
     step = TinyJit(lambda x, op=op: chained(x, op))
     x = Tensor.ones(*shape, device="CUDA").realize()
     for _ in range(4): step(x)

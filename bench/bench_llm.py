@@ -24,6 +24,7 @@ from kiln.apps.llm.model import Transformer, load_model, default_model_path, rea
 from kiln.apps.llm.random_model import PRESETS, write_random_gguf
 
 PROMPT_TOKENS, DECODE_TOKENS, PART_STEPS = 100, 128, 32
+PROFILE_JIT = GC_FREEZE = False   # --profile-jit, --gc-freeze
 
 def weight_bytes_per_token(model: Transformer) -> int:
   matrices = [m for b in model.blocks for m in (b.wqkv, b.wo, b.w_gate, b.w_up, b.w_down)] + [model.output]
@@ -45,6 +46,14 @@ def decode_step_parts(model: Transformer, token: int, start: int, steps: int = P
   the jitted step (launching; on a GPU it does not wait for the kernels), and the logits to the host (waiting for
   the kernels, then the copy) with the argmax."""
   total = collections.Counter()
+  graphs = [launch for jit in model._decode_windows.values() if jit.captured is not None
+            for launch in jit.captured._launches or [] if hasattr(launch, "graph")]   # CUDA graphs: time their launch
+  for graph in graphs:
+    def timed(handle, launch=graph.graph.launch_exec):
+      t = time.perf_counter()
+      launch(handle)
+      total["graph launch (in the jit call)"] += time.perf_counter() - t
+    graph.graph.launch_exec = timed
   for i in range(steps):
     t0 = time.perf_counter()
     if model.gpu:   # what Transformer.logits does for one token on a GPU target
@@ -59,6 +68,7 @@ def decode_step_parts(model: Transformer, token: int, start: int, steps: int = P
     token = int(out.numpy().argmax())
     t3 = time.perf_counter()
     total["input"] += t1 - t0; total["jit call"] += t2 - t1; total["logits to host"] += t3 - t2
+  for graph in graphs: del graph.graph.launch_exec
   return {f"step {name} us": seconds / steps * 1e6 for name, seconds in total.items()}
 
 def bench_kiln(path: pathlib.Path, prompt: list[int]) -> dict[str, float | str]:
@@ -78,10 +88,21 @@ def bench_kiln(path: pathlib.Path, prompt: list[int]) -> dict[str, float | str]:
     for window in sorted({model.window(pos + 1) for pos in reached}):
       first = next(pos for pos in reached if model.window(pos + 1) == window)
       for _ in range(3): model.logits([token], first)
+  if GC_FREEZE:
+    import gc
+    gc.collect()
+    gc.freeze()
   t0 = time.perf_counter()
   for i in range(DECODE_TOKENS): token = int(model.logits([token], len(prompt) + 3 + i).argmax())
   decode_s = time.perf_counter() - t0
   parts = decode_step_parts(model, token, len(prompt) + 3 + DECODE_TOKENS)
+  if PROFILE_JIT:   # where the jit call's Python goes: cProfile over the same steps again
+    import cProfile, pstats
+    profiler = cProfile.Profile()
+    profiler.enable()
+    decode_step_parts(model, token, len(prompt) + 3 + DECODE_TOKENS)
+    profiler.disable()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(18)
   nbytes = weight_bytes_per_token(model)
   return {"device": model.device, "decode jit": decode_launches(model), "load s": load_s,
           "first prefill (compile) s": warm_s, "prefill tok/s": len(prompt) / prefill_s,
@@ -143,7 +164,17 @@ def main() -> None:
   parser.add_argument("--matrix-type", metavar="TYPE", help="with --random-gguf: the weight matrices' type instead "
                       "of the model's (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, F16, F32)")
   parser.add_argument("--embedding-type", metavar="TYPE", help="with --random-gguf: the token embedding's type")
+  parser.add_argument("--row-elements", type=int, metavar="N", help="GPU targets: about N elements a thread in a "
+                      "row kernel's block (kiln/codegen/gpudims.py ROW_ELEMENTS)")
+  parser.add_argument("--profile-jit", action="store_true", help="cProfile the decode steps' Python (after the run)")
+  parser.add_argument("--gc-freeze", action="store_true", help="move every object alive after the warm-up out of "
+                      "the garbage collector's reach (gc.freeze) before timing decode")
   args = parser.parse_args()
+  global PROFILE_JIT, GC_FREEZE
+  PROFILE_JIT, GC_FREEZE = args.profile_jit, args.gc_freeze
+  if args.row_elements:
+    from kiln.codegen import gpudims
+    gpudims.ROW_ELEMENTS = args.row_elements
   path = args.model or (None if args.random_gguf else default_model_path())
   if args.random_gguf:
     spec = PRESETS[args.random_gguf]
