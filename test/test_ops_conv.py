@@ -46,6 +46,22 @@ def test_strided_1x1_conv_sums_only_the_real_taps():
   sums = [u for u in toposort([x.conv2d(w, stride=2).uop]) if u.op is Ops.REDUCE_AXIS]
   assert sums and all(prod(u.src[0].shape) == 2 * 16 * 7 * 7 * 8 for u in sums)
 
+def test_strided_3x3_conv_sums_each_real_tap_once():
+  # a 3x3 stride-2 conv is the sum of its input phases' stride-1 convs with 2x2, 2x1, 1x2 and 1x1 taps: 9 products
+  # per channel and output, none padded or masked (one conv of all phases would make 16)
+  x, w = Tensor.empty(2, 8, 14, 14), Tensor.empty(16, 8, 3, 3)
+  sums = [u for u in toposort([x.conv2d(w, stride=2, padding=1).uop]) if u.op is Ops.REDUCE_AXIS]
+  assert sorted(prod(u.src[0].shape) // prod(u.shape) for u in sums) == [8, 16, 16, 32]
+
+def test_strided_conv_of_inf_is_inf_only_where_a_real_tap_reads_it():
+  x = np.random.default_rng(5).uniform(0.5, 1, (1, 2, 9, 9)).astype(np.float32)
+  x[0, 1, 4, 3] = np.inf
+  w = np.random.default_rng(6).uniform(0.5, 1, (3, 2, 3, 3)).astype(np.float32)
+  got = Tensor(x).conv2d(Tensor(w), stride=2, padding=1).numpy()
+  want = F.conv2d(torch.tensor(x), torch.tensor(w), stride=2, padding=1).numpy()
+  assert not np.isnan(got).any() and np.array_equal(np.isinf(got), np.isinf(want)) and np.isinf(got).any()
+  assert_close(np.where(np.isinf(got), 0, got), np.where(np.isinf(want), 0, want), "strided conv of inf", atol=1e-5)
+
 def test_conv2d_bias_and_noncontiguous_input():
   # the input is a transposed view; bias gradients checked too
   check(lambda x, w, b: x.transpose(2, 3).conv2d(w, b, padding=1),
