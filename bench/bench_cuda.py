@@ -45,10 +45,13 @@ def main() -> None:
                       help="which rows: memory, matmul, tiles, conv, launch (with the graph chains) (commas)")
   parser.add_argument("--row-elements", type=int, metavar="N", help="about N elements a thread in a row kernel's "
                       "block (kiln/codegen/gpudims.py ROW_ELEMENTS)")
+  parser.add_argument("--rows-per-block", type=int, metavar="N", help="GPU targets: rows a block in row kernels of "
+                      "many short rows (kiln/codegen/gpudims.py ROWS_PER_BLOCK; 1: a block a row)")
   args = parser.parse_args()
-  if args.row_elements:
+  if args.row_elements or args.rows_per_block:
     from kiln.codegen import gpudims
-    gpudims.ROW_ELEMENTS = args.row_elements
+    gpudims.ROW_ELEMENTS = args.row_elements or gpudims.ROW_ELEMENTS
+    gpudims.ROWS_PER_BLOCK = args.rows_per_block or gpudims.ROWS_PER_BLOCK
   import torch
   from kiln import Tensor, Device
   n, reps, rows = args.floats, args.reps, []

@@ -169,12 +169,15 @@ def main() -> None:
   parser.add_argument("--profile-jit", action="store_true", help="cProfile the decode steps' Python (after the run)")
   parser.add_argument("--gc-freeze", action="store_true", help="move every object alive after the warm-up out of "
                       "the garbage collector's reach (gc.freeze) before timing decode")
+  parser.add_argument("--rows-per-block", type=int, metavar="N", help="GPU targets: rows a block in row kernels of "
+                      "many short rows (kiln/codegen/gpudims.py ROWS_PER_BLOCK; 1: a block a row)")
   args = parser.parse_args()
   global PROFILE_JIT, GC_FREEZE
   PROFILE_JIT, GC_FREEZE = args.profile_jit, args.gc_freeze
-  if args.row_elements:
+  if args.row_elements or args.rows_per_block:
     from kiln.codegen import gpudims
-    gpudims.ROW_ELEMENTS = args.row_elements
+    gpudims.ROW_ELEMENTS = args.row_elements or gpudims.ROW_ELEMENTS
+    gpudims.ROWS_PER_BLOCK = args.rows_per_block or gpudims.ROWS_PER_BLOCK
   path = args.model or (None if args.random_gguf else default_model_path())
   if args.random_gguf:
     spec = PRESETS[args.random_gguf]

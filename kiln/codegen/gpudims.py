@@ -131,6 +131,10 @@ MIN_GROUP_SIZE = 32   # the fewest threads a row's block has (one warp)
 # each keep several elements in flight and combine in fewer barrier-separated rounds
 ROW_ELEMENTS = 8
 MIN_GROUPED = 128   # a kernel whose reductions are all shorter keeps them in one thread each
+# a row kernel of at least MULTI_ROW_MIN rows whose rows are at most WARP_ROW_MAX long gives each row one warp
+# (WARP_LANES threads) and each block ROWS_PER_BLOCK rows: a matrix-vector product's 576-1536 rows then run in ~100
+# blocks instead of one block each (call 20: a 960-block row kernel took 1.3 us longer than a one-block one)
+ROWS_PER_BLOCK, WARP_LANES, MULTI_ROW_MIN, WARP_ROW_MAX = 8, 32, 64, 4096
 
 def row_group_size(size: int) -> int:
   """The threads of the block that reduces a row of `size` elements (`ROW_ELEMENTS` a thread, a power of two in
@@ -232,13 +236,16 @@ def _nested(red: UOp, body: UOp, loops: list[UOp]) -> UOp:
   for loop in reversed(loops): body = UOp(Ops.REDUCE, red.dtype, (body, loop), red.arg)
   return body
 
-def _tree_combine(lidx: UOp, arrays: list[tuple[UOp, UOp]], barrier: UOp, group: int = GROUP_SIZE) -> dict[UOp, UOp]:
+def _tree_combine(lidx: UOp, arrays: list[tuple[UOp, UOp]], barrier: UOp, group: int = GROUP_SIZE,
+                  lane: UOp | None = None, first: UOp | None = None) -> dict[UOp, UOp]:
   """Each REDUCE's total from the `group` partials in its shared array (written before `barrier`): log2 rounds in
   which thread i < s combines elements i and i + s into element i (s = half the block, then half of that...), a
-  barrier after each round; then every thread reads element 0. A fixed tree: the same bits on every run."""
+  barrier after each round; then every thread reads element 0. A fixed tree: the same bits on every run. With
+  several rows a block, each row's `group` partials sit at `first` (its row's first slot) + `lane`."""
+  lane = lidx if lane is None else lane
   step = group // 2
   while step:
-    low = lidx.lt(step)
+    low = lane.lt(step)
     partner = low.where(lidx + step, lidx)   # (the upper threads read in bounds and store nothing)
     stores = []
     for red, shared in arrays:
@@ -246,7 +253,8 @@ def _tree_combine(lidx: UOp, arrays: list[tuple[UOp, UOp]], barrier: UOp, group:
       stores.append(UOp(Ops.STORE, dtypes.void, (shared, lidx, UOp(red.arg, red.dtype, (mine, theirs)), low)))
     barrier = UOp(Ops.BARRIER, dtypes.void, tuple(stores))
     step //= 2
-  return {red: UOp(Ops.LOAD, red.dtype, (shared, UOp.const(INT, 0), barrier)) for red, shared in arrays}
+  first = UOp.const(INT, 0) if first is None else first
+  return {red: UOp(Ops.LOAD, red.dtype, (shared, first, barrier)) for red, shared in arrays}
 
 def groupable(sink: UOp) -> bool:
   """Whether `map_axes_to_gpu` runs the kernel as one block per row (`group_rows`)."""
@@ -328,18 +336,23 @@ def group_rows(sink: UOp) -> UOp | None:
   if (whole := grid_reduction(sink, plan, new_range)) is not None: return whole
   longest = max([prod(r.src[0].arg for r in ranges) for ranges, _ in plan.groups] +
                 ([plan.elementwise.src[0].arg] if plan.elementwise is not None else []))
-  group = row_group_size(longest)
-  lidx = UOp(Ops.SPECIAL, INT, (), ("lidx0", group))
+  n_rows = prod(r.src[0].arg for r in plan.rows) if plan.rows else 1
+  per_block = ROWS_PER_BLOCK if ROWS_PER_BLOCK > 1 and n_rows >= MULTI_ROW_MIN and longest <= WARP_ROW_MAX else 1
+  group = WARP_LANES if per_block > 1 else row_group_size(longest)
+  lidx = UOp(Ops.SPECIAL, INT, (), ("lidx0", group * per_block))
+  # several rows a block: thread `lidx` is lane `lidx % group` of the block's row `lidx // group`
+  lane = lidx % group if per_block > 1 else lidx
+  slot = lidx // group if per_block > 1 else None
   finals: dict[UOp, UOp] = {}
   for g, (ranges, reds) in enumerate(plan.groups):
     size = prod(r.src[0].arg for r in ranges)
     count = -(-size // group)
     if count <= MAX_UNROLLED_ROW:   # a thread's elements, unrolled (shared with the other passes: read once)
-      elements, loops = _thread_elements(size, lidx, count, group), None
+      elements, loops = _thread_elements(size, lane, count, group), None
     else:
       blocked = any(red.arg is Ops.ADD and dtypes.is_float(red.dtype) for red in reds)
       loops = [new_range(k) for k in sum_levels(count, blocked)]
-      element = _flat_index(loops) * group + lidx
+      element = _flat_index(loops) * group + lane
       valid = element.lt(size) if prod(r.src[0].arg for r in loops) * group != size else None
       elements = [(element if valid is None else valid.where(element, UOp.const(INT, size - 1)), valid)]
     partials = []
@@ -350,30 +363,40 @@ def group_rows(sink: UOp) -> UOp | None:
         bodies.append(body if valid is None else
                       valid.where(body, UOp.const(red.dtype, identity_element(red.arg, red.dtype))))
       partial = _nested(red, bodies[0], loops) if loops is not None else _chain(red, bodies)
-      shared = UOp(Ops.DEFINE_LOCAL, red.dtype, (), (f"temp{g}_{k}", group))
+      shared = UOp(Ops.DEFINE_LOCAL, red.dtype, (), (f"temp{g}_{k}", group * per_block))
       partials.append((red, shared, UOp(Ops.STORE, dtypes.void, (shared, lidx, partial))))
     finals.update(_tree_combine(lidx, [(red, shared) for red, shared, _ in partials],
-                                UOp(Ops.BARRIER, dtypes.void, tuple(store for _, _, store in partials)), group))
+                                UOp(Ops.BARRIER, dtypes.void, tuple(store for _, _, store in partials)), group,
+                                lane, slot * group if slot is not None else None))
   elements = [(None, None)]
   if plan.elementwise is not None:
     size = plan.elementwise.src[0].arg
     count = -(-size // group)
-    elements = _thread_elements(size, lidx, count, group) if count <= MAX_UNROLLED_ROW else \
-      [_split_over_threads(size, lidx, new_range(count), group)]
-  first = lidx.eq(0)
+    elements = _thread_elements(size, lane, count, group) if count <= MAX_UNROLLED_ROW else \
+      [_split_over_threads(size, lane, new_range(count), group)]
+  # the block's row (its rows, with several a block: the last block's rows past the end read the last row and
+  # store nothing)
+  blocks = -(-n_rows // per_block)
+  block = UOp(Ops.SPECIAL, INT, (), ("gidx0", blocks)) if plan.rows else None
+  row, row_valid = block, None
+  if block is not None and per_block > 1:
+    row = block * per_block + slot
+    if blocks * per_block != n_rows:
+      row_valid = row.lt(n_rows)
+      row = row_valid.where(row, UOp.const(INT, n_rows - 1))
+  first = lane.eq(0)
   stores = []
   for store in sink.src:
     per_thread = store.op is Ops.STORE and plan.elementwise is not None and plan.elementwise in store.toposort()
     for element, valid in (elements if per_thread else [(None, None)]):
       gate = valid if per_thread else first if store.op is Ops.STORE else None
+      if row_valid is not None and store.op is Ops.STORE: gate = row_valid if gate is None else gate & row_valid
       copy = store if gate is None else \
         store.replace(src=(*store.src[:3], gate if len(store.src) == 3 else store.src[3] & gate))
       stores.append(_substitute(copy, {**finals, plan.elementwise: element} if per_thread else finals))
   grouped = sink.replace(src=tuple(stores))
-  if plan.rows:   # the row ranges, in the partials' bodies too: the block index
-    rows = list(plan.rows)
-    grouped = _substitute(grouped, _unflatten(UOp(Ops.SPECIAL, INT, (), ("gidx0", prod(r.src[0].arg for r in rows))),
-                                              rows))
+  if plan.rows:   # the row ranges, in the partials' bodies too: the row index (the block index, one row a block)
+    grouped = _substitute(grouped, _unflatten(row, list(plan.rows)))
   return graph_rewrite(grouped, symbolic, name="gpudims group")
 
 def map_axes_to_gpu(sink: UOp) -> UOp:

@@ -19,16 +19,18 @@ def _emulate(out: Tensor, renderer=None) -> tuple[np.ndarray, list, object]:
   """`out` computed by its kernels as rendered for the CUDA target, run in the lockstep emulator (inputs realized on
   the default device first); returns the result, the last kernel's uops and its launch sizes."""
   renderer = renderer or CUDARenderer()
-  uops = launch = None
+  uops = launch = arrays = None
   for item in out.schedule():
     if item.ast.op is Ops.COPY:
       item.bufs[0].ensure_allocated().copy_from(item.bufs[1]); continue
     _, uops = render_with(renderer, kernel_name(item.ast), optimize_for(renderer, lower_for_codegen(item.ast)))
     arrays = {k: b.ensure_allocated().numpy() for k, b in enumerate(item.bufs)}
+    if arrays[0].dtype.kind == "f": arrays[0][:] = np.nan   # poisoned: an element no thread writes fails the check
     launch = launch_size(uops)
     run_lockstep(uops, launch, arrays, item.var_vals)
     item.bufs[0].copyin(memoryview(arrays[0].view(np.uint8)))
-  return out.numpy(), uops, launch
+  # the last kernel's output as the emulator wrote it (out.numpy() would compute `out` again on the default device)
+  return arrays[0][:out.numel()].reshape(out.shape), uops, launch
 
 def _check(got: np.ndarray, want: np.ndarray, what: str) -> None:
   worst = np.abs(got - want).max() if got.size else 0.0
