@@ -218,6 +218,11 @@ _FP8_MAX = {dtypes.fp8e4m3: 448.0, dtypes.fp8e5m2: 57344.0}
 _FP8_OVERFLOW = {dtypes.fp8e4m3: (464.0, math.nan, False), dtypes.fp8e5m2: (61440.0, math.inf, True)}  # keeps sign
 _INT4_RANGE = {21: (0, 15), 22: (-8, 7)}
 
+def _signed_nans(x: Tensor) -> Tensor:
+  """The negative NaN in x's shape and dtype, loaded from a buffer: a NaN constant in a kiln graph is rendered
+  without its sign (kiln/renderer/cstyle.py writes every NaN literal as __builtin_nan("")), a load keeps it."""
+  return Tensor(np.array([-np.nan], np.float32), device=x.device).cast(x.dtype).reshape((1,) * x.ndim).expand(x.shape)
+
 def cast_to(x, dtype: DType, saturate: int = 1):
   """ONNX Cast: float->int truncates; float8 targets saturate to their largest finite value unless saturate=0."""
   if isinstance(x, np.ndarray):  # strings
@@ -229,7 +234,7 @@ def cast_to(x, dtype: DType, saturate: int = 1):
     else:
       threshold, overflow, signed = _FP8_OVERFLOW[dtype]
       big = x.abs() > threshold if not signed else x.abs() >= threshold
-      over = (x < 0).where(-overflow, overflow)
+      over = (x < 0).where(_signed_nans(x) if math.isnan(overflow) else -overflow, overflow)
       return big.where(over, x.clip(-limit, limit)).cast(dtype)
   if is_float(x) and not dtypes.is_float(dtype) and dtype != dtypes.bool: x = x.trunc()
   return x.cast(dtype)
