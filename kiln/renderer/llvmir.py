@@ -29,6 +29,7 @@ from typing import Callable
 from kiln.dtype import DType, dtypes, truncate, FP8_VALUES
 from kiln.renderer import Renderer, kernel_signature, kernel_function_name
 from kiln.codegen.parallel import streamed_loads
+from kiln.codegen.transcendental import cos_argument, exp_argument, tan_argument
 from kiln.renderer.cstyle import (EXACT_FLOAT_OPS, PREFETCH_BYTES, PREFETCH_MAX_BLOCK, SCRATCH_HEADER_BYTES, CRenderer,
                                   check_alu_dtypes, chunks_symbol, scratch_symbol, task_symbol, thread_plan,
                                   work_symbol)
@@ -504,6 +505,7 @@ class LLVMRenderer(Renderer):
   # as in the C renderer: llvm.exp2/log2/sin become scalar libm calls the loop vectorizer cannot widen, kiln's
   # software versions (<= 1 ulp, docs/transcendental.md) vectorize with the rest of the loop
   has_native_transcendentals = False
+  renders_math_forms = True   # for TRANSCENDENTAL=0 (math_form; software math rewrites the forms first otherwise)
   packs_matmul_operands = True   # kiln/schedule/pack.py: matmul 1024 76 -> 91, 2048 60 -> 71 GFLOP/s (2-core EPYC)
   renders_byte_dots = True   # DP4A as vpdpbusd/pmaddubsw where the target has them (byte_dot_method)
   # the same SLP vectorizer and thread plan as the C renderer, checked the same way (see CRenderer.vectorize)
@@ -788,7 +790,24 @@ class _LLVMKernelWriter:
     """An ALU/CAST/BITCAST value; small-float ALU results are rounded to their type, as in C."""
     for dtype in (u.dtype, *(s.dtype for s in u.src)): self.note_dtype(dtype)
     if u.op in GroupOp.ALU and u.dtype.count == 1: check_alu_dtypes("LLVMRenderer", u)
+    if (form := self.math_form(u)) is not None:
+      self.values[u] = form
+      return
     self.values[u] = self.rounded(u, LLVM_EXPRESSIONS[u.op](self, u, [self.value(s) for s in u.src]))
+
+  def math_form(self, u: UOp) -> str | None:
+    """kiln's exp(a), cos(y) and tan(y) forms (EXP2(a * 1/ln2), float64 SIN(pi/2 - y), SIN(y) / SIN(pi/2 - y), made
+    when software math is off: renders_math_forms) as libm's exp, cos and tan of the argument itself, as the C
+    renderer writes them; None for any other uop."""
+    if u.dtype.count > 1: return None
+    found = None
+    if u.op is Ops.EXP2 and (argument := exp_argument(u.src[0])) is not None: found = ("exp", argument)
+    elif u.op is Ops.SIN and (argument := cos_argument(u.src[0])) is not None: found = ("cos", argument)
+    elif (argument := tan_argument(u)) is not None: found = ("tan", argument)
+    if found is None: return None
+    name, argument = found
+    ty = VALUE_TYPES[argument.dtype]
+    return self.call(f"llvm.{name}.{_float_suffix(argument.dtype)}", ty, [(ty, self.value(argument))])
 
   def rounded(self, u: UOp, result: str) -> str:
     """`result` of ALU uop `u` rounded to u's dtype where that is a small float (computed in float)."""

@@ -163,3 +163,14 @@ def test_long_loops_are_kept_from_llvm_unrolling_short_ones_are_not():
   lines = source.splitlines()
   back_edges = [line for before, line in zip(lines, lines[1:]) if "_i_next = add" in before]   # a loop's latch
   assert len(back_edges) == 2 and sum("!llvm.loop" not in line for line in back_edges) == 1, back_edges
+
+def test_math_forms_without_software_math_match_the_c_path():
+  """TRANSCENDENTAL=0: kiln's exp, cos and tan forms are libm's exp, cos and tan of the argument on both paths (not
+  exp2 of a rounded product, nor sin of a rounded pi/2 - y), so the bits agree."""
+  x = np.linspace(-30, 30, 513)
+  with Context(TRANSCENDENTAL=0):
+    for fn in (Tensor.exp, Tensor.cos, Tensor.tan):
+      got, want = (fn(Tensor(x, device=dev)).numpy() for dev in ("LLVM", "CPU"))
+      np.testing.assert_array_equal(got, want, err_msg=fn.__name__)
+      sources = [r.source for r in _launches(lambda: fn(Tensor(x, device="LLVM")))]
+      assert any(f"@llvm.{fn.__name__}.f64(" in src for src in sources), f"{fn.__name__}: no libm {fn.__name__}"
