@@ -124,14 +124,18 @@ class CUDAGraph:
     launches = [self._packed(item) for item in items]
     self.dependencies = kernel_dependencies(items, swapped)
     self.graph = cuda.Graph(self.context, launches, self.dependencies)
-    # what a replay re-reads: per changing argument, (node index, argument index, source, key): source[key] is a
-    # Buffer (its address) or a variable's value
-    self.slots: list[tuple[int, int, Any, Any, bool]] = []
+    # what a replay re-reads: the swapped buffers' addresses (bufs[pos]._buf.ptr), then the variables' values
+    # (var_vals[var]); `slots` says which node and argument each one is, in the same order
+    self.slots: list[tuple[int, int]] = []
+    self._buffer_reads: list[tuple[list, int]] = []
+    self._var_reads: list[tuple[dict, Any]] = []
+    for i, item in enumerate(items):
+      for k, pos in enumerate(item.runner.params):
+        if (i, pos) in swapped: self.slots.append((i, k)); self._buffer_reads.append((item.bufs, pos))
     for i, item in enumerate(items):
       runner = item.runner
-      for k, pos in enumerate(runner.params):
-        if (i, pos) in swapped: self.slots.append((i, k, item.bufs, pos, True))
-      for k, var in enumerate(runner.vars, len(runner.params)): self.slots.append((i, k, item.var_vals, var, False))
+      for k, var in enumerate(runner.vars, len(runner.params)):
+        self.slots.append((i, k)); self._var_reads.append((item.var_vals, var))
     self.state = self._read()   # the arguments the nodes were added with: every executable starts so
     self.execs: collections.OrderedDict[tuple, int] = collections.OrderedDict({self.state: self.graph.exec})
 
@@ -149,7 +153,8 @@ class CUDAGraph:
 
   def _read(self) -> tuple:
     """The changing arguments as they are now (buffer addresses and variable values, in slot order)."""
-    return tuple([source[key]._buf.ptr if is_buffer else int(source[key]) for _, _, source, key, is_buffer in self.slots])
+    addresses = [bufs[pos]._buf.ptr for bufs, pos in self._buffer_reads]
+    return tuple(addresses + [int(var_vals[var]) for var_vals, var in self._var_reads] if self._var_reads else addresses)
 
   def _exec_for(self, state: tuple) -> int:
     """An executable whose nodes hold the arguments `state`: the least recently used one (or a new one while fewer
@@ -157,9 +162,9 @@ class CUDAGraph:
     if len(self.execs) < self.MAX_EXECS and len(self.items) <= self.MAX_INSTANTIATED_NODES:
       old, handle = self.state, self.graph.instantiate()
     else: old, handle = self.execs.popitem(last=False)
-    changed = sorted({slot[0] for slot, was, now in zip(self.slots, old, state) if was != now})
+    changed = sorted({i for (i, _), was, now in zip(self.slots, old, state) if was != now})
     packed = self.graph.packed
-    for (i, k, *_), now in zip(self.slots, state): packed[i].values[k].value = now
+    for (i, k), now in zip(self.slots, state): packed[i].values[k].value = now
     self.context.activate()
     for i in changed: self.graph.update(handle, i)
     self.execs[state] = handle

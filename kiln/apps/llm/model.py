@@ -229,6 +229,9 @@ class Transformer:
     self._decode = TinyJit(self._decode_step, optimize=True)
     self._prefill: dict = {}   # bucket (CPU) or (bucket, window) (GPU) -> TinyJit
     self._step_input = Tensor.zeros(2, dtype=dtypes.int32, device=self.device).contiguous().realize()
+    # GPU decode writes its logits here (in place), so a replay allocates nothing and its CUDA graph's arguments
+    # never change (a fresh output alternated between two buffers: one graph node updated a step)
+    self._logits = Tensor.zeros(config.vocab_size, device=self.device).contiguous().realize() if self.gpu else None
     self._decode_windows: dict[int, TinyJit] = {}
     self._windows: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}   # (cache id, length) -> `_windows_of`
 
@@ -335,14 +338,15 @@ class Transformer:
 
   def _decode_window_step(self, step_input: Tensor, window: int) -> Tensor:
     """GPU decode: `step_input` (token, position) int32 on the device, attention over the cache's first `window`
-    positions. No Variable: a CUDA graph replays it with no kernel argument changed, only the input's bytes."""
+    positions, the logits written into `_logits` (read at once by `logits`). No Variable and no fresh output: a CUDA
+    graph replays it with no kernel argument changed, only the input's bytes."""
     token, position = step_input[0:1], step_input[1:2]
     pair_c, pair_s = (table[position].realize() for table in self.rope_pairs)   # once for every layer
     positions = Tensor.arange(window, device=self.device, dtype=dtypes.int32)
     mask = (positions <= position).where(0.0, -math.inf).reshape(1, window).realize()   # once for every layer
     hit = (positions == position).realize()
     plan = StepPlan(pair_c, pair_s, window, mask, position=position, rope_pairs=(pair_c, pair_s), hit=hit)
-    return self.output.linear(self.forward(token, plan)).reshape(-1).realize()
+    return self._logits.assign(self.output.linear(self.forward(token, plan)).reshape(-1)).realize()
 
   def _prefill_step(self, tokens: Tensor, start_pos: Variable, mask: Tensor, last: Tensor,
                     window: int | None = None) -> Tensor:
