@@ -1,15 +1,18 @@
 """ONNX model inference on the CPU: kiln's OnnxRunner beside onnxruntime, same machine, same thread count.
 
-Run: PYTHONPATH=. THREADS=1 python bench/bench_onnx.py [--runs N] [--models a,b] [--jit] [--profile MODEL]
+Run: PYTHONPATH=. THREADS=1 python bench/bench_onnx.py [--runs N] [--models a,b] [--uncached] [--jit]
+     [--profile MODEL] [--overhead]
 
 Models: a ResNet-50 written here in PyTorch with random weights and exported to /tmp (torchvision is not needed;
 the .onnx is not kept in the repository), and the real models of test/frontend/test_onnx_packaged.py where their
 packages are installed (rapidocr-onnxruntime, silero-vad, basic-pitch; `pip install --no-deps` is enough). Each
 model is warmed up (kiln compiles its kernels), then kiln and onnxruntime run in turn `--runs` times (interleaved,
 so a noisy neighbour hits both alike); the minimum and median of each are printed, with kiln's throughput as a
-share of onnxruntime's. onnxruntime gets THREADS intra-op threads (default 1), kiln the same THREADS. `--jit` also
-times the model under TinyJit (the graph built and scheduled once, then kernels replayed). `--profile MODEL` prints
-the model's slowest kiln kernels (one eager run with per-kernel timing).
+share of onnxruntime's. onnxruntime gets THREADS intra-op threads (default 1), kiln the same THREADS. "kiln" is
+OnnxRunner as it comes (its graph kept per input signature and replayed through a TinyJit); `--uncached` also times
+it with `cache=False` (the graph walked and scheduled on every call), `--jit` that under a TinyJit of the caller's.
+`--profile MODEL` prints the model's slowest kiln kernels (each kernel of one inference launched alone);
+`--overhead` times the graph walk alone and whole calls with and without the graph cache.
 """
 from __future__ import annotations
 import argparse, importlib.util, os, statistics, sys, time
@@ -99,7 +102,7 @@ def kiln_jit_call(runner, feeds: dict) -> Callable[[], object]:
   step = TinyJit(lambda **inputs: [v.realize() for v in runner(inputs).values()])
   return lambda: [v.numpy() for v in step(**{k: Tensor(v) for k, v in feeds.items()})]
 
-def bench(name: str, runs: int, threads: int, jit: bool) -> None:
+def bench(name: str, runs: int, threads: int, jit: bool, uncached: bool) -> None:
   import onnxruntime as ort
   from kiln.frontend.onnx import OnnxRunner
   locate, make_feeds = MODELS[name]
@@ -113,7 +116,8 @@ def bench(name: str, runs: int, threads: int, jit: bool) -> None:
   ort_call = lambda: session.run(None, feeds)
   runner = OnnxRunner(path)
   calls = {"kiln": kiln_call(runner, feeds)}
-  if jit: calls["kiln jit"] = kiln_jit_call(runner, feeds)
+  if uncached: calls["kiln uncached"] = kiln_call(OnnxRunner(path, cache=False), feeds)
+  if jit: calls["kiln jit"] = kiln_jit_call(OnnxRunner(path, cache=False), feeds)
   first = {}
   for label, call in list(calls.items()):
     try:
@@ -155,16 +159,38 @@ def profile(name: str, top: int = 25) -> None:
   for seconds, kernel_name in sorted(rows, reverse=True)[:top]:
     print(f"{seconds * 1e3:8.3f} ms {seconds / total:6.1%}  {kernel_name}")
 
+def overhead(name: str, runs: int) -> None:
+  """The Python part of a call: the graph walk alone (uncached runner, outputs left lazy), and the whole call
+  uncached and cached (kernels included), min of `runs` each, interleaved."""
+  from kiln.frontend.onnx import OnnxRunner
+  locate, make_feeds = MODELS[name]
+  path = locate()
+  if path is None: return print(f"{name}: package not installed, skipped")
+  feeds = make_feeds()
+  uncached, cached = OnnxRunner(path, cache=False), OnnxRunner(path)
+  calls = {"graph walk": lambda: uncached(feeds), "uncached call": kiln_call(uncached, feeds),
+           "cached call": kiln_call(cached, feeds)}
+  for call in list(calls.values()) * 3: call()
+  times: dict[str, list[float]] = {label: [] for label in calls}
+  for _ in range(runs):
+    for label, call in calls.items(): times[label].append(timed(call))
+  print(f"{name:12s} " + "  ".join(f"{label} {min(v) * 1e3:8.2f} ms" for label, v in times.items()))
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--runs", type=int, default=10, help="timed runs of each, interleaved")
   parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
-  parser.add_argument("--jit", action="store_true", help="also time kiln under TinyJit")
+  parser.add_argument("--jit", action="store_true", help="also time kiln under TinyJit (uncached runner)")
+  parser.add_argument("--uncached", action="store_true", help="also time kiln without its graph cache")
   parser.add_argument("--profile", choices=list(MODELS), help="print one model's slowest kernels instead")
+  parser.add_argument("--overhead", action="store_true", help="time the graph walk and cached/uncached calls instead")
   args = parser.parse_args()
   if args.profile: return profile(args.profile)
+  if args.overhead:
+    for name in args.models.split(","): overhead(name, args.runs)
+    return
   threads = int(os.environ.get("THREADS", "1"))
   print(f"THREADS={threads}, {args.runs} interleaved runs each, python {sys.version.split()[0]}")
-  for name in args.models.split(","): bench(name, args.runs, threads, args.jit)
+  for name in args.models.split(","): bench(name, args.runs, threads, args.jit, args.uncached)
 
 if __name__ == "__main__": main()
