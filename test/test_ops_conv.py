@@ -154,6 +154,13 @@ def _torch_conv_transpose(x, w, b=None, groups=1, stride=1, dilation=1, padding=
 def test_conv_transpose(xs, ws, kw):
   check(lambda x, w: x.conv_transpose2d(w, **kw), lambda x, w: _torch_conv_transpose(x, w, **kw), [xs, ws])
 
+def test_strided_conv_transpose_multiplies_no_stuffed_zeros():
+  # by output phase: a stride-1 conv of the input with that phase's taps of the 3x3 kernel (4, 2, 2 and 1), not one
+  # conv of 9 taps over the input with zeros stuffed between its elements
+  x, w = Tensor.empty(1, 2, 8, 8), Tensor.empty(2, 3, 3, 3)
+  sums = [u for u in toposort([x.conv_transpose2d(w, stride=2, padding=1).uop]) if u.op is Ops.REDUCE_AXIS]
+  assert sorted(prod(u.src[0].shape) // prod(u.shape) for u in sums) == [2, 4, 4, 8]
+
 def test_conv_transpose2d_bias():
   check(lambda x, w, b: x.conv_transpose2d(w, b, stride=2), lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2),
         [(1, 2, 2, 3), (2, 3, 2, 2), (3,)])

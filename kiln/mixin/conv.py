@@ -125,8 +125,11 @@ def _phase_convs(phases: Tensor, w: Tensor, strides: tuple[int, ...], groups: in
   forward ran 141-145 -> 32 ms, 4x256x28x28 221-231 -> 52 ms (one thread, Sapphire Rapids)."""
   n, kernel, (batch, channels), (cout, cin) = len(strides), w.shape[2:], phases.shape[:2], w.shape[:2]
   by_phase = phases.reshape(batch, channels // prod(strides), *strides, *phases.shape[2:])
-  # the weight's taps by phase: (C_out, C_in, *strides, *kq), tap q of phase r being kernel position q*s + r
-  w_by_phase = _phase_weight(w, strides).reshape(cout, cin, *strides, *[-(-k // s) for k, s in zip(kernel, strides)])
+  # the weight's taps by phase: (C_out, C_in, *strides, *kq), tap q of phase r being kernel position q*s + r; copied
+  # once, so that the phases' convs read plain weights (through the padded view their weight loads are gated, and a
+  # gated load takes the tile's wide axis away from the output channels)
+  kq = [-(-k // s) for k, s in zip(kernel, strides)]
+  w_by_phase = _phase_weight(w, strides).reshape(cout, cin, *strides, *kq).contiguous()
   total = None
   for r in itertools.product(*[range(s) for s in strides]):
     taps = [len(range(ri, k, s)) for ri, k, s in zip(r, kernel, strides)]
@@ -134,10 +137,51 @@ def _phase_convs(phases: Tensor, w: Tensor, strides: tuple[int, ...], groups: in
     phase = by_phase.shrink(((0, batch), (0, by_phase.shape[1]), *[(ri, ri + 1) for ri in r],
                              *[(0, d) for d in by_phase.shape[2 + n:]])).reshape(batch, -1, *phases.shape[2:])
     phase_w = w_by_phase.shrink(((0, cout), (0, cin), *[(ri, ri + 1) for ri in r], *[(0, t) for t in taps]))
-    part = phase._conv(phase_w.reshape(cout, cin, *taps), None, groups, 1, 1, [(0, 0)] * n, None, op)
-    part = part.shrink(((0, batch), (0, w.shape[0]), *[(0, o) for o in outs]))
-    total = part if total is None else total + part
+    # each phase's conv computes the outputs only (a phase of fewer taps would make more: 15 columns rather than 14
+    # keep a conv off its vector tiles)
+    crops = [(0, o + t - 1 - size) for o, t, size in zip(outs, taps, phases.shape[2:])]
+    part = phase._conv(phase_w.reshape(cout, cin, *taps), None, groups, 1, 1, crops, None, op)
+    # (each phase's conv a kernel of its own: fused into one kernel of four sums, they got no conv tile)
+    total = part if total is None else total.contiguous() + part
   return total
+
+def _transposed_by_phase(x: Tensor, w: Tensor, groups: int, strides: tuple[int, ...], pairs: Sequence[tuple[int, int]],
+                         out_pads: Sequence[int], op: str) -> Tensor:
+  """A strided, undilated transposed convolution (x (N, C_in, *in), w (C_in, C_out/groups, *kernel)) by its output
+  phases: output position s*J + r (before the padding crops it) sums x[J - q] * w[r + s*q] over the taps q of phase
+  r, a stride-1 convolution of x with those taps flipped, so each phase is one conv and the phases interleave into
+  the output. The zero-stuffed input it replaces (a stride-1 conv over s-1 zeros between the inputs) spent 3/4 of its
+  products on zeros at stride 2, through gated loads: ResNet's 3x3 stride-2 input gradients ran 97-169 -> 9-13 ms
+  (4x128x56x56) and 119-135 -> 18-31 ms (4x256x28x28), one thread on a loaded machine."""
+  from kiln.tensor import Tensor
+  n, (cin, cout_group), kernel, sizes = len(strides), w.shape[:2], w.shape[2:], x.shape[2:]
+  outs = [(i - 1) * s + k - b - a + p for i, s, k, (b, a), p in zip(sizes, strides, kernel, pairs, out_pads)]
+  lengths = [-(-o // s) for o, s in zip(outs, strides)]   # positions of each output phase (the last may be cut)
+  kq = [-(-k // s) for k, s in zip(kernel, strides)]
+  w_by_phase = _phase_weight(w, strides).reshape(cin, cout_group, *strides, *kq)
+  parts = []
+  # output phase p (positions s*u + p) is the uncropped output's phase r = (p + b) % s at J = u + (p + b) // s
+  for p in itertools.product(*[range(s) for s in strides]):
+    r = [(pi + b) % s for pi, (b, _), s in zip(p, pairs, strides)]
+    offsets = [(pi + b) // s for pi, (b, _), s in zip(p, pairs, strides)]
+    taps = [len(range(ri, k, s)) for ri, k, s in zip(r, kernel, strides)]
+    if 0 in taps:   # no tap of the kernel falls in this phase
+      parts.append(Tensor.zeros(x.shape[0], groups * cout_group, *lengths, dtype=x.dtype, device=x.device))
+      continue
+    h = w_by_phase.shrink(((0, cin), (0, cout_group), *[(ri, ri + 1) for ri in r], *[(0, t) for t in taps]))
+    # per group (C_in, C_out/g, *taps) -> (C_out, C_in/g, *taps), the taps flipped
+    h = h.reshape(groups, cin // groups, cout_group, *taps).permute(0, 2, 1, *range(3, 3 + n))
+    # (copied: each phase's conv then reads its weight as a forward conv does, channels contiguous; through these
+    # views the loads were gated or strided, and the tiles took the image columns for their wide axis: 3-10x slower)
+    h = h.flip(tuple(range(3, 3 + n))).reshape(groups * cout_group, cin // groups, *taps).contiguous()
+    # J - q for J in [offset, offset + length) and the taps q: x padded by t - 1 - offset before (a crop if negative)
+    conv_pairs = [(t - 1 - off, m + off - i) for t, off, m, i in zip(taps, offsets, lengths, sizes)]
+    parts.append(x._conv(h, None, groups, 1, 1, conv_pairs, None, op))
+  out = parts[0].stack(*parts[1:], dim=2) if len(parts) > 1 else parts[0].unsqueeze(2)
+  out = out.reshape(*out.shape[:2], *strides, *lengths)
+  out = out.permute(0, 1, *flatten((2 + n + i, 2 + i) for i in range(n)))
+  out = out.reshape(*out.shape[:2], *[m * s for m, s in zip(lengths, strides)])
+  return out.shrink(((0, out.shape[0]), (0, out.shape[1]), *[(0, o) for o in outs]))
 
 def _phase_weight(w: Tensor, strides: tuple[int, ...]) -> Tensor:
   """A conv weight (C_out, C_in, *kernel) for `_phase_input`'s phases: each kernel axis zero-padded to a multiple of
@@ -346,6 +390,9 @@ class ConvMixin:
     """conv_transpose2d with its arguments checked and resolved: a convolution of the stride-dilated input with the
     flipped, transposed weight."""
     x, n, cin, kernel, sizes = self, w.ndim - 2, w.shape[0], w.shape[2:], self.shape[2:]
+    if any(s > 1 for s in strides) and all(d == 1 for d in dilations) and all(isinstance(i, int) for i in sizes):
+      out = _transposed_by_phase(x, w, groups, strides, pairs, out_pads, op)
+      return out if bias is None else out + bias.reshape(1, -1, *[1] * n)
     if any(s > 1 for s in strides):
       # put stride-1 zeros between the input's elements: (i) -> (i, 1) -> pad to (i, s) -> (i*s) -> crop the tail zeros
       x = x.reshape(*x.shape[:2], *flatten((i, 1) for i in sizes))
