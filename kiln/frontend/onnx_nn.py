@@ -40,23 +40,29 @@ def conv(x: Tensor, w: Tensor, b: Tensor | None = None, auto_pad: str = "NOTSET"
   kernel = list(w.shape[2:])
   strides, dilations = list(strides or [1] * n), list(dilations or [1] * n)
   begins, ends = _pads(auto_pad, pads, x.shape[2:], kernel, strides, dilations)
-  if group == 1 and strides == kernel and all(d == 1 for d in dilations) and math.prod(kernel) > 1:
-    return _patchify(_spatial_pad(x, begins, ends), w, b)
+  if (group == 1 and any(st > 1 for st in strides) and all(d == 1 for d in dilations)
+      and all(k % st == 0 for k, st in zip(kernel, strides))):
+    return _space_to_depth_conv(_spatial_pad(x, begins, ends), w, b, strides)
   return x.conv2d(w, b, groups=group, stride=tuple(strides), dilation=tuple(dilations),
                   padding=_flat_pads(begins, ends))
 
-def _patchify(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
-  """A conv whose stride equals its kernel (windows side by side, as a ViT's patch embedding or a strided filter
-  bank has): each window's pixels gathered into channels, then a 1x1 conv. (An already padded input.)"""
+def _space_to_depth_conv(x: Tensor, w: Tensor, b: Tensor | None, strides: list[int]) -> Tensor:
+  """A conv whose kernel is a whole number of strides on every axis (a filter bank with stride = kernel / m, a
+  patch embedding with stride = kernel): the input cut into stride-sized blocks moved into channels, then a
+  stride-1 conv over the blocks with m taps an axis, the weight cut the same way. (An already padded input.)"""
   n, kernel = w.ndim - 2, list(w.shape[2:])
   batch, channels = x.shape[0], x.shape[1]
-  outs = [size // k for size, k in zip(x.shape[2:], kernel)]
-  x = x.shrink((None, None) + tuple((0, o * k) for o, k in zip(outs, kernel)))
-  # (batch, c, o0, k0, o1, k1, ...) -> (batch, c, k0, k1, ..., o0, o1, ...): w's (c, k0, k1, ...) order
-  x = x.reshape(batch, channels, *[v for o, k in zip(outs, kernel) for v in (o, k)])
+  taps = [k // s for k, s in zip(kernel, strides)]
+  blocks = [(size - k) // s + m for size, k, s, m in zip(x.shape[2:], kernel, strides, taps)]
+  x = x.shrink((None, None) + tuple((0, p * s) for p, s in zip(blocks, strides)))
+  # (batch, c, p0, s0, p1, s1, ...) -> (batch, c, s0, s1, ..., p0, p1, ...)
+  x = x.reshape(batch, channels, *[v for p, s in zip(blocks, strides) for v in (p, s)])
   x = x.permute(0, 1, *[3 + 2 * i for i in range(n)], *[2 + 2 * i for i in range(n)])
-  x = x.reshape(batch, channels * math.prod(kernel), *outs)
-  return x.conv2d(w.reshape(w.shape[0], channels * math.prod(kernel), *[1] * n), b)
+  x = x.reshape(batch, channels * math.prod(strides), *blocks)
+  # (out, c, m0*s0, m1*s1, ...) -> (out, c, s0, s1, ..., m0, m1, ...), the input's channel order
+  w = w.reshape(w.shape[0], channels, *[v for m, s in zip(taps, strides) for v in (m, s)])
+  w = w.permute(0, 1, *[3 + 2 * i for i in range(n)], *[2 + 2 * i for i in range(n)])
+  return x.conv2d(w.reshape(w.shape[0], channels * math.prod(strides), *taps), b)
 
 @op("ConvInteger")
 def conv_integer(x: Tensor, w: Tensor, x_zero_point=None, w_zero_point=None, auto_pad: str = "NOTSET",

@@ -485,16 +485,19 @@ def test_conv_transpose_with_stride_equal_to_kernel_matches_onnxruntime(shape, k
   expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
   assert_close(OnnxRunner(model)({"x": x})["y"].numpy(), expected, atol=1e-4)
 
-@pytest.mark.parametrize("shape,kernel,attrs", [((1, 1, 1, 1000), (1, 256), {}), ((2, 3, 9, 8), (3, 2), {"pads": [0, 1, 1, 0]}),
-                                                ((1, 2, 10), (4,), {"auto_pad": "SAME_UPPER"}), ((1, 2, 4, 4, 4), (2, 2, 2), {})])
-def test_conv_with_stride_equal_to_kernel_matches_onnxruntime(shape, kernel, attrs):
-  """The stride == kernel path (windows gathered into channels, then a 1x1 conv): a strided filter bank as Basic
-  Pitch's constant-Q transform has, pads, auto_pad, a remainder the windows leave out, 1-d and 3-d."""
+@pytest.mark.parametrize("shape,kernel,strides,attrs", [
+  ((1, 1, 1, 1000), (1, 256), (1, 256), {}), ((1, 1, 1, 1000), (1, 256), (1, 64), {}),
+  ((2, 3, 9, 8), (3, 2), (3, 2), {"pads": [0, 1, 1, 0]}), ((2, 3, 11, 9), (4, 3), (2, 1), {"pads": [1, 1, 2, 0]}),
+  ((1, 2, 10), (4,), (4,), {"auto_pad": "SAME_UPPER"}), ((1, 2, 5, 4, 6), (2, 2, 4), (2, 2, 2), {})])
+def test_conv_whose_kernel_is_whole_strides_matches_onnxruntime(shape, kernel, strides, attrs):
+  """The space-to-depth path (stride-sized blocks into channels, then a stride-1 conv): a strided filter bank as
+  Basic Pitch's constant-Q transform has (stride = kernel, kernel / 4), pads, auto_pad, a remainder the windows
+  leave out, 1-d and 3-d."""
   ort = pytest.importorskip("onnxruntime")
   rng = np.random.default_rng(9)
   w = rng.standard_normal((4, shape[1], *kernel)).astype(np.float32)
   b = rng.standard_normal(4).astype(np.float32)
-  node = helper.make_node("Conv", ["x", "w", "b"], ["y"], strides=list(kernel), **attrs)
+  node = helper.make_node("Conv", ["x", "w", "b"], ["y"], strides=list(strides), **attrs)
   model = make_model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                      [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
