@@ -1,7 +1,7 @@
 """ONNX model inference on the CPU: kiln's OnnxRunner beside onnxruntime, same machine, same thread count.
 
 Run: PYTHONPATH=. THREADS=1 python bench/bench_onnx.py [--runs N] [--models a,b] [--uncached] [--jit]
-     [--profile MODEL] [--overhead]
+     [--profile MODEL] [--overhead] [--convs]
 
 Models: a ResNet-50 written here in PyTorch with random weights and exported to /tmp (torchvision is not needed;
 the .onnx is not kept in the repository), and the real models of test/frontend/test_onnx_packaged.py where their
@@ -12,7 +12,8 @@ share of onnxruntime's. onnxruntime gets THREADS intra-op threads (default 1), k
 OnnxRunner as it comes (its graph kept per input signature and replayed through a TinyJit); `--uncached` also times
 it with `cache=False` (the graph walked and scheduled on every call), `--jit` that under a TinyJit of the caller's.
 `--profile MODEL` prints the model's slowest kiln kernels (each kernel of one inference launched alone);
-`--overhead` times the graph walk alone and whole calls with and without the graph cache.
+`--overhead` times the graph walk alone and whole calls with and without the graph cache; `--convs` times
+ResNet-50's conv shapes alone (Tensor.conv2d) at batch 1 and 4.
 """
 from __future__ import annotations
 import argparse, importlib.util, os, statistics, sys, time
@@ -176,6 +177,23 @@ def overhead(name: str, runs: int) -> None:
     for label, call in calls.items(): times[label].append(timed(call))
   print(f"{name:12s} " + "  ".join(f"{label} {min(v) * 1e3:8.2f} ms" for label, v in times.items()))
 
+def convs(runs: int) -> None:
+  """ResNet-50's conv shapes alone (Tensor.conv2d, realized inputs), batch 1 against batch 4: min of `runs`."""
+  from kiln import Tensor
+  rng = np.random.default_rng(0)
+  make = lambda *shape: Tensor(rng.standard_normal(shape).astype(np.float32)).realize()
+  for channels, size, kernel, outputs in [(512, 7, 3, 512), (256, 14, 3, 256), (64, 56, 3, 64), (2048, 7, 1, 512),
+                                          (512, 7, 1, 2048)]:
+    w = make(outputs, channels, kernel, kernel)
+    for batch in (1, 4):
+      x = make(batch, channels, size, size)
+      run = lambda: x.conv2d(w, padding=kernel // 2).realize()
+      run()
+      seconds = min(timed(run) for _ in range(runs))
+      flops = 2 * batch * channels * outputs * kernel * kernel * size * size
+      print(f"conv {channels}->{outputs} {kernel}x{kernel} at {size}x{size} batch {batch}: {seconds * 1e3:7.2f} ms "
+            f"{flops / seconds / 1e9:6.1f} GFLOP/s")
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--runs", type=int, default=10, help="timed runs of each, interleaved")
@@ -184,8 +202,10 @@ def main() -> None:
   parser.add_argument("--uncached", action="store_true", help="also time kiln without its graph cache")
   parser.add_argument("--profile", choices=list(MODELS), help="print one model's slowest kernels instead")
   parser.add_argument("--overhead", action="store_true", help="time the graph walk and cached/uncached calls instead")
+  parser.add_argument("--convs", action="store_true", help="time ResNet-50's convs alone at batch 1 and 4 instead")
   args = parser.parse_args()
   if args.profile: return profile(args.profile)
+  if args.convs: return convs(args.runs)
   if args.overhead:
     for name in args.models.split(","): overhead(name, args.runs)
     return
