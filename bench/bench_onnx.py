@@ -41,7 +41,8 @@ def resnet50_onnx() -> str:
                        if stride != 1 or inputs != outputs else nn.Identity())
     def forward(self, x): return torch.relu(self.body(x) + self.shortcut(x))
 
-  layers: list[nn.Module] = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(3, 2, 1)]
+  layers: list[nn.Module] = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+                             nn.MaxPool2d(3, 2, 1)]
   channels = 64
   for stage, (blocks, width) in enumerate(zip((3, 4, 6, 3), (64, 128, 256, 512))):
     for k in range(blocks):

@@ -68,7 +68,8 @@ class GraphCache:
       elem_type = type_proto.tensor_type.elem_type
       try: dtype = dtype_of_onnx(elem_type)
       except Exception: return None
-      if dtype in dtypes.fp8s or dtype == dtypes.bfloat16 or not isinstance(value, (np.ndarray, Tensor, list)): return None
+      if dtype in dtypes.fp8s or dtype == dtypes.bfloat16: return None   # no numpy dtype to copy them in
+      if not isinstance(value, (np.ndarray, Tensor, list)): return None
       if isinstance(value, Tensor):
         if value.dtype != dtype: return None
         array = value.numpy()

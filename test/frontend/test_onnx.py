@@ -370,10 +370,12 @@ def test_negative_declared_dimension_is_symbolic():
   x = np.array([[-1, 2, -3], [4, -5, 6]], np.float32)
   assert_close(OnnxRunner(model)({"x": x})["y"].numpy(), np.maximum(x, 0))
 
+TWO_GATHERS = pytest.mark.xfail(strict=True, reason="kiln core: two tensor-index gathers in a row fail to compile "
+                                "(the vmin of a vector index in codegen/parallel.py)")
+
 @pytest.mark.parametrize("scales,nearest_mode", [([1, 1, 2, 2], "floor"), ([1, 1, 0.5, 0.5], "floor"),
-                                                  pytest.param([1, 1, 1.5, 2.5], "round_prefer_floor", marks=pytest.mark.xfail(
-                                                    strict=True, reason="kiln core: two tensor-index gathers in a row "
-                                                    "fail to compile (vmin of a vector index in codegen/parallel.py)"))])
+                                                  pytest.param([1, 1, 1.5, 2.5], "round_prefer_floor",
+                                                               marks=TWO_GATHERS)])
 def test_nearest_resize_of_both_axes_matches_onnxruntime(scales, nearest_mode):
   """Nearest upsampling by whole factors (a repeat), downsampling (a strided slice) and other factors (a gather)
   on both spatial axes, as a text detector's FPN does."""
@@ -467,7 +469,8 @@ def test_an_output_that_is_an_input_is_not_overwritten():
   second = runner({"x": np.array([3, 4], np.float32)})["y"]
   assert first.numpy().tolist() == [1, 2] and second.numpy().tolist() == [3, 4]
 
-@pytest.mark.parametrize("shape,kernel,attrs", [((1, 6, 5, 7), (2, 2), {}), ((2, 3, 4, 3), (3, 2), {"pads": [1, 0, 1, 1]}),
+@pytest.mark.parametrize("shape,kernel,attrs", [((1, 6, 5, 7), (2, 2), {}),
+                                                ((2, 3, 4, 3), (3, 2), {"pads": [1, 0, 1, 1]}),
                                                 ((1, 4, 5), (3,), {"output_padding": [2]}),
                                                 ((1, 2, 3, 2, 2), (2, 2, 2), {})])
 def test_conv_transpose_with_stride_equal_to_kernel_matches_onnxruntime(shape, kernel, attrs):
