@@ -117,12 +117,14 @@ class CUDAGraph:
   one node its fresh output changes costs microseconds."""
   MAX_EXECS = 4
   MAX_INSTANTIATED_NODES = 32
+  PARALLEL = True   # False: every node waits for the one before (a chain), for comparison
 
   def __init__(self, items: list, swapped: set[tuple[int, int]]):
     self.items, self.swapped = items, swapped
     self.context = items[0].runner.program.device.context
     launches = [self._packed(item) for item in items]
-    self.dependencies = kernel_dependencies(items, swapped)
+    self.dependencies = kernel_dependencies(items, swapped) if self.PARALLEL else [[i - 1] if i else [] for i in
+                                                                                     range(len(items))]
     self.graph = cuda.Graph(self.context, launches, self.dependencies)
     # what a replay re-reads: the swapped buffers' addresses (bufs[pos]._buf.ptr), then the variables' values
     # (var_vals[var]); `slots` says which node and argument each one is, in the same order

@@ -163,16 +163,19 @@ def attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> T
   weighted = (scores.softmax(0).unsqueeze(-1) * values.reshape(-1, n_kv, 1, 1, head_dim)).sum(0).contiguous()
   return weighted.permute(2, 0, 1, 3).reshape(T, n_heads * head_dim)
 
-def attention_rows(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
+def attention_rows(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, q_scale: Tensor | None = None
+                   ) -> Tensor:
   """`attention` with the positions innermost, scores (n_kv, group, T, L), for GPU targets: each row of scores is
   one softmax row, which a GPU kernel reduces with a block of threads (kiln/codegen/gpudims.py). L must be a constant
-  there (a symbolic output axis runs in one thread), so the model attends over a window of the cache, masked."""
+  there (a symbolic output axis runs in one thread), so the model attends over a window of the cache, masked.
+  `q_scale` (T, 1): each query's scale, applied to its scores."""
   T, n_heads, head_dim = q.shape
   n_kv = keys.shape[1]
   group = n_heads // n_kv
   queries = q.reshape(T, n_kv, group, 1, head_dim).permute(1, 2, 0, 3, 4)                 # (n_kv, group, T, 1, hd)
   keys_by_head = keys.permute(1, 0, 2).reshape(n_kv, 1, 1, -1, head_dim)                  # (n_kv, 1, 1, L, hd)
   scores = (queries * keys_by_head).sum(-1) * (1.0 / math.sqrt(head_dim))                 # (n_kv, group, T, L)
+  if q_scale is not None: scores = scores * q_scale.reshape(1, 1, T, 1)
   if mask is not None: scores = scores + mask.reshape(1, 1, T, -1)
   values_by_head = values.permute(1, 0, 2).reshape(n_kv, 1, 1, -1, head_dim)
   weighted = (scores.softmax(-1).unsqueeze(-1) * values_by_head).sum(3)                   # (n_kv, group, T, hd)
@@ -240,13 +243,18 @@ class Transformer:
     # the cache write below runs at once (assign into a view), so x gets a buffer first: otherwise every later
     # use of x would compute the earlier layers again
     x = x.realize()
-    h = rms_norm(x, block.attn_norm, c.norm_eps).realize()
+    # GPU decode (no biases): the norm's per-row scale r = 1/sqrt(mean(x^2) + eps) is its own one-row kernel,
+    # which a CUDA graph runs beside the projection of x * weight, and is applied after it (W(x*r*w) = r*W(x*w)):
+    # to the new key and value and to the scores, so the norm is no step of the layer's chain of kernels
+    scale = (x.square().mean(-1, keepdim=True) + c.norm_eps).rsqrt().realize() \
+      if self.gpu and step.hit is not None and block.bqkv is None else None
+    h = x * block.attn_norm if scale is not None else rms_norm(x, block.attn_norm, c.norm_eps).realize()
     qkv = block.wqkv.linear(h)
     if block.bqkv is not None: qkv = qkv + block.bqkv
     qkv = qkv.realize()   # read by the cache write (which runs at once) and by the queries: computed once
     q_size, kv_size = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
     q, k, v = qkv[:, :q_size], qkv[:, q_size:q_size + kv_size], qkv[:, q_size + kv_size:]
-    if self.gpu: attended = self._attention_gpu(cache, qkv[:, :q_size + kv_size], v, step)
+    if self.gpu: attended = self._attention_gpu(cache, qkv[:, :q_size + kv_size], v, step, scale)
     else:
       q = apply_rope(q.reshape(T, c.n_heads, c.head_dim), step.cos, step.sin, c.rope_interleaved)
       k = apply_rope(k.reshape(T, c.n_kv_heads, c.head_dim), step.cos, step.sin, c.rope_interleaved)
@@ -265,13 +273,14 @@ class Transformer:
     hidden = (block.w_gate.linear(h, shared).silu() * block.w_up.linear(h, shared)).contiguous()
     return x + block.w_down.linear(hidden)
 
-  def _attention_gpu(self, cache: Tensor, qk: Tensor, v: Tensor, step: StepPlan) -> Tensor:
+  def _attention_gpu(self, cache: Tensor, qk: Tensor, v: Tensor, step: StepPlan, scale: Tensor | None = None
+                     ) -> Tensor:
     """GPU targets: the new keys and values written into the cache's windows, which are contiguous prefixes of its
     key and value halves (`_windows_of`, written in place), and attention over the window (`attention_rows`).
     A prefill rotates queries and keys in one kernel and attends over the windows as written; decode is
     `_attention_gpu_decode`."""
     c, T = self.config, qk.shape[0]
-    if step.position is not None: return self._attention_gpu_decode(cache, qk, v, step)
+    if step.position is not None: return self._attention_gpu_decode(cache, qk, v, step, scale)
     qk = apply_rope(qk.reshape(T, c.n_heads + c.n_kv_heads, c.head_dim), step.cos, step.sin, c.rope_interleaved)
     qk = qk.contiguous().realize()   # read by the cache writes (which run at once) and by the scores
     q, k = qk[:, :c.n_heads], qk[:, c.n_heads:]
@@ -285,7 +294,8 @@ class Transformer:
     values.assign(inside.where(v.reshape(T, c.n_kv_heads, c.head_dim).pad(around), values))
     return attention_rows(q, keys, values, step.mask)
 
-  def _attention_gpu_decode(self, cache: Tensor, qk: Tensor, v: Tensor, step: StepPlan) -> Tensor:
+  def _attention_gpu_decode(self, cache: Tensor, qk: Tensor, v: Tensor, step: StepPlan,
+                            scale: Tensor | None = None) -> Tensor:
     """GPU decode, one token at the position `step.hit` marks: queries and keys rotated inside the kernels that
     read them (`rotate_pairs`: no kernel of their own), and attention over the windows as they were before this
     step's writes with the new key and value put in where `hit` is (built apart from the writes' values, so that
@@ -295,11 +305,12 @@ class Transformer:
     rotated = rotate_pairs(qk.reshape(T, c.n_heads + c.n_kv_heads, c.head_dim), *step.rope_pairs, c.rope_interleaved)
     q, k = rotated[:, :c.n_heads], rotated[:, c.n_heads:]
     v = v.reshape(T, c.n_kv_heads, c.head_dim)
+    if scale is not None: k, v = k * scale.reshape(T, 1, 1), v * scale.reshape(T, 1, 1)   # the norm's (see _layer)
     keys, values = self._windows_of(cache, step.length)
     hit = step.hit.reshape(-1, 1, 1)
     keys.assign(hit.where(k, keys))
     values.assign(hit.where(v, values))
-    return attention_rows(q, keys, values, step.mask)
+    return attention_rows(q, keys, values, step.mask, scale)
 
   def _windows_of(self, cache: Tensor, length: int) -> tuple[Tensor, Tensor]:
     """The first `length` positions of a cache's keys and of its values, each a tensor of its own over the same
