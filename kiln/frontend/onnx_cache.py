@@ -5,7 +5,8 @@ more than its kernels take for a small one). The kiln graph a model builds depen
 dtypes, and on the values of the few inputs that steer it (a sample rate an `If` tests, a shape fed as an input),
 so it is built once for such a signature, on placeholder input buffers, and kept; a later call copies its inputs
 into the placeholders and realizes the kept graph again, through a TinyJit that from the third call on replays
-its kernels without scheduling them. The outputs are realized (each call's in fresh buffers).
+its kernels without scheduling them. The outputs are realized (each call's in fresh buffers), so no
+result of an earlier call still reads the placeholders when a later call overwrites them.
 
 A graph is kept only where that is sound: every input a plain tensor, every output a tensor or None that is not an
 input itself, and no value of an input read while building except through its host copy (small integer inputs:
@@ -19,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 from kiln.dtype import dtypes, to_numpy_dtype
 from kiln.engine.jit import TinyJit
-from kiln.tensor import Tensor, _forget_results_computed_from, _pending_readers
+from kiln.tensor import Tensor, _forget_results_computed_from
 from kiln.frontend.onnx_proto import dtype_of_onnx, numpy_input, track_host_reads
 
 # integer/bool inputs up to this many elements keep a host copy in the build (a shape, a sample rate, a flag)
@@ -34,7 +35,6 @@ class _Graph:
   realizes them (from its third call on it replays the kernels: no graph key, no scheduling)."""
   def __init__(self, placeholders: dict[str, Tensor], outputs: list, steering: dict[str, bytes]):
     self.placeholders, self.outputs, self.steering = placeholders, outputs, steering
-    self.skip = {id(p) for p in placeholders.values()}
     self.realize = TinyJit(self._realize)
 
   def _realize(self, *placeholders: Tensor) -> list[Tensor]:
@@ -124,10 +124,8 @@ class GraphCache:
     return _Graph(placeholders, [out.uop if out is not None else None for out in outputs], steering)
 
   def _replay(self, graph: _Graph, arrays: dict[str, np.ndarray]) -> list:
-    # results of earlier calls still pending (outputs not read yet, tensors computed from them) read the old values:
-    # they are computed before the placeholders are overwritten, as kiln does before an assign
-    stale = _pending_readers([p.uop.base.buffer for p in graph.placeholders.values()], graph.skip)
-    if stale: Tensor.realize_all(stale)
+    # nothing outside reads the placeholders lazily: every call's outputs are realized before it returns (none is a
+    # placeholder itself), so tensors a caller builds on them read their own buffers, never the placeholders
     for name, placeholder in graph.placeholders.items():
       buffer = placeholder.uop.base.buffer
       buffer.copyin(memoryview(arrays[name].reshape(-1).view(np.uint8)))
