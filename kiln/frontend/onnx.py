@@ -82,6 +82,9 @@ def _signature(fn: Callable) -> dict:
   if fn not in _parameters: _parameters[fn] = dict(inspect.signature(fn).parameters)
   return _parameters[fn]
 
+# ops drawing random numbers (Bernoulli runs as a body of RandomUniformLike; Dropout only with a training_mode input)
+RANDOM_OPS = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial"}
+
 def _check_shape(name: str, tensor_type, shape: tuple) -> None:
   """A ValueError naming the input where `shape` does not fit its declared one (symbolic sizes take any size)."""
   if not tensor_type.HasField("shape"): return
@@ -108,7 +111,8 @@ class OnnxRunner:
     self._known = {key: entry for key, entry in host_entries().items() if key in initializer_ids}
     self.inputs = [i for i in self.graph.input if i.name not in self.initializers]
     self.output_names = [o.name for o in self.graph.output]
-    self.cache = GraphCache({i.name: i for i in self.graph.input}, device) if cache else None
+    self.drew_random = False   # set by a node drawing random numbers: such a graph is not kept (onnx_cache.py)
+    self.cache = GraphCache({i.name: i for i in self.graph.input}, device, self) if cache else None
 
   def _load(self, proto) -> Value:
     value = value_of_proto(proto)
@@ -224,6 +228,7 @@ class OnnxRunner:
           raise NotImplementedError(f"{where()}, run as its function body: {err}") from err
       domain = f" of domain {node.domain!r}" if node.domain else ""
       raise NotImplementedError(f"{where()}: op {node.op_type}{domain} is not supported")
+    if key in RANDOM_OPS or (key == "Dropout" and len(node.input) > 2 and node.input[2]): self.drew_random = True
     fn = OPS[key]
     params = _signature(fn)
     attrs = {a.name: attribute_value(a) for a in node.attribute}

@@ -9,7 +9,7 @@ its kernels without scheduling them. The outputs are realized (each call's in fr
 result of an earlier call still reads the placeholders when a later call overwrites them.
 
 A graph is kept only where that is sound: every input a plain tensor, every output a tensor or None that is not an
-input itself, and no value of an input read while building except through its host copy (small integer inputs:
+input itself, no random numbers drawn (each call draws its own), and no value of an input read while building except through its host copy (small integer inputs:
 their values join the signature, only for those the build read). A build that needs an input's values from a
 kernel (a data-dependent shape: `NonZero`, a `Range` over an input) is seen by the placeholders refusing to be
 allocated, and that signature runs uncached, as every call did before.
@@ -53,8 +53,8 @@ def _needed_values(err: BaseException | None) -> bool:
 
 class GraphCache:
   """Graphs built for input signatures (shapes, dtypes, steering values), most recently used last."""
-  def __init__(self, declared: dict, device: str | None):
-    self.declared, self.device = declared, device
+  def __init__(self, declared: dict, device: str | None, runner):
+    self.declared, self.device, self.runner = declared, device, runner
     self.graphs: OrderedDict[tuple, _Graph | None] = OrderedDict()   # None: this signature is not cacheable
     self.steering: dict[tuple, tuple[str, ...]] = {}                 # shape signature -> inputs whose values steer
 
@@ -107,6 +107,7 @@ class GraphCache:
         hosts[name] = array
       placeholder.uop.base.buffer.allocate = _refuse   # any kernel reading it during the build would allocate it
       placeholders[name] = placeholder
+    self.runner.drew_random = False
     try:
       with track_host_reads() as reads:
         outputs = build(placeholders, hosts)
@@ -115,6 +116,7 @@ class GraphCache:
       raise
     finally:
       for placeholder in placeholders.values(): del placeholder.uop.base.buffer.allocate
+    if self.runner.drew_random: return None   # a replay would repeat the same numbers (or skip a manual_seed)
     inputs = {id(p.uop.base.buffer) for p in placeholders.values()}
     for out in outputs:
       if out is None: continue

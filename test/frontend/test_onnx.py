@@ -507,3 +507,13 @@ def test_conv_whose_kernel_is_whole_strides_matches_onnxruntime(shape, kernel, s
   x = rng.standard_normal(shape).astype(np.float32)
   expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
   assert_close(OnnxRunner(model)({"x": x})["y"].numpy(), expected, atol=1e-4)
+
+def test_random_graph_is_not_cached():
+  """Each call draws new numbers, as without the cache: a graph drawing random numbers is not kept."""
+  model = make_model([helper.make_node("RandomNormalLike", ["x"], ["y"])],
+                     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64])],
+                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+  runner = OnnxRunner(model)
+  draws = [runner({"x": np.zeros(64, np.float32)})["y"].numpy() for _ in range(4)]
+  assert all(np.abs(a - b).max() > 0 for a, b in zip(draws, draws[1:]))
+  assert list(runner.cache.graphs.values()) == [None]
