@@ -284,3 +284,11 @@ def test_noopt_in_a_context_makes_the_kernel_again_unoptimized():
     plain = realize._runner_cache[realize.runner_key(item.bufs[0].device, item.ast)]
   assert plain is not optimized and plain.source != optimized.source
   np.testing.assert_allclose(out.numpy(), x.numpy() @ x.numpy(), rtol=1e-4)
+
+def test_weight_gradient_with_an_epilogue_load_keeps_its_lanes():
+  # an optimizer step fused into a conv's weight gradient reads its momentum buffer, a load that stays put along the
+  # sum's axes: the sum keeps its accumulator lanes along the image rows (refused, it ran 18x slower)
+  x, w = Tensor.empty(4, 64, 56, 56), Tensor.empty(64, 64, 3, 3).requires_grad_()
+  (x.conv2d(w, padding=1) * Tensor.empty(4, 64, 56, 56)).sum().backward()
+  fused = Tensor.empty(64, 64, 3, 3) * 0.9 + w.grad
+  for target in (AVX2_EPYC, AVX512_XEON): assert Opt(OptOps.LANES, 5, 8) in _heuristic_choice(fused, target)
