@@ -149,8 +149,8 @@ def linearize(sink: UOp) -> list[UOp]:
     if not path:   # the common case, a node of the kernel's top block: it needs its sources' top items
       if node.op is _RANGE or node.op is _REDUCE: continue   # opened by the kernel: needs nothing
       top_items[node] = None
-      used = [item for item in map(top_item.__getitem__, node.src) if item is not None]
-      if used: needs[node] = dict.fromkeys(used)
+      # (an item is never falsy: filter(None, ...) drops the Nones, in C)
+      if used := dict.fromkeys(filter(None, map(top_item.__getitem__, node.src))): needs[node] = used
       continue
     # the node's group in every block around it, and the node itself in its own (a loop range is opened by its group)
     for level, key in enumerate(path): block_items.setdefault(path[:level], {})[layout.group_item[key]] = None
@@ -221,7 +221,9 @@ def linearize(sink: UOp) -> list[UOp]:
     for first in items:
       if first in done: continue
       if (deps := needs.get(first)) is None or done.issuperset(deps):   # most items find their needs emitted
-        emit_item(first)
+        done.add(first)   # (emit_item, inline)
+        if type(first) is _Group: emit_group(first.key)
+        else: emit(first)
         continue
       stack: list[tuple[Item, bool]] = [(first, False)]
       while stack:
@@ -272,8 +274,9 @@ def fuse_multiply_accumulate(uops: list[UOp], updates: list[UOp]) -> list[UOp]:
   `MULACC(a, b, acc)`: a fused multiply-add, rounded once, as every renderer computes it (C's fma, LLVM's llvm.fma,
   the PYTHON emulator's exact _fma). It is what a matmul's inner loop is made of: one instruction for two."""
   uses = dict.fromkeys((u.src[1] for u in updates), 0)
+  products_read = uses.keys()   # a live view: made once, not per uop
   for u in uops:
-    if not uses.keys().isdisjoint(u.src):
+    if not products_read.isdisjoint(u.src):
       for s in u.src:
         if s in uses: uses[s] += 1
   if any(u.src[1].op is Ops.MULACC for u in updates): uses = _use_counts(uops)
@@ -302,6 +305,7 @@ def fuse_multiply_accumulate(uops: list[UOp], updates: list[UOp]) -> list[UOp]:
       chains[u] = chain
   if not fused: return uops
   products = {u.src[1] for u in fused if u.src[1].op is _MUL}
+  updated = fused.keys()
   out: list[UOp] = []
   for u in uops:
     if u in products or u in replaced: continue
@@ -309,7 +313,7 @@ def fuse_multiply_accumulate(uops: list[UOp], updates: list[UOp]) -> list[UOp]:
     elif u in chains: out.extend(chains[u])
     elif u in fused:
       if u.src[1].op is _MUL: out.append(fused[u])   # (a moved chain's update: its last link is in place already)
-    elif fused.keys().isdisjoint(u.src): out.append(u)
+    elif updated.isdisjoint(u.src): out.append(u)
     else: out.append(u.replace(src=tuple(fused.get(s, s) for s in u.src)))
   return _advance_chains_together(out, _moved_chains(moved)) if moved else out
 

@@ -73,8 +73,13 @@ class UPat:
       for pat, s in zip(pats, u.src):
         if pat._any:   # matches anything: only its name is bound (or must be the node already bound to it)
           if (name := pat.name) is None: continue
-          stores = [st if bound is s else {**st, name: s} for st in stores
-                    if (bound := st.get(name)) is None or bound is s]
+          if len(stores) == 1:   # the usual case, without a comprehension's frame
+            bound = (st := stores[0]).get(name)
+            if bound is None: stores = [{**st, name: s}]
+            elif bound is not s: stores = []
+          else:
+            stores = [st if bound is s else {**st, name: s} for st in stores
+                      if (bound := st.get(name)) is None or bound is s]
         # one binding so far (the usual case): no list to flatten
         elif len(stores) == 1: stores = pat.match(s, stores[0])
         else: stores = [new for st in stores for new in pat.match(s, st)]
@@ -198,7 +203,8 @@ def graph_rewrite(root: UOp, pm: PatternMatcher, ctx=None, bottom_up: bool = Fal
     orig, stage, cur = stack.pop()
     if stage == 0:
       if orig in memo: continue
-      if known is not None and (found := _remembered(orig, known)) is not _ABSENT:
+      if known is not None and (memory := orig._rewrites) is not None and \
+         (found := memory.get(known, _ABSENT)) is not _ABSENT:   # (_remembered, inline)
         memo[orig] = orig if found is None else found
         found_known.add(orig)
         continue
@@ -240,10 +246,15 @@ def settle(node: UOp, pm: PatternMatcher) -> UOp:
     new = pm.rewrite(node)
     return node if new is None else graph_rewrite(new, pm)
   known = pm.memo_keys[False]
-  if (found := _remembered(node, known)) is not _ABSENT: return node if found is None else found
+  # (_remembered and _remember, inline: settle runs once per node the optimizer copies)
+  memory = node._rewrites
+  if memory is not None and (found := memory.get(known, _ABSENT)) is not _ABSENT:
+    return node if found is None else found
   new = pm.rewrite(node)
   result = node if new is None else graph_rewrite(new, pm)
-  _remember(node, known, result)
+  memory = node._rewrites   # (read again: the rules may have remembered something for it meanwhile)
+  if memory is None: node._rewrites = {known: None if result is node else result}
+  else: memory[known] = None if result is node else result
   return result
 
 def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:

@@ -34,6 +34,14 @@ FLOAT_DTYPES = frozenset(FLOATS)
 # ---------------------------------------------------------------------------------------------------------------------
 # evaluating one op on constants, as the device does
 
+# the Ops members the functions below test, bound once: under Python 3.11 each `Ops.X` read costs ~130 ns (EnumType's
+# __getattr__ puts every attribute read on the class on a slow path), ~20x a global's
+_ADD, _AND, _CMPEQ, _CMPLT, _CMPNE, _CONST = Ops.ADD, Ops.AND, Ops.CMPEQ, Ops.CMPLT, Ops.CMPNE, Ops.CONST
+_DEFINE_VAR, _EXP2, _FDIV, _IDIV, _LOG2, _MAX = Ops.DEFINE_VAR, Ops.EXP2, Ops.FDIV, Ops.IDIV, Ops.LOG2, Ops.MAX
+_MOD, _MUL, _NEG, _OR, _POW, _RANGE = Ops.MOD, Ops.MUL, Ops.NEG, Ops.OR, Ops.POW, Ops.RANGE
+_RECIP, _SHL, _SHR, _SIN, _SQRT, _SUB = Ops.RECIP, Ops.SHL, Ops.SHR, Ops.SIN, Ops.SQRT, Ops.SUB
+_TRUNC, _WHERE, _XOR = Ops.TRUNC, Ops.WHERE, Ops.XOR
+
 def _c_div(a: int, b: int) -> int:
   """Integer division truncating toward zero, exactly (no float rounding for big ints)."""
   q = abs(a) // abs(b)
@@ -46,23 +54,23 @@ def _c_mod(a: int, b: int) -> int:
 def _int_alu(op: Ops, dtype: DType, xs: list) -> Any:
   """`op` on Python ints (or bools) in int/bool `dtype`; None where C leaves the result undefined."""
   bits = dtype.bitsize
-  if op is Ops.NEG: return -xs[0]
-  if op is Ops.TRUNC: return xs[0]
-  if op is Ops.ADD: return xs[0] + xs[1]
-  if op is Ops.SUB: return xs[0] - xs[1]
-  if op is Ops.MUL: return xs[0] * xs[1]
-  if op in (Ops.IDIV, Ops.MOD):
+  if op is _NEG: return -xs[0]
+  if op is _TRUNC: return xs[0]
+  if op is _ADD: return xs[0] + xs[1]
+  if op is _SUB: return xs[0] - xs[1]
+  if op is _MUL: return xs[0] * xs[1]
+  if op in (_IDIV, _MOD):
     if xs[1] == 0: return None
-    out = _c_div(xs[0], xs[1]) if op is Ops.IDIV else _c_mod(xs[0], xs[1])
+    out = _c_div(xs[0], xs[1]) if op is _IDIV else _c_mod(xs[0], xs[1])
     return out if dtypes.min(dtype) <= out <= dtypes.max(dtype) else None   # INT_MIN // -1 traps
-  if op is Ops.MAX: return max(xs[0], xs[1])
-  if op is Ops.AND: return xs[0] & xs[1]
-  if op is Ops.OR: return xs[0] | xs[1]
-  if op is Ops.XOR: return xs[0] ^ xs[1]
-  if op in (Ops.SHL, Ops.SHR):
+  if op is _MAX: return max(xs[0], xs[1])
+  if op is _AND: return xs[0] & xs[1]
+  if op is _OR: return xs[0] | xs[1]
+  if op is _XOR: return xs[0] ^ xs[1]
+  if op in (_SHL, _SHR):
     if not 0 <= xs[1] < max(bits, 1): return None
-    return xs[0] << xs[1] if op is Ops.SHL else xs[0] >> xs[1]
-  if op is Ops.POW:
+    return xs[0] << xs[1] if op is _SHL else xs[0] >> xs[1]
+  if op is _POW:
     if xs[1] < 0: return None
     return pow(int(xs[0]), int(xs[1]), 1 << max(bits, 1)) if dtype != dtypes.bool else bool(xs[0] or xs[1] == 0)
   return None   # EXP2, LOG2, SIN, SQRT, RECIP, FDIV have no integer version
@@ -72,19 +80,19 @@ def _float_alu(op: Ops, dtype: DType, xs: list) -> Any:
   np_type = np.float32 if dtype in (dtypes.bfloat16, *dtypes.fp8s) else to_numpy_dtype(dtype).type
   a = [np_type(x) for x in xs]
   with np.errstate(all="ignore"):
-    if op is Ops.NEG: out = -a[0]
-    elif op is Ops.TRUNC: out = np.trunc(a[0])
-    elif op is Ops.EXP2: out = np.exp2(a[0])
-    elif op is Ops.LOG2: out = np.log2(a[0])
-    elif op is Ops.SIN: out = np.sin(a[0])
-    elif op is Ops.SQRT: out = np.sqrt(a[0])
-    elif op is Ops.RECIP: out = np_type(1) / a[0]
-    elif op is Ops.ADD: out = a[0] + a[1]
-    elif op is Ops.SUB: out = a[0] - a[1]
-    elif op is Ops.MUL: out = a[0] * a[1]
-    elif op is Ops.FDIV: out = a[0] / a[1]
-    elif op is Ops.POW: out = np.power(a[0], a[1])
-    elif op is Ops.MAX:
+    if op is _NEG: out = -a[0]
+    elif op is _TRUNC: out = np.trunc(a[0])
+    elif op is _EXP2: out = np.exp2(a[0])
+    elif op is _LOG2: out = np.log2(a[0])
+    elif op is _SIN: out = np.sin(a[0])
+    elif op is _SQRT: out = np.sqrt(a[0])
+    elif op is _RECIP: out = np_type(1) / a[0]
+    elif op is _ADD: out = a[0] + a[1]
+    elif op is _SUB: out = a[0] - a[1]
+    elif op is _MUL: out = a[0] * a[1]
+    elif op is _FDIV: out = a[0] / a[1]
+    elif op is _POW: out = np.power(a[0], a[1])
+    elif op is _MAX:
       if math.isnan(xs[0]) or math.isnan(xs[1]): return None   # fmax and `a>b?a:b` disagree on NaN
       out = np.maximum(a[0], a[1])
     else: return None
@@ -109,16 +117,16 @@ def exec_alu(op: Ops, dtype: DType, operands: tuple, operand_dtype: DType | None
     lo, hi = limits
     if all(type(x) is int and lo <= x <= hi for x in operands):
       if op in GroupOp.Comparison:
-        if op is Ops.CMPLT: return operands[0] < operands[1]
-        return (operands[0] != operands[1]) if op is Ops.CMPNE else (operands[0] == operands[1])
+        if op is _CMPLT: return operands[0] < operands[1]
+        return (operands[0] != operands[1]) if op is _CMPNE else (operands[0] == operands[1])
       out = _int_alu(op, dtype, list(operands))
       if out is None: return None
       out_limits = _INT_LIMITS.get(dtype)
       return out if out_limits is not None and out_limits[0] <= out <= out_limits[1] else truncate(dtype, out)
   xs = [truncate(operand_dtype, x) for x in operands]
   if op in GroupOp.Comparison:
-    if op is Ops.CMPLT: return xs[0] < xs[1]
-    return (xs[0] != xs[1]) if op is Ops.CMPNE else (xs[0] == xs[1])
+    if op is _CMPLT: return xs[0] < xs[1]
+    return (xs[0] != xs[1]) if op is _CMPNE else (xs[0] == xs[1])
   if dtypes.is_float(operand_dtype): out = _float_alu(op, operand_dtype, xs)
   else: out = _int_alu(op, dtype, [int(x) for x in xs])
   return None if out is None else truncate(dtype, out)
@@ -143,8 +151,8 @@ _NO_LEAF = (3, 0, "")
 
 def _compute_order_key(u: UOp) -> tuple:
   child_keys = [_order_keys[s] for s in u.src]
-  if u.op is Ops.RANGE and isinstance(u.arg, int): leaf = (0, u.arg, "")
-  elif u.op is Ops.DEFINE_VAR: leaf = (1, 0, str(u.arg[0]))
+  if u.op is _RANGE and isinstance(u.arg, int): leaf = (0, u.arg, "")
+  elif u.op is _DEFINE_VAR: leaf = (1, 0, str(u.arg[0]))
   else: leaf = min((k[0] for k in child_keys), default=_NO_LEAF)
   depth = 1 + max((k[1] for k in child_keys), default=0)
   # a structural digest that is the same in every run (str hashes are salted per process, ints and tuples are not)
@@ -197,16 +205,16 @@ def linear_form(u: UOp) -> tuple[dict[UOp, int], int] | None:
     visited += 1
     if visited > MAX_LINEAR_NODES or node.dtype != dtype: return None
     op = node.op
-    if op is Ops.CONST:
+    if op is _CONST:
       if node.src: return None   # a tensor-level constant: not index math
       const += coef * node.arg
-    elif op is Ops.ADD or op is Ops.SUB:
-      stack.append((node.src[1], coef if op is Ops.ADD else -coef))
+    elif op is _ADD or op is _SUB:
+      stack.append((node.src[1], coef if op is _ADD else -coef))
       stack.append((node.src[0], coef))
-    elif op is Ops.NEG: stack.append((node.src[0], -coef))
-    elif op is Ops.MUL and node.src[1].op is Ops.CONST and not node.src[1].src:
+    elif op is _NEG: stack.append((node.src[0], -coef))
+    elif op is _MUL and node.src[1].op is _CONST and not node.src[1].src:
       stack.append((node.src[0], coef * node.src[1].arg))
-    elif op is Ops.MUL and node.src[0].op is Ops.CONST and not node.src[0].src:
+    elif op is _MUL and node.src[0].op is _CONST and not node.src[0].src:
       stack.append((node.src[1], coef * node.src[0].arg))
     else: terms[node] = terms.get(node, 0) + coef
   wrapped = {t: _wrap(dtype, a) for t, a in terms.items()}
@@ -226,14 +234,14 @@ def build_sum(dtype: DType, terms: dict[UOp, int], const: int = 0) -> UOp:
   for term in sorted(terms, key=term_order_key):
     coef = _wrap(dtype, terms[term])
     if coef == 0: continue
-    part = term if coef == 1 else term.alu(Ops.MUL, UOp.const(dtype, coef))
-    out = part if out is None else out.alu(Ops.ADD, part)
+    part = term if coef == 1 else term.alu(_MUL, UOp.const(dtype, coef))
+    out = part if out is None else out.alu(_ADD, part)
     # every partial sum (and `t*a`) is canonical too: canonical_sum need not flatten and rebuild it again (rewriting
     # a sum of n terms would otherwise build each of its n partial sums again)
-    if out.op is not Ops.CONST and out is not term: _canonical_sums.add(out)
+    if out.op is not _CONST and out is not term: _canonical_sums.add(out)
   const = _wrap(dtype, const)
   if out is None: return UOp.const(dtype, const)
-  out = out if const == 0 else out.alu(Ops.ADD, UOp.const(dtype, const))
+  out = out if const == 0 else out.alu(_ADD, UOp.const(dtype, const))
   _canonical_sums.add(out)
   return out
 
@@ -324,12 +332,12 @@ def div_one(x: UOp) -> UOp:
 def idiv_neg(x: UOp, c: UOp) -> UOp | None:
   """x//(-c) -> (x//c)*-1 (C division truncates, so it is odd in the divisor)"""
   if c.arg >= 0 or c.arg == dtypes.min(c.dtype): return None
-  return x.alu(Ops.IDIV, c.const_like(-c.arg)).alu(Ops.MUL, c.const_like(-1))
+  return x.alu(_IDIV, c.const_like(-c.arg)).alu(_MUL, c.const_like(-1))
 
 def mod_neg(x: UOp, c: UOp) -> UOp | None:
   """x%(-c) -> x%c (C's remainder takes the sign of x only)"""
   if c.arg >= 0 or c.arg == dtypes.min(c.dtype): return None
-  return x.alu(Ops.MOD, c.const_like(-c.arg))
+  return x.alu(_MOD, c.const_like(-c.arg))
 
 def mod_one(u: UOp) -> UOp:
   """x%1 -> 0"""
@@ -345,11 +353,11 @@ def double_neg(x: UOp) -> UOp:
 
 def int_sub_to_add(x: UOp, y: UOp) -> UOp:
   """x-y -> x+y*-1 (ints, exact with wraparound; the form UOp.__sub__ builds)"""
-  return x.alu(Ops.ADD, y.alu(Ops.MUL, y.const_like(-1)))
+  return x.alu(_ADD, y.alu(_MUL, y.const_like(-1)))
 
 def int_neg_to_mul(x: UOp) -> UOp:
   """-x -> x*-1 (ints)"""
-  return x.alu(Ops.MUL, x.const_like(-1))
+  return x.alu(_MUL, x.const_like(-1))
 
 def const_to_right(u: UOp, c: UOp, x: UOp) -> UOp | None:
   """c op x -> x op c (commutative ops)"""
@@ -366,7 +374,7 @@ def where_bool(c: UOp, a: UOp, b: UOp) -> UOp | None:
 
 def where_not(c: UOp, a: UOp, b: UOp) -> UOp | None:
   """where(!c, a, b) -> where(c, b, a)"""
-  return c.alu(Ops.WHERE, b, a) if c.dtype == dtypes.bool else None
+  return c.alu(_WHERE, b, a) if c.dtype == dtypes.bool else None
 
 def idempotent(x: UOp) -> UOp:
   """x&x -> x, x|x -> x, max(x, x) -> x"""
@@ -405,7 +413,7 @@ def lt_self(u: UOp, x: UOp) -> UOp:
 def int_cmp_self(u: UOp, x: UOp) -> UOp | None:
   """x!=x -> False, x==x -> True (not floats: NaN!=NaN)"""
   if x.dtype not in INT_DTYPES and x.dtype != dtypes.bool: return None
-  return UOp.const(dtypes.bool, u.op is Ops.CMPEQ)
+  return UOp.const(dtypes.bool, u.op is _CMPEQ)
 
 def cast_noop(u: UOp, x: UOp) -> UOp | None:
   """cast(x: T, T) -> x"""
@@ -453,7 +461,7 @@ _RANGE_FOLDABLE = GroupOp.ALU | {Ops.CAST}
 def fold_by_range(u: UOp) -> UOp | None:
   """x -> c when vmin == vmax (int and bool results, e.g. comparisons decided by the operands' ranges)"""
   if u.dtype not in INT_DTYPES and u.dtype != dtypes.bool: return None
-  if any(s.op is Ops.CONST and s.src for s in u.src): return None   # tensor-level graph: leave to the scheduler
+  if any(s.op is _CONST and s.src for s in u.src): return None   # tensor-level graph: leave to the scheduler
   lo, hi = u.vmin, u.vmax
   return UOp.const(u.dtype, lo) if lo == hi else None
 
@@ -468,11 +476,11 @@ def recombine_div_mod(dtype: DType, terms: dict[UOp, int]) -> None:
   while changed:
     changed = False
     for mod, coef in terms.items():
-      if mod.op is not Ops.MOD or not _kernel_const(mod.src[1]) or mod.src[1].arg <= 0: continue
+      if mod.op is not _MOD or not _kernel_const(mod.src[1]) or mod.src[1].arg <= 0: continue
       x, c = mod.src[0], mod.src[1].arg
-      quotients = [x.alu(Ops.IDIV, mod.src[1])]
-      if x.op is Ops.IDIV and _kernel_const(x.src[1]) and 0 < x.src[1].arg * c <= dtypes.max(dtype):
-        quotients.append(x.src[0].alu(Ops.IDIV, x.const_like(x.src[1].arg * c)))   # (y//d)%c pairs with y//(d*c)
+      quotients = [x.alu(_IDIV, mod.src[1])]
+      if x.op is _IDIV and _kernel_const(x.src[1]) and 0 < x.src[1].arg * c <= dtypes.max(dtype):
+        quotients.append(x.src[0].alu(_IDIV, x.const_like(x.src[1].arg * c)))   # (y//d)%c pairs with y//(d*c)
       quotient = next((q for q in quotients if terms.get(q) == _wrap(dtype, coef * c)), None)
       if quotient is None: continue
       del terms[mod], terms[quotient]
@@ -487,7 +495,7 @@ def canonical_sum(u: UOp) -> UOp | None:
   form = linear_form(u)
   if form is None: return None
   terms, const = form
-  if any(t.op is Ops.MOD for t in terms): recombine_div_mod(u.dtype, terms)
+  if any(t.op is _MOD for t in terms): recombine_div_mod(u.dtype, terms)
   return build_sum(u.dtype, terms, const)   # remembered as canonical (a fixed point) there
 
 def order_mul_operands(u: UOp, x: UOp, y: UOp) -> UOp | None:
@@ -502,17 +510,17 @@ def mod_in_range(x: UOp, c: UOp) -> UOp | None:
 def div_div(x: UOp, c1: UOp, c2: UOp) -> UOp | None:
   """(x//c1)//c2 -> x//(c1*c2)"""
   if c1.arg <= 0 or c2.arg <= 0 or c1.arg * c2.arg > dtypes.max(x.dtype): return None
-  return x.alu(Ops.IDIV, x.const_like(c1.arg * c2.arg))
+  return x.alu(_IDIV, x.const_like(c1.arg * c2.arg))
 
 def mod_mod(x: UOp, c1: UOp, c2: UOp) -> UOp | None:
   """(x%c1)%c2 -> x%c2 when c2 divides c1"""
   if c1.arg <= 0 or c2.arg <= 0 or c1.arg % c2.arg != 0: return None
-  return x.alu(Ops.MOD, c2)
+  return x.alu(_MOD, c2)
 
 def mod_div(x: UOp, c1: UOp, c2: UOp) -> UOp | None:
   """(x%c1)//c2 -> (x//c2)%(c1//c2) when c2 divides c1"""
   if c1.arg <= 0 or c2.arg <= 0 or c1.arg % c2.arg != 0: return None
-  return x.alu(Ops.IDIV, c2).alu(Ops.MOD, x.const_like(c1.arg // c2.arg))
+  return x.alu(_IDIV, c2).alu(_MOD, x.const_like(c1.arg // c2.arg))
 
 def _div_mod_linear(x: UOp, c: int, is_div: bool) -> UOp | None:
   exact = _exact_linear(x)
@@ -523,13 +531,13 @@ def _div_mod_linear(x: UOp, c: int, is_div: bool) -> UOp | None:
   g = math.gcd(c, const, *terms.values())
   if g > 1:
     reduced = build_sum(dtype, {t: a // g for t, a in terms.items()}, const // g)
-    if is_div: return reduced.alu(Ops.IDIV, x.const_like(c // g))
-    return reduced.alu(Ops.MOD, x.const_like(c // g)).alu(Ops.MUL, x.const_like(g))
+    if is_div: return reduced.alu(_IDIV, x.const_like(c // g))
+    return reduced.alu(_MOD, x.const_like(c // g)).alu(_MUL, x.const_like(g))
   if lo >= 0 and (split := _factor_split(terms, const, c)) is not None:
     # x = g*big + rest with g dividing c and rest in [0, g): x//c = big//(c/g), x%c = (big%(c/g))*g + rest
     g, big, rest = split
-    if is_div: return big.alu(Ops.IDIV, x.const_like(c // g))
-    return big.alu(Ops.MOD, x.const_like(c // g)).alu(Ops.MUL, x.const_like(g)).alu(Ops.ADD, rest)
+    if is_div: return big.alu(_IDIV, x.const_like(c // g))
+    return big.alu(_MOD, x.const_like(c // g)).alu(_MUL, x.const_like(g)).alu(_ADD, rest)
   # x = c*quotient + rest; truncation is floor for x >= 0 (rest must be >= 0) and ceil for x <= 0 (rest <= 0)
   if lo >= 0: const_quotient = const // c
   elif hi <= 0: const_quotient = -((-const) // c)
@@ -546,10 +554,10 @@ def _div_mod_linear(x: UOp, c: int, is_div: bool) -> UOp | None:
   else: return None
   rest_expr = build_sum(dtype, rest, rest_const)
   rest_small = -c < rest_lo and rest_hi < c
-  if not is_div: return rest_expr if rest_small else rest_expr.alu(Ops.MOD, x.const_like(c))
+  if not is_div: return rest_expr if rest_small else rest_expr.alu(_MOD, x.const_like(c))
   if not quotient and const_quotient == 0 and not rest_small: return None   # nothing to take out of the division
   quotient_expr = build_sum(dtype, quotient, const_quotient)
-  return quotient_expr if rest_small else quotient_expr.alu(Ops.ADD, rest_expr.alu(Ops.IDIV, x.const_like(c)))
+  return quotient_expr if rest_small else quotient_expr.alu(_ADD, rest_expr.alu(_IDIV, x.const_like(c)))
 
 def _factor_split(terms: dict[UOp, int], const: int, c: int) -> tuple[int, UOp, UOp] | None:
   """(g, big, rest) with a sum of `terms` and `const` = g*big + rest, g > 1 dividing c, rest in [0, g) and made of
@@ -584,7 +592,7 @@ def lt_linear(x: UOp, c: UOp) -> UOp | None:
   bound = -((const - c.arg) // g)   # ceil((c - const) / g)
   reduced = {t: a // g for t, a in terms.items()}
   if not fits(x.dtype, *linear_bounds(reduced, 0)) or not fits(x.dtype, bound, bound): return None
-  return build_sum(x.dtype, reduced).alu(Ops.CMPLT, x.const_like(bound))
+  return build_sum(x.dtype, reduced).alu(_CMPLT, x.const_like(bound))
 
 def const_lt_linear(c: UOp, x: UOp) -> UOp | None:
   """c2 < (x+c1) -> c2-c1 < x, c < (x*g) -> floor(c/g) < x when the sum cannot wrap"""
@@ -595,18 +603,18 @@ def const_lt_linear(c: UOp, x: UOp) -> UOp | None:
   bound = (c.arg - const) // g
   reduced = {t: a // g for t, a in terms.items()}
   if not fits(x.dtype, *linear_bounds(reduced, 0)) or not fits(x.dtype, bound, bound): return None
-  return x.const_like(bound).alu(Ops.CMPLT, build_sum(x.dtype, reduced))
+  return x.const_like(bound).alu(_CMPLT, build_sum(x.dtype, reduced))
 
 def div_lt(x: UOp, d: UOp, c: UOp) -> UOp | None:
   """x//d < c -> x < c*d (d > 0; c > 0 or x >= 0)"""
   if d.arg <= 0 or not (c.arg > 0 or x.vmin >= 0) or not fits(x.dtype, c.arg * d.arg, c.arg * d.arg): return None
-  return x.alu(Ops.CMPLT, x.const_like(c.arg * d.arg))
+  return x.alu(_CMPLT, x.const_like(c.arg * d.arg))
 
 def const_lt_div(c: UOp, x: UOp, d: UOp) -> UOp | None:
   """c < x//d -> (c+1)*d-1 < x (d > 0; c >= 0 or x >= 0)"""
   bound = (c.arg + 1) * d.arg - 1
   if d.arg <= 0 or not (c.arg >= 0 or x.vmin >= 0) or not fits(x.dtype, bound, bound): return None
-  return x.const_like(bound).alu(Ops.CMPLT, x)
+  return x.const_like(bound).alu(_CMPLT, x)
 
 def eq_linear(u: UOp, x: UOp, c: UOp) -> UOp | None:
   """(x+c1) != c2 -> x != c2-c1 (exact with wraparound); (x*g) == c -> x == c/g, or decided when g doesn't divide c"""
@@ -616,7 +624,7 @@ def eq_linear(u: UOp, x: UOp, c: UOp) -> UOp | None:
   target = truncate(x.dtype, c.arg - const)
   g = math.gcd(*terms.values())
   if g > 1 and fits(x.dtype, *linear_bounds(terms, 0)):   # no wraparound: divisibility decides
-    if target % g != 0: return UOp.const(dtypes.bool, u.op is Ops.CMPNE)
+    if target % g != 0: return UOp.const(dtypes.bool, u.op is _CMPNE)
     terms, target = {t: a // g for t, a in terms.items()}, target // g
   return build_sum(x.dtype, terms).alu(u.op, x.const_like(target))
 
@@ -625,15 +633,15 @@ def cmp_difference(u: UOp, x: UOp, y: UOp) -> UOp | None:
   if _kernel_const(x) or _kernel_const(y): return None
   left, right = linear_form(x), linear_form(y)
   if left is None or right is None or not (left[0].keys() & right[0].keys()): return None
-  if u.op is Ops.CMPLT and not (fits(x.dtype, *linear_bounds(*left)) and fits(y.dtype, *linear_bounds(*right))): return None
+  if u.op is _CMPLT and not (fits(x.dtype, *linear_bounds(*left)) and fits(y.dtype, *linear_bounds(*right))): return None
   diff = {t: left[0].get(t, 0) - right[0].get(t, 0) for t in left[0].keys() | right[0].keys()}
   diff = {t: a for t, a in diff.items() if a != 0}
   const = right[1] - left[1]
   # left - right < 0 becomes sum(positive terms) < sum(negated negative terms) + const, keeping coefficients positive
   pos, neg = {t: a for t, a in diff.items() if a > 0}, {t: -a for t, a in diff.items() if a < 0}
-  if u.op is Ops.CMPLT:
+  if u.op is _CMPLT:
     if not fits(x.dtype, *linear_bounds(pos, 0)) or not fits(x.dtype, *linear_bounds(neg, const)): return None
-    return build_sum(x.dtype, pos).alu(Ops.CMPLT, build_sum(x.dtype, neg, const))
+    return build_sum(x.dtype, pos).alu(_CMPLT, build_sum(x.dtype, neg, const))
   return build_sum(x.dtype, pos).alu(u.op, build_sum(x.dtype, neg, const))
 
 _CINT = UPat.cvar("c", dtype=_INT)
