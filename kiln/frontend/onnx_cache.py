@@ -27,8 +27,9 @@ from kiln.frontend.onnx_proto import dtype_of_onnx, numpy_input, track_host_read
 STEERING_LIMIT = 64
 MAX_GRAPHS = 16
 
-class _ValueNeeded(Exception):
-  """A placeholder input's values were needed while building: this signature cannot be cached."""
+class _ValueNeeded(BaseException):
+  """A placeholder input's values were needed while building: this signature cannot be cached. A BaseException,
+  so no `except Exception` on the way (an op's fallback, the runner's error wrapping) takes it for the op's own."""
 
 class _Graph:
   """One built graph: the placeholder Tensors its inputs live in, its outputs' lazy nodes, and a TinyJit that
@@ -44,12 +45,6 @@ class _Graph:
 
 def _refuse(*args, **kwargs):
   raise _ValueNeeded()
-
-def _needed_values(err: BaseException | None) -> bool:
-  while err is not None:
-    if isinstance(err, _ValueNeeded): return True
-    err = err.__cause__ or err.__context__
-  return False
 
 class GraphCache:
   """Graphs built for input signatures (shapes, dtypes, steering values), most recently used last."""
@@ -111,9 +106,7 @@ class GraphCache:
     try:
       with track_host_reads() as reads:
         outputs = build(placeholders, hosts)
-    except Exception as err:
-      if _needed_values(err): return None
-      raise
+    except _ValueNeeded: return None
     finally:
       for placeholder in placeholders.values(): del placeholder.uop.base.buffer.allocate
     if self.runner.drew_random: return None   # a replay would repeat the same numbers (or skip a manual_seed)
