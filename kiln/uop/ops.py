@@ -494,28 +494,36 @@ _ADD, _SUB, _MUL, _NEG, _MAX, _IDIV, _MOD = Ops.ADD, Ops.SUB, Ops.MUL, Ops.NEG, 
 _CMPLT, _CMPNE, _CMPEQ, _AND, _OR, _WHERE, _CAST = Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.WHERE, Ops.CAST
 _CONST, _DEFINE_VAR, _BIND, _RANGE, _SPECIAL = Ops.CONST, Ops.DEFINE_VAR, Ops.BIND, Ops.RANGE, Ops.SPECIAL
 _NO_RANGE_OPS = frozenset({Ops.CONST, Ops.BIND, Ops.RANGE})
-_COMPARISONS = GroupOp.Comparison
+_COMPARISONS, _ALU_OPS = GroupOp.Comparison, GroupOp.ALU
+_FLOAT_DTYPES, _INT_DTYPES = frozenset(dtypes.floats), frozenset(dtypes.ints)   # (dtypes.is_float/is_int, inline)
+_DTYPE_RANGES: dict[DType, tuple] = {}   # dtype -> (its smallest, its largest value): dtypes.min/max, made once
+
+def _dtype_range(dt: DType) -> tuple:
+  """(dtypes.min(dt), dtypes.max(dt)), or (-inf, inf) for void; remembered per dtype."""
+  if (found := _DTYPE_RANGES.get(dt)) is None:
+    found = _DTYPE_RANGES[dt] = (-math.inf, math.inf) if dt == dtypes.void else (dtypes.min(dt), dtypes.max(dt))
+  return found
 
 def _range_is_dtypes(u: UOp) -> bool:
   """Whether `compute_min_max(u)` needs no source's range: a float node other than a constant is its dtype's whole
   range (a comparison of floats asks for its operands' ranges, which then need not walk the float graph below)."""
-  return u.op not in _NO_RANGE_OPS and dtypes.is_float(u.dtype)
+  return u.op not in _NO_RANGE_OPS and u.dtype in _FLOAT_DTYPES
 
 def compute_min_max(u: UOp) -> tuple:
   """The smallest and largest value an integer/bool node can take, from its sources' ranges."""
   dt = u.dtype
-  lo_dt, hi_dt = dtypes.min(dt) if dt != dtypes.void else -math.inf, dtypes.max(dt) if dt != dtypes.void else math.inf
+  lo_dt, hi_dt = _DTYPE_RANGES.get(dt) or _dtype_range(dt)
   op = u.op
   if op is _CONST: return u.arg, u.arg
   if op is _DEFINE_VAR: return u.arg[1], u.arg[2]
   if op is _BIND: return u.src[0].vmin, u.src[0].vmax
   if op is _RANGE: return 0, max(0, u.src[0].vmax - 1)
   if op is _SPECIAL: return 0, max(0, u.arg[1] - 1)
-  if op is _CAST and dtypes.is_int(dt) and (dtypes.is_int(u.src[0].dtype) or u.src[0].dtype == dtypes.bool):
+  if op is _CAST and dt in _INT_DTYPES and (u.src[0].dtype in _INT_DTYPES or u.src[0].dtype == dtypes.bool):
     lo, hi = u.src[0].vmin, u.src[0].vmax
     if lo_dt <= lo and hi <= hi_dt: return lo, hi
     return lo_dt, hi_dt
-  if op in GroupOp.ALU and not dtypes.is_float(dt):
+  if op in _ALU_OPS and dt not in _FLOAT_DTYPES:
     s = u.src
     if op is _ADD: return _clamp(s[0].vmin + s[1].vmin, s[0].vmax + s[1].vmax, lo_dt, hi_dt)
     if op is _SUB: return _clamp(s[0].vmin - s[1].vmax, s[0].vmax - s[1].vmin, lo_dt, hi_dt)
