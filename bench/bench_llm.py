@@ -171,12 +171,12 @@ def main() -> None:
                       "the garbage collector's reach (gc.freeze) before timing decode")
   parser.add_argument("--rows-per-block", type=int, metavar="N", help="GPU targets: rows a block in row kernels of "
                       "many short rows (kiln/codegen/gpudims.py ROWS_PER_BLOCK; 1: a block a row)")
-  parser.add_argument("--graph-chain", action="store_true", help="CUDA: every graph node waits for the one before "
-                      "(kiln/runtime/ops_cuda.py CUDAGraph.PARALLEL off), to compare with the nodes ordered by memory")
+  parser.add_argument("--graph-dag", action="store_true", help="CUDA: graph nodes wait only for the nodes whose "
+                      "memory they use (kiln/runtime/ops_cuda.py CUDAGraph.PARALLEL), to compare with the chain")
   args = parser.parse_args()
-  if args.graph_chain:
+  if args.graph_dag:
     from kiln.runtime.ops_cuda import CUDAGraph
-    CUDAGraph.PARALLEL = False
+    CUDAGraph.PARALLEL = True
   global PROFILE_JIT, GC_FREEZE
   PROFILE_JIT, GC_FREEZE = args.profile_jit, args.gc_freeze
   if args.row_elements or args.rows_per_block:

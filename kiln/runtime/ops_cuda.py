@@ -111,13 +111,17 @@ class CUDAGraph:
   variables' values) into one tuple and launches the graph's executable for that tuple: up to MAX_EXECS
   executables are kept, so a replay whose fresh outputs alternate between two buffers (the last replay's outputs
   are alive while the next allocates) updates no node. A new tuple updates the changed nodes of the least recently
-  used executable (or of a new one), then launches it: one driver call for the whole batch in the common case.
+  used executable (or of a new one), then launches it: one driver call for the whole batch in the common case. The
+  nodes form a chain, each after the one before (or, with PARALLEL, the DAG of `kernel_dependencies`).
   New executables are made only for graphs of at most MAX_INSTANTIATED_NODES kernels: instantiating a large one
   costs milliseconds (an LLM decode step's 338 kernels, inferred from call 21 of bench/gpu_notes.md), updating the
   one node its fresh output changes costs microseconds."""
   MAX_EXECS = 4
   MAX_INSTANTIATED_NODES = 32
-  PARALLEL = True   # False: every node waits for the one before (a chain), for comparison
+  # True: nodes wait only for the nodes whose memory they use (`kernel_dependencies`). Off: on the H200 the LLM decode
+  # step ran slower as that DAG than as a chain (bench/gpu_notes.md call 24: 573-595 against 636-661 tok/s, graph
+  # launch 37-49 against 6-13 us, prefill 1356-1407 against 1926-2197 tok/s)
+  PARALLEL = False
 
   def __init__(self, items: list, swapped: set[tuple[int, int]]):
     self.items, self.swapped = items, swapped

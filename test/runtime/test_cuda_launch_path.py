@@ -3,8 +3,8 @@ built here with the C compiler; memory is host memory, kernels do nothing, calls
 that this process's driver binding stays the real one. Checked: an eager kernel is one cuLaunchKernel; a TinyJit
 replay is one cuGraphLaunch; the executable each replay launches holds exactly the arguments of that replay's
 buffers and variables (its fresh outputs alternating between buffers, outputs kept alive, a Variable's value
-changing), with no node updated once the alternating outputs have an executable each; the graph's nodes wait only
-for the nodes whose memory they use."""
+changing), with no node updated once the alternating outputs have an executable each; the graph's nodes form a
+chain, or with CUDAGraph.PARALLEL wait only for the nodes whose memory they use."""
 from __future__ import annotations
 import json, os, pathlib, shutil, subprocess, sys
 import pytest
@@ -64,9 +64,13 @@ def child() -> dict:
     right.append(launched[-1] == expected(step))
   out["replay"] = [x - y for x, y in zip(counts(), before)]
   out["chain_dependencies"] = step.captured._launches[0].dependencies
-  branches = TinyJit(lambda x: (x + 1).contiguous() + (x * 2).contiguous())
-  for _ in range(3): branches(a)
-  out["branch_dependencies"] = branches.captured._launches[0].dependencies
+  from kiln.runtime.ops_cuda import CUDAGraph
+  for parallel in (False, True):   # a chain by default; with PARALLEL, the nodes wait only for the memory they use
+    CUDAGraph.PARALLEL = parallel
+    branches = TinyJit(lambda x: (x + 1).contiguous() + (x * 2).contiguous())
+    for _ in range(3): branches(a)
+    out[f"branch_dependencies_{parallel}"] = branches.captured._launches[0].dependencies
+  CUDAGraph.PARALLEL = False
   out["replay_args_right"] = all(right)
   kept, right = [], []   # outputs kept alive: every replay has a new output buffer (executables are updated)
   for _ in range(8):
@@ -117,7 +121,8 @@ def test_launch_path_over_a_fake_driver(fake_driver):
   assert (launches, graph_launches) == (0, 20) and updates <= 2   # one cuGraphLaunch a replay; alternating outputs:
   assert out["replay_args_right"]                                 # an executable each, updated at most once
   assert out["chain_dependencies"] == [[], [0]]
-  assert out["branch_dependencies"] == [[], [], [0, 1]]   # two kernels that read the input, then their sum
+  assert out["branch_dependencies_False"] == [[], [0], [1]]
+  assert out["branch_dependencies_True"] == [[], [], [0, 1]]   # two kernels that read the input, then their sum
   assert out["kept_args_right"] and out["kept_distinct_outputs"] == 8
   assert out["long_args_right"] and out["long_execs"] == 1
   assert out["variable_args_right"] and out["variable_values"] == [0, 1, 2, 3, 4]

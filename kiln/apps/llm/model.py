@@ -244,8 +244,8 @@ class Transformer:
     # use of x would compute the earlier layers again
     x = x.realize()
     # GPU decode (no biases): the norm's per-row scale r = 1/sqrt(mean(x^2) + eps) is its own one-row kernel,
-    # which a CUDA graph runs beside the projection of x * weight, and is applied after it (W(x*r*w) = r*W(x*w)):
-    # to the new key and value and to the scores, so the norm is no step of the layer's chain of kernels
+    # independent of the projection of x * weight, and is applied after it (W(x*r*w) = r*W(x*w)): to the new key and
+    # value and to the scores (a CUDA graph with CUDAGraph.PARALLEL runs it beside the projection)
     scale = (x.square().mean(-1, keepdim=True) + c.norm_eps).rsqrt().realize() \
       if self.gpu and step.hit is not None and block.bqkv is None else None
     h = x * block.attn_norm if scale is not None else rms_norm(x, block.attn_norm, c.norm_eps).realize()
@@ -297,10 +297,9 @@ class Transformer:
   def _attention_gpu_decode(self, cache: Tensor, qk: Tensor, v: Tensor, step: StepPlan,
                             scale: Tensor | None = None) -> Tensor:
     """GPU decode, one token at the position `step.hit` marks: queries and keys rotated inside the kernels that
-    read them (`rotate_pairs`: no kernel of their own), and attention over the windows as they were before this
-    step's writes with the new key and value put in where `hit` is (built apart from the writes' values, so that
-    no buffer is made for them), so the cache writes are no input of the scores: in a CUDA graph they run beside
-    the rest of the layer (kiln/runtime/ops_cuda.py orders nodes by the buffers they use)."""
+    read them (`rotate_pairs`: no kernel of their own), the new key and value written into the key and value windows
+    where `hit` is (two kernels, in place), attention over the windows as written. `scale`: the attention norm's
+    per-row scale (see `_layer`), applied to the new key and value and to the scores."""
     c, T = self.config, qk.shape[0]
     rotated = rotate_pairs(qk.reshape(T, c.n_heads + c.n_kv_heads, c.head_dim), *step.rope_pairs, c.rope_interleaved)
     q, k = rotated[:, :c.n_heads], rotated[:, c.n_heads:]
