@@ -29,7 +29,8 @@ def measure_once() -> dict[str, float]:
   renderer = Device[items[0].bufs[0].device].renderer
   gc.disable()   # as in precompile (kiln/engine/realize.py: the collector is paused during codegen)
   stages = {"lower": lambda ast, i: rewrite_gathers(lower_kernel(ast)),
-            "optimize": lambda lowered, i: optimize_kernel(lowered),
+            # the renderer's target, as precompile optimizes (without it the heuristics plan for a default CPU)
+            "optimize": lambda lowered, i: optimize_kernel(lowered, target=renderer.target),
             "software_math": lambda optimized, i: apply_software_math(optimized, renderer),
             "linearize": lambda kernel, i: linearize(kernel),
             "vectorize": lambda uops, i: renderer.vectorize(uops) if hasattr(renderer, "vectorize") else uops,
