@@ -321,11 +321,13 @@ def grid_reduction(sink: UOp, plan: RowPlan, new_range) -> UOp | None:
   return graph_rewrite(sink.replace(src=tuple(stores)), symbolic, name="gpudims grid reduction")
 
 def group_rows(sink: UOp) -> UOp | None:
-  """A row kernel (`row_plan`) as one block per row (gidx0, the row ranges unflattened) of `row_group_size` threads:
-  for each reduce group in turn, the block's threads reduce every group-th element (coalesced loads) into partials in a shared array,
-  combined by a tree of barrier-separated rounds (`_tree_combine`); the elementwise pass then runs element
-  `j*GROUP_SIZE + lidx0` in a thread's loop j. Up to MAX_UNROLLED_ROW elements a thread, the loops are unrolled
-  instead, and every pass reads the same registers. A store that depends on no thread's element is made by thread 0."""
+  """A row kernel (`row_plan`) as one block per row (gidx0, the row ranges unflattened) of `row_group_size` threads,
+  or, for MULTI_ROW_MIN rows or more of at most WARP_ROW_MAX elements, ROWS_PER_BLOCK rows a block of a warp each
+  (thread `lidx0` is lane `lidx0 % 32` of the block's row `lidx0 // 32`; rows past the end store nothing). For each
+  reduce group in turn, a row's G threads reduce every G-th element (coalesced loads) into partials in a shared
+  array, combined by a tree of barrier-separated rounds (`_tree_combine`); the elementwise pass then runs element
+  `j*G + lane` in a thread's loop j. Up to MAX_UNROLLED_ROW elements a thread, the loops are unrolled instead, and
+  every pass reads the same registers. A store that depends on no thread's element is made by the row's lane 0."""
   plan = row_plan(sink)
   if plan is None: return None
   next_id = 1 + max((u.arg for u in sink.toposort() if u.op is Ops.RANGE and isinstance(u.arg, int)), default=0)

@@ -609,7 +609,8 @@ class Graph:
       if packed.shared > packed.function.shared_limit: packed.function.allow_shared(packed.shared)
       node = c_void_p()
       waits = ([i - 1] if i else []) if dependencies is None else sorted(set(dependencies[i]))
-      if any(not 0 <= j < i for j in waits): raise ValueError(f"Graph: node {i} may wait only for earlier nodes: {waits}")
+      if any(not 0 <= j < i for j in waits):
+        raise ValueError(f"Graph: node {i} may wait only for earlier nodes, not {waits}")
       deps = (c_void_p * len(waits))(*[self.nodes[j] for j in waits]) if waits else None
       lib.call("cuGraphAddKernelNode", ctypes.byref(node), self.graph, deps, len(waits), ctypes.byref(packed.node))
       self.nodes.append(node.value)

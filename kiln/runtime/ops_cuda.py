@@ -65,8 +65,9 @@ def kernel_dependencies(items: list, swapped: set[tuple[int, int]]) -> list[list
   reads the others). Memory is a byte range of an allocation (a view is its range of its base), and the buffers a
   replay swaps in (inputs, fresh outputs) all count as one allocation, since a replay may bring views of one memory
   there. Two launches of one grid-wide reduction wait for each other (it keeps its arrival counter and partial
-  sums in module memory, `kiln_arrivals`). Launches that wait for none of each other may run at the same time. An access inside the range of a
-  later write is forgotten once that write is recorded: waiting for the write waits for it.
+  sums in module memory, `kiln_arrivals`). Launches that wait for none of each other may run at the same time.
+  An access inside the range of a later write is forgotten once that write is recorded: waiting for the write
+  waits for it.
 
   >>> from types import SimpleNamespace as N
   >>> buf = lambda n: N(_base=None, _offset=0, nbytes=n)
@@ -160,7 +161,8 @@ class CUDAGraph:
   def _read(self) -> tuple:
     """The changing arguments as they are now (buffer addresses and variable values, in slot order)."""
     addresses = [bufs[pos]._buf.ptr for bufs, pos in self._buffer_reads]
-    return tuple(addresses + [int(var_vals[var]) for var_vals, var in self._var_reads] if self._var_reads else addresses)
+    if not self._var_reads: return tuple(addresses)
+    return tuple(addresses + [int(var_vals[var]) for var_vals, var in self._var_reads])
 
   def _exec_for(self, state: tuple) -> int:
     """An executable whose nodes hold the arguments `state`: the least recently used one (or a new one while fewer

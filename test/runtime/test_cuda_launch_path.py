@@ -104,8 +104,8 @@ def child() -> dict:
 def fake_driver(tmp_path_factory) -> pathlib.Path:
   if COMPILER is None: pytest.skip("no C compiler to build the fake libcuda")
   folder = tmp_path_factory.mktemp("fake_cuda")
-  subprocess.run([COMPILER, "-O2", "-shared", "-fPIC", "-o", str(folder / "libcuda.so.1"), str(HERE / "fake_libcuda.c")],
-                 check=True)
+  subprocess.run([COMPILER, "-O2", "-shared", "-fPIC", "-o", str(folder / "libcuda.so.1"),
+                  str(HERE / "fake_libcuda.c")], check=True)
   return folder
 
 def test_launch_path_over_a_fake_driver(fake_driver):

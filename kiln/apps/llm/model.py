@@ -137,7 +137,8 @@ def rotate_pairs(x: Tensor, c: Tensor, s: Tensor, interleaved: bool) -> Tensor:
   scheduler recomputes inside its consumers (attention's scores, the cache write) instead of giving it a kernel.
   The same bits as `apply_rope` (a - b*s == a + b*(-s) exactly; the sum's two terms commute)."""
   T, heads, head_dim = x.shape
-  partner = x.reshape(T, heads, head_dim // 2, 2).flip(-1) if interleaved else x.reshape(T, heads, 2, head_dim // 2).flip(2)
+  partner = x.reshape(T, heads, head_dim // 2, 2).flip(-1) if interleaved else \
+    x.reshape(T, heads, 2, head_dim // 2).flip(2)
   return x * c.reshape(T, 1, head_dim) + partner.reshape(T, heads, head_dim) * s.reshape(T, 1, head_dim)
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
