@@ -38,8 +38,12 @@ def cpu_compiler_kind() -> str:
   found (CC unset, none of clang, gcc, cc on PATH) and llvmlite is installed; "c" otherwise (without llvmlite, the
   first kernel then reports the missing compiler)."""
   if CPU_LLVM: return "llvm"
-  if CC.value or _compiler_on_path(os.environ.get("PATH")) is not None: return "c"
+  if c_compiler_found(): return "c"
   return "llvm" if importlib.util.find_spec("llvmlite") is not None else "c"
+
+def c_compiler_found() -> bool:
+  """Whether find_c_compiler has a compiler to give (CC set, or clang, gcc or cc on PATH)."""
+  return bool(CC.value) or _compiler_on_path(os.environ.get("PATH")) is not None
 
 @functools.lru_cache(maxsize=4)
 def _compiler_on_path(path: str | None) -> str | None:
@@ -381,7 +385,7 @@ class CPUDevice(Compiled):
     self.renderer.describe_target = host_target   # compiled for the host CPU, all its features (-march=native)
     _register_graph_by_compiler()
     # the pool's C library where a compiler is found (CPU_LLVM=1 beside gcc), else its LLVM build at the first launch
-    if CC.value or _compiler_on_path(os.environ.get("PATH")) is not None: _build_pool_library()
+    if c_compiler_found(): _build_pool_library()
 
 def _build_pool_library() -> None:
   """Start building the thread pool's C library (overlapping the first kernels' codegen), if threads will be used."""
