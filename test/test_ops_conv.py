@@ -34,6 +34,7 @@ CONV_CASES = [
   ((1, 3, 11, 10), (2, 3, 5, 4), {"stride": (3, 2), "padding": (2, 1)}),    # kernel longer than the strides
   ((2, 4, 7, 6), (6, 4, 1, 1), {"stride": 2}),                              # 1x1 strided: input subsampled first
   ((1, 4, 9, 8), (4, 2, 1, 1), {"stride": (3, 2), "padding": 1, "groups": 2}),
+  ((1, 2, 1, 100), (3, 2, 1, 20), {"stride": (1, 16)}),                    # 16 phases: one masked conv of them all
 ]
 
 @pytest.mark.parametrize("xs, ws, kw", CONV_CASES)

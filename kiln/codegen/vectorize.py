@@ -170,7 +170,9 @@ class _Vectorizer:
     self.lanes_of[vector] = lanes
     self.journal.append(("vector", vector))
     for k, u in enumerate(lanes): self.claimed.setdefault(u, (vector, k))
-    if vector.op not in (_STORE, _DEFINE_ACC, _ASSIGN): self.real += 1   # the work that got vectorized
+    # the work that got vectorized; a vector accumulator too (its update runs every iteration of its loop, where the
+    # scalars built into its first value run once: a KBLOCK tile's accumulators start from two gathered loads)
+    if vector.op not in (_STORE, _ASSIGN): self.real += 1
 
   def _build(self, lanes: tuple[UOp, ...]) -> UOp:
     """The vector of scalars that cannot be vectorized together."""

@@ -117,6 +117,8 @@ def _phase_input(x: Tensor, strides: tuple[int, ...], pairs) -> Tensor:
   x = x.permute(0, 1, *[3 + 2 * i for i in range(n)], *[2 + 2 * i for i in range(n)])
   return x.reshape(batch, channels * prod(strides), *[length // s for length, s in zip(lengths, strides)]).contiguous()
 
+MAX_PHASE_CONVS = 9   # a strided conv is a sum of one conv per phase up to this many phases (3x3 strides)
+
 def _phase_convs(phases: Tensor, w: Tensor, strides: tuple[int, ...], groups: int, outs: list[int], op: str) -> Tensor:
   """The strided conv of `_phase_input`'s `phases` with weight `w`, (N, C_out, *outs): a sum over the phases r of
   the stride-1 conv of phase r with w's taps k = r, r + s, ... (k % s == r): every tap once and no padded ones. One
@@ -317,7 +319,14 @@ class ConvMixin:
       # a strided conv is a sum of stride-1 convs, one per phase of the input (_phase_input: contiguous rows where
       # the strided windows' were not), each with the weight's taps of that phase (_phase_convs)
       outs = [(p - span) // s + 1 for p, span, s in zip(padded, spans, strides)]
-      out = _phase_convs(_phase_input(x, strides, pairs), w, strides, groups, outs, op)
+      if prod(strides) <= MAX_PHASE_CONVS: out = _phase_convs(_phase_input(x, strides, pairs), w, strides, groups, outs, op)
+      else:
+        # many phases (a filter bank at stride 128): one conv of them all, the weight zero-padded to whole phases and
+        # its padded taps selected out (they read inputs of the next window, or ones no output reads)
+        real_taps = _phase_weight(w.ones_like(dtype=dtypes.bool), strides)
+        phased = _phase_input(x, strides, pairs)._conv(_phase_weight(w, strides), None, groups, 1, 1,
+                                                       [(0, 0)] * n, None, op, real_taps)
+        out = phased.shrink(((0, batch), (0, cout), *[(0, o) for o in outs]))
     else:
       windows = x._conv_windows(kernel, strides, dilations, pairs, groups)
       outs = windows.shape[3:3 + n]
@@ -390,7 +399,8 @@ class ConvMixin:
     """conv_transpose2d with its arguments checked and resolved: a convolution of the stride-dilated input with the
     flipped, transposed weight."""
     x, n, cin, kernel, sizes = self, w.ndim - 2, w.shape[0], w.shape[2:], self.shape[2:]
-    if any(s > 1 for s in strides) and all(d == 1 for d in dilations) and all(isinstance(i, int) for i in sizes):
+    if any(s > 1 for s in strides) and all(d == 1 for d in dilations) and all(isinstance(i, int) for i in sizes) \
+       and prod(strides) <= MAX_PHASE_CONVS:
       out = _transposed_by_phase(x, w, groups, strides, pairs, out_pads, op)
       return out if bias is None else out + bias.reshape(1, -1, *[1] * n)
     if any(s > 1 for s in strides):

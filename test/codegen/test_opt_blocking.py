@@ -45,6 +45,18 @@ def test_kblock_split_sweep_matches_unoptimized_and_numpy(seed):
   np.testing.assert_allclose(got.reshape(m, n), want.reshape(m, n), rtol=1e-5, atol=1e-5, err_msg=str(opts))
   np.testing.assert_allclose(got.reshape(m, n), a_np @ b_np, rtol=1e-4, atol=1e-4)
 
+def test_kblock_of_a_sum_plus_an_addend_starts_from_the_addend():
+  # a sum plus a value that does not depend on the blocked axis (a gradient fused with another's): the first block's
+  # accumulator starts from the addend instead of 0
+  rng = np.random.default_rng(9)
+  a_np, b_np = rng.standard_normal((6, 12), dtype=np.float32), rng.standard_normal((12, 8), dtype=np.float32)
+  c_np = rng.standard_normal((6, 8), dtype=np.float32)
+  for expr, want in ((lambda a, b, c: a @ b + c, a_np @ b_np + c_np), (lambda a, b, c: c + a @ b, c_np + a_np @ b_np),
+                     (lambda a, b, c: a @ b + 1, a_np @ b_np + 1)):
+    item = last_kernel_item(expr(Tensor(a_np), Tensor(b_np), Tensor(c_np)))
+    for opts in ([Opt(K, 2, 4)], [Opt(U, 1, 4), Opt(K, 2, 3)]):
+      np.testing.assert_allclose(_run(item, opts).reshape(6, 8), want, rtol=1e-5, atol=1e-5, err_msg=str(opts))
+
 def test_kblock_int_is_exact_and_block_loop_can_move():
   rng = np.random.default_rng(7)
   a_np, b_np = rng.integers(-9, 9, (6, 12), dtype=np.int32), rng.integers(-9, 9, (12, 5), dtype=np.int32)
@@ -113,9 +125,9 @@ def _lowered(t: Tensor) -> Kernel: return Kernel(lower_kernel(create_schedule([t
   (_matmul_kernel, [Opt(L, 0, 2)], "output axis"),
   (_matmul_kernel, [Opt(K, 2, 4), Opt(U, 1, 2)], "block loop"),      # the block loop is axis 1 after KBLOCK
   (_matmul_kernel, [Opt(K, 2, 4), Opt(S, 1, 2)], "block loop"),
-  (_matmul_kernel, [Opt(K, 2, 4), Opt(K, 3, 2)], "not a plain sum"),  # already accumulating in memory
+  (_matmul_kernel, [Opt(K, 2, 4), Opt(K, 3, 2)], "reads the buffer it writes"),  # already accumulating in memory
   (lambda: _lowered(Tensor.empty(6, 8).max(axis=1)), [Opt(K, 1, 4)], "not a plain sum"),
-  (lambda: _lowered(Tensor.empty(6, 8) @ Tensor.empty(8, 4) + 1), [Opt(K, 2, 4)], "not a plain sum"),
+  (lambda: _lowered((Tensor.empty(6, 8) @ Tensor.empty(8, 4)) * 2), [Opt(K, 2, 4)], "not a plain sum"),
   (lambda: _lowered(Tensor.empty(6, 8).half() @ Tensor.empty(8, 4).half()), [Opt(K, 2, 4)], "not a plain sum|rounded"),
   (lambda: _lowered(Tensor.empty(8).sum()), [Opt(K, 0, 4)], "no output loop"),
 ])

@@ -70,6 +70,16 @@ MAX_UNROLLED = 256   # the most copies of a kernel's body that UPCASTs and UNROL
 KBLOCK_SIZES = (64, 128, 256, 512)   # the block lengths `possible_opts` offers (BEAM) for KBLOCK
 _KBLOCK_DTYPES = (dtypes.float32, dtypes.float64)   # float sums kept at full width in memory between blocks
 
+def _sum_and_addend(value: UOp, rng: UOp) -> tuple[UOp | None, UOp | None]:
+  """(the sum, None) for a plain sum over loop `rng`; (the sum, the addend) for a sum over it plus a value that does
+  not depend on it; (None, None) otherwise."""
+  def plain(u: UOp) -> bool: return u.op is Ops.REDUCE and u.arg is Ops.ADD and rng in u.src[1:]
+  if plain(value): return value, None
+  if value.op is Ops.ADD:
+    for red, addend in (value.src, value.src[::-1]):
+      if plain(red) and rng not in toposort([addend]): return red, addend
+  return None, None
+
 _recent_graphs: dict[UOp, list[UOp]] = {}   # the last few kernel graphs walked, and their nodes
 _RECENT_GRAPHS = 4
 
@@ -335,12 +345,15 @@ class Kernel:
     rng, size, block = self._dividing_split(opt, axes, "block length")
     out_axes = self.output_axes
     if not out_axes: raise KernelOptError(f"{opt}: the kernel has no output loop to place the block loop inside")
-    stored = {st.src[2] for st in self.sink.src}
+    # each stored value: a plain sum over the axis, or such a sum plus an addend that does not depend on the axis (a
+    # gradient fused with another's: dx + the residual's); the addend then starts the accumulator in place of 0
+    split = {st: _sum_and_addend(st.src[2], rng) for st in self.sink.src}
+    stored = {red for red, _ in split.values() if red is not None}
     for st in self.sink.src:
-      buf, value = st.src[0], st.src[2]
-      if value.op is not Ops.REDUCE or value.arg is not Ops.ADD or rng not in value.src[1:]:
+      buf, value = st.src[0], split[st][0]
+      if value is None:
         raise KernelOptError(f"{opt}: a stored value is not a plain sum over axis {opt.axis} "
-                             f"({value.op.name} {value.arg}); the output cannot be the accumulator")
+                             f"({st.src[2].op.name} {st.src[2].arg}); the output cannot be the accumulator")
       if not (value.dtype in _KBLOCK_DTYPES or dtypes.is_int(value.dtype)) or buf.dtype != value.dtype:
         raise KernelOptError(f"{opt}: the sum is {value.dtype} stored as {buf.dtype}; partial sums would be rounded")
     nodes = graph_nodes(self.sink)
@@ -356,15 +369,15 @@ class Kernel:
     position = blocks * block + inner
     new_stores = []
     for st in self.sink.src:
-      buf, idx, red = st.src
+      (buf, idx, _), (red, addend) = st.src, split[st]
       body = substitute(red.src[0], {**renamed, rng: position})
       ranges = tuple(inner if r is rng else renamed[r] for r in red.src[1:])
       new_idx = substitute(idx, renamed)
+      first = UOp.const(buf.dtype, 0) if addend is None else substitute(addend, renamed)
       # an ungated load and a select, not a gated load: clang vectorizes a tile's loads and stores together only
       # when the loads cannot fault (measured: a gated load made matmul 1024 2.3x slower); the address is inside
       # the output buffer, whose first-block contents are discarded
-      previous = UOp.const(dtypes.int32, 0).lt(blocks).where(UOp(Ops.LOAD, buf.dtype, (buf, new_idx)),
-                                                             UOp.const(buf.dtype, 0))
+      previous = UOp.const(dtypes.int32, 0).lt(blocks).where(UOp(Ops.LOAD, buf.dtype, (buf, new_idx)), first)
       # the block's sum first: the linearizer emits operands in order, so the load comes after the reduce loop
       # (loaded before it, 128 tile outputs would be live across the loop next to 128 accumulators and spill)
       new_stores.append(st.replace(src=(buf, new_idx, red.replace(src=(body,) + ranges) + previous)))
