@@ -366,6 +366,7 @@ def const_value(dtype: DType, value):
   # the common case first: an int the dtype holds as it is (codegen makes thousands of index constants)
   if type(value) is int and (bounds := _INT_BOUNDS.get(dtype)) is not None and bounds[0] <= value <= bounds[1]:
     return value
+  if type(value) is float and dtype in _FLOAT_DTYPES: return value   # (what float(value) gives: the same float)
   if isinstance(value, UOp): raise TypeError("const_value: expected a Python scalar, got a UOp")
   if dtype == dtypes.bool: return bool(value)
   if dtypes.is_int(dtype):
