@@ -4,7 +4,7 @@ Many ops are checked at once where possible (row i of a stacked input goes to op
 Where kiln follows tinygrad instead of PyTorch the test says so: sums of int32 stay int32 (torch: int64), argmax is
 int32, cummax returns the values only.
 """
-import time
+import math, time
 import numpy as np
 import pytest
 import torch
@@ -410,3 +410,12 @@ def test_python_device():
         check_dtype=False)
   check(lambda a, b: a.copysign(b), lambda a, b: torch.copysign(a, b),
         [np.array([1.0, 2.0, -3.0], np.float32), np.array([-0.0, 1.0, np.nan], np.float32)], device="PYTHON")
+
+def test_nan_constants_keep_their_sign():
+  # a NaN constant is a node of its own bits (float.hex() gives "nan" for either sign) and the C renderer writes its
+  # sign: -nan and nan built in either order come out as themselves
+  for order in ((-1, 1), (1, -1)):
+    for sign in order:
+      value = math.copysign(math.nan, sign)
+      got = Tensor.full((3,), value).contiguous().numpy()
+      assert np.isnan(got).all() and np.signbit(got).all() == (sign < 0), (order, sign, got.view(np.uint32))

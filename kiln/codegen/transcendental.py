@@ -2,8 +2,9 @@
 
 `software_math` rewrites `EXP2`, `LOG2` and `SIN` into graphs of plain ALU uops: adds, multiplies and fused
 multiply-adds (MULACC: every polynomial step and exp's argument reduction, rounded once on every device and exactly so
-by the PYTHON reference), comparisons, WHERE, integer ops and BITCAST for reading and building exponents. Everything kiln derives from these
-ops (exp, log, cos, tan, sigmoid, tanh, softplus, ...) follows. float16, bfloat16 and fp8 are computed in float32.
+by the PYTHON reference), comparisons, WHERE, integer ops and BITCAST for reading and building exponents.
+Everything kiln derives from these ops (exp, log, cos, tan, sigmoid, tanh, softplus, ...) follows. float16, bfloat16
+and fp8 are computed in float32.
 
 How each function works:
 - exp2(x): n = round(x) by the 1.5*2**mantissa_bits trick, r = x - n (exact, |r| <= 1/2), 2**r by its Taylor

@@ -12,7 +12,7 @@ Off under SPEC=1 (each stage's graph must be built to be checked), DEBUG>=4 (the
 CACHELEVEL=0 and CODEGEN_CACHE=0. Kernels over symbolic sizes (Variables) are not cached.
 """
 from __future__ import annotations
-import enum, functools, hashlib, json, os, pathlib, tempfile
+import enum, functools, hashlib, json, os, pathlib, struct, tempfile
 from dataclasses import dataclass
 from kiln.device import Device
 from kiln.dtype import DType
@@ -49,7 +49,7 @@ def _code_digest() -> str:
 def _arg_text(arg) -> str:
   """A text form of a UOp argument that is the same in every process; TypeError for one that has none."""
   if arg is None or type(arg) in (bool, int, str): return repr(arg)
-  if type(arg) is float: return f"f{arg.hex()}"
+  if type(arg) is float: return f"f{arg.hex()}" if arg == arg else f"n{struct.pack('>d', arg).hex()}"   # NaN's sign
   if isinstance(arg, (enum.Enum, DType)): return repr(arg)
   if type(arg) is tuple: return "(" + ",".join(_arg_text(a) for a in arg) + ")"
   raise TypeError(f"no stable text for a {type(arg).__name__} argument")

@@ -183,7 +183,7 @@ def render_c_const(value, dtype: DType) -> str:
   if not dtypes.is_float(dtype):
     raise TypeError(f"CRenderer: cannot render a constant of dtype {dtype}")
   suffix = "" if dtype == dtypes.float64 else "f"
-  if math.isnan(value): text = f'__builtin_nan{suffix}("")'
+  if math.isnan(value): text = f'{"-" if math.copysign(1.0, value) < 0 else ""}__builtin_nan{suffix}("")'   # signed
   elif math.isinf(value): text = f"{'-' if value < 0 else ''}__builtin_inf{suffix}()"
   else: text = f"{value!r}{suffix}"
   return f"({text})" if text.startswith("-") else text

@@ -1,6 +1,6 @@
 """Ops and UOp: the one immutable, hash-consed graph node used from Tensor ops down to kernel code."""
 from __future__ import annotations
-import enum, math, operator, weakref, itertools
+import enum, math, operator, struct, weakref, itertools
 from typing import Any
 from kiln.dtype import DType, dtypes, truncate
 from kiln.helpers import prod
@@ -97,7 +97,8 @@ _unique_ids = itertools.count()
 
 def _cache_key_arg(arg):
   # 0.0 == -0.0 and 1 == 1.0 == True in Python; constants of different bits must stay different nodes
-  if type(arg) is float: return (float, arg.hex())
+  # (a NaN by its bits: hex() gives "nan" for either sign)
+  if type(arg) is float: return (float, arg.hex() if arg == arg else struct.pack(">d", arg))
   if type(arg) is bool: return (bool, arg)
   return arg
 
@@ -119,7 +120,8 @@ class UOp:
   def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
     # (_cache_key_arg, inline: this runs for every node built)
     kind = type(arg)
-    key = (op, dtype, src, (float, arg.hex()) if kind is float else (bool, arg) if kind is bool else arg)
+    key = (op, dtype, src, (float, arg.hex() if arg == arg else struct.pack(">d", arg)) if kind is float else
+           (bool, arg) if kind is bool else arg)
     try:
       ref = _uop_refs.get(key)
     except TypeError:
