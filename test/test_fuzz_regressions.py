@@ -91,3 +91,11 @@ def test_reduce_over_empty_axis(device, shape, axis, dtype):
   want = torch.tensor(values.astype(np.float32)).mean(dim=axis if axis is not None else tuple(range(len(shape))),
                                                       keepdim=True).numpy()
   assert_close(got, want)
+
+# ---------------- gcc 12 with AVX-512: if-converted selects of a padded log (fuzz seed 200370) ----------------
+def test_log_of_a_padded_permuted_cat_keeps_the_pad_value():
+  # -O2 -march=native gcc 12.2 stored 0 where the pad value belonged (kiln/renderer/cstyle.py GCC_AVX512_WORKAROUND)
+  t = Tensor.zeros(3, 4).cat(Tensor.zeros(3, 4), dim=0)
+  got = (t * t + 1).log().pad(((2, 0), (1, 0)), value=1.5).permute(1, 0).numpy()
+  want = np.pad(np.zeros((6, 4), np.float32), ((2, 0), (1, 0)), constant_values=1.5).T
+  np.testing.assert_array_equal(got, want)

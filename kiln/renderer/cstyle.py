@@ -360,6 +360,12 @@ def vector_type(dtype: DType) -> str:
   lane = "mask" if dtype.scalar == dtypes.bool else dtype.scalar.name
   return f"kiln_{lane}x{dtype.count}"
 
+# gcc 12's loop vectorizer miscompiles some if-converted selects under AVX-512 masks: a log over a padded, permuted
+# view stored 0 where the pad value belonged (-O2 -march=native; right with -fno-tree-loop-if-convert, -O1, clang or an
+# AVX2 target; test_fuzz_regressions.py). Under gcc with AVX-512 the kernels are compiled without loop if-conversion.
+GCC_AVX512_WORKAROUND = ('#if defined(__GNUC__) && !defined(__clang__) && defined(__AVX512F__)\n'
+                         '#pragma GCC optimize("no-tree-loop-if-convert")\n#endif')
+
 def vector_typedef(dtype: DType) -> str:
   """The typedef that declares `vector_type(dtype)`."""
   lane_bytes = 4 if dtype.scalar == dtypes.bool else dtype.scalar.itemsize   # bool lanes are int masks
@@ -804,7 +810,8 @@ class _CKernelWriter:
     buffers, variables = self.walk()
     params = [f"{STORAGE_TYPES[b.dtype]}* restrict data{b.arg}" for b in buffers]
     params += [f"int {self.var_names[v]}" for v in variables] + ["int kiln_tid", "int kiln_nthreads"]
-    head = ([HALF_HELPERS] if self.uses_half else []) + ([BF16_HELPERS] if self.uses_bf16 else [])
+    head = [GCC_AVX512_WORKAROUND] + ([HALF_HELPERS] if self.uses_half else [])
+    head += [BF16_HELPERS] if self.uses_bf16 else []
     if self.uses_fp8: head += [FP8_HELPERS] + [fp8_helpers(dt) for dt in dtypes.fp8s if dt in self.uses_fp8]
     head += [vector_typedef(dt) for dt in self.vector_types] + [vector_fma_helper(dt) for dt in self.vector_fmas]
     head += [vector_widen_helper(dt) for dt in self.vector_widens] + list(self.vector_dots.values())
