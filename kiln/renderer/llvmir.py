@@ -18,9 +18,11 @@ flags are used: results must match the C and PYTHON devices bit for bit.
 
 Speed comes from what the C path has too: the upcast lanes become vector uops (kiln/codegen/vectorize.py, the same
 pass and thread-plan check as CRenderer.vectorize), rendered as LLVM vectors (`<16 x float>`, bool lanes `<16 x i1>`);
-a row of gated loads of consecutive elements (a padded window) is one `llvm.masked.load`; buffers are `noalias`; and
-kernels run split across the thread pool as the C kernels do (`_LLVMKernelWriter`'s docstring; kiln/runtime/ops_llvm.py
-compiles for the host CPU at O3).
+a row of gated loads of consecutive elements (a padded window) is one `llvm.masked.load`; buffers are `noalias`; a
+quantized dot product's DP4A is the target's byte dot-product instruction (`byte_dot_method`: VNNI's vpdpbusd, or
+pmaddubsw); a thread-split matrix-vector loop prefetches its streamed rows; and kernels run split across the thread
+pool as the C kernels do (`_LLVMKernelWriter`'s docstring; kiln/runtime/ops_llvm.py compiles for the host CPU at O3).
+The CPU device uses this renderer too, with CPU_LLVM=1 or where no C compiler is found (kiln/runtime/ops_cpu.py).
 """
 from __future__ import annotations
 import math, struct

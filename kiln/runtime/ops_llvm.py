@@ -3,7 +3,8 @@ ctypes. Object code is cached on disk like the CPU device's libraries, keyed by 
 
 Kernels are compiled for the host CPU (its name and features, as -march=native) by LLVM's O3 pipeline with the loop
 and SLP vectorizers, and launched as the CPU device's are (kiln/runtime/ops_cpu.py, CPUProgram): a kernel with a thread
-plan (kiln/renderer/llvmir.py) runs its `<name>_task` entry point on the shared thread pool.
+plan (kiln/renderer/llvmir.py) runs its `<name>_task` entry point on the shared thread pool. The CPU device itself
+compiles with this module's compiler and programs under CPU_LLVM=1, or where no C compiler is found.
 """
 from __future__ import annotations
 import ctypes, functools, itertools, re
