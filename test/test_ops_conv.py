@@ -312,3 +312,21 @@ def test_interpolate_errors():
     x.interpolate((2, 2), mode="nearest", align_corners=True)
   with pytest.raises(ValueError, match="interpolate: size must be"): x.interpolate((0, 2))
   with pytest.raises(ValueError, match="interpolate: size .* has more axes"): Tensor.ones(3).interpolate((2, 2))
+
+def test_max_pool_gradient_by_phase_matches_torch_and_shares_ties():
+  # the pool's gradient by input phase (mixin/conv.py _max_pool_backward): ResNet's 3x3 stride-2 pool, a pool whose
+  # windows do not overlap, a rectangular one with ceil_mode; ties share the window's gradient (REDUCE MAX's rule)
+  rng = np.random.default_rng(12)
+  for shape, k, s, pad, ceil in (((2, 3, 9, 9), 3, 2, 1, False), ((1, 2, 8, 7), 2, 2, 0, False),
+                                 ((1, 2, 7, 6), (3, 2), (2, 1), (1, 0), True)):
+    x, = [rng.standard_normal(shape).astype(np.float32)]
+    want_t = torch.tensor(x, requires_grad=True)
+    out_t = F.max_pool2d(want_t, k, s, pad, ceil_mode=ceil)
+    g = rng.standard_normal(out_t.shape).astype(np.float32)
+    (out_t * torch.tensor(g)).sum().backward()
+    got = Tensor(x, requires_grad=True)
+    (got.max_pool2d(k, s, padding=pad, ceil_mode=ceil) * Tensor(g)).sum().backward()
+    assert_close(got.grad.numpy(), want_t.grad.numpy(), f"max_pool2d grad {shape} k={k} s={s}", atol=1e-5)
+  x = Tensor(np.ones((1, 1, 4, 4), np.float32), requires_grad=True)
+  x.max_pool2d(2).sum().backward()
+  np.testing.assert_allclose(x.grad.numpy(), np.full((1, 1, 4, 4), 0.25, np.float32))   # four tied maxima a window

@@ -107,8 +107,9 @@ def _phase_input(x: Tensor, strides: tuple[int, ...], pairs) -> Tensor:
   + r holding the positions of remainders r, a contiguous copy. A stride-s conv reads position s*o + k, which is
   phase k % s at o + k // s: stride-1 convs of the phases (`_phase_convs`), whose rows are contiguous where the
   strided windows' were not (no vector loads). The weight gradient is one stride-1 conv's of all phases, with
-  `_phase_weight`'s kernel zero-padded to whole phases (3x3 at stride 2: 16 taps for 9). Measured on a 32x64x32x32 3x3 stride-2 conv, pad 1 (2-core EPYC): the forward kernel 32 -> 13.7
-  ms, the weight gradient's 80 -> 16.6 ms; forward and backward 105 -> 42 ms (PyTorch 17-21)."""
+  `_phase_weight`'s kernel zero-padded to whole phases (3x3 at stride 2: 16 taps for 9). Measured on a 32x64x32x32
+  3x3 stride-2 conv, pad 1 (2-core EPYC): the forward kernel 32 -> 13.7 ms, the weight gradient's 80 -> 16.6 ms;
+  forward and backward 105 -> 42 ms (PyTorch 17-21)."""
   n, (batch, channels) = len(strides), x.shape[:2]
   padded = [size + b + a for size, (b, a) in zip(x.shape[2:], pairs)]
   lengths = [-(-p // s) * s for p, s in zip(padded, strides)]
@@ -205,6 +206,46 @@ def _unphase_weight(w: Tensor, strides: tuple[int, ...], kernel: tuple[int, ...]
   return w.shrink(((0, w.shape[0]), (0, w.shape[1]), *[(0, k) for k in kernel]))
 
 custom_backward_rules["conv"] = _conv_backward
+
+def _max_pool_backward(grad: UOp, node: UOp) -> tuple[UOp]:
+  """The input gradient of an undilated max pool (a CUSTOM_BACKWARD rule): each window's gradient goes to its maxima,
+  shared among ties, as REDUCE MAX's rule gives it. Autograd through the windows' view summed every input's candidate
+  windows in a gated loop over whole phases (ResNet's 3x3 stride-2 pool: (4,64,114,114) x 4x4, 64 ms on one thread);
+  here input phase r (positions s*J + r of the padded input) gets, from each of its taps q (kernel position r + s*q),
+  the gradient of window J - q where its value is that window's maximum: a few elementwise terms a phase."""
+  from kiln.tensor import Tensor
+  kernel, strides, pairs = node.arg[1]
+  g, x = Tensor._wrap(grad, "max_pool2d backward"), Tensor._wrap(node.src[1])
+  n, lead, sizes = len(kernel), list(x.shape[:x.ndim - len(kernel)]), x.shape[x.ndim - len(kernel):]
+  axes = tuple(range(-n, 0))
+  padded = x._pad_spatial(list(pairs), dtypes.min(x.dtype))
+  windows = padded._pool(kernel, strides, (1,) * n)
+  best = windows.max(axes)
+  share = g / (windows == best.reshape(*best.shape, *[1] * n)).sum(axes, dtype=g.dtype)   # each maximum's part
+  outs = best.shape[len(lead):]
+  lengths = [-(-(b + size + a) // s) for size, (b, a), s in zip(sizes, pairs, strides)]   # phase positions
+  # the padded input by phase: (..., *lengths) views of positions s*J + r (padded with the minimum up to whole phases)
+  extra = [m * s - (b + size + a) for m, s, size, (b, a) in zip(lengths, strides, sizes, pairs)]
+  whole = padded._pad_spatial([(0, e) for e in extra], dtypes.min(x.dtype))
+  by_phase = whole.reshape(*lead, *flatten((m, s) for m, s in zip(lengths, strides)))
+  parts = []
+  for r in itertools.product(*[range(s) for s in strides]):
+    phase = by_phase.shrink((*[(0, d) for d in lead], *flatten(((0, m), (ri, ri + 1)) for m, ri in zip(lengths, r))))
+    phase = phase.reshape(*lead, *lengths)
+    total = phase.zeros_like()
+    for q in itertools.product(*[range(len(range(ri, k, s))) for ri, k, s in zip(r, kernel, strides)]):
+      # window J - q over J in [0, length): best and share shifted by q (no window there: NaN and 0, never chosen)
+      shift = [(qi, m - o - qi) for qi, m, o in zip(q, lengths, outs)]
+      window_best = best._pad_spatial(shift, math.nan)
+      total = total + (phase == window_best).where(share._pad_spatial(shift, 0.0), 0.0)
+    parts.append(total)
+  out = parts[0].stack(*parts[1:], dim=len(lead)) if len(parts) > 1 else parts[0].unsqueeze(len(lead))
+  out = out.reshape(*lead, *strides, *lengths)
+  out = out.permute(*range(len(lead)), *flatten((len(lead) + n + i, len(lead) + i) for i in range(n)))
+  out = out.reshape(*lead, *[m * s for m, s in zip(lengths, strides)])
+  return (out.shrink((*[(0, d) for d in lead], *[(b, b + size) for (b, _), size in zip(pairs, sizes)])).uop,)
+
+custom_backward_rules["max_pool"] = _max_pool_backward
 
 class ConvMixin:
   __slots__ = ()
@@ -482,7 +523,14 @@ class ConvMixin:
     n, axes = len(kernel), tuple(range(-len(kernel), 0))
     full_pairs = [(b, a + e) for (b, a), e in zip(pairs, extra)]
     windows = self._pad_spatial(full_pairs, dtypes.min(self.dtype))._pool(kernel, strides, dilations)
-    if not return_indices: return windows.max(axes)
+    if not return_indices:
+      out = windows.max(axes)
+      if dtypes.is_float(self.dtype) and all(d == 1 for d in dilations) and prod(strides) <= MAX_PHASE_CONVS and \
+         all(isinstance(d, int) for d in self.shape):
+        # the gradient by input phase (_max_pool_backward), not through the windows' view
+        params = (kernel, strides, tuple(full_pairs))
+        out = type(self)._wrap(custom_backward(out.uop, (self.uop,), "max_pool", params), "max_pool2d")
+      return out
     best = windows.max(axes, keepdim=True)
     spatial = self.shape[self.ndim - n:]
     plane = prod(spatial)
