@@ -80,18 +80,17 @@ def _float_alu(op: Ops, dtype: DType, xs: list) -> Any:
   np_type = np.float32 if dtype in (dtypes.bfloat16, *dtypes.fp8s) else to_numpy_dtype(dtype).type
   a = [np_type(x) for x in xs]
   with np.errstate(all="ignore"):
+    # (EXP2, LOG2, SIN and POW are not folded: NumPy's float32 versions are not the kernels' (np.sin(float32(1)) is an
+    # ulp above the correctly rounded value the CPU's software sin gives), and a folded copy of a value that a kernel
+    # also computes made a max's gradient mask (x == max) false everywhere)
     if op is _NEG: out = -a[0]
     elif op is _TRUNC: out = np.trunc(a[0])
-    elif op is _EXP2: out = np.exp2(a[0])
-    elif op is _LOG2: out = np.log2(a[0])
-    elif op is _SIN: out = np.sin(a[0])
     elif op is _SQRT: out = np.sqrt(a[0])
     elif op is _RECIP: out = np_type(1) / a[0]
     elif op is _ADD: out = a[0] + a[1]
     elif op is _SUB: out = a[0] - a[1]
     elif op is _MUL: out = a[0] * a[1]
     elif op is _FDIV: out = a[0] / a[1]
-    elif op is _POW: out = np.power(a[0], a[1])
     elif op is _MAX:
       if math.isnan(xs[0]) or math.isnan(xs[1]): return None   # fmax and `a>b?a:b` disagree on NaN
       out = np.maximum(a[0], a[1])
