@@ -197,8 +197,11 @@ def exp_float(x: UOp, fmt: FloatFormat) -> UOp:
   """e**x for a float32/float64 node, within about 1 ulp: x = k*ln2 + r, e**r * 2**k (NaN stays NaN)."""
   dt, (k_min, k_max) = fmt.dtype, EXP_K_LIMITS[fmt.dtype]
   lowest, highest = const(dt, k_min * math.log(2)), const(dt, k_max * math.log(2))
-  # (written so that NaN is clamped too: no NaN bits reach the integer ops; it is put back at the end)
-  clamped = lowest.lt(x).where(x, lowest)
+  # x at or below `lowest` (a masked softmax's -inf) gives 0 by a select, computed as e**0: through the formula its
+  # last product underflowed, a microcode assist per element (an LLM prefill's attention sums ran 5x slower). NaN
+  # takes that path too, so no NaN bits reach the integer ops; it is put back at the end
+  inside = lowest.lt(x)
+  clamped = inside.where(x, const(dt, 0.0))
   clamped = clamped.lt(highest).where(clamped, highest)
   magic = 1.5 * 2.0 ** fmt.mantissa_bits   # adding it rounds to an integer (ties to even), kept in the low bits
   shifted = mulacc(clamped, const(dt, INV_LN2), const(dt, magic))
@@ -209,7 +212,7 @@ def exp_float(x: UOp, fmt: FloatFormat) -> UOp:
   r = mulacc(k_float, const(dt, -ln2_lo), mulacc(k_float, const(dt, -ln2_hi), clamped))   # k*ln2_hi is exact
   half = shr(k, 1)
   # 2**k as two factors, so that results near overflow and subnormal results are rounded once
-  result = (exp_of_reduced(r, fmt) * pow2(half, fmt)) * pow2(k - half, fmt)
+  result = inside.where((exp_of_reduced(r, fmt) * pow2(half, fmt)) * pow2(k - half, fmt), const(dt, 0.0))
   return is_nan(x).where(x, result)
 
 # ---------------- log2 ----------------
