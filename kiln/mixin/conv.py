@@ -180,11 +180,18 @@ def _transposed_by_phase(x: Tensor, w: Tensor, groups: int, strides: tuple[int, 
     # J - q for J in [offset, offset + length) and the taps q: x padded by t - 1 - offset before (a crop if negative)
     conv_pairs = [(t - 1 - off, m + off - i) for t, off, m, i in zip(taps, offsets, lengths, sizes)]
     parts.append(x._conv(h, None, groups, 1, 1, conv_pairs, None, op))
-  out = parts[0].stack(*parts[1:], dim=2) if len(parts) > 1 else parts[0].unsqueeze(2)
-  out = out.reshape(*out.shape[:2], *strides, *lengths)
-  out = out.permute(0, 1, *flatten((2 + n + i, 2 + i) for i in range(n)))
-  out = out.reshape(*out.shape[:2], *[m * s for m, s in zip(lengths, strides)])
+  out = _interleave_phases(parts, strides)
   return out.shrink(((0, out.shape[0]), (0, out.shape[1]), *[(0, o) for o in outs]))
+
+def _interleave_phases(parts: list[Tensor], strides: tuple[int, ...]) -> Tensor:
+  """Phases (..., *lengths), one a remainder r in itertools.product order, as the (..., *lengths*strides) tensor whose
+  position s*J + r is phase r's J (the inverse of splitting positions by their remainders)."""
+  n = len(strides)
+  lead, lengths = parts[0].shape[:parts[0].ndim - n], parts[0].shape[parts[0].ndim - n:]
+  out = parts[0].stack(*parts[1:], dim=len(lead)) if len(parts) > 1 else parts[0].unsqueeze(len(lead))
+  out = out.reshape(*lead, *strides, *lengths)
+  out = out.permute(*range(len(lead)), *flatten((len(lead) + n + i, len(lead) + i) for i in range(n)))
+  return out.reshape(*lead, *[m * s for m, s in zip(lengths, strides)])
 
 def _phase_weight(w: Tensor, strides: tuple[int, ...]) -> Tensor:
   """A conv weight (C_out, C_in, *kernel) for `_phase_input`'s phases: each kernel axis zero-padded to a multiple of
@@ -239,10 +246,7 @@ def _max_pool_backward(grad: UOp, node: UOp) -> tuple[UOp]:
       window_best = best._pad_spatial(shift, math.nan)
       total = total + (phase == window_best).where(share._pad_spatial(shift, 0.0), 0.0)
     parts.append(total)
-  out = parts[0].stack(*parts[1:], dim=len(lead)) if len(parts) > 1 else parts[0].unsqueeze(len(lead))
-  out = out.reshape(*lead, *strides, *lengths)
-  out = out.permute(*range(len(lead)), *flatten((len(lead) + n + i, len(lead) + i) for i in range(n)))
-  out = out.reshape(*lead, *[m * s for m, s in zip(lengths, strides)])
+  out = _interleave_phases(parts, strides)
   return (out.shrink((*[(0, d) for d in lead], *[(b, b + size) for (b, _), size in zip(pairs, sizes)])).uop,)
 
 custom_backward_rules["max_pool"] = _max_pool_backward
