@@ -37,9 +37,9 @@ FLOAT_DTYPES = frozenset(FLOATS)
 # the Ops members the functions below test, bound once: under Python 3.11 each `Ops.X` read costs ~130 ns (EnumType's
 # __getattr__ puts every attribute read on the class on a slow path), ~20x a global's
 _ADD, _AND, _CMPEQ, _CMPLT, _CMPNE, _CONST = Ops.ADD, Ops.AND, Ops.CMPEQ, Ops.CMPLT, Ops.CMPNE, Ops.CONST
-_DEFINE_VAR, _EXP2, _FDIV, _IDIV, _LOG2, _MAX = Ops.DEFINE_VAR, Ops.EXP2, Ops.FDIV, Ops.IDIV, Ops.LOG2, Ops.MAX
+_DEFINE_VAR, _FDIV, _IDIV, _MAX = Ops.DEFINE_VAR, Ops.FDIV, Ops.IDIV, Ops.MAX
 _MOD, _MUL, _NEG, _OR, _POW, _RANGE = Ops.MOD, Ops.MUL, Ops.NEG, Ops.OR, Ops.POW, Ops.RANGE
-_RECIP, _SHL, _SHR, _SIN, _SQRT, _SUB = Ops.RECIP, Ops.SHL, Ops.SHR, Ops.SIN, Ops.SQRT, Ops.SUB
+_RECIP, _SHL, _SHR, _SQRT, _SUB = Ops.RECIP, Ops.SHL, Ops.SHR, Ops.SQRT, Ops.SUB
 _TRUNC, _WHERE, _XOR = Ops.TRUNC, Ops.WHERE, Ops.XOR
 
 def _c_div(a: int, b: int) -> int:

@@ -476,11 +476,15 @@ def test_an_output_that_is_an_input_is_not_overwritten():
 def test_conv_transpose_with_stride_equal_to_kernel_matches_onnxruntime(shape, kernel, attrs):
   """The stride == kernel path (a 1x1 conv, then each pixel's patch laid out), with bias, pads, output padding, 1-d
   and 3-d."""
+  _check_conv_node_against_onnxruntime("ConvTranspose", shape, (shape[1], 5, *kernel), 5, kernel, attrs, seed=8)
+
+def _check_conv_node_against_onnxruntime(op: str, shape, w_shape, bias: int, strides, attrs: dict, seed: int) -> None:
+  """One `op` node (x, random weight and bias as initializers) run by kiln and by onnxruntime on a random x."""
   ort = pytest.importorskip("onnxruntime")
-  rng = np.random.default_rng(8)
-  w = rng.standard_normal((shape[1], 5, *kernel)).astype(np.float32)
-  b = rng.standard_normal(5).astype(np.float32)
-  node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], strides=list(kernel), **attrs)
+  rng = np.random.default_rng(seed)
+  w = rng.standard_normal(w_shape).astype(np.float32)
+  b = rng.standard_normal(bias).astype(np.float32)
+  node = helper.make_node(op, ["x", "w", "b"], ["y"], strides=list(strides), **attrs)
   model = make_model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                      [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
@@ -496,17 +500,7 @@ def test_conv_whose_kernel_is_whole_strides_matches_onnxruntime(shape, kernel, s
   """The space-to-depth path (stride-sized blocks into channels, then a stride-1 conv): a strided filter bank as
   Basic Pitch's constant-Q transform has (stride = kernel, kernel / 4), pads, auto_pad, a remainder the windows
   leave out, 1-d and 3-d."""
-  ort = pytest.importorskip("onnxruntime")
-  rng = np.random.default_rng(9)
-  w = rng.standard_normal((4, shape[1], *kernel)).astype(np.float32)
-  b = rng.standard_normal(4).astype(np.float32)
-  node = helper.make_node("Conv", ["x", "w", "b"], ["y"], strides=list(strides), **attrs)
-  model = make_model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
-                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                     [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
-  x = rng.standard_normal(shape).astype(np.float32)
-  expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-  assert_close(OnnxRunner(model)({"x": x})["y"].numpy(), expected, atol=1e-4)
+  _check_conv_node_against_onnxruntime("Conv", shape, (4, shape[1], *kernel), 4, strides, attrs, seed=9)
 
 def test_random_graph_is_not_cached():
   """Each call draws new numbers, as without the cache: a graph drawing random numbers is not kept."""
