@@ -346,7 +346,11 @@ def take_known(x: Tensor, axis: int, index: np.ndarray) -> Tensor:
     shape = list(x.shape)
     repeated = x.unsqueeze(axis + 1).expand(*shape[:axis + 1], count // size, *shape[axis + 1:])
     return repeated.reshape(*shape[:axis], count, *shape[axis + 1:])
-  return x[lead + (Tensor(index),)]
+  # a gather, not x[Tensor(index)]: the index is known to be in range, so no wrap of negative entries is needed
+  shape = [1] * x.ndim
+  shape[axis] = count
+  picks = Tensor(index.astype(np.int32), device=x.device).reshape(*shape)
+  return x.gather(axis, picks.expand(*x.shape[:axis], count, *x.shape[axis + 1:]))
 
 @op("Resize")
 def resize(x: Tensor, roi=None, scales=None, sizes=None, antialias: int = 0, axes=None,

@@ -370,12 +370,8 @@ def test_negative_declared_dimension_is_symbolic():
   x = np.array([[-1, 2, -3], [4, -5, 6]], np.float32)
   assert_close(OnnxRunner(model)({"x": x})["y"].numpy(), np.maximum(x, 0))
 
-TWO_GATHERS = pytest.mark.xfail(strict=True, reason="kiln core: two tensor-index gathers in a row fail to compile "
-                                "(the vmin of a vector index in codegen/parallel.py)")
-
 @pytest.mark.parametrize("scales,nearest_mode", [([1, 1, 2, 2], "floor"), ([1, 1, 0.5, 0.5], "floor"),
-                                                  pytest.param([1, 1, 1.5, 2.5], "round_prefer_floor",
-                                                               marks=TWO_GATHERS)])
+                                                  ([1, 1, 1.5, 2.5], "round_prefer_floor")])
 def test_nearest_resize_of_both_axes_matches_onnxruntime(scales, nearest_mode):
   """Nearest upsampling by whole factors (a repeat), downsampling (a strided slice) and other factors (a gather)
   on both spatial axes, as a text detector's FPN does."""
