@@ -5,6 +5,8 @@
   DEBUG=2 python bench/bench_llm.py --profile                  # one eager decode step, time per kernel name
   THREADS=1 python bench/bench_llm.py --profile                # the same on one thread (eager launches on several
                                                                # threads also time the pool's wake-ups)
+  DEV=CUDA python bench/bench_llm.py --random-gguf smollm2-135m --profile-graph   # GPU time per kernel of the
+                                                               # decode step's CUDA graph (see profile_graph)
   DEV=CUDA python bench/bench_llm.py --random-gguf smollm2-135m   # a GGUF of SmolLM2-135M's exact shapes and types
                                                                # (Q4_1, Q8_0 embedding) with random weights, written
                                                                # to a temporary file and benchmarked (the real file
@@ -24,7 +26,7 @@ from kiln.apps.llm.model import Transformer, load_model, default_model_path, rea
 from kiln.apps.llm.random_model import PRESETS, write_random_gguf
 
 PROMPT_TOKENS, DECODE_TOKENS, PART_STEPS = 100, 128, 32
-PROFILE_JIT = GC_FREEZE = False   # --profile-jit, --gc-freeze
+PROFILE_JIT = GC_FREEZE = PROFILE_GRAPH = False   # --profile-jit, --gc-freeze, --profile-graph
 
 def weight_bytes_per_token(model: Transformer) -> int:
   matrices = [m for b in model.blocks for m in (b.wqkv, b.wo, b.w_gate, b.w_up, b.w_down)] + [model.output]
@@ -103,11 +105,53 @@ def bench_kiln(path: pathlib.Path, prompt: list[int]) -> dict[str, float | str]:
     decode_step_parts(model, token, len(prompt) + 3 + DECODE_TOKENS)
     profiler.disable()
     pstats.Stats(profiler).sort_stats("tottime").print_stats(18)
+  if PROFILE_GRAPH:
+    for window in sorted(model._decode_windows): profile_graph(model, window)
   nbytes = weight_bytes_per_token(model)
   return {"device": model.device, "decode jit": decode_launches(model), "load s": load_s,
           "first prefill (compile) s": warm_s, "prefill tok/s": len(prompt) / prefill_s,
           "decode tok/s": DECODE_TOKENS / decode_s, "weights MB/token": nbytes / 1e6,
           "decode GB/s of weights": nbytes * DECODE_TOKENS / decode_s / 1e9, **parts}
+
+def _time_graph(context, launches: list, reps: int = 20) -> float:
+  """us per launch of a CUDA graph of `launches` (cuda.PackedLaunch) as a chain, median of 5 timings of `reps`."""
+  from kiln.runtime import cuda_driver as cuda
+  graph = cuda.Graph(context, launches)
+  graph.launch()
+  start, end = context.event(), context.event()
+  times = []
+  for _ in range(5):
+    start.record()
+    for _ in range(reps): graph.launch()
+    end.record()
+    end.synchronize()
+    times.append(start.elapsed_ms(end) * 1e3 / reps)
+  graph.close()
+  return float(np.median(times))
+
+def profile_graph(model: Transformer, window: int) -> None:
+  """GPU time per kernel of the captured decode step for `window` (CUDA): the step's graph as captured, and for each
+  kernel program (one per role in a layer: the same code in every layer) its *marginal* cost, the whole graph's
+  time less that of the graph without its launches, and its *chained* cost, the time per launch of a graph of one of
+  its launches repeated 64 times (each waiting for the one before, as in the step). Outputs of kernels left out are
+  stale: the times, not the values, are the point."""
+  jit = model._decode_windows[window]
+  (runner,) = [launch for launch in jit.captured._launches if hasattr(launch, "graph")]
+  items, packed, context = runner.items, runner.graph.packed, runner.context
+  full = _time_graph(context, packed)
+  groups: dict[int, list[int]] = {}
+  for i, item in enumerate(items): groups.setdefault(id(item.runner), []).append(i)
+  print(f"decode graph, window {window}: {len(items)} kernels, {full:.1f} us a launch ({full / len(items):.2f} us a "
+        f"kernel)")
+  print(f"  {'first':>5s} {'kernel':24s} {'launch':>22s} {'count':>5s} {'chained us':>10s} {'marginal us':>11s}")
+  for indices in sorted(groups.values()):
+    runner_i = items[indices[0]].runner
+    chained = _time_graph(context, [packed[indices[0]]] * 64) / 64
+    drop = set(indices)
+    marginal = full - _time_graph(context, [p for i, p in enumerate(packed) if i not in drop]) if len(drop) < \
+      len(items) else full
+    print(f"  {indices[0]:5d} {runner_i.name:24s} {str(runner_i.launch):>22s} {len(indices):5d} {chained:10.2f} "
+          f"{marginal:11.1f}")
 
 def bench_transformers(path: pathlib.Path, prompt: list[int]) -> dict[str, float]:
   import torch
@@ -166,6 +210,8 @@ def main() -> None:
   parser.add_argument("--embedding-type", metavar="TYPE", help="with --random-gguf: the token embedding's type")
   parser.add_argument("--row-elements", type=int, metavar="N", help="GPU targets: about N elements a thread in a "
                       "row kernel's block (kiln/codegen/gpudims.py ROW_ELEMENTS)")
+  parser.add_argument("--profile-graph", action="store_true", help="CUDA: GPU time per kernel of the decode "
+                      "step's graph (marginal and chained), after the benchmark")
   parser.add_argument("--profile-jit", action="store_true", help="cProfile the decode steps' Python (after the run)")
   parser.add_argument("--gc-freeze", action="store_true", help="move every object alive after the warm-up out of "
                       "the garbage collector's reach (gc.freeze) before timing decode")
@@ -177,8 +223,8 @@ def main() -> None:
   if args.graph_dag:
     from kiln.runtime.ops_cuda import CUDAGraph
     CUDAGraph.PARALLEL = True
-  global PROFILE_JIT, GC_FREEZE
-  PROFILE_JIT, GC_FREEZE = args.profile_jit, args.gc_freeze
+  global PROFILE_JIT, GC_FREEZE, PROFILE_GRAPH
+  PROFILE_JIT, GC_FREEZE, PROFILE_GRAPH = args.profile_jit, args.gc_freeze, args.profile_graph
   if args.row_elements or args.rows_per_block:
     from kiln.codegen import gpudims
     gpudims.ROW_ELEMENTS = args.row_elements or gpudims.ROW_ELEMENTS
