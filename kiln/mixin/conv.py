@@ -17,7 +17,7 @@ from kiln.uop.ops import UOp
 if TYPE_CHECKING: from kiln.tensor import Tensor  # noqa: F401
 
 
-PAD_COPY_MIN_ELEMENTS = 1 << 18   # convolutions whose padded input is at least this large pad it in its own kernel
+PAD_COPY_MIN_ELEMENTS = 1 << 12   # convolutions whose padded input is at least this large pad it in its own kernel
 
 def _is_int(value) -> bool: return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
