@@ -13,19 +13,36 @@ input itself, no random numbers drawn (each call draws its own), and no value of
 their values join the signature, only for those the build read). A build that needs an input's values from a
 kernel (a data-dependent shape: `NonZero`, a `Range` over an input) is seen by the placeholders refusing to be
 allocated, and that signature runs uncached, as every call did before.
+
+Sizes the model declares symbolic (a named dim such as `batch`, or -1) become bound Variables in the build where a
+call's size is 2 or more (onnx_symbolic.py): the signature holds the Variable's range instead of the size, the
+placeholders have room for its largest value, and one graph, one TinyJit capture and one compile of each kernel
+serve every size of the range (the ranges are powers of two: 2-16, 17-32, 33-64, ...). Where the build needs a
+size as a plain number (an op without symbolic sizes, a size read as data), that signature falls back to a graph
+per size.
 """
 from __future__ import annotations
+import re
 from collections import OrderedDict
 from typing import Any, Callable
 import numpy as np
 from kiln.dtype import dtypes, to_numpy_dtype
 from kiln.engine.jit import TinyJit
 from kiln.tensor import Tensor, _forget_results_computed_from
+from kiln.uop.ops import UOp, Variable
 from kiln.frontend.onnx_proto import dtype_of_onnx, numpy_input, track_host_reads
+from kiln.frontend import onnx_symbolic as symbolic
 
 # integer/bool inputs up to this many elements keep a host copy in the build (a shape, a sample rate, a flag)
 STEERING_LIMIT = 64
 MAX_GRAPHS = 16
+SYMBOLIC_MIN = 2   # a size of 1 broadcasts and squeezes where a larger one does not: it gets a graph of its own
+
+def symbolic_range(size: int) -> tuple[int, int]:
+  """The range of the Variable that serves `size`: 2-16, then powers of two (the buffers have room for its top)."""
+  return SYMBOLIC_MIN, max(16, 1 << (size - 1).bit_length())
+
+_FAILED = object()   # a symbolic build that needed a plain size
 
 class _ValueNeeded(BaseException):
   """A placeholder input's values were needed while building: this signature cannot be cached. A BaseException,
@@ -34,24 +51,41 @@ class _ValueNeeded(BaseException):
 class _Graph:
   """One built graph: the placeholder Tensors its inputs live in, its outputs' lazy nodes, and a TinyJit that
   realizes them (from its third call on it replays the kernels: no graph key, no scheduling)."""
-  def __init__(self, placeholders: dict[str, Tensor], outputs: list, steering: dict[str, bytes]):
+  def __init__(self, placeholders: dict[str, Tensor], outputs: list, steering: dict[str, bytes],
+               sizes: dict[UOp, Tensor] | None = None, values: dict[UOp, int] | None = None):
     self.placeholders, self.outputs, self.steering = placeholders, outputs, steering
+    # symbolic sizes: Variable -> its 0-d size input, and the values the outputs are bound to now
+    self.sizes, self.values = sizes or {}, values or {}
     self.realize = TinyJit(self._realize)
 
-  def _realize(self, *placeholders: Tensor) -> list[Tensor]:
+  def _realize(self, *inputs: Tensor) -> list[Tensor]:
     results = [Tensor(uop) for uop in self.outputs if uop is not None]
     Tensor.realize_all(results)
     return results
+
+  def bind(self, values: dict[UOp, int]) -> list[Tensor]:
+    """The placeholders (then the size inputs) with the Variables bound to `values`, the kept outputs too (what the
+    TinyJit's first two calls realize; its replays rebind by themselves)."""
+    if values != self.values:
+      self.outputs = symbolic.rebind(self.outputs, values)
+      self.placeholders = dict(zip(self.placeholders, (Tensor(u) for u in symbolic.rebind(
+        [p.uop for p in self.placeholders.values()], values))))
+      self.values = dict(values)
+    return [*self.placeholders.values(), *self.sizes.values()]
 
 def _refuse(*args, **kwargs):
   raise _ValueNeeded()
 
 class GraphCache:
-  """Graphs built for input signatures (shapes, dtypes, steering values), most recently used last."""
+  """Graphs built for input signatures (shapes or symbolic ranges, dtypes, steering values), most recently used
+  last."""
   def __init__(self, declared: dict, device: str | None, runner):
     self.declared, self.device, self.runner = declared, device, runner
     self.graphs: OrderedDict[tuple, _Graph | None] = OrderedDict()   # None: this signature is not cacheable
-    self.steering: dict[tuple, tuple[str, ...]] = {}                 # shape signature -> inputs whose values steer
+    self.not_symbolic: set[tuple] = set()   # symbolic signatures whose build needed plain sizes
+    self.steering: dict[tuple, tuple[str, ...]] = {}        # shape signature -> inputs whose values steer
+    self.labels = {name: _dim_labels(info) for name, info in declared.items()}
+    self.variable_names: dict[str, str] = {}                # dim label -> a C-identifier Variable name
 
   def arrays(self, inputs: dict[str, Any]) -> dict[str, np.ndarray] | None:
     """The inputs as numpy arrays of their declared dtypes, or None where one cannot be cached (a sequence, a
@@ -73,18 +107,48 @@ class GraphCache:
       arrays[name] = array.astype(to_numpy_dtype(dtype), order="C", copy=False)
     return arrays
 
+  def variables(self, arrays: dict[str, np.ndarray]) -> dict[str, UOp]:
+    """The Variables (unbound) of this call's symbolic sizes, by dim label: declared symbolic, at least
+    SYMBOLIC_MIN, and the same size wherever the label appears."""
+    sizes: dict[str, set[int]] = {}
+    for name, array in arrays.items():
+      for label, size in zip(self.labels.get(name) or (), array.shape):
+        if label is not None: sizes.setdefault(label, set()).add(size)
+    out = {}
+    for label, seen in sizes.items():
+      if len(seen) != 1 or (size := seen.pop()) < SYMBOLIC_MIN: continue
+      if label not in self.variable_names:
+        name = "d_" + re.sub(r"\W", "_", label)
+        while name in self.variable_names.values(): name += "_"
+        self.variable_names[label] = name
+      out[label] = Variable(self.variable_names[label], *symbolic_range(size))
+    return out
+
   def run(self, arrays: dict[str, np.ndarray], build: Callable[[dict, dict], list]) -> list | None:
     """The outputs for these inputs from a kept graph (built now if this signature is new), or None where this
     signature cannot be cached (the caller then runs the graph as usual)."""
-    shape_key = tuple((name, a.shape, a.dtype.str) for name, a in sorted(arrays.items()))
+    variables = self.variables(arrays)
+    if variables:
+      outputs = self._run(arrays, build, variables)
+      if outputs is not _FAILED: return outputs
+    return self._run(arrays, build, {})
+
+  def _run(self, arrays: dict[str, np.ndarray], build: Callable, variables: dict[str, UOp]):
+    shapes = {name: self._shape(name, a.shape, variables) for name, a in arrays.items()}
+    shape_key = tuple((name, tuple(d.arg if isinstance(d, UOp) else d for d in shapes[name]), a.dtype.str)
+                      for name, a in sorted(arrays.items()))
     steering = self.steering.get(shape_key, ())
     key = shape_key + tuple(arrays[name].tobytes() for name in steering)
+    if key in self.not_symbolic: return _FAILED
     if key in self.graphs:
       graph = self.graphs[key]
       if graph is None: return None
       self.graphs.move_to_end(key)
       return self._replay(graph, arrays)
-    graph = self._build(arrays, build)
+    graph = self._build(arrays, build, shapes)
+    if graph is _FAILED:
+      self.not_symbolic.add(key)
+      return _FAILED
     if graph is not None and tuple(graph.steering) != steering:
       self.steering[shape_key] = tuple(graph.steering)
       key = shape_key + tuple(graph.steering.values())
@@ -92,23 +156,39 @@ class GraphCache:
     if len(self.graphs) > MAX_GRAPHS: self.graphs.popitem(last=False)
     return self._replay(graph, arrays) if graph is not None else None
 
-  def _build(self, arrays: dict[str, np.ndarray], build: Callable[[dict, dict], list]) -> _Graph | None:
-    """Run `build(placeholders, host copies)` on placeholder inputs; the graph it returns, None if not cacheable."""
+  def _shape(self, name: str, shape: tuple[int, ...], variables: dict[str, UOp]) -> tuple:
+    labels = self.labels.get(name) or (None,) * len(shape)
+    return tuple(variables[label] if label in variables else size for label, size in zip(labels, shape))
+
+  def _build(self, arrays: dict[str, np.ndarray], build: Callable[[dict, dict], list], shapes: dict[str, tuple]):
+    """Run `build(placeholders, host copies)` on placeholder inputs; the graph it returns, None if not cacheable,
+    _FAILED where symbolic sizes were needed as plain numbers."""
+    values = {v: size for name, array in arrays.items() for v, size in zip(shapes[name], array.shape)
+              if isinstance(v, UOp)}
     placeholders, hosts = {}, {}
     for name, array in arrays.items():
       dtype = dtype_of_onnx(self.declared[name].type.tensor_type.elem_type)
-      placeholder = Tensor.empty(*array.shape, dtype=dtype, device=self.device)
-      if array.size <= STEERING_LIMIT and (np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_):
+      shape = tuple(v.bind(values[v]) if isinstance(v, UOp) else v for v in shapes[name])
+      placeholder = Tensor.empty(*shape, dtype=dtype, device=self.device)
+      if array.size <= STEERING_LIMIT and (np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_) \
+         and shape == array.shape:   # (an input of symbolic size has no host copy: its values are this size's)
         hosts[name] = array
-      placeholder.uop.base.buffer.allocate = _refuse   # any kernel reading it during the build would allocate it
       placeholders[name] = placeholder
+    sizes = {v: Tensor.empty(dtype=dtypes.int64, device=self.device) for v in values}
+    for t in (*placeholders.values(), *sizes.values()):
+      t.uop.base.buffer.allocate = _refuse   # any kernel reading it during the build would allocate it
     self.runner.drew_random = False
+    symbolic.set_size_inputs(sizes)
     try:
       with track_host_reads() as reads:
         outputs = build(placeholders, hosts)
-    except _ValueNeeded: return None
+    except _ValueNeeded: return _FAILED if values else None
+    except Exception:
+      if values: return _FAILED   # an op that needs plain sizes: the graph is built per size instead
+      raise
     finally:
-      for placeholder in placeholders.values(): del placeholder.uop.base.buffer.allocate
+      symbolic.set_size_inputs({})
+      for t in (*placeholders.values(), *sizes.values()): del t.uop.base.buffer.allocate
     if self.runner.drew_random: return None   # a replay would repeat the same numbers (or skip a manual_seed)
     inputs = {id(p.uop.base.buffer) for p in placeholders.values()}
     for out in outputs:
@@ -116,19 +196,38 @@ class GraphCache:
       if not isinstance(out, Tensor) or (out.uop.base.buffer is not None and id(out.uop.base.buffer) in inputs):
         return None
     steering = {name: arrays[name].tobytes() for name, p in placeholders.items() if id(p) in reads}
-    return _Graph(placeholders, [out.uop if out is not None else None for out in outputs], steering)
+    return _Graph(placeholders, [out.uop if out is not None else None for out in outputs], steering, sizes,
+                  dict(values))
 
   def _replay(self, graph: _Graph, arrays: dict[str, np.ndarray]) -> list:
     # nothing outside reads the placeholders lazily: every call's outputs are realized before it returns (none is a
     # placeholder itself), so tensors a caller builds on them read their own buffers, never the placeholders
+    values = {}
     for name, placeholder in graph.placeholders.items():
-      buffer = placeholder.uop.base.buffer
-      buffer.copyin(memoryview(arrays[name].reshape(-1).view(np.uint8)))
-      _forget_results_computed_from(buffer)   # the graph's last results were computed from the old values
-    try: realized = graph.realize(*graph.placeholders.values())
+      buffer, array = placeholder.uop.base.buffer, arrays[name]
+      if graph.sizes:   # room for the largest sizes: this call's values fill the front, row-major
+        values.update((v.src[0], size) for v, size in zip(placeholder.shape, array.shape) if isinstance(v, UOp))
+        if array.size != buffer.size: buffer = buffer.view(array.size, buffer.dtype, 0)
+      buffer.copyin(memoryview(array.reshape(-1).view(np.uint8)))
+      _forget_results_computed_from(placeholder.uop.base.buffer)   # the last results came from the old values
+    for variable, size_input in graph.sizes.items():
+      size_input.uop.base.buffer.copyin(memoryview(np.array([values[variable]], np.int64).view(np.uint8)))
+      _forget_results_computed_from(size_input.uop.base.buffer)
+    inputs = graph.bind(values) if graph.sizes else list(graph.placeholders.values())
+    try: realized = graph.realize(*inputs)
     except RuntimeError:   # TinyJit refuses this graph (e.g. no kernel to capture: every output a constant)
       if graph.realize == graph._realize: raise
       graph.realize = graph._realize
       realized = graph.realize()
-    results = iter(realized)
+    results = iter(symbolic.concrete(t) for t in realized)
     return [next(results) if uop is not None else None for uop in graph.outputs]
+
+def _dim_labels(info) -> tuple | None:
+  """Each declared dim's label where it is symbolic (its dim_param, or the input and axis for a -1 or a dim with
+  neither), None where it is fixed; None for an input without a declared tensor shape."""
+  if info.type.WhichOneof("value") != "tensor_type" or not info.type.tensor_type.HasField("shape"): return None
+  labels = []
+  for axis, dim in enumerate(info.type.tensor_type.shape.dim):
+    if dim.HasField("dim_value") and dim.dim_value >= 0: labels.append(None)
+    else: labels.append(dim.dim_param if dim.HasField("dim_param") and dim.dim_param else f"{info.name}:{axis}")
+  return tuple(labels)

@@ -7,6 +7,8 @@ from typing import Callable
 import numpy as np
 from kiln.tensor import Tensor
 from kiln.frontend.onnx_proto import HOST_LIMIT, host_value, remember
+from kiln.frontend import onnx_symbolic as symbolic
+from kiln.uop.ops import UOp
 
 def _axes(axes, attr_axes) -> list[int] | None:
   chosen = axes if axes is not None else attr_axes
@@ -61,7 +63,8 @@ def _gather(data, indices, *, axis=0):
   return np.take(data, np.where(indices < 0, indices + data.shape[axis], indices), axis=axis)
 
 def _reshape(data, shape, *, allowzero=0):
-  target = [data.shape[i] if d == 0 and not allowzero else int(d) for i, d in enumerate(shape)]
+  target = [data.shape[i] if d == 0 and not allowzero else d if isinstance(d, UOp) else int(d)
+            for i, d in enumerate(shape)]
   return data.reshape(target)
 
 def _expand(x, shape):
@@ -79,6 +82,17 @@ FOLDERS: dict[str, Callable] = {
   "Min": lambda *xs: np.minimum.reduce(np.broadcast_arrays(*xs)),
   "ReduceProd": _reduce(np.prod), "ReduceSum": _reduce(np.sum), "ReduceMax": _reduce(np.max),
   "ReduceMin": _reduce(np.min),
+}
+def _cast_sizes(x, *, to, saturate=1):
+  if to not in (6, 7): raise NotImplementedError   # sizes stay sizes as int32/int64, nothing else is sure
+  return x
+
+# where an input holds symbolic sizes (onnx_symbolic.py): comparisons and divisions decided for every size or not at
+# all, and casts between the integer types that sizes are
+SIZE_FOLDERS: dict[str, Callable] = {
+  "Equal": symbolic.equal, "Less": symbolic.less, "LessOrEqual": symbolic.less_equal, "Greater": symbolic.greater,
+  "GreaterOrEqual": symbolic.greater_equal, "Div": symbolic.divide, "Cast": _cast_sizes,
+  "CastLike": lambda x, like, *, saturate=1: _cast_sizes(x, to=7 if like.dtype in (np.int64, object) else 0),
 }
 _AXES_ATTRIBUTE = {"Unsqueeze", "Squeeze", "ReduceProd", "ReduceSum", "ReduceMax", "ReduceMin"}
 
@@ -98,9 +112,16 @@ def fold(op_type: str, inputs: list, attrs: dict) -> list[Tensor] | None:
   if op_type in _AXES_ATTRIBUTE and "axes" in keywords: keywords["attr_axes"] = keywords.pop("axes")
   if op_type != "ConstantOfShape" and any(isinstance(v, Tensor) for v in keywords.values()): return None
   while arrays and arrays[-1] is None: arrays.pop()
+  sizes = any(a is not None and a.dtype == object for a in arrays)
+  folder = SIZE_FOLDERS.get(op_type, FOLDERS[op_type]) if sizes else FOLDERS[op_type]
   try:
-    result = np.asarray(FOLDERS[op_type](*arrays, **keywords))
+    result = np.asarray(folder(*arrays, **keywords))
   except Exception:  # an unusual attribute or input: the kiln op decides (and reports)
     return None
-  if result.dtype in (object, np.float16) or result.size > HOST_LIMIT: return None
+  if result.size > HOST_LIMIT: return None
+  if result.dtype == object:
+    if not symbolic.is_sint_array(result): return None
+    result = symbolic.sint_array(result.reshape(-1)).reshape(result.shape)
+    if result.dtype == object: return [remember(symbolic.sizes_tensor(result), result)]
+  if result.dtype == np.float16: return None
   return [remember(Tensor(np.array(result, order="C")), result)]

@@ -13,6 +13,9 @@ from kiln.dtype import DType, dtypes
 from kiln.tensor import Tensor
 from kiln.frontend.onnx_proto import (EMULATED_FLOATS, HELD_TYPES, dtype_of_onnx, held_type, host_value, mark_type,
                                       remember, round_to_emulated)
+from kiln.frontend.onnx_symbolic import infer_dim, sint_array, sizes_tensor
+from kiln.uop.ops import UOp
+from kiln.uop.sint import sprod
 
 OPS: dict[str, Callable] = {}
 
@@ -31,10 +34,11 @@ def host_array(value) -> np.ndarray:
   known = host_value(value)
   return known if known is not None else value.numpy()
 
-def ints(value) -> list[int] | None:
-  """A shape/axes-like input or attribute as a list of Python ints (None stays None)."""
+def ints(value) -> list | None:
+  """A shape/axes-like input or attribute as a list of Python ints (None stays None); a symbolic size
+  (onnx_symbolic.py) stays its expression."""
   if value is None: return None
-  return [int(v) for v in host_array(value).reshape(-1)]
+  return [v if isinstance(v, UOp) else int(v) for v in host_array(value).reshape(-1)]
 
 def scalar(value):
   """A one-element input as a Python number."""
@@ -191,7 +195,7 @@ def _softmax_axis(x: Tensor, axis: int | None, ctx, fn: Callable[[Tensor, int], 
   """Opset 13 reduces one axis (default -1); earlier opsets flatten from `axis` (default 1) into 2-d."""
   if ctx.opset >= 13: return fn(x, axis_of(-1 if axis is None else axis, x.ndim))
   axis = axis_of(1 if axis is None else axis, x.ndim)
-  flat = x.reshape(int(np.prod(x.shape[:axis])), -1)
+  flat = x.reshape(sprod(x.shape[:axis]), sprod(x.shape[axis:]))
   return fn(flat, 1).reshape(x.shape)
 
 @op("Softmax")
@@ -279,12 +283,14 @@ def constant(value=None, value_float=None, value_floats=None, value_int=None, va
 
 @op("Shape")
 def shape(x, start: int = 0, end: int | None = None) -> Tensor:
-  dims = np.array(list(x.shape)[slice(start, end)], dtype=np.int64)
+  dims = sint_array(list(x.shape)[slice(start, end)])
+  if dims.dtype == object: return remember(sizes_tensor(dims), dims)
   return remember(Tensor(dims, dtype=dtypes.int64), dims)
 
 @op("Size")
 def size(x) -> Tensor:
-  count = np.array(int(np.prod(x.shape)), dtype=np.int64)
+  count = sint_array([sprod(x.shape)]).reshape(())
+  if count.dtype == object: return remember(sizes_tensor(count), count)
   return remember(Tensor(count, dtype=dtypes.int64), count)
 
 @op("ConstantOfShape")
@@ -296,15 +302,20 @@ def constant_of_shape(shape_: Tensor, value: Tensor | None = None) -> Tensor:
 def reshape(data: Tensor, shape_: Tensor | None = None, allowzero: int = 0, shape=None) -> Tensor:
   target = ints(shape_ if shape_ is not None else shape)
   if not allowzero: target = [data.shape[i] if d == 0 else d for i, d in enumerate(target)]
-  if -1 in target:  # infer here: kiln cannot infer a dim next to a zero
+  plain = [d for d in target if not isinstance(d, UOp)]
+  if -1 in plain and len(plain) == len(target) and all(not isinstance(d, UOp) for d in data.shape):
+    # infer here: kiln cannot infer a dim next to a zero (with symbolic sizes kiln infers it: no zeros there)
     known = int(np.prod([d for d in target if d != -1]))
     target[target.index(-1)] = int(np.prod(data.shape)) // known if known else 0
+  elif -1 in plain:   # symbolic sizes: kiln's simplifier does not cancel (n*m*32)//(n*m*4), so cancel factors here
+    rest = infer_dim(data.shape, [d for d in target if isinstance(d, UOp) or d != -1])
+    if rest is not None: target[next(i for i, d in enumerate(target) if not isinstance(d, UOp) and d == -1)] = rest
   return data.reshape(target)
 
 @op("Flatten")
 def flatten(x: Tensor, axis: int = 1) -> Tensor:
   axis = axis + x.ndim if axis < 0 else axis
-  return x.reshape(int(np.prod(x.shape[:axis])), int(np.prod(x.shape[axis:])))
+  return x.reshape(sprod(x.shape[:axis]), sprod(x.shape[axis:]))
 
 @op("Transpose")
 def transpose(x, perm=None):
@@ -386,8 +397,8 @@ def gather_nd(data: Tensor, indices: Tensor, batch_dims: int = 0) -> Tensor:
   batch, indexed = data.shape[:batch_dims], data.shape[batch_dims:batch_dims + depth]
   tail = data.shape[batch_dims + depth:]
   middle = indices.shape[batch_dims:-1]
-  n_batch, n_middle, n_tail = int(np.prod(batch)), int(np.prod(middle)), int(np.prod(tail))
-  source = data.reshape(n_batch, int(np.prod(indexed)), n_tail)
+  n_batch, n_middle, n_tail = sprod(batch), sprod(middle), sprod(tail)
+  source = data.reshape(n_batch, sprod(indexed), n_tail)
   flat = _linear_index(indices, indexed).reshape(n_batch, n_middle, 1).expand(n_batch, n_middle, n_tail)
   return source.gather(1, flat).reshape(*batch, *middle, *tail)
 
@@ -405,8 +416,8 @@ def scatter_nd(data: Tensor, indices: Tensor, updates: Tensor, reduction: str = 
   indices = indices.cast(dtypes.int64)
   depth = indices.shape[-1]
   indexed, tail = data.shape[:depth], data.shape[depth:]
-  n_tail, n_updates = int(np.prod(tail)), int(np.prod(indices.shape[:-1]))
-  target = data.reshape(int(np.prod(indexed)), n_tail)
+  n_tail, n_updates = sprod(tail), sprod(indices.shape[:-1])
+  target = data.reshape(sprod(indexed), n_tail)
   flat = _linear_index(indices, indexed).reshape(n_updates, 1).expand(n_updates, n_tail)
   source = updates.reshape(n_updates, n_tail)
   if reduction == "none": out = target.scatter(0, flat, source)

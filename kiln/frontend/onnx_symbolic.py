@@ -1,0 +1,173 @@
+"""Symbolic sizes for OnnxRunner's kept graphs: a dimension the model declares by name (`batch`, `sequence`) or as
+-1 becomes a bound kiln Variable while the graph is built, so the kernels take it as a parameter and one build (and
+one compile) serves every size of its range (onnx_cache.py decides where).
+
+While such a graph is built, a shape holds expressions of the Variables (`n`, `n*3`), and the shape arithmetic of
+exported models (`Shape -> Gather -> Concat -> Reshape`) runs on numpy object arrays of those expressions
+(onnx_fold.py). Where a shape must become data (a `Shape` output used in arithmetic on the device), its values are
+read from one small int64 input per Variable that the cache fills with the call's size: reading it while building
+is refused like reading any input, so no size of the first call is baked into a graph that claims to serve all.
+A comparison of sizes is only folded where it holds for every value of the range; otherwise, and wherever an op
+needs a plain int, the build fails and the cache builds that size on its own, as before.
+"""
+from __future__ import annotations
+import operator
+from typing import Any, Callable
+import numpy as np
+from kiln.tensor import Tensor
+from kiln.dtype import dtypes
+from kiln.uop.ops import UOp, Ops, GroupOp
+from kiln.uop.sint import sint_min, sint_max, sint_value, ssimplify
+
+# the Variable (a DEFINE_VAR node) -> the 0-d int64 input Tensor holding its value, while a symbolic graph is built
+_size_inputs: dict[UOp, Tensor] = {}
+
+def set_size_inputs(inputs: dict[UOp, Tensor]) -> None:
+  """Make `inputs` (Variable -> 0-d int64 placeholder) the values Shape reads for symbolic sizes (empty: none)."""
+  _size_inputs.clear()
+  _size_inputs.update(inputs)
+
+def is_sint_array(array: np.ndarray) -> bool:
+  """True for an object array of sizes: Python ints and symbolic expressions, at least one of them symbolic."""
+  if array.dtype != object: return False
+  flat = array.reshape(-1)
+  return all(isinstance(v, (int, np.integer, UOp)) for v in flat) and any(isinstance(v, UOp) for v in flat)
+
+def sint_array(values) -> np.ndarray:
+  """Sizes as an int64 array when all are ints, else an object array of ints and (simplified) expressions."""
+  values = [ssimplify(v) if isinstance(v, UOp) else int(v) for v in values]
+  if not any(isinstance(v, UOp) for v in values): return np.array(values, dtype=np.int64)
+  out = np.empty(len(values), dtype=object)
+  out[:] = values
+  return out
+
+_TENSOR_OPS: dict[Ops, Callable] = {Ops.ADD: operator.add, Ops.SUB: operator.sub, Ops.MUL: operator.mul,
+                                    Ops.IDIV: operator.floordiv, Ops.MOD: operator.mod, Ops.MAX: Tensor.maximum,
+                                    Ops.NEG: operator.neg}
+
+def _size_tensor(size) -> Tensor:
+  """One size as a 0-d int64 Tensor: a constant, or its expression computed from the Variables' size inputs."""
+  if not isinstance(size, UOp): return Tensor(int(size), dtype=dtypes.int64)
+  values: dict[UOp, Tensor] = {}
+  for node in size.toposort():
+    if node.op is Ops.BIND:
+      if node.src[0] not in _size_inputs:
+        raise NotImplementedError(f"the size {size} is symbolic but has no size input")
+      values[node] = _size_inputs[node.src[0]]
+    elif node.op is Ops.CONST: values[node] = Tensor(int(node.arg), dtype=dtypes.int64)
+    elif node.op in _TENSOR_OPS and (node.op is not Ops.IDIV or sint_min(node.src[0]) >= 0):
+      values[node] = _TENSOR_OPS[node.op](*(values[s] for s in node.src))   # (a floor division: not negative)
+    elif node.op is not Ops.DEFINE_VAR:   # a DEFINE_VAR is only seen under its BIND
+      raise NotImplementedError(f"the size {size} has an operation ({node.op.name}) Shape cannot compute")
+  return values[size]
+
+def sizes_tensor(sizes: np.ndarray) -> Tensor:
+  """An object array of sizes as an int64 Tensor of its shape (what a Shape node outputs for symbolic sizes)."""
+  flat = [_size_tensor(v) for v in sizes.reshape(-1)]
+  if not flat: return Tensor.zeros(*sizes.shape, dtype=dtypes.int64)
+  return Tensor.stack(*flat).reshape(*sizes.shape)
+
+def _factors(sizes) -> tuple[int, list[UOp]]:
+  """A product of sizes as (its constant factor, its symbolic factors): `(n*3, 4)` -> (12, [n])."""
+  constant, symbols, todo = 1, [], list(sizes)
+  while todo:
+    size = todo.pop()
+    if not isinstance(size, UOp): constant *= int(size)
+    elif size.op is Ops.MUL: todo.extend(size.src)
+    elif size.op is Ops.CONST: constant *= int(size.arg)
+    else: symbols.append(size)
+  return constant, symbols
+
+def infer_dim(total, known):
+  """The size that makes the product of `known` equal to the product of `total` (a Reshape's -1), cancelling the
+  symbolic factors both have; None where that leaves a quotient that is not a whole size for every value."""
+  total_constant, total_symbols = _factors(total)
+  known_constant, known_symbols = _factors(known)
+  for size in known_symbols:
+    match = next((i for i, other in enumerate(total_symbols) if other is size), None)
+    if match is None: return None
+    total_symbols.pop(match)
+  if known_constant == 0 or total_constant % known_constant: return None
+  out = total_constant // known_constant
+  for size in total_symbols: out = out * size
+  return ssimplify(out)
+
+# ---- comparisons and division of sizes, folded only where they hold for every value of the Variables
+
+def _difference_range(a, b) -> tuple[int, int]:
+  if not isinstance(a, UOp) and not isinstance(b, UOp): return int(a) - int(b), int(a) - int(b)
+  difference = ssimplify((a if isinstance(a, UOp) else UOp.const(dtypes.int32, int(a))) - b)
+  return (difference, difference) if not isinstance(difference, UOp) else (sint_min(difference), sint_max(difference))
+
+class UndecidedSize(Exception):
+  """A comparison of sizes whose answer depends on the Variables' values (the graph cannot serve them all)."""
+
+def _compare(test: Callable[[int, int], tuple[bool, bool]]) -> Callable:
+  def compare(a, b):
+    def one(x, y):
+      low, high = _difference_range(x, y)
+      always, never = test(low, high)
+      if always == never: raise UndecidedSize(f"{x} vs {y}")
+      return always
+    return np.vectorize(one, otypes=[bool])(a, b)
+  return compare
+
+# each test gives (true for every value, false for every value) from the range [low, high] of a - b
+equal = _compare(lambda low, high: (low == high == 0, low > 0 or high < 0))
+less = _compare(lambda low, high: (high < 0, low >= 0))
+less_equal = _compare(lambda low, high: (high <= 0, low > 0))
+greater = _compare(lambda low, high: (low > 0, high <= 0))
+greater_equal = _compare(lambda low, high: (low >= 0, high < 0))
+
+def divide(a, b):
+  """Integer division of sizes (ONNX truncates; sizes are not negative, so a floor division where the divisor is
+  positive)."""
+  def one(x, y):
+    if not isinstance(x, UOp) and not isinstance(y, UOp): return int(np.trunc(int(x) / int(y)))
+    if isinstance(y, UOp) or int(y) <= 0 or sint_min(x) < 0: raise UndecidedSize(f"{x} / {y}")
+    return ssimplify(x // int(y))
+  return np.vectorize(one, otypes=[object])(a, b)
+
+# ---- outputs: views of the kept graph's results with the call's sizes as plain ints
+
+def concrete(tensor: Tensor) -> Tensor:
+  """A realized tensor whose shape holds bound Variables as the same view with every size a plain int."""
+  if not any(isinstance(s, UOp) for s in tensor.shape): return tensor
+  chain, node = [], tensor.uop
+  while node.op in GroupOp.Movement:
+    chain.append((node.op, node.arg))
+    node = node.src[0]
+  chain = [(op, _values(arg)) for op, arg in reversed(chain)]
+  if node.op is Ops.BUFFER and node.buffer is not None and [op for op, _ in chain] == [Ops.SHRINK, Ops.RESHAPE] \
+     and chain[0][1][0][0] == 0:
+    # the front of a buffer with room for the largest sizes (how kiln lays out a symbolic result): a buffer of its
+    # own over that memory, so reading it copies nothing and compiles no kernel for this size
+    size = chain[0][1][0][1]
+    front = UOp.new_buffer(node.buffer.device, size, node.dtype)
+    front.buffer = node.buffer.view(size, node.dtype, 0)
+    return Tensor(front.reshape(chain[1][1]))
+  for op, arg in chain: node = UOp(op, node.dtype, (node,), arg)
+  return Tensor(node)
+
+def _values(arg: Any) -> Any:
+  if isinstance(arg, UOp): return sint_value(arg)
+  if isinstance(arg, tuple): return tuple(_values(a) for a in arg)
+  return arg
+
+def rebind(roots: list[UOp], values: dict[UOp, int]) -> list[UOp]:
+  """`roots` with every BIND of a Variable in `values` bound to its value there, in sources and in movement args."""
+  memo: dict[UOp, UOp] = {}
+  def mapped_arg(arg: Any) -> Any:
+    if isinstance(arg, UOp): return mapped(arg)
+    if isinstance(arg, tuple): return tuple(mapped_arg(a) for a in arg)
+    return arg
+  def mapped(root: UOp) -> UOp:
+    for node in root.toposort():
+      if node in memo: continue
+      if node.op is Ops.BIND and node.src[0] in values: memo[node] = node.src[0].bind(values[node.src[0]])
+      else:
+        src = tuple(memo.get(s, s) for s in node.src)
+        arg = mapped_arg(node.arg) if node.op in GroupOp.Movement else node.arg
+        memo[node] = node if src == node.src and arg == node.arg else node.replace(src=src, arg=arg)
+    return memo[root]
+  return [mapped(root) if root is not None else None for root in roots]
