@@ -45,13 +45,14 @@ def main() -> None:
                       help="which rows: memory, matmul, tiles, conv, launch (with the graph chains) (commas)")
   parser.add_argument("--row-elements", type=int, metavar="N", help="about N elements a thread in a row kernel's "
                       "block (kiln/codegen/gpudims.py ROW_ELEMENTS)")
-  parser.add_argument("--rows-per-block", type=int, metavar="N", help="GPU targets: rows a block in row kernels of "
-                      "many short rows (kiln/codegen/gpudims.py ROWS_PER_BLOCK; 1: a block a row)")
+  parser.add_argument("--row-lane-elements", type=int, metavar="N", help="GPU targets: threads a row in row kernels of "
+                      "many rows (kiln/codegen/gpudims.py ROW_LANE_ELEMENTS: about N elements a lane; 0: a block a row)")
   args = parser.parse_args()
-  if args.row_elements or args.rows_per_block:
+  if args.row_elements or args.row_lane_elements is not None:
     from kiln.codegen import gpudims
     gpudims.ROW_ELEMENTS = args.row_elements or gpudims.ROW_ELEMENTS
-    gpudims.ROWS_PER_BLOCK = args.rows_per_block or gpudims.ROWS_PER_BLOCK
+    if args.row_lane_elements == 0: gpudims.MULTI_ROW_MIN = 1 << 30
+    elif args.row_lane_elements: gpudims.ROW_LANE_ELEMENTS = args.row_lane_elements
   import torch
   from kiln import Tensor, Device
   n, reps, rows = args.floats, args.reps, []

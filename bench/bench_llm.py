@@ -215,8 +215,8 @@ def main() -> None:
   parser.add_argument("--profile-jit", action="store_true", help="cProfile the decode steps' Python (after the run)")
   parser.add_argument("--gc-freeze", action="store_true", help="move every object alive after the warm-up out of "
                       "the garbage collector's reach (gc.freeze) before timing decode")
-  parser.add_argument("--rows-per-block", type=int, metavar="N", help="GPU targets: rows a block in row kernels of "
-                      "many short rows (kiln/codegen/gpudims.py ROWS_PER_BLOCK; 1: a block a row)")
+  parser.add_argument("--row-lane-elements", type=int, metavar="N", help="GPU targets: threads a row in row kernels of "
+                      "many rows (kiln/codegen/gpudims.py ROW_LANE_ELEMENTS: about N elements a lane; 0: a block a row)")
   parser.add_argument("--graph-dag", action="store_true", help="CUDA: graph nodes wait only for the nodes whose "
                       "memory they use (kiln/runtime/ops_cuda.py CUDAGraph.PARALLEL), to compare with the chain")
   args = parser.parse_args()
@@ -225,10 +225,11 @@ def main() -> None:
     CUDAGraph.PARALLEL = True
   global PROFILE_JIT, GC_FREEZE, PROFILE_GRAPH
   PROFILE_JIT, GC_FREEZE, PROFILE_GRAPH = args.profile_jit, args.gc_freeze, args.profile_graph
-  if args.row_elements or args.rows_per_block:
+  if args.row_elements or args.row_lane_elements is not None:
     from kiln.codegen import gpudims
     gpudims.ROW_ELEMENTS = args.row_elements or gpudims.ROW_ELEMENTS
-    gpudims.ROWS_PER_BLOCK = args.rows_per_block or gpudims.ROWS_PER_BLOCK
+    if args.row_lane_elements == 0: gpudims.MULTI_ROW_MIN = 1 << 30
+    elif args.row_lane_elements: gpudims.ROW_LANE_ELEMENTS = args.row_lane_elements
   path = args.model or (None if args.random_gguf else default_model_path())
   if args.random_gguf:
     spec = PRESETS[args.random_gguf]

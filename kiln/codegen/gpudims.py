@@ -130,11 +130,25 @@ MIN_GROUP_SIZE = 32   # the fewest threads a row's block has (one warp)
 # GROUP_SIZE: a short row (a decode step's 576-float norms and matrix-vector rows) gets a small block, whose threads
 # each keep several elements in flight and combine in fewer barrier-separated rounds
 ROW_ELEMENTS = 8
-MIN_GROUPED = 128   # a kernel whose reductions are all shorter keeps them in one thread each
-# a row kernel of at least MULTI_ROW_MIN rows whose rows are at most WARP_ROW_MAX long gives each row one warp
-# (WARP_LANES threads) and each block ROWS_PER_BLOCK rows: a matrix-vector product's 576-1536 rows then run in ~100
-# blocks instead of one block each (call 20: a 960-block row kernel took 1.3 us longer than a one-block one)
-ROWS_PER_BLOCK, WARP_LANES, MULTI_ROW_MIN, WARP_ROW_MAX = 8, 32, 64, 4096
+MIN_GROUPED = 128   # a kernel whose reductions are all shorter keeps them in one thread each (unless many rows)
+# a row kernel of at least MULTI_ROW_MIN rows of at most MULTI_ROW_MAX elements gives each row `row_lanes` threads
+# (about ROW_LANE_ELEMENTS elements each, a power of two from MIN_ROW_LANES to GROUP_SIZE) and each block
+# ROW_BLOCK_THREADS threads' worth of rows; such rows are grouped from MIN_MULTI_GROUPED elements. A decode step's
+# matrix-vector rows and attention scores are latency-bound: a lane's serial elements set the time (H200, call 26:
+# a warp a 1536-float row took 7.3 us, a warp a 576-float row 2.3, one thread a 64-float row 11.2)
+ROW_LANE_ELEMENTS, MIN_ROW_LANES, ROW_BLOCK_THREADS = 8, 4, 256
+MULTI_ROW_MIN, MULTI_ROW_MAX, MIN_MULTI_GROUPED = 64, 4096, 32
+
+def row_lanes(size: int) -> int:
+  """The threads that reduce one of many rows of `size` elements (`ROW_LANE_ELEMENTS` a thread, a power of two in
+  [MIN_ROW_LANES, GROUP_SIZE]).
+
+  >>> row_lanes(64), row_lanes(576), row_lanes(1536)
+  (8, 128, 256)
+  """
+  lanes = MIN_ROW_LANES
+  while lanes < GROUP_SIZE and lanes * ROW_LANE_ELEMENTS < size: lanes *= 2
+  return lanes
 
 def row_group_size(size: int) -> int:
   """The threads of the block that reduces a row of `size` elements (`ROW_ELEMENTS` a thread, a power of two in
@@ -172,20 +186,39 @@ def row_plan(sink: UOp) -> RowPlan | None:
   for red in reduces: groups.setdefault(frozenset(red.src[1:]), []).append(red)
   reduce_ranges = set().union(*groups)
   if any(r.src[0].op is not Ops.CONST for r in reduce_ranges): return None
-  if max(prod(r.src[0].arg for r in key) for key in groups) < MIN_GROUPED: return None
+  longest = max(prod(r.src[0].arg for r in key) for key in groups)
+  if longest < min(MIN_GROUPED, MIN_MULTI_GROUPED): return None
   scopes = {red: frozenset(u for u in red.toposort() if u.op is Ops.RANGE) for red in reduces}
   for red in reduces:   # no reduction inside another's loop: a body reads no other group's ranges but through it
     inner = frozenset(toposort([red.src[0]], stop=lambda u: u.op is Ops.REDUCE))
     if any(r in reduce_ranges and r not in red.src[1:] for r in inner): return None
   outputs = sorted((u for u in nodes if u.op is Ops.RANGE and u not in reduce_ranges), key=_range_key)
-  rows = [r for r in outputs if all(r in scope for scope in scopes.values())]
+  # a row range is one some reduction depends on; a reduction that misses one (an RMS norm's sum of squares inside
+  # the product it scales) is computed again by each row, so it may be no longer than the rows' own reductions
+  rows = [r for r in outputs if any(r in scope for scope in scopes.values())]
+  size_of = {red: prod(r.src[0].arg for r in red.src[1:]) for red in reduces}
+  full = [size_of[red] for red in reduces if all(r in scopes[red] for r in rows)]
+  if not full or any(size_of[red] > max(full) for red in reduces): return None
   rest = [r for r in outputs if r not in rows]
   if len(rest) > 1 or any(r in scope for r in rest for scope in scopes.values()): return None
   if any(r.src[0].op is not Ops.CONST for r in outputs) or prod(r.src[0].arg for r in rows) > MAX_GROUPED_OUTPUTS:
     return None
+  if longest < MIN_GROUPED and (prod(r.src[0].arg for r in rows) < MULTI_ROW_MIN or
+                                 not _reads_along(nodes, max(reduce_ranges, key=_range_key))):
+    return None   # few short rows, or short columns (one thread an output reads them coalesced)
   if rows + rest and _first_conflict(nodes, rows + rest) is not None: return None
   ordered = tuple((tuple(sorted(key, key=_range_key)), tuple(reds)) for key, reds in groups.items())
   return RowPlan(ordered, tuple(rows), rest[0] if rest else None)
+
+def _reads_along(nodes: list[UOp], rng: UOp) -> bool:
+  """Whether some load of a global buffer reads consecutive addresses along `rng` (a coefficient of 1 in its
+  index), so the lanes that split `rng` read one run of memory."""
+  memo: dict = {}
+  for load in nodes:
+    if load.op is Ops.LOAD and load.src[0].op is Ops.DEFINE_GLOBAL:
+      form = _linear(load.src[1], frozenset([rng]), memo)
+      if form is not None and form[0].get(rng) == 1: return True
+  return False
 
 TERMS_PER_LEVEL = 32   # a float sum's partial adds at most about this many terms per accumulator level
 
@@ -322,8 +355,9 @@ def grid_reduction(sink: UOp, plan: RowPlan, new_range) -> UOp | None:
 
 def group_rows(sink: UOp) -> UOp | None:
   """A row kernel (`row_plan`) as one block per row (gidx0, the row ranges unflattened) of `row_group_size` threads,
-  or, for MULTI_ROW_MIN rows or more of at most WARP_ROW_MAX elements, ROWS_PER_BLOCK rows a block of a warp each
-  (thread `lidx0` is lane `lidx0 % 32` of the block's row `lidx0 // 32`; rows past the end store nothing). For each
+  or, for MULTI_ROW_MIN rows or more of at most MULTI_ROW_MAX elements, G = `row_lanes` threads a row and
+  ROW_BLOCK_THREADS / G rows a block (thread `lidx0` is lane `lidx0 % G` of the block's row `lidx0 // G`; rows past
+  the end store nothing). For each
   reduce group in turn, a row's G threads reduce every G-th element (coalesced loads) into partials in a shared
   array, combined by a tree of barrier-separated rounds (`_tree_combine`); the elementwise pass then runs element
   `j*G + lane` in a thread's loop j. Up to MAX_UNROLLED_ROW elements a thread, the loops are unrolled instead, and
@@ -339,8 +373,9 @@ def group_rows(sink: UOp) -> UOp | None:
   longest = max([prod(r.src[0].arg for r in ranges) for ranges, _ in plan.groups] +
                 ([plan.elementwise.src[0].arg] if plan.elementwise is not None else []))
   n_rows = prod(r.src[0].arg for r in plan.rows) if plan.rows else 1
-  per_block = ROWS_PER_BLOCK if ROWS_PER_BLOCK > 1 and n_rows >= MULTI_ROW_MIN and longest <= WARP_ROW_MAX else 1
-  group = WARP_LANES if per_block > 1 else row_group_size(longest)
+  many = n_rows >= MULTI_ROW_MIN and longest <= MULTI_ROW_MAX
+  group = row_lanes(longest) if many else row_group_size(longest)
+  per_block = max(1, ROW_BLOCK_THREADS // group) if many else 1
   lidx = UOp(Ops.SPECIAL, INT, (), ("lidx0", group * per_block))
   # several rows a block: thread `lidx` is lane `lidx % group` of the block's row `lidx // group`
   lane = lidx % group if per_block > 1 else lidx

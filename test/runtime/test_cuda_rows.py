@@ -1,7 +1,8 @@
 """Row kernels for the CUDA target (kiln/codegen/gpudims.py `group_rows`) without a GPU: rendered for CUDA and run in
 the lockstep emulator (test/runtime/gpu_lockstep.py: real shared memory and barriers, out-of-bounds accesses and
-racing stores raise), against NumPy. Many short rows run a warp a row, several rows a block (the last block's extra
-rows store nothing); few rows run one block a row sized to the row."""
+racing stores raise), against NumPy. Many rows run `row_lanes` threads a row (by the row's length), several rows a
+block (the last block's extra rows store nothing), short ones (32+ elements) too; few rows run one block a row sized
+to the row."""
 from __future__ import annotations
 import numpy as np
 import pytest
@@ -34,6 +35,12 @@ CASES = {   # name: (kiln function, NumPy function, input shapes)
                    np.exp(a - a.max(-1, keepdims=True)).sum(-1, keepdims=True), [(72, 300)]),
   "layernorm rows": (lambda a: a.layernorm(), lambda a: (a - a.mean(-1, keepdims=True)) /
                      np.sqrt(a.var(-1, keepdims=True) + 1e-5), [(64, 1000)]),
+  "many short rows (8 lanes a row)": (lambda a, x: (a * x).sum(-1), lambda a, x: (a * x).sum(-1), [(300, 64), (64,)]),
+  "many 40-element rows, guarded lanes": (lambda a: a.max(-1), lambda a: a.max(-1), [(70, 40)]),
+  "long rows, a block a row": (lambda a, x: (a * x).sum(-1), lambda a, x: (a * x).sum(-1), [(96, 3000), (3000,)]),
+  "rms-normed matrix-vector rows (a sum no row depends on)": (
+    lambda a, x: (a * x).sum(-1) * ((x * x).reshape(1, -1).expand(a.shape).sum(-1) / a.shape[1] + 1e-5).rsqrt(),
+    lambda a, x: (a * x).sum(-1) / np.sqrt((x * x).mean() + 1e-5), [(96, 576), (576,)]),
   "few rows, a block each": (lambda a: a.softmax(-1), lambda a: np.exp(a - a.max(-1, keepdims=True)) /
                              np.exp(a - a.max(-1, keepdims=True)).sum(-1, keepdims=True), [(9, 256)]),
 }
@@ -48,12 +55,20 @@ def test_row_kernels_match_numpy(name):
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=name)
   rows = shapes[0][0]
   (grid, _, _), (block, _, _) = launch
-  if rows >= gpudims.MULTI_ROW_MIN:   # a warp a row, ROWS_PER_BLOCK rows a block
-    assert (grid, block) == (-(-rows // gpudims.ROWS_PER_BLOCK), gpudims.ROWS_PER_BLOCK * gpudims.WARP_LANES)
+  if rows >= gpudims.MULTI_ROW_MIN:   # row_lanes threads a row, ROW_BLOCK_THREADS threads' rows a block
+    lanes = gpudims.row_lanes(shapes[0][1])
+    per_block = max(1, gpudims.ROW_BLOCK_THREADS // lanes)
+    assert (grid, block) == (-(-rows // per_block), per_block * lanes)
   else: assert (grid, block) == (rows, gpudims.row_group_size(shapes[0][1]))
 
+def test_short_rows_stay_in_one_thread_when_few():
+  a = _data(np.random.default_rng(2), 9, 64)
+  got, uops, launch = _emulate(Tensor(a).sum(-1))
+  np.testing.assert_allclose(got, a.astype(np.float64).sum(-1), rtol=1e-5, atol=1e-6)
+  assert not any(u.op is Ops.BARRIER for u in uops)
+
 def test_one_row_a_block_when_turned_off(monkeypatch):
-  monkeypatch.setattr(gpudims, "ROWS_PER_BLOCK", 1)
+  monkeypatch.setattr(gpudims, "MULTI_ROW_MIN", 1 << 30)
   a = _data(np.random.default_rng(1), 100, 576)
   got, _, launch = _emulate(Tensor(a).sum(-1))
   np.testing.assert_allclose(got, a.astype(np.float64).sum(-1), rtol=1e-4, atol=1e-5)

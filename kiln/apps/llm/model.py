@@ -4,7 +4,8 @@
 dequantized inside the matmul kernels) and returns a `Transformer` whose `logits(tokens, start_pos)` runs one
 prefill pass over several tokens or one jitted decode step for a single token.
 
-- **KV cache**: one (2, max_context, n_kv_heads, head_dim) float32 buffer per layer. A step writes its keys and values
+- **KV cache**: one (2, max_context, n_kv_heads, head_dim) float32 buffer per layer (GPU targets:
+  (max_context, 2, n_kv_heads, head_dim), see below). A step writes its keys and values
   into the slice at `start_pos` (a bound `Variable`) and attends over `[0, start_pos + T)`, a symbolic length, so one
   compiled set of kernels serves every position and TinyJit replays decode without recompiling.
 - **GPU targets** (a renderer with blocks and threads, `DEV=CUDA`): a symbolic output axis runs in one GPU thread
@@ -145,6 +146,16 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
   """x / sqrt(mean(x^2) + eps) * weight over the last axis."""
   return x * (x.square().mean(-1, keepdim=True) + eps).rsqrt() * weight
 
+def normed_linear(matrix: QuantizedMatrix, x: Tensor, weight: Tensor, eps: float) -> Tensor:
+  """`matrix.linear(rms_norm(x, weight, eps))` for a matrix-vector product on a GPU target, in the product's one
+  kernel: W(x*r*w) = r*W(x*w), with the sum of squares in r taken by every output row over the same axes as its
+  product (the row kernel computes both sums in one pass over x), so the norm needs no kernel of its own. Products
+  that share x and a row count share the sum. Equal to the norm then the product up to rounding."""
+  lead = tuple(x.shape[:-1])
+  squares = x.reshape(*lead, 1, *matrix.k_shape).square().expand(*lead, matrix.shape[0], *matrix.k_shape)
+  total = squares.sum(tuple(range(len(lead) + 1, squares.ndim)))
+  return matrix.linear(x * weight) * (total * (1.0 / x.shape[-1]) + eps).rsqrt()
+
 def attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
   """Grouped-query attention. q (T, n_heads, hd), keys/values (L, n_kv_heads, hd), mask (T, L) additive or None
   -> (T, n_heads * hd). Query head h reads kv head h // (n_heads // n_kv_heads).
@@ -164,19 +175,16 @@ def attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> T
   weighted = (scores.softmax(0).unsqueeze(-1) * values.reshape(-1, n_kv, 1, 1, head_dim)).sum(0).contiguous()
   return weighted.permute(2, 0, 1, 3).reshape(T, n_heads * head_dim)
 
-def attention_rows(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, q_scale: Tensor | None = None
-                   ) -> Tensor:
+def attention_rows(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
   """`attention` with the positions innermost, scores (n_kv, group, T, L), for GPU targets: each row of scores is
   one softmax row, which a GPU kernel reduces with a block of threads (kiln/codegen/gpudims.py). L must be a constant
-  there (a symbolic output axis runs in one thread), so the model attends over a window of the cache, masked.
-  `q_scale` (T, 1): each query's scale, applied to its scores."""
+  there (a symbolic output axis runs in one thread), so the model attends over a window of the cache, masked."""
   T, n_heads, head_dim = q.shape
   n_kv = keys.shape[1]
   group = n_heads // n_kv
   queries = q.reshape(T, n_kv, group, 1, head_dim).permute(1, 2, 0, 3, 4)                 # (n_kv, group, T, 1, hd)
   keys_by_head = keys.permute(1, 0, 2).reshape(n_kv, 1, 1, -1, head_dim)                  # (n_kv, 1, 1, L, hd)
   scores = (queries * keys_by_head).sum(-1) * (1.0 / math.sqrt(head_dim))                 # (n_kv, group, T, L)
-  if q_scale is not None: scores = scores * q_scale.reshape(1, 1, T, 1)
   if mask is not None: scores = scores + mask.reshape(1, 1, T, -1)
   values_by_head = values.permute(1, 0, 2).reshape(n_kv, 1, 1, -1, head_dim)
   weighted = (scores.softmax(-1).unsqueeze(-1) * values_by_head).sum(3)                   # (n_kv, group, T, hd)
@@ -228,8 +236,13 @@ class Transformer:
     self.gpu = bool(Device[self.device].renderer.has_local)
     if self.gpu: self.rope_pairs = tuple(Tensor(t, device=self.device).realize()
                                          for t in rope_pair_tables(cos, sin, config.rope_interleaved))
-    cache_shape = (2, max_context, config.n_kv_heads, config.head_dim)
+    # GPU targets: a position's key and value side by side, so a window of the cache is one prefix (`_window_of`)
+    cache_shape = (max_context, 2, config.n_kv_heads, config.head_dim) if self.gpu else \
+      (2, max_context, config.n_kv_heads, config.head_dim)
     self.caches = [Tensor.zeros(*cache_shape, device=self.device).contiguous().realize() for _ in blocks]
+    # GPU targets: True on the keys' side of a (T, 2, n_kv, hd) cache entry (`_side_by_side`)
+    self._key_half = Tensor([True, False], device=self.device).reshape(1, 2, 1, 1).contiguous().realize() \
+      if self.gpu else None
     self._decode = TinyJit(self._decode_step, optimize=True)
     self._prefill: dict = {}   # bucket (CPU) or (bucket, window) (GPU) -> TinyJit
     self._step_input = Tensor.zeros(2, dtype=dtypes.int32, device=self.device).contiguous().realize()
@@ -237,25 +250,22 @@ class Transformer:
     # never change (a fresh output alternated between two buffers: one graph node updated a step)
     self._logits = Tensor.zeros(config.vocab_size, device=self.device).contiguous().realize() if self.gpu else None
     self._decode_windows: dict[int, TinyJit] = {}
-    self._windows: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}   # (cache id, length) -> `_windows_of`
+    self._windows: dict[tuple[int, int], Tensor] = {}   # (cache id, length) -> `_window_of`
 
   def _layer(self, block: Block, cache: Tensor, x: Tensor, step: StepPlan) -> Tensor:
     c, T = self.config, x.shape[0]
     # the cache write below runs at once (assign into a view), so x gets a buffer first: otherwise every later
     # use of x would compute the earlier layers again
     x = x.realize()
-    # GPU decode (no biases): the norm's per-row scale r = 1/sqrt(mean(x^2) + eps) is its own one-row kernel,
-    # independent of the projection of x * weight, and is applied after it (W(x*r*w) = r*W(x*w)): to the new key and
-    # value and to the scores (a CUDA graph with CUDAGraph.PARALLEL runs it beside the projection)
-    scale = (x.square().mean(-1, keepdim=True) + c.norm_eps).rsqrt().realize() \
-      if self.gpu and step.hit is not None and block.bqkv is None else None
-    h = x * block.attn_norm if scale is not None else rms_norm(x, block.attn_norm, c.norm_eps).realize()
-    qkv = block.wqkv.linear(h)
+    # GPU decode: each norm is computed inside the product that follows it (`normed_linear`: no kernel of its own)
+    fused = self.gpu and step.hit is not None
+    qkv = normed_linear(block.wqkv, x, block.attn_norm, c.norm_eps) if fused else \
+      block.wqkv.linear(rms_norm(x, block.attn_norm, c.norm_eps).realize())
     if block.bqkv is not None: qkv = qkv + block.bqkv
     qkv = qkv.realize()   # read by the cache write (which runs at once) and by the queries: computed once
     q_size, kv_size = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
     q, k, v = qkv[:, :q_size], qkv[:, q_size:q_size + kv_size], qkv[:, q_size + kv_size:]
-    if self.gpu: attended = self._attention_gpu(cache, qkv[:, :q_size + kv_size], v, step, scale)
+    if self.gpu: attended = self._attention_gpu(cache, qkv[:, :q_size + kv_size], v, step)
     else:
       q = apply_rope(q.reshape(T, c.n_heads, c.head_dim), step.cos, step.sin, c.rope_interleaved)
       k = apply_rope(k.reshape(T, c.n_kv_heads, c.head_dim), step.cos, step.sin, c.rope_interleaved)
@@ -263,9 +273,13 @@ class Transformer:
       filled = cache[:, 0:step.length]
       attended = attention(q, filled[0], filled[1], step.mask)
     x = x + block.wo.linear(attended)
-    # GPU targets: x and its norm get buffers here, so the norm is one row kernel (kiln/codegen/gpudims.py: a block
-    # per row) rather than a mean kernel and a normalizing one that both recompute x + wo(attended)
+    # GPU targets: x gets a buffer here, read by the feed-forward products (which compute its norm, in decode) and the
+    # residual; elsewhere the norm is one row kernel (kiln/codegen/gpudims.py) rather than a mean kernel and a
+    # normalizing one that both recompute x + wo(attended)
     if self.gpu: x = x.realize()
+    if fused:
+      gate, up = (normed_linear(m, x, block.ffn_norm, c.norm_eps) for m in (block.w_gate, block.w_up))
+      return x + block.w_down.linear((gate.silu() * up).contiguous())
     h = rms_norm(x, block.ffn_norm, c.norm_eps)
     if self.gpu: h = h.realize()
     # a buffer of its own: quantizing the down projection's input (int_dot) reads it three times, and silu's exp is
@@ -274,67 +288,63 @@ class Transformer:
     hidden = (block.w_gate.linear(h, shared).silu() * block.w_up.linear(h, shared)).contiguous()
     return x + block.w_down.linear(hidden)
 
-  def _attention_gpu(self, cache: Tensor, qk: Tensor, v: Tensor, step: StepPlan, scale: Tensor | None = None
-                     ) -> Tensor:
-    """GPU targets: the new keys and values written into the cache's windows, which are contiguous prefixes of its
-    key and value halves (`_windows_of`, written in place), and attention over the window (`attention_rows`).
-    A prefill rotates queries and keys in one kernel and attends over the windows as written; decode is
+  def _attention_gpu(self, cache: Tensor, qk: Tensor, v: Tensor, step: StepPlan) -> Tensor:
+    """GPU targets: the new keys and values written into the cache's window, a contiguous prefix of it
+    (`_window_of`, written in place by one kernel), and attention over the window (`attention_rows`).
+    A prefill rotates queries and keys in one kernel and attends over the window as written; decode is
     `_attention_gpu_decode`."""
     c, T = self.config, qk.shape[0]
-    if step.position is not None: return self._attention_gpu_decode(cache, qk, v, step, scale)
+    if step.position is not None: return self._attention_gpu_decode(cache, qk, v, step)
     qk = apply_rope(qk.reshape(T, c.n_heads + c.n_kv_heads, c.head_dim), step.cos, step.sin, c.rope_interleaved)
-    qk = qk.contiguous().realize()   # read by the cache writes (which run at once) and by the scores
+    qk = qk.contiguous().realize()   # read by the cache write (which runs at once) and by the scores
     q, k = qk[:, :c.n_heads], qk[:, c.n_heads:]
-    keys, values = self._windows_of(cache, step.length)
+    window = self._window_of(cache, step.length)
     # tokens at start_pos (a Variable): each window with them shifted in where they go (a store at start_pos + t
     # would have a symbolic offset, which the disjointness proof of the axis mapping does not take: the write ran in
     # one thread; here every store index is the window's own)
-    around = ((step.start_pos, step.length - T - step.start_pos), (0, 0), (0, 0))
-    inside = Tensor.ones(T, 1, 1, dtype=dtypes.bool, device=self.device).pad(around)
-    keys.assign(inside.where(k.pad(around), keys))
-    values.assign(inside.where(v.reshape(T, c.n_kv_heads, c.head_dim).pad(around), values))
-    return attention_rows(q, keys, values, step.mask)
+    around = ((step.start_pos, step.length - T - step.start_pos), (0, 0), (0, 0), (0, 0))
+    inside = Tensor.ones(T, 1, 1, 1, dtype=dtypes.bool, device=self.device).pad(around)
+    window.assign(inside.where(self._side_by_side(k, v).pad(around), window))
+    return attention_rows(q, window[:, 0], window[:, 1], step.mask)
 
-  def _attention_gpu_decode(self, cache: Tensor, qk: Tensor, v: Tensor, step: StepPlan,
-                            scale: Tensor | None = None) -> Tensor:
+  def _attention_gpu_decode(self, cache: Tensor, qk: Tensor, v: Tensor, step: StepPlan) -> Tensor:
     """GPU decode, one token at the position `step.hit` marks: queries and keys rotated inside the kernels that
-    read them (`rotate_pairs`: no kernel of their own), the new key and value written into the key and value windows
-    where `hit` is (two kernels, in place), attention over the windows as written. `scale`: the attention norm's
-    per-row scale (see `_layer`), applied to the new key and value and to the scores."""
+    read them (`rotate_pairs`: no kernel of their own), the new key and value written into the window where `hit`
+    is (one kernel, in place), attention over the window as written."""
     c, T = self.config, qk.shape[0]
     rotated = rotate_pairs(qk.reshape(T, c.n_heads + c.n_kv_heads, c.head_dim), *step.rope_pairs, c.rope_interleaved)
     q, k = rotated[:, :c.n_heads], rotated[:, c.n_heads:]
-    v = v.reshape(T, c.n_kv_heads, c.head_dim)
-    if scale is not None: k, v = k * scale.reshape(T, 1, 1), v * scale.reshape(T, 1, 1)   # the norm's (see _layer)
-    keys, values = self._windows_of(cache, step.length)
-    hit = step.hit.reshape(-1, 1, 1)
-    keys.assign(hit.where(k, keys))
-    values.assign(hit.where(v, values))
-    return attention_rows(q, keys, values, step.mask, scale)
+    window = self._window_of(cache, step.length)
+    window.assign(step.hit.reshape(-1, 1, 1, 1).where(self._side_by_side(k, v), window))
+    return attention_rows(q, window[:, 0], window[:, 1], step.mask)
 
-  def _windows_of(self, cache: Tensor, length: int) -> tuple[Tensor, Tensor]:
-    """The first `length` positions of a cache's keys and of its values, each a tensor of its own over the same
-    memory (views of its buffer, made once): assigned as a whole, a kernel writes each in place, where the slice
-    `cache[0, 0:length]` would be written through a scratch buffer and copied back (kiln/schedule/kernelize.py, an
-    assign through a view)."""
+  def _side_by_side(self, k: Tensor, v: Tensor) -> Tensor:
+    """Keys (T, n_kv, hd) and values (T, n_kv * hd) as the cache holds them, (T, 2, n_kv, hd), by one select (a
+    stack's padded sum is more arithmetic, which the scheduler then gives a kernel of its own rather than recompute
+    it for every position of the window it is broadcast over)."""
+    T, shape = k.shape[0], (k.shape[0], 1, *k.shape[1:])
+    return self._key_half.where(k.reshape(shape), v.reshape(shape))
+
+  def _window_of(self, cache: Tensor, length: int) -> Tensor:
+    """The first `length` positions of a GPU target's cache (length, 2, n_kv, hd), keys and values side by side, a
+    tensor of its own over the same memory (a view of its buffer, made once): assigned as a whole, one kernel writes
+    it in place, where the slice `cache[0:length]` would be written through a scratch buffer and copied back
+    (kiln/schedule/kernelize.py, an assign through a view)."""
     key = (id(cache), length)
     if key not in self._windows:
-      base = cache.uop.base.buffer
-      row = math.prod(cache.shape[2:])
-      halves = []
-      for half in range(2):
-        buffer = UOp.new_buffer(self.device, length * row, cache.dtype)
-        buffer.buffer = base.view(length * row, cache.dtype, half * cache.shape[1] * row * cache.dtype.itemsize)
-        halves.append(Tensor(buffer.reshape((length, *cache.shape[2:]))))
-      self._windows[key] = tuple(halves)
+      size = length * math.prod(cache.shape[1:])
+      buffer = UOp.new_buffer(self.device, size, cache.dtype)
+      buffer.buffer = cache.uop.base.buffer.view(size, cache.dtype, 0)
+      self._windows[key] = Tensor(buffer.reshape((length, *cache.shape[1:])))
     return self._windows[key]
 
-  def forward(self, tokens: Tensor, step: StepPlan) -> Tensor:
-    """Hidden states after the final norm, (T, dim), for int tokens (T,) placed as `step` says (lazy)."""
+  def forward(self, tokens: Tensor, step: StepPlan, final_norm: bool = True) -> Tensor:
+    """Hidden states after the final norm (or before it), (T, dim), for int tokens (T,) placed as `step` says
+    (lazy)."""
     x = self.token_embd.rows(tokens)
     for block, cache in zip(self.blocks, self.caches): x = self._layer(block, cache, x, step)
     if self.gpu: x = x.realize()   # the final norm then is one row kernel (a block per row), as the layers' are
-    return rms_norm(x, self.output_norm, self.config.norm_eps)
+    return rms_norm(x, self.output_norm, self.config.norm_eps) if final_norm else x
 
   def _plan(self, start_pos: Variable, T: int, mask: Tensor | None, window: int | None = None) -> StepPlan:
     """Tokens at positions start_pos..start_pos+T-1, attending over [0, start_pos + T) (CPU: a symbolic length) or,
@@ -357,7 +367,9 @@ class Transformer:
     mask = (positions <= position).where(0.0, -math.inf).reshape(1, window).realize()   # once for every layer
     hit = (positions == position).realize()
     plan = StepPlan(pair_c, pair_s, window, mask, position=position, rope_pairs=(pair_c, pair_s), hit=hit)
-    return self._logits.assign(self.output.linear(self.forward(token, plan)).reshape(-1)).realize()
+    hidden = self.forward(token, plan, final_norm=False)
+    logits = normed_linear(self.output, hidden, self.output_norm, self.config.norm_eps)   # the norm in the head's kernel
+    return self._logits.assign(logits.reshape(-1)).realize()
 
   def _prefill_step(self, tokens: Tensor, start_pos: Variable, mask: Tensor, last: Tensor,
                     window: int | None = None) -> Tensor:
