@@ -92,6 +92,23 @@ def test_exported_transformer_block():
   for shape in [(2, 7, 32), (1, 11, 32)]:
     compare(model, {"tokens": rng.standard_normal(shape).astype(np.float32)})
 
+def test_exported_transformer_block_compiles_once_for_every_batch_and_length():
+  """Its dims are symbolic (batch, sequence): the exporter's Shape -> Gather -> Concat -> Reshape chains stay
+  expressions of the sizes, so other sizes of the range reuse the graph and its kernels (onnx_symbolic.py)."""
+  from kiln.engine import realize
+  torch.manual_seed(3)
+  model = export(TransformerBlock(width=24, heads=3), (torch.randn(2, 5, 24),), ["tokens"], ["encoded"],
+                 {"tokens": {0: "batch", 1: "sequence"}, "encoded": {0: "batch", 1: "sequence"}})
+  session, runner = ort.InferenceSession(model, providers=["CPUExecutionProvider"]), OnnxRunner(model)
+  rng, counts = np.random.default_rng(3), []
+  for shape in [(2, 5, 24), (3, 9, 24), (2, 16, 24), (4, 3, 24)]:
+    tokens = rng.standard_normal(shape).astype(np.float32)
+    before = len(realize._runner_cache)
+    encoded = runner({"tokens": tokens})["encoded"]
+    counts.append(len(realize._runner_cache) - before)
+    assert np.abs(encoded.numpy() - session.run(None, {"tokens": tokens})[0]).max() <= 1e-4
+  assert counts[0] > 0 and counts[1:] == [0, 0, 0], counts
+
 class StatefulLSTM(torch.nn.Module):
   def __init__(self):
     super().__init__()

@@ -61,11 +61,17 @@ def test_attention_text_recognizer_with_dynamic_width():
   assert widths[0] > widths[1]
 
 def test_text_direction_classifier():
-  """The PP-OCR mobile v2 direction classifier (a declared batch of -1) on a batch of two lines."""
+  """The PP-OCR mobile v2 direction classifier (a declared batch of -1) on batches of two, three and five lines:
+  the batch is symbolic, so the later batches compile no kernel (onnx_symbolic.py)."""
+  from kiln.engine import realize
   runner, session = both(packaged_model(RAPIDOCR, "models/ch_ppocr_mobile_v2.0_cls_infer.onnx"))
-  x = np.random.default_rng(2).random((2, 3, 48, 192), np.float32)
-  (scores,) = assert_matches(runner, session, {"x": x})
-  assert scores.shape == (2, 2)
+  rng, counts = np.random.default_rng(2), []
+  for batch in (2, 3, 5):
+    before = len(realize._runner_cache)
+    (scores,) = assert_matches(runner, session, {"x": rng.random((batch, 3, 48, 192), np.float32)})
+    counts.append(len(realize._runner_cache) - before)
+    assert scores.shape == (batch, 2)
+  assert counts[1:] == [0, 0], counts
 
 def test_lstm_voice_activity_detector_carries_its_state():
   """Silero VAD v6: an `If` on the sample rate picks the 16 kHz or 8 kHz subgraph (STFT as a conv, a conv encoder,

@@ -1,0 +1,140 @@
+"""Symbolic sizes in OnnxRunner's kept graphs (kiln/frontend/onnx_symbolic.py): a dim declared by name or as -1
+compiles once for every size of its range where the size only changes loop bounds; shape arithmetic on such sizes
+stays symbolic; a size used as data is read at each call; what cannot serve every size falls back to a graph per
+size. Each test counts the kernels compiled (kiln's runner cache) and checks every result against numpy."""
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from kiln.engine import realize  # noqa: E402
+from kiln.frontend.onnx import OnnxRunner  # noqa: E402
+from test_onnx import assert_close, counting_builds, make_model, reference_mlp  # noqa: E402
+
+def compiled() -> int: return len(realize._runner_cache)
+
+def run_sizes(runner, make_feeds, sizes, reference) -> list[int]:
+  """Run the runner on feeds of each size, check each result; the kernels compiled by each call."""
+  counts = []
+  for size in sizes:
+    feeds = make_feeds(size)
+    before = compiled()
+    outputs = runner(feeds)
+    counts.append(compiled() - before)
+    for name, expected in reference(feeds).items(): assert_close(outputs[name].numpy(), expected)
+  return counts
+
+def floats(*shape, seed=0) -> np.ndarray: return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+def mlp_model(inputs: int = 5, outputs: int = 7):
+  """x (batch, inputs) -> softmax(relu(x @ w + b)), with a symbolic batch dim (sizes of its own: kernels of its own,
+  so the counts below do not depend on what other tests compiled)."""
+  w, b = floats(inputs, outputs, seed=11), floats(outputs, seed=12)
+  nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+           helper.make_node("Softmax", ["r"], ["y"], axis=-1)]
+  model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", inputs])],
+                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", outputs])],
+                     [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+  return model, w, b
+
+def test_mlp_compiles_once_for_every_batch(monkeypatch):
+  model, w, b = mlp_model()
+  runner = OnnxRunner(model)
+  walks = counting_builds(runner, monkeypatch)
+  counts = run_sizes(runner, lambda n: {"x": floats(n, 5, seed=n)}, [3, 5, 16, 2, 9],
+                     lambda feeds: {"y": reference_mlp(feeds["x"], w, b)})
+  assert counts[0] > 0 and counts[1:] == [0] * 4, counts
+  assert len(walks) == 1 and len(runner.cache.graphs) == 1
+
+def test_a_larger_size_takes_the_next_range():
+  """Ranges are 2-16, 17-32, 33-64...: the buffers have room for the range's top, so a size past it compiles the
+  kernels once more, for every size of the next range."""
+  model, w, b = mlp_model(6, 3)
+  runner = OnnxRunner(model)
+  counts = run_sizes(runner, lambda n: {"x": floats(n, 6, seed=n)}, [4, 20, 31, 17],
+                     lambda feeds: {"y": reference_mlp(feeds["x"], w, b)})
+  assert counts[0] > 0 and counts[1] > 0 and counts[2:] == [0, 0], counts
+
+def shape_arithmetic_model():
+  """x (batch, steps, 8) -> reshape to (batch, steps, 4, -1) from its own Shape, heads first, times 2."""
+  nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+           helper.make_node("Gather", ["shape", "zero"], ["batch"], axis=0),
+           helper.make_node("Gather", ["shape", "one"], ["steps"], axis=0),
+           helper.make_node("Concat", ["batch", "steps", "heads"], ["target"], axis=0),
+           helper.make_node("Reshape", ["x", "target"], ["split"]),
+           helper.make_node("Transpose", ["split"], ["heads_first"], perm=[0, 2, 1, 3]),
+           helper.make_node("Mul", ["heads_first", "two"], ["y"])]
+  inits = [numpy_helper.from_array(np.array([0], np.int64), "zero"),
+           numpy_helper.from_array(np.array([1], np.int64), "one"),
+           numpy_helper.from_array(np.array([4, -1], np.int64), "heads"),
+           numpy_helper.from_array(np.array(2, np.float32), "two")]
+  return make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "steps", 8])],
+                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+
+def test_shape_arithmetic_stays_symbolic():
+  """Shape -> Gather -> Concat -> Reshape(-1): the target holds the sizes' expressions, and -1 is inferred with
+  the symbolic factors cancelled; two symbolic dims, one graph."""
+  runner = OnnxRunner(shape_arithmetic_model())
+  reference = lambda feeds: {"y": feeds["x"].reshape(*feeds["x"].shape[:2], 4, 2).transpose(0, 2, 1, 3) * 2}
+  counts = run_sizes(runner, lambda size: {"x": floats(*size, 8)}, [(2, 7), (3, 5), (5, 11), (2, 2)], reference)
+  assert counts[0] > 0 and counts[1:] == [0, 0, 0], counts
+  assert len(runner.cache.graphs) == 1
+
+def test_a_size_used_as_data_is_read_at_each_call():
+  """x / batch with the batch taken from Shape: the value comes from the call's size, not the first call's."""
+  nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+           helper.make_node("Gather", ["shape", "zero"], ["batch"], axis=0),
+           helper.make_node("Cast", ["batch"], ["count"], to=TensorProto.FLOAT),
+           helper.make_node("Div", ["x", "count"], ["y"])]
+  model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                     [numpy_helper.from_array(np.array(0, np.int64), "zero")])
+  runner = OnnxRunner(model)
+  counts = run_sizes(runner, lambda n: {"x": floats(n, 3)}, [3, 7, 4, 12],
+                     lambda feeds: {"y": feeds["x"] / len(feeds["x"])})
+  assert counts[1:] == [0, 0, 0], counts
+  assert len(runner.cache.graphs) == 1
+
+def test_a_comparison_that_depends_on_the_size_is_not_folded():
+  """batch == 4 ? x * 2 : x * 3: not decidable for every batch, so it is computed at each call, not baked."""
+  nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+           helper.make_node("Gather", ["shape", "zero"], ["batch"], axis=0),
+           helper.make_node("Equal", ["batch", "four"], ["is_four"]),
+           helper.make_node("Mul", ["x", "two"], ["doubled"]), helper.make_node("Mul", ["x", "three"], ["tripled"]),
+           helper.make_node("Where", ["is_four", "doubled", "tripled"], ["y"])]
+  inits = [numpy_helper.from_array(np.array(0, np.int64), "zero"),
+           numpy_helper.from_array(np.array(4, np.int64), "four"),
+           numpy_helper.from_array(np.array(2, np.float32), "two"),
+           numpy_helper.from_array(np.array(3, np.float32), "three")]
+  model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2])],
+                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+  runner = OnnxRunner(model)
+  run_sizes(runner, lambda n: {"x": floats(n, 2)}, [3, 4, 5, 4],
+            lambda feeds: {"y": feeds["x"] * (2 if len(feeds["x"]) == 4 else 3)})
+  assert len(runner.cache.graphs) == 1
+
+def test_inputs_sharing_a_dim_name_share_its_variable():
+  model = make_model([helper.make_node("Add", ["a", "b"], ["y"])],
+                     [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["n", 4]),
+                      helper.make_tensor_value_info("b", TensorProto.FLOAT, ["n", 4])],
+                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+  runner = OnnxRunner(model)
+  counts = run_sizes(runner, lambda n: {"a": floats(n, 4), "b": floats(n, 4, seed=1)}, [3, 6, 10],
+                     lambda feeds: {"y": feeds["a"] + feeds["b"]})
+  assert counts[1:] == [0, 0], counts
+  assert len(runner.cache.graphs) == 1
+
+def test_a_build_that_needs_plain_sizes_falls_back_to_a_graph_per_size():
+  """A conv over a symbolic height and width (kiln's conv needs plain spatial sizes): each size builds its own
+  graph, as without symbolic sizes, and every result is right."""
+  ort = pytest.importorskip("onnxruntime")
+  weight = floats(2, 1, 3, 3, seed=5)
+  model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])],
+                     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, "height", "width"])],
+                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                     [numpy_helper.from_array(weight, "w")])
+  session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+  runner = OnnxRunner(model)
+  run_sizes(runner, lambda size: {"x": floats(1, 1, *size)}, [(5, 6), (7, 4), (5, 6)],
+            lambda feeds: {"y": session.run(None, feeds)[0]})
+  assert len(runner.cache.graphs) == 2 and len(runner.cache.not_symbolic) == 1   # one range, tried once
