@@ -85,11 +85,16 @@ def _signature(fn: Callable) -> dict:
 # ops drawing random numbers (Bernoulli runs as a body of RandomUniformLike; Dropout only with a training_mode input)
 RANDOM_OPS = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial"}
 
+def _declared_dims(tensor_type) -> tuple | None:
+  """A declared shape: each fixed size, None for a symbolic one; None where no shape is declared."""
+  if not tensor_type.HasField("shape"): return None
+  # a negative dim_value (some exporters write -1) is a symbolic size, as a dim_param is
+  return tuple(d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else None for d in tensor_type.shape.dim)
+
 def _check_shape(name: str, tensor_type, shape: tuple) -> None:
   """A ValueError naming the input where `shape` does not fit its declared one (symbolic sizes take any size)."""
-  if not tensor_type.HasField("shape"): return
-  # a negative dim_value (some exporters write -1) is a symbolic size, as a dim_param is
-  dims = [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else None for d in tensor_type.shape.dim]
+  dims = _declared_dims(tensor_type)
+  if dims is None: return
   if len(dims) != len(shape) or any(d is not None and d != s for d, s in zip(dims, shape)):
     shown = tuple(d if d is not None else "?" for d in dims)
     raise ValueError(f"ONNX input {name!r}: expected shape {shown}, got {shape}")
@@ -110,6 +115,10 @@ class OnnxRunner:
     initializer_ids = {id(v) for v in self.initializers.values()}
     self._known = {key: entry for key, entry in host_entries().items() if key in initializer_ids}
     self.inputs = [i for i in self.graph.input if i.name not in self.initializers]
+    self._declared = {i.name: i for i in self.graph.input}
+    self._required = {i.name for i in self.inputs if i.type.WhichOneof("value") == "tensor_type"}
+    self._dims = {i.name: _declared_dims(i.type.tensor_type) for i in self.graph.input
+                  if i.type.WhichOneof("value") == "tensor_type"}
     self.output_names = [o.name for o in self.graph.output]
     self.drew_random = False   # set by a node drawing random numbers: such a graph is not kept (onnx_cache.py)
     self.cache = GraphCache({i.name: i for i in self.graph.input}, device, self) if cache else None
@@ -143,17 +152,21 @@ class OnnxRunner:
     may be given too, replacing it. The kiln graph is built once per input signature and reused (onnx_cache.py),
     except with `debug`, inside a TinyJit function, or where the model cannot be cached."""
     inputs = inputs or {}
-    declared = {i.name: i for i in self.graph.input}
-    unknown = set(inputs) - set(declared)
-    if unknown:
-      raise KeyError(f"ONNX model has no input(s) {sorted(unknown)}; its inputs: {[i.name for i in self.inputs]}")
-    for info in self.inputs:
-      if info.name not in inputs and info.type.WhichOneof("value") == "tensor_type":
-        raise KeyError(f"ONNX input {info.name!r} is missing; the model's inputs: {[i.name for i in self.inputs]}")
+    declared = self._declared
+    if not self._required <= inputs.keys() or not inputs.keys() <= declared.keys():
+      unknown = set(inputs) - set(declared)
+      if unknown:
+        raise KeyError(f"ONNX model has no input(s) {sorted(unknown)}; its inputs: {[i.name for i in self.inputs]}")
+      missing = next(name for name in (i.name for i in self.inputs) if name in self._required - inputs.keys())
+      raise KeyError(f"ONNX input {missing!r} is missing; the model's inputs: {[i.name for i in self.inputs]}")
     if self.cache is not None and not debug and not capturing:
       arrays = self.cache.arrays(inputs)
       if arrays is not None:
-        for name, array in arrays.items(): _check_shape(name, declared[name].type.tensor_type, array.shape)
+        for name, array in arrays.items():
+          dims = self._dims[name]
+          if dims is not None and (len(dims) != array.ndim or any(d is not None and d != s
+                                                                    for d, s in zip(dims, array.shape))):
+            _check_shape(name, declared[name].type.tensor_type, array.shape)   # raises, naming the input
         outputs = self.cache.run(arrays, self._run)
         if outputs is not None: return dict(zip(self.output_names, outputs))
     return dict(zip(self.output_names, self._run(inputs, {}, debug)))

@@ -86,12 +86,18 @@ class GraphCache:
     self.steering: dict[tuple, tuple[str, ...]] = {}        # shape signature -> inputs whose values steer
     self.labels = {name: _dim_labels(info) for name, info in declared.items()}
     self.variable_names: dict[str, str] = {}                # dim label -> a C-identifier Variable name
+    # the shapes and dtypes of a call -> the signatures to try, symbolic first: (shapes, shape key) each
+    self.routes: dict[tuple, list[tuple[dict, tuple]]] = {}
+    self.numpy_dtypes = {name: _numpy_dtype(info) for name, info in declared.items()}
 
   def arrays(self, inputs: dict[str, Any]) -> dict[str, np.ndarray] | None:
     """The inputs as numpy arrays of their declared dtypes, or None where one cannot be cached (a sequence, a
     string, a narrow float without a numpy type, a Tensor of another dtype)."""
     arrays = {}
     for name, value in inputs.items():
+      if type(value) is np.ndarray and value.dtype == self.numpy_dtypes[name] and value.flags.c_contiguous:
+        arrays[name] = value   # (the common case, without the checks below)
+        continue
       type_proto = self.declared[name].type
       if type_proto.WhichOneof("value") != "tensor_type" or value is None: return None
       elem_type = type_proto.tensor_type.elem_type
@@ -127,16 +133,26 @@ class GraphCache:
   def run(self, arrays: dict[str, np.ndarray], build: Callable[[dict, dict], list]) -> list | None:
     """The outputs for these inputs from a kept graph (built now if this signature is new), or None where this
     signature cannot be cached (the caller then runs the graph as usual)."""
-    variables = self.variables(arrays)
-    if variables:
-      outputs = self._run(arrays, build, variables)
+    signature = tuple((name, a.shape, a.dtype.str) for name, a in arrays.items())
+    routes = self.routes.get(signature)
+    if routes is None:
+      if len(self.routes) > 64 * MAX_GRAPHS: self.routes.clear()
+      variables = self.variables(arrays)
+      routes = self.routes[signature] = [self._route(arrays, v) for v in ((variables, {}) if variables else ({},))]
+    for shapes, shape_key in list(routes):
+      outputs = self._run(arrays, build, shapes, shape_key)
       if outputs is not _FAILED: return outputs
-    return self._run(arrays, build, {})
+      routes.remove((shapes, shape_key))   # that symbolic signature needs plain sizes: not tried again
+    raise AssertionError("a signature without symbolic sizes never fails")
 
-  def _run(self, arrays: dict[str, np.ndarray], build: Callable, variables: dict[str, UOp]):
+  def _route(self, arrays: dict[str, np.ndarray], variables: dict[str, UOp]) -> tuple[dict, tuple]:
+    """The shapes of the inputs with these Variables in place of their sizes, and the signature they make."""
     shapes = {name: self._shape(name, a.shape, variables) for name, a in arrays.items()}
     shape_key = tuple((name, tuple(d.arg if isinstance(d, UOp) else d for d in shapes[name]), a.dtype.str)
                       for name, a in sorted(arrays.items()))
+    return shapes, shape_key
+
+  def _run(self, arrays: dict[str, np.ndarray], build: Callable, shapes: dict, shape_key: tuple):
     steering = self.steering.get(shape_key, ())
     key = shape_key + tuple(arrays[name].tobytes() for name in steering)
     if key in self.not_symbolic: return _FAILED
@@ -221,6 +237,15 @@ class GraphCache:
       realized = graph.realize()
     results = iter(symbolic.concrete(t) for t in realized)
     return [next(results) if uop is not None else None for uop in graph.outputs]
+
+def _numpy_dtype(info) -> np.dtype | None:
+  """The numpy dtype an input is copied in as (None where there is none: not a tensor, bfloat16, float8, ...)."""
+  if info.type.WhichOneof("value") != "tensor_type": return None
+  try: dtype = dtype_of_onnx(info.type.tensor_type.elem_type)
+  except Exception: return None
+  if dtype in dtypes.fp8s or dtype == dtypes.bfloat16: return None
+  try: return np.dtype(to_numpy_dtype(dtype))
+  except Exception: return None
 
 def _dim_labels(info) -> tuple | None:
   """Each declared dim's label where it is symbolic (its dim_param, or the input and axis for a -1 or a dim with

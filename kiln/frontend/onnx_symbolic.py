@@ -132,11 +132,12 @@ def divide(a, b):
 
 def concrete(tensor: Tensor) -> Tensor:
   """A realized tensor whose shape holds bound Variables as the same view with every size a plain int."""
-  if not any(isinstance(s, UOp) for s in tensor.shape): return tensor
   chain, node = [], tensor.uop
   while node.op in GroupOp.Movement:
     chain.append((node.op, node.arg))
     node = node.src[0]
+  # (read from the view's args, not from tensor.shape: the shape of a new symbolic node is simplified when asked)
+  if not any(_has_uop(arg) for _, arg in chain): return tensor
   chain = [(op, _values(arg)) for op, arg in reversed(chain)]
   if node.op is Ops.BUFFER and node.buffer is not None and [op for op, _ in chain] == [Ops.SHRINK, Ops.RESHAPE] \
      and chain[0][1][0][0] == 0:
@@ -149,8 +150,26 @@ def concrete(tensor: Tensor) -> Tensor:
   for op, arg in chain: node = UOp(op, node.dtype, (node,), arg)
   return Tensor(node)
 
+_INT_OPS: dict[Ops, Callable] = {Ops.ADD: operator.add, Ops.SUB: operator.sub, Ops.MUL: operator.mul, Ops.MAX: max,
+                                 Ops.NEG: operator.neg}
+
+def _value(size: UOp) -> int:
+  """A size expression's value at its BINDs' values: evaluated directly (a call's outputs have a few of them, and
+  substituting and simplifying each, as sint_value does, took most of a small model's call)."""
+  if size.op is Ops.CONST: return size.arg
+  if size.op is Ops.BIND: return size.src[1].arg
+  if size.op in _INT_OPS: return _INT_OPS[size.op](*(_value(s) for s in size.src))
+  if size.op in (Ops.IDIV, Ops.MOD):   # C's truncating division and remainder
+    a, b = _value(size.src[0]), _value(size.src[1])
+    quotient = abs(a) // abs(b) * (1 if (a < 0) == (b < 0) else -1)
+    return quotient if size.op is Ops.IDIV else a - quotient * b
+  return sint_value(size)
+
+def _has_uop(arg: Any) -> bool:
+  return isinstance(arg, UOp) or (isinstance(arg, tuple) and any(_has_uop(a) for a in arg))
+
 def _values(arg: Any) -> Any:
-  if isinstance(arg, UOp): return sint_value(arg)
+  if isinstance(arg, UOp): return _value(arg)
   if isinstance(arg, tuple): return tuple(_values(a) for a in arg)
   return arg
 
