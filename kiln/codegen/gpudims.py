@@ -359,7 +359,8 @@ def group_rows(sink: UOp) -> UOp | None:
   ROW_BLOCK_THREADS / G rows a block (thread `lidx0` is lane `lidx0 % G` of the block's row `lidx0 // G`; rows past
   the end store nothing). For each
   reduce group in turn, a row's G threads reduce every G-th element (coalesced loads) into partials in a shared
-  array, combined by a tree of barrier-separated rounds (`_tree_combine`); the elementwise pass then runs element
+  array, combined by a tree of barrier-separated rounds (`_tree_combine`; groups that use none of each other's
+  totals share one tree); the elementwise pass then runs element
   `j*G + lane` in a thread's loop j. Up to MAX_UNROLLED_ROW elements a thread, the loops are unrolled instead, and
   every pass reads the same registers. A store that depends on no thread's element is made by the row's lane 0."""
   plan = row_plan(sink)
@@ -381,7 +382,16 @@ def group_rows(sink: UOp) -> UOp | None:
   lane = lidx % group if per_block > 1 else lidx
   slot = lidx // group if per_block > 1 else None
   finals: dict[UOp, UOp] = {}
+  # groups that use none of each other's totals (a normed product's sum and sum of squares) share one tree of rounds
+  pending: list[tuple[UOp, UOp, UOp]] = []   # (REDUCE, its shared array, the store of its partial) not combined yet
+  def combine() -> None:
+    finals.update(_tree_combine(lidx, [(red, shared) for red, shared, _ in pending],
+                                UOp(Ops.BARRIER, dtypes.void, tuple(store for _, _, store in pending)), group,
+                                lane, slot * group if slot is not None else None))
+    pending.clear()
   for g, (ranges, reds) in enumerate(plan.groups):
+    waiting = {red for red, _, _ in pending}
+    if waiting and any(u in waiting for red in reds for u in red.src[0].toposort()): combine()
     size = prod(r.src[0].arg for r in ranges)
     count = -(-size // group)
     if count <= MAX_UNROLLED_ROW:   # a thread's elements, unrolled (shared with the other passes: read once)
@@ -392,7 +402,6 @@ def group_rows(sink: UOp) -> UOp | None:
       element = _flat_index(loops) * group + lane
       valid = element.lt(size) if prod(r.src[0].arg for r in loops) * group != size else None
       elements = [(element if valid is None else valid.where(element, UOp.const(INT, size - 1)), valid)]
-    partials = []
     for k, red in enumerate(reds):
       bodies = []
       for element, valid in elements:
@@ -401,10 +410,8 @@ def group_rows(sink: UOp) -> UOp | None:
                       valid.where(body, UOp.const(red.dtype, identity_element(red.arg, red.dtype))))
       partial = _nested(red, bodies[0], loops) if loops is not None else _chain(red, bodies)
       shared = UOp(Ops.DEFINE_LOCAL, red.dtype, (), (f"temp{g}_{k}", group * per_block))
-      partials.append((red, shared, UOp(Ops.STORE, dtypes.void, (shared, lidx, partial))))
-    finals.update(_tree_combine(lidx, [(red, shared) for red, shared, _ in partials],
-                                UOp(Ops.BARRIER, dtypes.void, tuple(store for _, _, store in partials)), group,
-                                lane, slot * group if slot is not None else None))
+      pending.append((red, shared, UOp(Ops.STORE, dtypes.void, (shared, lidx, partial))))
+  combine()
   elements = [(None, None)]
   if plan.elementwise is not None:
     size = plan.elementwise.src[0].arg

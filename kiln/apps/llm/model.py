@@ -150,7 +150,8 @@ def normed_linear(matrix: QuantizedMatrix, x: Tensor, weight: Tensor, eps: float
   """`matrix.linear(rms_norm(x, weight, eps))` for a matrix-vector product on a GPU target, in the product's one
   kernel: W(x*r*w) = r*W(x*w), with the sum of squares in r taken by every output row over the same axes as its
   product (the row kernel computes both sums in one pass over x), so the norm needs no kernel of its own. Products
-  that share x and a row count share the sum. Equal to the norm then the product up to rounding."""
+  that share x and a row count share the sum. Equal to the norm then the product up to rounding. Worth it where the
+  rows are few: each computes the sum again."""
   lead = tuple(x.shape[:-1])
   squares = x.reshape(*lead, 1, *matrix.k_shape).square().expand(*lead, matrix.shape[0], *matrix.k_shape)
   total = squares.sum(tuple(range(len(lead) + 1, squares.ndim)))
@@ -338,13 +339,14 @@ class Transformer:
       self._windows[key] = Tensor(buffer.reshape((length, *cache.shape[1:])))
     return self._windows[key]
 
-  def forward(self, tokens: Tensor, step: StepPlan, final_norm: bool = True) -> Tensor:
-    """Hidden states after the final norm (or before it), (T, dim), for int tokens (T,) placed as `step` says
-    (lazy)."""
+  def forward(self, tokens: Tensor, step: StepPlan) -> Tensor:
+    """Hidden states after the final norm, (T, dim), for int tokens (T,) placed as `step` says (lazy)."""
     x = self.token_embd.rows(tokens)
     for block, cache in zip(self.blocks, self.caches): x = self._layer(block, cache, x, step)
-    if self.gpu: x = x.realize()   # the final norm then is one row kernel (a block per row), as the layers' are
-    return rms_norm(x, self.output_norm, self.config.norm_eps) if final_norm else x
+    # GPU targets: the final norm is one row kernel, not inside the head: each of the head's 49152 rows would take the
+    # sum of squares again (`normed_linear`; H200, call 27: 20.7 -> 64.7 us)
+    if self.gpu: x = x.realize()
+    return rms_norm(x, self.output_norm, self.config.norm_eps)
 
   def _plan(self, start_pos: Variable, T: int, mask: Tensor | None, window: int | None = None) -> StepPlan:
     """Tokens at positions start_pos..start_pos+T-1, attending over [0, start_pos + T) (CPU: a symbolic length) or,
@@ -367,9 +369,7 @@ class Transformer:
     mask = (positions <= position).where(0.0, -math.inf).reshape(1, window).realize()   # once for every layer
     hit = (positions == position).realize()
     plan = StepPlan(pair_c, pair_s, window, mask, position=position, rope_pairs=(pair_c, pair_s), hit=hit)
-    hidden = self.forward(token, plan, final_norm=False)
-    logits = normed_linear(self.output, hidden, self.output_norm, self.config.norm_eps)   # the norm in the head's kernel
-    return self._logits.assign(logits.reshape(-1)).realize()
+    return self._logits.assign(self.output.linear(self.forward(token, plan)).reshape(-1)).realize()
 
   def _prefill_step(self, tokens: Tensor, start_pos: Variable, mask: Tensor, last: Tensor,
                     window: int | None = None) -> Tensor:
