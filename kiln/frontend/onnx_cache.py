@@ -50,28 +50,55 @@ class _ValueNeeded(BaseException):
 
 class _Graph:
   """One built graph: the placeholder Tensors its inputs live in, its outputs' lazy nodes, and a TinyJit that
-  realizes them (from its third call on it replays the kernels: no graph key, no scheduling)."""
+  realizes them (from its third call on it replays the kernels: no graph key, no scheduling).
+
+  With symbolic sizes, the TinyJit sees no symbolic view: it takes the placeholders' whole buffers, the size
+  inputs and the bound Variables, and returns the whole buffers of the outputs laid out at the front of theirs
+  (as kiln lays out a result of symbolic size), which `outputs_at` views with the call's sizes (its guards and its
+  rebinding of symbolic views cost more than a small model's kernels)."""
   def __init__(self, placeholders: dict[str, Tensor], outputs: list, steering: dict[str, bytes],
                sizes: dict[UOp, Tensor] | None = None, values: dict[UOp, int] | None = None):
     self.placeholders, self.outputs, self.steering = placeholders, outputs, steering
     # symbolic sizes: Variable -> its 0-d size input, and the values the outputs are bound to now
     self.sizes, self.values = sizes or {}, values or {}
+    self.dims = {name: tuple(d.src[0] if isinstance(d, UOp) else None for d in p.shape)
+                 for name, p in placeholders.items()}
+    self.buffers = [Tensor(p.uop.base) for p in placeholders.values()]
+    self.shapes = [out.shape if out is not None and self.sizes else None for out in outputs]
+    self.fronts: list[bool] = []   # per realized output: returned as its whole buffer (symbolic sizes only)
+    self.fronts_in: dict[tuple[str, int], Any] = {}   # (input, size) -> the front of its placeholder's buffer
+    self.sizes_written = False     # whether the size inputs hold `values`
     self.realize = TinyJit(self._realize)
 
-  def _realize(self, *inputs: Tensor) -> list[Tensor]:
+  def _realize(self, *inputs) -> list[Tensor]:
     results = [Tensor(uop) for uop in self.outputs if uop is not None]
     Tensor.realize_all(results)
-    return results
+    if not self.sizes: return results
+    self.fronts = [symbolic.is_front(t) for t in results]
+    return [Tensor(t.uop.base) if front else t for t, front in zip(results, self.fronts)]
 
-  def bind(self, values: dict[UOp, int]) -> list[Tensor]:
-    """The placeholders (then the size inputs) with the Variables bound to `values`, the kept outputs too (what the
-    TinyJit's first two calls realize; its replays rebind by themselves)."""
+  def inputs(self, values: dict[UOp, int]) -> list:
+    """The TinyJit's arguments for a call with these sizes; the kept outputs are bound to them too (what its first
+    two calls realize; its replays take the values from the bound Variables)."""
+    if not self.sizes: return list(self.placeholders.values())
     if values != self.values:
       self.outputs = symbolic.rebind(self.outputs, values)
-      self.placeholders = dict(zip(self.placeholders, (Tensor(u) for u in symbolic.rebind(
-        [p.uop for p in self.placeholders.values()], values))))
       self.values = dict(values)
-    return [*self.placeholders.values(), *self.sizes.values()]
+    return [*self.buffers, *self.sizes.values(), [v.bind(size) for v, size in values.items()]]
+
+  def outputs_at(self, realized: list[Tensor], values: dict[UOp, int]) -> list:
+    """The realized outputs as the call's views: plain sizes (None where the graph's output is None)."""
+    results = iter(realized)
+    out = []
+    for uop, shape in zip(self.outputs, self.shapes):
+      if uop is None:
+        out.append(None)
+        continue
+      result = next(results)
+      if self.sizes and self.fronts[len([o for o in out if o is not None])]:
+        result = symbolic.front(result, tuple(symbolic.value_at(s, values) for s in shape))
+      out.append(symbolic.concrete(result))
+    return out
 
 def _refuse(*args, **kwargs):
   raise _ValueNeeded()
@@ -222,21 +249,25 @@ class GraphCache:
     for name, placeholder in graph.placeholders.items():
       buffer, array = placeholder.uop.base.buffer, arrays[name]
       if graph.sizes:   # room for the largest sizes: this call's values fill the front, row-major
-        values.update((v.src[0], size) for v, size in zip(placeholder.shape, array.shape) if isinstance(v, UOp))
-        if array.size != buffer.size: buffer = buffer.view(array.size, buffer.dtype, 0)
+        values.update((v, size) for v, size in zip(graph.dims[name], array.shape) if v is not None)
+        if array.size != buffer.size:
+          if (name, array.size) not in graph.fronts_in: graph.fronts_in[name, array.size] = buffer.view(array.size,
+                                                                                                      buffer.dtype, 0)
+          buffer = graph.fronts_in[name, array.size]
       buffer.copyin(memoryview(array.reshape(-1).view(np.uint8)))
       _forget_results_computed_from(placeholder.uop.base.buffer)   # the last results came from the old values
-    for variable, size_input in graph.sizes.items():
-      size_input.uop.base.buffer.copyin(memoryview(np.array([values[variable]], np.int64).view(np.uint8)))
-      _forget_results_computed_from(size_input.uop.base.buffer)
-    inputs = graph.bind(values) if graph.sizes else list(graph.placeholders.values())
+    if values != graph.values or not graph.sizes_written:
+      for variable, size_input in graph.sizes.items():
+        size_input.uop.base.buffer.copyin(memoryview(np.array([values[variable]], np.int64).view(np.uint8)))
+        _forget_results_computed_from(size_input.uop.base.buffer)
+      graph.sizes_written = True
+    inputs = graph.inputs(values)
     try: realized = graph.realize(*inputs)
     except RuntimeError:   # TinyJit refuses this graph (e.g. no kernel to capture: every output a constant)
       if graph.realize == graph._realize: raise
       graph.realize = graph._realize
       realized = graph.realize()
-    results = iter(symbolic.concrete(t) for t in realized)
-    return [next(results) if uop is not None else None for uop in graph.outputs]
+    return graph.outputs_at(realized, values)
 
 def _numpy_dtype(info) -> np.dtype | None:
   """The numpy dtype an input is copied in as (None where there is none: not a tensor, bfloat16, float8, ...)."""

@@ -11,7 +11,7 @@ A comparison of sizes is only folded where it holds for every value of the range
 needs a plain int, the build fails and the cache builds that size on its own, as before.
 """
 from __future__ import annotations
-import operator
+import math, operator
 from typing import Any, Callable
 import numpy as np
 from kiln.tensor import Tensor
@@ -130,37 +130,51 @@ def divide(a, b):
 
 # ---- outputs: views of the kept graph's results with the call's sizes as plain ints
 
-def concrete(tensor: Tensor) -> Tensor:
-  """A realized tensor whose shape holds bound Variables as the same view with every size a plain int."""
+def _chain(tensor: Tensor) -> tuple[UOp, list]:
+  """A tensor's base node and the movement ops (op, arg) from it to the tensor, base first."""
   chain, node = [], tensor.uop
   while node.op in GroupOp.Movement:
     chain.append((node.op, node.arg))
     node = node.src[0]
+  return node, chain[::-1]
+
+def is_front(tensor: Tensor) -> bool:
+  """True for a realized tensor that is the front of its buffer, row-major (how kiln lays out a symbolic size)."""
+  base, chain = _chain(tensor)
+  return base.op is Ops.BUFFER and base.buffer is not None and [op for op, _ in chain] == [Ops.SHRINK, Ops.RESHAPE] \
+    and len(chain[0][1]) == 1 and isinstance(chain[0][1][0][0], int) and chain[0][1][0][0] == 0
+
+def front(whole: Tensor, shape: tuple[int, ...]) -> Tensor:
+  """The front of a realized buffer as a tensor of `shape`, over a buffer of its own: reading it copies nothing and
+  compiles no kernel for this size."""
+  base, size = whole.uop.base, math.prod(shape)
+  part = UOp.new_buffer(base.buffer.device, size, base.dtype)
+  part.buffer = base.buffer.view(size, base.dtype, 0) if size != base.buffer.size else base.buffer
+  return Tensor(part.reshape(shape))
+
+def concrete(tensor: Tensor) -> Tensor:
+  """A realized tensor whose view holds bound Variables as the same view with every size a plain int."""
+  base, chain = _chain(tensor)
   # (read from the view's args, not from tensor.shape: the shape of a new symbolic node is simplified when asked)
   if not any(_has_uop(arg) for _, arg in chain): return tensor
-  chain = [(op, _values(arg)) for op, arg in reversed(chain)]
-  if node.op is Ops.BUFFER and node.buffer is not None and [op for op, _ in chain] == [Ops.SHRINK, Ops.RESHAPE] \
-     and chain[0][1][0][0] == 0:
-    # the front of a buffer with room for the largest sizes (how kiln lays out a symbolic result): a buffer of its
-    # own over that memory, so reading it copies nothing and compiles no kernel for this size
-    size = chain[0][1][0][1]
-    front = UOp.new_buffer(node.buffer.device, size, node.dtype)
-    front.buffer = node.buffer.view(size, node.dtype, 0)
-    return Tensor(front.reshape(chain[1][1]))
-  for op, arg in chain: node = UOp(op, node.dtype, (node,), arg)
+  if is_front(tensor): return front(tensor, _values(chain[1][1]))
+  node = base
+  for op, arg in chain: node = UOp(op, node.dtype, (node,), _values(arg))
   return Tensor(node)
 
 _INT_OPS: dict[Ops, Callable] = {Ops.ADD: operator.add, Ops.SUB: operator.sub, Ops.MUL: operator.mul, Ops.MAX: max,
                                  Ops.NEG: operator.neg}
 
-def _value(size: UOp) -> int:
-  """A size expression's value at its BINDs' values: evaluated directly (a call's outputs have a few of them, and
-  substituting and simplifying each, as sint_value does, took most of a small model's call)."""
+def value_at(size, values: dict[UOp, int] | None = None) -> int:
+  """A size's value with each Variable at `values` (at its BIND's value where `values` is None or lacks it),
+  evaluated directly: a call's outputs have a few such sizes, and substituting and simplifying each, as
+  sint_value does, took most of a small model's call."""
+  if not isinstance(size, UOp): return size
   if size.op is Ops.CONST: return size.arg
-  if size.op is Ops.BIND: return size.src[1].arg
-  if size.op in _INT_OPS: return _INT_OPS[size.op](*(_value(s) for s in size.src))
+  if size.op is Ops.BIND: return values.get(size.src[0], size.src[1].arg) if values else size.src[1].arg
+  if size.op in _INT_OPS: return _INT_OPS[size.op](*(value_at(s, values) for s in size.src))
   if size.op in (Ops.IDIV, Ops.MOD):   # C's truncating division and remainder
-    a, b = _value(size.src[0]), _value(size.src[1])
+    a, b = value_at(size.src[0], values), value_at(size.src[1], values)
     quotient = abs(a) // abs(b) * (1 if (a < 0) == (b < 0) else -1)
     return quotient if size.op is Ops.IDIV else a - quotient * b
   return sint_value(size)
@@ -169,7 +183,7 @@ def _has_uop(arg: Any) -> bool:
   return isinstance(arg, UOp) or (isinstance(arg, tuple) and any(_has_uop(a) for a in arg))
 
 def _values(arg: Any) -> Any:
-  if isinstance(arg, UOp): return _value(arg)
+  if isinstance(arg, UOp): return value_at(arg)
   if isinstance(arg, tuple): return tuple(_values(a) for a in arg)
   return arg
 

@@ -138,3 +138,26 @@ def test_a_build_that_needs_plain_sizes_falls_back_to_a_graph_per_size():
   run_sizes(runner, lambda size: {"x": floats(1, 1, *size)}, [(5, 6), (7, 4), (5, 6)],
             lambda feeds: {"y": session.run(None, feeds)[0]})
   assert len(runner.cache.graphs) == 2 and len(runner.cache.not_symbolic) == 1   # one range, tried once
+
+def test_outputs_of_every_kind_come_back_with_plain_sizes():
+  """A computed output, a view of it (a second output sharing its buffer), the Shape itself and a fixed-size
+  output: each comes back with plain int sizes at every call, and none compiles again."""
+  nodes = [helper.make_node("Mul", ["x", "two"], ["y"]), helper.make_node("Reshape", ["y", "flat"], ["z"]),
+           helper.make_node("Shape", ["x"], ["s"]), helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0)]
+  inits = [numpy_helper.from_array(np.array(2, np.float32), "two"),
+           numpy_helper.from_array(np.array([-1], np.int64), "flat")]
+  model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", 3])],
+                     [helper.make_tensor_value_info(name, TensorProto.FLOAT if name != "s" else TensorProto.INT64,
+                                                    None) for name in ("y", "z", "s", "total")], inits, opset=13)
+  runner = OnnxRunner(model)
+  for rows in (4, 6, 2, 6):
+    x = floats(rows, 3, seed=rows)
+    before = compiled()
+    out = runner({"x": x})
+    assert all(type(d) is int for name in ("y", "z", "s", "total") for d in out[name].shape)
+    assert_close(out["y"].numpy(), x * 2)
+    assert_close(out["z"].numpy(), (x * 2).reshape(-1))
+    assert out["s"].numpy().tolist() == [rows, 3]
+    assert_close(out["total"].numpy(), x.sum(), atol=1e-4)
+    if rows != 4: assert compiled() == before
+  assert len(runner.cache.graphs) == 1
