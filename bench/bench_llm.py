@@ -113,10 +113,11 @@ def bench_kiln(path: pathlib.Path, prompt: list[int]) -> dict[str, float | str]:
           "decode tok/s": DECODE_TOKENS / decode_s, "weights MB/token": nbytes / 1e6,
           "decode GB/s of weights": nbytes * DECODE_TOKENS / decode_s / 1e9, **parts}
 
-def _time_graph(context, launches: list, reps: int = 20) -> float:
-  """us per launch of a CUDA graph of `launches` (cuda.PackedLaunch) as a chain, median of 5 timings of `reps`."""
+def _time_graph(context, launches: list, reps: int = 20, programmatic: bool = False) -> float:
+  """us per launch of a CUDA graph of `launches` (cuda.PackedLaunch) as a chain (its edges programmatic, or not),
+  median of 5 timings of `reps`."""
   from kiln.runtime import cuda_driver as cuda
-  graph = cuda.Graph(context, launches)
+  graph = cuda.Graph(context, launches, None, [False] + [programmatic] * (len(launches) - 1))
   graph.launch()
   start, end = context.event(), context.event()
   times = []
@@ -138,18 +139,19 @@ def profile_graph(model: Transformer, window: int) -> None:
   jit = model._decode_windows[window]
   (runner,) = [launch for launch in jit.captured._launches if hasattr(launch, "graph")]
   items, packed, context = runner.items, runner.graph.packed, runner.context
-  full = _time_graph(context, packed)
+  pdl = runner.graph.programmatic
+  full = _time_graph(context, packed, programmatic=pdl)
   groups: dict[int, list[int]] = {}
   for i, item in enumerate(items): groups.setdefault(id(item.runner), []).append(i)
-  print(f"decode graph, window {window}: {len(items)} kernels, {full:.1f} us a launch ({full / len(items):.2f} us a "
-        f"kernel)")
+  print(f"decode graph, window {window}{' (programmatic edges)' if pdl else ''}: {len(items)} kernels, {full:.1f} us "
+        f"a launch ({full / len(items):.2f} us a kernel)")
   print(f"  {'first':>5s} {'kernel':24s} {'launch':>22s} {'count':>5s} {'chained us':>10s} {'marginal us':>11s}")
   for indices in sorted(groups.values()):
     runner_i = items[indices[0]].runner
-    chained = _time_graph(context, [packed[indices[0]]] * 64) / 64
+    chained = _time_graph(context, [packed[indices[0]]] * 64, programmatic=pdl) / 64
     drop = set(indices)
-    marginal = full - _time_graph(context, [p for i, p in enumerate(packed) if i not in drop]) if len(drop) < \
-      len(items) else full
+    marginal = full - _time_graph(context, [p for i, p in enumerate(packed) if i not in drop], programmatic=pdl) \
+      if len(drop) < len(items) else full
     print(f"  {indices[0]:5d} {runner_i.name:24s} {str(runner_i.launch):>22s} {len(indices):5d} {chained:10.2f} "
           f"{marginal:11.1f}")
 
@@ -219,7 +221,12 @@ def main() -> None:
                       "many rows (kiln/codegen/gpudims.py ROW_LANE_ELEMENTS: about N elements a lane; 0: a block a row)")
   parser.add_argument("--graph-dag", action="store_true", help="CUDA: graph nodes wait only for the nodes whose "
                       "memory they use (kiln/runtime/ops_cuda.py CUDAGraph.PARALLEL), to compare with the chain")
+  parser.add_argument("--programmatic", type=int, choices=(0, 1), help="CUDA graphs: programmatic dependent "
+                      "launch between kernels (kiln/runtime/ops_cuda.py CUDAGraph.PROGRAMMATIC) on (1) or off (0)")
   args = parser.parse_args()
+  if args.programmatic is not None:
+    from kiln.runtime.ops_cuda import CUDAGraph
+    CUDAGraph.PROGRAMMATIC = bool(args.programmatic)
   if args.graph_dag:
     from kiln.runtime.ops_cuda import CUDAGraph
     CUDAGraph.PARALLEL = True

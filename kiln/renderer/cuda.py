@@ -48,6 +48,18 @@ def device_helpers(block: str) -> str:
   """A C helper block made callable from kernels (`static inline` -> `static inline __device__`)."""
   return block.replace("static inline ", "static inline __device__ ")
 
+# programmatic dependent launch (sm_90+): each kernel first lets the next kernel of a CUDA graph start launching
+# (launch_dependents), then waits until the kernels it depends on have finished and their memory is visible (wait),
+# before it touches memory. Launched any other way (a plain launch, a graph edge of the default kind) both are no-ops.
+DEPENDENT_WAIT = "griddepcontrol.wait"
+DEPENDENT_LAUNCH = ('  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");',
+                    f'  asm volatile("{DEPENDENT_WAIT};" ::: "memory");')
+
+def dependent_launch(arch: str) -> bool:
+  """Whether kernels for `arch` ("sm_90a") start with the programmatic-dependent-launch instructions (sm_90 and up)."""
+  digits = "".join(ch for ch in arch.partition("_")[2] if ch.isdigit())
+  return bool(digits) and int(digits) >= 90
+
 class CUDARenderer(CRenderer):
   """Renders a linearized kernel as `extern "C" __global__ void name(T* __restrict__ data0, ..., int var0)`."""
   device = "CUDA"
@@ -60,6 +72,7 @@ class CUDARenderer(CRenderer):
   def render(self, name: str, uops: list[UOp]) -> str:
     """The CUDA C++ source of kernel `name`."""
     writer = _CudaKernelWriter(kernel_function_name(name), uops)
+    writer.dependent_launch = dependent_launch(self.arch)
     try: return writer.write()
     finally: writer.statements.clear()   # its own bound methods: a reference cycle, broken so refcounting frees it
 
@@ -76,6 +89,7 @@ class _CudaKernelWriter(_CKernelWriter):
                             Ops.BARRIER: self._barrier, Ops.ATOMIC: self._atomic})
     self.device_arrays: list[str] = []   # file-scope `__device__` arrays (DEFINE_LOCAL with a "device" scope)
     self.block_threads = 1
+    self.dependent_launch = False   # start with DEPENDENT_LAUNCH (CUDARenderer.render sets it from the arch)
 
   def _special(self, u: UOp) -> None:
     kind, size = u.arg
@@ -148,5 +162,6 @@ class _CudaKernelWriter(_CKernelWriter):
     if self.uses_fp8: head += [FP8_HELPERS] + [fp8_helpers(dt) for dt in dtypes.fp8s if dt in self.uses_fp8]
     head = [PRELUDE] + [device_helpers(block) for block in head] + self.device_arrays
     bounds = f"__launch_bounds__({self.block_threads}) "
+    start = list(DEPENDENT_LAUNCH) if self.dependent_launch else []
     return "\n".join(head + [f'extern "C" __global__ void {bounds}{self.name}({", ".join(params)}) {{',
-                             *self.lines, "}", ""])
+                             *start, *self.lines, "}", ""])

@@ -21,7 +21,7 @@ from __future__ import annotations
 import struct
 from kiln.dtype import DType, dtypes, truncate
 from kiln.renderer import kernel_function_name, kernel_signature
-from kiln.renderer.cuda import CUDARenderer
+from kiln.renderer.cuda import CUDARenderer, DEPENDENT_WAIT, dependent_launch
 from kiln.uop.ops import UOp, Ops, GroupOp
 
 PTX_VERSION = "9.0"   # the PTX ISA of CUDA 13.0 (driver 580)
@@ -733,6 +733,9 @@ class _PTXKernelWriter:
       raw = self.reg(dtypes.int32)
       self.emit(f"ld.param.s32 {raw}, [var{i}]")
       self.names[v] = raw if v.dtype == dtypes.int32 else self.convert(raw, dtypes.int32, v.dtype)
+    if dependent_launch(self.arch):   # kiln/renderer/cuda.py DEPENDENT_LAUNCH, before any memory is touched
+      self.emit("griddepcontrol.launch_dependents")
+      self.emit(DEPENDENT_WAIT)
     self.lines = body
     self.quads = shared_quads(self.uops)   # earliest load of a quad -> the quad, in element order
     self.quad_members = {load for quad in self.quads.values() for load in quad}

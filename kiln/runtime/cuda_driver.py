@@ -213,6 +213,8 @@ DRIVER_PROTOTYPES: dict[str, tuple[tuple[str, ...], tuple[Any, ...]]] = {
                                             P(c_void_p), P(c_void_p))),
   "cuGraphCreate": (("cuGraphCreate",), (P(c_void_p), c_uint)),
   "cuGraphAddKernelNode": (("cuGraphAddKernelNode_v2",), (P(c_void_p), c_void_p, P(c_void_p), c_size_t, c_void_p)),
+  "cuGraphAddDependencies": (("cuGraphAddDependencies_v2",), (c_void_p, P(c_void_p), P(c_void_p), c_void_p,
+                                                                c_size_t)),
   "cuGraphInstantiate": (("cuGraphInstantiateWithFlags",), (P(c_void_p), c_void_p, ctypes.c_ulonglong)),
   "cuGraphExecKernelNodeSetParams": (("cuGraphExecKernelNodeSetParams_v2",), (c_void_p, c_void_p, c_void_p)),
   "cuGraphLaunch": (("cuGraphLaunch",), (c_void_p, c_void_p)),
@@ -586,34 +588,58 @@ class KernelNodeParams(ctypes.Structure):
               ("blockDimX", c_uint), ("blockDimY", c_uint), ("blockDimZ", c_uint), ("sharedMemBytes", c_uint),
               ("kernelParams", c_void_p), ("extra", c_void_p), ("kern", c_void_p), ("ctx", c_void_p)]
 
+class GraphEdgeData(ctypes.Structure):
+  """CUgraphEdgeData: how a graph edge's downstream node depends on its upstream one (zero: full completion)."""
+  _fields_ = [("from_port", ctypes.c_ubyte), ("to_port", ctypes.c_ubyte), ("type", ctypes.c_ubyte),
+              ("reserved", ctypes.c_ubyte * 5)]
+
+# a programmatic edge (CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC, CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC): the downstream
+# kernel may start once every block of the upstream one has run `griddepcontrol.launch_dependents` (or exited); its
+# own `griddepcontrol.wait` then waits for the upstream grid to complete and its memory to be visible
+PORT_PROGRAMMATIC, DEPENDENCY_PROGRAMMATIC = 1, 1
+
 class Graph:
   """Kernel launches as one CUDA graph, each node after the one before, instantiated once: `launch` queues all of
   them with one driver call; `set_args(i, *args)` gives node i new arguments (the same kinds) in the instantiated
   graph. `launches` are (function, args, grid, block) as `Function.launch` takes them, or PackedLaunches.
 
   `dependencies[i]`, when given, lists the earlier nodes node i waits for (instead of the one before it): nodes
-  that wait for none of each other may run at the same time.
+  that wait for none of each other may run at the same time. `programmatic[i]`: node i's edges are programmatic
+  (programmatic dependent launch: it starts early and its kernel's `griddepcontrol.wait` waits; only for kernels that
+  run that instruction before touching memory); where the driver lacks cuGraphAddDependencies_v2, plain edges.
 
   The graph can be instantiated more than once (`instantiate`): executables of one graph differ only in their nodes'
   arguments (`update`), so a caller that alternates between a few argument sets keeps one executable for each and
   launches it (`launch_exec`) without updating any node."""
   def __init__(self, context: Context, launches: Sequence[tuple[Function, Sequence[Any], Any, Any] | PackedLaunch],
-               dependencies: Sequence[Sequence[int]] | None = None):
+               dependencies: Sequence[Sequence[int]] | None = None, programmatic: Sequence[bool] | None = None):
     self.context, lib = context, driver()
     context.activate()
     graph, self.nodes, self.execs = c_void_p(), [], []
     lib.call("cuGraphCreate", ctypes.byref(graph), 0)
     self.graph, self.exec = graph.value, 0
     self.packed = [launch if isinstance(launch, PackedLaunch) else PackedLaunch(*launch) for launch in launches]
+    # with programmatic edges the nodes are added unconnected and every edge afterwards, each with its edge data
+    self.programmatic = bool(programmatic) and any(programmatic) and "cuGraphAddDependencies" in lib.functions
+    edges: list[tuple[int, int, bool]] = []
     for i, packed in enumerate(self.packed):
       if packed.shared > packed.function.shared_limit: packed.function.allow_shared(packed.shared)
       node = c_void_p()
       waits = ([i - 1] if i else []) if dependencies is None else sorted(set(dependencies[i]))
       if any(not 0 <= j < i for j in waits):
         raise ValueError(f"Graph: node {i} may wait only for earlier nodes, not {waits}")
-      deps = (c_void_p * len(waits))(*[self.nodes[j] for j in waits]) if waits else None
-      lib.call("cuGraphAddKernelNode", ctypes.byref(node), self.graph, deps, len(waits), ctypes.byref(packed.node))
+      if self.programmatic: edges += [(j, i, bool(programmatic[i])) for j in waits]   # type: ignore[index]
+      deps = (c_void_p * len(waits))(*[self.nodes[j] for j in waits]) if waits and not self.programmatic else None
+      lib.call("cuGraphAddKernelNode", ctypes.byref(node), self.graph, deps, 0 if deps is None else len(waits),
+               ctypes.byref(packed.node))
       self.nodes.append(node.value)
+    if edges:
+      data = (GraphEdgeData * len(edges))()
+      for k, (_, _, programmatic_edge) in enumerate(edges):
+        if programmatic_edge: data[k].from_port, data[k].type = PORT_PROGRAMMATIC, DEPENDENCY_PROGRAMMATIC
+      upstream = (c_void_p * len(edges))(*[self.nodes[j] for j, _, _ in edges])
+      downstream = (c_void_p * len(edges))(*[self.nodes[i] for _, i, _ in edges])
+      lib.call("cuGraphAddDependencies", self.graph, upstream, downstream, data, len(edges))
     self.exec = self.instantiate()
     self._set_params, self._graph_launch = _raw("cuGraphExecKernelNodeSetParams"), _raw("cuGraphLaunch")
     self._node_handles = [c_void_p(node) for node in self.nodes]

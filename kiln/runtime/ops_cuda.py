@@ -15,7 +15,7 @@ from typing import Any
 from kiln.device import Compiled
 from kiln.helpers import PTX
 from kiln.renderer import kernel_function_name
-from kiln.renderer.cuda import CUDARenderer
+from kiln.renderer.cuda import CUDARenderer, DEPENDENT_WAIT
 from kiln.renderer.ptx import PTXRenderer
 from kiln.runtime import cuda_driver as cuda
 
@@ -123,6 +123,9 @@ class CUDAGraph:
   # step ran slower as that DAG than as a chain (bench/gpu_notes.md call 24: 573-595 against 636-661 tok/s, graph
   # launch 37-49 against 6-13 us, prefill 1356-1407 against 1926-2197 tok/s)
   PARALLEL = False
+  # True: a kernel's edges are programmatic (programmatic dependent launch) where it starts with the renderer's
+  # `griddepcontrol.wait` (kiln/renderer/cuda.py DEPENDENT_LAUNCH), so its launch overlaps the previous kernel's end
+  PROGRAMMATIC = False
 
   def __init__(self, items: list, swapped: set[tuple[int, int]]):
     self.items, self.swapped = items, swapped
@@ -130,7 +133,9 @@ class CUDAGraph:
     launches = [self._packed(item) for item in items]
     self.dependencies = kernel_dependencies(items, swapped) if self.PARALLEL else [[i - 1] if i else [] for i in
                                                                                      range(len(items))]
-    self.graph = cuda.Graph(self.context, launches, self.dependencies)
+    programmatic = [self.PROGRAMMATIC and i > 0 and DEPENDENT_WAIT in getattr(item.runner, "source", "")
+                    for i, item in enumerate(items)]
+    self.graph = cuda.Graph(self.context, launches, self.dependencies, programmatic)
     # what a replay re-reads: the swapped buffers' addresses (bufs[pos]._buf.ptr), then the variables' values
     # (var_vals[var]); `slots` says which node and argument each one is, in the same order
     self.slots: list[tuple[int, int]] = []

@@ -88,6 +88,31 @@ def test_tinyjit_replays_through_one_cuda_graph_with_swapped_inputs_and_fresh_ou
     np.testing.assert_allclose(s.numpy(), ((an * 2 + bn) * an).sum(), rtol=1e-5)
 
 @needs_gpu
+@pytest.mark.parametrize("programmatic", [False, True])
+def test_graph_chains_wait_for_the_kernel_before(monkeypatch, programmatic):
+  """A replayed chain of kernels, each reading all of the one before it (many blocks a kernel), on new inputs every
+  replay: with programmatic edges (CUDAGraph.PROGRAMMATIC) a kernel starts early, and its griddepcontrol.wait must
+  still see the whole previous output (an early read would see the last replay's values)."""
+  from kiln import TinyJit
+  from kiln.runtime.ops_cuda import CUDAGraph
+  monkeypatch.setattr(CUDAGraph, "PROGRAMMATIC", programmatic)
+  def chain(x):
+    for _ in range(6):
+      x = (x * 0.5 + 1).contiguous()
+      x = (x - x.sum(-1, keepdim=True) * (1 / 4096)).contiguous()
+    return x
+  step, rng = TinyJit(chain), np.random.default_rng(5)
+  for _ in range(6):
+    a = rng.standard_normal((64, 4096)).astype(np.float32)
+    want = a.astype(np.float64)
+    for _ in range(6):
+      want = want * 0.5 + 1
+      want = want - want.sum(-1, keepdims=True) / 4096
+    np.testing.assert_allclose(step(Tensor(a, device="CUDA")).numpy(), want, rtol=1e-4, atol=1e-4)
+  (graph,) = [launch for launch in step.captured._launches if isinstance(launch, CUDAGraph)]
+  assert graph.graph.programmatic == programmatic
+
+@needs_gpu
 def test_copies_between_devices_and_a_second_name():
   x = np.arange(1031, dtype=np.float32)
   t = Tensor(x, device="CUDA:0")

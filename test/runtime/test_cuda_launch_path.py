@@ -35,10 +35,10 @@ def child() -> dict:
     launch_exec(self, handle)
     launched.append(list(execs[handle]))
   original_init = cuda.Graph.__init__
-  def init(self, context, launches, dependencies=None):
+  def init(self, context, launches, dependencies=None, programmatic=None):
     packed = [launch if isinstance(launch, cuda.PackedLaunch) else cuda.PackedLaunch(*launch) for launch in launches]
     self._added = [tuple(v.value for v in p.values) for p in packed]   # what the nodes were added with
-    original_init(self, context, packed, dependencies)
+    original_init(self, context, packed, dependencies, programmatic)
     execs[self.exec] = list(self._added)
   cuda.Graph.__init__, cuda.Graph.instantiate, cuda.Graph.update, cuda.Graph.launch_exec = \
     init, fake_instantiate, fake_update, fake_launch
