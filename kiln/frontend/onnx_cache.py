@@ -22,7 +22,7 @@ size as a plain number (an op without symbolic sizes, a size read as data), that
 per size.
 """
 from __future__ import annotations
-import re
+import re, time
 from collections import OrderedDict
 from typing import Any, Callable
 import numpy as np
@@ -43,6 +43,13 @@ def symbolic_range(size: int) -> tuple[int, int]:
   return SYMBOLIC_MIN, max(16, 1 << (size - 1).bit_length())
 
 _FAILED = object()   # a symbolic build that needed a plain size
+# A symbolic graph's kernels can be slower than ones compiled for plain sizes (the optimizer cannot tile an axis of
+# unknown size: an attention over a symbolic length ran 6x slower). So a signature called this many times through
+# a symbolic graph gets a graph of its own sizes, once per range and while that keeps paying: where the first such
+# graph is not at least SPECIALIZED_GAIN faster, the range's other sizes keep the symbolic graph.
+SPECIALIZE_AFTER = 4
+SPECIALIZED_GAIN = 1.25
+TIMED_REPLAYS = 2    # replays timed (after the TinyJit's capture) before two graphs are compared
 
 class _ValueNeeded(BaseException):
   """A placeholder input's values were needed while building: this signature cannot be cached. A BaseException,
@@ -67,6 +74,7 @@ class _Graph:
     self.shapes = [out.shape if out is not None and self.sizes else None for out in outputs]
     self.fronts: list[bool] = []   # per realized output: returned as its whole buffer (symbolic sizes only)
     self.fronts_in: dict[tuple[str, int], Any] = {}   # (input, size) -> the front of its placeholder's buffer
+    self.calls = 0                 # calls so far (the TinyJit replays from the third)
     self.sizes_written = False     # whether the size inputs hold `values`
     self.realize = TinyJit(self._realize)
 
@@ -116,6 +124,10 @@ class GraphCache:
     # the shapes and dtypes of a call -> the signatures to try, symbolic first: (shapes, shape key) each
     self.routes: dict[tuple, list[tuple[dict, tuple]]] = {}
     self.numpy_dtypes = {name: _numpy_dtype(info) for name, info in declared.items()}
+    self.calls: dict[tuple, int] = {}                 # signature -> calls through a symbolic graph
+    self.times: dict[tuple, list[float]] = {}         # (signature, graph's signature) -> replay times, a few
+    self.specialize: dict[tuple, bool] = {}           # symbolic signature -> whether its hot sizes get own graphs
+    self.trials: dict[tuple, tuple] = {}              # specialized signature -> the symbolic key it is compared to
 
   def arrays(self, inputs: dict[str, Any]) -> dict[str, np.ndarray] | None:
     """The inputs as numpy arrays of their declared dtypes, or None where one cannot be cached (a sequence, a
@@ -163,14 +175,31 @@ class GraphCache:
     signature = tuple((name, a.shape, a.dtype.str) for name, a in arrays.items())
     routes = self.routes.get(signature)
     if routes is None:
-      if len(self.routes) > 64 * MAX_GRAPHS: self.routes.clear()
+      if len(self.routes) > 64 * MAX_GRAPHS:   # (bounded: a model called with ever new shapes)
+        for table in (self.routes, self.calls, self.times, self.trials): table.clear()
       variables = self.variables(arrays)
       routes = self.routes[signature] = [self._route(arrays, v) for v in ((variables, {}) if variables else ({},))]
+    if len(routes) == 2:
+      self.calls[signature] = calls = self.calls.get(signature, 0) + 1
+      if calls > SPECIALIZE_AFTER and self.specialize.get(routes[0][1], True):
+        self.trials[signature] = routes[0][1]
+        del routes[0]   # a graph of this call's own sizes from now on
     for shapes, shape_key in list(routes):
       outputs = self._run(arrays, build, shapes, shape_key)
-      if outputs is not _FAILED: return outputs
+      if outputs is not _FAILED:
+        if signature in self.trials: self._judge(signature, shape_key)
+        return outputs
       routes.remove((shapes, shape_key))   # that symbolic signature needs plain sizes: not tried again
     raise AssertionError("a signature without symbolic sizes never fails")
+
+  def _judge(self, signature: tuple, shape_key: tuple) -> None:
+    """Once a specialized graph and the symbolic one have both been timed on this signature: whether the symbolic
+    signature's other hot sizes should be specialized too."""
+    symbolic_key = self.trials[signature]
+    own, shared = self.times.get((signature, shape_key), ()), self.times.get((signature, symbolic_key), ())
+    if len(own) < TIMED_REPLAYS or len(shared) < TIMED_REPLAYS: return
+    self.specialize[symbolic_key] = min(own) * SPECIALIZED_GAIN < min(shared)
+    del self.trials[signature]
 
   def _route(self, arrays: dict[str, np.ndarray], variables: dict[str, UOp]) -> tuple[dict, tuple]:
     """The shapes of the inputs with these Variables in place of their sizes, and the signature they make."""
@@ -187,7 +216,7 @@ class GraphCache:
       graph = self.graphs[key]
       if graph is None: return None
       self.graphs.move_to_end(key)
-      return self._replay(graph, arrays)
+      return self._replay(graph, arrays, shape_key)
     graph = self._build(arrays, build, shapes)
     if graph is _FAILED:
       self.not_symbolic.add(key)
@@ -197,7 +226,7 @@ class GraphCache:
       key = shape_key + tuple(graph.steering.values())
     self.graphs[key] = graph
     if len(self.graphs) > MAX_GRAPHS: self.graphs.popitem(last=False)
-    return self._replay(graph, arrays) if graph is not None else None
+    return self._replay(graph, arrays, shape_key) if graph is not None else None
 
   def _shape(self, name: str, shape: tuple[int, ...], variables: dict[str, UOp]) -> tuple:
     labels = self.labels.get(name) or (None,) * len(shape)
@@ -242,7 +271,7 @@ class GraphCache:
     return _Graph(placeholders, [out.uop if out is not None else None for out in outputs], steering, sizes,
                   dict(values))
 
-  def _replay(self, graph: _Graph, arrays: dict[str, np.ndarray]) -> list:
+  def _replay(self, graph: _Graph, arrays: dict[str, np.ndarray], shape_key: tuple) -> list:
     # nothing outside reads the placeholders lazily: every call's outputs are realized before it returns (none is a
     # placeholder itself), so tensors a caller builds on them read their own buffers, never the placeholders
     values = {}
@@ -262,11 +291,17 @@ class GraphCache:
         _forget_results_computed_from(size_input.uop.base.buffer)
       graph.sizes_written = True
     inputs = graph.inputs(values)
+    start = time.perf_counter()
     try: realized = graph.realize(*inputs)
     except RuntimeError:   # TinyJit refuses this graph (e.g. no kernel to capture: every output a constant)
       if graph.realize == graph._realize: raise
       graph.realize = graph._realize
       realized = graph.realize()
+    graph.calls += 1
+    signature = tuple((name, a.shape, a.dtype.str) for name, a in arrays.items())
+    if graph.calls > 2 and (graph.sizes or signature in self.trials):   # replays timed, to judge specializing
+      times = self.times.setdefault((signature, shape_key), [])
+      if len(times) < TIMED_REPLAYS: times.append(time.perf_counter() - start)
     return graph.outputs_at(realized, values)
 
 def _numpy_dtype(info) -> np.dtype | None:

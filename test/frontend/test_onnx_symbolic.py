@@ -161,3 +161,19 @@ def test_outputs_of_every_kind_come_back_with_plain_sizes():
     assert_close(out["total"].numpy(), x.sum(), atol=1e-4)
     if rows != 4: assert compiled() == before
   assert len(runner.cache.graphs) == 1
+
+def test_a_hot_size_gets_its_own_graph_while_that_pays(monkeypatch):
+  """A signature called more than SPECIALIZE_AFTER times through the symbolic graph gets a graph of its own sizes;
+  its replays are timed against the symbolic graph's, and where they are not faster (forced here: an unreachable
+  gain), the range's other hot sizes stay on the symbolic graph."""
+  from kiln.frontend import onnx_cache
+  monkeypatch.setattr(onnx_cache, "SPECIALIZED_GAIN", 1e9)
+  model, w, b = mlp_model(3, 5)
+  runner = OnnxRunner(model)
+  calls = onnx_cache.SPECIALIZE_AFTER + onnx_cache.TIMED_REPLAYS + 2
+  for n in (6, 9):
+    x = floats(n, 3, seed=n)
+    for _ in range(calls): assert_close(runner({"x": x})["y"].numpy(), reference_mlp(x, w, b))
+  own = [key for key, graph in runner.cache.graphs.items() if graph is not None and key[0][1][0] == 6]
+  assert len(own) == 1 and len(runner.cache.graphs) == 2, list(runner.cache.graphs)   # 9 kept the symbolic one
+  assert list(runner.cache.specialize.values()) == [False]
