@@ -3,7 +3,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 from kiln.dtype import dtypes
-from kiln.helpers import argsort
+from kiln.helpers import argsort, deep_recursion
 from kiln.uop.ops import UOp, Ops, toposort
 from kiln.uop.pattern import UPat, PatternMatcher
 
@@ -103,6 +103,7 @@ gradient_rules = PatternMatcher([
 NO_GRADIENT = frozenset({Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.IDIV, Ops.MOD, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR,
                          Ops.TRUNC, Ops.DETACH, Ops.BITCAST, Ops.IOTA, Ops.CONST, Ops.BUFFER, Ops.BIND})
 
+@deep_recursion
 def gradient_graph(root: UOp, whole: bool = False) -> list[UOp]:
   """Nodes under `root`, sources first, following a realized node to the graph it came from (`origin`).
   Unless `whole`, the sources of ops without gradients are left out."""
@@ -111,14 +112,22 @@ def gradient_graph(root: UOp, whole: bool = False) -> list[UOp]:
     return () if node.op in NO_GRADIENT and not whole else node.src
   return toposort([root], sources=inputs)
 
-def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
-  """Gradients of `root` with respect to every node in `targets`, as new graph nodes (reverse mode, iterative)."""
-  order = gradient_graph(root)
-  # only nodes on a path from root to a target matter
+def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp], order: list[UOp] | None = None) -> dict[UOp, UOp]:
+  """Gradients of `root` with respect to every node in `targets`, as new graph nodes (reverse mode, iterative).
+  `order` is `gradient_graph(root)` or `gradient_graph(root, whole=True)` when the caller has walked it already."""
+  if order is None: order = gradient_graph(root)
+  # only nodes on a path from root to a target matter (a path through an op without gradients is none)
   on_path: set[UOp] = set()
+  mark = on_path.add
   for node in order:
-    inputs = (node.origin,) if node.origin is not None else node.src
-    if node in targets or any(s in on_path for s in inputs): on_path.add(node)
+    if node in targets: mark(node)
+    elif node.origin is not None:
+      if node.origin in on_path: mark(node)
+    elif node.op not in NO_GRADIENT:
+      for s in node.src:
+        if s in on_path:
+          mark(node)
+          break
   grads: dict[UOp, UOp] = {root: root_grad}
   for node in reversed(order):
     if node not in grads: continue

@@ -138,6 +138,24 @@ def suppress_finalizing(fn: Callable) -> Callable:
       if not sys.is_finalizing(): raise
   return wrapper
 
+# Graph walks recurse (the cheapest traversal in Python) and fall back to an explicit stack on RecursionError. Eager
+# training graphs are thousands of nodes deep (a ResNet-50 step's ~6k), past Python's default limit of 1000, so their
+# walks failed and started over; since Python 3.11 a call from one Python function to another takes no C stack, so a
+# walk that recurses only through Python calls can go this deep safely
+DEEP_RECURSION_LIMIT = 1 << 15
+
+def deep_recursion(fn: Callable[..., T]) -> Callable[..., T]:
+  """`fn` run with the recursion limit raised to DEEP_RECURSION_LIMIT (for a graph walk that recurses only through
+  Python-to-Python calls; one that recurses through a C call, such as a property or a `key=` function, must not)."""
+  @functools.wraps(fn)
+  def wrapper(*args, **kwargs):
+    limit = sys.getrecursionlimit()
+    if limit >= DEEP_RECURSION_LIMIT: return fn(*args, **kwargs)
+    sys.setrecursionlimit(DEEP_RECURSION_LIMIT)
+    try: return fn(*args, **kwargs)
+    finally: sys.setrecursionlimit(limit)
+  return wrapper
+
 class LazySeq(Generic[T]):
   """A sequence whose item i is `gen(i)`, computed when indexed."""
   def __init__(self, gen: Callable[[int], T]): self.gen = gen

@@ -5,7 +5,7 @@ from contextlib import contextmanager
 from typing import Any, Sequence
 import numpy as np
 from kiln.dtype import DType, dtypes, least_upper_dtype, to_numpy_dtype, from_numpy_dtype
-from kiln.helpers import prod, user_frame_location, TRACEBACK_SOURCE, _KILN_DIR
+from kiln.helpers import prod, user_frame_location, deep_recursion, TRACEBACK_SOURCE, _KILN_DIR
 from kiln.uop.ops import UOp, Ops, GroupOp, toposort, const_value
 from kiln.uop.pattern import substitute
 from kiln.uop.sint import ssimplify, sint_eq, sint_min, sint_max, sint_str, ssub, is_symbolic_shape, sint_value, sprod
@@ -13,7 +13,7 @@ from kiln.device import Buffer, Device  # noqa: F401  (Device, _to_np_dtype, fet
 from kiln.dtype import _to_np_dtype, _from_np_dtype  # noqa: F401
 from kiln.helpers import fetch  # noqa: F401
 from kiln.uop.ops import Variable  # noqa: F401
-from kiln.gradient import compute_gradient, gradient_graph
+from kiln.gradient import compute_gradient, gradient_graph, NO_GRADIENT
 from kiln.schedule.kernelize import create_schedule, is_contiguous_buffer
 from kiln.engine.realize import run_schedule, capturing as _jit_calls
 from kiln.mixin.creation import CreationMixin
@@ -1388,12 +1388,17 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     >>> [g.tolist() for g in (x * x).sum().gradient(x)]
     [[2.0, 4.0]]
     """
+    return self._gradients(targets, gradient, materialize_grads)
+
+  def _gradients(self, targets: Sequence[Tensor], gradient: Tensor | None, materialize_grads: bool,
+                 order: list[UOp] | None = None) -> list[Tensor]:
+    """Tensor.gradient; `order` is this tensor's gradient graph (whole or not) if the caller walked it already."""
     if gradient is None:
       if self.numel() != 1:
         raise RuntimeError(f"gradient: a non-scalar output of shape {_fmt(self.shape)} needs an explicit gradient{_where()}")
       gradient = Tensor.full(self.shape, 1.0, device=self.device, dtype=self.dtype)
     gradient = self._check_output_gradient(gradient)
-    grads = compute_gradient(self.uop, gradient.uop, {t._grad_identity() for t in targets})
+    grads = compute_gradient(self.uop, gradient.uop, {t._grad_identity() for t in targets}, order)
     out = []
     for t in targets:
       g = grads.get(t._grad_identity())
@@ -1431,11 +1436,11 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     >>> x.grad.tolist()
     [2.0, 4.0, 6.0]
     """
-    graph = set(gradient_graph(self.uop, whole=True))
-    targets = [t for t in list(_requires_grad_tensors) if t._grad_identity() in graph]
+    order = gradient_graph(self.uop)   # walked once: it finds the targets and orders the gradients
+    targets = _targets_in_graph(order)
     if not targets: raise RuntimeError(f"backward: nothing in this graph requires a gradient{_where()}")
     # a target reached only through detach() gets zeros, not an error
-    grads = self.gradient(*targets, gradient=gradient, materialize_grads=True)
+    grads = self._gradients(targets, gradient, materialize_grads=True, order=order)
     for t, g in zip(targets, grads):
       if g.shape != t.shape: raise RuntimeError(f"backward: gradient shape {g.shape} != tensor shape {t.shape}")
       t.grad = g if t.grad is None else t.grad + g
@@ -1608,6 +1613,18 @@ def _grad_identities() -> set[UOp]:
     wanted.add(node)
   return wanted
 
+def _targets_in_graph(order: list[UOp]) -> list[Tensor]:
+  """The live tensors requiring a gradient whose identity is in the graph of `order` (a gradient_graph), or in the
+  parts of it behind ops without gradients (detach), which gradient_graph leaves out (walked only when a tensor
+  requiring a gradient is not in `order`)."""
+  graph = set(order)
+  candidates = [(t, t._grad_identity()) for t in list(_requires_grad_tensors)]
+  if any(identity not in graph for _, identity in candidates):
+    hidden = [s for node in order if node.origin is None and node.op in NO_GRADIENT for s in node.src if s not in graph]
+    if hidden: graph.update(gradient_graph(UOp(Ops.SINK, dtypes.void, tuple(hidden)), whole=True))
+  return [t for t, identity in candidates if identity in graph]
+
+@deep_recursion
 def _graphs_needing_gradients(roots: list[UOp]) -> set[UOp]:
   """The roots whose graphs contain a tensor that requires a gradient (empty when no tensor does)."""
   if not _requires_grad_tensors: return set()

@@ -3,7 +3,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from kiln import Tensor
+from kiln import Tensor, helpers
 
 W = np.array([[1.0, -2.0], [3.0, 4.0]], np.float32)
 X = np.array([[1.0, 0.5], [-1.0, 2.0]], np.float32)
@@ -71,9 +71,12 @@ def test_contiguous_backward_keeps_values_and_gradients():
   np.testing.assert_allclose(loss.numpy(), float(np.maximum((X @ W) * 3, 0).sum()))
   np.testing.assert_allclose(w.grad.numpy(), torch_grad(lambda x, w: ((x @ w) * 3).relu().sum()))
 
-@pytest.mark.parametrize("depth", [10, sys.getrecursionlimit() + 100])
-def test_a_realized_graph_keeps_its_history_for_backward_however_deep(depth):
-  # realize finds the graphs that need gradients by recursion, and past the recursion limit by one iterative pass
+@pytest.mark.parametrize("depth, raise_limit", [(10, True), (sys.getrecursionlimit() + 100, True),
+                                               (sys.getrecursionlimit() + 100, False)])
+def test_a_realized_graph_keeps_its_history_for_backward_however_deep(depth, raise_limit, monkeypatch):
+  # realize finds the graphs that need gradients by recursion (to helpers.DEEP_RECURSION_LIMIT levels), and past the
+  # recursion limit by one iterative pass (forced here by leaving the limit as it is)
+  if not raise_limit: monkeypatch.setattr(helpers, "DEEP_RECURSION_LIMIT", 0)
   w = Tensor([1.0, 2.0], requires_grad=True)
   t = w
   for _ in range(depth): t = t + 0.5
@@ -81,3 +84,26 @@ def test_a_realized_graph_keeps_its_history_for_backward_however_deep(depth):
   np.testing.assert_allclose(t.numpy(), [1.0 + depth * 0.5, 2.0 + depth * 0.5], rtol=1e-5)
   (t * t).sum().backward()
   np.testing.assert_allclose(w.grad.numpy(), 2 * t.numpy(), rtol=1e-5)
+
+def test_deep_recursion_raises_the_limit_inside_and_restores_it():
+  limit = sys.getrecursionlimit()
+  @helpers.deep_recursion
+  def depth(n: int) -> int: return 0 if n == 0 else 1 + depth(n - 1)
+  assert depth(limit + 500) == limit + 500   # a plain recursion that deep would raise RecursionError
+  assert sys.getrecursionlimit() == limit
+  @helpers.deep_recursion
+  def fails(): raise KeyError("x")
+  with pytest.raises(KeyError): fails()
+  assert sys.getrecursionlimit() == limit
+
+def test_backward_gives_zeros_to_a_target_only_behind_detach_and_sums_the_rest():
+  # backward walks the gradient graph once; a target found only under a detach (outside that graph) gets zeros
+  x, w = Tensor(X, requires_grad=True), Tensor(W, requires_grad=True)
+  unrelated = Tensor(W, requires_grad=True)
+  loss = ((x.detach() * 2) @ w).sum() + (w * w).sum()
+  loss.backward()
+  tw = torch.tensor(W, requires_grad=True)
+  ((torch.tensor(X) * 2) @ tw).sum().add((tw * tw).sum()).backward()
+  np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy())
+  assert x.grad is not None and not x.grad.numpy().any()
+  assert unrelated.grad is None

@@ -20,7 +20,7 @@ from __future__ import annotations
 import collections
 from typing import Callable
 from kiln.device import Buffer
-from kiln.helpers import ContextVar
+from kiln.helpers import ContextVar, deep_recursion
 from kiln.uop import ops as _ops
 from kiln.uop.ops import UOp, Ops, GroupOp, _cache_key_arg
 
@@ -67,14 +67,15 @@ class _Key(tuple):
     return key
   def __hash__(self) -> int: return self.hash
 
+@deep_recursion
 def graph_key(roots: list[UOp]) -> tuple[tuple, list[Buffer]] | None:
   """The structure of the graph under `roots` (realized nodes followed to their buffers) with each distinct Buffer
   as a slot number, and the Buffers in slot order; None when the graph must not be cached.
 
   The structure lists one entry per node, after its sources' entries and in source order: (op, dtype, arg, source
   entry numbers), a BUFFER as (op, dtype, (device, size), slot). A realized node shares its buffer's entry; a UNIQUE
-  node inside the graph is its source (as scheduled). The walk recurses (cheapest in Python); a graph deeper than
-  the recursion limit (a sort's network of small steps) is walked again with an explicit stack."""
+  node inside the graph is its source (as scheduled). The walk recurses (cheapest in Python, to DEEP_RECURSION_LIMIT
+  levels: an eager training step's graph is thousands deep); a deeper graph is walked again with an explicit stack."""
   walk = _KeyWalk(roots)
   try:
     try: root_ids = walk.visit_recursive(roots)
