@@ -16,6 +16,7 @@ from kiln.codegen.opt import Kernel, Opt, OptOps
 from kiln.codegen.opt.kernel import substitute_copies, graph_nodes
 from kiln.codegen.opt.heuristic import evaluate_index
 from kernel_runs import last_kernel_item
+from uop_numpy_eval import evaluate
 
 def _lowered() -> dict[str, UOp]:
   rng = np.random.default_rng(0)
@@ -82,6 +83,33 @@ def test_shifted_index_sums_equal_each_copy_rewritten():
     for a, b in itertools.product(range(4), range(5)):
       assert evaluate_index(copy.src[1], {outer: a, r1: b}) == (a * 16 + lane) * 40 + b * 3 + 7
       assert evaluate_index(copy.src[2].src[1], {outer: a, r1: b}) == ((a * 16 + lane) * 3 + b) // 4
+
+@pytest.mark.parametrize("constant_lanes", [True, False])
+def test_sums_with_terms_that_fold_per_lane_equal_each_copy_rewritten(constant_lanes):
+  # a padded axis (16 for 14 elements: the clamp where(r < 14, r, 13)) inside a sum, next to the range itself and a
+  # quotient of it: with constant lanes (a whole upcast) both fold to a constant in every lane and the copies after
+  # the first are shifted from it; with lanes outer*4 + c they do not fold and each copy is rewritten on its own
+  r0 = UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 16),), 0)
+  r1 = UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 5),), 1)
+  buf = UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0)
+  clamped = r0.lt(14).where(r0, UOp.const(dtypes.int32, 13))
+  sums = {clamped * 32 + r1 * 3 + 5: lambda r, b: np.minimum(r, 13) * 32 + b * 3 + 5,
+          clamped * 32 + r0 + r1 * 7 + 2: lambda r, b: np.minimum(r, 13) * 32 + r + b * 7 + 2,
+          (r0 // 3) * 9 + r1 * 4 - r0 * 2 + 1: lambda r, b: (r // 3) * 9 + b * 4 - r * 2 + 1}
+  stores = [UOp(Ops.STORE, dtypes.void, (buf, graph_rewrite(index, symbolic), UOp.const(dtypes.float32, 1.0)))
+            for index in sums]
+  lanes = [UOp.const(dtypes.int32, c) for c in range(16)] if constant_lanes else _lane_values(r0, 4)
+  outer = None if constant_lanes else lanes[0].src[0]
+  for store, (index, value) in zip(stores, sums.items()):
+    fast = substitute_copies(store, r0, lanes, simplified=True)
+    slow = [graph_rewrite(copy, symbolic) for copy in substitute_copies(store, r0, lanes)]
+    assert all(f is s for f, s in zip(fast, slow)), f"{index.render()}: a shifted copy differs"
+    assert all(graph_rewrite(f, symbolic) is f for f in fast)
+    for lane, copy in enumerate(fast):
+      a, b = np.meshgrid(np.arange(1 if constant_lanes else 4, dtype=np.int32), np.arange(5, dtype=np.int32))
+      want = value(lane + 0 * a if constant_lanes else a * 4 + lane, b)
+      got = evaluate(copy.src[1], {r1: b} if constant_lanes else {outer: a, r1: b})
+      np.testing.assert_array_equal(np.broadcast_to(got, want.shape), want, err_msg=f"{index.render()} lane {lane}")
 
 def test_graph_nodes_is_the_toposort_of_each_graph():
   sink = LOWERED["matmul"]

@@ -155,8 +155,8 @@ def substitute_copies(root: UOp, rng: UOp, values: list[UOp], simplified: bool =
     get = done.get
     shifted = shifts.first if shifts is not None and lane else {}
     for node, op, dtype, src, arg, how in plan:
-      if shifted and node in shifted:
-        done[node] = shifts.shifted(node, lane)
+      if shifted and node in shifted and (moved := shifts.shifted(node, lane, done)) is not None:
+        done[node] = moved
         continue
       rebuilt = UOp(op, dtype, tuple(map(get, src, src)), arg)   # done.get(s, s) for each source, in C
       if how == 0: done[node] = rebuilt
@@ -164,7 +164,7 @@ def substitute_copies(root: UOp, rng: UOp, values: list[UOp], simplified: bool =
       else:
         flat = canonical_sum(rebuilt)
         done[node] = graph_rewrite(rebuilt, symbolic) if flat is None else settle(flat, symbolic)
-        if lane == 0 and shifts is not None and done[node] is flat: shifts.remember(node, flat)
+        if lane == 0 and shifts is not None and done[node] is flat: shifts.remember(node, flat, done)
     copies.append(done.get(root, root))
     if count and _count_nodes(copies[-1].src, counted) >= max_nodes:
       raise KernelOptError(f"the copies would make a graph of more than {max_nodes} nodes")
@@ -181,31 +181,46 @@ def _count_nodes(roots: tuple[UOp, ...], counted: set[UOp]) -> int:
   return len(counted)
 
 class _SumShifts:
-  """The copies of an index sum that is linear in `rng` (`rng*a + rest`, `rest` not depending on it) differ by a
-  constant when the lane values do (`base + c`): the first copy's canonical sum `P + k` gives every other one as
-  `P + (k + a*(c - c0))`, the node the symbolic rules would make, without flattening and rebuilding the sum."""
+  """The copies of an index sum whose other lanes differ from the first by a constant: the sum is `rng*a + rest`, the
+  lane values are `base + c`, and each term of `rest` that depends on `rng` (a clamp of a padded axis, a quotient)
+  is a constant in both lanes (`t_c`, folded by its own rules before the sum is copied). The first copy's canonical
+  sum `P + k` then gives the other ones as `P + (k + a*(c - c0) + sum of b*(t_c - t_0))`, the node the symbolic
+  rules would make, without flattening and rebuilding the sum."""
   def __init__(self, rng: UOp, values: list[UOp], depends: set[UOp]):
     self.rng, self.depends = rng, depends
     forms = [linear_form(v) for v in values]
     # the lanes' constants, when the lanes share their other terms (else no sum is shifted)
     self.offsets = [f[1] for f in forms] if all(f is not None and f[0] == forms[0][0] for f in forms) else None
-    self.first: dict[UOp, tuple[int, UOp, int]] = {}   # sum -> (coefficient of rng, P, k of the first copy)
+    # sum -> (coefficient of rng, P, k of the first copy, (term, coefficient, its constant in the first copy) for
+    # each term that depends on rng)
+    self.first: dict[UOp, tuple[int, UOp, int, tuple[tuple[UOp, int, int], ...]]] = {}
 
-  def remember(self, node: UOp, flat: UOp) -> None:
-    """Note the first copy `flat` (a fixed point) of sum `node`, if the others can be shifted from it."""
+  def remember(self, node: UOp, flat: UOp, done: dict[UOp, UOp]) -> None:
+    """Note the first copy `flat` (a fixed point) of sum `node`, if the others can be shifted from it (`done`: the
+    first copy's nodes)."""
     if self.offsets is None or flat.op is not Ops.ADD: return
     form = linear_form(node)
-    if form is None or (coef := form[0].get(self.rng)) is None: return
-    if any(t in self.depends for t in form[0] if t is not self.rng): return   # rng also inside another term
+    if form is None: return
+    inner = []
+    for term, coef in form[0].items():
+      if term is self.rng or term not in self.depends: continue
+      if (value := done[term]).op is not Ops.CONST or value.src: return   # not a constant: each copy its own sum
+      inner.append((term, coef, value.arg))
     tail = flat.src[1]
-    if tail.op is Ops.CONST and not tail.src: self.first[node] = (coef, flat.src[0], tail.arg)
-    else: self.first[node] = (coef, flat, 0)
+    if tail.op is Ops.CONST and not tail.src: partial, const = flat.src[0], tail.arg
+    else: partial, const = flat, 0
+    self.first[node] = (form[0].get(self.rng, 0), partial, const, tuple(inner))
 
-  def shifted(self, node: UOp, lane: int) -> UOp | None:
-    """Copy number `lane` of sum `node`, or None when it is not shifted from the first copy."""
+  def shifted(self, node: UOp, lane: int, done: dict[UOp, UOp]) -> UOp | None:
+    """Copy number `lane` of sum `node` (`done`: that lane's copies of its terms), or None when it is not shifted
+    from the first copy (a term that depends on rng is no constant in this lane)."""
     if (first := self.first.get(node)) is None: return None
-    coef, partial, const = first
-    const = wrap_int(node.dtype, const + coef * (self.offsets[lane] - self.offsets[0]))
+    coef, partial, const, inner = first
+    const += coef * (self.offsets[lane] - self.offsets[0])
+    for term, term_coef, first_value in inner:
+      if (value := done[term]).op is not Ops.CONST or value.src: return None
+      const += term_coef * (value.arg - first_value)
+    const = wrap_int(node.dtype, const)
     return partial if const == 0 else mark_canonical(partial.alu(Ops.ADD, UOp.const(node.dtype, const)))
 
 def _balanced(op: Ops, values: list[UOp]) -> UOp:
