@@ -539,3 +539,23 @@ def test_functions_holding_kiln_machinery_replay():
   def step(x): return (x * holder.w + 1).realize()
   outs = [step(Tensor([float(i), 1.0])).tolist() for i in range(4)]
   assert outs == [[float(i) + 1, 3.0] for i in range(4)] and step.cnt >= 3
+
+def test_calls_with_the_same_tensors_still_check_the_guards():
+  # a call whose arguments are the very tensors of the last replay skips building the guard key (TinyJit._last), but
+  # not the state guards, the training mode, nor a new tensor after an assign
+  table = np.float32([1, 2, 3])
+  @TinyJit
+  def f(x): return (x + Tensor(table)).realize()
+  x = Tensor(np.float32([10, 20, 30])).realize()
+  for i in range(6):
+    if i == 3: table[:] = [100, 200, 300]
+    np.testing.assert_allclose(f(x).numpy(), x.numpy() + table)
+  assert f._last is not None and f._last[0] == (x.uop,)   # the last calls took the short path
+  x.assign(Tensor(np.float32([-1, -2, -3]))).realize()
+  for _ in range(3): np.testing.assert_allclose(f(x).numpy(), x.numpy() + table)
+  @TinyJit
+  def g(x): return (x.dropout(0.5) if Tensor.training else x * 2).realize()
+  for training in (False, False, False, True, False):
+    with Tensor.train(training):
+      out = g(x).numpy()
+      assert (np.isin(out, [0.0, *(x.numpy() * 2)]).all() if training else np.allclose(out, x.numpy() * 2))

@@ -138,16 +138,20 @@ MIN_GROUPED = 128   # a kernel whose reductions are all shorter keeps them in on
 # a warp a 1536-float row took 7.3 us, a warp a 576-float row 2.3, one thread a 64-float row 11.2)
 ROW_LANE_ELEMENTS, MIN_ROW_LANES, ROW_BLOCK_THREADS = 8, 4, 256
 MULTI_ROW_MIN, MULTI_ROW_MAX, MIN_MULTI_GROUPED = 64, 4096, 32
+# rows enough to fill the GPU with this many threads at WARP_LANES a row get no more than a warp each: more lanes
+# only add tree rounds (H200, call 28: a 49152-row head at 128 lanes a row 38.4 us, at a warp a row 20.7)
+FULL_GPU_THREADS, WARP_LANES = 1 << 18, 32
 
-def row_lanes(size: int) -> int:
-  """The threads that reduce one of many rows of `size` elements (`ROW_LANE_ELEMENTS` a thread, a power of two in
-  [MIN_ROW_LANES, GROUP_SIZE]).
+def row_lanes(size: int, rows: int = 1) -> int:
+  """The threads that reduce one of `rows` rows of `size` elements (`ROW_LANE_ELEMENTS` a thread, a power of two in
+  [MIN_ROW_LANES, GROUP_SIZE]; at most a warp when a warp a row already fills the GPU).
 
-  >>> row_lanes(64), row_lanes(576), row_lanes(1536)
-  (8, 128, 256)
+  >>> row_lanes(64), row_lanes(576), row_lanes(1536), row_lanes(576, rows=49152)
+  (8, 128, 256, 32)
   """
   lanes = MIN_ROW_LANES
-  while lanes < GROUP_SIZE and lanes * ROW_LANE_ELEMENTS < size: lanes *= 2
+  widest = WARP_LANES if rows * WARP_LANES >= FULL_GPU_THREADS else GROUP_SIZE
+  while lanes < widest and lanes * ROW_LANE_ELEMENTS < size: lanes *= 2
   return lanes
 
 def row_group_size(size: int) -> int:
@@ -375,7 +379,7 @@ def group_rows(sink: UOp) -> UOp | None:
                 ([plan.elementwise.src[0].arg] if plan.elementwise is not None else []))
   n_rows = prod(r.src[0].arg for r in plan.rows) if plan.rows else 1
   many = n_rows >= MULTI_ROW_MIN and longest <= MULTI_ROW_MAX
-  group = row_lanes(longest) if many else row_group_size(longest)
+  group = row_lanes(longest, n_rows) if many else row_group_size(longest)
   per_block = max(1, ROW_BLOCK_THREADS // group) if many else 1
   lidx = UOp(Ops.SPECIAL, INT, (), ("lidx0", group * per_block))
   # several rows a block: thread `lidx` is lane `lidx % group` of the block's row `lidx // group`

@@ -449,6 +449,9 @@ class TinyJit(Generic[ReturnType]):
     self._global_names: list[str] | None = None
     self._captures: collections.OrderedDict = collections.OrderedDict()   # guard key -> CapturedJit
     self._seen: collections.OrderedDict = collections.OrderedDict()       # guard key -> objects, after one eager call
+    # the last replayed call when it had only realized tensors and no Variables: (their uops, the global modes, its
+    # capture, their buffers). A call with the very same uops has the same guard key, so it skips making the key
+    self._last: tuple | None = None
     if fxn is not None: functools.update_wrapper(self, fxn)
 
   def __get__(self, obj, objtype=None):
@@ -459,7 +462,7 @@ class TinyJit(Generic[ReturnType]):
     """Forget every capture; the next call runs eagerly again."""
     self._captures.clear()
     self._seen.clear()
-    self.captured, self.cnt = None, 0
+    self.captured, self.cnt, self._last = None, 0, None
 
   @property
   def jit_cache(self) -> list[ExecItem]:
@@ -495,6 +498,11 @@ class TinyJit(Generic[ReturnType]):
       raise RuntimeError(f"TinyJit: {self.name} was called inside the TinyJit function {capturing[0].name}; "
                          "nested TinyJit is not supported (call the inner function undecorated)")
     self.cnt += 1
+    if (last := self._last) is not None and not kwargs and len(args) == len(last[0]) and last[2] is self.captured \
+       and all(type(a) is Tensor and a.uop is u for a, u in zip(args, last[0])) and last[1] == \
+       (Tensor.training, Device._default, dtypes.default_float, dtypes.default_int) and JIT.value:
+      if self._replay_blocker(last[2], last[3], []) is None: return last[2].replay(list(args), None, last[3])
+      self._last = None   # the slow path below says why
     tensors: list[Tensor] = []
     objects: list[Any] = []
     binds: list[UOp] = []
@@ -535,9 +543,12 @@ class TinyJit(Generic[ReturnType]):
         if entry is not self.captured:   # the most recent capture is the last one already
           self._captures.move_to_end(key)
           self.captured = entry
+        self._last = (tuple([t.uop for t in tensors]), key[3:], entry, input_bufs) \
+          if structure == len(tensors) and not var_vals else None
         return entry.replay(tensors, var_vals, input_bufs)
       if DEBUG >= 1: print(f"TinyJit {self.name}: re-capturing because {changed}")
       del self._captures[key]
+      self._last = None
     elif key not in self._seen:
       # first call with this signature: eager, so state the function initializes lazily exists before the capture
       self._seen[key] = objects

@@ -52,8 +52,9 @@ def device_helpers(block: str) -> str:
 # (launch_dependents), then waits until the kernels it depends on have finished and their memory is visible (wait),
 # before it touches memory. Launched any other way (a plain launch, a graph edge of the default kind) both are no-ops.
 DEPENDENT_WAIT = "griddepcontrol.wait"
-DEPENDENT_LAUNCH = ('  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");',
-                    f'  asm volatile("{DEPENDENT_WAIT};" ::: "memory");')
+DEPENDENT_TRIGGER = '  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");'
+# False: the next kernel may start launching only once this one's blocks reach their end (bench --programmatic 2)
+TRIGGER_AT_START = True
 
 def dependent_launch(arch: str) -> bool:
   """Whether kernels for `arch` ("sm_90a") start with the programmatic-dependent-launch instructions (sm_90 and up)."""
@@ -89,7 +90,7 @@ class _CudaKernelWriter(_CKernelWriter):
                             Ops.BARRIER: self._barrier, Ops.ATOMIC: self._atomic})
     self.device_arrays: list[str] = []   # file-scope `__device__` arrays (DEFINE_LOCAL with a "device" scope)
     self.block_threads = 1
-    self.dependent_launch = False   # start with DEPENDENT_LAUNCH (CUDARenderer.render sets it from the arch)
+    self.dependent_launch = False   # the DEPENDENT_* instructions (CUDARenderer.render sets it from the arch)
 
   def _special(self, u: UOp) -> None:
     kind, size = u.arg
@@ -162,6 +163,9 @@ class _CudaKernelWriter(_CKernelWriter):
     if self.uses_fp8: head += [FP8_HELPERS] + [fp8_helpers(dt) for dt in dtypes.fp8s if dt in self.uses_fp8]
     head = [PRELUDE] + [device_helpers(block) for block in head] + self.device_arrays
     bounds = f"__launch_bounds__({self.block_threads}) "
-    start = list(DEPENDENT_LAUNCH) if self.dependent_launch else []
+    start, end = [], []
+    if self.dependent_launch:
+      (start if TRIGGER_AT_START else end).append(DEPENDENT_TRIGGER)
+      start.append(f'  asm volatile("{DEPENDENT_WAIT};" ::: "memory");')
     return "\n".join(head + [f'extern "C" __global__ void {bounds}{self.name}({", ".join(params)}) {{',
-                             *start, *self.lines, "}", ""])
+                             *start, *self.lines, *end, "}", ""])

@@ -21,6 +21,7 @@ from __future__ import annotations
 import struct
 from kiln.dtype import DType, dtypes, truncate
 from kiln.renderer import kernel_function_name, kernel_signature
+from kiln.renderer import cuda
 from kiln.renderer.cuda import CUDARenderer, DEPENDENT_WAIT, dependent_launch
 from kiln.uop.ops import UOp, Ops, GroupOp
 
@@ -733,9 +734,9 @@ class _PTXKernelWriter:
       raw = self.reg(dtypes.int32)
       self.emit(f"ld.param.s32 {raw}, [var{i}]")
       self.names[v] = raw if v.dtype == dtypes.int32 else self.convert(raw, dtypes.int32, v.dtype)
-    if dependent_launch(self.arch):   # kiln/renderer/cuda.py DEPENDENT_LAUNCH, before any memory is touched
-      self.emit("griddepcontrol.launch_dependents")
-      self.emit(DEPENDENT_WAIT)
+    dependent = dependent_launch(self.arch)   # kiln/renderer/cuda.py DEPENDENT_*, the wait before any memory access
+    if dependent and cuda.TRIGGER_AT_START: self.emit("griddepcontrol.launch_dependents")
+    if dependent: self.emit(DEPENDENT_WAIT)
     self.lines = body
     self.quads = shared_quads(self.uops)   # earliest load of a quad -> the quad, in element order
     self.quad_members = {load for quad in self.quads.values() for load in quad}
@@ -745,6 +746,7 @@ class _PTXKernelWriter:
       elif u.op in GroupOp.ALU: self._alu(u)
       else: raise self.fail(f"cannot render {u.op}; see docs/ir.md stage 4")
     if self.loops: raise ValueError(f"PTXRenderer: kernel {self.name} leaves {len(self.loops)} RANGE(s) unclosed")
+    if dependent and not cuda.TRIGGER_AT_START: self.emit("griddepcontrol.launch_dependents")
     registers = [f"  .reg {decl} {prefix}<{self.counts[prefix]}>;" for prefix, decl in self.reg_types.items()]
     head = [f"// kiln: kernel {self.name}", f".version {PTX_VERSION}", f".target {self.arch}", ".address_size 64", ""]
     return "\n".join(head + self.module_arrays + [

@@ -41,6 +41,7 @@ CASES = {   # name: (kiln function, NumPy function, input shapes)
   "rms-normed matrix-vector rows (a sum no row depends on)": (
     lambda a, x: (a * x).sum(-1) * ((x * x).reshape(1, -1).expand(a.shape).sum(-1) / a.shape[1] + 1e-5).rsqrt(),
     lambda a, x: (a * x).sum(-1) / np.sqrt((x * x).mean() + 1e-5), [(96, 576), (576,)]),
+  "rows that fill the GPU at a warp each": (lambda a: a.sum(-1), lambda a: a.sum(-1), [(8200, 576)]),
   "few rows, a block each": (lambda a: a.softmax(-1), lambda a: np.exp(a - a.max(-1, keepdims=True)) /
                              np.exp(a - a.max(-1, keepdims=True)).sum(-1, keepdims=True), [(9, 256)]),
 }
@@ -56,7 +57,7 @@ def test_row_kernels_match_numpy(name):
   rows = shapes[0][0]
   (grid, _, _), (block, _, _) = launch
   if rows >= gpudims.MULTI_ROW_MIN:   # row_lanes threads a row, ROW_BLOCK_THREADS threads' rows a block
-    lanes = gpudims.row_lanes(shapes[0][1])
+    lanes = gpudims.row_lanes(shapes[0][1], rows)
     per_block = max(1, gpudims.ROW_BLOCK_THREADS // lanes)
     assert (grid, block) == (-(-rows // per_block), per_block * lanes)
   else: assert (grid, block) == (rows, gpudims.row_group_size(shapes[0][1]))
