@@ -177,13 +177,12 @@ class GraphCache:
     if routes is None:
       if len(self.routes) > 64 * MAX_GRAPHS:   # (bounded: a model called with ever new shapes)
         for table in (self.routes, self.calls, self.times, self.trials): table.clear()
-      variables = self.variables(arrays)
-      routes = self.routes[signature] = [self._route(arrays, v) for v in ((variables, {}) if variables else ({},))]
-    if len(routes) == 2:
+      routes = self.routes[signature] = [self._route(arrays, v) for v in self._ladder(arrays)]
+    if len(routes) > 1:
       self.calls[signature] = calls = self.calls.get(signature, 0) + 1
       if calls > SPECIALIZE_AFTER and self.specialize.get(routes[0][1], True):
         self.trials[signature] = routes[0][1]
-        del routes[0]   # a graph of this call's own sizes from now on
+        del routes[:-1]   # a graph of this call's own sizes from now on
     for shapes, shape_key in list(routes):
       outputs = self._run(arrays, build, shapes, shape_key)
       if outputs is not _FAILED:
@@ -200,6 +199,14 @@ class GraphCache:
     if len(own) < TIMED_REPLAYS or len(shared) < TIMED_REPLAYS: return
     self.specialize[symbolic_key] = min(own) * SPECIALIZED_GAIN < min(shared)
     del self.trials[signature]
+
+  def _ladder(self, arrays: dict[str, np.ndarray]) -> list[dict[str, UOp]]:
+    """The Variables to build with, tried in order: every symbolic size, then only those of leading axes (a batch:
+    a CNN's convs take a symbolic batch but not a symbolic height), then none."""
+    every = self.variables(arrays)
+    leading = {label: v for label, v in every.items()
+               if all(labels is None or label not in labels[1:] for labels in self.labels.values())}
+    return [v for v in (every, leading) if v and (v is every or len(v) < len(every))] + [{}]
 
   def _route(self, arrays: dict[str, np.ndarray], variables: dict[str, UOp]) -> tuple[dict, tuple]:
     """The shapes of the inputs with these Variables in place of their sizes, and the signature they make."""

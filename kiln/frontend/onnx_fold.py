@@ -120,7 +120,7 @@ def fold(op_type: str, inputs: list, attrs: dict) -> list[Tensor] | None:
     return None
   if result.size > HOST_LIMIT: return None
   if result.dtype == object:
-    if not symbolic.is_sint_array(result): return None
+    if not symbolic.is_sint_array(result): return None   # (all ints, a slice of the plain sizes: int64 below)
     result = symbolic.sint_array(result.reshape(-1)).reshape(result.shape)
     if result.dtype == object: return [remember(symbolic.sizes_tensor(result), result)]
   if result.dtype == np.float16: return None

@@ -28,10 +28,8 @@ def set_size_inputs(inputs: dict[UOp, Tensor]) -> None:
   _size_inputs.update(inputs)
 
 def is_sint_array(array: np.ndarray) -> bool:
-  """True for an object array of sizes: Python ints and symbolic expressions, at least one of them symbolic."""
-  if array.dtype != object: return False
-  flat = array.reshape(-1)
-  return all(isinstance(v, (int, np.integer, UOp)) for v in flat) and any(isinstance(v, UOp) for v in flat)
+  """True for an object array of sizes: Python ints and symbolic expressions."""
+  return array.dtype == object and all(isinstance(v, (int, np.integer, UOp)) for v in array.reshape(-1))
 
 def sint_array(values) -> np.ndarray:
   """Sizes as an int64 array when all are ints, else an object array of ints and (simplified) expressions."""

@@ -177,3 +177,20 @@ def test_a_hot_size_gets_its_own_graph_while_that_pays(monkeypatch):
   own = [key for key, graph in runner.cache.graphs.items() if graph is not None and key[0][1][0] == 6]
   assert len(own) == 1 and len(runner.cache.graphs) == 2, list(runner.cache.graphs)   # 9 kept the symbolic one
   assert list(runner.cache.specialize.values()) == [False]
+
+def test_a_conv_over_a_symbolic_batch_height_and_width_keeps_the_batch_symbolic():
+  """The build with every size symbolic needs plain spatial sizes (the conv); the one with only the leading
+  (batch) axis symbolic does not: a new batch compiles nothing, a new height builds once more."""
+  ort = pytest.importorskip("onnxruntime")
+  weight = floats(4, 2, 3, 3, seed=6)
+  model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])],
+                     [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2, "height", "width"])],
+                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                     [numpy_helper.from_array(weight, "w")])
+  session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+  runner = OnnxRunner(model)
+  counts = run_sizes(runner, lambda size: {"x": floats(*size)}, [(2, 2, 6, 5), (3, 2, 6, 5), (7, 2, 6, 5),
+                                                                   (3, 2, 4, 5)],
+                     lambda feeds: {"y": session.run(None, feeds)[0]})
+  assert counts[1:3] == [0, 0] and counts[3] > 0, counts
+  assert len(runner.cache.graphs) == 2
