@@ -97,6 +97,7 @@ class _Graph:
   def outputs_at(self, realized: list[Tensor], values: dict[UOp, int]) -> list:
     """The realized outputs as the call's views: plain sizes (None where the graph's output is None)."""
     results = iter(realized)
+    if not self.sizes: return [next(results) if uop is not None else None for uop in self.outputs]
     out = []
     for uop, shape in zip(self.outputs, self.shapes):
       if uop is None:
