@@ -1526,28 +1526,44 @@ def _alias_view(view: UOp) -> UOp:
   fresh.buffer = base.buffer
   return substitute(view, {base: fresh})
 
+@deep_recursion
 def _pending_readers(buffers, skip: set[int], aliases: list[Tensor] | None = None) -> list[Tensor]:
   """Live tensors (other than those in `skip`) that must be computed before `buffers` are overwritten: unrealized
   graphs reading one of them, and views of one of them that PyTorch would have copied (flip, pad, repeat), which
   become pending copies here. Views PyTorch aliases (slices, reshapes, permutes, expands) read the new values: they,
   and the realized tensors over one of `buffers` themselves, are appended to `aliases` when it is given."""
-  found, visited, wanted = [], set(), {id(b) for b in buffers}
-  reads: dict[UOp, bool] = {}
-  for t in list(_live_tensors):
-    if id(t) in skip: continue
-    view = t.uop
-    if view.base.op is Ops.BUFFER:
-      if id(view.base.buffer) in wanted:
-        if view.op in GroupOp.Movement and not _view_aliases_buffer(view):
-          t.uop = UOp(Ops.CONTIGUOUS, view.dtype, (view,))
-          found.append(t)
-        elif aliases is not None: aliases.append(t)
-      continue
-    for node in toposort([t.uop], stop=lambda n: n in visited):
-      if node in visited: continue
-      visited.add(node)
-      reads[node] = (node.op is Ops.BUFFER and id(node.buffer) in wanted) or any(reads.get(s, False) for s in node.src)
-    if reads.get(t.uop, False): found.append(t)
+  found, wanted = [], {id(b) for b in buffers}
+  reads: dict[UOp, bool] = {}   # node -> whether its graph reads one of `buffers`, each node decided once
+  def reads_wanted(node: UOp) -> bool:   # by recursion: cheaper than a toposort per tensor
+    if (known := reads.get(node)) is not None: return known
+    if node.op is _BUFFER: found_read = id(node.buffer) in wanted
+    else:
+      found_read = False
+      for src in node.src:
+        if reads_wanted(src):
+          found_read = True
+          break
+    reads[node] = found_read
+    return found_read
+  try:
+    for t in list(_live_tensors):
+      if id(t) in skip: continue
+      view = t.uop
+      if view.base.op is _BUFFER:
+        if id(view.base.buffer) in wanted:
+          if view.op in GroupOp.Movement and not _view_aliases_buffer(view):
+            t.uop = UOp(Ops.CONTIGUOUS, view.dtype, (view,))
+            found.append(t)
+          elif aliases is not None: aliases.append(t)
+        continue
+      try: hit = reads_wanted(view)
+      except RecursionError:   # deeper than the limit: the rest of this graph sources first, by an explicit stack
+        for node in toposort([view], stop=lambda n: n in reads):
+          if node not in reads:
+            reads[node] = (node.op is _BUFFER and id(node.buffer) in wanted) or any(reads[s] for s in node.src)
+        hit = reads[view]
+      if hit: found.append(t)
+  finally: reads_wanted = None   # noqa: F841  (the closure refers to itself: a cycle that kept the graph alive until GC)
   return found
 
 def _new_identities_of_targets(roots: list[UOp], results: dict[UOp, UOp]) -> dict[UOp, UOp]:

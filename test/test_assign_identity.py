@@ -122,3 +122,22 @@ def test_a_lazy_read_built_before_a_replayed_call_holds_the_old_contents():
     before = state * 10   # lazy: PyTorch order says it reads the contents before this call's write
     bump()
     check(before, np.full(3, 10.0 * i, dtype=np.float32), f"call {i}: a lazy read built before the call")
+
+@pytest.mark.parametrize("raise_limit", [True, False])
+def test_a_deep_pending_reader_is_computed_before_the_assign(raise_limit, monkeypatch):
+  # realize finds the pending readers of an overwritten buffer by recursion (to helpers.DEEP_RECURSION_LIMIT levels)
+  # and past the recursion limit by an explicit stack (forced here by leaving the limit as it is)
+  import sys
+  from kiln import helpers
+  if not raise_limit: monkeypatch.setattr(helpers, "DEEP_RECURSION_LIMIT", 0)
+  start = np.array([1.0, 2.0, 3.0], np.float32)
+  t = Tensor(start).contiguous().realize()
+  depth = sys.getrecursionlimit() + 100
+  reader, unrelated = t, Tensor.ones(3).contiguous().realize() * 2
+  for _ in range(depth): reader = reader + 1.0
+  t.assign(Tensor.zeros(3)).realize()
+  want = start.copy()
+  for _ in range(depth): want = want + np.float32(1.0)
+  check(reader, want, "a reader built before the assign")
+  check(unrelated, np.full(3, 2.0, np.float32), "a pending tensor that reads another buffer")
+  check(t, np.zeros(3, np.float32), "the assigned tensor")
