@@ -568,6 +568,7 @@ class _CKernelWriter:
     self.reduce_lines = (0, 0)   # where the split reduction's loop starts and ends in self.lines
     self.uses_bf16 = self.uses_half = False
     self.uses_fp8: set[DType] = set()
+    self.noted: set[DType] = set()   # the dtypes note_dtype has checked and noted
     self.vector_types: dict[DType, None] = {}   # the vector dtypes used, for their typedefs
     self.vector_consts: dict[UOp, str] = {}     # vector constants, declared once at file scope
     self.vector_fmas: dict[DType, None] = {}    # the vector dtypes of MULACCs, for their helpers
@@ -583,6 +584,8 @@ class _CKernelWriter:
   # ---- names of values ----
   def expr(self, u: UOp) -> str:
     """The C expression that reads the value of `u` at this point of the kernel."""
+    # most reads are of a computed value's name (constants, lanes, vectors and parameters never get one)
+    if (name := self.names.get(u)) is not None: return name
     if u.op is Ops.CONST: return render_c_const(u.arg, u.dtype) if u.dtype.count == 1 else self.vector_const(u)
     if u.op is Ops.GEP:   # read where it is used: an accumulator's lane has its current value
       lane = f"{self.expr(u.src[0])}[{u.arg}]"
@@ -616,6 +619,12 @@ class _CKernelWriter:
 
   def note_dtype(self, dtype: DType) -> None:
     """Check that `dtype` is supported and remember whether the 16-bit float helpers are needed."""
+    if dtype in self.noted: return   # (asked for every operand of every uop: a kernel has a few dtypes)
+    self._note_new_dtype(dtype)
+    self.noted.add(dtype)
+
+  def _note_new_dtype(self, dtype: DType) -> None:
+    """note_dtype for a dtype seen the first time in this kernel."""
     if dtype.count > 1:
       vector_type(dtype)   # raises for lanes without a vector type
       self.vector_types.setdefault(dtype)
