@@ -14,8 +14,8 @@ from collections import ChainMap
 from typing import Any, Callable
 import numpy as np
 from kiln.tensor import Tensor
-from kiln.frontend.onnx_proto import (ONNX_DTYPES, STRING, attribute_value, dtype_of_onnx, host_entries, host_value,
-                                      import_onnx, mark_type, numpy_input, remember, value_of_proto)
+from kiln.frontend.onnx_proto import (ONNX_DTYPES, STRING, attribute_value, dtype_of_onnx, held_type, host_entries,
+                                      host_value, import_onnx, mark_type, numpy_input, remember, value_of_proto)
 from kiln.frontend.onnx_ops import OPS
 from kiln.frontend.onnx_fold import FOLDERS, fold
 from kiln.frontend.onnx_cache import GraphCache
@@ -38,7 +38,10 @@ class NodeContext:
 
   def run_graph(self, graph, inputs: list[Value]) -> list[Value]:
     """Run a subgraph (If/Loop/Scan body) with these inputs; names of enclosing graphs stay visible."""
-    return self.runner.run_graph(graph, dict(zip([i.name for i in graph.input], inputs)), self.scope, self.opset)
+    runner, path = self.runner, self.runner._path
+    runner._path = path + ((self.node.output[0] if self.node.output else self.node.op_type, graph.name),)
+    try: return runner.run_graph(graph, dict(zip([i.name for i in graph.input], inputs)), self.scope, self.opset)
+    finally: runner._path = path
 
 def _onnx_elem_type(value: Value) -> int:
   """The ONNX element type of a Tensor's dtype (STRING for a numpy object array)."""
@@ -84,6 +87,12 @@ def _signature(fn: Callable) -> dict:
 
 # ops drawing random numbers (Bernoulli runs as a body of RandomUniformLike; Dropout only with a training_mode input)
 RANDOM_OPS = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial"}
+CONTROL_OPS = {"If", "Loop", "Scan", "SequenceMap"}
+# A node computed from the model's constants alone (initializers, Constant nodes) gives the same tensor at every
+# call: exporters assemble weights that way (PyTorch's LSTM gates reordered by Slice and Concat), and a kernel
+# reading such a weight would re-assemble it through gated loads at every call (Silero VAD's LSTM matvecs ran 4x
+# slower). So such a result of at least this many elements, no larger than its inputs, is realized once and kept.
+FOLD_MIN_ELEMENTS = 4097   # (smaller ones may have host copies for shape arithmetic, which are per call)
 
 def _declared_dims(tensor_type) -> tuple | None:
   """A declared shape: each fixed size, None for a symbolic one; None where no shape is declared."""
@@ -121,6 +130,9 @@ class OnnxRunner:
                   if i.type.WhichOneof("value") == "tensor_type"}
     self.output_names = [o.name for o in self.graph.output]
     self.drew_random = False   # set by a node drawing random numbers: such a graph is not kept (onnx_cache.py)
+    self._constants: dict[int, Value] = {}   # during a call: id -> the values computed from constants alone
+    self._folded: dict[tuple, list] = {}     # (subgraph path, node outputs) -> its outputs realized once
+    self._path: tuple = ()                   # the subgraph being run: (node output, graph name) each level down
     self.cache = GraphCache({i.name: i for i in self.graph.input}, device, self) if cache else None
 
   def _load(self, proto) -> Value:
@@ -181,28 +193,57 @@ class OnnxRunner:
     for name, value in inputs.items(): values[name] = self._input_value(name, declared[name].type, value)
     for name, array in hosts.items(): remember(values[name], array)
     for info in self.inputs: values.setdefault(info.name, None)
+    self._constants = {id(v): v for name, v in self.initializers.items() if name not in inputs and v is not None}
     try: return self.run_graph(self.graph, values, ChainMap(), self.opset, debug)
     finally:  # host copies made during the call go with it; the initializers' stay
       known.clear()
       known.update(self._known)
+      self._constants = {}
 
   def run_graph(self, graph, values: dict[str, Value], outer: ChainMap, opset: int | None = None,
                 debug: bool = False) -> list[Value]:
     """Run a graph's nodes in order on `values` (plus the names of enclosing scopes); its outputs in order."""
     scope = outer.new_child(values)
     if graph is not self.graph:
-      for t in graph.initializer: scope[t.name] = self._load(t)
+      for t in graph.initializer:
+        scope[t.name] = self._load(t)
+        self._constants[id(scope[t.name])] = scope[t.name]
     self.run_nodes(graph.node, scope, opset or self.opset, debug)
     return [scope[o.name] for o in graph.output]
 
   def run_nodes(self, nodes, scope: ChainMap, opset: int, debug: bool = False):
     for node in nodes:
       inputs = [scope[name] if name else None for name in node.input]
-      results = self.run_node(node, inputs, scope, opset)
+      constant = node.op_type not in CONTROL_OPS and node.op_type not in RANDOM_OPS and \
+        all(v is None or id(v) in self._constants for v in inputs)
+      # (keyed by where the node is: names are unique in a graph, and protobuf's node objects are made anew)
+      key = (self._path, tuple(node.output))
+      if constant and key in self._folded: results = self._folded[key]
+      else:
+        drew, self.drew_random = self.drew_random, False
+        results = self.run_node(node, inputs, scope, opset)
+        constant = constant and not self.drew_random
+        self.drew_random = self.drew_random or drew
+        if constant and None not in self._path: results = self._fold(key, inputs, results)
+      if constant: self._constants.update((id(v), v) for v in results if v is not None)
       for name, result in zip(node.output, results):
         if name: scope[name] = result
       if debug: print(f"{node.op_type} {node.name!r}: {[_describe(v) for v in inputs]} -> "
                       f"{[_describe(v) for v in results]}")
+
+  def _fold(self, key: tuple, inputs: list[Value], results: list[Value]) -> list[Value]:
+    """A node's outputs computed from constants alone: realized and kept for later calls where that pays
+    (FOLD_MIN_ELEMENTS); as they are otherwise."""
+    if capturing or not results or not all(isinstance(v, Tensor) for v in results): return results
+    size = lambda t: int(np.prod(t.shape)) * t.dtype.itemsize
+    if any(not isinstance(s, int) for t in results for s in t.shape): return results
+    given = sum(size(v) for v in inputs if isinstance(v, Tensor) and all(isinstance(s, int) for s in v.shape))
+    if min(int(np.prod(t.shape)) for t in results) < FOLD_MIN_ELEMENTS or sum(size(t) for t in results) > given:
+      return results
+    if any(held_type(t) is not None or host_value(t) is not None for t in results): return results
+    Tensor.realize_all([t for t in results])
+    self._folded[key] = results
+    return results
 
   def run_function(self, body, node, inputs: list[Value], opset: int) -> list[Value]:
     """A node run as its spec's function body: attribute references resolve to the node's attributes."""
@@ -224,7 +265,9 @@ class OnnxRunner:
       nodes.append(inner)
     scope = ChainMap(dict(zip(body.input, inputs + [None] * (len(body.input) - len(inputs)))))
     inner_opset = next((o.version for o in body.opset_import if o.domain in ("", "ai.onnx")), opset)
-    self.run_nodes(nodes, scope, inner_opset)
+    path, self._path = self._path, self._path + (None,)   # (a body's names repeat from node to node: not kept)
+    try: self.run_nodes(nodes, scope, inner_opset)
+    finally: self._path = path
     return [scope.get(name) if name else None for name in body.output]
 
   def run_node(self, node, inputs: list[Value], scope: ChainMap, opset: int | None = None) -> list[Value]:

@@ -456,6 +456,30 @@ def test_value_dependent_graph_is_not_cached():
     assert runner({"x": x})["y"].numpy().tolist() == [np.nonzero(x)[0].tolist()]
   assert list(runner.cache.graphs.values()) == [None]
 
+def test_a_weight_assembled_from_constants_is_realized_once():
+  """W reordered by Slice + Concat of an initializer (as PyTorch exports an LSTM's gates): computed once and kept
+  (OnnxRunner._fold), so each call's kernels read it ready; an input given in place of the initializer is used."""
+  rng = np.random.default_rng(8)
+  w = rng.standard_normal((96, 64)).astype(np.float32)
+  nodes = [helper.make_node("Slice", ["w", "zero", "half", "axis0"], ["top"]),
+           helper.make_node("Slice", ["w", "half", "end", "axis0"], ["bottom"]),
+           helper.make_node("Concat", ["bottom", "top"], ["swapped"], axis=0),
+           helper.make_node("MatMul", ["x", "swapped"], ["y"])]
+  inits = [numpy_helper.from_array(w, "w")] + [numpy_helper.from_array(np.array([v], np.int64), name) for name, v in
+                                               (("zero", 0), ("half", 48), ("end", 96), ("axis0", 0))]
+  model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 96]),
+                             helper.make_tensor_value_info("w", TensorProto.FLOAT, [96, 64])],
+                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+  swap = lambda m: np.concatenate([m[48:], m[:48]])
+  for cache in (True, False):
+    runner = OnnxRunner(model, cache=cache)
+    for k in range(3):
+      x = rng.standard_normal((2, 96)).astype(np.float32)
+      assert_close(runner({"x": x})["y"].numpy(), x @ swap(w), atol=1e-4)
+    assert len(runner._folded) == 1
+    other = rng.standard_normal((96, 64)).astype(np.float32)
+    assert_close(runner({"x": x, "w": other})["y"].numpy(), x @ swap(other), atol=1e-4)
+
 def test_an_output_that_is_an_input_is_not_overwritten():
   """Identity returns the input itself: that graph is not cached, so an earlier result keeps its values."""
   model = make_model([helper.make_node("Identity", ["x"], ["y"])],
