@@ -42,7 +42,7 @@ def main() -> None:
   parser.add_argument("--reps", type=int, default=10)
   parser.add_argument("--json", default="")
   parser.add_argument("--rows", default="memory,matmul,launch",
-                      help="which rows: memory, matmul, tiles, conv, launch (with the graph chains) (commas)")
+                      help="which rows: memory, matmul, tiles, conv, qmatvec, launch (with the graph chains) (commas)")
   parser.add_argument("--row-elements", type=int, metavar="N", help="about N elements a thread in a row kernel's "
                       "block (kiln/codegen/gpudims.py ROW_ELEMENTS)")
   parser.add_argument("--row-lane-elements", type=int, metavar="N", help="GPU targets: threads a row in row kernels of "
@@ -98,6 +98,7 @@ def main() -> None:
     gpu_tiles.TILES, gpu_tiles.BLOCK_KS = saved
     realize._runner_cache.clear()
   if "conv" in args.rows: rows.append(conv_row(reps))
+  if "qmatvec" in args.rows: qmatvec_rows(rows)
   if "launch" in args.rows: launch_rows(rows)
   elif "chain" in args.rows: chain_rows(rows)
   if args.json:
@@ -227,6 +228,59 @@ def chain_rows(rows: list, length: int = 200) -> None:
     rows.append({"name": f"graph chain of {step.captured.kernel_count} kernels, {name}", "us_per_kernel": per_kernel})
     print(f"graph chain of {step.captured.kernel_count} dependent kernels, {name}: {per_kernel:.2f} us a kernel "
           f"(replay to completion, median of 20)")
+
+def qmatvec_rows(rows: list, settings: tuple[tuple[int, int], ...] = ((4, 256), (8, 256), (16, 256), (32, 256),
+                                                                      (8, 128), (8, 512))) -> None:
+  """The LLM decode step's Q4_1 matrix-vector kernels (SmolLM2-135M's shapes) alone: each kernel's launch repeated
+  64 times in a CUDA graph chain (each waiting for the one before, as in the step), us a kernel, for several
+  (`gpudims.ROW_LANE_ELEMENTS`, `gpudims.ROW_BLOCK_THREADS`) (the kernels made afresh for each: CODEGEN_CACHE=0)."""
+  import numpy as np
+  from kiln import Tensor, TinyJit
+  from kiln.codegen import gpudims
+  from kiln.engine import realize
+  from kiln.runtime import cuda_driver as cuda
+  from kiln.runtime.ops_cuda import CUDAGraph
+  from kiln.apps.llm.quantized import QuantizedMatrix
+  from kiln.apps.llm.random_model import random_tensor
+  from kiln.apps.llm.model import normed_linear
+  rng = np.random.default_rng(0)
+  def matrix(r: int, c: int) -> QuantizedMatrix:
+    blocks = random_tensor("Q4_1", (r, c), 0.02, rng).reshape(r, c // 32, 20)
+    return QuantizedMatrix.from_blocks("Q4_1", blocks, (r, c), device="CUDA", int_dot=False)
+  gate, up, down, qkv = matrix(1536, 576), matrix(1536, 576), matrix(576, 1536), matrix(960, 576)
+  x, h = Tensor(rng.standard_normal((1, 576)).astype(np.float32), device="CUDA").realize(), \
+    Tensor(rng.standard_normal((1, 1536)).astype(np.float32), device="CUDA").realize()
+  w = Tensor(rng.standard_normal(576).astype(np.float32), device="CUDA").realize()
+  cases = {"qkv 960x576": lambda: qkv.linear(x * w), "qkv 960x576 with its norm": lambda: normed_linear(qkv, x, w, 1e-5),
+           "gate 1536x576": lambda: gate.linear(x * w), "gate*up 2x1536x576": lambda: gate.linear(x).silu() *
+           up.linear(x), "gate*up with the norm": lambda: normed_linear(gate, x, w, 1e-5).silu() *
+           normed_linear(up, x, w, 1e-5), "down 576x1536": lambda: down.linear(h)}
+  saved = gpudims.ROW_LANE_ELEMENTS, gpudims.ROW_BLOCK_THREADS
+  try:
+    for elements, threads in settings:
+      gpudims.ROW_LANE_ELEMENTS, gpudims.ROW_BLOCK_THREADS = elements, threads
+      realize._runner_cache.clear()   # compiled runners are kept by kernel AST: made again under this setting
+      for name, make in cases.items():
+        step = TinyJit(lambda make=make: make().contiguous())
+        for _ in range(3): step()
+        (item,) = [item for item in step.captured.items if CUDAGraph.supports(item)]   # the one kernel
+        context = item.runner.program.device.context
+        chain = cuda.Graph(context, [CUDAGraph._packed(item)] * 64)
+        start, end = context.event(), context.event()
+        times = []
+        for _ in range(7):
+          start.record()
+          for _ in range(10): chain.launch()
+          end.record()
+          end.synchronize()
+          times.append(start.elapsed_ms(end) * 1e3 / 640)
+        chain.close()
+        us = statistics.median(times)
+        launch = item.runner.launch
+        rows.append({"name": f"{name}, {elements} elements a lane, {threads}-thread blocks", "us_per_kernel": us,
+                     "launch": str(launch)})
+        print(f"{name:26s} {elements:2d} a lane {str(launch):28s} {us:6.2f} us a kernel (chained)")
+  finally: gpudims.ROW_LANE_ELEMENTS, gpudims.ROW_BLOCK_THREADS = saved
 
 class _no_tf32:
   """PyTorch's fp32 matmul without TF32 tensor cores, as kiln's (restored after)."""
