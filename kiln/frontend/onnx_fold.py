@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Callable
 import numpy as np
 from kiln.tensor import Tensor
-from kiln.frontend.onnx_proto import HOST_LIMIT, host_value, remember
+from kiln.frontend.onnx_proto import HOST_LIMIT, constant_tensor, host_value, remember
 from kiln.frontend import onnx_symbolic as symbolic
 from kiln.uop.ops import UOp
 
@@ -124,4 +124,4 @@ def fold(op_type: str, inputs: list, attrs: dict) -> list[Tensor] | None:
     result = symbolic.sint_array(result.reshape(-1)).reshape(result.shape)
     if result.dtype == object: return [remember(symbolic.sizes_tensor(result), result)]
   if result.dtype == np.float16: return None
-  return [remember(Tensor(np.array(result, order="C")), result)]
+  return [remember(constant_tensor(np.array(result, order="C")), result)]

@@ -5,7 +5,7 @@ import numpy as np
 from kiln.dtype import dtypes
 from kiln.tensor import Tensor
 from kiln.frontend.onnx_ops import op, ints, scalar, axis_of, is_float, move_axis
-from kiln.frontend.onnx_proto import dtype_of_onnx
+from kiln.frontend.onnx_proto import dtype_of_onnx, host_value
 
 # ---- padding shared by conv and pools
 
@@ -230,6 +230,13 @@ def batch_norm(x: Tensor, scale: Tensor, bias: Tensor, mean: Tensor, var: Tensor
     y = (x - _channel(batch_mean, x.ndim)) / (_channel(batch_var, x.ndim) + epsilon).sqrt()
     y = y * _channel(scale, x.ndim) + _channel(bias, x.ndim)
     return y, mean * momentum + batch_mean * (1 - momentum), var * momentum + batch_var * (1 - momentum)
+  known = [host_value(t) for t in (scale, var)]
+  if all(k is not None and k.dtype.kind == "f" for k in known):
+    # statistics known on the host (initializers): the per-channel factor computed once here, not in every
+    # element of every call's kernel (a sqrt and a division each: PP-OCR cls's conv input copies spent most of
+    # their time there)
+    factor = (known[0].astype(np.float64) / np.sqrt(known[1].astype(np.float64) + epsilon)).astype(known[0].dtype)
+    return (x - _channel(mean, x.ndim)) * _channel(Tensor(factor, dtype=scale.dtype), x.ndim) + _channel(bias, x.ndim)
   invstd = (var + epsilon).rsqrt()
   return (x - _channel(mean, x.ndim)) * _channel(invstd * scale, x.ndim) + _channel(bias, x.ndim)
 

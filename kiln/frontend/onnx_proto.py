@@ -3,7 +3,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 import numpy as np
-from kiln.dtype import DType, dtypes
+from kiln.dtype import DType, dtypes, from_numpy_dtype
 from kiln.tensor import Tensor
 from kiln.frontend import onnx_floats
 
@@ -123,7 +123,14 @@ def value_of_proto(proto) -> Tensor | np.ndarray:
   dtype = dtype_of_onnx(proto.data_type)
   if proto.data_type in _NARROW_FLOATS: return mark_type(Tensor(array).cast(dtype), proto.data_type)
   array = np.array(array, order="C")
-  return mark_type(remember(Tensor(array, dtype=dtype), array), proto.data_type)
+  return mark_type(remember(constant_tensor(array, dtype), array), proto.data_type)
+
+def constant_tensor(array: np.ndarray, dtype=None) -> Tensor:
+  """A constant array as a Tensor: one element becomes a constant of the kernels that use it (a scale, HardSwish's
+  1/6), not a buffer each of them loads per element; larger ones (and a NaN, whose sign a constant loses) a buffer."""
+  if array.size == 1 and array.dtype.kind in "biuf" and not (array.dtype.kind == "f" and np.isnan(array).any()):
+    return Tensor.full(array.shape, array.reshape(-1)[0].item(), dtype=dtype or from_numpy_dtype(array.dtype))
+  return Tensor(array, dtype=dtype)
 
 def attribute_value(attr) -> Any:
   """An AttributeProto as a Python value: ints, floats, str, tuples of them, Tensors, or a GraphProto (subgraphs)."""
