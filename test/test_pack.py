@@ -20,6 +20,7 @@ def small_packs(monkeypatch):
   schedule cache does not see, so it is off)."""
   monkeypatch.setattr(pack, "PACK_MIN_WORK", 1)
   monkeypatch.setattr(pack, "PACK_CHANNELS_MIN_WORK", 1)
+  monkeypatch.setattr(pack, "ROWS_IN_L2_SHARE", 1 << 40)   # (every `a` "too large to stay in L2")
   monkeypatch.setattr(pack, "PACK_MIN_REUSE", 8)
   with Context(SCHEDULE_CACHE=0): yield
 
@@ -94,7 +95,7 @@ def test_sums_over_several_axes_pack_them_in_order(small_packs):
   check(lambda x, w: x.conv2d(w), lambda x, w: torch.nn.functional.conv2d(x, w), [(2, 16, 5, 5), (32, 16, 1, 1)])
 
 @host_packs
-@pytest.mark.parametrize("kernel", [1, 3])
+@pytest.mark.parametrize("kernel", [3])   # (a 1x1 conv runs over its flattened image: no short rows)
 def test_conv_weights_over_short_rows_are_copied_channel_major(small_packs, kernel):
   # 7 output columns (8 does not divide them): the weight, broadcast along the image, is copied contiguous along
   # the 16 output channels of the forward conv and the input channels of its input gradient (kiln/schedule/pack.py

@@ -6,7 +6,7 @@ An `INDEX(x, valid, *idx)` node means "the value of tensor node x at indices idx
 from __future__ import annotations
 from kiln.dtype import dtypes
 from kiln.helpers import prod
-from kiln.uop.ops import UOp, Ops, GroupOp, identity_element
+from kiln.uop.ops import UOp, Ops, GroupOp, identity_element, toposort
 from kiln.uop.pattern import UPat, PatternMatcher, graph_rewrite
 from kiln.uop.symbolic import symbolic
 
@@ -166,14 +166,47 @@ def _view_store_index(view: UOp, out_ranges: list[UOp], ctx: LowerContext) -> tu
     raise RuntimeError(f"lower: a store through the view {view.op.name} did not map to one buffer index")
   return load.src[0], load.src[1]
 
+VECTOR_ROW = 16   # an output row that 16 divides makes whole vectors; other rows are merged with the axis above
+
 def lower_kernel(ast: UOp) -> UOp:
-  """Kernel AST `SINK(STORE(DEFINE_GLOBAL, value))` -> `SINK(STORE(buf, index, loaded value))` over loop ranges."""
+  """Kernel AST `SINK(STORE(DEFINE_GLOBAL, value))` -> `SINK(STORE(buf, index, loaded value))` over loop ranges.
+
+  A reduction whose output rows are short or odd (7, 56) gets one loop over its last two output axes where every
+  index reads them as one position (a 1x1 conv over a flattened image, its bias and residual fused in): the
+  optimizer then tiles whole images, not rows no vector divides."""
+  if _rows_merge_candidate(ast) and (merged := _lower(ast, merge_rows=True)) is not None: return merged
+  return _lower(ast, merge_rows=False)
+
+def _rows_merge_candidate(ast: UOp) -> bool:
+  """Whether `ast` is one store of a reduction whose last output axis is a short or odd row under another axis."""
+  if len(ast.src) != 1: return False
+  shape = ast.src[0].src[1].shape
+  if shape is None or len(shape) < 2 or not all(isinstance(s, int) for s in shape[-2:]): return False
+  if shape[-1] <= 1 or shape[-2] <= 1 or shape[-1] % VECTOR_ROW == 0: return False
+  return any(u.op is Ops.REDUCE_AXIS for u in toposort([ast.src[0].src[1]]))
+
+def _lower(ast: UOp, merge_rows: bool) -> UOp | None:
+  """The lowered kernel; with `merge_rows`, its last two output axes as one loop, or None where an index still
+  divides that loop apart (a padded or windowed view reads rows and columns on their own)."""
   ctx = LowerContext()
-  stores = []
+  stores, merged = [], None
   for store in ast.src:
     out_buf, value = store.src
-    out_ranges = [iconst(0) if s == 1 else ctx.new_range(s) for s in value.shape]
-    if out_buf.op is Ops.DEFINE_GLOBAL: flat = linearize_index(tuple(out_ranges), value.shape)
+    shape = value.shape
+    if merge_rows:
+      outer = [iconst(0) if s == 1 else ctx.new_range(s) for s in shape[:-2]]
+      merged = ctx.new_range(shape[-2] * shape[-1])
+      out_ranges = outer + [merged // shape[-1], merged % shape[-1]]
+    else: out_ranges = [iconst(0) if s == 1 else ctx.new_range(s) for s in shape]
+    if out_buf.op is Ops.DEFINE_GLOBAL: flat = linearize_index(tuple(out_ranges), shape)
     else: out_buf, flat = _view_store_index(out_buf, out_ranges, ctx)
     stores.append(UOp(Ops.STORE, dtypes.void, (out_buf, flat, index_of(value, TRUE, out_ranges))))
-  return graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(stores)), lowerer, ctx, name="lower")
+  sink = graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(stores)), lowerer, ctx, name="lower")
+  if merged is None: return sink
+  # every use must read the merged loop whole: a division or remainder of it left means the rows mattered
+  depends: set[UOp] = set()
+  for u in toposort([sink]):
+    if u is merged or any(s in depends for s in u.src):
+      if u.op in (Ops.IDIV, Ops.MOD) and u.src[0] in depends: return None
+      depends.add(u)
+  return sink

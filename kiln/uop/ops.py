@@ -517,7 +517,7 @@ def compute_min_max(u: UOp) -> tuple:
   dt = u.dtype
   lo_dt, hi_dt = _DTYPE_RANGES.get(dt) or _dtype_range(dt)
   op = u.op
-  if op is _CONST: return u.arg, u.arg
+  if op is _CONST: return (min(u.arg), max(u.arg)) if isinstance(u.arg, tuple) else (u.arg, u.arg)   # a vector's lanes
   if op is _DEFINE_VAR: return u.arg[1], u.arg[2]
   if op is _BIND: return u.src[0].vmin, u.src[0].vmax
   if op is _RANGE: return 0, max(0, u.src[0].vmax - 1)
@@ -535,12 +535,12 @@ def compute_min_max(u: UOp) -> tuple:
       return _clamp(min(vals), max(vals), lo_dt, hi_dt)
     if op is _NEG: return _clamp(-s[0].vmax, -s[0].vmin, lo_dt, hi_dt)
     if op is _MAX: return max(s[0].vmin, s[1].vmin), max(s[0].vmax, s[1].vmax)
-    if op is _IDIV and s[1].op is _CONST and s[1].arg != 0:
-      c = s[1].arg
+    # a divisor constant (a vector's only if its lanes agree)
+    c = s[1].vmin if op in (_IDIV, _MOD) and s[1].op is _CONST and s[1].vmin == s[1].vmax else None
+    if op is _IDIV and c is not None and c != 0:
       vals = [_safe_div(s[0].vmin, c), _safe_div(s[0].vmax, c)]
       return _clamp(min(vals), max(vals), lo_dt, hi_dt)   # INT_MIN // -1 wraps
-    if op is _MOD and s[1].op is _CONST and s[1].arg > 0:
-      c = s[1].arg
+    if op is _MOD and c is not None and c > 0:
       if s[0].vmin >= 0: return (s[0].vmin, s[0].vmax) if s[0].vmax < c else (0, c - 1)
       return -(c - 1) if s[0].vmin < 0 else 0, c - 1 if s[0].vmax > 0 else 0
     if op is _CMPLT:

@@ -5,9 +5,6 @@ import numpy as np
 import pytest
 from kiln import Tensor
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason="kiln/uop/ops.py compute_min_max returns a vector CONST's "
-                   "tuple as its min and max; (min(arg), max(arg)) fixes it (the C renderer's prefetch scan in "
-                   "codegen/parallel.py asks a scalar GEP of such a vector for its vmin)")
 def test_two_tensor_index_lookups_in_a_row_match_numpy():
   x = np.random.default_rng(0).standard_normal((1, 96, 6, 6)).astype(np.float32)
   rows, cols = np.array([0, 1, 1, 2, 3, 3, 4, 5, 5]), np.array([0, 0, 1, 1, 1, 2, 2, 3, 3, 3, 4, 4, 5, 5, 5])

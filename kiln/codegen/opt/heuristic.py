@@ -197,7 +197,7 @@ def heuristic_opts(kernel: Kernel, target: CPUTarget | None = None) -> list[Opt]
   # costly to compile, but the anchors' GELU matmul 256x256x1024 (one core) now measures 16x8 against 8x8: 0.55 MB of
   # C, 0.7 s of clang, 2.5 ms a run against 0.27 MB, 0.35 s, 3.2 ms (with explicit vector types 0.05 MB, 0.14 s,
   # 1.8 ms against 0.2 s, 3.5 ms), so every matmul gets the 16x8 tile
-  tile = _wide_tile(loads, out_axes, reused, load_strides, store_strides)
+  tile = _wide_tile(loads, out_axes, red_axes, reused, load_strides, store_strides)
   if tile is not None and _conv_tile(kernel, plan, *tile, loads, load_strides, store_strides): pass
   elif tile is not None:
     wide, partner = tile
@@ -276,11 +276,15 @@ MAX_WHOLE_ROW_UPCAST = 64   # an elementwise row that 8 and 4 do not divide is u
 
 def _elementwise_upcast(kernel: Kernel, size: int | None) -> int | None:
   """How far to upcast an elementwise kernel's contiguous inner axis: 8 or 4, else the whole axis when it is short
-  and the body has no software math (a padded image row of 58: the pad copy in front of the anchors' conv2d ran
-  1.5 -> 0.75 ms on one core, with or without explicit vector types); None to leave it."""
+  (or its largest divisor from 8 to MAX_WHOLE_ROW_UPCAST when long) and the body has no software math (a padded
+  image row of 58: the pad copy in front of the anchors' conv2d ran 1.5 -> 0.75 ms on one core, with or without
+  explicit vector types); None to leave it."""
   if (k := _first_dividing(size, (8, 4))) is not None: return k
-  if size is None or not 4 < size <= MAX_WHOLE_ROW_UPCAST: return None
-  return None if any(u.op in SOFTWARE_MATH_OPS for u in graph_nodes(kernel.sink)) else size
+  if size is None or size <= 4 or any(u.op in SOFTWARE_MATH_OPS for u in graph_nodes(kernel.sink)): return None
+  if size <= MAX_WHOLE_ROW_UPCAST: return size
+  # a long row that 8 and 4 do not divide (a max pool's padded input, 114 wide): its largest divisor that fits,
+  # since scalar code branches on every select (a ReLU of mixed signs: 4.2 -> 0.34 ms for 64x114x114, one thread)
+  return next((d for d in range(MAX_WHOLE_ROW_UPCAST, 7, -1) if size % d == 0), None)
 
 MAX_TINY_OUTPUT, MAX_TINY_OUTPUT_COPIES = 4, 16
 
@@ -420,6 +424,16 @@ def _cache_block(kernel: Kernel, plan: TilePlan, min_bytes: int | None = None) -
   out_axes, red_axes = kernel.output_axes, kernel.reduce_axes
   if len(red_axes) != 1 or not out_axes or any(Kernel.size(r) is None for r in out_axes + red_axes): return
   loads, _ = memory_accesses(kernel.sink)
+  if len(out_axes) >= 2:
+    # few rows against a `b` larger than L2 (a 1x1 conv over a large image: 64x256 weights times 256x3136): the
+    # tile columns go outside the rows, so each column panel of `b` serves every row from L1 while all of `a` stays
+    # in L2, instead of all of `b` streaming from memory once per row of tiles (one thread: 1.34 -> 0.74 ms)
+    tile = (out_axes[-2], out_axes[-1], red_axes[0])
+    b = _footprint(kernel, loads, tile, moving=out_axes[-1])
+    a = _footprint(kernel, loads, tile, fixed=out_axes[-1])
+    if a and b and b > plan.packed_kblock_min_bytes and a * ROWS_IN_L2_SHARE <= plan.packed_kblock_min_bytes:
+      _try(kernel, Opt(OptOps.SWAP, len(out_axes) - 2, len(out_axes) - 1))
+      return
   panel = _panel(kernel, loads, out_axes[0], red_axes[0])
   if panel is None: return
   if min_bytes is None: min_bytes = plan.packed_kblock_min_bytes if panel[1] else plan.kblock_min_bytes
@@ -439,6 +453,25 @@ def _cache_block(kernel: Kernel, plan: TilePlan, min_bytes: int | None = None) -
     n = len(kernel.output_axes)
     _try(kernel, Opt(OptOps.SWAP, n - 2, n - 1))
 
+ROWS_IN_L2_SHARE = 4   # the rows of `a` that run inside the column panels must fit in this share of one L2
+
+def _footprint(kernel: Kernel, loads: list[UOp], axes: tuple[UOp, ...], moving: UOp | None = None,
+               fixed: UOp | None = None) -> int | None:
+  """Bytes of the largest load over `axes` (the others at 0) that moves along the last of them (the reduce axis) and
+  along `moving`, or not along `fixed` (matmul's `b` and `a` over a tile's rows, columns and sum); None for none."""
+  found = None
+  for ld in loads:
+    index = ld.src[1]
+    if axis_stride(index, axes[-1]) in (0, None): continue
+    if moving is not None and axis_stride(index, moving) in (0, None): continue
+    if fixed is not None and axis_stride(index, fixed) != 0: continue
+    nodes = toposort([index])
+    high = evaluate_index(index, {rng: Kernel.size(rng) - 1 for rng in axes}, nodes)
+    low = evaluate_index(index, {}, nodes)
+    if high is None or low is None: return None
+    found = max(found or 0, (abs(high - low) + 1) * ld.dtype.itemsize)
+  return found
+
 def _panel(kernel: Kernel, loads: list[UOp], outer: UOp, reduce_axis: UOp) -> tuple[int, bool] | None:
   """(bytes, packed) of the largest memory a row of tiles walks: a load that moves along the reduce axis and not
   along the outermost output axis (matmul's `b`), over every other axis; `packed` when each step of the sum reads one
@@ -455,8 +488,8 @@ def _panel(kernel: Kernel, loads: list[UOp], outer: UOp, reduce_axis: UOp) -> tu
     if found is None or size > found[0]: found = (size, abs(step) * ld.dtype.itemsize <= 64)
   return found
 
-def _wide_tile(loads: list[UOp], out_axes: list[UOp], reused: list[int], load_strides: dict[UOp, list[int | None]],
-               store_strides: dict[UOp, list[int | None]]) -> tuple[UOp, UOp] | None:
+def _wide_tile(loads: list[UOp], out_axes: list[UOp], red_axes: list[UOp], reused: list[int],
+               load_strides: dict[UOp, list[int | None]], store_strides: dict[UOp, list[int | None]]) -> tuple[UOp, UOp] | None:
   """The (wide, partner) axes of a 16x8 register tile, or None to keep the 8x8 tile of the innermost reused axes.
 
   The wide axis reuses a gated (padded) load, which is the costliest to repeat (conv's output channels reuse the
@@ -475,8 +508,10 @@ def _wide_tile(loads: list[UOp], out_axes: list[UOp], reused: list[int], load_st
     if wide is None or (Kernel.size(wide) or 0) % 8:
       # the output's contiguous axis is short (a 1x1 conv's input gradient over 7 columns): the wide axis is one a
       # load is contiguous along instead (its weight's input channels), its lanes stored apart once per tile
-      wide = next((rng for rng in reversed(candidates) if 1 in load_strides[rng] and
-                   (Kernel.size(rng) or 0) % 16 == 0), wide)
+      # (an operand of the sum: a bias added after it is contiguous along the output channels too)
+      wide = next((rng for rng in reversed(candidates) if (Kernel.size(rng) or 0) % 16 == 0 and
+                   any(s == 1 and any(load_strides[r][i] not in (0, None) for r in red_axes)
+                       for i, s in enumerate(load_strides[rng]))), wide)
   if wide is None: return None
   # a partner that 8 or 4 divides (a conv weight gradient's 3-wide kernel axis reuses the same load as its channels)
   # (or one contiguous in the output and a load that is padded to one vector: a conv's 14 or 7 output columns)

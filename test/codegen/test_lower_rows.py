@@ -1,0 +1,63 @@
+"""Short output rows merged in lowering (kiln/codegen/lowerer.py `lower_kernel`) and the tile choices that follow from
+it (kiln/codegen/opt/heuristic.py): a reduction whose last output axis no vector divides gets one loop over its last
+two axes where every index reads them as one position; results unchanged against PyTorch."""
+from __future__ import annotations
+import numpy as np
+import pytest
+import torch
+from kiln import Tensor
+from kiln.schedule.kernelize import create_schedule
+from kiln.codegen.lowerer import lower_kernel
+from kiln.codegen.opt import Kernel, Opt, OptOps, heuristic_opts
+from kiln.runtime.cpu_target import CPUTarget
+
+AVX512_XEON = CPUTarget("x86_64", "avx512", 64, 32, 48 << 10, 2 << 20, 105 << 20, 2)
+RNG = np.random.default_rng(11)
+
+def _output_loops(t: Tensor) -> list[int]:
+  """The sizes of the output loops of `t`'s last kernel as lowered."""
+  kernel = Kernel(lower_kernel(create_schedule([t.uop]).items[-1].ast))
+  return [Kernel.size(r) for r in kernel.output_axes]
+
+def _array(*shape: int) -> np.ndarray: return RNG.standard_normal(shape, dtype=np.float32)
+
+def test_a_1x1_conv_with_its_bias_runs_over_the_flattened_image():
+  x, w, b = _array(2, 24, 7, 7), _array(32, 24, 1, 1), _array(32)
+  out = (Tensor(x).conv2d(Tensor(w), Tensor(b))).relu()
+  assert _output_loops(out)[-1] == 49   # one loop of 49 positions, not 7 rows of 7
+  want = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), torch.tensor(b)).relu().numpy()
+  np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
+
+def test_a_padded_3x3_conv_keeps_its_rows():
+  x, w = _array(1, 8, 7, 7), _array(16, 8, 3, 3)
+  out = Tensor(x).conv2d(Tensor(w), padding=1)
+  assert _output_loops(out)[-2:] == [7, 7]   # its windows read rows and columns apart
+  want = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), padding=1).numpy()
+  np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
+
+@pytest.mark.parametrize("shape, axis", [((5, 7, 6), 2), ((3, 5, 7, 4), 1), ((4, 14, 9), 2)])
+def test_merged_reductions_match_numpy(shape, axis):
+  a = _array(*shape)
+  out = Tensor(a).sum(axis=axis) * 2 + Tensor(a).max(axis=axis)
+  np.testing.assert_allclose(out.numpy(), a.sum(axis=axis) * 2 + a.max(axis=axis), rtol=1e-5, atol=1e-5)
+
+def test_few_rows_over_a_wide_image_put_the_columns_outside():
+  # 64x256 weights over 256x3136 positions: all of `a` (64 KiB) stays in L2 while each column panel serves every row
+  out = Tensor.empty(1, 256, 56, 56).conv2d(Tensor.empty(64, 256, 1, 1))
+  kernel = Kernel(lower_kernel(create_schedule([out.uop]).items[-1].ast))
+  assert Opt(OptOps.SWAP, 0, 1) in heuristic_opts(kernel, AVX512_XEON)
+
+def test_a_bias_does_not_make_the_channels_the_vector_axis():
+  # 49 positions (8 does not divide them); the bias is contiguous along the channels but is no operand of the sum
+  out = Tensor.empty(1, 512, 7, 7).conv2d(Tensor.empty(2048, 512, 1, 1), Tensor.empty(2048))
+  kernel = Kernel(lower_kernel(create_schedule([out.uop]).items[-1].ast))
+  assert heuristic_opts(kernel, AVX512_XEON)[0] == Opt(OptOps.UPCAST, 1, 32)
+
+def test_a_long_odd_row_is_upcast_by_its_largest_divisor():
+  # a max pool's padded input (114 wide): 57 lanes, so a ReLU's selects are vector blends, not branches
+  x = _array(1, 4, 112, 112)
+  out = Tensor(x).relu().pad((1, 1, 1, 1), value=float("-inf"))
+  kernel = Kernel(lower_kernel(create_schedule([out.uop]).items[-1].ast))
+  assert heuristic_opts(kernel, AVX512_XEON) == [Opt(OptOps.UPCAST, 2, 57)]
+  np.testing.assert_array_equal(out.numpy(), np.pad(np.maximum(x, 0), ((0, 0), (0, 0), (1, 1), (1, 1)),
+                                                     constant_values=-np.inf))
