@@ -13,7 +13,7 @@ from kiln.dtype import DType, dtypes
 from kiln.tensor import Tensor
 from kiln.frontend.onnx_proto import (EMULATED_FLOATS, HELD_TYPES, dtype_of_onnx, held_type, host_value, mark_type,
                                       remember, round_to_emulated)
-from kiln.frontend.onnx_symbolic import infer_dim, sint_array, sizes_tensor
+from kiln.frontend.onnx_symbolic import infer_dim, sint_array, sizes_tensor, symbolic_slice
 from kiln.uop.ops import UOp
 from kiln.uop.sint import sprod
 
@@ -361,6 +361,9 @@ def slice_(data: Tensor, starts=None, ends=None, axes=None, steps=None) -> Tenso
   steps = ints(steps) or [1] * len(starts)
   index = [slice(None)] * data.ndim
   for axis, start, end, step in zip(axes, starts, ends, steps): index[axis] = slice(start, end, step)
+  if any(isinstance(v, UOp) for v in (*starts, *ends, *(data.shape[a] for a in axes))):
+    for axis in axes: index[axis] = symbolic_slice(index[axis], data.shape[axis])
+    return data[tuple(index)]
   if any(data.shape[axis] == 0 or len(range(*index[axis].indices(data.shape[axis]))) == 0 for axis in axes):
     dims = [len(range(*index[i].indices(d))) for i, d in enumerate(data.shape)]
     return Tensor.zeros(*dims, dtype=data.dtype) if all(dims) else full(dims, 0, data.dtype)
@@ -373,6 +376,11 @@ def gather(data: Tensor, indices: Tensor, axis: int = 0) -> Tensor:
   if 0 in indices.shape or 0 in data.shape:
     dims = list(data.shape[:axis]) + list(indices.shape) + list(data.shape[axis + 1:])
     return full(dims, 0, data.dtype)
+  known = host_value(indices)
+  if isinstance(data.shape[axis], UOp) and known is not None and known.ndim == 0:
+    # one known position on a symbolic axis (`y[:, -1]`): an index expression that holds for every size
+    return data[(slice(None),) * axis + (symbolic_slice(slice(int(known), int(known) + 1 or None),
+                                                                   data.shape[axis]).start,)]
   index = normalize_index(indices.cast(dtypes.int64), data.shape[axis])
   return data[(slice(None),) * axis + (index,)]
 

@@ -90,6 +90,26 @@ def infer_dim(total, known):
   for size in total_symbols: out = out * size
   return ssimplify(out)
 
+def symbolic_slice(part: slice, size) -> slice:
+  """A Slice node's `start:end` (step 1) on an axis where it or the size is symbolic, clamped as ONNX clamps, as
+  bounds that hold for every value of the Variables (an UndecidedSize where they do not)."""
+  if part.step not in (None, 1): raise UndecidedSize(f"a step of {part.step} over a symbolic size")
+  start = 0 if part.start is None else part.start
+  end = size if part.stop is None else part.stop
+  if isinstance(start, int) and start < 0: start = start + size
+  if isinstance(end, int) and end < 0: end = end + size
+  if isinstance(end, int) and end >= sint_max(size): end = size
+  if isinstance(start, int) and start <= 0: start = 0
+  start, end = ssimplify(start), ssimplify(end)
+  def lowest(x) -> int: return x if isinstance(x, int) else sint_min(x)
+  def at_least_zero(x) -> bool: return lowest(ssimplify(x)) >= 0
+  if not (at_least_zero(start) and at_least_zero(_node(end) - start) and at_least_zero(_node(size) - end)):
+    raise UndecidedSize(f"slice {start}:{end} of a size {size}")
+  return slice(start, end)
+
+def _node(x) -> UOp:
+  return x if isinstance(x, UOp) else UOp.const(dtypes.int32, int(x))
+
 # ---- comparisons and division of sizes, folded only where they hold for every value of the Variables
 
 def _difference_range(a, b) -> tuple[int, int]:

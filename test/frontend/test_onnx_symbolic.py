@@ -194,3 +194,37 @@ def test_a_conv_over_a_symbolic_batch_height_and_width_keeps_the_batch_symbolic(
                      lambda feeds: {"y": session.run(None, feeds)[0]})
   assert counts[1:3] == [0, 0] and counts[3] > 0, counts
   assert len(runner.cache.graphs) == 2
+
+def positions_model(table: int):
+  """x (batch, steps, 4) + pos[:steps] (a table of `table` rows sliced by the input's own length), then the last
+  step plus the sum of the steps after the first: Slice and Gather over a symbolic axis."""
+  big = np.iinfo(np.int64).max
+  nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+           helper.make_node("Gather", ["shape", "one"], ["steps"], axis=0),
+           helper.make_node("Slice", ["pos", "zero", "steps", "zero"], ["used"]),
+           helper.make_node("Add", ["x", "used"], ["h"]),
+           helper.make_node("Gather", ["h", "last"], ["final"], axis=1),
+           helper.make_node("Slice", ["h", "one", "end", "one"], ["rest"]),
+           helper.make_node("ReduceSum", ["rest", "one"], ["total"], keepdims=0),
+           helper.make_node("Add", ["final", "total"], ["y"])]
+  inits = [numpy_helper.from_array(floats(table, 4, seed=9), "pos"),
+           numpy_helper.from_array(np.array([0], np.int64), "zero"),
+           numpy_helper.from_array(np.array([1], np.int64), "one"),
+           numpy_helper.from_array(np.array(-1, np.int64), "last"),
+           numpy_helper.from_array(np.array([big], np.int64), "end")]
+  model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "steps", 4])],
+                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits, opset=13)
+  return model, numpy_helper.to_array(inits[0])
+
+@pytest.mark.parametrize("table", [64, 10])
+def test_slices_and_gathers_over_a_symbolic_axis(table):
+  """Bounds that hold for every size of the range stay symbolic (a 64-row table: one graph); a table shorter than
+  the range's top (10 rows for lengths up to 16) cannot serve it all, so each length builds its own graph."""
+  model, pos = positions_model(table)
+  runner = OnnxRunner(model)
+  def reference(feeds):
+    h = feeds["x"] + pos[:feeds["x"].shape[1]]
+    return {"y": h[:, -1] + h[:, 1:].sum(1)}
+  counts = run_sizes(runner, lambda size: {"x": floats(*size, 4)}, [(2, 5), (3, 9), (2, 7)], reference)
+  if table == 64: assert counts[1:] == [0, 0] and len(runner.cache.graphs) == 1, counts
+  else: assert len(runner.cache.graphs) == 3
