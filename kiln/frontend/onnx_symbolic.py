@@ -102,8 +102,9 @@ def symbolic_slice(part: slice, size) -> slice:
   if isinstance(start, int) and start <= 0: start = 0
   start, end = ssimplify(start), ssimplify(end)
   def lowest(x) -> int: return x if isinstance(x, int) else sint_min(x)
-  def at_least_zero(x) -> bool: return lowest(ssimplify(x)) >= 0
-  if not (at_least_zero(start) and at_least_zero(_node(end) - start) and at_least_zero(_node(size) - end)):
+  def at_least(x, bound: int) -> bool: return lowest(ssimplify(x)) >= bound
+  # (not empty for any size either: an empty slice of a symbolic size is its own case)
+  if not (at_least(start, 0) and at_least(_node(end) - start, 1) and at_least(_node(size) - end, 0)):
     raise UndecidedSize(f"slice {start}:{end} of a size {size}")
   return slice(start, end)
 
