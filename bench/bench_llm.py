@@ -222,16 +222,15 @@ def main() -> None:
   parser.add_argument("--graph-dag", action="store_true", help="CUDA: graph nodes wait only for the nodes whose "
                       "memory they use (kiln/runtime/ops_cuda.py CUDAGraph.PARALLEL), to compare with the chain")
   parser.add_argument("--programmatic", type=int, choices=(0, 1, 2), help="CUDA graphs: programmatic dependent "
-                      "launch between kernels (kiln/runtime/ops_cuda.py CUDAGraph.PROGRAMMATIC) off (0), on (1), or "
-                      "on with each kernel letting the next start only at its end (2: kiln/renderer/cuda.py "
-                      "TRIGGER_AT_START=False; use CODEGEN_CACHE=0)")
+                      "launch between kernels (kiln/runtime/ops_cuda.py CUDAGraph.PROGRAMMATIC) off (0), on with each "
+                      "kernel letting the next start at its start (1: kiln/renderer/cuda.py TRIGGER_AT_START; use "
+                      "CODEGEN_CACHE=0), or at its end (2, the default)")
   args = parser.parse_args()
   if args.programmatic is not None:
     from kiln.runtime.ops_cuda import CUDAGraph
     CUDAGraph.PROGRAMMATIC = bool(args.programmatic)
-    if args.programmatic == 2:
-      from kiln.renderer import cuda as cuda_renderer
-      cuda_renderer.TRIGGER_AT_START = False
+    from kiln.renderer import cuda as cuda_renderer
+    cuda_renderer.TRIGGER_AT_START = args.programmatic == 1
   if args.graph_dag:
     from kiln.runtime.ops_cuda import CUDAGraph
     CUDAGraph.PARALLEL = True

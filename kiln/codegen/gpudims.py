@@ -135,8 +135,10 @@ MIN_GROUPED = 128   # a kernel whose reductions are all shorter keeps them in on
 # (about ROW_LANE_ELEMENTS elements each, a power of two from MIN_ROW_LANES to GROUP_SIZE) and each block
 # ROW_BLOCK_THREADS threads' worth of rows; such rows are grouped from MIN_MULTI_GROUPED elements. A decode step's
 # matrix-vector rows and attention scores are latency-bound: a lane's serial elements set the time (H200, call 26:
-# a warp a 1536-float row took 7.3 us, a warp a 576-float row 2.3, one thread a 64-float row 11.2)
-ROW_LANE_ELEMENTS, MIN_ROW_LANES, ROW_BLOCK_THREADS = 8, 4, 256
+# a warp a 1536-float row took 7.3 us, a warp a 576-float row 2.3, one thread a 64-float row 11.2; call 29, the step's
+# Q4_1 kernels alone at 4/8/16/32 elements a lane: gate*up with its norm 5.88/4.91/3.66/4.44 us, qkv with its norm
+# 3.10/2.54/2.41/3.17, down 2.29/2.31/2.38/2.65)
+ROW_LANE_ELEMENTS, MIN_ROW_LANES, ROW_BLOCK_THREADS = 16, 8, 256
 MULTI_ROW_MIN, MULTI_ROW_MAX, MIN_MULTI_GROUPED = 64, 4096, 32
 # rows enough to fill the GPU with this many threads at WARP_LANES a row get no more than a warp each: more lanes
 # only add tree rounds (H200, call 28: a 49152-row head at 128 lanes a row 38.4 us, at a warp a row 20.7)
@@ -147,7 +149,7 @@ def row_lanes(size: int, rows: int = 1) -> int:
   [MIN_ROW_LANES, GROUP_SIZE]; at most a warp when a warp a row already fills the GPU).
 
   >>> row_lanes(64), row_lanes(576), row_lanes(1536), row_lanes(576, rows=49152)
-  (8, 128, 256, 32)
+  (8, 64, 128, 32)
   """
   lanes = MIN_ROW_LANES
   widest = WARP_LANES if rows * WARP_LANES >= FULL_GPU_THREADS else GROUP_SIZE

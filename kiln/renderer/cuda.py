@@ -53,8 +53,9 @@ def device_helpers(block: str) -> str:
 # before it touches memory. Launched any other way (a plain launch, a graph edge of the default kind) both are no-ops.
 DEPENDENT_WAIT = "griddepcontrol.wait"
 DEPENDENT_TRIGGER = '  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");'
-# False: the next kernel may start launching only once this one's blocks reach their end (bench --programmatic 2)
-TRIGGER_AT_START = True
+# where a kernel lets the next one start launching: at its end (its blocks' last instruction), or, True, at its
+# start (bench --programmatic 1; H200, bench/gpu_notes.md calls 28-29: small kernels gained, matrix-vector ones lost)
+TRIGGER_AT_START = False
 
 def dependent_launch(arch: str) -> bool:
   """Whether kernels for `arch` ("sm_90a") start with the programmatic-dependent-launch instructions (sm_90 and up)."""

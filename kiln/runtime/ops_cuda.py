@@ -124,8 +124,10 @@ class CUDAGraph:
   # launch 37-49 against 6-13 us, prefill 1356-1407 against 1926-2197 tok/s)
   PARALLEL = False
   # True: a kernel's edges are programmatic (programmatic dependent launch) where it starts with the renderer's
-  # `griddepcontrol.wait` (kiln/renderer/cuda.py DEPENDENT_LAUNCH), so its launch overlaps the previous kernel's end
-  PROGRAMMATIC = False
+  # `griddepcontrol.wait` (kiln/renderer/cuda.py), so its launch overlaps the previous kernel's end. H200
+  # (bench/gpu_notes.md call 29, each kernel letting the next start at its own end): the LLM decode step's graph
+  # 712 -> 655 us, every kernel of it cheaper (with the trigger at the kernels' start, call 28: larger ones dearer)
+  PROGRAMMATIC = True
 
   def __init__(self, items: list, swapped: set[tuple[int, int]]):
     self.items, self.swapped = items, swapped
