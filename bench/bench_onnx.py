@@ -1,7 +1,7 @@
 """ONNX model inference on the CPU: kiln's OnnxRunner beside onnxruntime, same machine, same thread count.
 
 Run: PYTHONPATH=. THREADS=1 python bench/bench_onnx.py [--runs N] [--models a,b] [--uncached] [--jit]
-     [--profile MODEL] [--overhead] [--convs]
+     [--profile MODEL] [--overhead] [--convs] [--sizes]
 
 Models: a ResNet-50 written here in PyTorch with random weights and exported to /tmp (torchvision is not needed;
 the .onnx is not kept in the repository), and the real models of test/frontend/test_onnx_packaged.py where their
@@ -13,7 +13,8 @@ OnnxRunner as it comes (its graph kept per input signature and replayed through 
 it with `cache=False` (the graph walked and scheduled on every call), `--jit` that under a TinyJit of the caller's.
 `--profile MODEL` prints the model's slowest kiln kernels (each kernel of one inference launched alone);
 `--overhead` times the graph walk alone and whole calls with and without the graph cache; `--convs` times
-ResNet-50's conv shapes alone (Tensor.conv2d) at batch 1 and 4.
+ResNet-50's conv shapes alone (Tensor.conv2d) at batch 1 and 4; `--sizes` calls models with symbolic sizes (an
+exported transformer block, PP-OCR's classifier) at several sizes, one graph for all of them against one per size.
 """
 from __future__ import annotations
 import argparse, importlib.util, os, statistics, sys, time
@@ -62,6 +63,36 @@ def resnet50_onnx() -> str:
     warnings.simplefilter("ignore")
     torch.onnx.export(model, (torch.randn(1, 3, 224, 224),), path, dynamo=False, opset_version=17,
                       input_names=["image"], output_names=["logits"], dynamic_axes={"image": {0: "batch"}})
+  return path
+
+def transformer_onnx() -> str:
+  """A pre-norm transformer block (width 64, 4 heads, heads split by reshape/transpose from the input's own sizes)
+  with random weights, exported by PyTorch with a dynamic batch and sequence into BENCH_DIR once."""
+  path = os.path.join(BENCH_DIR, "transformer_block.onnx")
+  if os.path.exists(path): return path
+  import torch
+
+  class Block(torch.nn.Module):
+    def __init__(self, width: int = 64, heads: int = 4):
+      super().__init__()
+      self.heads, self.norm1, self.norm2 = heads, torch.nn.LayerNorm(width), torch.nn.LayerNorm(width)
+      self.qkv, self.proj = torch.nn.Linear(width, 3 * width), torch.nn.Linear(width, width)
+      self.mlp = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width))
+    def forward(self, x):
+      batch, steps, width = x.shape
+      q, k, v = (t.reshape(batch, steps, self.heads, -1).transpose(1, 2) for t in self.qkv(self.norm1(x)).split(width, -1))
+      weights = torch.softmax(q @ k.transpose(-1, -2) / (width // self.heads) ** 0.5, -1)
+      x = x + self.proj((weights @ v).transpose(1, 2).reshape(batch, steps, width))
+      return x + self.mlp(self.norm2(x))
+
+  torch.manual_seed(0)
+  os.makedirs(BENCH_DIR, exist_ok=True)
+  import warnings
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    torch.onnx.export(Block().eval(), (torch.randn(2, 8, 64),), path, dynamo=False, opset_version=17,
+                      input_names=["tokens"], output_names=["encoded"],
+                      dynamic_axes={"tokens": {0: "batch", 1: "sequence"}, "encoded": {0: "batch", 1: "sequence"}})
   return path
 
 def packaged(package: str, relative: str) -> Callable[[], str | None]:
@@ -178,6 +209,48 @@ def overhead(name: str, runs: int) -> None:
     for label, call in calls.items(): times[label].append(timed(call))
   print(f"{name:12s} " + "  ".join(f"{label} {min(v) * 1e3:8.2f} ms" for label, v in times.items()))
 
+# models with symbolic sizes and the sizes --sizes calls them with, in order
+SIZED: dict[str, tuple[Callable[[], str | None], str, list[tuple[int, ...]]]] = {
+  "transformer": (transformer_onnx, "tokens", [(2, 8, 64), (3, 12, 64), (4, 16, 64), (2, 5, 64), (1, 16, 64)]),
+  "ocr_cls": (MODELS["ocr_cls"][0], "x", [(2, 3, 48, 192), (3, 3, 48, 192), (6, 3, 48, 192), (4, 3, 48, 192)]),
+}
+
+def sizes(runs: int) -> None:
+  """Symbolic sizes against a graph per size (OnnxRunner(symbolic=False)): the first call of each new size (graph
+  walk, scheduling, compiling: wall time, kernel cache on disk as it is), then the steady call at each size (min of
+  `runs`, interleaved), with the kernels compiled in the process counted."""
+  from kiln.engine import realize
+  from kiln.frontend.onnx import OnnxRunner
+  for name, (locate, input_name, shapes) in SIZED.items():
+    path = locate()
+    if path is None:
+      print(f"{name}: package not installed, skipped")
+      continue
+    runners = {"symbolic": OnnxRunner(path), "per size": OnnxRunner(path, symbolic=False)}
+    feeds = {shape: {input_name: rng.random(shape, np.float32)} for shape in shapes}
+    for label, runner in runners.items():
+      before = len(realize._runner_cache)
+      firsts = [timed(kiln_call(runner, feeds[shape])) for shape in shapes]
+      print(f"{name:12s} {label:9s} first calls " + "  ".join(f"{s}: {t * 1e3:7.1f} ms" for s, t in
+                                                              zip(shapes, firsts)) +
+            f"  ({len(realize._runner_cache) - before} kernels compiled)")
+    # steady calls (each size's TinyJit replaying: two calls more first), the symbolic runner kept on its symbolic
+    # graph (no size of its own after SPECIALIZE_AFTER calls: that is what is compared here)
+    from kiln.frontend import onnx_cache
+    specialize_after, onnx_cache.SPECIALIZE_AFTER = onnx_cache.SPECIALIZE_AFTER, 1 << 30
+    try:
+      for shape in shapes:
+        for runner in runners.values():
+          for _ in range(2): kiln_call(runner, feeds[shape])()
+      steady = {(label, shape): [] for label in runners for shape in shapes}
+      for _ in range(runs):
+        for shape in shapes:
+          for label, runner in runners.items(): steady[label, shape].append(timed(kiln_call(runner, feeds[shape])))
+    finally: onnx_cache.SPECIALIZE_AFTER = specialize_after
+    for label in runners:
+      print(f"{name:12s} {label:9s} steady calls " + "  ".join(f"{s}: {min(steady[label, s]) * 1e3:7.2f} ms"
+                                                               for s in shapes))
+
 def convs(runs: int) -> None:
   """ResNet-50's conv shapes alone (Tensor.conv2d, realized inputs), batch 1 against batch 4: min of `runs`."""
   from kiln import Tensor
@@ -204,9 +277,11 @@ def main() -> None:
   parser.add_argument("--profile", choices=list(MODELS), help="print one model's slowest kernels instead")
   parser.add_argument("--overhead", action="store_true", help="time the graph walk and cached/uncached calls instead")
   parser.add_argument("--convs", action="store_true", help="time ResNet-50's convs alone at batch 1 and 4 instead")
+  parser.add_argument("--sizes", action="store_true", help="symbolic sizes against a graph per size instead")
   args = parser.parse_args()
   if args.profile: return profile(args.profile)
   if args.convs: return convs(args.runs)
+  if args.sizes: return sizes(args.runs)
   if args.overhead:
     for name in args.models.split(","): overhead(name, args.runs)
     return

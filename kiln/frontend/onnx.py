@@ -112,9 +112,10 @@ class OnnxRunner:
   """An ONNX model, callable as `runner({input_name: value})` -> `{output_name: Tensor | list | None}`.
 
   `model` is a path, the serialized bytes, or an onnx.ModelProto. Inputs may be numpy arrays, Tensors, lists (cast to
-  the input's declared dtype) or None (an omitted optional input).
+  the input's declared dtype) or None (an omitted optional input). `cache=False` walks the graph at every call;
+  `symbolic=False` keeps a graph per size instead of one for every size of a symbolic dim (onnx_symbolic.py).
   """
-  def __init__(self, model, device: str | None = None, cache: bool = True):
+  def __init__(self, model, device: str | None = None, cache: bool = True, symbolic: bool = True):
     onnx = import_onnx()
     if isinstance(model, (str, os.PathLike)): model = onnx.load(os.fspath(model))
     elif isinstance(model, (bytes, bytearray)): model = onnx.load_from_string(bytes(model))
@@ -133,7 +134,7 @@ class OnnxRunner:
     self._constants: dict[int, Value] = {}   # during a call: id -> the values computed from constants alone
     self._folded: dict[tuple, list] = {}     # (subgraph path, node outputs) -> its outputs realized once
     self._path: tuple = ()                   # the subgraph being run: (node output, graph name) each level down
-    self.cache = GraphCache({i.name: i for i in self.graph.input}, device, self) if cache else None
+    self.cache = GraphCache({i.name: i for i in self.graph.input}, device, self, symbolic) if cache else None
 
   def _load(self, proto) -> Value:
     value = value_of_proto(proto)

@@ -115,8 +115,8 @@ def _refuse(*args, **kwargs):
 class GraphCache:
   """Graphs built for input signatures (shapes or symbolic ranges, dtypes, steering values), most recently used
   last."""
-  def __init__(self, declared: dict, device: str | None, runner):
-    self.declared, self.device, self.runner = declared, device, runner
+  def __init__(self, declared: dict, device: str | None, runner, symbolic: bool = True):
+    self.declared, self.device, self.runner, self.symbolic = declared, device, runner, symbolic
     self.graphs: OrderedDict[tuple, _Graph | None] = OrderedDict()   # None: this signature is not cacheable
     self.not_symbolic: set[tuple] = set()   # symbolic signatures whose build needed plain sizes
     self.steering: dict[tuple, tuple[str, ...]] = {}        # shape signature -> inputs whose values steer
@@ -204,6 +204,7 @@ class GraphCache:
   def _ladder(self, arrays: dict[str, np.ndarray]) -> list[dict[str, UOp]]:
     """The Variables to build with, tried in order: every symbolic size, then only those of leading axes (a batch:
     a CNN's convs take a symbolic batch but not a symbolic height), then none."""
+    if not self.symbolic: return [{}]
     every = self.variables(arrays)
     leading = {label: v for label, v in every.items()
                if all(labels is None or label not in labels[1:] for labels in self.labels.values())}
