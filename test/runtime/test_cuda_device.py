@@ -113,6 +113,23 @@ def test_graph_chains_wait_for_the_kernel_before(monkeypatch, programmatic):
   assert graph.graph.programmatic == programmatic
 
 @needs_gpu
+def test_small_copies_in_are_queued_in_order():
+  """Copies in of up to 1 KiB are queued from a ring of pinned slots (cuda_driver._StagingRing): more copies than
+  slots, into one buffer between kernels that read it and into many buffers, all land in order."""
+  rng = np.random.default_rng(7)
+  x = Tensor.zeros(16, device="CUDA").contiguous().realize()
+  outs, wants = [], []
+  for _ in range(20):   # the LLM decode pattern: write the step input, run kernels that read it
+    values = rng.standard_normal(16).astype(np.float32)
+    x.uop.base.buffer.copyin(memoryview(values).cast("B"))
+    outs.append((x * 2 + 1).realize())
+    wants.append(values * 2 + 1)
+  many = [rng.standard_normal(int(rng.integers(1, 200))).astype(np.float32) for _ in range(20)]
+  tensors = [Tensor(a, device="CUDA").realize() for a in many]
+  for out, want in zip(outs, wants): np.testing.assert_array_equal(out.numpy(), want)
+  for t, a in zip(tensors, many): np.testing.assert_array_equal(t.numpy(), a)
+
+@needs_gpu
 def test_copies_between_devices_and_a_second_name():
   x = np.arange(1031, dtype=np.float32)
   t = Tensor(x, device="CUDA:0")
