@@ -1642,9 +1642,13 @@ def _targets_in_graph(order: list[UOp]) -> list[Tensor]:
 
 @deep_recursion
 def _graphs_needing_gradients(roots: list[UOp]) -> set[UOp]:
-  """The roots whose graphs contain a tensor that requires a gradient (empty when no tensor does)."""
+  """The roots whose graphs contain a tensor that requires a gradient (empty when no tensor does). An assign's
+  gradient flows to its target alone, so only the assign itself (a pending update of a tensor requiring a gradient
+  is that tensor's identity) and its target's graph count: an optimizer's momentum update reads the gradients, so
+  its whole graph reaches the parameters, but nothing needs its history."""
   if not _requires_grad_tensors: return set()
   wanted = _grad_identities()
+  graph_of = {root: root.src[0] if root.op is _ASSIGN else root for root in roots}
   reached: dict[UOp, bool] = {}
   def reaches(node: UOp) -> bool:   # by recursion, each node once: cheaper than a toposort for an eager graph
     if (known := reached.get(node)) is not None: return known
@@ -1656,14 +1660,14 @@ def _graphs_needing_gradients(roots: list[UOp]) -> set[UOp]:
           break
     reached[node] = found
     return found
-  try: return {root for root in roots if reaches(root)}
+  try: return {root for root, graph in graph_of.items() if root in wanted or reaches(graph)}
   except RecursionError: pass   # a graph deeper than the recursion limit: one iterative pass instead
   finally: reaches = None   # noqa: F841  (the closure refers to itself: a cycle that kept the graph alive until GC)
   reaching: set[UOp] = set()   # one pass over all roots' graphs, not one walk per root
-  for node in gradient_graph(UOp(Ops.SINK, dtypes.void, tuple(roots)), whole=True):
+  for node in gradient_graph(UOp(Ops.SINK, dtypes.void, tuple(graph_of.values())), whole=True):
     if node in wanted or any(s in reaching for s in ((node.origin,) if node.origin is not None else node.src)):
       reaching.add(node)
-  return reaching & set(roots)
+  return {root for root, graph in graph_of.items() if root in wanted or graph in reaching}
 
 def _matmul_graph(x: UOp, w: UOp) -> UOp:
   """x @ w for operands of 2+ axes of int sizes and one dtype that sums in itself: the nodes Tensor.dot's general path

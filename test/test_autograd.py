@@ -107,3 +107,20 @@ def test_backward_gives_zeros_to_a_target_only_behind_detach_and_sums_the_rest()
   np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy())
   assert x.grad is not None and not x.grad.numpy().any()
   assert unrelated.grad is None
+
+def test_only_updates_of_tensors_requiring_gradients_remember_an_identity():
+  # an assign's gradient flows to its target alone: a momentum buffer's update reads the gradients (its graph reaches
+  # the parameter) but neither needs nor keeps a history; the parameter's update keeps its identity for autograd
+  from kiln.nn.optim import SGD
+  w = Tensor(W, requires_grad=True)
+  opt = SGD([w], lr=0.1, momentum=0.9)
+  tw = torch.tensor(W, requires_grad=True)
+  topt = torch.optim.SGD([tw], lr=0.1, momentum=0.9)
+  with Tensor.train():
+    for _ in range(3):
+      opt.zero_grad(); topt.zero_grad()
+      (Tensor(X) @ w).relu().sum().backward()
+      (torch.tensor(X) @ tw).relu().sum().backward()
+      opt.step(); topt.step()
+      assert opt.b[0].uop.origin is None and w.uop.origin is not None
+  np.testing.assert_allclose(w.numpy(), tw.detach().numpy(), rtol=1e-6)

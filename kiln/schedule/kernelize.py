@@ -433,7 +433,17 @@ def _assign_result(root: UOp) -> UOp:
   buf = target.base
   fresh = UOp.new_buffer(buf.arg[1], buf.arg[2], buf.dtype)
   fresh.buffer = buf.buffer
-  return substitute(target, {buf: fresh})
+  views = []   # the movement ops from target down to its base: rebuilt over the new node, as substitute would
+  node = target
+  while node is not buf:
+    views.append(node)
+    node = node.src[0]
+  result = fresh
+  for view in reversed(views):
+    rebuilt = view.replace(src=(result,))
+    if rebuilt.meta is None: rebuilt.meta = view.meta
+    result = rebuilt
+  return result
 
 # kernels index with 32-bit ints: every shape they see must stay below this many elements
 MAX_INDEXED_ELEMENTS = 2 ** 31 - 1
