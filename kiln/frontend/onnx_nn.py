@@ -380,6 +380,10 @@ def resize(x: Tensor, roi=None, scales=None, sizes=None, antialias: int = 0, axe
   else: size_values = [int(math.floor(i * s)) for i, s in zip(in_sizes, scale_values)]
   roi_values = [float(v) for v in x_values(roi)] if roi is not None and roi.numel() else None
   inside = None
+  if mode == "nearest" and coordinate_transformation_mode != "tf_crop_and_resize":
+    repeated = _nearest_repeats(x, axes, in_sizes, size_values, scale_values, coordinate_transformation_mode,
+                                nearest_mode, roi_values)
+    if repeated is not None: return repeated
   for k, (axis, in_size, out_size, scale) in enumerate(zip(axes, in_sizes, size_values, scale_values)):
     if in_size == out_size and coordinate_transformation_mode != "tf_crop_and_resize" and scale == 1: continue
     if roi_values is not None:
@@ -404,6 +408,23 @@ def resize(x: Tensor, roi=None, scales=None, sizes=None, antialias: int = 0, axe
     x = move_axis(result.cast(x.dtype), x.ndim - 1, axis)
   if inside is not None: x = Tensor(np.broadcast_to(inside, x.shape).copy()).where(x, extrapolation_value)
   return x
+
+def _nearest_repeats(x: Tensor, axes, in_sizes, out_sizes, scales, mode: str, nearest_mode: str, roi) -> Tensor | None:
+  """A nearest resize that repeats every entry a whole number of times on each axis (an FPN's 2x, 4x, 8x) as one
+  expand and one reshape: each output index is `i // k` on its own axis (per axis, the second reshape's index math
+  went through the first's: PP-OCR det's upsampled-and-padded concat ran 25% slower); None for any other resize."""
+  factors = {}
+  for k, (axis, in_size, out_size, scale) in enumerate(zip(axes, in_sizes, out_sizes, scales)):
+    if in_size == out_size and scale == 1: continue
+    region = (roi[k], roi[len(roi) // 2 + k]) if roi is not None else (0.0, 1.0)
+    index = np.clip(_nearest(_source_coordinates(mode, out_size, in_size, scale, region), nearest_mode), 0,
+                    in_size - 1)
+    if out_size % in_size or not (index == np.repeat(np.arange(in_size), out_size // in_size)).all(): return None
+    factors[axis] = out_size // in_size
+  if not factors: return None
+  spread = [d for axis, size in enumerate(x.shape) for d in ((size, 1) if axis in factors else (size,))]
+  wide = [d for axis, size in enumerate(x.shape) for d in ((size, factors[axis]) if axis in factors else (size,))]
+  return x.reshape(*spread).expand(*wide).reshape(*(s * factors.get(a, 1) for a, s in enumerate(x.shape)))
 
 def x_values(t: Tensor) -> list:
   return t.numpy().reshape(-1).tolist()
