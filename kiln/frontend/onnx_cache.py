@@ -44,7 +44,7 @@ def symbolic_range(size: int) -> tuple[int, int]:
 
 _FAILED = object()   # a symbolic build that needed a plain size
 # A symbolic graph's kernels can be slower than ones compiled for plain sizes (the optimizer cannot tile an axis of
-# unknown size: an attention over a symbolic length ran 6x slower). So a signature called this many times through
+# unknown size: an exported transformer block ran 6-11x slower). So a signature called this many times through
 # a symbolic graph gets a graph of its own sizes, once per range and while that keeps paying: where the first such
 # graph is not at least SPECIALIZED_GAIN faster, the range's other sizes keep the symbolic graph.
 SPECIALIZE_AFTER = 4
@@ -75,7 +75,7 @@ class _Graph:
     self.fronts: list[bool] = []   # per realized output: returned as its whole buffer (symbolic sizes only)
     self.fronts_in: dict[tuple[str, int], Any] = {}   # (input, size) -> the front of its placeholder's buffer
     self.calls = 0                 # calls so far (the TinyJit replays from the third)
-    self.sizes_written = False     # whether the size inputs hold `values`
+    self.written: dict[UOp, int] | None = None   # the sizes the size inputs hold
     self.realize = TinyJit(self._realize)
 
   def _realize(self, *inputs) -> list[Tensor]:
@@ -86,10 +86,10 @@ class _Graph:
     return [Tensor(t.uop.base) if front else t for t, front in zip(results, self.fronts)]
 
   def inputs(self, values: dict[UOp, int]) -> list:
-    """The TinyJit's arguments for a call with these sizes; the kept outputs are bound to them too (what its first
-    two calls realize; its replays take the values from the bound Variables)."""
+    """The TinyJit's arguments for a call with these sizes; the kept outputs are bound to them too where this call
+    realizes them (the TinyJit's first two calls; its replays take the values from the bound Variables)."""
     if not self.sizes: return list(self.placeholders.values())
-    if values != self.values:
+    if values != self.values and (self.calls < 2 or self.realize == self._realize):
       self.outputs = symbolic.rebind(self.outputs, values)
       self.values = dict(values)
     return [*self.buffers, *self.sizes.values(), [v.bind(size) for v, size in values.items()]]
@@ -98,14 +98,13 @@ class _Graph:
     """The realized outputs as the call's views: plain sizes (None where the graph's output is None)."""
     results = iter(realized)
     if not self.sizes: return [next(results) if uop is not None else None for uop in self.outputs]
-    out = []
+    fronts, out = iter(self.fronts), []
     for uop, shape in zip(self.outputs, self.shapes):
       if uop is None:
         out.append(None)
         continue
       result = next(results)
-      if self.sizes and self.fronts[len([o for o in out if o is not None])]:
-        result = symbolic.front(result, tuple(symbolic.value_at(s, values) for s in shape))
+      if next(fronts): result = symbolic.front(result, tuple(symbolic.value_at(s, values) for s in shape))
       out.append(symbolic.concrete(result))
     return out
 
@@ -185,7 +184,7 @@ class GraphCache:
         self.trials[signature] = routes[0][1]
         del routes[:-1]   # a graph of this call's own sizes from now on
     for shapes, shape_key in list(routes):
-      outputs = self._run(arrays, build, shapes, shape_key)
+      outputs = self._run(arrays, build, shapes, shape_key, signature)
       if outputs is not _FAILED:
         if signature in self.trials: self._judge(signature, shape_key)
         return outputs
@@ -217,7 +216,7 @@ class GraphCache:
                       for name, a in sorted(arrays.items()))
     return shapes, shape_key
 
-  def _run(self, arrays: dict[str, np.ndarray], build: Callable, shapes: dict, shape_key: tuple):
+  def _run(self, arrays: dict[str, np.ndarray], build: Callable, shapes: dict, shape_key: tuple, signature: tuple):
     steering = self.steering.get(shape_key, ())
     key = shape_key + tuple(arrays[name].tobytes() for name in steering)
     if key in self.not_symbolic: return _FAILED
@@ -225,7 +224,7 @@ class GraphCache:
       graph = self.graphs[key]
       if graph is None: return None
       self.graphs.move_to_end(key)
-      return self._replay(graph, arrays, shape_key)
+      return self._replay(graph, arrays, shape_key, signature)
     graph = self._build(arrays, build, shapes)
     if graph is _FAILED:
       self.not_symbolic.add(key)
@@ -235,7 +234,7 @@ class GraphCache:
       key = shape_key + tuple(graph.steering.values())
     self.graphs[key] = graph
     if len(self.graphs) > MAX_GRAPHS: self.graphs.popitem(last=False)
-    return self._replay(graph, arrays, shape_key) if graph is not None else None
+    return self._replay(graph, arrays, shape_key, signature) if graph is not None else None
 
   def _shape(self, name: str, shape: tuple[int, ...], variables: dict[str, UOp]) -> tuple:
     labels = self.labels.get(name) or (None,) * len(shape)
@@ -280,7 +279,7 @@ class GraphCache:
     return _Graph(placeholders, [out.uop if out is not None else None for out in outputs], steering, sizes,
                   dict(values))
 
-  def _replay(self, graph: _Graph, arrays: dict[str, np.ndarray], shape_key: tuple) -> list:
+  def _replay(self, graph: _Graph, arrays: dict[str, np.ndarray], shape_key: tuple, signature: tuple) -> list:
     # nothing outside reads the placeholders lazily: every call's outputs are realized before it returns (none is a
     # placeholder itself), so tensors a caller builds on them read their own buffers, never the placeholders
     values = {}
@@ -294,11 +293,11 @@ class GraphCache:
           buffer = graph.fronts_in[name, array.size]
       buffer.copyin(memoryview(array.reshape(-1).view(np.uint8)))
       _forget_results_computed_from(placeholder.uop.base.buffer)   # the last results came from the old values
-    if values != graph.values or not graph.sizes_written:
+    if values != graph.written:
       for variable, size_input in graph.sizes.items():
         size_input.uop.base.buffer.copyin(memoryview(np.array([values[variable]], np.int64).view(np.uint8)))
         _forget_results_computed_from(size_input.uop.base.buffer)
-      graph.sizes_written = True
+      graph.written = values
     inputs = graph.inputs(values)
     start = time.perf_counter()
     try: realized = graph.realize(*inputs)
@@ -307,7 +306,6 @@ class GraphCache:
       graph.realize = graph._realize
       realized = graph.realize()
     graph.calls += 1
-    signature = tuple((name, a.shape, a.dtype.str) for name, a in arrays.items())
     if graph.calls > 2 and (graph.sizes or signature in self.trials):   # replays timed, to judge specializing
       times = self.times.setdefault((signature, shape_key), [])
       if len(times) < TIMED_REPLAYS: times.append(time.perf_counter() - start)
