@@ -90,9 +90,10 @@ def test_a_size_used_as_data_is_read_at_each_call():
                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                      [numpy_helper.from_array(np.array(0, np.int64), "zero")])
   runner = OnnxRunner(model)
-  counts = run_sizes(runner, lambda n: {"x": floats(n, 3)}, [3, 7, 4, 12],
+  # (sizes coming back after others: each call's size input must hold its own size, the TinyJit replaying)
+  counts = run_sizes(runner, lambda n: {"x": floats(n, 3)}, [3, 7, 4, 12, 7, 3, 7, 4],
                      lambda feeds: {"y": feeds["x"] / len(feeds["x"])})
-  assert counts[1:] == [0, 0, 0], counts
+  assert not any(counts[1:]), counts
   assert len(runner.cache.graphs) == 1
 
 def test_a_comparison_that_depends_on_the_size_is_not_folded():
