@@ -221,16 +221,11 @@ def main() -> None:
                       "many rows (kiln/codegen/gpudims.py ROW_LANE_ELEMENTS: about N elements a lane; 0: a block a row)")
   parser.add_argument("--graph-dag", action="store_true", help="CUDA: graph nodes wait only for the nodes whose "
                       "memory they use (kiln/runtime/ops_cuda.py CUDAGraph.PARALLEL), to compare with the chain")
-  parser.add_argument("--sync-copies", action="store_true", help="CUDA: small copies in wait for the GPU, as "
-                      "before the pinned staging ring (kiln/runtime/cuda_driver.py _StagingRing)")
   parser.add_argument("--programmatic", type=int, choices=(0, 1, 2), help="CUDA graphs: programmatic dependent "
                       "launch between kernels (kiln/runtime/ops_cuda.py CUDAGraph.PROGRAMMATIC) off (0), on with each "
                       "kernel letting the next start at its start (1: kiln/renderer/cuda.py TRIGGER_AT_START; use "
                       "CODEGEN_CACHE=0), or at its end (2, the default)")
   args = parser.parse_args()
-  if args.sync_copies:
-    from kiln.runtime import cuda_driver
-    cuda_driver._StagingRing.SLOT_BYTES = 0
   if args.programmatic is not None:
     from kiln.runtime.ops_cuda import CUDAGraph
     CUDAGraph.PROGRAMMATIC = bool(args.programmatic)

@@ -830,45 +830,19 @@ def _check_sizes(what: str, src_bytes: int, dest_bytes: int) -> None:
 
 # ---------------- kiln's allocator over cuMemAlloc ----------------
 
-class _StagingRing:
-  """A few slots of pinned host memory for small host-to-device copies, each with an event recorded after the copy
-  that last read it: `copy_in` puts the bytes in the next slot (waiting first for that slot's previous copy, long
-  done in practice) and queues an async copy on the default stream, so the caller does not wait for the GPU."""
-  SLOT_BYTES, SLOTS = 1024, 8
-  def __init__(self, context: Context):
-    self.context, self.next = context, 0
-    self.memory = context.alloc_host(self.SLOT_BYTES * self.SLOTS)
-    self.events = [context.event(timing=False) for _ in range(self.SLOTS)]
-    self.used = [False] * self.SLOTS
-
-  def copy_in(self, dest: DeviceMemory, src: memoryview) -> None:
-    """Queue the copy of the (at most SLOT_BYTES) bytes `src` into `dest`."""
-    slot, self.next = self.next, (self.next + 1) % self.SLOTS
-    if self.used[slot]: self.events[slot].synchronize()
-    address = self.memory.ptr + slot * self.SLOT_BYTES
-    ctypes.memmove(address, _host_address(src)[0], src.nbytes)
-    self.context.activate()
-    driver().call("cuMemcpyHtoDAsync", dest.ptr, address, src.nbytes, 0)
-    self.events[slot].record()
-    self.used[slot] = True
-
 class CudaAllocator(LRUAllocator):
   """Device memory for kiln's Buffers: cuMemAlloc allocations (handles are DeviceMemory), freed ones kept per size
   by the LRU cache and handed out again; out of memory, the cache is freed and the allocation tried once more.
-  Copies in of up to 1 KiB are queued from pinned staging memory (`_StagingRing`) rather than waited for: every
-  kernel and copy is on the default stream, so all later work sees them in order (a synchronous copy of an LLM decode
-  step's 8-byte input cost 15-40 us on the H200)."""
+  (Small copies in queued from pinned staging memory were measured slower than the synchronous copy: the H200,
+  bench/gpu_notes.md call 30, an LLM step's 8-byte input 15-16 against 11 us.)"""
   def __init__(self, context: Context, max_cached_bytes: int = 1 << 32):
     super().__init__(max_cached_bytes)
     self.context = context
-    self._staging: _StagingRing | None = None
   def _alloc(self, nbytes: int) -> DeviceMemory: return self.context.alloc(nbytes)
   def _free(self, handle: DeviceMemory, nbytes: int) -> None: handle.free()
   def copyin(self, handle: DeviceMemory, src: memoryview) -> None:
-    """Copy host bytes `src` into `handle` (small ones queued, see the class)."""
-    if src.nbytes > _StagingRing.SLOT_BYTES or src.nbytes != handle.nbytes: return self.context.copy_in(handle, src)
-    if self._staging is None: self._staging = _StagingRing(self.context)
-    self._staging.copy_in(handle, src)
+    """Copy host bytes `src` into `handle`."""
+    self.context.copy_in(handle, src)
   def copyout(self, dest: memoryview, handle: DeviceMemory) -> None:
     """Copy `handle` into the host bytes `dest`."""
     self.context.copy_out(dest, handle)

@@ -114,8 +114,8 @@ def test_graph_chains_wait_for_the_kernel_before(monkeypatch, programmatic):
 
 @needs_gpu
 def test_small_copies_in_are_queued_in_order():
-  """Copies in of up to 1 KiB are queued from a ring of pinned slots (cuda_driver._StagingRing): more copies than
-  slots, into one buffer between kernels that read it and into many buffers, all land in order."""
+  """Small copies in, into one buffer between kernels that read it (an LLM decode step's input) and into many
+  buffers, land in order."""
   rng = np.random.default_rng(7)
   x = Tensor.zeros(16, device="CUDA").contiguous().realize()
   outs, wants = [], []
