@@ -5,7 +5,7 @@ from contextlib import contextmanager
 from typing import Any, Sequence
 import numpy as np
 from kiln.dtype import DType, dtypes, least_upper_dtype, to_numpy_dtype, from_numpy_dtype
-from kiln.helpers import prod, user_frame_location, deep_recursion, TRACEBACK_SOURCE, _KILN_DIR
+from kiln.helpers import prod, user_frame_location, deep_recursion, gc_paused, TRACEBACK_SOURCE, _KILN_DIR
 from kiln.uop.ops import UOp, Ops, GroupOp, toposort, const_value
 from kiln.uop.pattern import substitute
 from kiln.uop.sint import ssimplify, sint_eq, sint_min, sint_max, sint_str, ssub, is_symbolic_shape, sint_value, sprod
@@ -197,6 +197,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     return self
 
   @staticmethod
+  @gc_paused
   def realize_all(tensors: Sequence[Tensor]) -> None:
     """Realize all `tensors` together, scheduling their pending computations at once."""
     todo = [(t, t.uop) for t in dict.fromkeys(tensors) if t.uop.base.op is not _BUFFER]
@@ -1427,6 +1428,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     while node.origin is not None: node = node.origin
     return node
 
+  @gc_paused
   def backward(self, gradient: Tensor | None = None) -> Tensor:
     """Accumulate d(self)/d(t) into `t.grad` for every tensor t with requires_grad that this depends on. Returns self.
 

@@ -124,3 +124,25 @@ def test_only_updates_of_tensors_requiring_gradients_remember_an_identity():
       opt.step(); topt.step()
       assert opt.b[0].uop.origin is None and w.uop.origin is not None
   np.testing.assert_allclose(w.numpy(), tw.detach().numpy(), rtol=1e-6)
+
+def test_backward_and_realize_pause_the_garbage_collector_and_restore_it(monkeypatch):
+  import gc
+  import kiln.tensor
+  seen = []
+  schedule = kiln.tensor.create_schedule
+  def recording_schedule(roots):
+    seen.append(gc.isenabled())
+    return schedule(roots)
+  monkeypatch.setattr(kiln.tensor, "create_schedule", recording_schedule)
+  w = Tensor(W, requires_grad=True)
+  was = gc.isenabled()
+  try:
+    for enabled in (True, False):
+      gc.enable() if enabled else gc.disable()
+      (Tensor(X) @ w).relu().sum().backward()
+      w.grad.realize()
+      assert gc.isenabled() is enabled
+    assert seen and not any(seen)   # paused while scheduling
+  finally:
+    gc.enable() if was else gc.disable()
+  np.testing.assert_allclose(w.grad.numpy(), 2 * torch_grad(lambda x, w: (x @ w).relu().sum()))
