@@ -1,6 +1,7 @@
 """Eager training (no TinyJit): one ResNet-50 SGD-with-momentum step at batch 4, 224x224, in kiln and PyTorch.
 
 Run: PYTHONPATH=. python bench/bench_resnet.py [--steps N] [--batch B] [--size S] [--cold-cache] [--profile PART]
+     [--stub-kernels] [--phases] [--no-torch]
 
 The model is built with kiln's own nn layers, and the same model is written by hand in PyTorch (torchvision is not
 needed) with kiln's initial weights copied in, so both frameworks train the same network on the same data. A step
@@ -10,13 +11,15 @@ next `--steps` are warm: their minimum and median are printed (the machine may b
 figure). `--cold-cache` points CACHEDB at an empty folder so every kernel is compiled anew (otherwise the on-disk
 compile cache of earlier runs is used: a cold process, not a cold machine). The losses of both frameworks are
 printed per step: they must agree to a few digits. `--profile first|warm` runs cProfile over that part and prints
-the top functions by cumulative time ("warm": the steps after the second, which first reads the optimizer state
-realized). `--stub-kernels` launches no compiled kernel after the first step (kiln's losses are garbage then), so the
+the top functions by cumulative time (PROFILE_SORT=tottime for own time; "warm": the steps after the second,
+which first reads the optimizer state realized). `--phases` prints the median CPU time of each phase of a warm step
+on the main thread (zero_grad, forward, backward, the optimizer's graph, realize, and the garbage collector's share
+of them). `--stub-kernels` launches no compiled kernel after the first step (kiln's losses are garbage then), so the
 warm steps show only Python's part: graph building, autograd, scheduling and the launch path. `--no-torch` skips
 PyTorch.
 """
 from __future__ import annotations
-import argparse, cProfile, os, pstats, statistics, sys, tempfile, time
+import argparse, cProfile, gc, os, pstats, statistics, sys, tempfile, time
 
 def parse_args() -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -27,6 +30,7 @@ def parse_args() -> argparse.Namespace:
   parser.add_argument("--profile", choices=["first", "warm"], help="cProfile the first step or the warm steps")
   parser.add_argument("--stub-kernels", action="store_true", help="launch no kernels after the first step")
   parser.add_argument("--no-torch", action="store_true", help="time kiln only")
+  parser.add_argument("--phases", action="store_true", help="print kiln's CPU time per phase of a warm step")
   return parser.parse_args()
 
 ARGS = parse_args() if __name__ == "__main__" else None
@@ -122,15 +126,29 @@ def torch_resnet50(model: ResNet50):
 
 LR, MOMENTUM = 0.01, 0.9
 
+PHASES = ("zero_grad", "forward", "backward", "optimizer", "realize", "collector")
+
+class _CollectorClock:
+  """CPU seconds spent in Python's garbage collector since `reset()` (gc.callbacks)."""
+  def __init__(self):
+    self.total, self.started = 0.0, 0.0
+    gc.callbacks.append(self.callback)
+  def callback(self, phase: str, info: dict) -> None:
+    if phase == "start": self.started = time.thread_time()
+    else: self.total += time.thread_time() - self.started
+  def reset(self) -> None: self.total = 0.0
+
 def time_kiln(model: ResNet50, images: np.ndarray, labels: np.ndarray, steps: int, profile: str | None,
               stub_kernels: bool = False):
-  """Per-step wall times (the first is the cold step) and losses of kiln's eager training loop."""
+  """Per-step wall times (the first is the cold step), losses, and each step's CPU time per phase (PHASES: the
+  collector's time is also inside the phase it interrupted) of kiln's eager training loop."""
   params = get_parameters(model)
   opt = SGD(params, lr=LR, momentum=MOMENTUM)
   x, y = Tensor(images), Tensor(labels)
   x.realize(), y.realize()
-  times, losses = [], []
+  times, losses, phases = [], [], []
   profiler = cProfile.Profile() if profile else None
+  collector = _CollectorClock()
   with Tensor.train():
     for step in range(steps + 1):
       profiling = profiler is not None and (step == 0 if profile == "first" else step >= 2)
@@ -138,16 +156,38 @@ def time_kiln(model: ResNet50, images: np.ndarray, labels: np.ndarray, steps: in
         from kiln.runtime.ops_cpu import CPUProgram
         CPUProgram.__call__ = lambda self, *bufs, vals=(), wait=False: 0.0 if wait else None
       if profiling: profiler.enable()
-      start = time.perf_counter()
+      collector.reset()
+      start, marks = time.perf_counter(), [time.thread_time()]
       opt.zero_grad()
+      marks.append(time.thread_time())
       loss = model(x).sparse_categorical_crossentropy(y)
+      marks.append(time.thread_time())
       loss.backward()
-      Tensor.realize(loss, *opt.schedule_step())
+      marks.append(time.thread_time())
+      updates = opt.schedule_step()
+      marks.append(time.thread_time())
+      Tensor.realize(loss, *updates)
+      marks.append(time.thread_time())
       times.append(time.perf_counter() - start)
       if profiling: profiler.disable()
+      phases.append([b - a for a, b in zip(marks, marks[1:])] + [collector.total])
       losses.append(float(loss.item()))
-  if profiler is not None: pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
-  return times, losses
+  gc.callbacks.remove(collector.callback)
+  if profiler is not None: pstats.Stats(profiler).sort_stats(profile_sort()).print_stats(40)
+  return times, losses, phases
+
+def profile_sort() -> str:
+  """The pstats order for --profile: cumulative time, or PROFILE_SORT (e.g. tottime)."""
+  return os.environ.get("PROFILE_SORT", "cumulative")
+
+def report_phases(phases: list[list[float]]) -> None:
+  """Each phase's median CPU time over the warm steps (with --stub-kernels, realize is Python's part alone)."""
+  warm = phases[1:]
+  if not warm: return
+  medians = [statistics.median(step[i] for step in warm) * 1e3 for i in range(len(PHASES))]
+  print("kiln     warm step CPU ms (median, main thread): " +
+        ", ".join(f"{name} {ms:.1f}" for name, ms in zip(PHASES, medians)) +
+        f"; sum of phases {sum(medians[:-1]):.1f}")
 
 def time_torch(model, images: np.ndarray, labels: np.ndarray, steps: int):
   """Per-step wall times and losses of the same loop in PyTorch eager."""
@@ -181,8 +221,9 @@ def main(args: argparse.Namespace) -> None:
   torch_model = None if args.no_torch else torch_resnet50(model)   # copied before kiln's steps move the weights
   print(f"ResNet-50 SGD(momentum={MOMENTUM}) step, batch {args.batch}, {args.size}x{args.size}, eager, "
         f"{os.cpu_count()} cores{', empty compile cache' if args.cold_cache else ''}")
-  kiln_times, kiln_losses = time_kiln(model, images, labels, args.steps, args.profile, args.stub_kernels)
+  kiln_times, kiln_losses, kiln_phases = time_kiln(model, images, labels, args.steps, args.profile, args.stub_kernels)
   report("kiln", kiln_times, kiln_losses)
+  if args.phases: report_phases(kiln_phases)
   if torch_model is not None:
     torch_times, torch_losses = time_torch(torch_model, images, labels, args.steps)
     report("torch", torch_times, torch_losses)
