@@ -229,3 +229,15 @@ def test_slices_and_gathers_over_a_symbolic_axis(table):
   counts = run_sizes(runner, lambda size: {"x": floats(*size, 4)}, [(2, 5), (3, 9), (2, 7)], reference)
   if table == 64: assert counts[1:] == [0, 0] and len(runner.cache.graphs) == 1, counts
   else: assert len(runner.cache.graphs) == 3
+
+@pytest.mark.parametrize("device", ["LLVM", "PYTHON"])
+def test_symbolic_sizes_on_other_devices(device):
+  """The placeholders' fronts (buffer views) and the size inputs work on the other CPU devices too."""
+  model, w, b = mlp_model(4, 2)
+  runner = OnnxRunner(model, device=device)
+  for n in (3, 5, 3):
+    x = floats(n, 4, seed=n)
+    y = runner({"x": x})["y"]
+    assert y.device == device
+    assert_close(y.numpy(), reference_mlp(x, w, b))
+  assert len(runner.cache.graphs) == 1
