@@ -36,8 +36,12 @@ The choices follow from how each axis walks memory (its stride in every load and
   outgrows one L2 (an unpacked one above KBLOCK_L2_MULTIPLE L2s), and the unit's tile columns then run outside its
   tile rows (SWAP): each column panel of `b` serves all of the unit's rows while it is in cache, and those rows of
   `a` stay in L2 (bench/RESULTS.md, seventh session: the Xeon's 1024 and 2048 matmuls);
+- few rows against a `b` larger than L2 (all of `a` fits in half an L2: a 1x1 conv's weights over a large image, a
+  conv's output gradient over small images in its weight gradient) put the tile's columns outside its rows (SWAP),
+  so each column panel of `b` serves every row from L1 (`_columns_outside`);
 - a sum over several axes whose innermost axis is contiguous in every load (a conv's weight gradient) gets 8
-  accumulator lanes on that axis (LANES: one vector accumulator) and a small output tile (`_lane_reduction`);
+  accumulator lanes on that axis (LANES: one vector accumulator) and a small output tile (`_lane_reduction`; of two
+  adjacent tap axes, the rows);
 - a matrix-vector product (a load that moves along every output axis, another reused along one, each sum's innermost
   axis contiguous: an LLM decode step's `x @ W.T`, W possibly dequantized in the kernel) gets 16 accumulator lanes
   on that axis and no register tile (`_matrix_vector`);
@@ -49,8 +53,8 @@ The choices follow from how each axis walks memory (its stride in every load and
   iteration does several independent operations;
 - a reduction over a strided axis (column reduction) upcasts the output axis that is contiguous, so each iteration
   reads a contiguous run of elements into separate accumulators;
-- an elementwise kernel upcasts its contiguous inner axis by 8 or 4, or whole when short and neither divides it
-  (`_elementwise_upcast`);
+- an elementwise kernel upcasts its contiguous inner axis by 8 or 4, or whole when short and neither divides it, or
+  by its largest divisor up to 64 when long (`_elementwise_upcast`: scalar code branches on every select);
 - a fused row kernel (softmax, layernorm: several reductions per row, then the row's elementwise loop) upcasts the
   row's elementwise loop (its loads do not move in the reduce loops, so it counts as reused) and gives each
   reduction over a contiguous row accumulator lanes (`_unroll_row_reductions`);
