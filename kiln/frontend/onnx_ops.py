@@ -13,7 +13,7 @@ from kiln.dtype import DType, dtypes
 from kiln.tensor import Tensor
 from kiln.frontend.onnx_proto import (EMULATED_FLOATS, HELD_TYPES, dtype_of_onnx, held_type, host_value, mark_type,
                                       remember, round_to_emulated)
-from kiln.frontend.onnx_symbolic import infer_dim, sint_array, sizes_tensor, symbolic_slice
+from kiln.frontend.onnx_symbolic import infer_dim, sint_array, sizes_tensor, symbolic_arange, symbolic_slice
 from kiln.uop.ops import UOp
 from kiln.uop.sint import sprod
 
@@ -41,8 +41,9 @@ def ints(value) -> list | None:
   return [v if isinstance(v, UOp) else int(v) for v in host_array(value).reshape(-1)]
 
 def scalar(value):
-  """A one-element input as a Python number."""
-  return host_array(value).reshape(-1)[0].item()
+  """A one-element input as a Python number (a symbolic size stays its expression)."""
+  first = host_array(value).reshape(-1)[0]
+  return first if isinstance(first, UOp) else first.item()
 
 def axis_of(axis: int, ndim: int) -> int:
   """A possibly negative axis -> 0..ndim-1."""
@@ -463,6 +464,7 @@ def pad(data: Tensor, pads=None, constant_value=None, axes=None, mode: str = "co
 @op("Range")
 def range_(start: Tensor, limit: Tensor, delta: Tensor) -> Tensor:
   first, last, step = scalar(start), scalar(limit), scalar(delta)
+  if any(isinstance(v, UOp) for v in (first, last, step)): return symbolic_arange(first, last, step, start.dtype)
   count = max(math.ceil((last - first) / step), 0)
   if count == 0: return full((0,), 0, start.dtype)
   return (Tensor.arange(count, dtype=start.dtype) * step + first).cast(start.dtype)

@@ -241,3 +241,25 @@ def test_symbolic_sizes_on_other_devices(device):
     assert y.device == device
     assert_close(y.numpy(), reference_mlp(x, w, b))
   assert len(runner.cache.graphs) == 1
+
+def test_position_ids_from_a_range_over_the_length():
+  """Range(0, steps, 1) and Range(0, steps, 2) from the input's own length, gathering rows of a table (an exported
+  transformer's position ids): aranges as long as the range's largest count, sliced to it; one graph."""
+  table = floats(64, 4, seed=10)
+  nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+           helper.make_node("Gather", ["shape", "one"], ["steps"], axis=0),
+           helper.make_node("Range", ["zero", "steps", "one"], ["ids"]),
+           helper.make_node("Range", ["zero", "steps", "two"], ["even"]),
+           helper.make_node("Gather", ["table", "ids"], ["rows"], axis=0),
+           helper.make_node("Add", ["x", "rows"], ["y"]),
+           helper.make_node("Gather", ["table", "even"], ["every_other"], axis=0)]
+  inits = [numpy_helper.from_array(table, "table")] + [numpy_helper.from_array(np.array(v, np.int64), name)
+                                                       for name, v in (("zero", 0), ("one", 1), ("two", 2))]
+  model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "steps", 4])],
+                     [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in ("y", "every_other")],
+                     inits, opset=13)
+  runner = OnnxRunner(model)
+  reference = lambda feeds: {"y": feeds["x"] + table[:feeds["x"].shape[1]],
+                             "every_other": table[0:feeds["x"].shape[1]:2]}
+  counts = run_sizes(runner, lambda size: {"x": floats(*size, 4)}, [(2, 5), (3, 9), (2, 8), (4, 3)], reference)
+  assert counts[1:] == [0, 0, 0] and len(runner.cache.graphs) == 1, counts
