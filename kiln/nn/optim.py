@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 from kiln.tensor import Tensor
 from kiln.dtype import DType, dtypes, least_upper_dtype
-from kiln.helpers import FUSE_OPTIM
+from kiln.helpers import FUSE_OPTIM, gc_paused
 
 def _unique(tensors: list[Tensor]) -> list[Tensor]:
   """Drop repeated tensors, by identity (Tensor's == is elementwise, so it can't be used to compare them)."""
@@ -126,6 +126,7 @@ class Optimizer:
     return (f"{label(i)} has no gradient: it is unused (the loss does not depend on it, or only through detach); "
             f"call loss.backward() before step(), and check that the loss depends on this parameter")
 
+  @gc_paused   # as backward() and realize: a collection here would only age the step's graph, which realize frees
   def schedule_step(self) -> list[Tensor]:
     """Build the (lazy) update of every parameter and return the tensors to realize: state, params, buffers.
 
