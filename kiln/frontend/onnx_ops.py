@@ -13,7 +13,8 @@ from kiln.dtype import DType, dtypes
 from kiln.tensor import Tensor
 from kiln.frontend.onnx_proto import (EMULATED_FLOATS, HELD_TYPES, dtype_of_onnx, held_type, host_value, mark_type,
                                       remember, round_to_emulated)
-from kiln.frontend.onnx_symbolic import infer_dim, sint_array, sizes_tensor, symbolic_arange, symbolic_slice
+from kiln.frontend.onnx_symbolic import (arange_to, infer_dim, sint_array, sizes_tensor, symbolic_arange,
+                                         symbolic_slice)
 from kiln.uop.ops import UOp
 from kiln.uop.sint import sprod
 
@@ -209,7 +210,7 @@ def log_softmax(x: Tensor, axis: int | None = None, ctx=None) -> Tensor:
 
 def _hardmax(x: Tensor, axis: int) -> Tensor:
   index = x.argmax(axis, keepdim=True)
-  positions = Tensor.arange(x.shape[axis]).reshape([-1 if i == axis else 1 for i in range(x.ndim)])
+  positions = arange_to(x.shape[axis]).reshape([-1 if i == axis else 1 for i in range(x.ndim)])
   return (positions == index).cast(x.dtype)
 
 @op("Hardmax")
@@ -501,6 +502,10 @@ def space_to_depth(x: Tensor, blocksize: int = 1) -> Tensor:
 def trilu(x: Tensor, k=None, upper: int = 1) -> Tensor:
   diagonal = scalar(k) if k is not None else 0
   if 0 in x.shape: return x
+  if any(isinstance(d, UOp) for d in x.shape[-2:]):   # (a causal mask over a symbolic length)
+    rows, cols = arange_to(x.shape[-2]).reshape(-1, 1), arange_to(x.shape[-1]).reshape(1, -1)
+    keep = (cols - rows >= diagonal) if upper else (cols - rows <= diagonal)
+    return keep.where(x, 0).cast(x.dtype)
   return x.triu(diagonal) if upper else x.tril(diagonal)
 
 @op("OneHot")

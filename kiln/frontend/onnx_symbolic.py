@@ -108,6 +108,11 @@ def symbolic_slice(part: slice, size) -> slice:
     raise UndecidedSize(f"slice {start}:{end} of a size {size}")
   return slice(start, end)
 
+def arange_to(size, dtype=dtypes.int32) -> Tensor:
+  """0, 1, ..., size-1 for a plain or a symbolic size (an arange as long as the size's largest value, sliced)."""
+  if not isinstance(size, UOp): return Tensor.arange(size, dtype=dtype)
+  return Tensor.arange(sint_max(size), dtype=dtype)[0:size]
+
 def symbolic_arange(first, last, step, dtype) -> Tensor:
   """A Range node up to a symbolic size (position ids `Range(0, Shape(x)[1], 1)`): an arange as long as the
   range's largest count, sliced to the count (a whole plain start and a positive plain step only)."""
@@ -115,7 +120,7 @@ def symbolic_arange(first, last, step, dtype) -> Tensor:
     raise UndecidedSize(f"Range({first}, {last}, {step}) over a symbolic size")
   count = ssimplify((_node(last) - int(first) + (int(step) - 1)) // int(step))
   if not isinstance(count, UOp) or sint_min(count) < 1: raise UndecidedSize(f"Range({first}, {last}, {step})")
-  return (Tensor.arange(sint_max(count), dtype=dtype)[0:count] * int(step) + int(first)).cast(dtype)
+  return (arange_to(count, dtype) * int(step) + int(first)).cast(dtype)
 
 def _node(x) -> UOp:
   return x if isinstance(x, UOp) else UOp.const(dtypes.int32, int(x))

@@ -263,3 +263,16 @@ def test_position_ids_from_a_range_over_the_length():
                              "every_other": table[0:feeds["x"].shape[1]:2]}
   counts = run_sizes(runner, lambda size: {"x": floats(*size, 4)}, [(2, 5), (3, 9), (2, 8), (4, 3)], reference)
   assert counts[1:] == [0, 0, 0] and len(runner.cache.graphs) == 1, counts
+
+@pytest.mark.parametrize("upper,k", [(1, 0), (0, 0), (1, 1), (0, -1)])
+def test_trilu_over_a_symbolic_square(upper, k):
+  """Trilu over (steps, steps) (a causal mask, as scaled_dot_product_attention(is_causal=True) exports it)."""
+  model = make_model([helper.make_node("Trilu", ["x", "k"], ["y"], upper=upper)],
+                     [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "steps", "steps"])],
+                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                     [numpy_helper.from_array(np.array(k, np.int64), "k")], opset=14)
+  runner = OnnxRunner(model)
+  pick = (lambda m: np.triu(m, k)) if upper else (lambda m: np.tril(m, k))
+  counts = run_sizes(runner, lambda size: {"x": floats(size[0], size[1], size[1])}, [(2, 5), (3, 9), (2, 4)],
+                     lambda feeds: {"y": pick(feeds["x"])})
+  assert counts[1:] == [0, 0] and len(runner.cache.graphs) == 1, counts
