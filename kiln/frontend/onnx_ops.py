@@ -210,7 +210,7 @@ def log_softmax(x: Tensor, axis: int | None = None, ctx=None) -> Tensor:
 
 def _hardmax(x: Tensor, axis: int) -> Tensor:
   index = x.argmax(axis, keepdim=True)
-  positions = arange_to(x.shape[axis]).reshape([-1 if i == axis else 1 for i in range(x.ndim)])
+  positions = Tensor.arange(x.shape[axis]).reshape([-1 if i == axis else 1 for i in range(x.ndim)])
   return (positions == index).cast(x.dtype)
 
 @op("Hardmax")
