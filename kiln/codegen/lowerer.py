@@ -203,10 +203,14 @@ def _lower(ast: UOp, merge_rows: bool) -> UOp | None:
     stores.append(UOp(Ops.STORE, dtypes.void, (out_buf, flat, index_of(value, TRUE, out_ranges))))
   sink = graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(stores)), lowerer, ctx, name="lower")
   if merged is None: return sink
-  # every use must read the merged loop whole: a division or remainder of it left means the rows mattered
+  # every use inside a sum must read the merged loop whole: a division or remainder of it left there means the
+  # rows mattered (a window's row and column); one in an epilogue's load is paid once per output (a strided
+  # shortcut's gradient added to a 1x1 conv's input gradient, read by phase)
+  nodes = toposort([sink])
+  summed = set(toposort([u.src[0] for u in nodes if u.op is Ops.REDUCE]))
   depends: set[UOp] = set()
-  for u in toposort([sink]):
+  for u in nodes:
     if u is merged or any(s in depends for s in u.src):
-      if u.op in (Ops.IDIV, Ops.MOD) and u.src[0] in depends: return None
+      if u.op in (Ops.IDIV, Ops.MOD) and u.src[0] in depends and u in summed: return None
       depends.add(u)
   return sink
