@@ -584,9 +584,16 @@ def _empty_reduction_value(kind: str, dtype: DType):
   if kind in ("logsum", "logsumexp"): return -math.inf
   return 0
 
+def _mean(x: Tensor, axes: tuple, keep: bool) -> Tensor:
+  """A mean; over a symbolic size, the sum divided by that size read at each call (onnx_symbolic.py)."""
+  count = sprod([x.shape[a] for a in axes])
+  if not isinstance(count, UOp): return x.mean(axes, keepdim=keep)
+  total = x.sum(axes, keepdim=keep)
+  return total / sizes_tensor(sint_array([count]).reshape(())).cast(total.dtype)
+
 _REDUCERS: dict[str, Callable[[Tensor, tuple, bool], Tensor]] = {
   "sum": lambda x, axes, keep: x.sum(axes, keepdim=keep),
-  "mean": lambda x, axes, keep: x.mean(axes, keepdim=keep),
+  "mean": _mean,
   "max": lambda x, axes, keep: x.max(axes, keepdim=keep),
   "min": lambda x, axes, keep: x.min(axes, keepdim=keep),
   "prod": lambda x, axes, keep: x.prod(axes, keepdim=keep),

@@ -276,3 +276,14 @@ def test_trilu_over_a_symbolic_square(upper, k):
   counts = run_sizes(runner, lambda size: {"x": floats(size[0], size[1], size[1])}, [(2, 5), (3, 9), (2, 4)],
                      lambda feeds: {"y": pick(feeds["x"])})
   assert counts[1:] == [0, 0] and len(runner.cache.graphs) == 1, counts
+
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_a_mean_over_a_symbolic_axis(keepdims):
+  """ReduceMean over the steps (a pooled sequence): the sum divided by the length read at each call."""
+  model = make_model([helper.make_node("ReduceMean", ["x"], ["y"], axes=[1], keepdims=keepdims)],
+                     [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "steps", 3])],
+                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], opset=13)
+  runner = OnnxRunner(model)
+  counts = run_sizes(runner, lambda size: {"x": floats(*size, 3)}, [(2, 5), (3, 9), (2, 16), (3, 9)],
+                     lambda feeds: {"y": feeds["x"].mean(1, keepdims=bool(keepdims))})
+  assert counts[1:] == [0, 0, 0] and len(runner.cache.graphs) == 1, counts
