@@ -166,6 +166,22 @@ def test_long_loops_are_kept_from_llvm_unrolling_short_ones_are_not():
   back_edges = [line for before, line in zip(lines, lines[1:]) if "_i_next = add" in before]   # a loop's latch
   assert len(back_edges) == 2 and sum("!llvm.loop" not in line for line in back_edges) == 1, back_edges
 
+@pytest.mark.parametrize("rows, cols, kept", [(4, 64, 2), (2, 8, 0), (4, 8, 1)])
+def test_a_nest_of_short_loops_is_unrolled_whole_only_up_to_the_copies_allowed(rows, cols, kept):
+  # 2 x rows x cols summed along the columns, no optimizer: the outermost loop is the threads' (a loop of its own),
+  # around a row loop around a column loop. A column loop of 64 stays a loop, so the row loop around it does too;
+  # 2 rows of 8 columns make 16 copies of the body (allowed), 4 rows of 8 make 32 (the row loop stays one)
+  from kiln.renderer.llvmir import FULL_UNROLL_MAX_TRIPS
+  assert FULL_UNROLL_MAX_TRIPS == 16
+  data = RNG.standard_normal((rows, 2, cols), dtype=np.float32)
+  x = Tensor(data, device="LLVM").permute(1, 0, 2)   # (rows and the 2 do not merge into one loop)
+  with Context(NOOPT=1): (launch,) = _launches(lambda: x.sum(axis=2))
+  lines = launch.source.splitlines()
+  back_edges = [line for before, line in zip(lines, lines[1:]) if "_i_next = add" in before]   # a loop's latch
+  assert len(back_edges) == 3 and sum("llvm.loop" in line for line in back_edges[:2]) == kept, back_edges
+  with Context(NOOPT=1): got = x.sum(axis=2).numpy()
+  np.testing.assert_allclose(got, data.transpose(1, 0, 2).sum(axis=2), rtol=1e-5, atol=1e-5)
+
 def test_math_forms_without_software_math_match_the_c_path():
   """TRANSCENDENTAL=0: kiln's exp, cos and tan forms are libm's exp, cos and tan of the argument on both paths (not
   exp2 of a rounded product, nor sin of a rounded pi/2 - y), so the bits agree."""
