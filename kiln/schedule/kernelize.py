@@ -16,11 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from kiln.dtype import dtypes
 from kiln.device import Buffer, Device
-from kiln.helpers import NO_MEMORY_PLANNER, SPEC, ContextVar
+from kiln.helpers import NO_MEMORY_PLANNER, SPEC, ContextVar, deep_recursion
 from kiln.uop.spec import check_tensor_graph
 from kiln.schedule.memory import plan_memory
 from kiln.uop import ops as _ops
 from kiln.uop.ops import UOp, Ops, GroupOp, toposort
+
+# the whole tensor graph's walks: a training step's graph is thousands of nodes deep (see helpers.deep_recursion)
+whole_graph_toposort = deep_recursion(toposort)
 from kiln.uop.pattern import substitute
 from kiln.uop.sint import sprod, sint_max
 from kiln.schedule.binds import strip_binds
@@ -256,7 +259,7 @@ def _prepare(roots: list[UOp]) -> tuple[list[UOp], bool]:
   mapping: dict[UOp, UOp] = {}
   reads_disk, passes = False, False
   root_set = set(roots)
-  nodes = toposort(roots, stop=lambda u: u.forward is not None)
+  nodes = whole_graph_toposort(roots, stop=lambda u: u.forward is not None)
   for node in nodes:
     if node.forward is not None:
       mapping[node] = target = resolve(node)
@@ -300,9 +303,9 @@ def create_schedule(roots: list[UOp], use_cache: bool = True) -> Schedule:
   if reads_disk:
     if files := unwritten_files(roots): return _schedule_files_first(original_roots, roots, files)
     roots = lower_disk_views(roots)   # file tensors: byte-range views become buffers, never kernels
-  nodes = toposort(roots)
+  nodes = whole_graph_toposort(roots)
   if (packed := pack_matmuls(roots, nodes, _packs_matmul_operands)) is not roots:
-    roots, nodes = packed, toposort(packed)
+    roots, nodes = packed, whole_graph_toposort(packed)
   if SPEC: check_tensor_graph(roots)
   users = _consumers(nodes)
 
