@@ -215,7 +215,8 @@ def heuristic_opts(kernel: Kernel, target: CPUTarget | None = None) -> list[Opt]
     wide_amounts = _halvings(plan.wide) if vector_axis else (16, 8, 4)
     if not _first_dividing(Kernel.size(wide), wide_amounts) and (k := _short_axis(Kernel.size(wide))):
       _try(kernel, Opt(OptOps.UPCAST, kernel.output_axes.index(wide), k))
-    elif not (vector_axis and (k := _overlapping_vector(Kernel.size(wide))) and wide is not kernel.output_axes[0]
+    elif not (vector_axis and (k := _overlapping_vector(Kernel.size(wide), _vector_widths(plan)))
+              and wide is not kernel.output_axes[0]
               and _try(kernel, Opt(OptOps.UPCAST, kernel.output_axes.index(wide), k))):
       _upcast_padded(kernel, wide, wide_amounts)
     # (a fully upcast axis is gone from the list)
@@ -238,6 +239,8 @@ def heuristic_opts(kernel: Kernel, target: CPUTarget | None = None) -> list[Opt]
     if _columns_outside(kernel, plan, wide, partner): pass
     elif sum(o.op is OptOps.UPCAST for o in kernel.applied) == 2:
       _cache_block(kernel, plan, plan.packed_kblock_min_bytes if transposed else None)
+    if not any(o.op is OptOps.KBLOCK or o.op is OptOps.SWAP for o in kernel.applied):
+      _block_for_l2(kernel, plan, wide, partner)
   else:
     tall = _transposed_tile_pays(loads, [out_axes[i] for i in reused[-2:]], red_axes, load_strides)
     for axis in reversed(reused[-2:]):   # the innermost two, at most
@@ -415,11 +418,17 @@ def _matrix_vector(kernel: Kernel, loads: list[UOp], out_axes: list[UOp],
 
 MAX_WHOLE_TILE_AXIS = 16
 
-def _overlapping_vector(size: int | None) -> int | None:
-  """16 lanes, the last tile overlapping the one before it, for a vector axis that 8 does not divide when that
-  computes at most a quarter more (ResNet's 28 image columns: 16 + 16 rather than vectors of 4); else None."""
-  if size is None or size <= 16 or size % 8 == 0 or (-size) % 16 * 4 > size: return None
-  return 16
+def _vector_widths(plan: TilePlan) -> tuple[int, ...]:
+  """The widths of an overlapping vector tile on the plan's target: its matmul width down to 16."""
+  return tuple(k for k in _halvings(plan.wide) if k >= 16) or (16,)
+
+def _overlapping_vector(size: int | None, widths: tuple[int, ...] = (16,)) -> int | None:
+  """The first of `widths` (16 lanes by default), the last tile overlapping the one before it, for a vector axis
+  that 8 does not divide when that computes at most a quarter more (ResNet's 28 image columns: 16 + 16 rather than
+  vectors of 4; its 196 positions of a 14x14 image: 7 x 32 on AVX-512, a 1x1 conv's input gradient 7.6 -> 5.9 ms
+  one thread); else None."""
+  if size is None or size % 8 == 0: return None
+  return next((k for k in widths if size > k and (-size) % k * 4 <= size), None)
 
 def _short_axis(size: int | None) -> int | None:
   """The size of a tile's wide axis that 16, 8 and 4 do not divide, when it is short enough to upcast whole (an MLP's
@@ -472,6 +481,26 @@ def _columns_outside(kernel: Kernel, plan: TilePlan, wide: UOp, partner: UOp) ->
     return False
   return _try(kernel, Opt(OptOps.SWAP, outs.index(rows), outs.index(cols)))
 
+L2_BLOCK_LENGTHS = (128, 256, 64)   # reduce-axis blocks that keep a batched matmul's `a` and `b` blocks in L2
+
+def _block_for_l2(kernel: Kernel, plan: TilePlan, wide: UOp, partner: UOp) -> bool:
+  """KBLOCK the one reduce axis of a tiled matmul inside an outer (batch) loop when its `a` and `b` together outgrow
+  one L2 but a block of the sum of each fits in half of one: a 1x1 conv's input gradient over small images
+  (4x512x14x14 from 1024 channels: the 2 MiB weight read down its columns against 784 KiB of output gradient an
+  image, one thread 12.5 -> 5.8 ms). Whether it applied."""
+  outs, red = kernel.output_axes, kernel.reduce_axes
+  if len(red) != 1 or (size := Kernel.size(red[0])) is None: return False
+  cols = next((r for r in outs if r.arg == wide.arg), None)
+  rows = next((r for r in outs if r.arg == partner.arg), None)
+  if cols is None or rows is None or outs.index(rows) == 0 or outs.index(cols) == 0: return False   # no outer loop
+  loads, _ = memory_accesses(kernel.sink)
+  a = _footprint(kernel, loads, (rows, cols), red, fixed=cols)
+  b = _footprint(kernel, loads, (rows, cols), red, moving=cols)
+  if not a or not b or a + b <= plan.packed_kblock_min_bytes: return False
+  length = next((n for n in L2_BLOCK_LENGTHS if size % n == 0 and size > n and
+                 2 * (a + b) * n <= size * plan.packed_kblock_min_bytes), None)
+  return length is not None and _try(kernel, Opt(OptOps.KBLOCK, len(kernel.axes) - 1, length))
+
 def _footprint(kernel: Kernel, loads: list[UOp], tile: tuple[UOp, UOp], red: list[UOp], moving: UOp | None = None,
                fixed: UOp | None = None) -> int | None:
   """Bytes of the largest load of the sum (moving along a reduce axis) that moves along `moving`, or not along
@@ -522,7 +551,7 @@ def _wide_tile(loads: list[UOp], out_axes: list[UOp], red_axes: list[UOp], reuse
   wide = next((rng for rng in reversed(candidates) if zero_loads(rng) & gated), None)
   if wide is None:
     wide = next((rng for rng in reversed(candidates) if 1 in store_strides[rng] and 1 in load_strides[rng]), None)
-    if wide is None or (Kernel.size(wide) or 0) % 8:
+    if wide is None or ((Kernel.size(wide) or 0) % 8 and _overlapping_vector(Kernel.size(wide)) is None):
       # the output's contiguous axis is short (a 1x1 conv's input gradient over 7 columns): the wide axis is one a
       # load is contiguous along instead (its weight's input channels), its lanes stored apart once per tile
       # (an operand of the sum: a bias added after it is contiguous along the output channels too)
