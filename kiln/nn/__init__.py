@@ -50,7 +50,7 @@ def _in_input_dtype(x: Tensor, out: Tensor) -> Tensor:
 
 def _channel_view(t: Tensor, ndim: int) -> Tensor:
   """A per-channel (C,) tensor shaped (1, C, 1, ...) to broadcast against an `ndim`-dim (N, C, ...) input."""
-  return t.reshape(1, -1, *[1] * (ndim - 2))
+  return t.reshape((1, t.numel()) + (1,) * (ndim - 2))   # sizes given in full: reshape's fast path
 
 # ---------------- linear ----------------
 class Linear:
