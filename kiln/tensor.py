@@ -1256,7 +1256,9 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     x = self._as_float()
     count = prod(self.shape[a] for a in self._reduce_axes(axis, "mean"))
     total = x.sum(axis, keepdim, dtype=_sum_dtype(x.dtype))   # half sums stay float32 until divided (no overflow)
-    return (total / count if count else total * math.nan).cast(x.dtype)
+    # (a float total: the division div() would build, without its checks)
+    out = total._binary(Ops.FDIV, count, "div") if count else total * math.nan
+    return out if out.dtype == x.dtype else out.cast(x.dtype)
   def var(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor:
     """Variance over `axis` with Bessel's `correction`."""
     count = prod(self.shape[a] for a in self._reduce_axes(axis, "var"))
