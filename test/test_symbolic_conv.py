@@ -31,3 +31,19 @@ def test_conv2d_over_a_symbolic_height_compiles_once():
     counts.append(len(realize._runner_cache) - before)
     np.testing.assert_allclose(out, reference_conv(x_np[:, :, :height], w_np), rtol=1e-4, atol=1e-4)
   assert counts[1] == 0, counts
+
+def test_conv2d_over_a_symbolic_batch_copies_its_padded_input_and_compiles_once():
+  # the padded input (8x26x26 an image) is copied in its own kernel whatever the batch, so the conv reads it
+  # without the pad's gates (kiln/mixin/conv.py _conv_windows)
+  rng = np.random.default_rng(1)
+  x_np, w_np = rng.standard_normal((4, 8, 24, 24)).astype(np.float32), rng.standard_normal((4, 8, 3, 3)).astype(np.float32)
+  x, w = Tensor(x_np).realize(), Tensor(w_np).realize()
+  counts = []
+  for batch in (2, 3):
+    out = x[0:Variable("b", 1, 4).bind(batch)].conv2d(w, padding=1)
+    assert len([item for item in out.schedule() if item.ast.op.name == "SINK"]) == 2   # the copy, then the conv
+    before = len(realize._runner_cache)
+    got = out.numpy()
+    counts.append(len(realize._runner_cache) - before)
+    np.testing.assert_allclose(got, reference_conv(x_np[:batch], w_np), rtol=1e-4, atol=1e-4)
+  assert counts[1] == 0, counts

@@ -406,8 +406,9 @@ class ConvMixin:
     # a large padded input is copied once (one cheap kernel): reading it through the pad view gates every load of
     # the convolution and of its weight gradient, which keeps the C compiler from vectorizing them (measured on the
     # anchors' 16x64x56x56 conv: 25 -> 86 GFLOP/s forward on one core, codegen/opt/heuristic.py)
-    if any(b > 0 or a > 0 for b, a in pairs) and all(isinstance(d, int) for d in padded_x.shape) \
-       and prod(padded_x.shape) >= PAD_COPY_MIN_ELEMENTS:
+    # (a symbolic batch counts as one image)
+    if any(b > 0 or a > 0 for b, a in pairs) and all(isinstance(d, int) for d in padded_x.shape[1:]) \
+       and prod(d if isinstance(d, int) else 1 for d in padded_x.shape) >= PAD_COPY_MIN_ELEMENTS:
       padded_x = padded_x.contiguous()
     windows = padded_x._pool(kernel, strides, dilations)   # (N, groups*cin, *out, *kernel)
     outs = windows.shape[2:2 + n]
