@@ -43,20 +43,22 @@ def test_merged_reductions_match_numpy(shape, axis):
 
 def test_few_rows_over_a_wide_image_put_the_columns_outside():
   # 64x256 weights over 256x3136 positions: all of `a` (64 KiB) stays in L2 while each column panel serves every row
-  out = Tensor.empty(1, 256, 56, 56).conv2d(Tensor.empty(64, 256, 1, 1))
+  out = Tensor.empty(1, 256, 56, 56, device="CPU").conv2d(Tensor.empty(64, 256, 1, 1, device="CPU"))
   kernel = Kernel(lower_kernel(create_schedule([out.uop]).items[-1].ast))
   assert Opt(OptOps.SWAP, 0, 1) in heuristic_opts(kernel, AVX512_XEON)
 
 def test_a_weight_gradient_over_small_images_puts_the_columns_outside():
   # 256x256x3x3 over 4 images of 14x14: the output gradient (800 KiB) stays in L2 under each panel of the windows
-  x, w = Tensor.empty(4, 256, 14, 14), Tensor.empty(256, 256, 3, 3, requires_grad=True)
-  (x.conv2d(w, padding=1) * Tensor.empty(4, 256, 14, 14)).sum().backward()
+  # (on the CPU, whose scheduler packs the windows: the tile choices below are the CPU's)
+  x, w = Tensor.empty(4, 256, 14, 14, device="CPU"), Tensor.empty(256, 256, 3, 3, requires_grad=True, device="CPU")
+  (x.conv2d(w, padding=1) * Tensor.empty(4, 256, 14, 14, device="CPU")).sum().backward()
   kernel = Kernel(lower_kernel(create_schedule([w.grad.uop]).items[-1].ast))
   assert heuristic_opts(kernel, AVX512_XEON)[-1] == Opt(OptOps.SWAP, 0, 1)
 
 def test_a_bias_does_not_make_the_channels_the_vector_axis():
   # 49 positions (8 does not divide them); the bias is contiguous along the channels but is no operand of the sum
-  out = Tensor.empty(1, 512, 7, 7).conv2d(Tensor.empty(2048, 512, 1, 1), Tensor.empty(2048))
+  out = Tensor.empty(1, 512, 7, 7, device="CPU").conv2d(Tensor.empty(2048, 512, 1, 1, device="CPU"),
+                                                         Tensor.empty(2048, device="CPU"))
   kernel = Kernel(lower_kernel(create_schedule([out.uop]).items[-1].ast))
   assert heuristic_opts(kernel, AVX512_XEON)[0] == Opt(OptOps.UPCAST, 1, 32)
 
