@@ -247,6 +247,7 @@ class Kernel:
     self.sink = sink
     self.applied: list[Opt] = []
     self.unrolled = 1   # copies of the body made so far
+    self.overlapped = False   # an UPCAST's last tile overlaps the one before it (its lanes store twice)
     self._loops_of: tuple[UOp, tuple[list[UOp], list[UOp]]] | None = None   # (graph, its axes), see _loops
 
   # ---- axes ----
@@ -331,6 +332,7 @@ class Kernel:
       raise KernelOptError(f"{opt}: the kernel graph would have {len(graph_nodes(new_sink))} nodes (at most "
                            f"{max_nodes})")
     if opt.op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LANES): self.unrolled *= opt.arg
+    if opt.op is OptOps.UPCAST and self.size(rng) % opt.arg: self.overlapped = True
     self.sink = new_sink
     self.applied.append(opt)
     return self
@@ -360,6 +362,9 @@ class Kernel:
     rng, size, block = self._dividing_split(opt, axes, "block length")
     out_axes = self.output_axes
     if not out_axes: raise KernelOptError(f"{opt}: the kernel has no output loop to place the block loop inside")
+    if self.overlapped:   # (the other order is refused too: an overlapping UPCAST of a kernel reading its output)
+      raise KernelOptError(f"{opt}: an upcast's last tile overlaps the one before it; accumulating in the output, "
+                           f"the overlapped outputs would add each block's sum twice")
     # each stored value: a plain sum over the axis, or such a sum plus an addend that does not depend on the axis (a
     # gradient fused with another's: dx + the residual's); the addend then starts the accumulator in place of 0
     split = {st: _sum_and_addend(st.src[2], rng) for st in self.sink.src}
