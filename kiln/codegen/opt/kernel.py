@@ -244,7 +244,7 @@ class Kernel:
   """
   def __init__(self, sink: UOp):
     if sink.op is not Ops.SINK: raise KernelOptError(f"Kernel: expected a lowered SINK, got {sink.op.name}")
-    self.sink = sink
+    self.sink = self.lowered = sink   # (`lowered`: the graph before any action)
     self.applied: list[Opt] = []
     self.unrolled = 1   # copies of the body made so far
     self.overlapped = False   # an UPCAST's last tile overlaps the one before it (its lanes store twice)
