@@ -86,3 +86,16 @@ def test_an_overlapping_tile_refuses_to_accumulate_through_the_output():
                                                  Tensor.empty(512, 49, device="CPU")).uop]).items[-1].ast))
   kernel.apply(Opt(OptOps.UPCAST, 1, 16))   # 49 columns: the last tile of 16 overlaps the one before it
   with pytest.raises(KernelOptError, match="overlaps"): kernel.apply(Opt(OptOps.KBLOCK, 2, 128))
+
+def test_a_dequantize_is_upcast_by_its_index_period():
+  # 4-bit weights, 16 bytes a block of 32 (low nibbles then high): upcast by the block (or two), each lane's byte
+  # and shift fold to constants and its loads are vectors (an LLM prefill's dequantize 1.10 -> 0.15 ms)
+  q = RNG.integers(0, 256, (24, 36, 16), dtype=np.uint8)
+  scale = RNG.standard_normal((24, 36, 1), dtype=np.float32)
+  t = Tensor(q, device="CPU")
+  out = ((t & 15).cat(t >> 4, dim=-1).float() * Tensor(scale, device="CPU")).reshape(24, 36 * 32)
+  kernel = Kernel(lower_kernel(create_schedule([out.uop]).items[-1].ast))
+  opts = heuristic_opts(kernel, AVX512_XEON)
+  assert opts and opts[0].op is OptOps.UPCAST and opts[0].arg >= 32, opts
+  want = (np.concatenate([q & 15, q >> 4], axis=-1).astype(np.float32) * scale).reshape(24, 36 * 32)
+  np.testing.assert_array_equal(out.numpy(), want)
