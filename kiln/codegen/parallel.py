@@ -125,7 +125,9 @@ def _accesses_are_disjoint(uops: list[UOp], loop: UOp) -> bool:
       if known_stride != stride: return False
       low, high = min(low, known_low), max(high, known_high)
     blocks[u.src[0]] = (stride, low, high)
-  if any(high - low >= abs(stride) for stride, low, high in blocks.values()): return False
+  if any(high - low >= abs(stride) for stride, low, high in blocks.values()):
+    return not any(u.op is _LOAD and u.src[0] in written for u in uops) and \
+      _periodic_blocks_are_disjoint(stores, loop, memo=contains)
   for u in [u for u in uops if u.op is _LOAD]:
     if u.src[0] not in written: continue
     split = _affine_in(u.src[1], loop, contains, affine)
@@ -210,6 +212,51 @@ def _affine_form(index: UOp, loop: UOp, memo: dict[UOp, bool], known: dict[UOp, 
      and index.dtype.itemsize >= index.src[0].dtype.itemsize and dtypes.is_unsigned(index.dtype) == \
      dtypes.is_unsigned(index.src[0].dtype):   # widening to a type of the same signedness keeps the value
     return _affine_in(index.src[0], loop, memo, known)
+  return None
+
+def _periodic_blocks_are_disjoint(stores: list[UOp], loop: UOp, memo: dict[UOp, bool]) -> bool:
+  """Whether the stores of a kernel that reads no buffer it writes touch disjoint addresses in different iterations
+  of `loop` when each iteration's block repeats with a period: an index `s*loop + small + big`, where the terms of
+  `small` span less than |s| and every term of `big` is a multiple of P = |s| * (the loop's trip count). Within one
+  period, iteration i owns [s*i + min(small), s*i + min(small) + |s|), and periods never overlap (a tile's columns
+  outside its rows: iteration i stores columns 32i..32i+31 of every row)."""
+  if loop.src[0].op is not _CONST: return False
+  spans: dict[UOp, tuple[int, int, int, int]] = {}   # buffer -> (stride, period, lowest small, highest small)
+  for st in stores:
+    terms = _linear_terms(st.src[1], loop, memo)
+    if terms is None or (stride := terms.pop(loop, 0)) == 0: return False
+    period = abs(stride) * loop.src[0].arg
+    low = high = terms.pop(None, 0) % period   # (whole periods of the constant belong to `big`)
+    for node, coeff in terms.items():
+      # whole periods of each coefficient belong to `big`; the rest, the nearest to 0, to `small`
+      if (coeff := coeff % period) > period // 2: coeff -= period
+      if coeff == 0: continue
+      lo, hi = node.vmin, node.vmax
+      if not isinstance(lo, int) or not isinstance(hi, int): return False
+      low, high = low + min(coeff * lo, coeff * hi), high + max(coeff * lo, coeff * hi)
+    if st.src[0] in spans:
+      known = spans[st.src[0]]
+      if known[:2] != (stride, period): return False
+      low, high = min(low, known[2]), max(high, known[3])
+    spans[st.src[0]] = (stride, period, low, high)
+  return all(high - low < abs(stride) for stride, _, low, high in spans.values())
+
+def _linear_terms(index: UOp, loop: UOp, memo: dict[UOp, bool]) -> dict[UOp | None, int] | None:
+  """`index` as a sum of integer multiples of nodes (sums and multiplications by constants taken apart; `None` keys
+  the constant), or None where `loop` appears otherwise than as a term."""
+  if index.op is _CONST and isinstance(index.arg, int): return {None: index.arg}
+  if index.op is Ops.ADD:
+    out: dict[UOp | None, int] = {}
+    for src in index.src:
+      if (part := _linear_terms(src, loop, memo)) is None: return None
+      for node, coeff in part.items(): out[node] = out.get(node, 0) + coeff
+    return out
+  if index.op is Ops.MUL and (factor := next((s for s in index.src if s.op is _CONST), None)) is not None \
+     and isinstance(factor.arg, int):
+    other = index.src[1] if index.src[0] is factor else index.src[0]
+    if (part := _linear_terms(other, loop, memo)) is None: return None
+    return {node: coeff * factor.arg for node, coeff in part.items()}
+  if index is loop or not _depends_on(index, loop, memo): return {index: 1}
   return None
 
 def _is_last_iteration_test(cond: UOp, loop: UOp) -> bool:

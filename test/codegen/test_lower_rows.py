@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from kiln import Tensor
+from kiln import Tensor, Context
 from kiln.schedule.kernelize import create_schedule
 from kiln.codegen.lowerer import lower_kernel
 from kiln.codegen.opt import Kernel, Opt, OptOps, KernelOptError, heuristic_opts
@@ -99,3 +99,27 @@ def test_a_dequantize_is_upcast_by_its_index_period():
   assert opts and opts[0].op is OptOps.UPCAST and opts[0].arg >= 32, opts
   want = (np.concatenate([q & 15, q >> 4], axis=-1).astype(np.float32) * scale).reshape(24, 36 * 32)
   np.testing.assert_array_equal(out.numpy(), want)
+
+def _loops_and_store(index_of_loops, sizes=(48, 20)):
+  from kiln.dtype import dtypes
+  from kiln.uop.ops import UOp, Ops
+  ranges = [UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, n),), arg=i) for i, n in enumerate(sizes)]
+  out = UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0)
+  store = UOp(Ops.STORE, dtypes.void, (out, index_of_loops(*ranges), UOp.const(dtypes.float32, 1.0)))
+  return [out, *ranges, store] + [UOp(Ops.ENDRANGE, dtypes.void, (r,)) for r in reversed(ranges)]
+
+def test_columns_outside_rows_still_split_across_threads():
+  from kiln.codegen.parallel import find_parallel_loop
+  # iteration i stores columns 32i..32i+31 of each of 20 rows of 1536: disjoint blocks repeating every row
+  assert find_parallel_loop(_loops_and_store(lambda c, r: c * 32 + r * 1536)) is not None
+  assert find_parallel_loop(_loops_and_store(lambda c, r: c * 32 + r * 12288 + 5)) is not None
+  # rows 1000 apart (not a whole number of 48 x 32 periods): iterations could meet, so it stays on one thread
+  assert find_parallel_loop(_loops_and_store(lambda c, r: c * 32 + r * 1000)) is None
+  # a row offset wider than the stride (2 per row: up to 38) reaches into the next iteration's columns
+  assert find_parallel_loop(_loops_and_store(lambda c, r: c * 32 + r * 1536 + r * 2)) is None
+  assert find_parallel_loop(_loops_and_store(lambda c, r: c * 32 + r * 1536 + r)) is not None   # (up to 19: fits)
+
+def test_a_matmul_with_its_columns_outside_matches_numpy_on_threads():
+  a, b = _array(160, 576), _array(576, 1536)
+  with Context(THREADS=2): got = (Tensor(a, device="CPU") @ Tensor(b, device="CPU")).numpy()
+  np.testing.assert_allclose(got, a @ b, rtol=1e-4, atol=1e-3)
