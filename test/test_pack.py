@@ -20,7 +20,7 @@ def small_packs(monkeypatch):
   schedule cache does not see, so it is off)."""
   monkeypatch.setattr(pack, "PACK_MIN_WORK", 1)
   monkeypatch.setattr(pack, "PACK_CHANNELS_MIN_WORK", 1)
-  monkeypatch.setattr(pack, "ROWS_IN_L2_SHARE", 1 << 40)   # (every `a` "too large to stay in L2")
+  monkeypatch.setattr(pack, "PACK_A_L2_SHARE", 1 << 40)   # (every `a` "too large to stay in L2")
   monkeypatch.setattr(pack, "PACK_MIN_REUSE", 8)
   with Context(SCHEDULE_CACHE=0): yield
 

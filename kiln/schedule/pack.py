@@ -110,7 +110,7 @@ def _packed_matmul(reduce: UOp) -> UOp | None:
   if d is None or shape[c] % COLUMN_LANES or shape[d] % ROW_LANES or min(shape[c], shape[d]) < PACK_MIN_REUSE:
     return None
   if axis_stride(factors[ib][1].src[0], c) == 1 and \
-     prod(factors[ia][1].src[0].shape) * factors[ia][1].dtype.itemsize * ROWS_IN_L2_SHARE <= _l2_bytes(reduce.device):
+     prod(factors[ia][1].src[0].shape) * factors[ia][1].dtype.itemsize * PACK_A_L2_SHARE <= _l2_bytes(reduce.device):
     # few rows (a 1x1 conv's 64x256 weights over 256x3136 positions): all of `a` stays in L2 while the kernel's tile
     # columns run outside its rows (codegen/opt/heuristic.py `_cache_block`), each panel of a contiguous `b` in L1;
     # a copy of `b` would cost more than its rows save (4x256x56x56 -> 64, one thread: 4.9 ms packed, 2.9 not)
@@ -170,7 +170,7 @@ def _packed_channels(reduce: UOp) -> UOp | None:
     return _labelled(reduce.replace(src=(summed,)), reduce)
   return None
 
-ROWS_IN_L2_SHARE = 4   # a matmul whose `a` fits in this share of one L2 is not packed (its rows stay in cache)
+PACK_A_L2_SHARE = 4   # a matmul whose `a` fits in this share of one L2 is not packed (its rows stay in cache)
 
 def _l2_bytes(device: str | tuple | None) -> int:
   """One core's L2 on `device`'s target (the renderer's CPU description), 1 MiB where it has none."""
