@@ -27,6 +27,11 @@ the factor that varies along the channels alone, broadcast along the image (its 
 the input gradient), is copied to (channels/16, reduce axes..., 16), and the register tile's vectors run along the
 channels (`_packed_channels`).
 
+A matmul whose `a` fits in a PACK_A_L2_SHARE share of one L2 (the device's target) and whose `b` is contiguous along
+the columns is not packed: its kernel keeps `a` in L2 and runs the tile columns outside the rows (a 1x1 conv's few
+output channels over a large image; codegen/opt/heuristic.py `_columns_outside`). The channel-major copy of a conv's
+weight pays from PACK_CHANNELS_MIN_WORK multiply-adds (a batch-1 conv).
+
 A smaller matmul (from PACK_STRIDED_MIN_WORK) packs `b` alone where `b` is strided along the output's contiguous
 axis (`axis_stride`): `x @ w.T`, which every `x @ w` meets in its backward. Unpacked, each vector of the tile's `b`
 row is gathered from 16 rows; the copy is one small kernel (bench/RESULTS.md: the MLP step).

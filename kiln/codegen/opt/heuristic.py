@@ -36,9 +36,11 @@ The choices follow from how each axis walks memory (its stride in every load and
   outgrows one L2 (an unpacked one above KBLOCK_L2_MULTIPLE L2s), and the unit's tile columns then run outside its
   tile rows (SWAP): each column panel of `b` serves all of the unit's rows while it is in cache, and those rows of
   `a` stay in L2 (bench/RESULTS.md, seventh session: the Xeon's 1024 and 2048 matmuls);
-- few rows against a `b` larger than L2 (all of `a` fits in half an L2: a 1x1 conv's weights over a large image, a
-  conv's output gradient over small images in its weight gradient) put the tile's columns outside its rows (SWAP),
-  so each column panel of `b` serves every row from L1 (`_columns_outside`);
+- few rows against a large `b` (`b` over one L2 and `a` within half of one, or `b` over half an L2 and `a` within an
+  eighth: a 1x1 conv's weights over a large image, a conv's output gradient over small images in its weight
+  gradient) put the tile's columns outside its rows (SWAP), so each column panel of `b` serves every row from L1
+  (`_columns_outside`); inside an outer loop, a tiled sum whose `a` and `b` outgrow L2 together is blocked
+  (`_block_for_l2`), its overlapping tiles padded first (`_kblock_tile`: KBLOCK refuses an overlapping tile);
 - a sum over several axes whose innermost axis is contiguous in every load (a conv's weight gradient) gets 8
   accumulator lanes on that axis (LANES: one vector accumulator) and a small output tile (`_lane_reduction`; of two
   adjacent tap axes, the rows);
