@@ -188,6 +188,9 @@ DRIVER_PROTOTYPES: dict[str, tuple[tuple[str, ...], tuple[Any, ...]]] = {
   "cuMemsetD8": (("cuMemsetD8_v2",), (c_u64, ctypes.c_ubyte, c_size_t)),
   "cuMemHostAlloc": (("cuMemHostAlloc",), (P(c_void_p), c_size_t, c_uint)),
   "cuMemFreeHost": (("cuMemFreeHost",), (c_void_p,)),
+  "cuMemHostRegister": (("cuMemHostRegister_v2", "cuMemHostRegister"), (c_void_p, c_size_t, c_uint)),
+  "cuMemHostUnregister": (("cuMemHostUnregister",), (c_void_p,)),
+  "cuMemHostGetDevicePointer": (("cuMemHostGetDevicePointer_v2",), (P(c_u64), c_void_p, c_uint)),
   "cuMemcpyHtoD": (("cuMemcpyHtoD_v2",), (c_u64, c_void_p, c_size_t)),
   "cuMemcpyDtoH": (("cuMemcpyDtoH_v2",), (c_void_p, c_u64, c_size_t)),
   "cuMemcpyDtoD": (("cuMemcpyDtoD_v2",), (c_u64, c_u64, c_size_t)),
@@ -238,6 +241,8 @@ ATTRIBUTE_SM_COUNT, ATTRIBUTE_CC_MAJOR, ATTRIBUTE_CC_MINOR, ATTRIBUTE_SHARED_OPT
 FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED = 8
 STATIC_SHARED_LIMIT = 48 * 1024   # a launch may use more dynamic shared memory only after cuFuncSetAttribute
 CU_STREAM_NON_BLOCKING, CU_EVENT_DISABLE_TIMING, CU_MEMHOSTALLOC_PORTABLE = 1, 2, 1
+# cuMemHostRegister flags: pinned for every context (PORTABLE), mapped into the GPUs' address space (DEVICEMAP)
+CU_MEMHOSTREGISTER_PORTABLE, CU_MEMHOSTREGISTER_DEVICEMAP = 1, 2
 
 class _Library:
   """A loaded library whose functions are called through `call(name, *args)`, each return code checked."""
@@ -445,6 +450,86 @@ class DeviceMemory:
   def __enter__(self) -> DeviceMemory: return self
   def __exit__(self, *exc: Any) -> None: self.free()
   def __repr__(self) -> str: return f"<DeviceMemory 0x{self.ptr:x} {self.nbytes} bytes on GPU {self.context.index}>"
+
+class HostMappedMemory(DeviceMemory):
+  """A caller's host memory that kernels use in place (Tensor.from_blob on a GPU): its pages are locked and mapped
+  into the GPU's address space (cuMemHostRegister), `ptr` is its device address, and every access crosses PCIe. The
+  caller owns the memory; its pages are unregistered when the last mapping using them is freed (or collected)."""
+  def __init__(self, context: Context, host_ptr: int, nbytes: int):
+    self.registrations = _host_registrations.acquire(context, host_ptr, nbytes)
+    device_ptr = c_u64()
+    try:
+      driver().call("cuMemHostGetDevicePointer", ctypes.byref(device_ptr), host_ptr, 0)
+      if len(self.registrations) > 1 and device_ptr.value != host_ptr:   # pieces mapped apart need not be adjacent
+        raise RuntimeError(f"CUDA: host memory at 0x{host_ptr:x} spans {len(self.registrations)} registrations "
+                           "and this GPU does not address host memory by its host address")
+    except Exception:
+      _host_registrations.release(self.registrations)
+      raise
+    super().__init__(context, device_ptr.value, nbytes)
+    self.host_ptr = host_ptr
+
+  def free(self) -> None:
+    """Release this mapping (its pages stay registered while another mapping uses them); never frees the memory."""
+    if not self.freed: _host_registrations.release(self.registrations)
+    self.freed = True
+
+  def __del__(self) -> None:
+    try: self.free()
+    except Exception: pass   # at interpreter exit the driver may be gone already
+
+  def __repr__(self) -> str:
+    return f"<HostMappedMemory 0x{self.host_ptr:x} {self.nbytes} bytes, mapped for GPU {self.context.index}>"
+
+class _HostRegistrations:
+  """The page ranges kiln registered with the driver, none overlapping, each with a count of the mappings using it.
+  The driver registers whole pages and refuses a page twice, so a mapping reuses the registered ranges it touches and
+  registers only the pages none covers; a range is unregistered when its last mapping goes."""
+  PAGE = 4096
+
+  def __init__(self):
+    self.ranges: dict[int, list[int]] = {}   # first byte -> [end, mappings using it]
+    self.lock = threading.Lock()
+
+  def acquire(self, context: Context, start: int, nbytes: int) -> list[int]:
+    """Make the pages of [start, start+nbytes) registered; the starts of the ranges the mapping uses (counted)."""
+    first = start - start % self.PAGE
+    end = -(-(start + max(1, nbytes)) // self.PAGE) * self.PAGE
+    with self.lock:
+      touched = sorted(begin for begin, (stop, _) in self.ranges.items() if begin < end and first < stop)
+      gaps, at = [], first
+      for begin in touched:
+        if at < begin: gaps.append((at, begin))
+        at = max(at, self.ranges[begin][0])
+      if at < end: gaps.append((at, end))
+      made = []
+      try:
+        for lo, hi in gaps:
+          context.activate()
+          driver().call("cuMemHostRegister", lo, hi - lo, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP)
+          self.ranges[lo] = [hi, 0]
+          made.append(lo)
+      except Exception:
+        for lo in made:
+          del self.ranges[lo]
+          driver().call("cuMemHostUnregister", lo)
+        raise
+      used = sorted(touched + made)
+      for begin in used: self.ranges[begin][1] += 1
+      return used
+
+  def release(self, starts: list[int]) -> None:
+    """One mapping fewer for each range in `starts`; a range is unregistered with its last."""
+    with self.lock:
+      for begin in starts:
+        entry = self.ranges.get(begin)
+        if entry is None: continue
+        entry[1] -= 1
+        if entry[1] == 0:
+          del self.ranges[begin]
+          driver().call("cuMemHostUnregister", begin)
+
+_host_registrations = _HostRegistrations()
 
 class PinnedMemory:
   """Page-locked host memory from cuMemHostAlloc: asynchronous copies from and to it overlap with other work."""
@@ -849,6 +934,11 @@ class CudaAllocator(LRUAllocator):
   def offset_view(self, handle: DeviceMemory, offset: int, nbytes: int) -> DeviceMemory:
     """Bytes [offset, offset+nbytes) of `handle`, sharing its memory."""
     return handle.view(offset, nbytes)
+  # a caller's host memory can be used in place: it is registered with the driver and mapped for the GPU
+  host_memory = True
+  def wrap(self, ptr: int, nbytes: int) -> HostMappedMemory:
+    """The `nbytes` of host memory at `ptr` as memory kernels read and write in place (see HostMappedMemory)."""
+    return HostMappedMemory(self.context, ptr, nbytes)
 
 # ---------------- NVRTC ----------------
 

@@ -6,8 +6,10 @@
 #include <string.h>
 #include <stdint.h>
 typedef int CUresult;
-static long launches = 0, graph_launches = 0, setparams = 0;
+static long launches = 0, graph_launches = 0, setparams = 0, edges = 0, registered = 0;
 long fake_launches(void) { return launches; }
+long fake_edges(void) { return edges; }
+long fake_registered(void) { return registered; }
 long fake_graph_launches(void) { return graph_launches; }
 long fake_setparams(void) { return setparams; }
 CUresult cuInit(unsigned f) { return 0; }
@@ -32,6 +34,10 @@ CUresult cuMemFree_v2(uint64_t p) { free((void*)p); return 0; }
 CUresult cuMemsetD8_v2(uint64_t p, unsigned char b, size_t n) { memset((void*)p, b, n); return 0; }
 CUresult cuMemHostAlloc(void **p, size_t n, unsigned f) { *p = malloc(n); return 0; }
 CUresult cuMemFreeHost(void *p) { free(p); return 0; }
+// host memory used in place: the device address is the host address, as under unified addressing
+CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned f) { registered++; return 0; }
+CUresult cuMemHostUnregister(void *p) { registered--; return 0; }
+CUresult cuMemHostGetDevicePointer_v2(uint64_t *d, void *p, unsigned f) { *d = (uint64_t)p; return 0; }
 CUresult cuMemcpyHtoD_v2(uint64_t d, const void *s, size_t n) { memcpy((void*)d, s, n); return 0; }
 CUresult cuMemcpyDtoH_v2(void *d, uint64_t s, size_t n) { memcpy(d, (void*)s, n); return 0; }
 CUresult cuMemcpyDtoD_v2(uint64_t d, uint64_t s, size_t n) { memcpy((void*)d, (void*)s, n); return 0; }
@@ -57,6 +63,7 @@ CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned
                         unsigned sh, void *st, void **params, void **extra) { launches++; return 0; }
 CUresult cuGraphCreate(void **g, unsigned f) { *g = malloc(8); return 0; }
 CUresult cuGraphAddKernelNode_v2(void **n, void *g, void **deps, size_t nd, void *p) { *n = malloc(8); return 0; }
+CUresult cuGraphAddDependencies_v2(void *g, void **from, void **to, void *data, size_t n) { edges += n; return 0; }
 CUresult cuGraphInstantiateWithFlags(void **e, void *g, unsigned long long f) { *e = malloc(8); return 0; }
 CUresult cuGraphExecKernelNodeSetParams_v2(void *e, void *n, void *p) { setparams++; return 0; }
 CUresult cuGraphLaunch(void *e, void *s) { graph_launches++; return 0; }

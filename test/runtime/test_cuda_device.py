@@ -137,3 +137,19 @@ def test_copies_between_devices_and_a_second_name():
   np.testing.assert_array_equal((t + 1).to("CPU").numpy(), x + 1)
   t.assign(t * 2).realize()   # in place, with a guarded last block
   np.testing.assert_array_equal(t.numpy(), x * 2)
+
+@needs_gpu
+def test_from_blob_computes_on_host_memory_in_place():
+  import gc
+  host = np.arange(4096 + 3, dtype=np.float32)   # spans pages; two tensors over overlapping parts of it
+  t = Tensor.from_blob(host.ctypes.data, (host.size,), device="CUDA")
+  part = Tensor.from_blob(host.ctypes.data + 4 * 4000, (99,), device="CUDA")
+  host[5] = -7.0   # the kernels read the memory itself: a write made after from_blob is seen
+  np.testing.assert_array_equal((t * 2).numpy()[:6], [0.0, 2.0, 4.0, 6.0, 8.0, -14.0])
+  np.testing.assert_array_equal((part + 1).numpy(), host[4000:] + 1)
+  t.assign(t + 1).realize()   # and a kernel's writes land in it
+  Device["CUDA"].synchronize()
+  assert host[5] == -6.0 and host[-1] == 4099.0
+  del t, part
+  gc.collect()
+  assert not cuda._host_registrations.ranges   # unregistered with the last tensor over them

@@ -4,7 +4,9 @@ that this process's driver binding stays the real one. Checked: an eager kernel 
 replay is one cuGraphLaunch; the executable each replay launches holds exactly the arguments of that replay's
 buffers and variables (its fresh outputs alternating between buffers, outputs kept alive, a Variable's value
 changing), with no node updated once the alternating outputs have an executable each; the graph's nodes form a
-chain, or with CUDAGraph.PARALLEL wait only for the nodes whose memory they use."""
+chain (programmatic edges, through cuGraphAddDependencies_v2), or with CUDAGraph.PARALLEL wait only for the nodes
+whose memory they use; host memory that from_blob uses in place is registered once per range and unregistered with
+its last tensor."""
 from __future__ import annotations
 import json, os, pathlib, shutil, subprocess, sys
 import pytest
@@ -64,6 +66,7 @@ def child() -> dict:
     right.append(launched[-1] == expected(step))
   out["replay"] = [x - y for x, y in zip(counts(), before)]
   out["chain_dependencies"] = step.captured._launches[0].dependencies
+  out["programmatic_edges"] = [step.captured._launches[0].graph.programmatic, fake.fake_edges()]
   from kiln.runtime.ops_cuda import CUDAGraph
   for parallel in (False, True):   # a chain by default; with PARALLEL, the nodes wait only for the memory they use
     CUDAGraph.PARALLEL = parallel
@@ -98,6 +101,23 @@ def child() -> dict:
     if k >= 2: right.append(launched[-1] == expected(shifted))
   out["variable_args_right"] = all(right)
   out["variable_values"] = sorted({args[-1] for launch in launched[-8:] for args in launch if len(args) > 2})
+
+  # host memory used in place (from_blob on the GPU): registered once per range, unregistered with its last tensor
+  import gc
+  import numpy as np
+  host = np.arange(8, dtype=np.float32)
+  blob = Tensor.from_blob(host.ctypes.data, (8,), device="CUDA")
+  half = Tensor.from_blob(host.ctypes.data + 16, (4,), device="CUDA")   # inside the registered range: reused
+  host[1] = -5.0
+  out["blob_sees_writes"] = blob.tolist()[:2] == [0.0, -5.0] and half.tolist() == [4.0, 5.0, 6.0, 7.0]
+  out["blob_registered"] = fake.fake_registered()
+  big = np.zeros(3 * 4096 // 4, dtype=np.float32)   # pages of its own, then one more reaching past them: one range
+  wide = Tensor.from_blob(big.ctypes.data + 4096, (1024,), device="CUDA")   # registered for the pages it touches
+  whole = Tensor.from_blob(big.ctypes.data, (3 * 1024,), device="CUDA")     # only the pages not yet registered
+  out["blob_ranges"] = fake.fake_registered()
+  del blob, half, wide, whole
+  gc.collect()
+  out["blob_unregistered"] = fake.fake_registered()
   return out
 
 @pytest.fixture(scope="module")
@@ -121,11 +141,14 @@ def test_launch_path_over_a_fake_driver(fake_driver):
   assert (launches, graph_launches) == (0, 20) and updates <= 2   # one cuGraphLaunch a replay; alternating outputs:
   assert out["replay_args_right"]                                 # an executable each, updated at most once
   assert out["chain_dependencies"] == [[], [0]]
+  assert out["programmatic_edges"][0] and out["programmatic_edges"][1] >= 1   # cuGraphAddDependencies_v2 made them
   assert out["branch_dependencies_False"] == [[], [0], [1]]
   assert out["branch_dependencies_True"] == [[], [], [0, 1]]   # two kernels that read the input, then their sum
   assert out["kept_args_right"] and out["kept_distinct_outputs"] == 8
   assert out["long_args_right"] and out["long_execs"] == 1
   assert out["variable_args_right"] and out["variable_values"] == [0, 1, 2, 3, 4]
+  assert out["blob_sees_writes"] and out["blob_registered"] == 1
+  assert out["blob_ranges"] >= 3 and out["blob_unregistered"] == 0
 
 if __name__ == "__main__":
   print(json.dumps(child()))
