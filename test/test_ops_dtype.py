@@ -21,10 +21,13 @@ def fp8_values(tdt) -> np.ndarray:
 
 def fp8_reference_bits(x: np.ndarray, tdt) -> np.ndarray:
   """torch's fp8 bytes of `x` with finite overflow saturated to +-max, as tinygrad's (and CUDA's satfinite) casts
-  are; torch itself saturates e4m3fn but sends e5m2 overflow to inf. +-inf stays +-inf in e5m2, as in torch."""
+  are; torch itself saturates e4m3fn but sends e5m2 overflow to inf. +-inf stays +-inf in e5m2, as in torch, and
+  becomes +-max in e4m3fn, which has no inf (kiln's rule, kiln/dtype.py): spelled out here rather than asked of
+  torch, whose answer changed between versions (2.11 gives NaN, 2.13 +-max)."""
   biggest = float(np.nanmax(np.abs(fp8_values(tdt))[np.isfinite(fp8_values(tdt))]))
   x = x.astype(np.float64)
   with np.errstate(invalid="ignore"): clipped = np.where(np.isinf(x), x, np.clip(x, -biggest, biggest))
+  if tdt == torch.float8_e4m3fn: clipped = np.where(np.isinf(clipped), np.sign(clipped) * biggest, clipped)
   return torch.tensor(clipped).to(tdt).view(torch.uint8).numpy()
 
 def cast_sweep(tdt) -> np.ndarray:
