@@ -56,6 +56,17 @@ def grad_cast(g: UOp, x: UOp, ret: UOp) -> UOp | None:
   if not (dtypes.is_float(ret.dtype) and dtypes.is_float(x.dtype)): return None
   return g.cast(x.dtype)
 
+def grad_multi(g: UOp, ret: UOp) -> tuple[UOp, ...]:
+  """a value over several devices: each slice gets its device's part of the gradient, laid out as the value is
+  (MSELECT, lowered in kiln/schedule/multi.py); of replicas, which all stand for one value, the first gets it"""
+  bounds, start = [], 0
+  for s in ret.src:
+    size = s.shape[ret.arg] if ret.arg is not None else 0
+    bounds.append((start, start + size))
+    start += size
+  if ret.arg is None: return (UOp(Ops.MSELECT, g.dtype, (g,), (0, ret.src[0].device, None, None)),) + (None,) * (len(ret.src) - 1)
+  return tuple(UOp(Ops.MSELECT, g.dtype, (g,), (i, s.device, ret.arg, tuple(bounds))) for i, s in enumerate(ret.src))
+
 # CUSTOM_BACKWARD rules by name: rule(gradient, node) -> the gradients of node.src[1:] (None where there is none)
 custom_backward_rules: dict[str, Callable[[UOp, UOp], tuple[UOp | None, ...]]] = {}
 
@@ -97,6 +108,7 @@ gradient_rules = PatternMatcher([
   (UPat(Ops.UNIQUE), lambda ctx: (ctx,)),
   (UPat(Ops.CUSTOM_BACKWARD, name="ret"), lambda ctx, ret: (None, *custom_backward_rules[ret.arg[0]](ctx, ret))),
   (UPat(Ops.COPY, src=(UPat.var("x"),)), lambda ctx, x: (ctx.copy_to(x.device),)),
+  (UPat(Ops.MULTI, name="ret"), lambda ctx, ret: grad_multi(ctx, ret)),
 ])
 
 # ops whose output does not depend differentiably on their inputs

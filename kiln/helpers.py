@@ -298,6 +298,9 @@ PTX = ContextVar("PTX", 0, "1: the CUDA device renders kernels as PTX (kiln/rend
 FUSE_OPTIM = ContextVar("FUSE_OPTIM", 0, "1: optimizers default to fused=True (all parameters updated as one flat "
                                          "vector: fewer kernels per step)")
 
+RING = ContextVar("RING", 1, "all-reduce across devices: 0 naive (every device sums copies of every partial), 1 a ring "
+                  "for large values over 3+ devices, 2 always a ring")
+
 # tinygrad's other settings: accepted, so a tinygrad script that sets them runs unchanged, but kiln has no such
 # behaviour (yet); each doc says what the setting does in tinygrad
 _NO_EFFECT = {
@@ -312,7 +315,6 @@ _NO_EFFECT = {
   "NOLOCALS": (0, "1: GPU kernels without local (shared) memory"),
   "FUSE_ARANGE": (1, "fuse arange into the kernels that index with it"),
   "FUSE_CONV_BW": (0, "1: fuse the convolution backward pass"),
-  "RING": (1, "all-reduce algorithm across devices (multi-device is not in kiln yet)"),
   "PICKLE_BUFFERS": (1, "0: pickle a realized Tensor without its data (kiln's pickles always carry it)"),
   "PROFILE": (0, "1: record a timeline of kernels and copies (VIZ's profiler)"),
   "VIZ": (0, "1: a web view of every graph rewrite"),
@@ -327,7 +329,7 @@ _NO_EFFECT = {
 }
 for _key, (_default, _what) in _NO_EFFECT.items(): ContextVar(_key, _default, f"tinygrad: {_what}", effect=False)
 IMAGE, WINO, CAPTURING, USE_TC, TC_SELECT, TC_OPT, TC_SEARCH_OVER_SHAPE, AMX, NOLOCALS, FUSE_ARANGE, FUSE_CONV_BW, \
-  RING, PICKLE_BUFFERS, PROFILE, VIZ, TRACK_MATCH_STATS, DEVECTORIZE, DONT_REALIZE_EXPAND, \
+  PICKLE_BUFFERS, PROFILE, VIZ, TRACK_MATCH_STATS, DEVECTORIZE, DONT_REALIZE_EXPAND, \
   DONT_GROUP_REDUCES, QUANTIZE, CORRECT_DIVMOD_FOLDING, AMD_LLVM, IGNORE_OOB = \
   (ContextVar.registry[k] for k in _NO_EFFECT)
 

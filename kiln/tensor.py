@@ -26,6 +26,8 @@ from kiln.mixin.nn import NNMixin
 from kiln.mixin.sorting import SortMixin
 from kiln.mixin.linalg import LinalgMixin
 from kiln.mixin.bytes import BytesMixin
+from kiln.mixin.multi import MultiMixin
+from kiln.schedule import multi as _multi
 from kiln.mixin.common import TensorIndexError, TensorValueError, UnsupportedError, AxisError, where as _where, \
   fmt as _fmt, dtype_arg as _dtype_arg, canonical_device as _canonical_device, \
   broadcasts_to, broadcast_shape as _broadcast_shape
@@ -66,7 +68,7 @@ _TANH_POLY = (-0.006272607482969761, 0.02107025310397148, -0.053851865231990814,
               -0.33333316445350647)
 
 class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, ReduceMixin, ConvMixin, NNMixin, SortMixin,
-             LinalgMixin, BytesMixin):
+             LinalgMixin, BytesMixin, MultiMixin):
   """A lazy n-dimensional array with autograd.
 
   >>> from kiln import Tensor
@@ -81,6 +83,11 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     dtype = _dtype_arg(dtype, "Tensor") if dtype is not None else None
     self.grad: Tensor | None = None
     self._requires_grad = None
+    if _multi.is_multi_device(device) and not isinstance(data, (UOp, Tensor)):   # data on several devices: replicas
+      self.uop = Tensor(data, device=device[0], dtype=dtype).to(device).uop
+      _live_tensors.add(self)
+      if requires_grad is not None: self.requires_grad = requires_grad
+      return
     if isinstance(data, UOp):
       uop = data
     elif isinstance(data, pathlib.Path):   # a file's bytes, lazily, on DISK:<path> (nothing is read until used)
@@ -100,6 +107,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     if device is not None and isinstance(data, (UOp, Tensor, pathlib.Path)) and uop.device != _canonical_device(device):
       uop = uop.copy_to(_canonical_device(device))
     if dtype is not None and uop.dtype != dtype: uop = uop.cast(dtype)
+    if _multi.multi_made and _multi.involves_several_devices(uop): _check_devices(uop, "Tensor")
     self.uop = uop
     _live_tensors.add(self)
     if requires_grad is not None: self.requires_grad = requires_grad
@@ -111,6 +119,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     t.uop, t.grad, t._requires_grad = uop, None, None
     _live_tensors.add(t)
     if uop.meta is None: _label(uop, name)
+    if _multi.multi_made and _multi.involves_several_devices(uop): _check_devices(uop, name)
     return t
 
   # ---------------- properties ----------------
@@ -123,8 +132,8 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     """The element type."""
     return self.uop.dtype
   @property
-  def device(self) -> str:
-    """The name of the device this tensor lives on, e.g. 'CPU'."""
+  def device(self) -> str | tuple[str, ...]:
+    """The name of the device this tensor lives on, e.g. 'CPU' (a tuple of names for a tensor over several)."""
     return self.uop.device
   @property
   def ndim(self) -> int:
@@ -279,6 +288,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
 
   def _buffer(self) -> Buffer:
     """The realized buffer holding exactly this tensor's elements in row-major order."""
+    if _multi.is_multi_device(self.device): return self._gathered()._buffer()
     self.realize()
     uop = self.uop
     if not is_contiguous_buffer(uop) or uop.base.size != self.numel():
@@ -291,6 +301,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     if _jit_calls:   # a replay runs only the captured kernels: a value read in Python here would be frozen
       raise RuntimeError(f"{_user_op[0] or 'numpy'}: cannot read a tensor's values inside the TinyJit function "
                          f"{_jit_calls[0].name}; return the tensor and read it after the call{_where()}")
+    if _multi.is_multi_device(self.device): return self._gathered().numpy()
     if is_symbolic_shape(self.shape):   # sizes over bound Variables: the values at the sizes they are bound to now
       shape = tuple(sint_value(s) for s in self.shape)
       buf = self.contiguous().realize().uop.base.buffer.allocate()   # the first prod(shape) elements, row-major
@@ -564,6 +575,9 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     """This tensor on `device` (a lazy copy; the same tensor if already there)."""
     device = _canonical_device(device)
     if device == self.device: return self
+    if _multi.is_multi_device(self.device) and _multi.is_multi_device(device) and len(device) == len(self.device) \
+       and self.uop.axis is not None:   # slices move to the new devices in order
+      return self.to(self.device[0]).shard(device, self.uop.axis)
     out = Tensor._wrap(self.uop.copy_to(device), "to")
     out._requires_grad = self._requires_grad
     return out
@@ -593,6 +607,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     >>> t.assign(Tensor([1.0, 2.0, 3.0])).tolist()
     [[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]]
     """
+    if _multi.is_multi_device(self.device): return self._assign_multi(x)
     if self.device.startswith("DISK"):   # a file: the bytes are written through at once
       from kiln.runtime.ops_disk import write_to_disk
       return write_to_disk(self, x)
@@ -621,6 +636,30 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     if not (target.op is Ops.BUFFER or target.op is Ops.RESHAPE and target.src[0].op is Ops.BUFFER):
       return self._assign_into_view(target, value)
     self.uop = UOp(Ops.ASSIGN, self.dtype, (target, value.uop))
+    return self
+
+  def _assign_multi(self, x: Tensor | Any) -> Tensor:
+    """assign for a tensor over several devices: each device's part is overwritten with its part of `x` (brought to
+    this tensor's layout)."""
+    value = x if isinstance(x, Tensor) else Tensor.full(self.shape, x, device=self.device, dtype=self.dtype) \
+      if type(x) in (int, float, bool) else Tensor(x, device=self.device, dtype=self.dtype)
+    if not broadcasts_to(value.shape, self.shape):
+      raise TensorValueError(f"assign: shape {_fmt(value.shape)} does not match the target's {_fmt(self.shape)} "
+                             f"and does not broadcast to it{_where()}")
+    value = value._broadcast_to(self.shape)
+    if value.device != self.device:
+      raise RuntimeError(f"assign: value on {value.device} but the target is on {self.device}{_where()}")
+    if value.dtype != self.dtype: value = value.cast(self.dtype)
+    target = self.uop.src[0] if self.uop.op is Ops.ASSIGN else self.uop
+    if not (target.op is Ops.MULTI and all(is_contiguous_buffer(s) for s in target.src)):
+      owners = [t for t in _live_tensors if t is not self and t.uop is target]
+      if not owners:
+        self.uop = value.uop   # not realized yet, and no other tensor holds it: nothing to overwrite
+        return self
+      Tensor.realize_all(owners)
+      target = owners[0].uop
+    self.uop = UOp(Ops.ASSIGN, self.dtype, (target, value.uop))
+    _check_devices(self.uop, "assign")
     return self
 
   def _assign_scalar_now(self, x: int | float | bool) -> bool:
@@ -1949,6 +1988,11 @@ def _label(uop: UOp, name: str) -> None:
   """Record the user's source line on a freshly built node (`name`: its op, outside any public method)."""
   uop.shape   # noqa: B018 -- its shape now, while its sources' are known: later it would take a graph walk
   if TRACEBACK_SOURCE.value: uop.meta = _user_op[2] or _op_label(name)
+
+def _check_devices(uop: UOp, name: str) -> None:
+  """Lower a node over several devices now, so that an op they cannot run raises here, naming the user's line."""
+  try: _multi.lower(uop)
+  except _multi.MultiDeviceError as e: raise _multi.MultiDeviceError(f"{e}{_where()}") from None
 
 def _tensor_around(uop: UOp) -> Tensor:
   """A Tensor holding `uop` as it is (no conversion, no metadata): the fast path for nodes built internally."""

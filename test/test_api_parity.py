@@ -251,8 +251,6 @@ TINYGRAD_TENSOR_API = {
 
 # tinygrad methods kiln leaves out on purpose
 EXCLUDED = {
-  "shard": "multi-device tensors come later (SYSTEM.md: Multi-device)",
-  "shard_": "multi-device tensors come later (SYSTEM.md: Multi-device)",
   "image_conv2d": "tinygrad's IMAGE=1 path for Qualcomm image textures; kiln has no image dtypes",
   "image_dot": "tinygrad's IMAGE=1 path for Qualcomm image textures; kiln has no image dtypes",
   "llvm_bf16_cast": "a tinygrad workaround for devices without bfloat16; kiln casts bfloat16 on every device",

@@ -20,7 +20,7 @@ GROUPS: dict[str, str] = {
     manual_seed from_blob from_url""",
   "Properties and conversion": """uop shape dtype device ndim size numel element_size nbytes is_floating_point
     requires_grad requires_grad_ grad T realize realize_all contiguous contiguous_backward detach clone numpy item
-    tolist data to to_ cast bitcast float half int bool bfloat16 double long short assign replace schedule kernelize
+    tolist data to to_ shard shard_ cast bitcast float half int bool bfloat16 double long short assign replace schedule kernelize
     fuse""",
   "Movement": """reshape view expand permute flip shrink pad squeeze unsqueeze flatten unflatten transpose repeat
     repeat_interleave roll split chunk cat stack meshgrid diag diagonal tril triu unfold rearrange""",

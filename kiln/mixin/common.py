@@ -36,9 +36,15 @@ def fmt(shape) -> str:
 
 _known_devices: list[str] = []
 
-def canonical_device(device: str | None) -> str:
-  """`device` in canonical form ('cpu' -> 'CPU'); a ValueError for a device kiln has no runtime for."""
+def canonical_device(device: str | tuple[str, ...] | None) -> str | tuple[str, ...]:
+  """`device` in canonical form ('cpu' -> 'CPU'; several devices as a tuple of names); a ValueError for a device kiln
+  has no runtime for."""
   if device is None: return Device.DEFAULT
+  if isinstance(device, (tuple, list)):
+    names = tuple(canonical_device(d) for d in device)
+    if not names or len(set(names)) != len(names):
+      raise TensorValueError(f"devices {tuple(device)!r} must be distinct and at least one{where()}")
+    return names[0] if len(names) == 1 else names
   name = Device.canonicalize(device)
   if not _known_devices: _known_devices.extend(Device.known())
   if name.partition(":")[0] not in _known_devices:

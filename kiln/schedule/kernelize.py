@@ -30,6 +30,7 @@ from kiln.schedule.binds import strip_binds
 from kiln.runtime.ops_disk import lower_disk_views, unwritten_files, is_disk
 from kiln.schedule.cache import cached_schedule, SCHEDULE_CACHE
 from kiln.schedule.pack import pack_matmuls
+from kiln.schedule import multi as _multi
 
 # movement ops that visit every element exactly once: a reduction seen through them can stay in registers
 BIJECTIVE = frozenset({Ops.RESHAPE, Ops.PERMUTE, Ops.FLIP})
@@ -295,7 +296,24 @@ def _packs_matmul_operands(device: str) -> bool: return Device[device].renderer.
 
 def create_schedule(roots: list[UOp], use_cache: bool = True) -> Schedule:
   """The kernels that realize `roots`, in run order, and what realizing them reads and overwrites. A graph of a
-  structure scheduled before is served from the schedule cache (kiln/schedule/cache.py) unless `use_cache` is False."""
+  structure scheduled before is served from the schedule cache (kiln/schedule/cache.py) unless `use_cache` is False.
+  A graph over several devices is first rewritten into one graph per device (kiln/schedule/multi.py)."""
+  if _multi.multi_made and any(_multi.needs_lowering(r) for r in roots): return _schedule_multi(roots, use_cache)
+  return _schedule_per_device(roots, use_cache)
+
+def _schedule_multi(roots: list[UOp], use_cache: bool) -> Schedule:
+  """Schedule the per-device graphs of `roots`; a root over several devices gets a MULTI of its shards' results."""
+  lowered = [_multi.lower(r, resolve) for r in roots]
+  flat = list(dict.fromkeys(s for node in lowered for s in (node.src if node.op is Ops.MULTI else (node,))))
+  inner = _schedule_per_device(flat, use_cache)
+  results = {}
+  for root, node in zip(roots, lowered):
+    if node.op is Ops.MULTI: results[root] = _multi.multi([inner.results[s] for s in node.src], node.arg)
+    else: results[root] = inner.results[node]
+  return Schedule(inner.items, results, inner.inputs, inner.overwritten)
+
+def _schedule_per_device(roots: list[UOp], use_cache: bool = True) -> Schedule:
+  """create_schedule for graphs whose every node is on one device."""
   if use_cache and SCHEDULE_CACHE.value:
     return cached_schedule(roots, _schedule_uncached, ScheduleItem, Schedule, buffer_view, _assign_result)
   original_roots = roots
@@ -386,7 +404,7 @@ def create_schedule(roots: list[UOp], use_cache: bool = True) -> Schedule:
   overwritten = [buffer_of[n].buffer for n in outputs if n.op is Ops.ASSIGN]
   return Schedule(ordered, result_map, inputs, overwritten)
 
-def _schedule_uncached(roots: list[UOp]) -> Schedule: return create_schedule(roots, use_cache=False)
+def _schedule_uncached(roots: list[UOp]) -> Schedule: return _schedule_per_device(roots, use_cache=False)
 
 def _schedule_files_first(original_roots: list[UOp], roots: list[UOp], files: list[UOp]) -> Schedule:
   """`roots` read views of files that the copies `files` write: those copies run first, then the rest of the graph

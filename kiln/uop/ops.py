@@ -16,6 +16,12 @@ class Ops(enum.Enum):
   # src[0]'s value as a tensor of its own (arg: a fresh id): what creation functions return, so two tensors made by
   # equal calls are two nodes for autograd, assign and the JIT; the scheduler sees through it
   UNIQUE = enum.auto()
+  # one value over several devices (kiln/schedule/multi.py): src holds a graph per device, each a replica of the
+  # whole value (arg None) or its slice along axis arg, in device order
+  MULTI = enum.auto()
+  # the part of a MULTI value on one device, laid out as arg = (index, device, axis, bounds): device `index`'s slice of
+  # the value along `axis` with the [start, end) `bounds` of every device (axis None: its replica)
+  MSELECT = enum.auto()
   # movement (never copy; lowered to index arithmetic)
   RESHAPE = enum.auto(); PERMUTE = enum.auto(); EXPAND = enum.auto(); PAD = enum.auto(); SHRINK = enum.auto(); FLIP = enum.auto()
   # type changes
@@ -258,6 +264,8 @@ class UOp:
       if node._device is not None: found = node._device; break
       if node.op is Ops.BUFFER: found = node.arg[1]; break
       if node.op in (Ops.DEVICE, Ops.COPY): found = node.arg; break
+      if node.op is Ops.MULTI: found = tuple(s.device for s in node.src); break
+      if node.op is Ops.MSELECT: found = node.arg[1]; break
       if not node.src: found = None; break
       path.append(node)
       node = node.src[0] if node.op is not Ops.WHERE else node.src[1]
@@ -283,6 +291,12 @@ class UOp:
     if self.shape is None: return 0
     size = prod(self.shape)
     return size if type(size) is int else _simplified_shape((size,))[0]
+
+  @property
+  def axis(self) -> int | None:
+    """The sharded axis of a value over several devices (None: replicated, or on one device)."""
+    from kiln.schedule.multi import layout_axis   # (the layout rules live with the multi-device lowering)
+    return layout_axis(self)
 
   @property
   def is_realized(self) -> bool:
@@ -475,6 +489,14 @@ def _compute_shape(u: UOp):
   if op is Ops.REDUCE_AXIS:
     shape = u.src[0].shape
     return tuple(1 if i in u.arg[1] else s for i, s in enumerate(shape))
+  if op is Ops.MULTI:   # the whole value: the shards' sizes along the sharded axis add up
+    shape = u.src[0].shape
+    if u.arg is None: return shape
+    return shape[:u.arg] + (sum(s.shape[u.arg] for s in u.src),) + shape[u.arg + 1:]
+  if op is Ops.MSELECT:
+    index, _, axis, bounds = u.arg
+    shape = u.src[0].shape
+    return shape if axis is None else shape[:axis] + (bounds[index][1] - bounds[index][0],) + shape[axis + 1:]
   return None   # SINK, DEVICE, KERNEL and kernel-level nodes
 
 def _simplified_shape(shape: tuple) -> tuple:

@@ -1,0 +1,180 @@
+"""Tensors over several devices (virtual CPU devices CPU:1..CPU:4) against NumPy: shard layouts, elementwise ops,
+reductions on and off the sharded axis, matmuls of every sharding, movement ops, gradients, assign, all-reduce."""
+import numpy as np
+import pytest
+from kiln import Tensor, Context
+from kiln.schedule.multi import MultiDeviceError, shard_bounds, lower
+
+D2 = ("CPU:1", "CPU:2")
+D3 = ("CPU:1", "CPU:2", "CPU:3")
+D4 = ("CPU:1", "CPU:2", "CPU:3", "CPU:4")
+RNG = np.random.default_rng(0)
+
+def close(a, b, tol=1e-5): np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+
+@pytest.mark.parametrize("devices", [D2, D3, D4])
+@pytest.mark.parametrize("axis", [None, 0, 1])
+def test_shard_layout_and_values(devices, axis):
+  n = RNG.random((8, 6), dtype=np.float32)
+  t = Tensor(n).shard(devices, axis)
+  assert t.device == devices and t.shape == (8, 6) and t.uop.axis == axis
+  shards = t.uop.src
+  assert [s.device for s in shards] == list(devices)
+  if axis is None: assert all(s.shape == (8, 6) for s in shards)
+  else: assert sum(s.shape[axis] for s in shards) == n.shape[axis]
+  close(t.numpy(), n)
+
+def test_uneven_and_given_splits():
+  assert shard_bounds(10, 4) == [(0, 3), (3, 6), (6, 9), (9, 10)]
+  assert shard_bounds(2, 4) == [(0, 1), (1, 2), (2, 2), (2, 2)]
+  t = Tensor(np.arange(10)).shard(D4, 0)
+  assert [s.shape for s in t.uop.src] == [(3,), (3,), (3,), (1,)]
+  assert (t + 1).sum().item() == 55
+  u = Tensor(np.arange(12).reshape(3, 4)).shard(D3, 1, splits=(2, 0, 2))
+  assert [s.shape for s in u.uop.src] == [(3, 2), (3, 0), (3, 2)]
+  np.testing.assert_equal((u * 2).numpy(), np.arange(12).reshape(3, 4) * 2)
+  with pytest.raises(ValueError, match="adding up to 4"): Tensor.ones(3, 4).shard(D2, 1, splits=(1, 2))
+
+@pytest.mark.parametrize("devices", [D2, D3])
+@pytest.mark.parametrize("axis_x,axis_w", [(None, None), (0, None), (None, 0), (0, 0), (1, 0), (0, 1), (1, 1)])
+def test_elementwise_between_layouts(devices, axis_x, axis_w):
+  a, b = RNG.random((6, 9), dtype=np.float32), RNG.random((6, 9), dtype=np.float32)
+  x, w = Tensor(a).shard(devices, axis_x), Tensor(b).shard(devices, axis_w)
+  close((x * w + 1).numpy(), a * b + 1)
+  close(((x < w).where(x, -w)).numpy(), np.where(a < b, a, -b))
+
+@pytest.mark.parametrize("devices", [D2, D3, D4])
+@pytest.mark.parametrize("axis", [None, 0, 1])
+@pytest.mark.parametrize("op", ["sum", "max", "prod", "mean"])
+@pytest.mark.parametrize("reduce_axis", [None, 0, 1])
+def test_reductions_on_and_off_the_sharded_axis(devices, axis, op, reduce_axis):
+  n = (RNG.random((8, 5), dtype=np.float32) + 0.5) * RNG.choice([-1, 1], (8, 5))
+  t = Tensor(n).shard(devices, axis)
+  close(getattr(t, op)(reduce_axis).numpy(), getattr(np, op)(n, axis=reduce_axis), 1e-4)
+
+@pytest.mark.parametrize("axis_x", [None, 0, 1])
+@pytest.mark.parametrize("axis_w", [None, 0, 1])
+def test_matmul_with_sharded_batch_and_weights(axis_x, axis_w):
+  a, b = RNG.random((16, 12), dtype=np.float32), RNG.random((12, 10), dtype=np.float32)
+  out = Tensor(a).shard(D2, axis_x) @ Tensor(b).shard(D2, axis_w)
+  close(out.numpy(), a @ b, 1e-4)
+  close((out.to("CPU") @ Tensor(b.T.copy())).numpy(), a @ b @ b.T, 1e-4)
+
+@pytest.mark.parametrize("devices", [D2, D3])
+@pytest.mark.parametrize("axis", [None, 0, 1])
+def test_movement_ops(devices, axis):
+  n = RNG.random((6, 4), dtype=np.float32)
+  t = Tensor(n).shard(devices, axis)
+  close(t.reshape(2, 3, 4).numpy(), n.reshape(2, 3, 4))
+  close(t.reshape(24).numpy(), n.reshape(24))
+  close(t.T.numpy(), n.T)
+  close(t[1:5, 1:3].numpy(), n[1:5, 1:3])
+  close(t[4:].numpy(), n[4:])
+  close(t.pad(((1, 2), (0, 1))).numpy(), np.pad(n, ((1, 2), (0, 1))))
+  close(t.flip(0).flip(1).numpy(), n[::-1, ::-1])
+  close(t.reshape(6, 4, 1).expand(6, 4, 3).numpy(), np.broadcast_to(n[:, :, None], (6, 4, 3)))
+  close(Tensor.cat(t, t, dim=1).numpy(), np.concatenate([n, n], 1))
+
+def test_layouts_after_movement():
+  t = Tensor.rand(26, 15, 7).shard(D3, axis=1)
+  assert t.reshape(26, 3, 5, 7).uop.axis == 1
+  assert t.reshape(26, 3, 35).uop.axis == 1
+  assert t.reshape(26, 105).uop.axis == 1
+  assert t.reshape(26, 1, 105).uop.axis == 2
+  assert t.reshape(2, 13, 3, 5, 7).uop.axis == 2
+  assert t.permute(2, 0, 1).uop.axis == 2
+  assert t.reshape(26 * 15, 7).uop.axis is None   # the slices' rows are split: gathered, then reshaped
+  close(t.reshape(26 * 15, 7).numpy(), t.numpy().reshape(26 * 15, 7))
+  assert t[:, 0:5].uop.axis == 1 and [s.shape[1] for s in lower(t[:, 0:5].uop).src] == [5, 0, 0]
+
+def test_softmax_and_layernorm_over_the_sharded_axis():
+  n = RNG.random((4, 10), dtype=np.float32)
+  t = Tensor(n).shard(D2, 1)
+  e = np.exp(n - n.max(1, keepdims=True))
+  close(t.softmax(1).numpy(), e / e.sum(1, keepdims=True))
+  close(t.layernorm().numpy(), (n - n.mean(1, keepdims=True)) / np.sqrt(n.var(1, keepdims=True) + 1e-5), 1e-4)
+
+@pytest.mark.parametrize("ring", [0, 2])
+@pytest.mark.parametrize("devices", [D2, D3, D4])
+def test_all_reduce_naive_and_ring(ring, devices):
+  n = RNG.random((len(devices) * 7, 33), dtype=np.float32)
+  with Context(RING=ring):
+    out = Tensor(n).shard(devices, 0).sum(0).realize()
+  close(out.numpy(), n.sum(0), 1e-4)
+  shards = [Tensor(s).numpy() for s in out.uop.src]
+  for s in shards[1:]: np.testing.assert_array_equal(s, shards[0])   # every device holds the same bits
+
+def _copies(t: Tensor) -> int: return sum(item.ast.op.name == "COPY" for item in t.schedule())
+
+def test_ring_for_large_values_over_three_or_more_devices():
+  n = RNG.random((4, 1 << 18), dtype=np.float32)
+  with Context(RING=0):
+    naive = Tensor(n).shard(D4, 0).sum(0)
+    assert _copies(naive) == 4 + 4 * 3   # the shards in, then every partial to every other device
+    naive = naive.numpy()
+  with Context(RING=1):
+    ring = Tensor(n).shard(D4, 0).sum(0)
+    assert _copies(ring) == 4 + 2 * 3 * 4   # the shards in, then 2(n-1) steps of a chunk a device
+    ring = ring.numpy()
+  close(naive, n.sum(0), 1e-5)
+  close(ring, naive, 1e-6)
+  with Context(RING=1): assert _copies(Tensor(n).shard(D2, 0).sum(0)) == 2 + 2   # two devices: naive
+
+def test_gradients():
+  x = Tensor([[1., 2, 3, 4], [5, 6, 7, 8]]).shard(D2, axis=0)
+  w = Tensor([1., 2, 3, 4], requires_grad=True).shard(D2)
+  (x * w).mean().backward()
+  close(w.grad.numpy(), [0.75, 1., 1.25, 1.5])
+  w0 = Tensor([1., 2, 3, 4], requires_grad=True)   # through the shard, to the tensor on one device
+  (x * w0.shard(D2)).mean().backward()
+  close(w0.grad.numpy(), [0.75, 1., 1.25, 1.5])
+  assert w0.grad.device == "CPU"
+
+@pytest.mark.parametrize("axis_x,axis_w", [(0, None), (None, 1), (1, 0), (0, 0)])
+def test_matmul_gradients_match_one_device(axis_x, axis_w):
+  import torch
+  a, b = RNG.random((8, 6), dtype=np.float32), RNG.random((6, 4), dtype=np.float32)
+  x = Tensor(a, requires_grad=True).shard(D2, axis_x)
+  w = Tensor(b, requires_grad=True).shard(D2, axis_w)
+  (x @ w).relu().sum().backward()
+  ta, tb = torch.tensor(a, requires_grad=True), torch.tensor(b, requires_grad=True)
+  (ta @ tb).relu().sum().backward()
+  close(x.grad.numpy(), ta.grad.numpy(), 1e-4)
+  close(w.grad.numpy(), tb.grad.numpy(), 1e-4)
+  assert x.grad.device == D2 and x.grad.uop.axis == axis_x
+
+@pytest.mark.parametrize("axis", [None, 0])
+def test_assign_keeps_the_layout(axis):
+  t = Tensor.zeros(4, 4).contiguous().shard(D2, axis).realize()
+  bufs = [s.base.buffer for s in t.uop.src]
+  t.assign(t + 1).realize()
+  t.assign(t * 3).realize()
+  t += Tensor.ones(4, 4).shard(D2, 1)   # another layout: brought to the target's
+  t.realize()
+  close(t.numpy(), np.full((4, 4), 4.))
+  assert [s.base.buffer for s in t.uop.src] == bufs and t.uop.axis == axis
+
+def test_realized_multi_values_are_reused():
+  t = (Tensor(np.arange(8.0, dtype=np.float32)).shard(D2, 0) * 2).realize()
+  assert all(s.base.op.name == "BUFFER" for s in t.uop.src)
+  y = (t + 1)
+  assert len(y.schedule()) == 2   # one kernel a device, reading the realized slices
+  close(y.numpy(), np.arange(8.0) * 2 + 1)
+
+def test_copies_and_replicas():
+  n = np.arange(12, dtype=np.float32).reshape(3, 4)
+  t = Tensor(n).to(D3)
+  assert t.device == D3 and t.uop.axis is None
+  close(t.to("CPU:2").numpy(), n)
+  assert Tensor(n, device=D2).device == D2
+  close(Tensor(n).shard(D2, 1).to(D3).numpy(), n)
+  close(Tensor.full((2, 3), 7.0, device=D2).numpy(), np.full((2, 3), 7.0))
+  close(Tensor.arange(5, device=D2).numpy(), np.arange(5))
+
+def test_errors_name_the_op_and_the_line():
+  t = Tensor.ones(4).shard(D2, 0)
+  with pytest.raises(RuntimeError, match=r"add: .*different devices.*test_multi.py"): t + Tensor.ones(4)
+  with pytest.raises(RuntimeError, match="different devices"): t + Tensor.ones(4).shard(D3, 0)
+  with pytest.raises(RuntimeError, match="several devices already"): t.shard(D3)
+  with pytest.raises(RuntimeError, match="assign: value on CPU"): t.assign(Tensor.ones(4))
+  with pytest.raises(ValueError, match="distinct"): Tensor.ones(4).shard(("CPU:1", "CPU:1"))
