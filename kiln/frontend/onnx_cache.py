@@ -38,9 +38,27 @@ STEERING_LIMIT = 64
 MAX_GRAPHS = 16
 SYMBOLIC_MIN = 2   # a size of 1 broadcasts and squeezes where a larger one does not: it gets a graph of its own
 
-def symbolic_range(size: int) -> tuple[int, int]:
+def symbolic_range(size: int, lowest: int = SYMBOLIC_MIN) -> tuple[int, int]:
   """The range of the Variable that serves `size`: 2-16, then powers of two (the buffers have room for its top)."""
-  return SYMBOLIC_MIN, max(16, 1 << (size - 1).bit_length())
+  return lowest, max(16, 1 << (size - 1).bit_length())
+
+# A CNN that halves its image five times and adds the upsampled maps back (an FPN: PP-OCR's detector) needs sizes
+# that stay whole through every halving: where the plain symbolic build fails, a size divisible by 2^k (k <= 5) is
+# tried as 2^k * v, so (2^k*v + 1)//2 is 2^(k-1)*v again, and one graph serves every multiple of 2^k in range.
+MAX_STEP = 32
+
+def size_step(size: int) -> int:
+  """The largest power of two dividing `size`, at most MAX_STEP."""
+  return min(size & -size, MAX_STEP)
+
+def _dim_key(dim) -> Any:
+  """A shape entry of a route (an int, or (Variable, step)) as part of a signature."""
+  return dim if isinstance(dim, int) else (dim[0].arg, dim[1])
+
+def _bound_dim(dim: tuple[UOp, int], values: dict[UOp, int]) -> UOp:
+  """(Variable, step) -> the shape entry step * Variable, bound to its value."""
+  variable, step = dim
+  return variable.bind(values[variable]) * step if step > 1 else variable.bind(values[variable])
 
 _FAILED = object()   # a symbolic build that needed a plain size
 # A symbolic graph's kernels can be slower than ones compiled for plain sizes (the optimizer cannot tile an axis of
@@ -64,11 +82,13 @@ class _Graph:
   (as kiln lays out a result of symbolic size), which `outputs_at` views with the call's sizes (its guards and its
   rebinding of symbolic views cost more than a small model's kernels)."""
   def __init__(self, placeholders: dict[str, Tensor], outputs: list, steering: dict[str, bytes],
-               sizes: dict[UOp, Tensor] | None = None, values: dict[UOp, int] | None = None):
+               sizes: dict[UOp, Tensor] | None = None, values: dict[UOp, int] | None = None,
+               dims: dict[str, tuple] | None = None):
     self.placeholders, self.outputs, self.steering = placeholders, outputs, steering
     # symbolic sizes: Variable -> its 0-d size input, and the values the outputs are bound to now
     self.sizes, self.values = sizes or {}, values or {}
-    self.dims = {name: tuple(d.src[0] if isinstance(d, UOp) else None for d in p.shape)
+    # per input and axis: (Variable, step) where its size is step * Variable, None where it is fixed
+    self.dims = {name: tuple(None if isinstance(d, int) else d for d in dims[name]) if dims else (None,) * p.ndim
                  for name, p in placeholders.items()}
     self.buffers = [Tensor(p.uop.base) for p in placeholders.values()]
     self.shapes = [out.shape if out is not None and self.sizes else None for out in outputs]
@@ -152,9 +172,10 @@ class GraphCache:
       arrays[name] = array.astype(to_numpy_dtype(dtype), order="C", copy=False)
     return arrays
 
-  def variables(self, arrays: dict[str, np.ndarray]) -> dict[str, UOp]:
-    """The Variables (unbound) of this call's symbolic sizes, by dim label: declared symbolic, at least
-    SYMBOLIC_MIN, and the same size wherever the label appears."""
+  def variables(self, arrays: dict[str, np.ndarray], stepped: bool = False) -> dict[str, tuple[UOp, int]]:
+    """The Variables (unbound) of this call's symbolic sizes and their steps, by dim label: declared symbolic, at
+    least SYMBOLIC_MIN, and the same size wherever the label appears. `stepped`: a size is step * Variable, the
+    step its largest power-of-two divisor up to MAX_STEP (size_step); otherwise the step is 1."""
     sizes: dict[str, set[int]] = {}
     for name, array in arrays.items():
       for label, size in zip(self.labels.get(name) or (), array.shape):
@@ -166,7 +187,9 @@ class GraphCache:
         name = "d_" + re.sub(r"\W", "_", label)
         while name in self.variable_names.values(): name += "_"
         self.variable_names[label] = name
-      out[label] = Variable(self.variable_names[label], *symbolic_range(size))
+      step = size_step(size) if stepped else 1
+      if step == 1: out[label] = (Variable(self.variable_names[label], *symbolic_range(size)), 1)
+      else: out[label] = (Variable(self.variable_names[label], *symbolic_range(size // step, 1)), step)
     return out
 
   def run(self, arrays: dict[str, np.ndarray], build: Callable[[dict, dict], list]) -> list | None:
@@ -200,19 +223,24 @@ class GraphCache:
     self.specialize[symbolic_key] = min(own) * SPECIALIZED_GAIN < min(shared)
     del self.trials[signature]
 
-  def _ladder(self, arrays: dict[str, np.ndarray]) -> list[dict[str, UOp]]:
-    """The Variables to build with, tried in order: every symbolic size, then only those of leading axes (a batch:
-    a CNN's convs take a symbolic batch but not a symbolic height), then none."""
+  def _ladder(self, arrays: dict[str, np.ndarray]) -> list[dict[str, tuple[UOp, int]]]:
+    """The Variables to build with, tried in order: every symbolic size, then every one in whole steps (a CNN's
+    feature pyramid), then only those of leading axes (a batch, where the spatial sizes need plain numbers), then
+    none."""
     if not self.symbolic: return [{}]
     every = self.variables(arrays)
+    stepped = self.variables(arrays, stepped=True)
     leading = {label: v for label, v in every.items()
                if all(labels is None or label not in labels[1:] for labels in self.labels.values())}
-    return [v for v in (every, leading) if v and (v is every or len(v) < len(every))] + [{}]
+    ladder = [every] if every else []
+    if any(step > 1 for _, step in stepped.values()): ladder.append(stepped)
+    if leading and len(leading) < len(every): ladder.append(leading)
+    return ladder + [{}]
 
   def _route(self, arrays: dict[str, np.ndarray], variables: dict[str, UOp]) -> tuple[dict, tuple]:
     """The shapes of the inputs with these Variables in place of their sizes, and the signature they make."""
     shapes = {name: self._shape(name, a.shape, variables) for name, a in arrays.items()}
-    shape_key = tuple((name, tuple(d.arg if isinstance(d, UOp) else d for d in shapes[name]), a.dtype.str)
+    shape_key = tuple((name, tuple(_dim_key(d) for d in shapes[name]), a.dtype.str)
                       for name, a in sorted(arrays.items()))
     return shapes, shape_key
 
@@ -243,12 +271,12 @@ class GraphCache:
   def _build(self, arrays: dict[str, np.ndarray], build: Callable[[dict, dict], list], shapes: dict[str, tuple]):
     """Run `build(placeholders, host copies)` on placeholder inputs; the graph it returns, None if not cacheable,
     _FAILED where symbolic sizes were needed as plain numbers."""
-    values = {v: size for name, array in arrays.items() for v, size in zip(shapes[name], array.shape)
-              if isinstance(v, UOp)}
+    values = {d[0]: size // d[1] for name, array in arrays.items() for d, size in zip(shapes[name], array.shape)
+              if not isinstance(d, int)}
     placeholders, hosts = {}, {}
     for name, array in arrays.items():
       dtype = dtype_of_onnx(self.declared[name].type.tensor_type.elem_type)
-      shape = tuple(v.bind(values[v]) if isinstance(v, UOp) else v for v in shapes[name])
+      shape = tuple(d if isinstance(d, int) else _bound_dim(d, values) for d in shapes[name])
       placeholder = Tensor.empty(*shape, dtype=dtype, device=self.device)
       if array.size <= STEERING_LIMIT and (np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_) \
          and shape == array.shape:   # (an input of symbolic size has no host copy: its values are this size's)
@@ -277,7 +305,7 @@ class GraphCache:
         return None
     steering = {name: arrays[name].tobytes() for name, p in placeholders.items() if id(p) in reads}
     return _Graph(placeholders, [out.uop if out is not None else None for out in outputs], steering, sizes,
-                  dict(values))
+                  dict(values), shapes)
 
   def _replay(self, graph: _Graph, arrays: dict[str, np.ndarray], shape_key: tuple, signature: tuple) -> list:
     # nothing outside reads the placeholders lazily: every call's outputs are realized before it returns (none is a
@@ -286,7 +314,7 @@ class GraphCache:
     for name, placeholder in graph.placeholders.items():
       buffer, array = placeholder.uop.base.buffer, arrays[name]
       if graph.sizes:   # room for the largest sizes: this call's values fill the front, row-major
-        values.update((v, size) for v, size in zip(graph.dims[name], array.shape) if v is not None)
+        values.update((d[0], size // d[1]) for d, size in zip(graph.dims[name], array.shape) if d is not None)
         if array.size != buffer.size:
           if (name, array.size) not in graph.fronts_in: graph.fronts_in[name, array.size] = buffer.view(array.size,
                                                                                                       buffer.dtype, 0)

@@ -4,7 +4,9 @@ import math
 import numpy as np
 from kiln.dtype import dtypes
 from kiln.tensor import Tensor
-from kiln.frontend.onnx_ops import op, ints, scalar, axis_of, is_float, move_axis
+from kiln.uop.ops import UOp
+from kiln.uop.sint import sint_min, sint_max, ssimplify
+from kiln.frontend.onnx_ops import op, ints, scalar, axis_of, is_float, move_axis, _mean
 from kiln.frontend.onnx_proto import dtype_of_onnx, host_value
 
 # ---- padding shared by conv and pools
@@ -132,12 +134,13 @@ def _pool_windows(x: Tensor, kernel, strides, dilations, auto_pad, pads, ceil_mo
   n = len(kernel)
   sizes = x.shape[x.ndim - n:]
   begins, ends = _pads(auto_pad, pads, sizes, kernel, strides, dilations)
-  extra = []
-  for size, k, s, d, bg, e in zip(sizes, kernel, strides, dilations, begins, ends):
+  extra = [0] * n   # without ceil_mode the last window ends inside the padded input (so symbolic sizes need none)
+  for axis, (size, k, s, d, bg, e) in enumerate(zip(sizes, kernel, strides, dilations, begins, ends)):
+    if not ceil_mode: continue
     span, padded = (k - 1) * d + 1, size + bg + e
-    out = (-(-(padded - span) // s) if ceil_mode else (padded - span) // s) + 1
-    if ceil_mode and (out - 1) * s >= size + bg: out -= 1
-    extra.append(max(0, (out - 1) * s + span - padded))
+    out = -(-(padded - span) // s) + 1
+    if (out - 1) * s >= size + bg: out -= 1
+    extra[axis] = max(0, (out - 1) * s + span - padded)
   padded = _spatial_pad(x, begins, [e + x_ for e, x_ in zip(ends, extra)], fill)
   return padded._pool(tuple(kernel), tuple(strides), tuple(dilations)), begins, ends, extra
 
@@ -195,7 +198,7 @@ def lp_pool(x: Tensor, auto_pad: str = "NOTSET", ceil_mode: int = 0, dilations=N
   return windows.sum(tuple(range(windows.ndim - n, windows.ndim))).pow(1.0 / p)
 
 @op("GlobalAveragePool")
-def global_average_pool(x: Tensor) -> Tensor: return x.mean(tuple(range(2, x.ndim)), keepdim=True)
+def global_average_pool(x: Tensor) -> Tensor: return _mean(x, tuple(range(2, x.ndim)), True)
 @op("GlobalMaxPool")
 def global_max_pool(x: Tensor) -> Tensor: return x.max(tuple(range(2, x.ndim)), keepdim=True)
 @op("GlobalLpPool")
@@ -377,7 +380,7 @@ def resize(x: Tensor, roi=None, scales=None, sizes=None, antialias: int = 0, axe
       common = pick(o / i for o, i in zip(size_values, in_sizes))
       scale_values = [common] * len(axes)
       size_values = [int(math.floor(common * i + 0.5)) for i in in_sizes]
-  else: size_values = [int(math.floor(i * s)) for i, s in zip(in_sizes, scale_values)]
+  else: size_values = [_scaled_size(i, s) for i, s in zip(in_sizes, scale_values)]
   roi_values = [float(v) for v in x_values(roi)] if roi is not None and roi.numel() else None
   inside = None
   if mode == "nearest" and coordinate_transformation_mode != "tf_crop_and_resize":
@@ -409,6 +412,17 @@ def resize(x: Tensor, roi=None, scales=None, sizes=None, antialias: int = 0, axe
   if inside is not None: x = Tensor(np.broadcast_to(inside, x.shape).copy()).where(x, extrapolation_value)
   return x
 
+def _scaled_size(size, scale: float):
+  """floor(size * scale); a symbolic size only by a whole factor (size * k), others need a plain size."""
+  if not isinstance(size, UOp): return int(math.floor(size * scale))
+  if scale != int(scale) or scale < 1: raise NotImplementedError(f"Resize of a symbolic size by {scale}")
+  return ssimplify(size * int(scale))
+
+def _repeats_every_entry(mode: str, nearest_mode: str, in_size: int, out_size: int, scale: float, region) -> bool:
+  """Whether a nearest resize of in_size to out_size maps output i to input i // (out_size // in_size)."""
+  index = np.clip(_nearest(_source_coordinates(mode, out_size, in_size, scale, region), nearest_mode), 0, in_size - 1)
+  return out_size % in_size == 0 and (index == np.repeat(np.arange(in_size), out_size // in_size)).all()
+
 def _nearest_repeats(x: Tensor, axes, in_sizes, out_sizes, scales, mode: str, nearest_mode: str, roi) -> Tensor | None:
   """A nearest resize that repeats every entry a whole number of times on each axis (an FPN's 2x, 4x, 8x) as one
   expand and one reshape: each output index is `i // k` on its own axis (per axis, the second reshape's index math
@@ -417,14 +431,19 @@ def _nearest_repeats(x: Tensor, axes, in_sizes, out_sizes, scales, mode: str, ne
   for k, (axis, in_size, out_size, scale) in enumerate(zip(axes, in_sizes, out_sizes, scales)):
     if in_size == out_size and scale == 1: continue
     region = (roi[k], roi[len(roi) // 2 + k]) if roi is not None else (0.0, 1.0)
-    index = np.clip(_nearest(_source_coordinates(mode, out_size, in_size, scale, region), nearest_mode), 0,
-                    in_size - 1)
-    if out_size % in_size or not (index == np.repeat(np.arange(in_size), out_size // in_size)).all(): return None
+    if isinstance(in_size, UOp):
+      # a symbolic size (scaled by a whole factor): the map, affine in i for a given scale, checked at the range's ends
+      factor = int(scale)
+      if not all(_repeats_every_entry(mode, nearest_mode, n, n * factor, scale, region)
+                 for n in (sint_min(in_size), sint_max(in_size))): return None
+      factors[axis] = factor
+      continue
+    if not _repeats_every_entry(mode, nearest_mode, in_size, out_size, scale, region): return None
     factors[axis] = out_size // in_size
   if not factors: return None
   spread = [d for axis, size in enumerate(x.shape) for d in ((size, 1) if axis in factors else (size,))]
   wide = [d for axis, size in enumerate(x.shape) for d in ((size, factors[axis]) if axis in factors else (size,))]
-  return x.reshape(*spread).expand(*wide).reshape(*(s * factors.get(a, 1) for a, s in enumerate(x.shape)))
+  return x.reshape(*spread).expand(*wide).reshape(*(ssimplify(s * factors.get(a, 1)) for a, s in enumerate(x.shape)))
 
 def x_values(t: Tensor) -> list:
   return t.numpy().reshape(-1).tolist()

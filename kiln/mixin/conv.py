@@ -14,6 +14,7 @@ from kiln.helpers import prod, flatten
 from kiln.mixin.common import UnsupportedError, TensorValueError, where, fmt
 from kiln.gradient import custom_backward, custom_backward_rules
 from kiln.uop.ops import UOp
+from kiln.uop.sint import sint_min, sint_max, ssimplify, ssub
 if TYPE_CHECKING: from kiln.tensor import Tensor  # noqa: F401
 
 
@@ -261,12 +262,12 @@ class ConvMixin:
     x = self
     if any(b < 0 or a < 0 for b, a in pairs):
       sizes = self.shape[len(lead):]
-      if any(max(-b, 0) > size - max(-a, 0) for (b, a), size in zip(pairs, sizes)):
+      if any(max(-b, 0) > sint_min(ssub(size, max(-a, 0))) for (b, a), size in zip(pairs, sizes)):
         # a crop reaching past the other side's zeros (a transposed conv's (-2, 2) of a size-1 axis): pad first, so
         # the crop takes the zeros (a crop first would be out of bounds)
         x = x.pad(tuple(lead + [(max(b, 0), max(a, 0)) for b, a in pairs]), value=value)
         sizes, pairs = x.shape[len(lead):], [(min(b, 0), min(a, 0)) for b, a in pairs]
-      bounds = [None] * len(lead) + [(max(-b, 0), size - max(-a, 0)) for (b, a), size in zip(pairs, sizes)]
+      bounds = [None] * len(lead) + [(max(-b, 0), ssub(size, max(-a, 0))) for (b, a), size in zip(pairs, sizes)]
       x = x.shrink(tuple(bounds))
       pairs = [(max(b, 0), max(a, 0)) for b, a in pairs]
     if not any(b or a for b, a in pairs): return x
@@ -284,6 +285,7 @@ class ConvMixin:
     strides, dilations = _int_tuple(stride, n, "stride", "pool"), _int_tuple(dilation, n, "dilation", "pool")
     lead, sizes = list(self.shape[:-n]), self.shape[self.ndim - n:]
     spans = [d * (k - 1) + 1 for k, d in zip(kernel, dilations)]
+    if any(isinstance(size, UOp) for size in sizes): return self._pool_symbolic(kernel, strides, dilations)
     if any(span > size for span, size in zip(spans, sizes)):
       raise TensorValueError(f"pool: kernel {fmt(kernel)} with dilation {fmt(dilations)} spans {fmt(spans)}, more than the "
                              f"(padded) input's spatial size {fmt(sizes)}{where()}")
@@ -314,6 +316,24 @@ class ConvMixin:
     x = x.shrink(tuple(keep + flatten(((0, k), (0, o), (0, 1)) for k, o in zip(kernel, outs))))
     x = x.reshape(lead + flatten((k, o) for k, o in zip(kernel, outs)))
     return x.permute(*range(nl), *[nl + 2 * i + 1 for i in range(n)], *[nl + 2 * i for i in range(n)])
+
+  def _pool_symbolic(self, kernel: tuple[int, ...], strides: tuple[int, ...], dilations: tuple[int, ...]) -> Tensor:
+    """`_pool` over spatial sizes that are expressions of bound Variables: the windows of the input zero-extended to
+    each size's largest value (plain ints, so `_pool`'s reshapes divide by constants), cut to the outputs of the
+    actual size. An output o of an axis of size L reads positions o*s + j*d <= L - 1, never the extension, so its
+    value is irrelevant; the kernels loop over the actual outputs (symbolic bounds)."""
+    n, lead, sizes = len(kernel), list(self.shape[:-len(kernel)]), self.shape[self.ndim - len(kernel):]
+    spans = [d * (k - 1) + 1 for k, d in zip(kernel, dilations)]
+    if any(sint_min(size) < span for span, size in zip(spans, sizes)):
+      raise TensorValueError(f"pool: kernel {fmt(kernel)} with dilation {fmt(dilations)} spans {fmt(spans)}, more than "
+                             f"the smallest (padded) input spatial size {fmt([sint_min(s) for s in sizes])} of "
+                             f"{fmt(self.shape)}{where()}")
+    largest = [sint_max(size) for size in sizes]
+    extended = self.pad(tuple([(0, 0)] * len(lead) + [(0, ssub(m, size)) for m, size in zip(largest, sizes)]))
+    windows = extended._pool(kernel, strides, dilations)
+    outs = [ssimplify((size - span) // s + 1) if isinstance(size, UOp) else (size - span) // s + 1
+            for size, span, s in zip(sizes, spans, strides)]
+    return windows.shrink((*[None] * len(lead), *[(0, o) for o in outs], *[None] * n))
 
   # ---------------- convolutions ----------------
   def conv2d(self, weight: Tensor, bias: Tensor | None = None, groups: int = 1, stride: int | tuple[int, ...] = 1,
@@ -353,7 +373,7 @@ class ConvMixin:
     strides, dilations = _int_tuple(stride, n, "stride", op), _int_tuple(dilation, n, "dilation", op)
     padded = [size + b + a for size, (b, a) in zip(x.shape[2:], pairs)]
     spans = [d * (k - 1) + 1 for k, d in zip(kernel, dilations)]
-    if any(p < span for p, span in zip(padded, spans)) or 0 in kernel:
+    if any(sint_min(p) < span for p, span in zip(padded, spans)) or 0 in kernel:
       raise TensorValueError(f"{op}: kernel {fmt(kernel)} (dilation {fmt(dilations)}) is larger than the padded input "
                              f"{fmt(padded)} of input {fmt(x.shape)}{where()}")
     if n > 1 and all(k == 1 for k in kernel) and all(s == 1 for s in strides) and all(p == (0, 0) for p in pairs) \
@@ -444,7 +464,7 @@ class ConvMixin:
     sizes = x.shape[2:]
     outs = [(i - 1) * s - b - a + d * (k - 1) + p + 1
             for i, s, (b, a), d, k, p in zip(sizes, strides, pairs, dilations, kernel, out_pads)]
-    if 0 in sizes or any(o <= 0 for o in outs):
+    if any(sint_min(i) == 0 for i in sizes) or any(sint_min(o) <= 0 for o in outs):
       raise TensorValueError(f"{op}: input {fmt(x.shape)} with weight {fmt(w.shape)} gives output size {fmt(outs)}{where()}")
     return x._conv_transpose(w, bias, groups, strides, dilations, pairs, out_pads, op)
 
@@ -484,7 +504,7 @@ class ConvMixin:
     sizes = self.shape[self.ndim - n:]
     spans = [d * (k - 1) + 1 for k, d in zip(kernel, dilations)]
     padded = [i + b + a for i, (b, a) in zip(sizes, pairs)]
-    if any(p < span for p, span in zip(padded, spans)):
+    if any(sint_min(p) < span for p, span in zip(padded, spans)):
       raise TensorValueError(f"{op}: kernel {fmt(kernel)} (dilation {fmt(dilations)}) is larger than the padded input "
                              f"{fmt(padded)} of input {fmt(self.shape)}{where()}")
     extra = [0] * n

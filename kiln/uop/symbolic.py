@@ -643,6 +643,60 @@ def cmp_difference(u: UOp, x: UOp, y: UOp) -> UOp | None:
     return build_sum(x.dtype, pos).alu(_CMPLT, build_sum(x.dtype, neg, const))
   return build_sum(x.dtype, pos).alu(u.op, build_sum(x.dtype, neg, const))
 
+def pull_product_constants(u: UOp, x: UOp, y: UOp) -> UOp | None:
+  """(a*c1)*(b*c2) -> (a*b)*(c1*c2) (ints, neither a constant): products of sizes compare equal however grouped"""
+  if _kernel_const(x) or _kernel_const(y): return None
+  left, right = linear_form(x), linear_form(y)
+  if left is None or right is None or left[1] or right[1] or len(left[0]) != 1 or len(right[0]) != 1: return None
+  (a, ca), (b, cb) = next(iter(left[0].items())), next(iter(right[0].items()))
+  if ca == 1 and cb == 1: return None
+  return a.alu(_MUL, b).alu(_MUL, u.const_like(ca * cb))
+
+MAX_BOUND_PASSES = 4   # substitutions of range ends and quotients in a symbolic bound (each may expose another)
+
+def _symbolic_end(t: UOp) -> bool: return t.op is _RANGE and not _kernel_const(t.src[0])
+
+def symbolic_upper_bound(terms: dict[UOp, int], const: int) -> tuple[dict[UOp, int], int] | None:
+  """An upper bound of `sum(t*a) + const` as a linear form over the Variables: a loop index of symbolic end n with a
+  positive coefficient is at most n - 1, and c*(x//c) (x >= 0) at most x (at least x - c + 1), so that n - 1 - i
+  for i < n cancels to an expression whose range decides it (the ranges alone cannot: n's vmax against i's)."""
+  terms, changed = dict(terms), True
+  for _ in range(MAX_BOUND_PASSES):
+    if not changed: break
+    changed = False
+    for t, a in list(terms.items()):
+      if _symbolic_end(t) and a > 0: replacement, offset = t.src[0], -a
+      elif t.op is _IDIV and _kernel_const(t.src[1]) and t.src[1].arg > 0 and a % t.src[1].arg == 0 \
+           and t.src[0].vmin >= 0:
+        c = t.src[1].arg
+        replacement, offset = t.src[0], 0 if a > 0 else -(a // c) * (c - 1)
+        a = a // c
+      else: continue
+      form = linear_form(replacement)
+      if form is None: continue
+      del terms[t]
+      for r, b in form[0].items(): terms[r] = terms.get(r, 0) + a * b
+      const += a * form[1] + offset
+      terms = {r: b for r, b in terms.items() if b != 0}
+      changed = True
+  return terms, const
+
+def lt_by_symbolic_bounds(x: UOp, y: UOp) -> UOp | None:
+  """x < y -> True (False) when x - y is below 0 (at least 0) for every loop index below its symbolic end (a
+  window's position o + j < n for o < n - j: the gate of a pad to a size's largest value)"""
+  left, right = linear_form(x), linear_form(y)
+  if left is None or right is None: return None
+  diff = {t: left[0].get(t, 0) - right[0].get(t, 0) for t in left[0].keys() | right[0].keys()}
+  diff = {t: a for t, a in diff.items() if a != 0}
+  if not any(_symbolic_end(t) for t in diff): return None
+  if not (fits(x.dtype, *linear_bounds(*left)) and fits(y.dtype, *linear_bounds(*right))): return None
+  const = left[1] - right[1]
+  upper = symbolic_upper_bound(diff, const)
+  if upper is not None and linear_bounds(*upper)[1] < 0: return UOp.const(dtypes.bool, True)
+  lower = symbolic_upper_bound({t: -a for t, a in diff.items()}, -const)
+  if lower is not None and linear_bounds(*lower)[1] <= 0: return UOp.const(dtypes.bool, False)
+  return None
+
 _CINT = UPat.cvar("c", dtype=_INT)
 _XINT = UPat.var("x", dtype=_INT)
 
@@ -662,9 +716,11 @@ symbolic = symbolic_simple + PatternMatcher([
   (UPat(Ops.CMPLT, src=(_XINT, _CINT)), lt_linear),
   (UPat(Ops.CMPLT, src=(_CINT, _XINT)), const_lt_linear),
   (UPat((Ops.CMPNE, Ops.CMPEQ), src=(_XINT, _CINT), name="u"), eq_linear),
+  (UPat(Ops.CMPLT, src=(_XINT, UPat.var("y"))), lt_by_symbolic_bounds),
   (UPat((Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ), src=(_XINT, UPat.var("y")), name="u"), cmp_difference),
   # canonical sums last: the rules above see (and return) sums in canonical form
   (UPat((Ops.ADD, Ops.SUB, Ops.NEG), dtype=_INT, name="u"), canonical_sum),
   (UPat(Ops.MUL, dtype=_INT, src=(UPat.var(), UPat.cvar()), name="u"), canonical_sum),
+  (UPat(Ops.MUL, dtype=_INT, src=(UPat.var("x"), UPat.var("y")), name="u"), pull_product_constants),
   (UPat(Ops.MUL, dtype=_INT, src=(UPat.var("x"), UPat.var("y")), name="u"), order_mul_operands),
 ], pure=True)

@@ -125,20 +125,62 @@ def test_inputs_sharing_a_dim_name_share_its_variable():
   assert counts[1:] == [0, 0], counts
   assert len(runner.cache.graphs) == 1
 
-def test_a_build_that_needs_plain_sizes_falls_back_to_a_graph_per_size():
-  """A conv over a symbolic height and width (kiln's conv needs plain spatial sizes): each size builds its own
-  graph, as without symbolic sizes, and every result is right."""
+def test_a_conv_net_over_a_symbolic_height_and_width_compiles_once():
+  """Conv, MaxPool, ConvTranspose over a dynamic height and width (kiln/mixin/conv.py `_pool_symbolic`): one graph
+  and one compile for every size of the range, each result as onnxruntime's."""
   ort = pytest.importorskip("onnxruntime")
-  weight = floats(2, 1, 3, 3, seed=5)
-  model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])],
+  inits = [numpy_helper.from_array(floats(4, 2, 3, 3, seed=5), "w"), numpy_helper.from_array(floats(4, seed=6), "b"),
+           numpy_helper.from_array(floats(4, 3, 2, 2, seed=7), "up")]
+  nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
+           helper.make_node("Relu", ["c"], ["r"]), helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[3, 3],
+                                                                 pads=[1, 1, 1, 1], strides=[1, 1]),
+           helper.make_node("ConvTranspose", ["p", "up"], ["y"], strides=[2, 2])]
+  model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, "height", "width"])],
+                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+  session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+  runner = OnnxRunner(model)
+  counts = run_sizes(runner, lambda size: {"x": floats(1, 2, *size, seed=size[0])}, [(9, 11), (12, 10), (16, 9)],
+                     lambda feeds: {"y": session.run(None, feeds)[0]})
+  assert counts[0] > 0 and counts[1:] == [0, 0], counts
+  assert len(runner.cache.graphs) == 1
+
+def test_a_feature_pyramid_compiles_once_for_sizes_in_whole_steps():
+  """A stride-2 conv whose output, upsampled 2x, is added back to the input (an FPN): shapes agree only where the
+  size is even, so the plain symbolic build fails and the sizes are built as 16 * v (onnx_cache.py size_step): one
+  graph and one compile for 16x48, 48x16 and 80x48."""
+  ort = pytest.importorskip("onnxruntime")
+  inits = [numpy_helper.from_array(floats(2, 2, 3, 3, seed=8), "w"),
+           numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"),
+           numpy_helper.from_array(np.zeros(0, np.float32), "roi")]
+  nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
+           helper.make_node("Resize", ["c", "roi", "scales"], ["up"], mode="nearest",
+                            coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+           helper.make_node("Add", ["x", "up"], ["y"])]
+  model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, "height", "width"])],
+                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits, opset=13)
+  session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+  runner = OnnxRunner(model)
+  counts = run_sizes(runner, lambda size: {"x": floats(1, 2, *size, seed=size[1])}, [(16, 48), (48, 16), (80, 48)],
+                     lambda feeds: {"y": session.run(None, feeds)[0]})
+  assert counts[0] > 0 and counts[1:] == [0, 0], counts
+  assert len(runner.cache.graphs) == 1   # (and the plain builds failed, once for each of their ranges)
+  assert all(step == 1 for key in runner.cache.not_symbolic for _, step in key[0][1][2:])
+
+def test_a_build_that_needs_plain_sizes_falls_back_to_a_graph_per_size():
+  """A pool in ceil_mode keeps a last partial window where the size's remainder leaves one (onnx_nn.py
+  `_pool_windows`: a Python decision on the size): over a symbolic height and width each size builds its own graph,
+  as without symbolic sizes, and every result is right."""
+  ort = pytest.importorskip("onnxruntime")
+  model = make_model([helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
+                                       ceil_mode=1)],
                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, "height", "width"])],
-                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                     [numpy_helper.from_array(weight, "w")])
+                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
   session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
   runner = OnnxRunner(model)
   run_sizes(runner, lambda size: {"x": floats(1, 1, *size)}, [(5, 6), (7, 4), (5, 6)],
             lambda feeds: {"y": session.run(None, feeds)[0]})
-  assert len(runner.cache.graphs) == 2 and len(runner.cache.not_symbolic) == 1   # one range, tried once
+  # one range, tried once plainly and once in each size's steps (6 = 2*3, 4 = 4*1: onnx_cache.py size_step)
+  assert len(runner.cache.graphs) == 2 and len(runner.cache.not_symbolic) == 3
 
 def test_outputs_of_every_kind_come_back_with_plain_sizes():
   """A computed output, a view of it (a second output sharing its buffer), the Shape itself and a fixed-size
@@ -179,12 +221,13 @@ def test_a_hot_size_gets_its_own_graph_while_that_pays(monkeypatch):
   assert len(own) == 1 and len(runner.cache.graphs) == 2, list(runner.cache.graphs)   # 9 kept the symbolic one
   assert list(runner.cache.specialize.values()) == [False]
 
-def test_a_conv_over_a_symbolic_batch_height_and_width_keeps_the_batch_symbolic():
-  """The build with every size symbolic needs plain spatial sizes (the conv); the one with only the leading
-  (batch) axis symbolic does not: a new batch compiles nothing, a new height builds once more."""
+def test_a_pool_over_a_symbolic_batch_height_and_width_keeps_the_batch_symbolic():
+  """The build with every size symbolic needs plain spatial sizes (a conv, then a pool in ceil_mode); the one with
+  only the leading (batch) axis symbolic does not: a new batch compiles nothing, a new height builds once more."""
   ort = pytest.importorskip("onnxruntime")
   weight = floats(4, 2, 3, 3, seed=6)
-  model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])],
+  model = make_model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+                      helper.make_node("MaxPool", ["c"], ["y"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)],
                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2, "height", "width"])],
                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                      [numpy_helper.from_array(weight, "w")])
