@@ -42,7 +42,8 @@ def main() -> None:
   parser.add_argument("--reps", type=int, default=10)
   parser.add_argument("--json", default="")
   parser.add_argument("--rows", default="memory,matmul,launch",
-                      help="which rows: memory, matmul, tiles, conv, qmatvec, launch (with the graph chains) (commas)")
+                      help="which rows: memory, matmul, tiles, conv, qmatvec, launch (with the graph chains), host (the "
+                      "launch rows' host CPU time and where it goes) (commas)")
   parser.add_argument("--row-elements", type=int, metavar="N", help="about N elements a thread in a row kernel's "
                       "block (kiln/codegen/gpudims.py ROW_ELEMENTS)")
   parser.add_argument("--row-lane-elements", type=int, metavar="N", help="GPU targets: threads a row in row kernels of "
@@ -100,6 +101,7 @@ def main() -> None:
   if "qmatvec" in args.rows: qmatvec_rows(rows)
   if "launch" in args.rows: launch_rows(rows)
   elif "chain" in args.rows: chain_rows(rows)
+  if "host" in args.rows: host_rows(rows)
   if args.json:
     with open(args.json, "w") as f: json.dump({"floats": n, "reps": reps, "rows": rows}, f, indent=1)
 
@@ -200,6 +202,42 @@ def launch_rows(rows: list) -> None:
           f"{replay_us:.1f} us a call (wall clock)")
   graph.GRAPHS.pop("CUDA", None)
   chain_rows(rows)
+
+def host_rows(rows: list, rounds: int = 7, calls: int = 300) -> None:
+  """The host side of the launch rows: this thread's CPU time (time.thread_time, the least of `rounds` rounds of
+  `calls` calls; the GPU and other processes do not count) of an eager `(a+1).realize()` on 16 floats and of a
+  2-kernel TinyJit replay (CUDA graph), then where that time goes: a cProfile of each, summed by module (the
+  profiler's own cost inflates the parts of many small calls, so the shares are a guide, the CPU times the figure).
+  Runs over the real driver, or without a GPU over test/runtime/fake_libcuda.c."""
+  import cProfile, collections, pstats
+  from kiln import Tensor, TinyJit, Device
+  tiny = Tensor.ones(16, device="CUDA").realize()
+  step = TinyJit(lambda x: ((x + 1).contiguous() * 2).contiguous())
+  cases = (("eager (a+1).realize() on 16 floats", lambda: (tiny + 1).realize()),
+           ("TinyJit replay, 2 kernels, CUDA graph", lambda: step(tiny)))
+  for _ in range(5):
+    for _, run in cases: run()
+  Device["CUDA"].synchronize()
+  for name, run in cases:
+    best = float("inf")
+    for _ in range(rounds):
+      start = time.thread_time()
+      for _ in range(calls): run()
+      best = min(best, (time.thread_time() - start) / calls * 1e6)
+      Device["CUDA"].synchronize()
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(calls): run()
+    profile.disable()
+    Device["CUDA"].synchronize()
+    by_module: collections.Counter = collections.Counter()
+    for (path, _, _), (_, _, own, _, _) in pstats.Stats(profile).stats.items():
+      by_module[path.split("kiln/")[-1] if "kiln/" in path else ("builtins" if path == "~" else path)] += own
+    total = sum(by_module.values()) or 1.0
+    shares = {module: round(own / total, 3) for module, own in by_module.most_common(8)}
+    rows.append({"name": f"host CPU time, {name}", "cpu_us_per_call": best, "profile_shares": shares})
+    print(f"host CPU time, {name}: {best:.1f} us a call (thread time, least of {rounds} rounds of {calls}); "
+          "profile shares: " + ", ".join(f"{module} {share:.0%}" for module, share in shares.items()))
 
 def chain_rows(rows: list, length: int = 200) -> None:
   """What one kernel node of a CUDA graph costs when each waits for the one before (an LLM decode step is ~300 such

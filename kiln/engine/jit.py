@@ -8,7 +8,7 @@ arguments, and the Python state the capture read); a mismatch re-captures, a cha
 See docs/jit.md.
 """
 from __future__ import annotations
-import collections, dis, functools, types, weakref
+import collections, dis, functools, sys, types, weakref
 from typing import Any, Callable, Generic, TypeVar
 import numpy as np
 from kiln.device import Buffer, Device
@@ -23,6 +23,8 @@ from kiln.tensor import Tensor, _forget_results_computed_from, _tensor_around, _
 
 ReturnType = TypeVar("ReturnType")
 _BUFFER = Ops.BUFFER   # bound once: `Ops.X` is a metaclass attribute lookup
+# what each output of a capture is (CapturedJit.outputs), compared by identity in `replay`
+_INPUT, _FRESH, _FIXED = "input", "fresh", "fixed"
 
 SCALARS = (int, float, bool, str, bytes, complex, type(None))
 MAX_CAPTURES = 8        # captures kept per TinyJit (one per guard signature), least recently used dropped first
@@ -292,13 +294,13 @@ class CapturedJit:
     for t in outs:
       base, chain = _view_chain(t.uop)
       buf = base.buffer if base.op is Ops.BUFFER else None
-      if buf is not None and id(buf) in input_index: self.outputs.append(("input", input_index[id(buf)], chain))
+      if buf is not None and id(buf) in input_index: self.outputs.append((_INPUT, input_index[id(buf)], chain))
       elif buf is not None and id(buf) in produced:
         if id(buf) not in fresh_ids:
           fresh_ids[id(buf)] = len(self.fresh)
           self.fresh.append((buf.device, buf.size, buf.dtype, []))
-        self.outputs.append(("fresh", fresh_ids[id(buf)], chain))
-      else: self.outputs.append(("fixed", t.uop, chain))
+        self.outputs.append((_FRESH, fresh_ids[id(buf)], chain))
+      else: self.outputs.append((_FIXED, t.uop, chain))
     # where each input and each fresh output sits in the launches
     self.input_slots: list[tuple[list, int, int]] = []
     for item in items:
@@ -351,17 +353,21 @@ class CapturedJit:
           if var in var_vals: vals[var] = var_vals[var]
     if input_bufs is None: input_bufs = [t.uop.base.buffer for t in tensors]
     for buf in input_bufs:
-      if not buf.is_initialized(): buf.allocate()
+      if buf._allocator is None: buf.allocate()   # (is_initialized, inline: every replay runs this)
     for bufs, pos, k in self.input_slots: bufs[pos] = input_bufs[k]
     fresh = []
     for device, size, dtype, slots in self.fresh:
-      buf = Buffer(device, size, dtype).allocate()
-      for bufs, pos in slots: bufs[pos] = buf
+      # the last replay's output again when nothing outside the capture holds it: no tensor, node or view can read it
+      # any more (each holds its Buffer), so reusing it is unobservable and saves an allocation and a free
+      bufs, pos = slots[0]
+      if sys.getrefcount(buf := bufs[pos]) != len(slots) + 2 or buf._allocator is None:
+        buf = Buffer(device, size, dtype).allocate()
+        for bufs, pos in slots: bufs[pos] = buf
       fresh.append(buf)
-    if self._launches is None:
-      self._launches = batch_launches(self.items, self.swapped) if JIT.value < 2 else \
+    if (launches := self._launches) is None:
+      launches = self._launches = batch_launches(self.items, self.swapped) if JIT.value < 2 else \
         [plain_launch(item) for item in self.items]
-    for launch in self._launches: launch()
+    for launch in launches: launch()
     GlobalCounters.kernel_count += self.kernel_count
     GlobalCounters.global_ops += self.ops
     GlobalCounters.global_mem += self.mem
@@ -370,20 +376,23 @@ class CapturedJit:
     for k in self.written_inputs: _forget_results_computed_from(input_bufs[k])
     # (a membership test of the weak dictionary's own table, by a weak reference made once: most written state has
     # no results to forget, and a pop for each of an LLM step's 31 caches and outputs cost ~7 us)
-    computed = _computed_from.data
-    for buf, ref in zip(self.written_state, self.written_state_refs):
-      if ref in computed: _forget_results_computed_from(buf)
+    if self.written_state:
+      computed = _computed_from.data
+      for buf, ref in zip(self.written_state, self.written_state_refs):
+        if ref in computed: _forget_results_computed_from(buf)
     outs = []
     for kind, where, chain in self.outputs:
-      if kind == "fixed":
-        outs.append(_tensor_around(_rebind(where, var_vals) if var_vals else where))
-        continue
-      if kind == "input": node = tensors[where].uop.base
-      else:
+      if kind is _FRESH:
         buf = fresh[where]
         node = UOp.new_buffer(buf.device, buf.size, buf.dtype)
         node.buffer = buf
-      outs.append(_tensor_around(_apply_chain(node, _rebind(chain, var_vals) if var_vals else chain)))
+      elif kind is _FIXED:
+        outs.append(_tensor_around(_rebind(where, var_vals) if var_vals else where))
+        continue
+      else: node = tensors[where].uop.base
+      if var_vals: chain = _rebind(chain, var_vals)
+      for op, arg in chain: node = UOp(op, node.dtype, (node,), arg)   # _apply_chain, inline
+      outs.append(_tensor_around(node))
     template = self.template
     return outs[template.index] if type(template) is _Out else _fill(template, outs)
 
@@ -427,6 +436,12 @@ def _prune(items: list[ExecItem], input_ids: set[int], output_ids: set[int], sta
   return kept
 
 # ---------------- TinyJit ----------------
+
+def _same_tensors(args: tuple, uops: tuple) -> bool:
+  """Each of `args` is a Tensor holding the node at its place in `uops` (the last replayed call's)."""
+  for a, u in zip(args, uops):
+    if type(a) is not Tensor or a.uop is not u: return False
+  return True
 
 class TinyJit(Generic[ReturnType]):
   """Capture the kernels a function launches and replay them on later calls: `@TinyJit def step(x): ...`.
@@ -504,9 +519,11 @@ class TinyJit(Generic[ReturnType]):
                          "nested TinyJit is not supported (call the inner function undecorated)")
     self.cnt += 1
     if (last := self._last) is not None and not kwargs and len(args) == len(last[0]) and last[2] is self.captured \
-       and all(type(a) is Tensor and a.uop is u for a, u in zip(args, last[0])) and last[1] == \
+       and _same_tensors(args, last[0]) and last[1] == \
        (Tensor.training, Device._default, dtypes.default_float, dtypes.default_int) and JIT.value:
-      if self._replay_blocker(last[2], last[3], []) is None: return last[2].replay(list(args), None, last[3])
+      entry = last[2]
+      if (not entry.pinned_inputs and not entry.internal_ids and not entry.reused_results and not entry.guards) or \
+         self._replay_blocker(entry, last[3], []) is None: return entry.replay(list(args), None, last[3])
       self._last = None   # the slow path below says why
     tensors: list[Tensor] = []
     objects: list[Any] = []
@@ -568,6 +585,11 @@ class TinyJit(Generic[ReturnType]):
       pinned = pinned_inputs.get(k) if pinned_inputs else None
       if pinned is not None and buf is not pinned: return f"input {k} was a buffer the kernels also use as state"
       if pinned is None and id(buf) in internal_ids: return f"input {k} is a buffer the captured kernels use"
+    return self._state_blocker(entry, objects)
+
+  def _state_blocker(self, entry: CapturedJit, objects: list[Any]) -> str | None:
+    """Why `entry` cannot be replayed now whatever its inputs (None when it can): a result it reused was overwritten,
+    or the Python state it read changed."""
     for node, result in entry.reused_results:
       if node.forward is not result:
         return "a result computed before the capture (and reused by it) was overwritten or recomputed"

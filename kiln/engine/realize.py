@@ -1,7 +1,7 @@
 """Turning schedule items into runnable programs and running them."""
 from __future__ import annotations
 import contextlib, functools, gc, os, sys, time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 from kiln.uop.spec import check_lowered, check_linear
 from kiln.helpers import (SPEC, NOOPT, DEBUG, VECTORIZE, DISABLE_FAST_IDIV, SPLIT_REDUCEOP, VALIDATE_WITH_CPU, CC,
@@ -32,7 +32,14 @@ class CompiledRunner:
   vars: list[UOp]
   params: tuple[int, ...]   # the schedule item's buffer numbers the kernel takes (a load simplified away drops one)
   launch: tuple | None = None   # (grid, block) sizes on a GPU (kiln/codegen/gpudims.py launch_size); None elsewhere
+  # the program's queue-only launcher over this runner's buffer numbers, where it has one (`Program.launcher`): made
+  # at the first call without wait, so an eager kernel launched again converts nothing
+  _queue: Callable | None = field(default=None, repr=False, compare=False)
   def __call__(self, bufs: list[Buffer], var_vals: dict | None = None, wait: bool = False):
+    if not wait and not self.vars:
+      if (queue := self._queue) is None and (make := getattr(self.program, "launcher", None)) is not None:
+        queue = self._queue = make(self.params, self.launch)
+      if queue is not None: return queue(bufs)
     vals = tuple(var_vals[v] for v in self.vars) if self.vars else ()
     if self.launch is None: return self.program(*[bufs[i]._buf for i in self.params], vals=vals, wait=wait)
     return self.program(*[bufs[i]._buf for i in self.params], vals=vals, wait=wait, launch=self.launch)

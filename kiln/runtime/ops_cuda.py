@@ -11,7 +11,7 @@ RuntimeError that says what is missing.
 """
 from __future__ import annotations
 import collections, functools
-from typing import Any
+from typing import Any, Callable
 from kiln.device import Compiled
 from kiln.helpers import PTX
 from kiln.renderer import kernel_function_name
@@ -39,6 +39,19 @@ class CUDAProgram:
     a new PackedLaunch (not the one `__call__` reuses), for a caller that keeps it."""
     grid, block = launch if launch is not None else ONE_THREAD
     return cuda.PackedLaunch(self.function, (*bufs, *vals), grid, block)
+
+  def launcher(self, params: tuple[int, ...], launch: Launch | None = None) -> Callable[[list], None]:
+    """A function that queues this kernel over `bufs[i]._buf` for each buffer number i in `params` (a schedule
+    item's kiln Buffers, allocated) with `launch`'s sizes and no variables: its own argument block, packed at the
+    first call and rewritten in place by later ones (the eager hot path: nothing converted, no key built)."""
+    packed: list[cuda.PackedLaunch] = []
+    def queue(bufs: list) -> None:
+      if not packed: packed.append(self.packed(tuple(bufs[i]._buf for i in params), (), launch))
+      else:
+        values = packed[0].values
+        for k, i in enumerate(params): values[k].value = bufs[i]._buf.ptr
+      packed[0].launch()
+    return queue
 
   def __call__(self, *bufs, vals: tuple[int, ...] = (), wait: bool = False, launch: Launch | None = None):
     """Queue the kernel on the default stream (and, with wait=True, wait for it and return its seconds)."""
@@ -187,9 +200,12 @@ class CUDAGraph:
 
   def __call__(self) -> None:
     """Launch the executable for the arguments as they are now (made or updated first when there is none)."""
-    state = self._read() if self.slots else ()
-    if (handle := self.execs.get(state)) is None: handle = self._exec_for(state)
-    elif len(self.execs) > 1: self.execs.move_to_end(state)
+    if not self.slots: state: tuple = ()
+    elif not self._var_reads: state = tuple([bufs[pos]._buf.ptr for bufs, pos in self._buffer_reads])   # (_read)
+    else: state = self._read()
+    execs = self.execs
+    if (handle := execs.get(state)) is None: handle = self._exec_for(state)
+    elif len(execs) > 1: execs.move_to_end(state)
     self.context.activate()
     self.graph.launch_exec(handle)
 
