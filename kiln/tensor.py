@@ -33,7 +33,7 @@ from kiln.mixin.common import TensorIndexError, TensorValueError, UnsupportedErr
   broadcasts_to, broadcast_shape as _broadcast_shape
 
 # hot reads bound once: `Ops.X` is a metaclass attribute lookup (~130 ns under Python 3.11), a global ~10 ns
-_ADD, _MUL, _BUFFER, _ASSIGN, _UNIQUE = Ops.ADD, Ops.MUL, Ops.BUFFER, Ops.ASSIGN, Ops.UNIQUE
+_ADD, _MUL, _BUFFER, _ASSIGN, _UNIQUE, _MULTI = Ops.ADD, Ops.MUL, Ops.BUFFER, Ops.ASSIGN, Ops.UNIQUE, Ops.MULTI
 
 _requires_grad_tensors: weakref.WeakSet = weakref.WeakSet()
 class _LiveTensors:
@@ -209,7 +209,8 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
   @gc_paused
   def realize_all(tensors: Sequence[Tensor]) -> None:
     """Realize all `tensors` together, scheduling their pending computations at once."""
-    todo = [(t, t.uop) for t in dict.fromkeys(tensors) if t.uop.base.op is not _BUFFER]
+    todo = [(t, t.uop) for t in dict.fromkeys(tensors) if t.uop.base.op is not _BUFFER and not (
+      t.uop.op is _MULTI and all(s.base.op is _BUFFER for s in t.uop.src))]
     if not todo: return
     roots = list(dict.fromkeys(uop for _, uop in todo))
     schedule = None
@@ -252,6 +253,9 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
         # gets a node of its own over the same storage, or it would be the input itself to autograd and assign
         new = _alias_view(new)
         new_base = new.base
+      elif new_base.op is _MULTI and old.op is not _ASSIGN:   # the same for each device's slice
+        new = new_base = _multi.multi([_alias_view(s) if s.base.op is _BUFFER and id(s.base.buffer) in inputs else s
+                                       for s in new.src], new.arg)
       # a graph that reads no buffer (constants, arange) is not redirected to its result: an equal graph built
       # later is computed again, so it stays a constant that folds into the kernels using it (a realized
       # Tensor.ones(()) would otherwise turn every backward()'s seed into a load). A UNIQUE root is the one
@@ -260,6 +264,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
         old.forward = new
         # its own buffer too: once an assign overwrites it, an equal graph built later must be computed again
         if new_base.op is _BUFFER: own_buffers.append((new_base.buffer, old))
+        elif new_base.op is _MULTI: own_buffers += [(s.base.buffer, old) for s in new.src if s.base.op is _BUFFER]
         realized_from_inputs.append(old)
       # the realized node remembers its graph, so backward() still reaches the parameters behind it. An assign's
       # gradient flows to its target alone (gradient.py), so its result remembers a marker over the target's
@@ -329,6 +334,8 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
   def empty(*shape, device: str | None = None, dtype: DType | str | None = None, **kwargs) -> Tensor:
     """An uninitialized tensor."""
     shape, dtype, device = _shape_arg(shape), _dtype_arg(dtype or dtypes.default_float, "empty"), _canonical_device(device)
+    if _multi.is_multi_device(device):   # a buffer on each device
+      return Tensor(_multi.multi([Tensor.empty(*shape, device=d, dtype=dtype).uop for d in device], None), **kwargs)
     if is_symbolic_shape(shape):   # room for the largest values of the Variables; the view covers the bound size
       size = sprod(shape)
       buf = UOp.new_buffer(device, sint_max(size), dtype)
@@ -433,9 +440,9 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
       raise RuntimeError(f"manual_seed: called inside the TinyJit function {_jit_calls[0].name}; a replay would not "
                          f"reset the generator, so call it outside{_where()}")
     Tensor._seed = int(seed)
-    for state in _rng_states.values():
+    for device, state in _rng_states.items():
       buf = state.uop.base.buffer
-      buf.copyin(memoryview(_rng_initial_state(Tensor._seed)))
+      buf.copyin(memoryview(_rng_initial_state(Tensor._seed, device)))
       _forget_results_computed_from(buf)
 
   @staticmethod
@@ -470,6 +477,9 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     `contiguous` is accepted for tinygrad scripts: kiln's random values are a lazy hash that fuses into its consumers.
     """
     shape, device = _shape_arg(shape), _canonical_device(device)
+    if _multi.is_multi_device(device):
+      raise ValueError(f"rand: random values are drawn on one device, not on {device}; draw them on one and shard them, "
+                       f"or use rand_like of a sharded tensor{_where()}")
     dtype = _dtype_arg(dtype or dtypes.default_float, "rand")
     if not dtypes.is_float(dtype): raise UnsupportedError(f"rand: only float dtypes are supported, got {dtype}{_where()}")
     if is_symbolic_shape(shape):
@@ -530,10 +540,16 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     return Tensor.normal(*shape, mean=0.0, std=std, **kwargs)
 
   def rand_like(self, **kwargs) -> Tensor:
-    """Uniform random values in [0, 1) with this tensor's shape, dtype and device."""
+    """Uniform random values in [0, 1) with this tensor's shape, dtype and device (and its layout over several
+    devices: each slice drawn on its own device)."""
+    if _multi.is_multi_device(self.device) and "device" not in kwargs:
+      return self._multi_like(lambda shape, device: Tensor.rand(*shape, **{"device": device, "dtype": self.dtype, **kwargs}))
     return Tensor.rand(*self.shape, **{"device": self.device, "dtype": self.dtype, **kwargs})
   def randn_like(self, dtype: DType | str | None = None, requires_grad: bool | None = None, **kwargs) -> Tensor:
     """Standard normal random values with this tensor's shape and device, and its dtype unless `dtype` is given."""
+    if _multi.is_multi_device(self.device) and "device" not in kwargs:
+      return self._multi_like(lambda shape, device: Tensor.randn(*shape, device=device, dtype=dtype or self.dtype,
+                                                                 **kwargs), requires_grad)
     return Tensor.randn(*self.shape, **{"device": self.device, "dtype": dtype or self.dtype,
                                         "requires_grad": requires_grad, **kwargs})
 
@@ -1754,14 +1770,18 @@ def _mix32(x: int) -> int:
 # the random generator's state per device: a realized uint32 tensor [counter, key] (see Tensor._random_bits)
 _rng_states: dict[str, Tensor] = {}
 
-def _rng_initial_state(seed: int) -> np.ndarray:
-  """[counter 0, the key mixed from `seed`] as the bytes a state buffer holds."""
-  return np.array([0, _mix32((seed * 0x9E3779B9 + 0x7F4A7C15) & 0xFFFFFFFF)], dtype=np.uint32)
+def _rng_initial_state(seed: int, device: str) -> np.ndarray:
+  """[counter 0, the key mixed from `seed` and the device's index] as the bytes a state buffer holds: the devices of
+  one kind draw streams of their own (CPU:1 not CPU:2's), while CPU, PYTHON and CUDA (index 0) draw the same one."""
+  index = device.partition(":")[2]
+  offset = int(index) * 0x632BE5AB if index.isdigit() else 0
+  return np.array([0, _mix32((seed * 0x9E3779B9 + 0x7F4A7C15 + offset) & 0xFFFFFFFF)], dtype=np.uint32)
 
 def _rng_state(device: str) -> Tensor:
   """The generator state of `device`, created from the current seed on first use."""
   state = _rng_states.get(device)
-  if state is None: state = _rng_states[device] = Tensor(_rng_initial_state(Tensor._seed), device=device)
+  if state is None:
+    state = _rng_states[device] = Tensor(_rng_initial_state(Tensor._seed, device), device=device)
   return state
 
 def _shape_arg(shape, allow_negative: bool = False) -> tuple[int, ...]:

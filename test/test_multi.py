@@ -178,3 +178,80 @@ def test_errors_name_the_op_and_the_line():
   with pytest.raises(RuntimeError, match="several devices already"): t.shard(D3)
   with pytest.raises(RuntimeError, match="assign: value on CPU"): t.assign(Tensor.ones(4))
   with pytest.raises(ValueError, match="distinct"): Tensor.ones(4).shard(("CPU:1", "CPU:1"))
+
+def test_results_computed_from_an_overwritten_buffer_are_forgotten():
+  a = Tensor(np.arange(4, dtype=np.float32)).shard(D2, 0).realize()
+  b = (a * 2).realize()
+  b.assign(b + 1).realize()
+  close((a * 2).numpy(), np.arange(4) * 2)   # computed again, not read from b's overwritten buffers
+  pending = a * 3
+  a.assign(a + 10).realize()
+  close(pending.numpy(), np.arange(4) * 3)   # PyTorch order: built before the assign, it holds the old values
+  close(a.numpy(), np.arange(4) + 10)
+
+def test_detach_is_a_new_tensor_over_the_same_storage():
+  x = Tensor.ones(4).contiguous().shard(D2, 0).realize()
+  y = x.detach().realize()
+  assert y.uop is not x.uop
+  y.assign(y * 0 + 5).realize()
+  close(x.numpy(), np.full(4, 5.0))   # as in PyTorch: detach shares the storage
+
+def test_creation_and_random_over_several_devices():
+  assert Tensor.empty(4, 2, device=D2).device == D2
+  close(Tensor.zeros(2, 2, device=D2).numpy(), np.zeros((2, 2)))
+  with pytest.raises(ValueError, match="rand: random values are drawn on one device"): Tensor.rand(4, device=D2)
+  t = Tensor.ones(16, 16).shard(D2, 0)
+  r = Tensor.rand_like(t)
+  assert r.device == D2 and r.uop.axis == 0 and r.shape == (16, 16)
+  halves = r.numpy()
+  assert not np.allclose(halves[:8], halves[8:])   # each device draws its own slice
+  rep = Tensor.randn_like(Tensor.ones(8).to(D2)).realize()
+  np.testing.assert_array_equal(Tensor(rep.uop.src[0]).numpy(), Tensor(rep.uop.src[1]).numpy())   # one value
+  with Tensor.train():
+    values, counts = np.unique(Tensor.ones(512).shard(D2, 0).dropout(0.5).numpy(), return_counts=True)
+  assert set(values) == {0, 2} and 180 < counts[0] < 332
+
+@pytest.mark.parametrize("count", [1, 2, 3, 4])
+def test_empty_slices(count):
+  devices = tuple(f"CPU:{i}" for i in range(1, count + 1))
+  for data in ([1, 2, 3, 4], [1, 2, 3], [1, 2], [1]):
+    x = ((Tensor(data).shard(devices, axis=0) + 1).realize() - 1).realize()
+    np.testing.assert_equal(x.numpy(), data)
+    assert x.sum().item() == sum(data)
+
+class _Net:
+  def __init__(self):
+    from kiln import nn
+    self.conv, self.bn, self.head = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm(8), nn.Linear(8, 5)
+  def __call__(self, x: Tensor) -> Tensor:
+    return self.head(self.bn(self.conv(x)).relu().mean((2, 3)))
+
+def _train(devices, steps: int = 3) -> tuple[list[float], list[np.ndarray]]:
+  from kiln import nn
+  from kiln.nn.state import get_parameters
+  Tensor.manual_seed(0)
+  model = _Net()
+  params = get_parameters(model)
+  if devices:
+    for p in params: p.shard_(devices).realize()
+  opt = nn.optim.SGD(params, lr=0.1, momentum=0.9)
+  x_np, y_np = np.random.default_rng(1).random((8, 3, 6, 6), dtype=np.float32), np.arange(8) % 5
+  losses = []
+  with Tensor.train():
+    for _ in range(steps):
+      x, y = Tensor(x_np), Tensor(y_np)
+      if devices: x, y = x.shard(devices, 0), y.shard(devices, 0)
+      opt.zero_grad()
+      loss = model(x).sparse_categorical_crossentropy(y).backward()
+      opt.step()
+      losses.append(loss.item())
+  return losses, [p.numpy() for p in params] + [model.bn.running_mean.numpy(), model.bn.running_var.numpy()]
+
+@pytest.mark.parametrize("devices", [D2, D4])
+def test_data_parallel_training_matches_one_device(devices):
+  """The batch sharded, the weights replicated: the gradients all-reduce, batch norm's statistics are over the whole
+  batch, and every weight ends as on one device."""
+  losses, weights = _train(None)
+  dp_losses, dp_weights = _train(devices)
+  close(dp_losses, losses, 1e-5)
+  for a, b in zip(dp_weights, weights): close(a, b, 1e-5)

@@ -44,7 +44,10 @@ def canonical_device(device: str | tuple[str, ...] | None) -> str | tuple[str, .
     names = tuple(canonical_device(d) for d in device)
     if not names or len(set(names)) != len(names):
       raise TensorValueError(f"devices {tuple(device)!r} must be distinct and at least one{where()}")
-    return names[0] if len(names) == 1 else names
+    if len(names) == 1: return names[0]
+    from kiln.schedule.multi import note_several_devices
+    note_several_devices()
+    return names
   name = Device.canonicalize(device)
   if not _known_devices: _known_devices.extend(Device.known())
   if name.partition(":")[0] not in _known_devices:

@@ -55,6 +55,16 @@ class MultiMixin:
     self.uop = self.shard(devices, axis, splits).uop
     return self
 
+  def _multi_like(self: Tensor, make, requires_grad: bool | None = None) -> Tensor:
+    """A new tensor laid out as this one over its devices, each part made by `make(shape, device)` (a replicated
+    value is made once, on the first device, and copied: replicas stand for one value)."""
+    from kiln.tensor import Tensor
+    layout = _multi.lower(self.uop)
+    if layout.arg is None: out = make(self.shape, self.device[0]).to(self.device)
+    else: out = Tensor(_multi.multi([make(s.shape, s.device).uop for s in layout.src], layout.arg))
+    if requires_grad is not None: out.requires_grad = requires_grad
+    return out
+
   def _gathered(self: Tensor) -> Tensor:
     """This tensor's whole value on its first device (itself if it is on one device)."""
     return self.to(self.device[0]) if _multi.is_multi_device(self.device) else self

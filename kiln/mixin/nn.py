@@ -141,7 +141,7 @@ class NNMixin:
       raise TensorValueError(f"dropout: p={p!r} is not in [0, 1]{where()}")
     if not self.training or p == 0: return self
     if p == 1: return self.zeros_like()
-    keep = self.rand(*self.shape, device=self.device) >= p
+    keep = self.rand_like(dtype=dtypes.default_float) >= p   # (on several devices: each draws its own slice)
     return keep.where(self, 0) * (1 / (1 - p))
 
   def one_hot(self, num_classes: int = -1) -> Tensor:

@@ -48,7 +48,12 @@ def multi(shards: list[UOp] | tuple[UOp, ...], axis: int | None) -> UOp:
   multi_made += 1
   return UOp(Ops.MULTI, shards[0].dtype, tuple(shards), axis)
 
-multi_made = 0   # how many MULTI nodes were built: until one is, no graph needs lowering
+multi_made = 0   # MULTI nodes built and device tuples named: until one is, no graph needs lowering
+
+def note_several_devices() -> None:
+  """A tuple of devices was named (a node over them may be built without a MULTI): graphs may need lowering now."""
+  global multi_made
+  multi_made += 1
 
 def is_multi_device(device) -> bool: return type(device) is tuple
 
