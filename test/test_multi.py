@@ -255,3 +255,50 @@ def test_data_parallel_training_matches_one_device(devices):
   dp_losses, dp_weights = _train(devices)
   close(dp_losses, losses, 1e-5)
   for a, b in zip(dp_weights, weights): close(a, b, 1e-5)
+
+def test_tinyjit_with_sharded_inputs_outputs_and_state():
+  from kiln import TinyJit
+  @TinyJit
+  def total(x: Tensor) -> Tensor: return (x + 1).contiguous().sum()
+  @TinyJit
+  def shard_inside(x: Tensor) -> Tensor: return (x.shard(D2, 0) + 1).contiguous().sum()
+  @TinyJit
+  def add(a: Tensor, b: Tensor) -> Tensor: return (a + b).realize()
+  for i in range(5):
+    assert total(Tensor.arange(4).contiguous().realize().shard(D2, 0).realize()).item() == 10
+    assert shard_inside(Tensor.arange(4).contiguous().realize()).item() == 10
+    c = add(Tensor.ones(64).contiguous().shard(D2, 0), (Tensor.ones(64) * i).contiguous().shard(D2, 0))
+    assert c.device == D2 and c.uop.axis == 0
+    close(c.numpy(), np.full(64, 1.0 + i))
+  assert add.captured is not None and len(add.captured.items) == 2   # a kernel a device
+
+def test_data_parallel_training_under_tinyjit():
+  from kiln import TinyJit, nn
+  from kiln.nn.state import get_parameters
+  x_np = np.random.default_rng(2).random((8, 4), dtype=np.float32)
+  y_np = np.arange(8) % 3
+  def run(devices):
+    Tensor.manual_seed(0)
+    model = nn.Linear(4, 3)
+    params = get_parameters(model)
+    if devices:
+      for p in params: p.shard_(devices).realize()
+    opt = nn.optim.Adam(params, lr=0.05)
+    @TinyJit
+    def step(x: Tensor, y: Tensor) -> Tensor:
+      opt.zero_grad()
+      loss = model(x).sparse_categorical_crossentropy(y).backward()
+      opt.step()
+      return loss
+    losses = []
+    with Tensor.train():
+      for _ in range(5):
+        x, y = Tensor(x_np), Tensor(y_np)
+        if devices: x, y = x.shard(devices, 0), y.shard(devices, 0)
+        losses.append(step(x.realize(), y.realize()).item())
+    assert step.captured is not None
+    return losses, [p.numpy() for p in params]
+  losses, weights = run(None)
+  dp_losses, dp_weights = run(D2)
+  close(dp_losses, losses, 1e-5)
+  for a, b in zip(dp_weights, weights): close(a, b, 1e-5)

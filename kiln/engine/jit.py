@@ -17,12 +17,13 @@ from kiln.helpers import JIT, DEBUG, GlobalCounters
 from kiln.uop import ops as _ops
 from kiln.uop.ops import UOp, Ops, GroupOp, toposort
 from kiln.uop.pattern import substitute
+from kiln.schedule import multi as _multi
 from kiln.engine.realize import ExecItem, capturing
 from kiln.engine.graph import batch_launches, plain_launch
 from kiln.tensor import Tensor, _forget_results_computed_from, _tensor_around, _computed_from
 
 ReturnType = TypeVar("ReturnType")
-_BUFFER = Ops.BUFFER   # bound once: `Ops.X` is a metaclass attribute lookup
+_BUFFER, _MULTI = Ops.BUFFER, Ops.MULTI   # bound once: `Ops.X` is a metaclass attribute lookup
 # what each output of a capture is (CapturedJit.outputs), compared by identity in `replay`
 _INPUT, _FRESH, _FIXED = "input", "fresh", "fixed"
 
@@ -60,6 +61,7 @@ def _describe(x: Any, tensors: list[Tensor], objects: list[Any], binds: list[UOp
   and other objects into `objects` (in order)."""
   kind = type(x)
   if kind is Tensor:
+    if x.uop.op is _MULTI: return _describe_multi(x, tensors)
     tensors.append(x)
     return _TENSOR
   if kind in SCALARS:
@@ -71,6 +73,7 @@ def _describe(x: Any, tensors: list[Tensor], objects: list[Any], binds: list[UOp
     binds.append(x)
     return ("var", x.src[0])
   if isinstance(x, Tensor):
+    if x.uop.op is _MULTI: return _describe_multi(x, tensors)
     tensors.append(x)
     return _TENSOR
   if isinstance(x, DType): return x
@@ -78,6 +81,13 @@ def _describe(x: Any, tensors: list[Tensor], objects: list[Any], binds: list[UOp
   if isinstance(x, dict): return (kind, tuple([(k, _describe(v, tensors, objects, binds)) for k, v in x.items()]))
   objects.append(x)
   return ("object", id(x))
+
+def _describe_multi(t: Tensor, tensors: list[Tensor]) -> Any:
+  """A tensor over several devices: its slices join `tensors` (each a tensor of one device), its layout is in the
+  description. A lazy one is realized first (a replay needs buffers)."""
+  if not all(s.base.op is _BUFFER for s in t.uop.src): t.realize()
+  tensors.extend(_tensor_around(s) for s in t.uop.src)
+  return ("multi", t.uop.arg, len(t.uop.src))
 
 def _tensor_signature(t: Tensor) -> tuple:
   """(dtype, device, buffer size, the movement ops from the buffer to the tensor): what a kernel bakes in."""
@@ -152,8 +162,17 @@ class _Out:
   __slots__ = ("index",)
   def __init__(self, index: int): self.index = index
 
+class _MultiOut:
+  """A returned tensor over several devices: its slices are the outputs `slots`, laid out along `axis`."""
+  __slots__ = ("slots", "axis")
+  def __init__(self, slots: list[_Out], axis: int | None): self.slots, self.axis = slots, axis
+
 def _template(x: Any, outs: list[Tensor]) -> Any:
-  """The returned value with each tensor replaced by an _Out slot (tensors collected into `outs`, once each)."""
+  """The returned value with each tensor replaced by an _Out slot (tensors collected into `outs`, once each; a tensor
+  over several devices by a _MultiOut of its slices'). `outs` are realized by the caller."""
+  if isinstance(x, Tensor) and _multi.is_multi_device(x.device):
+    x.realize()
+    return _MultiOut([_template(_tensor_around(s), outs) for s in x.uop.src], x.uop.arg)
   if isinstance(x, Tensor):
     for j, t in enumerate(outs):
       if t is x: return _Out(j)
@@ -165,6 +184,8 @@ def _template(x: Any, outs: list[Tensor]) -> Any:
 
 def _fill(template: Any, outs: list[Tensor]) -> Any:
   if type(template) is _Out: return outs[template.index]
+  if type(template) is _MultiOut:
+    return _tensor_around(_multi.multi([outs[slot.index].uop for slot in template.slots], template.axis))
   if type(template) is list or type(template) is tuple: return type(template)(_fill(v, outs) for v in template)
   if type(template) is dict: return {k: _fill(v, outs) for k, v in template.items()}
   return template
@@ -247,8 +268,10 @@ def _follow(root: Any, steps: tuple) -> Any:
   return value
 
 def _marker(t: Tensor) -> Any:
-  """What identifies a tensor's contents: its Buffer when realized, else its (lazy) graph node."""
+  """What identifies a tensor's contents: its Buffer when realized (the first slice's over several devices), else its
+  (lazy) graph node."""
   base = t.uop.base
+  if base.op is _MULTI and all(s.base.op is _BUFFER for s in base.src): base = base.src[0].base
   return base.buffer if base.op is Ops.BUFFER else t.uop
 
 def _path_str(path: tuple) -> str:
@@ -531,7 +554,7 @@ class TinyJit(Generic[ReturnType]):
     structure: Any = None
     if not kwargs:   # the common case, only tensors, without the general walk
       for a in args:
-        if type(a) is not Tensor: break
+        if type(a) is not Tensor or a.uop.op is _MULTI: break
       else:
         tensors.extend(args)
         structure = len(args)
@@ -618,7 +641,7 @@ class TinyJit(Generic[ReturnType]):
     # lists and dicts in the arguments are Python state too: a replay cannot repeat appending to them or storing in them
     tensors_after: list[Tensor] = []
     if _describe((args, kwargs), tensors_after, [], []) != arguments or any(
-        a is not b for a, b in zip(tensors, tensors_after)):
+        a is not b and a.uop is not b.uop for a, b in zip(tensors, tensors_after)):   # (slices: new Tensors, same nodes)
       raise RuntimeError(f"TinyJit: {self.name} changed a list, tuple or dict in its arguments during the call; a "
                          "replay runs only the captured kernels and cannot repeat that (return the new values instead)")
     after = _walk_state(list(self._state_roots(objects).items()))
