@@ -1,7 +1,7 @@
 """ONNX model inference on the CPU: kiln's OnnxRunner beside onnxruntime, same machine, same thread count.
 
 Run: PYTHONPATH=. THREADS=1 python bench/bench_onnx.py [--runs N] [--models a,b] [--uncached] [--jit]
-     [--profile MODEL] [--overhead] [--convs] [--sizes]
+     [--profile MODEL] [--overhead] [--convs] [--sizes [--sized MODEL ...]]
 
 Models: a ResNet-50 written here in PyTorch with random weights and exported to /tmp (torchvision is not needed;
 the .onnx is not kept in the repository), and the real models of test/frontend/test_onnx_packaged.py where their
@@ -14,7 +14,8 @@ it with `cache=False` (the graph walked and scheduled on every call), `--jit` th
 `--profile MODEL` prints the model's slowest kiln kernels (each kernel of one inference launched alone);
 `--overhead` times the graph walk alone and whole calls with and without the graph cache; `--convs` times
 ResNet-50's conv shapes alone (Tensor.conv2d) at batch 1 and 4; `--sizes` calls models with symbolic sizes (an
-exported transformer block, PP-OCR's classifier) at several sizes, one graph for all of them against one per size.
+exported transformer block, PP-OCR's classifier and detector) at several sizes, one graph for all of them against
+one per size (`--sized ocr_det` for one of them).
 """
 from __future__ import annotations
 import argparse, importlib.util, os, statistics, sys, time
@@ -213,15 +214,17 @@ def overhead(name: str, runs: int) -> None:
 SIZED: dict[str, tuple[Callable[[], str | None], str, list[tuple[int, ...]]]] = {
   "transformer": (transformer_onnx, "tokens", [(2, 8, 64), (3, 12, 64), (4, 16, 64), (2, 5, 64), (1, 16, 64)]),
   "ocr_cls": (MODELS["ocr_cls"][0], "x", [(2, 3, 48, 192), (3, 3, 48, 192), (6, 3, 48, 192), (4, 3, 48, 192)]),
+  "ocr_det": (MODELS["ocr_det"][0], "x", [(1, 3, 320, 320), (1, 3, 256, 352), (1, 3, 352, 256), (1, 3, 320, 480)]),
 }
 
-def sizes(runs: int) -> None:
+def sizes(runs: int, only: list[str] | None = None) -> None:
   """Symbolic sizes against a graph per size (OnnxRunner(symbolic=False)): the first call of each new size (graph
   walk, scheduling, compiling: wall time, kernel cache on disk as it is), then the steady call at each size (min of
   `runs`, interleaved), with the kernels compiled in the process counted."""
   from kiln.engine import realize
   from kiln.frontend.onnx import OnnxRunner
   for name, (locate, input_name, shapes) in SIZED.items():
+    if only and name not in only: continue
     path = locate()
     if path is None:
       print(f"{name}: package not installed, skipped")
@@ -278,10 +281,11 @@ def main() -> None:
   parser.add_argument("--overhead", action="store_true", help="time the graph walk and cached/uncached calls instead")
   parser.add_argument("--convs", action="store_true", help="time ResNet-50's convs alone at batch 1 and 4 instead")
   parser.add_argument("--sizes", action="store_true", help="symbolic sizes against a graph per size instead")
+  parser.add_argument("--sized", nargs="*", default=None, help="with --sizes: only these models")
   args = parser.parse_args()
   if args.profile: return profile(args.profile)
   if args.convs: return convs(args.runs)
-  if args.sizes: return sizes(args.runs)
+  if args.sizes: return sizes(args.runs, args.sized)
   if args.overhead:
     for name in args.models.split(","): overhead(name, args.runs)
     return

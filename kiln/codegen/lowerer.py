@@ -4,11 +4,12 @@ An `INDEX(x, valid, *idx)` node means "the value of tensor node x at indices idx
 `valid`". The rules below push INDEX down through every op until only loads, constants and loop variables remain.
 """
 from __future__ import annotations
+import math
 from kiln.dtype import dtypes
 from kiln.helpers import prod
 from kiln.uop.ops import UOp, Ops, GroupOp, identity_element, toposort
 from kiln.uop.pattern import UPat, PatternMatcher, graph_rewrite
-from kiln.uop.symbolic import symbolic
+from kiln.uop.symbolic import symbolic, linear_form, build_sum
 
 INT = dtypes.int32
 TRUE = UOp.const(dtypes.bool, True)
@@ -50,7 +51,39 @@ def index_reshape(x: UOp, valid: UOp, idx: tuple[UOp, ...], new_shape) -> UOp:
   if _strip_ones(old_shape) == _strip_ones(new_shape):   # only size-1 axes added or removed
     real = iter([i for i, s in zip(idx, new_shape) if s != 1])
     return index_of(x, valid, [iconst(0) if s == 1 else next(real) for s in old_shape])
+  if any(isinstance(s, UOp) for s in (*old_shape, *new_shape)) and (groups := _reshape_groups(old_shape, new_shape)):
+    # symbolic sizes: each group of axes on its own, so a split (2h) -> (h, 2) divides by 2, not by a size
+    old_idx: list[UOp] = []
+    for (i0, i1), (j0, j1) in groups:
+      old_idx += unflatten_index(linearize_index(tuple(idx[j0:j1]), new_shape[j0:j1]), old_shape[i0:i1])
+    return index_of(x, valid, old_idx)
   return index_of(x, valid, unflatten_index(linearize_index(idx, new_shape), old_shape))
+
+def _prefix_products(shape) -> list:
+  """The products of each prefix of `shape` (ints, or simplified expressions: equal sizes are the same node)."""
+  out, total = [1], 1
+  for s in shape:
+    total = total * s
+    if isinstance(total, UOp): total = graph_rewrite(total, symbolic)
+    if isinstance(total, UOp) and total.op is Ops.CONST: total = total.arg
+    out.append(total)
+  return out
+
+def _reshape_groups(old_shape, new_shape) -> list[tuple[tuple[int, int], tuple[int, int]]] | None:
+  """The axes of a reshape in groups whose sizes multiply to the same product on both sides, ((old axes), (new
+  axes)) each as a range; None where only the whole shapes match."""
+  old_prefix, new_prefix = _prefix_products(old_shape), _prefix_products(new_shape)
+  groups, start_i, start_j, j = [], 0, 0, 0
+  for i in range(1, len(old_shape) + 1):
+    found = next((k for k in range(max(j, start_j + 1), len(new_shape) + 1) if _same_size(new_prefix[k], old_prefix[i])),
+                 None)
+    if found is None: continue
+    groups.append(((start_i, i), (start_j, found)))
+    start_i, start_j, j = i, found, found
+  if start_i != len(old_shape) or start_j != len(new_shape) or len(groups) < 2: return None
+  return groups
+
+def _same_size(a, b) -> bool: return a is b if isinstance(a, UOp) or isinstance(b, UOp) else a == b
 
 def push_through_elementwise(x: UOp, valid: UOp, idx) -> UOp:
   """INDEX(alu(a, b)) -> alu(INDEX(a), INDEX(b))"""
@@ -168,6 +201,22 @@ def _view_store_index(view: UOp, out_ranges: list[UOp], ctx: LowerContext) -> tu
 
 VECTOR_ROW = 16   # an output row that 16 divides makes whole vectors; other rows are merged with the axis above
 
+def constant_factor(size: UOp) -> int:
+  """The largest power of two up to VECTOR_ROW that divides a symbolic size for every value (16*v+32: 16)."""
+  form = linear_form(size)
+  if form is None: return 1
+  g = math.gcd(*form[0].values(), form[1])
+  return min(g & -g, VECTOR_ROW) if g else 1
+
+def _output_range(ctx: LowerContext, size) -> UOp:
+  """The index of an output axis: one loop, or for a symbolic size c*v (c a power of two, constant_factor) a loop
+  of v around a loop of c, `outer*c + inner`: the optimizer's upcasts and vectors need an axis of plain size, and
+  a feature map's symbolic size comes in whole steps (kiln/frontend/onnx_cache.py)."""
+  if not isinstance(size, UOp) or (factor := constant_factor(size)) == 1: return ctx.new_range(size)
+  terms, const = linear_form(size)
+  outer = ctx.new_range(build_sum(size.dtype, {t: a // factor for t, a in terms.items()}, const // factor))
+  return outer * factor + ctx.new_range(factor)
+
 def lower_kernel(ast: UOp) -> UOp:
   """Kernel AST `SINK(STORE(DEFINE_GLOBAL, value))` -> `SINK(STORE(buf, index, loaded value))` over loop ranges.
 
@@ -197,7 +246,7 @@ def _lower(ast: UOp, merge_rows: bool) -> UOp | None:
       outer = [iconst(0) if s == 1 else ctx.new_range(s) for s in shape[:-2]]
       merged = ctx.new_range(shape[-2] * shape[-1])
       out_ranges = outer + [merged // shape[-1], merged % shape[-1]]
-    else: out_ranges = [iconst(0) if s == 1 else ctx.new_range(s) for s in shape]
+    else: out_ranges = [iconst(0) if s == 1 else _output_range(ctx, s) for s in shape]
     if out_buf.op is Ops.DEFINE_GLOBAL: flat = linearize_index(tuple(out_ranges), shape)
     else: out_buf, flat = _view_store_index(out_buf, out_ranges, ctx)
     stores.append(UOp(Ops.STORE, dtypes.void, (out_buf, flat, index_of(value, TRUE, out_ranges))))
