@@ -24,3 +24,11 @@ def test_train_digits_short_run():
 def test_train_fashion_mnist_options():
   stdout = run_example("train_fashion_mnist.py", "--help", timeout=60)
   assert all(option in stdout for option in ("--epochs", "--bs", "--no-torch", "--limit")), stdout
+
+def test_train_data_parallel_matches_one_device():
+  stdout = run_example("train_data_parallel.py", "--devices", "CPU:1,CPU:2,CPU:3", "--steps", "15", "--batch", "30",
+                       "--check")
+  first, last = map(float, re.search(r"devices .*: loss ([\d.]+) -> ([\d.]+)", stdout).groups())
+  assert last < first, stdout
+  diff = float(re.search(r"max weight difference against one device: (\S+)", stdout).group(1))
+  assert diff < 1e-5, stdout
