@@ -449,14 +449,19 @@ def _plan_intermediates(items: list[ExecItem], intermediate_ids: set[int]) -> in
 
 def _prune(items: list[ExecItem], input_ids: set[int], output_ids: set[int], state_ids: set[int]) -> list[ExecItem]:
   """Keep only launches that update state (write a buffer that existed before the call, such as weights or the random
-  generator's counter), depend on an input or on such state, or write an output."""
+  generator's counter), depend on an input, on such state or on a Variable (a symbolic size), or write an output."""
   depends = set(input_ids) | state_ids
   kept = []
   for item in items:
     out, reads = id(item.bufs[0]), [id(b) for b in item.bufs[1:]]
-    if any(r in depends for r in reads): depends.add(out)
+    if getattr(item.runner, "vars", None) or any(r in depends for r in reads): depends.add(out)
     if out in depends or out in output_ids: kept.append(item)
-  return kept
+  # a dropped launch's output must survive the replays: where the memory planner gave its buffer to another
+  # intermediate too, the replays would read that one's values instead, so it stays
+  writers: dict[int, int] = {}
+  for item in items: writers[id(item.bufs[0])] = writers.get(id(item.bufs[0]), 0) + 1
+  kept_ids = {id(item) for item in kept}
+  return [item for item in items if id(item) in kept_ids or writers[id(item.bufs[0])] > 1]
 
 # ---------------- TinyJit ----------------
 
