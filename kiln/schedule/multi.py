@@ -308,11 +308,19 @@ def involves_several_devices(node: UOp) -> bool:
   own device, or a source that lowering rewrote."""
   return is_multi_device(node.device) or any(s in _lowered or s.op is Ops.MULTI for s in node.src)
 
+_one_device: weakref.WeakSet = weakref.WeakSet()   # nodes whose whole graph is known to be on one device
+
 def needs_lowering(root: UOp) -> bool:
-  """Whether `root`'s graph involves several devices (a walk of the graph, once any MULTI was ever built)."""
+  """Whether `root`'s graph involves several devices (once any MULTI was ever built: a walk of the graph, stopping at
+  nodes known to be on one device)."""
   if not multi_made: return False
   if is_multi_device(root.device) or root in _lowered: return True
-  return any(n.op is Ops.MULTI or (n.op is Ops.DEVICE and is_multi_device(n.arg)) for n in toposort([root]))
+  if root in _one_device: return False
+  nodes = toposort([root], stop=lambda n: n in _one_device)
+  if any(n.op is Ops.MULTI or n.op is Ops.MSELECT or (n.op is Ops.DEVICE and is_multi_device(n.arg)) for n in nodes):
+    return True
+  for n in nodes: _one_device.add(n)
+  return False
 
 def layout_axis(node: UOp) -> int | None:
   """The sharded axis of a node over several devices (None when it is replicated or on one device)."""
