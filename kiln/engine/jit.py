@@ -17,6 +17,7 @@ from kiln.helpers import JIT, DEBUG, GlobalCounters
 from kiln.uop import ops as _ops
 from kiln.uop.ops import UOp, Ops, GroupOp, toposort
 from kiln.uop.pattern import substitute
+from kiln.schedule import cache as schedule_cache
 from kiln.schedule import multi as _multi
 from kiln.engine.realize import ExecItem, capturing
 from kiln.engine.graph import batch_launches, plain_launch
@@ -449,19 +450,36 @@ def _plan_intermediates(items: list[ExecItem], intermediate_ids: set[int]) -> in
 
 def _prune(items: list[ExecItem], input_ids: set[int], output_ids: set[int], state_ids: set[int]) -> list[ExecItem]:
   """Keep only launches that update state (write a buffer that existed before the call, such as weights or the random
-  generator's counter), depend on an input, on such state or on a Variable (a symbolic size), or write an output."""
+  generator's counter), depend on an input, on such state or on a Variable (a symbolic size), or write an output.
+
+  A dropped launch's output must survive the replays. Where the memory planner gave its buffer to other
+  intermediates too (weight copies of one size share one), the replays would read their values instead: such a
+  launch gets a buffer of its own, its readers read that one, and it runs there once now."""
   depends = set(input_ids) | state_ids
-  kept = []
+  dropped: set[int] = set()
+  writers: dict[int, int] = {}
   for item in items:
     out, reads = id(item.bufs[0]), [id(b) for b in item.bufs[1:]]
+    writers[out] = writers.get(out, 0) + 1
     if getattr(item.runner, "vars", None) or any(r in depends for r in reads): depends.add(out)
-    if out in depends or out in output_ids: kept.append(item)
-  # a dropped launch's output must survive the replays: where the memory planner gave its buffer to another
-  # intermediate too, the replays would read that one's values instead, so it stays
-  writers: dict[int, int] = {}
-  for item in items: writers[id(item.bufs[0])] = writers.get(id(item.bufs[0]), 0) + 1
-  kept_ids = {id(item) for item in kept}
-  return [item for item in items if id(item) in kept_ids or writers[id(item.bufs[0])] > 1]
+    if out not in depends and out not in output_ids: dropped.add(id(item))
+  if not any(id(item) in dropped and writers[id(item.bufs[0])] > 1 for item in items):
+    return [item for item in items if id(item) not in dropped]
+  own: dict[int, Buffer] = {}   # a shared buffer's id -> the buffer its current (dropped) writer got instead
+  kept, once = [], []
+  for item in items:
+    reads = [own.get(id(b), b) for b in item.bufs[1:]]
+    out = item.bufs[0]
+    if id(item) in dropped and writers[id(out)] > 1:
+      own[id(out)] = Buffer(out.device, out.size, out.dtype).allocate()
+      once.append(ExecItem(item.runner, [own[id(out)], *reads], item.var_vals))
+      continue
+    own.pop(id(out), None)   # later readers read this launch's value
+    if id(item) in dropped: continue
+    changed = any(r is not b for r, b in zip(reads, item.bufs[1:]))
+    kept.append(ExecItem(item.runner, [out, *reads], item.var_vals) if changed else item)
+  for item in once: item.runner(item.bufs, item.var_vals, wait=True)
+  return kept
 
 # ---------------- TinyJit ----------------
 
@@ -626,12 +644,15 @@ class TinyJit(Generic[ReturnType]):
   def _run(self, args, kwargs, tensors, record: bool) -> Any:
     recorder = _Recorder(self.name, recording=record)
     capturing.append(recorder)
+    schedule_cache.recycling_paused += 1   # (the recorder tells new buffers from state by their allocation)
     try:
       ret = self.fxn(*args, **kwargs)
       outs: list[Tensor] = []
       template = _template(ret, outs)
       if outs: Tensor.realize_all(outs)
-    finally: capturing.pop()
+    finally:
+      capturing.pop()
+      schedule_cache.recycling_paused -= 1
     if not recorder.launches:
       raise RuntimeError(f"TinyJit: {self.name} launched no kernels, so there is nothing to capture (return tensors "
                          "the function computes, or don't jit it)")

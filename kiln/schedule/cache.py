@@ -17,7 +17,7 @@ of a file or of another buffer), and an assign whose target was realized through
 `SCHEDULE_CACHE=0` turns the cache off.
 """
 from __future__ import annotations
-import collections
+import collections, sys
 from typing import Callable
 from kiln.device import Buffer
 from kiln.helpers import ContextVar, deep_recursion
@@ -27,6 +27,12 @@ from kiln.uop.ops import UOp, Ops, GroupOp, _cache_key_arg
 SCHEDULE_CACHE = ContextVar("SCHEDULE_CACHE", 1, "1: reuse schedules of graphs with the same structure over other "
                                                  "input buffers (eager dispatch); 0: schedule every graph anew")
 MAX_ENTRIES = 512   # templates kept, least recently used dropped first
+# the most bytes of buffers a template keeps for reuse between hits (all templates together: 32 MiB at most); above it
+# a hit's buffers come from the allocator, whose own cache of freed memory serves them
+RECYCLE_MAX_BYTES = 64 << 10
+# above 0 while a TinyJit call runs its function (kiln/engine/jit.py): a capture tells a fresh output from state by
+# whether its buffer was allocated before the call, so every buffer a schedule makes must be new then
+recycling_paused = 0
 
 # ops whose schedule depends on more than the graph's structure
 _UNCACHED_OPS = frozenset({Ops.BIND, Ops.DEFINE_VAR})
@@ -37,10 +43,14 @@ class _Template:
   for a view of pool buffer k, (None, None) for a root that was a realized view already, and ("assign", None) for an
   assign; `inputs` and `overwritten` (the slots that assigns write) are slot numbers; `key` is the graph key the
   template is stored under."""
-  __slots__ = ("items", "new", "results", "inputs", "overwritten", "key")
+  __slots__ = ("items", "new", "results", "inputs", "overwritten", "key", "recycles", "spare")
   def __init__(self, items: list, new: list[tuple], results: list[tuple], inputs: list[int], overwritten: list[int]):
     self.items, self.new, self.results, self.inputs, self.overwritten = items, new, results, inputs, overwritten
     self.key: tuple = ()
+    # a small schedule keeps the buffers of its last hit (`spare`) and hands them to the next hit when nothing else
+    # holds them any more: its results were dropped, so no tensor, node or view can read them (see `_unheld`)
+    self.recycles = sum(size * dtype.itemsize for _, size, dtype in new) <= RECYCLE_MAX_BYTES
+    self.spare: list[Buffer] | None = None
 
 _templates: collections.OrderedDict = collections.OrderedDict()
 _settings: tuple = ()
@@ -223,7 +233,10 @@ def cached_schedule(roots: list[UOp], schedule_fn: Callable, item_cls: type, sch
     return schedule
   stats["hits"] += 1
   _templates.move_to_end(template.key)   # the stored key itself: found by identity, not compared entry by entry
-  pool = buffers + [Buffer(device, size, dtype) for device, size, dtype in template.new]
+  if (spare := template.spare) is None or recycling_paused or not _unheld(spare):
+    spare = [Buffer(device, size, dtype) for device, size, dtype in template.new]
+    if template.recycles and not recycling_paused: template.spare = spare
+  pool = buffers + spare
   items = [item_cls(ast, [pool[k] for k in refs], metadata) for ast, refs, metadata in template.items]
   results = {}
   for root, (k, shape) in zip(roots, template.results):
@@ -235,6 +248,13 @@ def cached_schedule(roots: list[UOp], schedule_fn: Callable, item_cls: type, sch
       node.buffer = buf
       results[root] = view_fn(node, shape)
   return schedule_cls(items, results, [buffers[k] for k in template.inputs], [buffers[k] for k in template.overwritten])
+
+def _unheld(spare: list[Buffer]) -> bool:
+  """Whether nothing but the template's list holds each buffer of `spare` (references: the list, the loop's name and
+  getrefcount's argument). A tensor, graph node or view that reads a buffer holds it, so these can be overwritten."""
+  for buf in spare:
+    if sys.getrefcount(buf) != 3: return False
+  return True
 
 # every setting once (an alias names a setting twice in the registry), remade when settings are declared
 _setting_vars: list[ContextVar] = []
