@@ -5,8 +5,8 @@ import numpy as np
 from kiln import Tensor, TinyJit, Variable
 
 def test_a_pruned_output_whose_memory_is_shared_stays_right():
-  # the weight-only copy `wc` dies after its matmul, and `b` (same size and dtype) takes its memory: the copy must
-  # not be dropped then, or every replay reads b's values from the last call as the weight
+  # the weight-only copy `wc` dies after its matmul, and `b` (same size and dtype) takes its memory: dropped
+  # there, every replay would read b's values from the last call as the weight (jit.py `_prune`)
   rng = np.random.default_rng(0)
   w_np = rng.standard_normal((16, 16)).astype(np.float32)
   w = Tensor(w_np).realize()
@@ -20,6 +20,7 @@ def test_a_pruned_output_whose_memory_is_shared_stays_right():
     x_np = rng.standard_normal((16, 16)).astype(np.float32)
     b = x_np @ (w_np * 2) * 3 + 1
     np.testing.assert_allclose(jit(Tensor(x_np)).numpy(), b @ b.T, rtol=1e-4, atol=1e-3)
+  assert len(jit.jit_cache) == 3   # the copy ran once, into a buffer of its own
 
 def test_a_weight_only_kernel_is_dropped():
   rng = np.random.default_rng(1)

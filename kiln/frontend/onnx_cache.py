@@ -96,7 +96,7 @@ class _Graph:
     self.fronts_in: dict[tuple[str, int], Any] = {}   # (input, size) -> the front of its placeholder's buffer
     self.calls = 0                 # calls so far (the TinyJit replays from the third)
     self.written: dict[UOp, int] | None = None   # the sizes the size inputs hold
-    self.realize = TinyJit(self._realize)
+    self.realize = TinyJit(self._realize, prune=True)   # weight-only kernels (copies of initializers) run once
 
   def _realize(self, *inputs) -> list[Tensor]:
     results = [Tensor(uop) for uop in self.outputs if uop is not None]
