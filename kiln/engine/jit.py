@@ -17,6 +17,7 @@ from kiln.helpers import JIT, DEBUG, GlobalCounters
 from kiln.uop import ops as _ops
 from kiln.uop.ops import UOp, Ops, GroupOp, toposort
 from kiln.uop.pattern import substitute
+from kiln.schedule import cache as schedule_cache
 from kiln.schedule import multi as _multi
 from kiln.engine.realize import ExecItem, capturing
 from kiln.engine.graph import batch_launches, plain_launch
@@ -566,9 +567,10 @@ class TinyJit(Generic[ReturnType]):
     if (last := self._last) is not None and not kwargs and len(args) == len(last[0]) and last[2] is self.captured \
        and _same_tensors(args, last[0]) and last[1] == \
        (Tensor.training, Device._default, dtypes.default_float, dtypes.default_int) and JIT.value:
+      # the very buffers of the last replay passed the input checks then: only what can change since is checked
       entry = last[2]
-      if (not entry.pinned_inputs and not entry.internal_ids and not entry.reused_results and not entry.guards) or \
-         self._replay_blocker(entry, last[3], []) is None: return entry.replay(list(args), None, last[3])
+      if (not entry.reused_results and not entry.guards) or self._state_blocker(entry, []) is None:
+        return entry.replay(list(args), None, last[3])
       self._last = None   # the slow path below says why
     tensors: list[Tensor] = []
     objects: list[Any] = []
@@ -643,12 +645,15 @@ class TinyJit(Generic[ReturnType]):
   def _run(self, args, kwargs, tensors, record: bool) -> Any:
     recorder = _Recorder(self.name, recording=record)
     capturing.append(recorder)
+    schedule_cache.recycling_paused += 1   # (the recorder tells new buffers from state by their allocation)
     try:
       ret = self.fxn(*args, **kwargs)
       outs: list[Tensor] = []
       template = _template(ret, outs)
       if outs: Tensor.realize_all(outs)
-    finally: capturing.pop()
+    finally:
+      capturing.pop()
+      schedule_cache.recycling_paused -= 1
     if not recorder.launches:
       raise RuntimeError(f"TinyJit: {self.name} launched no kernels, so there is nothing to capture (return tensors "
                          "the function computes, or don't jit it)")
