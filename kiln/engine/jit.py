@@ -17,7 +17,6 @@ from kiln.helpers import JIT, DEBUG, GlobalCounters
 from kiln.uop import ops as _ops
 from kiln.uop.ops import UOp, Ops, GroupOp, toposort
 from kiln.uop.pattern import substitute
-from kiln.schedule import cache as schedule_cache
 from kiln.schedule import multi as _multi
 from kiln.engine.realize import ExecItem, capturing
 from kiln.engine.graph import batch_launches, plain_launch
@@ -645,15 +644,12 @@ class TinyJit(Generic[ReturnType]):
   def _run(self, args, kwargs, tensors, record: bool) -> Any:
     recorder = _Recorder(self.name, recording=record)
     capturing.append(recorder)
-    schedule_cache.recycling_paused += 1   # (the recorder tells new buffers from state by their allocation)
     try:
       ret = self.fxn(*args, **kwargs)
       outs: list[Tensor] = []
       template = _template(ret, outs)
       if outs: Tensor.realize_all(outs)
-    finally:
-      capturing.pop()
-      schedule_cache.recycling_paused -= 1
+    finally: capturing.pop()
     if not recorder.launches:
       raise RuntimeError(f"TinyJit: {self.name} launched no kernels, so there is nothing to capture (return tensors "
                          "the function computes, or don't jit it)")

@@ -11,6 +11,7 @@ from kiln.renderer import kernel_signature
 from kiln.uop.ops import UOp, Ops, GroupOp
 from kiln.uop.sint import sint_str
 from kiln.schedule.kernelize import ScheduleItem
+from kiln.schedule import cache as schedule_cache
 from kiln.codegen.lowerer import lower_kernel
 from kiln.codegen.gather import rewrite_gathers
 from kiln.codegen.linearizer import linearize
@@ -252,8 +253,10 @@ class ExecItem:
 
 _COPY = Ops.COPY   # bound once: `Ops.X` is a metaclass attribute lookup (~130 ns under Python 3.11)
 
-# the TinyJit call in progress (at most one). run_schedule reports each launch to it; Tensor.numpy() raises while set
+# the TinyJit call in progress (at most one). run_schedule reports each launch to it; Tensor.numpy() raises while set;
+# the schedule cache hands out no reused buffers while set (kiln/schedule/cache.py)
 capturing: list = []
+schedule_cache.recycling_paused = capturing
 
 def _check_against_cpu(item: ScheduleItem, name: str, bufs: list[Buffer], cpu_bufs: list[Buffer], vals: dict) -> None:
   """VALIDATE_WITH_CPU: run the kernel again on the CPU device over `cpu_bufs` (copies of its buffers from before it

@@ -30,9 +30,10 @@ MAX_ENTRIES = 512   # templates kept, least recently used dropped first
 # the most bytes of buffers a template keeps for reuse between hits (all templates together: 32 MiB at most); above it
 # a hit's buffers come from the allocator, whose own cache of freed memory serves them
 RECYCLE_MAX_BYTES = 64 << 10
-# above 0 while a TinyJit call runs its function (kiln/engine/jit.py): a capture tells a fresh output from state by
-# whether its buffer was allocated before the call, so every buffer a schedule makes must be new then
-recycling_paused = 0
+# non-empty while a TinyJit call runs its function: kiln/engine/realize.py makes this its `capturing` list. A capture
+# tells a fresh output from state by whether its buffer was allocated before the call (kiln/engine/jit.py), so every
+# buffer a schedule makes must be new then
+recycling_paused: list = []
 
 # ops whose schedule depends on more than the graph's structure
 _UNCACHED_OPS = frozenset({Ops.BIND, Ops.DEFINE_VAR})
