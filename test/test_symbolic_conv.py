@@ -1,7 +1,8 @@
 """Convolutions and pools over symbolic spatial sizes (what ONNX vision models with a dynamic height and width need to
 compile once for every size, kiln/frontend/onnx_symbolic.py). `_pool` extends an input of symbolic size to its
 largest size and cuts the windows to the actual outputs (kiln/mixin/conv.py `_pool_symbolic`), so each kernel loops
-over the actual outputs and serves every size of the Variables' ranges. Each test runs two or more sizes, checks
+over the actual outputs and serves every size of the Variables' ranges; a conv whose output rows are short runs at
+their largest size and is cut after (`_small_symbolic_rows`). Each test runs two or more sizes, checks
 every result against torch and that the later sizes compile nothing."""
 import numpy as np
 import pytest
@@ -42,6 +43,17 @@ def test_conv2d_over_symbolic_height_and_width_compiles_once(stride, padding, di
   args = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
   check_sizes(lambda x: x.conv2d(w, bias, **args).relu(),
               lambda x: F.conv2d(x, torch.tensor(w_np), torch.tensor(bias_np), **args).relu())
+
+@pytest.mark.parametrize("stride,padding,k", [(1, 1, 3), (2, 1, 3), (1, 0, 1)])
+def test_conv2d_over_long_symbolic_rows(stride, padding, k):
+  # rows longer than SMALL_SYMBOLIC_ROW: the kernel loops over the symbolic outputs themselves (`_pool_symbolic`),
+  # where shorter ones run at their largest size (`_small_symbolic_rows`)
+  rng = np.random.default_rng(k + stride)
+  w_np = rng.standard_normal((5, 3, k, k)).astype(np.float32)
+  w = Tensor(w_np).realize()
+  args = dict(stride=stride, padding=padding)
+  check_sizes(lambda x: x.conv2d(w, **args), lambda x: F.conv2d(x, torch.tensor(w_np), **args),
+              shape=(1, 3, 70, 72), sizes=((40, 48), (66, 72), (35, 70)))
 
 def test_conv2d_output_shape_is_symbolic():
   x = sizes_of(Tensor.zeros(1, 4, 14, 11).contiguous().realize(), 9, 7)

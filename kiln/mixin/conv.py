@@ -86,6 +86,16 @@ def _weight_gradient(windows: Tensor, grad: Tensor, shape: tuple[int, ...]) -> T
   # half: multiply and sum in float32, round once (as the forward does)
   return (windows.float() * per_window.float()).sum((0, *range(3, 3 + n))).cast(windows.dtype).reshape(shape)
 
+SMALL_SYMBOLIC_ROW = 32   # a conv whose symbolic output rows are at most this long runs at their largest size
+
+def _small_symbolic_rows(outs: list) -> bool:
+  """Whether a conv's output rows are symbolic and short, at most SMALL_SYMBOLIC_ROW, with no vector-wide step
+  (kiln/codegen/lowerer.py constant_factor): its kernel over symbolic sizes would be scalar (a 5x5 depthwise conv
+  at 2v x 2v columns: 30x slower than one of plain sizes), while its largest size costs a few hundred positions."""
+  from kiln.codegen.lowerer import constant_factor
+  last = outs[-1]
+  return isinstance(last, UOp) and sint_max(last) <= SMALL_SYMBOLIC_ROW and constant_factor(last) < 8
+
 def _phases_pay(x: Tensor, strides, dilations, pairs, dtype) -> bool:
   """Whether a conv runs as a stride-1 conv of its input's phases: strided, undilated, not cropping, int sizes."""
   return any(s > 1 for s in strides) and all(d == 1 for d in dilations) and dtype is None and \
@@ -376,6 +386,13 @@ class ConvMixin:
     if any(sint_min(p) < span for p, span in zip(padded, spans)) or 0 in kernel:
       raise TensorValueError(f"{op}: kernel {fmt(kernel)} (dilation {fmt(dilations)}) is larger than the padded input "
                              f"{fmt(padded)} of input {fmt(x.shape)}{where()}")
+    outs = [ssimplify((p - span) // s + 1) for p, span, s in zip(padded, spans, strides)]
+    if _small_symbolic_rows(outs):
+      # computed over the input zero-extended to its largest size, as a conv of plain sizes, then cut to the
+      # outputs (zeros past the input are what its padding reads there: the outputs kept never read further)
+      extended = x.pad(((0, 0), (0, 0), *[(0, ssub(sint_max(size), size)) for size in x.shape[2:]]))
+      whole = extended._conv(weight, bias, groups, strides, dilations, pairs, dtype, op, taps).contiguous()
+      return whole.shrink((None, None, *[(0, o) for o in outs]))
     if n > 1 and all(k == 1 for k in kernel) and all(s == 1 for s in strides) and all(p == (0, 0) for p in pairs) \
        and all(isinstance(s, int) for s in x.shape[2:]):
       # a 1x1 conv is a matmul over the image's positions: over one flattened axis the kernel's vectors run along
@@ -426,9 +443,9 @@ class ConvMixin:
     # a large padded input is copied once (one cheap kernel): reading it through the pad view gates every load of
     # the convolution and of its weight gradient, which keeps the C compiler from vectorizing them (measured on the
     # anchors' 16x64x56x56 conv: 25 -> 86 GFLOP/s forward on one core, codegen/opt/heuristic.py)
-    # (a symbolic batch counts as one image)
-    if any(b > 0 or a > 0 for b, a in pairs) and all(isinstance(d, int) for d in padded_x.shape[1:]) \
-       and prod(d if isinstance(d, int) else 1 for d in padded_x.shape) >= PAD_COPY_MIN_ELEMENTS:
+    # (a symbolic batch counts as one image, a symbolic height or width as its largest value)
+    if any(b > 0 or a > 0 for b, a in pairs) and \
+       prod([1, *[sint_max(d) for d in padded_x.shape[1:]]]) >= PAD_COPY_MIN_ELEMENTS:
       padded_x = padded_x.contiguous()
     windows = padded_x._pool(kernel, strides, dilations)   # (N, groups*cin, *out, *kernel)
     outs = windows.shape[2:2 + n]
