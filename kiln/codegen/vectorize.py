@@ -34,6 +34,7 @@ Vector uops (a vector dtype is `dtype.vec(n)`, kiln/dtype.py):
 | `DP4A` | `(acc, a0, b0, ...)` | a < 128 | int32 lane l: acc's plus each pair's bytes 4l..4l+3 multiplied and summed |
 | ALU, `CAST`, `BITCAST`, `DEFINE_ACC`, `ASSIGN` | vectors | as scalar | lane by lane |
 A bool vector's lanes are all-ones or all-zero masks as wide as the lanes they were compared from (32 bits).
+A DP4A operand of 4 bytes is those 4 bytes in every lane (x's bytes against 16 rows of a tiled weight).
 """
 from __future__ import annotations
 from kiln.dtype import DType, dtypes, truncate
@@ -259,7 +260,11 @@ class _Vectorizer:
     operands: list[UOp] = [self._constant(tuple(UOp.const(dtypes.int32, 0) for _ in lanes))]
     for chunk in range(0, len(terms[0]), 4):
       for side in (0, 1):
-        vector = self.bundle(tuple(t[chunk + k][side] for t in terms for k in range(4)))
+        group = tuple(t[chunk + k][side] for t in terms for k in range(4))
+        # the same 4 bytes in every lane (a matrix's activations, against each lane's row of weights): a 4-byte
+        # operand, broadcast to every lane (x86's vpdpbusd takes it from memory as one 32-bit broadcast)
+        if len(lanes) > 1 and group == group[:4] * len(lanes): group = group[:4]
+        vector = self.bundle(group)
         if vector is None or vector.op is _VECTORIZE: return None
         operands.append(vector)
     vector = UOp(Ops.DP4A, dtypes.int32.vec(len(lanes)), tuple(operands), largest < 128)

@@ -444,9 +444,20 @@ def vector_fma_helper(dtype: DType) -> str:
     "#if __has_builtin(__builtin_elementwise_fma)", "  return __builtin_elementwise_fma(a, b, c);", *x86,
     "#else", f"  return ({t}){{{lanes}}};", "#endif", "}"])
 
+def _broadcast_operands(u: UOp) -> list[int]:
+  """The positions in DP4A `u`'s sources of its 4-byte operands: the same 4 bytes for every lane."""
+  return [i for i, s in enumerate(u.src[1:], 1) if u.dtype.count > 1 and s.dtype.count == 4]
+
 def vector_dot_name(u: UOp) -> str:
-  """The name of the helper that computes DP4A `u` (per accumulator width, byte-vector pairs and byte range)."""
-  return f"kiln_dp4a_{vector_type(u.dtype)}_{(len(u.src) - 1) // 2}{'_small' if u.arg else ''}"
+  """The name of the helper that computes DP4A `u` (per accumulator width, byte-vector pairs, byte range and which
+  operands are 4 bytes broadcast to every lane)."""
+  broadcast = "".join(f"_b{i}" for i in _broadcast_operands(u))
+  return f"kiln_dp4a_{vector_type(u.dtype)}_{(len(u.src) - 1) // 2}{'_small' if u.arg else ''}{broadcast}"
+
+def vector_dot_dtypes(u: UOp) -> list[DType]:
+  """The vector dtypes DP4A `u`'s helper declares: its own, its operands' and a broadcast operand's full width."""
+  wide = [u.src[i].dtype.scalar.vec(4 * u.dtype.count) for i in _broadcast_operands(u)]
+  return [u.dtype, *(s.dtype for s in u.src), *wide]
 
 # GCC's builtins (what its own intrinsics headers call), by int32 lanes, with the CPU feature macros that enable
 # them: VNNI's vpdpbusd, else (unsigned bytes below 128 only) pmaddubsw's int16 sums of two products, then pmaddwd
@@ -463,13 +474,20 @@ def vector_dot_helper(u: UOp) -> str:
   """The inline function for DP4A `u`: int32 lane l of `acc` plus, for each pair (a, b) of byte vectors, the sum of
   a[4l+k] * b[4l+k] over k < 4."""
   t, n, pairs = vector_type(u.dtype), u.dtype.count, (len(u.src) - 1) // 2
-  params = ", ".join([f"{t} acc"] + [f"{vector_type(u.src[1 + 2 * p + s].dtype)} {'ab'[s]}{p}" for p in range(pairs)
-                                     for s in (0, 1)])
+  broadcast = _broadcast_operands(u)
+  def param(p: int, side: int) -> str:
+    name = f"{'ab'[side]}{p}"
+    return f"{vector_type(u.src[1 + 2 * p + side].dtype)} {name}{'_word' if 1 + 2 * p + side in broadcast else ''}"
+  params = ", ".join([f"{t} acc"] + [param(p, s) for p in range(pairs) for s in (0, 1)])
   lanes = []
   for lane in range(n):
     terms = [f"(int)a{p}[{4 * lane + k}]*(int)b{p}[{4 * lane + k}]" for p in range(pairs) for k in range(4)]
     lanes.append(" + ".join([f"acc[{lane}]", *terms]))
   lines = [f"static inline {t} {vector_dot_name(u)}({params}) {{"]
+  for i in broadcast:   # 4 bytes as one int, broadcast to every lane: vpbroadcastd (or the memory broadcast)
+    name, wide = f"{'ab'[(i - 1) % 2]}{(i - 1) // 2}", vector_type(u.src[i].dtype.scalar.vec(4 * n))
+    lines += [f"  int {name}_int; __builtin_memcpy(&{name}_int, &{name}_word, 4);",
+              f"  const {wide} {name} = ({wide})(({t}){{0}} + {name}_int);"]
   unsigned_signed = all(u.src[1 + 2 * p].dtype.scalar == dtypes.uint8 and u.src[2 + 2 * p].dtype.scalar == dtypes.int8
                         for p in range(pairs))
   gcc = "defined(__GNUC__) && !defined(__clang__)"
@@ -708,12 +726,22 @@ class _CKernelWriter:
     if self.reduction is not None and u.src[0] is self.reduction.loop: self.reduce_lines = (self.reduce_lines[0],
                                                                                              len(self.lines))
 
+  def vector_address(self, buf: UOp, index: UOp) -> str:
+    """The address of a vector load or store at `index` of `buf`. An index `x + c` (c > 0, x >= 0) is `buf+(x)+c`:
+    the int sum with -fwrapv is not the pointer sum to gcc, which then keeps one pointer per constant (a byte dot
+    product's tile, 64 broadcast loads a step, spilled them all); as pointer arithmetic they share one base."""
+    if index.op is Ops.ADD and index.src[1].op is Ops.CONST and index.src[1].arg > 0:
+      try: base_min = int(index.src[0].vmin)
+      except Exception: base_min = -1
+      if base_min >= 0: return f"{self.expr(buf)}+({self.expr(index.src[0])})+{index.src[1].arg}"
+    return f"{self.expr(buf)}+({self.expr(index)})"
+
   def _load(self, u: UOp) -> None:
     buf, index = u.src[0], u.src[1]
     self.note_dtype(u.dtype)
     if u.dtype.count > 1:   # consecutive lanes from `index` on, unaligned
       name = self.fresh_name("val")
-      self.emit(f"{vector_type(u.dtype)} {name}; __builtin_memcpy(&{name}, {self.expr(buf)}+({self.expr(index)}), "
+      self.emit(f"{vector_type(u.dtype)} {name}; __builtin_memcpy(&{name}, {self.vector_address(buf, index)}, "
                 f"sizeof({name}));")
       self.names[u] = name
       return
@@ -733,7 +761,7 @@ class _CKernelWriter:
     if value.dtype.count > 1:
       if len(u.src) == 4: raise ValueError(f"CRenderer: a vector STORE cannot be gated (kernel {self.name})")
       self.emit(f"{{ const {vector_type(value.dtype)} kiln_lanes = {self.expr(value)}; "
-                f"__builtin_memcpy({self.expr(buf)}+({self.expr(index)}), &kiln_lanes, sizeof(kiln_lanes)); }}")
+                f"__builtin_memcpy({self.vector_address(buf, index)}, &kiln_lanes, sizeof(kiln_lanes)); }}")
       return
     written = self.expr(value)
     if value.dtype == dtypes.bfloat16: written = f"kiln_f_to_bf16({written})"
@@ -756,7 +784,7 @@ class _CKernelWriter:
     self.names[u] = self.expr(target)
 
   def _dp4a(self, u: UOp) -> None:
-    for dtype in (u.dtype, *(s.dtype for s in u.src)): self.note_dtype(dtype)
+    for dtype in vector_dot_dtypes(u): self.note_dtype(dtype)
     self.vector_dots.setdefault(vector_dot_name(u), vector_dot_helper(u))
     name = self.fresh_name("dot")
     self.emit(f"const {c_type(u.dtype)} {name} = {vector_dot_name(u)}({', '.join(self.expr(s) for s in u.src)});")

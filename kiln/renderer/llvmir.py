@@ -461,12 +461,21 @@ def byte_dot_method(u: UOp, features: frozenset[str]) -> str:
 
 def _dp4a(w: _LLVMKernelWriter, u: UOp, a: list[str]) -> str:
   """DP4A: int32 lane l of the accumulator a[0] plus, for each byte-vector pair, the sum of the products of bytes
-  4l..4l+3 (each widened by its own signedness)."""
+  4l..4l+3 (each widened by its own signedness); a 4-byte operand is those 4 bytes in every lane."""
   n, ty = u.dtype.count, ll_type(u.dtype)
-  pairs = [(u.src[1 + 2 * p], a[1 + 2 * p], u.src[2 + 2 * p], a[2 + 2 * p]) for p in range((len(u.src) - 1) // 2)]
+  def operand(src: UOp, value: str) -> tuple[DType, str]:
+    """(the byte vector's dtype, its value): a 4-byte operand splat to the pair's width as one i32."""
+    if n == 1 or src.dtype.count != 4: return src.dtype, value
+    word = w.inst(f"bitcast {ll_type(src.dtype)} {value} to i32")
+    lane = w.inst(f"insertelement {ty} poison, i32 {word}, i32 0")
+    splat = w.inst(f"shufflevector {ty} {lane}, {ty} poison, <{n} x i32> zeroinitializer")
+    wide = src.dtype.scalar.vec(4 * n)
+    return wide, w.inst(f"bitcast {ty} {splat} to {ll_type(wide)}")
+  pairs = [(*operand(u.src[1 + 2 * p], a[1 + 2 * p]), *operand(u.src[2 + 2 * p], a[2 + 2 * p]))
+           for p in range((len(u.src) - 1) // 2)]
   method, acc = byte_dot_method(u, w.features), a[0]
   for left, x, right, y in pairs:
-    bytes_type = ll_type(left.dtype)
+    bytes_type = ll_type(left)
     if method == "vnni":
       x, y = (w.inst(f"bitcast {bytes_type} {v} to {ty}") for v in (x, y))
       acc = w.call(_VNNI_INTRINSIC[n], ty, [(ty, acc), (ty, x), (ty, y)])
@@ -478,8 +487,8 @@ def _dp4a(w: _LLVMKernelWriter, u: UOp, a: list[str]) -> str:
       acc = w.inst(f"add {ty} {acc}, {quads}")
     else:
       wide = f"<{4 * n} x i32>"
-      x, y = (w.inst(f"{'zext' if s.dtype.scalar == dtypes.uint8 else 'sext'} {bytes_type} {v} to {wide}")
-              for s, v in ((left, x), (right, y)))
+      x, y = (w.inst(f"{'zext' if dtype.scalar == dtypes.uint8 else 'sext'} {bytes_type} {v} to {wide}")
+              for dtype, v in ((left, x), (right, y)))
       products = w.inst(f"mul {wide} {x}, {y}")
       for k in range(4):
         lanes = ", ".join(f"i32 {4 * lane + k}" for lane in range(n))

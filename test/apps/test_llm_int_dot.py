@@ -89,7 +89,7 @@ def test_int_dot_kernels_read_the_packed_weight():
   """Quantizing x takes three small kernels; the product is one more and makes no copy of the weight."""
   rng = np.random.default_rng(4)
   matrix = QuantizedMatrix.from_blocks("Q4_1", random_blocks("Q4_1", 64, 4, rng), (64, 128), int_dot=True)
-  assert set(matrix.parts) == {"scale", "min", "pairs"} and matrix.parts["pairs"].shape == (64, 2, 32)
+  assert set(matrix.decode_parts) == {"scale", "min", "pairs"} and matrix.parts["pairs"].shape == (64, 2, 32)
   x = Tensor(rng.standard_normal((1, 128)).astype(np.float32)).realize()
   GlobalCounters.reset()
   out = matrix.linear(x).realize()
@@ -121,9 +121,9 @@ def test_the_target_chooses_the_int_path(monkeypatch, features, largest):
   finally: realize._runner_cache.clear()
 
 def test_tiny_model_int_decode_is_close_to_float_decode(tmp_path):
-  """Prefill's many rows run float products either way (the weight is dequantized once), but its logits come from
-  the last row alone (a matrix-vector product); every step with int8 activations stays close to the float one and
-  picks the same token on this model."""
+  """Prefill's many rows run the tiled integer product (kiln/apps/llm/quantized.py `tile_layout`), its logits come
+  from the last row alone (a matrix-vector product); every step with int8 activations stays close to the float one
+  and picks the same token on this model."""
   from kiln.apps.llm.model import load_model
   path = tmp_path / "tiny.gguf"
   write_tiny_model(path)

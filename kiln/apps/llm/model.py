@@ -461,8 +461,9 @@ def load_model(path: str | os.PathLike, *, max_context: int | None = None, allow
   """(model, gguf metadata) from a Llama-family GGUF file. Weight matrices stay quantized in memory.
 
   `max_context` is the KV cache length (default min(context_length, 4096)); beyond the model's trained
-  context_length it needs `allow_long_context=True`. `int_dot`: whether decode's Q4_0/Q4_1 matrix-vector products
-  quantize the activations to int8 and use integer dot products, as llama.cpp does (kiln/apps/llm/quantized.py);
+  context_length it needs `allow_long_context=True`. `int_dot`: whether the Q4_0/Q4_1/Q8_0 products (decode's
+  matrix-vector products and prefill's products of many rows) quantize the activations to int8 and use integer dot
+  products, as llama.cpp does (kiln/apps/llm/quantized.py, with the error that costs);
   None: where the CPU has the instructions (VNNI, AVX2); False: float products, exact to the dequantized weights;
   True: wherever the type allows (even on a CPU without them, slowly). `device`: where the weights, the KV cache
   and every kernel live (default Device.DEFAULT; `DEV=CUDA` puts the whole model on the GPU, where the type allows
@@ -489,8 +490,9 @@ def load_model(path: str | os.PathLike, *, max_context: int | None = None, allow
     if name not in tensors: raise ValueError(f"load_model: {label}: tensor {name!r} is missing")
     bar.update(1)
     return tensors[name]
-  def matrix(*names: str) -> QuantizedMatrix:
-    """The named matrices stacked by rows (they must share a type and a row length)."""
+  def matrix(*names: str, tiled: bool = True) -> QuantizedMatrix:
+    """The named matrices stacked by rows (they must share a type and a row length); `tiled`: keep the tiled layout
+    for products of many rows (QuantizedMatrix.from_blocks)."""
     infos = [get(name) for name in names]
     if len({(i.type_name, i.shape[1:]) for i in infos}) > 1:
       raise ValueError(f"load_model: {label}: {', '.join(names)} differ in type or row length "
@@ -500,7 +502,7 @@ def load_model(path: str | os.PathLike, *, max_context: int | None = None, allow
     allowed = QuantizedMatrix.allows_int_dot(infos[0].type_name, blocks.shape[1])
     return QuantizedMatrix.from_blocks(infos[0].type_name, blocks, shape, device=device,
                                        name=f"{label}: {', '.join(names)}",
-                                       int_dot=int_dot if allowed or int_dot is None else False)
+                                       int_dot=int_dot if allowed or int_dot is None else False, tiled=tiled)
   def vector(name: str) -> Tensor:
     return get(name).dequantize().cast(dtypes.float32).contiguous().realize().to(device).realize()
   def biases(*names: str) -> Tensor | None:
@@ -514,8 +516,9 @@ def load_model(path: str | os.PathLike, *, max_context: int | None = None, allow
                         matrix(p + "attn_output.weight"), vector(p + "ffn_norm.weight"),
                         matrix(p + "ffn_gate.weight"), matrix(p + "ffn_up.weight"), matrix(p + "ffn_down.weight"),
                         biases(p + "attn_q.bias", p + "attn_k.bias", p + "attn_v.bias")))
-  token_embd = matrix("token_embd.weight")
-  output = matrix("output.weight") if "output.weight" in tensors else token_embd   # tied
+  # the embedding and the head are read by rows and by one row of x (a prefill's last token): no tiled layout
+  token_embd = matrix("token_embd.weight", tiled=False)
+  output = matrix("output.weight", tiled=False) if "output.weight" in tensors else token_embd   # tied
   freq_factors = get("rope_freqs.weight").dequantize().numpy() if "rope_freqs.weight" in tensors else None
   model = Transformer(config, blocks, token_embd, vector("output_norm.weight"), output, max_context, freq_factors,
                       device)

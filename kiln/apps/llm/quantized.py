@@ -24,14 +24,23 @@ path's by at most sum over blocks of (max|x_b| / 254) * sum_i |w_i| (w without Q
 from the float activations); test/apps/test_llm_int_dot.py checks that bound. Over SmolLM2-135M's 30 layers a
 decode step's logits move by up to ~1-2 (their spread is ~25-30) and a greedy reply can differ from the float one
 after a few tokens, as llama.cpp's can from the float model's: `load_model(..., int_dot=False)` keeps every product
-exact to the dequantized weights. A product of many rows (prefill) dequantizes the weight once and runs float
-products either way.
+exact to the dequantized weights.
+
+**Prefill.** A product of many rows of x (at least DEQUANTIZE_MIN_ROWS) by an integer-dot matrix runs the same
+arithmetic, with x quantized the same way, as a register tile (`_tiled_int_dot_linear`), reading a second copy of
+the weight made at load (`tile_layout`: 16 rows' 4 bytes in one 64-byte run, so 4 bytes of x broadcast against them
+are one vpdpbusd; about 0.75 bytes more per weight, 80 MB for SmolLM2-135M). So prefill's activations are int8 too,
+as llama.cpp's are (its prefill quantizes them to q8 as well): SmolLM2-135M's first logits after a chat prompt move
+by up to ~1.3 from the float path's (their range ~36; the head's own int8 product alone ~0.3), and greedy decoding of
+"What is 2+2?" answers as the float model does. Measured in bench/RESULTS.md. Other matrices (rows not a multiple of
+16, fewer than TILED_MIN_ROWS) and float products dequantize the weight once and run a float32 matmul.
 """
 from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Callable
 import numpy as np
+from kiln.codegen.parallel import FEW_OUTER_ITERATIONS
 from kiln.dtype import dtypes
 from kiln.helpers import VECTORIZE
 from kiln.tensor import Tensor
@@ -199,8 +208,31 @@ INT_DOT_FORMATS: dict[str, IntDotFormat] = {
   "Q8_0": IntDotFormat(_repack_q8_0_unsigned, _expand_q8_0_unsigned, lambda nb: (nb, 32), 255, 128, paired=False),
 }
 # a product with at least this many rows of x dequantizes the weight once into a scratch buffer (kernel-local: it is
-# not kept between calls outside a TinyJit's own buffers) and runs a float32 matmul
+# not kept between calls outside a TinyJit's own buffers) and runs a float32 matmul; with integer dot products it
+# runs the tiled integer product instead (`_tiled_int_dot_linear`)
 DEQUANTIZE_MIN_ROWS = 8
+TILE_ROWS = 16   # the weight rows of one group of the tiled layout (`tile_layout`): one int32 lane each
+# the fewest rows a tiled matrix has: its kernel's outer loop (the groups of 16 rows) must be long enough to be split
+# across threads (kiln/codegen/parallel.py FEW_OUTER_ITERATIONS); a shorter one becomes a split reduction whose
+# vector code the C renderer refuses (its chunks would change), so a small matrix dequantizes instead
+TILED_MIN_ROWS = TILE_ROWS * FEW_OUTER_ITERATIONS
+
+def tile_layout(fmt: IntDotFormat, parts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """An integer-dot matrix's arrays (`fmt.repack`: rows first) in the layout of the tiled product of many rows
+  (`QuantizedMatrix._tiled_int_dot_linear`): `tiles` uint8 (rows/16, groups, 8, 16, 4), byte 4g+k of group j of row
+  16i+l at [i, j, g, l, k] (a group: a pair of Q4 blocks, low and high nibbles, or one Q8_0 block), so that 16 rows'
+  4 bytes are one 64-byte run (one vpdpbusd operand, against 4 bytes of x broadcast); `tile_scale` and
+  `tile_offset` float32 (rows/16, groups, fields, 16): each block's scale, and its offset (Q4_1's min, else
+  -zero * scale) per row."""
+  raw = parts["pairs"] if "pairs" in parts else parts["values"]          # (rows, groups, 32)
+  rows, groups = raw.shape[:2]
+  tiles = raw.reshape(rows // TILE_ROWS, TILE_ROWS, groups, 8, 4).transpose(0, 2, 3, 1, 4)
+  fields = 2 if "pairs" in parts else 1
+  def per_block(values: np.ndarray) -> np.ndarray:   # (rows, blocks) -> (rows/16, groups, fields, 16)
+    return values.reshape(rows // TILE_ROWS, TILE_ROWS, groups, fields).transpose(0, 2, 3, 1)
+  offset = parts["min"] if fmt.zero is None else parts["scale"] * -fmt.zero
+  return {"tiles": np.ascontiguousarray(tiles), "tile_scale": np.ascontiguousarray(per_block(parts["scale"])),
+          "tile_offset": np.ascontiguousarray(per_block(offset.astype(np.float32)))}
 PLAIN_FORMATS = {"F32": np.float32, "F16": np.float16}
 SUPPORTED_TYPES = (*QUANT_FORMATS, *PLAIN_FORMATS)
 
@@ -222,10 +254,13 @@ class QuantizedMatrix:
 
   @classmethod
   def from_blocks(cls, type_name: str, blocks: np.ndarray, shape: tuple[int, int], device: str | None = None,
-                  name: str = "weight", int_dot: bool | None = None) -> QuantizedMatrix:
+                  name: str = "weight", int_dot: bool | None = None, tiled: bool = True) -> QuantizedMatrix:
     """Repack `blocks` (rows, blocks per row, block bytes) of a GGUF tensor of `type_name` and `shape`. `int_dot`:
-    whether matrix-vector products use integer dot products (module docstring); None: where the type allows it
-    (`allows_int_dot`) and the device's CPU multiplies its values (`byte_dot_max`: Q8_0's need VNNI)."""
+    whether products use integer dot products (module docstring); None: where the type allows it
+    (`allows_int_dot`) and the device's CPU multiplies its values (`byte_dot_max`: Q8_0's need VNNI). `tiled`:
+    with int_dot and rows a multiple of TILE_ROWS (at least TILED_MIN_ROWS), also keep the tiled layout, so that a
+    product of many rows of x (a prefill) is an integer product too (`tile_layout`); False: such products dequantize
+    the weight (an embedding, read by rows and by one row of x, needs no tiles)."""
     if len(shape) != 2: raise ValueError(f"QuantizedMatrix: {name} must be 2-d, got shape {shape}")
     if type_name in PLAIN_FORMATS:
       values = np.ascontiguousarray(blocks).view(PLAIN_FORMATS[type_name]).reshape(shape)
@@ -239,7 +274,11 @@ class QuantizedMatrix:
       int_dot = cls.allows_int_dot(type_name, blocks.shape[1]) and \
         byte_dot_max(device) >= INT_DOT_FORMATS[type_name].largest
     fmt = INT_DOT_FORMATS[type_name] if int_dot else QUANT_FORMATS[type_name]
-    parts = {key: Tensor(np.ascontiguousarray(arr), device=device).realize() for key, arr in fmt.repack(blocks).items()}
+    arrays = fmt.repack(blocks)
+    # the tiled layout for products of many rows (a prefill), besides the decode layout (module docstring)
+    if int_dot and tiled and shape[0] % TILE_ROWS == 0 and shape[0] >= TILED_MIN_ROWS:
+      arrays.update(tile_layout(fmt, arrays))
+    parts = {key: Tensor(np.ascontiguousarray(arr), device=device).realize() for key, arr in arrays.items()}
     return cls(type_name, shape, parts, fmt.k_shape(blocks.shape[1]), int_dot)
 
   @staticmethod
@@ -252,13 +291,18 @@ class QuantizedMatrix:
     return (INT_DOT_FORMATS if self.int_dot else QUANT_FORMATS)[self.type_name].expand(parts)
 
   @property
+  def decode_parts(self) -> dict[str, Tensor]:
+    """The arrays a matrix-vector product and a row lookup read (all but the tiled layout's)."""
+    return {key: part for key, part in self.parts.items() if not key.startswith("tile")}
+
+  @property
   def nbytes(self) -> int:
-    """Bytes of memory the packed arrays take (what a matrix-vector product reads)."""
-    return sum(p.nbytes() for p in self.parts.values())
+    """Bytes of memory the packed arrays a matrix-vector product reads take (the tiled layout's not counted)."""
+    return sum(p.nbytes() for p in self.decode_parts.values())
 
   def dequantize(self) -> Tensor:
     """The whole matrix as float32 (rows, cols), lazy (for tests and debugging; the model never realizes it)."""
-    return self._expand(self.parts).reshape(self.shape)
+    return self._expand(self.decode_parts).reshape(self.shape)
 
   def linear(self, x: Tensor, activations: tuple[Tensor, ...] | None = None) -> Tensor:
     """`x @ W.T` for x of shape (..., cols): a product with the expanded rows, summed over the row's axes.
@@ -268,7 +312,9 @@ class QuantizedMatrix:
       raise ValueError(f"QuantizedMatrix.linear: input of shape {tuple(x.shape)} does not match a weight of shape "
                        f"{self.shape}")
     lead = tuple(x.shape[:-1])
-    if math.prod(lead) >= DEQUANTIZE_MIN_ROWS and all(isinstance(n, int) for n in lead):
+    many = math.prod(lead) >= DEQUANTIZE_MIN_ROWS and all(isinstance(n, int) for n in lead)
+    if many and "tiles" in self.parts: return self._tiled_int_dot_linear(x, activations)
+    if many:
       # many rows (a prefill): expand the weight once into a float32 scratch buffer rather than once per row of x,
       # row by row (written transposed, its stores were strided: SmolLM2's 147-token prefill spent 154 of 776 ms
       # expanding; the matmul copies the transposed operand into its packed layout anyway, kiln/schedule/pack.py)
@@ -276,7 +322,7 @@ class QuantizedMatrix:
     # broadcast the packed arrays over x's leading axes *before* expanding them: the scheduler gives a buffer to a
     # costly value that is broadcast, which here would be a float32 copy of the whole weight
     parts = {key: part.reshape(*[1] * len(lead), *part.shape).expand(*lead, *part.shape)
-             for key, part in self.parts.items()}
+             for key, part in self.decode_parts.items()}
     if self.int_dot: return self._int_dot_linear(x, parts, activations)
     product = x.reshape(*lead, 1, *self.k_shape) * self._expand(parts)
     return product.sum(tuple(range(len(lead) + 1, product.ndim)))
@@ -298,8 +344,36 @@ class QuantizedMatrix:
       offset * lane_sums.reshape(*lead, 1, *blocks, 8)
     return terms.sum(tuple(range(-len(blocks) - 1, 0)))
 
+  def _tiled_int_dot_linear(self, x: Tensor, activations: tuple[Tensor, ...] | None) -> Tensor:
+    """`x @ W.T` for many rows of x with the tiled layout (`tile_layout`): the same arithmetic as `_int_dot_linear`
+    (x quantized per block of 32, an integer dot product per block, times both scales, plus the offset times the
+    block's float sum), laid out as a register tile: each block's 32 products are one explicit int32 sum per output
+    (the vectorizer makes 16 rows of them eight chained vpdpbusd, with x's 4 bytes broadcast), converted and scaled
+    once per block."""
+    lead, rows = tuple(x.shape[:-1]), self.shape[0]
+    n = math.prod(lead)
+    q, d, lane_sums = quantize_activations(x) if activations is None else activations
+    tiles, groups = self.parts["tiles"], self.parts["tiles"].shape[1]
+    fields = self.parts["tile_scale"].shape[2]
+    # the packed bytes broadcast over x's rows before they are unpacked: the scheduler gives a buffer to a costly
+    # value that is broadcast (here a copy of the unpacked weight)
+    packed = tiles.reshape(1, rows // TILE_ROWS, groups, 1, 8, TILE_ROWS, 4).expand(
+      n, rows // TILE_ROWS, groups, 1, 8, TILE_ROWS, 4)
+    if fields == 2:
+      shifts = (Tensor.arange(2, device=tiles.device, dtype=dtypes.uint8) * 4).reshape(1, 1, 1, 2, 1, 1, 1)
+      values = (packed >> shifts) & 15
+    else: values = packed
+    product = values.cast(dtypes.int32) * q.reshape(n, 1, groups, fields, 8, 1, 4).cast(dtypes.int32)
+    terms = [product[:, :, :, :, g, :, k] for g in range(8) for k in range(4)]
+    while len(terms) > 1: terms = [terms[i] + terms[i + 1] for i in range(0, len(terms), 2)]
+    dots = terms[0]                                                        # (n, rows/16, groups, fields, 16)
+    block_d = d.reshape(n, 1, groups, fields, 1)
+    block_sums = lane_sums.sum(-1).reshape(n, 1, groups, fields, 1)
+    out = dots.cast(dtypes.float32) * (self.parts["tile_scale"] * block_d) + self.parts["tile_offset"] * block_sums
+    return out.sum((2, 3)).reshape(*lead, rows)
+
   def rows(self, ids: Tensor) -> Tensor:
     """The dequantized rows `W[ids]` for an int Tensor `ids` of shape (n,): a gather of the packed rows, then the
     expansion (so only the needed rows are ever dequantized)."""
-    picked = {key: part[ids] for key, part in self.parts.items()}
+    picked = {key: part[ids] for key, part in self.decode_parts.items()}
     return self._expand(picked).reshape(ids.shape[0], self.shape[1])
