@@ -152,7 +152,7 @@ class CudaError(RuntimeError):
 class CudaOutOfMemoryError(CudaError, MemoryError):
   """cuMemAlloc/cuMemHostAlloc ran out of memory (a MemoryError too, so LRUAllocator frees its cache and retries)."""
 
-CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_NO_DEVICE = 2, 100
+CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_NO_DEVICE, CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 2, 100, 712
 NVRTC_ERROR_COMPILATION = 6
 
 class NVRTCCompileError(CompileError):
@@ -456,6 +456,11 @@ class HostMappedMemory(DeviceMemory):
   into the GPU's address space (cuMemHostRegister), `ptr` is its device address, and every access crosses PCIe. The
   caller owns the memory; its pages are unregistered when the last mapping using them is freed (or collected)."""
   def __init__(self, context: Context, host_ptr: int, nbytes: int):
+    if nbytes == 0:   # nothing to map (the address may be anything, even 0): no kernel reads it
+      self.registrations: list[int] = []
+      super().__init__(context, host_ptr, 0)
+      self.host_ptr = host_ptr
+      return
     self.registrations = _host_registrations.acquire(context, host_ptr, nbytes)
     device_ptr = c_u64()
     try:
@@ -506,7 +511,10 @@ class _HostRegistrations:
       try:
         for lo, hi in gaps:
           context.activate()
-          driver().call("cuMemHostRegister", lo, hi - lo, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP)
+          try: driver().call("cuMemHostRegister", lo, hi - lo, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP)
+          except CudaError as error:   # pages another library registered (pinned by PyTorch, say): mapped already
+            if error.code != CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: raise
+            continue
           self.ranges[lo] = [hi, 0]
           made.append(lo)
       except Exception:

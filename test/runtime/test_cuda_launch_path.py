@@ -115,6 +115,8 @@ def child() -> dict:
   wide = Tensor.from_blob(big.ctypes.data + 4096, (1024,), device="CUDA")   # registered for the pages it touches
   whole = Tensor.from_blob(big.ctypes.data, (3 * 1024,), device="CUDA")     # only the pages not yet registered
   out["blob_ranges"] = fake.fake_registered()
+  empty = Tensor.from_blob(0, (0, 3), device="CUDA")   # no memory: nothing registered
+  out["blob_empty"] = [empty.shape == (0, 3), fake.fake_registered() == out["blob_ranges"]]
   del blob, half, wide, whole
   gc.collect()
   out["blob_unregistered"] = fake.fake_registered()
@@ -148,7 +150,7 @@ def test_launch_path_over_a_fake_driver(fake_driver):
   assert out["long_args_right"] and out["long_execs"] == 1
   assert out["variable_args_right"] and out["variable_values"] == [0, 1, 2, 3, 4]
   assert out["blob_sees_writes"] and out["blob_registered"] == 1
-  assert out["blob_ranges"] >= 3 and out["blob_unregistered"] == 0
+  assert out["blob_ranges"] >= 3 and out["blob_unregistered"] == 0 and all(out["blob_empty"])
 
 if __name__ == "__main__":
   print(json.dumps(child()))
