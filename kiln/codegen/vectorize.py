@@ -68,6 +68,7 @@ VECTOR_ALU[dtypes.uint8] = VECTOR_ALU[dtypes.int8] = frozenset({Ops.ADD, Ops.SUB
 VECTOR_CASTS = frozenset({(dtypes.float32, dtypes.int32), (dtypes.int32, dtypes.float32), (dtypes.uint32,
                           dtypes.float32), (dtypes.int32, dtypes.uint32), (dtypes.uint32, dtypes.int32),
                           *((b, d) for b in _BYTES for d in (dtypes.float32, dtypes.int32)),
+                          *((dtypes.int32, b) for b in _BYTES),   # narrowing: quantized activations
                           *((dtypes.bool, d) for d in MEMORY_DTYPES - _BYTES),
                           *((d, dtypes.bool) for d in MEMORY_DTYPES - _BYTES)})
 

@@ -402,6 +402,8 @@ def _vector_cast(u: UOp, a: list[str]) -> str:
     safe = _vector_select(lanes, in_range, x, _vector_splat(lanes, 0.0))
     converted = f"__builtin_convertvector({safe}, {vector_type(dst)})"
     return _vector_select(dst, in_range, converted, _vector_splat(dst, -limit))
+  if src in (dtypes.int32, dtypes.uint32) and dst.scalar in _BYTE_LANES:   # the low byte of each lane, as C does
+    return f"__builtin_convertvector({x}, {vector_type(dst)})"
   if src in _BYTE_LANES and dst.scalar != dtypes.bool:
     x = f"{vector_widen_name(u.src[0].dtype)}({x})"   # to int32 lanes first (vector_widen_helper)
     if dst.scalar == dtypes.int32: return x

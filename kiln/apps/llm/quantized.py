@@ -51,9 +51,11 @@ def quantize_activations(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
   all-zero block, whose q is 0), and lane_sums float32 (..., K/32, 8): the sums of x over each 4 consecutive values
   (what a Q4_1 min multiplies, one sum per lane of the product). Three small kernels."""
   blocks = x.reshape(*x.shape[:-1], x.shape[-1] // 32, 32)
-  d = blocks.abs().max(-1) / 127
+  # max|x| as the larger of max and -min: the same value as abs().max() (abs is x * sign(x)), 4x faster
+  d = blocks.max(-1).maximum(-blocks.min(-1)) / 127
   scaled = blocks * (d > 0).where(1 / d, 0).unsqueeze(-1)
-  q = (scaled + (scaled < 0).where(-0.5, 0.5)).cast(dtypes.int8).contiguous()   # the cast truncates toward 0
+  # the cast truncates toward 0; through int32, whose vector conversion the CPU's vector code has (then the low byte)
+  q = (scaled + (scaled < 0).where(-0.5, 0.5)).cast(dtypes.int32).cast(dtypes.int8).contiguous()
   lane_sums = blocks.reshape(*blocks.shape[:-1], 8, 4).sum(-1).contiguous()
   return q, d, lane_sums
 
