@@ -186,7 +186,13 @@ lower_index = PatternMatcher([
               lambda ctx, x, v, idx: index_of(x.src[0], v, idx)),
 ])
 
-lowerer = lower_index + symbolic
+def drop_true_gate(load: UOp) -> UOp | None:
+  """LOAD(buf, i, True) -> LOAD(buf, i) (a gate the simplifier decided after the load was made)"""
+  gate = load.src[2]
+  return load.replace(src=load.src[:2]) if gate.op is Ops.CONST and gate.arg is True else None
+
+lowerer = lower_index + symbolic + PatternMatcher([(UPat(Ops.LOAD, src=(UPat(), UPat(), UPat()), name="load"),
+                                                    drop_true_gate)])
 
 def _view_store_index(view: UOp, out_ranges: list[UOp], ctx: LowerContext) -> tuple[UOp, UOp]:
   """The buffer and flat index a store through a view (reshape/shrink/permute/flip of a DEFINE_GLOBAL) writes to:
@@ -208,11 +214,23 @@ def constant_factor(size: UOp) -> int:
   g = math.gcd(*form[0].values(), form[1])
   return min(g & -g, VECTOR_ROW) if g else 1
 
-def _output_range(ctx: LowerContext, size) -> UOp:
-  """The index of an output axis: one loop, or for a symbolic size c*v (c a power of two, constant_factor) a loop
-  of v around a loop of c, `outer*c + inner`: the optimizer's upcasts and vectors need an axis of plain size, and
-  a feature map's symbolic size comes in whole steps (kiln/frontend/onnx_cache.py)."""
-  if not isinstance(size, UOp) or (factor := constant_factor(size)) == 1: return ctx.new_range(size)
+WHOLE_STEP = 8   # a symbolic axis in steps of at least this many loops over its steps, not overlapping tiles
+
+def _output_range(ctx: LowerContext, size, overlap: bool) -> UOp:
+  """The index of an output axis: one loop, or for a symbolic size a loop of constant size inside another, as the
+  optimizer's upcasts and vectors need an axis of plain size:
+  - a size c*v (c a power of two, constant_factor): v loops of c, `outer*c + inner` (a feature map's symbolic size
+    comes in whole steps, kiln/frontend/onnx_cache.py);
+  - with `overlap` (no load of the kernel reads what it stores), a size of at least VECTOR_ROW in smaller steps:
+    ceil(size/16) tiles of 16, the last one shifted back to end at the axis' end, `min(outer*16, size-16) + inner`
+    (its overlap computes a few outputs twice, the same values)."""
+  if not isinstance(size, UOp): return ctx.new_range(size)
+  factor = constant_factor(size)
+  if overlap and factor < WHOLE_STEP and size.vmin >= VECTOR_ROW:
+    outer = ctx.new_range(graph_rewrite((size + (VECTOR_ROW - 1)) // VECTOR_ROW, symbolic))
+    start, last = outer * VECTOR_ROW, graph_rewrite(size - VECTOR_ROW, symbolic)
+    return start.lt(last).where(start, last) + ctx.new_range(VECTOR_ROW)
+  if factor == 1: return ctx.new_range(size)
   terms, const = linear_form(size)
   outer = ctx.new_range(build_sum(size.dtype, {t: a // factor for t, a in terms.items()}, const // factor))
   return outer * factor + ctx.new_range(factor)
@@ -239,6 +257,8 @@ def _lower(ast: UOp, merge_rows: bool) -> UOp | None:
   divides that loop apart (a padded or windowed view reads rows and columns on their own)."""
   ctx = LowerContext()
   stores, merged = [], None
+  written = {u for store in ast.src for u in toposort([store.src[0]]) if u.op is Ops.DEFINE_GLOBAL}
+  overlap = not any(u in written for u in toposort([store.src[1] for store in ast.src]))
   for store in ast.src:
     out_buf, value = store.src
     shape = value.shape
@@ -246,7 +266,7 @@ def _lower(ast: UOp, merge_rows: bool) -> UOp | None:
       outer = [iconst(0) if s == 1 else ctx.new_range(s) for s in shape[:-2]]
       merged = ctx.new_range(shape[-2] * shape[-1])
       out_ranges = outer + [merged // shape[-1], merged % shape[-1]]
-    else: out_ranges = [iconst(0) if s == 1 else _output_range(ctx, s) for s in shape]
+    else: out_ranges = [iconst(0) if s == 1 else _output_range(ctx, s, overlap) for s in shape]
     if out_buf.op is Ops.DEFINE_GLOBAL: flat = linearize_index(tuple(out_ranges), shape)
     else: out_buf, flat = _view_store_index(out_buf, out_ranges, ctx)
     stores.append(UOp(Ops.STORE, dtypes.void, (out_buf, flat, index_of(value, TRUE, out_ranges))))

@@ -39,8 +39,10 @@ MAX_GRAPHS = 16
 SYMBOLIC_MIN = 2   # a size of 1 broadcasts and squeezes where a larger one does not: it gets a graph of its own
 
 def symbolic_range(size: int, lowest: int = SYMBOLIC_MIN) -> tuple[int, int]:
-  """The range of the Variable that serves `size`: 2-16, then powers of two (the buffers have room for its top)."""
-  return lowest, max(16, 1 << (size - 1).bit_length())
+  """The range of the Variable that serves `size`: 2-16, then 17-32, 33-64, ... (the buffers have room for its top;
+  its bottom lets the kernels tile a long axis, codegen/lowerer.py)."""
+  top = max(16, 1 << (size - 1).bit_length())
+  return (lowest if top == 16 else top // 2 + 1), top
 
 # A CNN that halves its image five times and adds the upsampled maps back (an FPN: PP-OCR's detector) needs sizes
 # that stay whole through every halving: where the plain symbolic build fails, a size divisible by 2^k (k <= 5) is

@@ -64,6 +64,7 @@ def _int_alu(op: Ops, dtype: DType, xs: list) -> Any:
     out = _c_div(xs[0], xs[1]) if op is _IDIV else _c_mod(xs[0], xs[1])
     return out if dtypes.min(dtype) <= out <= dtypes.max(dtype) else None   # INT_MIN // -1 traps
   if op is _MAX: return max(xs[0], xs[1])
+  if op is Ops.WHERE: return xs[1] if xs[0] else xs[2]
   if op is _AND: return xs[0] & xs[1]
   if op is _OR: return xs[0] | xs[1]
   if op is _XOR: return xs[0] ^ xs[1]
@@ -655,17 +656,20 @@ def pull_product_constants(u: UOp, x: UOp, y: UOp) -> UOp | None:
 MAX_BOUND_PASSES = 4   # substitutions of range ends and quotients in a symbolic bound (each may expose another)
 
 def _symbolic_end(t: UOp) -> bool: return t.op is _RANGE and not _kernel_const(t.src[0])
+def _is_min(t: UOp) -> bool: return t.op is Ops.WHERE and t.src[0].op is _CMPLT and t.src[0].src == t.src[1:]
 
 def symbolic_upper_bound(terms: dict[UOp, int], const: int) -> tuple[dict[UOp, int], int] | None:
   """An upper bound of `sum(t*a) + const` as a linear form over the Variables: a loop index of symbolic end n with a
-  positive coefficient is at most n - 1, and c*(x//c) (x >= 0) at most x (at least x - c + 1), so that n - 1 - i
-  for i < n cancels to an expression whose range decides it (the ranges alone cannot: n's vmax against i's)."""
+  positive coefficient is at most n - 1, min(x, y) at most y, and c*(x//c) (x >= 0) at most x (at least x - c + 1),
+  so that n - 1 - i for i < n cancels to an expression whose range decides it (the ranges alone cannot: n's vmax
+  against i's)."""
   terms, changed = dict(terms), True
   for _ in range(MAX_BOUND_PASSES):
     if not changed: break
     changed = False
     for t, a in list(terms.items()):
       if _symbolic_end(t) and a > 0: replacement, offset = t.src[0], -a
+      elif _is_min(t) and a > 0: replacement, offset = t.src[2], 0   # (a tile shifted back to end at an axis' end)
       elif t.op is _IDIV and _kernel_const(t.src[1]) and t.src[1].arg > 0 and a % t.src[1].arg == 0 \
            and t.src[0].vmin >= 0:
         c = t.src[1].arg
@@ -688,7 +692,7 @@ def lt_by_symbolic_bounds(x: UOp, y: UOp) -> UOp | None:
   if left is None or right is None: return None
   diff = {t: left[0].get(t, 0) - right[0].get(t, 0) for t in left[0].keys() | right[0].keys()}
   diff = {t: a for t, a in diff.items() if a != 0}
-  if not any(_symbolic_end(t) for t in diff): return None
+  if not any(_symbolic_end(t) or _is_min(t) for t in diff): return None
   if not (fits(x.dtype, *linear_bounds(*left)) and fits(y.dtype, *linear_bounds(*right))): return None
   const = left[1] - right[1]
   upper = symbolic_upper_bound(diff, const)

@@ -57,3 +57,15 @@ def test_products_of_sizes_are_grouped_one_way():
   b = simplify((h * 16) * (w * 2))
   c = simplify((w * 4) * (h * 8))
   assert a is b is c
+
+def test_a_tile_shifted_back_to_the_end_stays_below_it():
+  n = Variable("n", 17, 40)
+  o, lane = loop((n + 15) // 16, 0), loop(16, 1)
+  start = (o * 16).alu(Ops.CMPLT, n + -16).where(o * 16, n + -16)   # min(16*o, n - 16)
+  gate = (start + lane).alu(Ops.CMPLT, n)
+  assert brute_force(gate, n, [o, lane], lambda v: [(v + 15) // 16, 16]) == {True}
+  assert simplify(gate).arg is True
+
+def test_exec_alu_folds_an_int_select():
+  from kiln.uop.symbolic import exec_alu
+  assert exec_alu(Ops.WHERE, I32, (True, 3, 7), I32) == 3 and exec_alu(Ops.WHERE, I32, (False, 3, 7), I32) == 7

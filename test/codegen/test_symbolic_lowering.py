@@ -39,3 +39,16 @@ def test_an_upsampling_over_symbolic_sizes_divides_by_constants():
     up = up.reshape(2, 3, part.shape[2] * 2, part.shape[3] * 2) + 1
     assert not divisions_by_sizes(lowered(up))
     np.testing.assert_allclose(up.numpy(), x_np[:, :, :h, :w].repeat(2, 2).repeat(2, 3) + 1)
+
+def test_a_long_axis_in_no_steps_runs_in_overlapping_tiles():
+  # sizes 17-40: ceil(n/16) tiles of 16, the last shifted back to end at n (its overlap computed twice, alike)
+  rng = np.random.default_rng(2)
+  x_np, w_np = rng.standard_normal((1, 8, 5, 40)).astype(np.float32), rng.standard_normal((6, 8, 1, 3)).astype(np.float32)
+  x, w = Tensor(x_np).realize(), Tensor(w_np).realize()
+  for n in (17, 23, 40):
+    part = x[:, :, :, 0:Variable("n", 17, 40).bind(n)]
+    y = part.conv2d(w, padding=(0, 1)) * 2
+    assert 16 in constant_ranges(lowered(y))
+    want = np.stack([sum(np.einsum("chw,oc->ohw", np.pad(x_np[0, :, :, :n], ((0, 0), (0, 0), (1, 1)))[:, :, j:j + n],
+                                   w_np[:, :, 0, j]) for j in range(3))]) * 2
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-4, atol=1e-4)
