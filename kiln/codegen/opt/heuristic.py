@@ -197,6 +197,7 @@ def heuristic_opts(kernel: Kernel, target: CPUTarget | None = None) -> list[Opt]
     else: _upcast_tiny_inner_axes(kernel)
     return kernel.applied
 
+  if (dots := _byte_dot_tile(kernel, plan, loads, out_axes, load_strides, store_strides)) is not None: return dots
   if (matvec := _matrix_vector(kernel, loads, out_axes, load_strides)) is not None: return matvec
   if (lanes := _lane_reduction(kernel, loads, out_axes, red_axes, load_strides)) is not None: return lanes
   # register tiling: upcast output axes whose data some load reuses (stride 0 there, not everywhere); a 16x8 tile
@@ -408,6 +409,42 @@ def _lane_reduction(kernel: Kernel, loads: list[UOp], out_axes: list[UOp], red_a
     _try(kernel, Opt(OptOps.UPCAST, kernel.axes.index(wide), w))
   if small is not None: _try(kernel, Opt(OptOps.UPCAST, kernel.axes.index(small), Kernel.size(small)))
   _try(kernel, Opt(OptOps.LANES, kernel.axes.index(inner), k))
+  return kernel.applied
+
+BYTE_DOT_TERMS = 32   # int32 products of bytes per output and step that make a kernel a byte-dot tile
+BYTE_DOT_MAX_NODES = 40000   # a byte-dot tile's node budget: its 16 x rows outputs each sum 32 products a step
+
+def _byte_dot_tile(kernel: Kernel, plan: TilePlan, loads: list[UOp], out_axes: list[UOp],
+                   load_strides: dict[UOp, list[int | None]], store_strides: dict[UOp, list[int | None]]
+                   ) -> list[Opt] | None:
+  """A product of many rows by a matrix of bytes in integer dot products (kiln/apps/llm/quantized.py, the tiled
+  layout: each output sums BYTE_DOT_TERMS explicit int32 products of an unsigned and a signed byte a step): the
+  output axis along which the unsigned bytes lie 4 apart and the signed ones do not move (the weight's rows, stored
+  contiguously) gets 16 lanes, vectors of DP4A (kiln/codegen/vectorize.py: 4 bytes of x broadcast against 16 rows'
+  4 bytes), and the axis along which only the signed bytes move (x's rows) `plan.rows` of them, a register tile
+  that loads each weight vector once for all its rows. One thread, SmolLM2's 160x576 @ 576x1536 (Sapphire Rapids,
+  AVX-512 VNNI): bench/RESULTS.md. None, and nothing applied, for other kernels."""
+  def widened(u: UOp, dtype) -> bool: return u.op is Ops.CAST and u.src[0].dtype is dtype
+  products = sum(1 for u in graph_nodes(kernel.sink) if u.op is Ops.MUL and u.dtype is dtypes.int32 and
+                 any(widened(a, dtypes.uint8) for a in u.src) and any(widened(a, dtypes.int8) for a in u.src))
+  if products < BYTE_DOT_TERMS: return None
+  unsigned = [i for i, ld in enumerate(loads) if ld.dtype is dtypes.uint8]
+  signed = [i for i, ld in enumerate(loads) if ld.dtype is dtypes.int8]
+  def strides(rng: UOp, which: list[int]) -> set[int | None]: return {load_strides[rng][i] for i in which}
+  rows = next((rng for rng in out_axes if 1 in store_strides[rng] and strides(rng, unsigned) == {4}
+               and strides(rng, signed) == {0}), None)
+  xs = next((rng for rng in out_axes if strides(rng, unsigned) == {0} and 0 not in strides(rng, signed)), None)
+  if rows is None or xs is None or (Kernel.size(rows) or 1) % 16: return None
+  def apply(opt: Opt) -> bool:
+    try: kernel.apply(opt, max_nodes=BYTE_DOT_MAX_NODES)
+    except KernelOptError: return False
+    return True
+  if not apply(Opt(OptOps.UPCAST, kernel.axes.index(rows), 16)): return None
+  for amount in _halvings(plan.rows, 2):
+    if (Kernel.size(xs) or 1) % amount == 0 and apply(Opt(OptOps.UPCAST, kernel.axes.index(xs), amount)): break
+  # the longer of the two loops outermost, split across threads (a 16-token prefill has 2 tiles of x's rows)
+  loops = kernel.output_axes   # the two tile loops (the upcast lanes are copies now)
+  if len(loops) == 2 and (Kernel.size(loops[1]) or 0) > (Kernel.size(loops[0]) or 0): apply(Opt(OptOps.SWAP, 0, 1))
   return kernel.applied
 
 MATVEC_LANES = (16, 8)   # accumulator lanes on a matrix-vector product's contiguous reduce axis (one AVX-512 vector)
