@@ -242,6 +242,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     inputs = {id(buf) for buf in schedule.inputs}
     realized_from_inputs: list[UOp] = []
     own_buffers: list[tuple[Buffer, UOp]] = []   # (result buffer, the node realized into it)
+    leaf_candidates: list[tuple[UOp, UOp]] = []   # (root, its result) of tensors that may be autograd leaves
     results = schedule.results
     for t, old in todo:
       new = results[old]
@@ -270,8 +271,11 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
       # gradient flows to its target alone (gradient.py), so its result remembers a marker over the target's
       # identity instead (_origin_of): remembering the assign itself chained every optimizer step to the one
       # before (their updates, gradients and forward passes stayed alive and every backward() walked them all)
-      if old in differentiable and new.origin is None: new.origin = _origin_of(old)
+      if old in differentiable and new.origin is None:
+        new.origin = _origin_of(old)
+        if old.op is not _ASSIGN: leaf_candidates.append((old, new))
       t.uop = new
+    if leaf_candidates: _forget_leaf_histories(leaf_candidates)
     if aliases: _renew_identities(aliases, _new_identities_of_targets(roots, results))
     if realized_from_inputs:   # one group of this run's results, shared by every input buffer (hundreds in a step)
       group = _NodeGroup(realized_from_inputs)
@@ -432,7 +436,8 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
 
   @staticmethod
   def manual_seed(seed: int = 0) -> None:
-    """Make the random functions reproducible: the same seed gives the same numbers on every device.
+    """Make the random functions reproducible: the same seed gives the same numbers on CPU, PYTHON and CUDA alike
+    (devices of one kind with other indices, CPU:1 or CUDA:1, draw streams of their own, so shards differ).
 
     Resets every device's generator state in place, so a TinyJit capture that draws random numbers replays from the
     new seed too. Not allowed inside a TinyJit function (a replay would not repeat it)."""
@@ -1567,6 +1572,24 @@ def _forget_results_computed_from(buf: Buffer) -> None:
 
 # dtypes a Python scalar is written into by a host copy on assign (besides the ints): NumPy rounds them as kernels do
 _HOST_SCALAR_DTYPES = (dtypes.float32, dtypes.float64, dtypes.bool)
+
+def _forget_leaf_histories(realized: list[tuple[UOp, UOp]]) -> None:
+  """Realized roots that are tensors requiring a gradient whose graphs reach no other such tensor (a parameter's
+  initializer) are autograd leaves: their identity becomes a node without sources, so backward() no longer walks the
+  initializer's graph (nor keeps it alive). The old root points there too, for graphs built on it before."""
+  wanted = _grad_identities()
+  for old, new in realized:
+    if old not in wanted or new.origin is not old or type(old.device) is not str or is_symbolic_shape(old.shape): continue
+    below = gradient_graph(old, whole=True)
+    if any(node in wanted for node in below if node is not old): continue
+    identity = _leaf_identity(old)
+    old.origin = new.origin = identity
+
+def _leaf_identity(node: UOp) -> UOp:
+  """A fresh node of `node`'s shape, dtype and device with no history: a buffer that is never allocated, only a name
+  for autograd (the scheduler never sees it: it follows results, not `origin`)."""
+  fresh = UOp.new_buffer(node.device, node.size, node.dtype)
+  return fresh.reshape(node.shape) if node.shape != (node.size,) else fresh
 
 def _origin_of(realized: UOp) -> UOp:
   """The node a realized root's result remembers for autograd: the root itself, or for an assign a new UNIQUE over
