@@ -173,7 +173,11 @@ def attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> T
   queries = q.reshape(T, n_kv, group, head_dim).permute(1, 2, 3, 0).contiguous()          # (n_kv, group, hd, T)
   scores = (keys.reshape(-1, n_kv, 1, head_dim, 1) * queries.unsqueeze(0)).sum(3) * (1.0 / math.sqrt(head_dim))
   if mask is not None: scores = scores + mask.T.reshape(-1, 1, 1, T)                       # (L, n_kv, group, T)
-  weighted = (scores.softmax(0).unsqueeze(-1) * values.reshape(-1, n_kv, 1, 1, head_dim)).sum(0).contiguous()
+  # softmax's division after the weighted sum: exp(scores - max) is computed once (one kernel), then summed, and
+  # the weighted values are divided by that sum (T x heads x hd divisions, not L x T x heads); softmax(0) computed
+  # the exponentials twice (in its sum and in its output)
+  e = (scores - scores.max(0)).exp()
+  weighted = ((e.unsqueeze(-1) * values.reshape(-1, n_kv, 1, 1, head_dim)).sum(0) / e.sum(0).unsqueeze(-1)).contiguous()
   return weighted.permute(2, 0, 1, 3).reshape(T, n_heads * head_dim)
 
 def attention_rows(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
@@ -373,6 +377,9 @@ class Transformer:
 
   def _prefill_step(self, tokens: Tensor, start_pos: Variable, mask: Tensor, last: Tensor,
                     window: int | None = None) -> Tensor:
+    # the CPU's mask arrives as (max_context, T) (`logits`), the layout `attention` reads it in: contiguous along the
+    # queries, as the scores are (read transposed, softmax's max over the positions was scalar code)
+    if not self.gpu: mask = mask.T
     hidden = self.forward(tokens, self._plan(start_pos, tokens.shape[0], mask, window))
     return self.output.linear(hidden[last]).reshape(-1).realize()
 
@@ -419,7 +426,9 @@ class Transformer:
       run = self._prefill.setdefault((size, window), TinyJit(functools.partial(self._prefill_step, window=window),
                                                              optimize=True))
     else: run = self._prefill.setdefault(size, TinyJit(self._prefill_step, optimize=True))
-    return run(Tensor(padded, device=self.device), pos, Tensor(mask.astype(np.float32), device=self.device),
+    if not self.gpu: mask = mask.T   # (max_context, T): see _prefill_step
+    return run(Tensor(padded, device=self.device), pos,
+               Tensor(np.ascontiguousarray(mask, dtype=np.float32), device=self.device),
                Tensor([n - 1], dtype=dtypes.int32, device=self.device)).numpy()
 
   def _bucket(self, n: int, start_pos: int) -> int:
