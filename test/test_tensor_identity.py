@@ -181,3 +181,23 @@ def test_a_unique_node_is_transparent_to_values_and_dtypes():
     a = Tensor.full((2, 3), 1, dtype=dtype)
     assert a.uop.op is Ops.UNIQUE and a.dtype == dtype and a.shape == (2, 3)
     np.testing.assert_array_equal(a.numpy(), np.ones((2, 3)).astype(a.numpy().dtype))
+
+def test_a_realized_leaf_forgets_its_initializer_but_keeps_its_gradients():
+  from kiln.gradient import gradient_graph
+  p = Tensor.kaiming_uniform(8, 8, requires_grad=True)
+  q = (p * 2).sum()   # built on p before it is realized
+  p.realize()
+  loss = (p * 3).sum()
+  assert len(gradient_graph(loss.uop)) < 12   # the initializer's graph (random bits, scaling) is not walked
+  loss.backward()
+  np.testing.assert_allclose(p.grad.numpy(), np.full((8, 8), 3.0))
+  p.grad = None
+  q.backward()
+  np.testing.assert_allclose(p.grad.numpy(), np.full((8, 8), 2.0))
+
+def test_a_realized_tensor_computed_from_a_leaf_still_passes_gradients_to_it():
+  w0 = Tensor([1.0, 2.0], requires_grad=True)
+  w = (w0 * 2).realize()   # not a leaf: its graph reaches w0
+  w.requires_grad = True
+  (w * w).sum().backward()
+  np.testing.assert_allclose(w0.grad.numpy(), [8.0, 16.0])   # d/dw0 of (2 w0)^2 = 8 w0
