@@ -5,7 +5,8 @@ threads by kiln/codegen/gpudims.py, kiln's software transcendental math) and wri
 NVRTC makes of the C renderer's semantics (kiln/renderer/cstyle.py), so both give the same bits:
 - float add, mul, fma, div, rcp and sqrt carry `.rn`: correctly rounded, never contracted (MULACC is one `fma.rn`);
 - float16 and bfloat16 live in f32 registers, every op's result rounded to the type by the C helpers' own
-  instruction sequences (kiln_half_round_f/_d, kiln_f_to_bf16), stored and loaded as 16 bits;
+  instruction sequences (kiln_half_round_f/_d, kiln_f_to_bf16), stored and loaded as 16 bits; fp8e4m3 and fp8e5m2
+  likewise as 8 bits, rounded by kiln_fp8_bits's integer steps from the value as a double (cstyle.py);
 - integer IDIV/MOD truncate, a zero divisor gives 0 and `MIN // -1` wraps; types narrower than 32 bits live
   sign- or zero-extended in 32-bit registers and are truncated after each op, as C's promotions do;
 - float -> integer casts go through a 32- or 64-bit conversion whose out-of-range and NaN result is INT_MIN of that
@@ -14,7 +15,7 @@ NVRTC makes of the C renderer's semantics (kiln/renderer/cstyle.py), so both giv
 - bool values are predicates, stored as a byte.
 POW on float32 (and 16-bit floats) is 2**(y*log2|x|) on the hardware's approximate lg2/ex2 with C99's special cases:
 within a few ulp, not CUDA libdevice's bits. float32 MOD is exact (as fmodf is).
-Not rendered (NotImplementedError): vector uops, fp8, float64 POW and MOD, and native EXP2/LOG2/SIN (software math
+Not rendered (NotImplementedError): vector uops, float64 POW and MOD, and native EXP2/LOG2/SIN (software math
 rewrites them first on this target).
 """
 from __future__ import annotations
@@ -30,19 +31,25 @@ PTX_VERSION = "9.0"   # the PTX ISA of CUDA 13.0 (driver 580)
 _NARROW = {dtypes.int8: ("s8", 8), dtypes.uint8: ("u8", 8), dtypes.int16: ("s16", 16), dtypes.uint16: ("u16", 16)}
 _INTS_32 = (dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32)
 _HALVES = (dtypes.float16, dtypes.bfloat16)
+_FP8 = (dtypes.fp8e4m3, dtypes.fp8e5m2)
+_IN_F32 = (*_HALVES, *_FP8)   # narrow floats: held and computed in f32 registers
+# kiln_fp8_to_f's and kiln_fp8_bits's arguments per fp8 dtype (cstyle.py FP8_C_ARGS): mantissa bits, exponent of the
+# smallest normal, whether it has inf; codes of the largest finite value, of NaN and of what inf becomes
+_FP8_FORMAT = {dtypes.fp8e4m3: (3, -6, False, 0x7E, 0x7F, 0x7E), dtypes.fp8e5m2: (2, -14, True, 0x7B, 0x7E, 0x7C)}
 # a register class per dtype: (prefix, declared type)
-_REG_CLASS = {dtypes.bool: ("%p", ".pred"), dtypes.float32: ("%f", ".f32"), dtypes.float16: ("%f", ".f32"),
-              dtypes.bfloat16: ("%f", ".f32"), dtypes.float64: ("%fd", ".f64"), dtypes.int64: ("%rd", ".b64"),
+_REG_CLASS = {dtypes.bool: ("%p", ".pred"), dtypes.float32: ("%f", ".f32"), **{dt: ("%f", ".f32") for dt in _IN_F32},
+              dtypes.float64: ("%fd", ".f64"), dtypes.int64: ("%rd", ".b64"),
               dtypes.uint64: ("%rd", ".b64"), **{dt: ("%r", ".b32") for dt in _INTS_32}}
 # what a buffer element is loaded and stored as
 _MEMORY_TYPES = {dtypes.bool: "u8", dtypes.int8: "s8", dtypes.uint8: "u8", dtypes.int16: "s16", dtypes.uint16: "u16",
                  dtypes.int32: "s32", dtypes.uint32: "u32", dtypes.int64: "s64", dtypes.uint64: "u64",
-                 dtypes.float16: "u16", dtypes.bfloat16: "u16", dtypes.float32: "f32", dtypes.float64: "f64"}
+                 dtypes.float16: "u16", dtypes.bfloat16: "u16", dtypes.float32: "f32", dtypes.float64: "f64",
+                 **{dt: "u8" for dt in _FP8}}
 _SPECIAL_REGISTERS = {"gidx": "%ctaid", "lidx": "%tid"}
 
 def ptx_type(dtype: DType) -> str:
   """The instruction type suffix a value of `dtype` computes with (narrow ints and 16-bit floats in 32 bits)."""
-  if dtype in (dtypes.float32, *_HALVES): return "f32"
+  if dtype in (dtypes.float32, *_IN_F32): return "f32"
   if dtype == dtypes.float64: return "f64"
   if dtype in _INTS_32: return "u32" if dtypes.is_unsigned(dtype) else "s32"
   if dtype in (dtypes.int64, dtypes.uint64): return "u64" if dtype == dtypes.uint64 else "s64"
@@ -54,7 +61,7 @@ def _bits(dtype: DType) -> int: return 64 if dtype in (dtypes.int64, dtypes.uint
 def ptx_const(value, dtype: DType) -> str:
   """A PTX immediate for `value` rounded to `dtype`: `0f3F800000` for floats, decimal or hex for integers."""
   value = truncate(dtype, value)
-  if dtype in (dtypes.float32, *_HALVES): return "0f%08X" % struct.unpack("<I", struct.pack("<f", value))[0]
+  if dtype in (dtypes.float32, *_IN_F32): return "0f%08X" % struct.unpack("<I", struct.pack("<f", value))[0]
   if dtype == dtypes.float64: return "0d%016X" % struct.unpack("<Q", struct.pack("<d", value))[0]
   if dtype == dtypes.bool: return "1" if value else "0"
   if dtypes.is_int(dtype):
@@ -184,9 +191,9 @@ class _PTXKernelWriter:
     if u.dtype not in _MEMORY_TYPES: raise self.fail(f"a load of dtype {u.dtype}")
     space = self._space(buf) + (".cg" if buf.op is Ops.DEFINE_LOCAL and len(buf.arg) > 2 else "")
     addr, mem = self.address(buf, index), _MEMORY_TYPES[u.dtype]
-    raw = self.reg("b32") if u.dtype in (*_HALVES, dtypes.bool) else self.reg(u.dtype)
+    raw = self.reg("b32") if u.dtype in (*_IN_F32, dtypes.bool) else self.reg(u.dtype)
     if gate is not None:   # the gate's zero, then the read only where it holds
-      if u.dtype in (*_HALVES, dtypes.bool): self.emit(f"mov.b32 {raw}, 0")
+      if u.dtype in (*_IN_F32, dtypes.bool): self.emit(f"mov.b32 {raw}, 0")
       else: self.emit(f"mov.{self.mov_type(u.dtype)} {raw}, {ptx_const(0, u.dtype)}")
       self.emit(f"@{self.value(gate)} ld.{space}.{mem} {raw}, {addr}")
     else: self.emit(f"ld.{space}.{mem} {raw}, {addr}")
@@ -195,6 +202,7 @@ class _PTXKernelWriter:
       self.emit(f"setp.ne.u32 {out}, {raw}, 0")
     elif u.dtype == dtypes.float16: out = self.half_to_f(raw)
     elif u.dtype == dtypes.bfloat16: out = self.bf16_to_f(raw)
+    elif u.dtype in _FP8: out = self.fp8_to_f(raw, u.dtype)
     else: out = raw
     self.names[u] = out
 
@@ -218,6 +226,7 @@ class _PTXKernelWriter:
       self.emit(f"selp.u32 {data}, 1, 0, {self.value(value)}")
     elif value.dtype == dtypes.float16: data = self.half_bits(self.value(value))
     elif value.dtype == dtypes.bfloat16: data = self.f_to_bf16(self.value(value))
+    elif value.dtype in _FP8: data = self.fp8_bits(self.widen(self.value(value)), value.dtype)
     else: data = self.operand(value)
     addr = self.address(buf, index)
     guard = f"@{self.value(u.src[3])} " if len(u.src) == 4 else ""
@@ -284,8 +293,9 @@ class _PTXKernelWriter:
       raise TypeError(f"PTXRenderer: {u.op.name} needs integer or bool operands, got {operand}")
     is_float = dtypes.is_float(operand)
     out = self.float_alu(u) if is_float else self.int_alu(u)
-    if u.dtype in _HALVES and u.op not in (Ops.NEG, Ops.MAX, Ops.WHERE, Ops.TRUNC) and u.op in GroupOp.ALU:
-      out = self.half_round_f(out) if u.dtype == dtypes.float16 else self.bf16_round(out)
+    if u.dtype in _IN_F32 and u.op not in (Ops.NEG, Ops.MAX, Ops.WHERE, Ops.TRUNC) and u.op in GroupOp.ALU:
+      out = self.half_round_f(out) if u.dtype == dtypes.float16 else self.bf16_round(out) \
+        if u.dtype == dtypes.bfloat16 else self.fp8_round(self.widen(out), u.dtype)
     self.names[u] = out
 
   def compare(self, u: UOp, is_float: bool) -> str:
@@ -519,6 +529,7 @@ class _PTXKernelWriter:
       self.emit(f"selp.{ptx_type(dst)} {out}, 1, 0, {x}")
       return out
     if dtypes.is_int(dst) and dtypes.is_float(src): return self.float_to_int(x, src, dst)
+    if dst in _FP8: return self.fp8_round(self.convert(x, src, dtypes.float64), dst)   # once, from the double
     if dst == dtypes.bfloat16:
       if src not in (dtypes.float32, dtypes.float16): x = self.convert(x, src, dtypes.float32)
       return self.bf16_round(x)
@@ -526,7 +537,7 @@ class _PTXKernelWriter:
       if src in (dtypes.float32, dtypes.bfloat16): return self.half_round_f(x)
       return self.half_round_d(self.convert(x, src, dtypes.float64))
     if dtypes.is_float(dst):
-      s = dtypes.float32 if src in _HALVES else src
+      s = dtypes.float32 if src in _IN_F32 else src
       if s == dst: return x
       out = self.reg(dst)
       rounding = "" if dst == dtypes.float64 else ".rn"   # widening is exact; narrowing rounds to nearest even
@@ -581,6 +592,7 @@ class _PTXKernelWriter:
     x = self.value(u.src[0])
     if src == dtypes.float16: bits = self.half_bits(x)
     elif src == dtypes.bfloat16: bits = self.f_to_bf16(x)
+    elif src in _FP8: bits = self.fp8_bits(self.widen(x), src)
     elif dtypes.is_float(src):
       bits = self.reg("b64" if _bits(src) == 64 else "b32")
       self.emit(f"mov.b{_bits(src)} {bits}, {x}")
@@ -590,6 +602,10 @@ class _PTXKernelWriter:
     else: bits = x
     if dst == dtypes.float16: out = self.half_to_f(bits)
     elif dst == dtypes.bfloat16: out = self.bf16_to_f(bits)
+    elif dst in _FP8:
+      byte = self.reg("b32")
+      self.emit(f"and.b32 {byte}, {bits}, 255")
+      out = self.fp8_to_f(byte, dst)
     elif dtypes.is_float(dst):
       out = self.reg(dst)
       self.emit(f"mov.b{_bits(dst)} {out}, {bits}")
@@ -714,6 +730,108 @@ class _PTXKernelWriter:
   def bf16_round(self, x: str) -> str:
     """kiln_bf16_round: float `x` rounded to bfloat16."""
     return self.bf16_to_f(self.f_to_bf16(x))
+
+  # ---- the fp8 helpers of cstyle.py (FP8_HELPERS), step for step ----
+  def widen(self, x: str) -> str:
+    """An f32 register's value as an f64 (exact)."""
+    out = self.reg("f64")
+    self.emit(f"cvt.f64.f32 {out}, {x}")
+    return out
+
+  def fp8_to_f(self, bits: str, dtype: DType) -> str:
+    """kiln_fp8_to_f: an fp8 byte (in a 32-bit register) to its value as a float: significand times a power of two
+    (exact), inf or NaN where the format has them, the sign put on by its bit (a NaN keeps it)."""
+    man, min_exp, has_inf = _FP8_FORMAT[dtype][:3]
+    magnitude, field, mantissa, significand, exponent = (self.reg("b32") for _ in range(5))
+    normal, special = self.reg("pred"), self.reg("pred")
+    scale, value = self.reg("f32"), self.reg("f32")
+    self.emit(f"and.b32 {magnitude}, {bits}, 127")
+    self.emit(f"shr.u32 {field}, {magnitude}, {man}")
+    self.emit(f"and.b32 {mantissa}, {magnitude}, {(1 << man) - 1}")
+    self.emit(f"setp.ne.u32 {normal}, {field}, 0")
+    self.emit(f"or.b32 {significand}, {mantissa}, {1 << man}")
+    self.emit(f"selp.b32 {significand}, {significand}, {mantissa}, {normal}")
+    self.emit(f"max.u32 {exponent}, {field}, 1   // a subnormal scales as the smallest normal")
+    self.emit(f"add.u32 {exponent}, {exponent}, {min_exp - 1 - man + 127}")
+    self.emit(f"shl.b32 {exponent}, {exponent}, 23")
+    self.emit(f"mov.b32 {scale}, {exponent}")
+    self.emit(f"cvt.rn.f32.u32 {value}, {significand}")
+    self.emit(f"mul.rn.f32 {value}, {value}, {scale}")
+    if has_inf:
+      infinite, special_value = self.reg("pred"), self.reg("f32")
+      self.emit(f"setp.eq.u32 {special}, {field}, {0x7F >> man}")
+      self.emit(f"setp.eq.u32 {infinite}, {mantissa}, 0")
+      self.emit(f"selp.f32 {special_value}, 0f7F800000, 0f7FC00000, {infinite}")
+      self.emit(f"selp.f32 {value}, {special_value}, {value}, {special}")
+    else:
+      self.emit(f"setp.eq.u32 {special}, {magnitude}, 127")
+      self.emit(f"selp.f32 {value}, 0f7FC00000, {value}, {special}")
+    signed, out, sign = self.reg("b32"), self.reg("f32"), self.reg("b32")
+    self.emit(f"mov.b32 {signed}, {value}   // positive so far (NaN too)")
+    self.emit(f"and.b32 {sign}, {bits}, 128")
+    self.emit(f"shl.b32 {sign}, {sign}, 24")
+    self.emit(f"or.b32 {signed}, {signed}, {sign}")
+    self.emit(f"mov.b32 {out}, {signed}")
+    return out
+
+  def fp8_bits(self, x: str, dtype: DType) -> str:
+    """kiln_fp8_bits: a double's fp8 byte (in a 32-bit register): nearest even on the double's bits, a value below
+    half the smallest subnormal 0, finite overflow the largest code, NaN and inf their codes; the sign kept."""
+    man, min_exp, _, max_code, nan_code, inf_code = _FP8_FORMAT[dtype]
+    bits, magnitude, mantissa, kept, rest, mask, half, one = (self.reg("b64") for _ in range(8))
+    sign, exponent, shift, code, normal_code, kept32 = (self.reg("b32") for _ in range(6))
+    nan, inf, tiny, big, subnormal, above, tie, odd, up = (self.reg("pred") for _ in range(9))
+    self.emit(f"mov.b64 {bits}, {x}")
+    self.emit(f"shr.u64 {mantissa}, {bits}, 56")
+    self.emit(f"cvt.u32.u64 {sign}, {mantissa}")
+    self.emit(f"and.b32 {sign}, {sign}, 128")
+    self.emit(f"and.b64 {magnitude}, {bits}, 0x7FFFFFFFFFFFFFFF")
+    self.emit(f"setp.gt.u64 {nan}, {magnitude}, 0x7FF0000000000000")
+    self.emit(f"setp.eq.u64 {inf}, {magnitude}, 0x7FF0000000000000")
+    self.emit(f"shr.u64 {mantissa}, {magnitude}, 52")
+    self.emit(f"cvt.u32.u64 {exponent}, {mantissa}")
+    self.emit(f"sub.s32 {exponent}, {exponent}, 1023")
+    self.emit(f"setp.lt.s32 {tiny}, {exponent}, {min_exp - man - 1}")
+    self.emit(f"setp.gt.s32 {big}, {exponent}, 16")
+    self.emit(f"setp.lt.s32 {subnormal}, {exponent}, {min_exp}")
+    self.emit(f"and.b64 {mantissa}, {magnitude}, 0x000FFFFFFFFFFFFF")
+    self.emit(f"or.b64 {mantissa}, {mantissa}, 0x0010000000000000")
+    # the shift that keeps `man` bits: 52 - man, and the distance below the smallest normal for a subnormal
+    self.emit(f"sub.s32 {shift}, {min_exp}, {exponent}")
+    self.emit(f"max.s32 {shift}, {shift}, 0")
+    self.emit(f"min.s32 {shift}, {shift}, {man + 2}   // (a value this far below is 0 anyway: `tiny`)")
+    self.emit(f"add.s32 {shift}, {shift}, {52 - man}")
+    self.emit(f"shr.u64 {kept}, {mantissa}, {shift}")
+    self.emit(f"mov.b64 {one}, 1")
+    self.emit(f"shl.b64 {mask}, {one}, {shift}")
+    self.emit(f"sub.s64 {mask}, {mask}, 1")
+    self.emit(f"and.b64 {rest}, {mantissa}, {mask}")
+    self.emit(f"shr.u64 {half}, {mask}, 1")
+    self.emit(f"add.u64 {half}, {half}, 1   // the halfway point, 1 << (shift - 1)")
+    self.emit(f"setp.gt.u64 {above}, {rest}, {half}")
+    self.emit(f"setp.eq.u64 {tie}, {rest}, {half}")
+    self.emit(f"and.b64 {one}, {kept}, 1")
+    self.emit(f"setp.ne.u64 {odd}, {one}, 0")
+    self.emit(f"and.pred {tie}, {tie}, {odd}")
+    self.emit(f"or.pred {up}, {above}, {tie}")
+    self.emit(f"cvt.u32.u64 {kept32}, {kept}")
+    self.emit(f"@{up} add.u32 {kept32}, {kept32}, 1")
+    self.emit(f"sub.s32 {normal_code}, {exponent}, {min_exp - 1}")
+    self.emit(f"shl.b32 {normal_code}, {normal_code}, {man}")
+    self.emit(f"add.s32 {normal_code}, {normal_code}, {kept32}")
+    self.emit(f"sub.s32 {normal_code}, {normal_code}, {1 << man}")
+    self.emit(f"selp.b32 {code}, {kept32}, {normal_code}, {subnormal}   // a carry gives the smallest normal's code")
+    self.emit(f"min.u32 {code}, {code}, {max_code}")
+    self.emit(f"selp.b32 {code}, {max_code}, {code}, {big}")
+    self.emit(f"selp.b32 {code}, 0, {code}, {tiny}")
+    self.emit(f"selp.b32 {code}, {inf_code}, {code}, {inf}")
+    self.emit(f"selp.b32 {code}, {nan_code}, {code}, {nan}")
+    self.emit(f"or.b32 {code}, {code}, {sign}")
+    return code
+
+  def fp8_round(self, x: str, dtype: DType) -> str:
+    """kiln_<fp8>_round: a double rounded to fp8 (nearest even, saturating), as a float."""
+    return self.fp8_to_f(self.fp8_bits(x, dtype), dtype)
 
   # ---- the module ----
   def write(self) -> str:
