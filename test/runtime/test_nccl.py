@@ -30,7 +30,7 @@ def test_one_rank_all_reduce_on_cuda():
   try:
     x = Tensor(np.arange(1000, dtype=np.float32), device=device).contiguous().realize()
     out = Tensor.empty(1000, device=device).realize()
-    src, dst = x.uop.base.buffer, out.uop.base.buffer
+    src, dst = x.uop.base.buffer.allocate(), out.uop.base.buffer.allocate()
     for op in (Ops.ADD, Ops.MAX):
       comm.all_reduce([src._buf.ptr], [dst._buf.ptr], 1000, dtypes.float32, op)
       Device[device].synchronize()
