@@ -14,8 +14,8 @@ it with `cache=False` (the graph walked and scheduled on every call), `--jit` th
 `--profile MODEL` prints the model's slowest kiln kernels (each kernel of one inference launched alone);
 `--overhead` times the graph walk alone and whole calls with and without the graph cache; `--convs` times
 ResNet-50's conv shapes alone (Tensor.conv2d) at batch 1 and 4; `--sizes` calls models with symbolic sizes (an
-exported transformer block, PP-OCR's classifier and detector) at several sizes, one graph for all of them against
-one per size (`--sized ocr_det` for one of them).
+exported transformer block, PP-OCR's classifier, detector and recognizer) at several sizes, one graph for all of
+them against one per size (`--sized ocr_det` for one of them).
 """
 from __future__ import annotations
 import argparse, importlib.util, os, statistics, sys, time
@@ -215,6 +215,7 @@ SIZED: dict[str, tuple[Callable[[], str | None], str, list[tuple[int, ...]]]] = 
   "transformer": (transformer_onnx, "tokens", [(2, 8, 64), (3, 12, 64), (4, 16, 64), (2, 5, 64), (1, 16, 64)]),
   "ocr_cls": (MODELS["ocr_cls"][0], "x", [(2, 3, 48, 192), (3, 3, 48, 192), (6, 3, 48, 192), (4, 3, 48, 192)]),
   "ocr_det": (MODELS["ocr_det"][0], "x", [(1, 3, 320, 320), (1, 3, 256, 352), (1, 3, 352, 256), (1, 3, 320, 480)]),
+  "ocr_rec": (MODELS["ocr_rec"][0], "x", [(1, 3, 48, 320), (1, 3, 48, 288), (1, 3, 48, 400), (1, 3, 48, 480)]),
 }
 
 def sizes(runs: int, only: list[str] | None = None) -> None:
