@@ -125,3 +125,13 @@ def test_tiny_model_int_prefill_is_close_to_float_prefill(tmp_path, monkeypatch)
   want, got = exact.logits(tokens, 0), quantized.logits(tokens, 0)
   np.testing.assert_allclose(got, want, rtol=0, atol=0.05 * np.abs(want).max())
   assert got.argmax() == want.argmax()
+
+def test_int_prefill_false_keeps_prefill_float(tmp_path, monkeypatch):
+  """`load_model(int_prefill=False)`: no tiled layout, so a prefill's products of many rows are float products."""
+  from kiln.apps.llm import quantized
+  from kiln.apps.llm.model import load_model
+  monkeypatch.setattr(quantized, "TILED_MIN_ROWS", 16)
+  path = tmp_path / "tiny.gguf"
+  write_tiny_model(path)
+  model, _ = load_model(path, max_context=32, int_dot=True, int_prefill=False)
+  assert all(b.w_gate.int_dot and "tiles" not in b.w_gate.parts for b in model.blocks)
