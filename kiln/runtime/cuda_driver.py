@@ -494,7 +494,7 @@ class _HostRegistrations:
 
   def __init__(self):
     self.ranges: dict[int, list[int]] = {}   # first byte -> [end, mappings using it]
-    self.lock = threading.Lock()
+    self.lock = threading.RLock()   # (re-entrant: a mapping collected while acquiring releases on this thread)
 
   def acquire(self, context: Context, start: int, nbytes: int) -> list[int]:
     """Make the pages of [start, start+nbytes) registered; the starts of the ranges the mapping uses (counted)."""
