@@ -629,7 +629,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     [[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]]
     """
     if _multi.is_multi_device(self.device): return self._assign_multi(x)
-    if self.device.startswith("DISK"):   # a file: the bytes are written through at once
+    if type(self.device) is str and self.device.startswith("DISK"):   # a file: the bytes are written through at once
       from kiln.runtime.ops_disk import write_to_disk
       return write_to_disk(self, x)
     if type(x) in (int, float, bool) and self._assign_scalar_now(x): return self

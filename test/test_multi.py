@@ -304,3 +304,24 @@ def test_data_parallel_training_under_tinyjit():
   dp_losses, dp_weights = run(D2)
   close(dp_losses, losses, 1e-5)
   for a, b in zip(dp_weights, weights): close(a, b, 1e-5)
+
+def test_state_dicts_setitem_and_bitcast_over_several_devices(tmp_path):
+  from kiln import nn
+  from kiln.nn.state import get_state_dict, load_state_dict, safe_save, safe_load
+  model = nn.Linear(4, 6)
+  expected = {k: v.numpy() for k, v in get_state_dict(model).items()}
+  model.weight.shard_(D2, 0).realize()
+  safe_save(get_state_dict(model), str(tmp_path / "m.safetensors"))   # gathered to be written
+  other = nn.Linear(4, 6)
+  other.weight.shard_(D2, 0).realize()
+  other.bias.shard_(D2).realize()
+  load_state_dict(other, safe_load(str(tmp_path / "m.safetensors")), verbose=False)
+  assert other.weight.device == D2 and other.weight.uop.axis == 0 and other.bias.uop.axis is None   # layouts kept
+  close(other.weight.numpy(), expected["weight"])
+  close(other.bias.numpy(), expected["bias"])
+  t = Tensor.zeros(4, 4).contiguous().shard(D2, 0).realize()
+  t[1:3, 1] = 5
+  t[0] = Tensor([1.0, 2, 3, 4]).shard(D2)
+  want = np.zeros((4, 4)); want[1:3, 1] = 5; want[0] = [1, 2, 3, 4]
+  close(t.numpy(), want)
+  np.testing.assert_equal(Tensor([1, 2], dtype="uint16").shard(D2).bitcast("uint8").numpy(), [1, 0, 2, 0])

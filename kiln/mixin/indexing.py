@@ -254,7 +254,8 @@ class IndexingMixin:
     >>> t.tolist()
     [[0, 7, 7], [5, 0, 6]]
     """
-    if self.device.startswith("DISK"):   # a file: write the indexed bytes through (a byte range, as tinygrad)
+    # a file: write the indexed bytes through (a byte range, as tinygrad)
+    if type(self.device) is str and self.device.startswith("DISK"):
       self[index].assign(value)
       return
     target = self.uop.src[0] if self.uop.op is Ops.ASSIGN else self.uop

@@ -109,9 +109,13 @@ def load_state_dict(model: Any, state_dict: dict[str, Tensor], strict: bool = Tr
     if source.dtype != target.dtype:
       raise ValueError(f"load_state_dict: dtype mismatch for key {key!r}: the model has {target.dtype.name}, "
                        f"the state dict has {source.dtype.name}; cast it first (state_dict[{key!r}].cast(...))")
-    if target.device.startswith("DISK"): target.assign(source)   # a file: write the bytes through
+    if type(target.device) is str and target.device.startswith("DISK"): target.assign(source)   # a file: write through
     else:
-      if source.device != target.device: source = source.to(target.device)
+      if source.device != target.device:
+        if type(target.device) is tuple:   # a parameter over several devices keeps its layout
+          source = source.to(source.device[0]) if type(source.device) is tuple else source
+          source = source.shard(target.device, target.uop.axis)
+        else: source = source.to(target.device)
       target.replace(source)
     if realize: target.realize()
     if consume: del state_dict[key]
@@ -327,7 +331,7 @@ def safe_save(tensors: dict[str, Tensor], fn: str | os.PathLike, metadata: dict[
 
 def _raw_bytes(t: Tensor) -> bytes:
   """The bytes of `t`'s elements in row-major order."""
-  host = t.to("CPU") if t.device.startswith("DISK") else t.contiguous().to("CPU")
+  host = t.to("CPU") if type(t.device) is str and t.device.startswith("DISK") else t.contiguous().to("CPU")
   return host._buffer().as_bytes()
 
 # ---------------- PyTorch checkpoints ----------------
