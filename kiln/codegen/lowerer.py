@@ -221,9 +221,9 @@ def _output_range(ctx: LowerContext, size, overlap: bool) -> UOp:
   optimizer's upcasts and vectors need an axis of plain size:
   - a size c*v (c a power of two, constant_factor): v loops of c, `outer*c + inner` (a feature map's symbolic size
     comes in whole steps, kiln/frontend/onnx_cache.py);
-  - with `overlap` (no load of the kernel reads what it stores), a size of at least VECTOR_ROW in smaller steps:
-    ceil(size/16) tiles of 16, the last one shifted back to end at the axis' end, `min(outer*16, size-16) + inner`
-    (its overlap computes a few outputs twice, the same values)."""
+  - with `overlap` (one of several axes, and no load of the kernel reads what it stores), a size of at least
+    VECTOR_ROW in smaller steps: ceil(size/16) tiles of 16, the last one shifted back to end at the axis'
+    end, `min(outer*16, size-16) + inner` (its overlap computes a few outputs twice, the same values)."""
   if not isinstance(size, UOp): return ctx.new_range(size)
   factor = constant_factor(size)
   if overlap and factor < WHOLE_STEP and size.vmin >= VECTOR_ROW:
@@ -266,7 +266,11 @@ def _lower(ast: UOp, merge_rows: bool) -> UOp | None:
       outer = [iconst(0) if s == 1 else ctx.new_range(s) for s in shape[:-2]]
       merged = ctx.new_range(shape[-2] * shape[-1])
       out_ranges = outer + [merged // shape[-1], merged % shape[-1]]
-    else: out_ranges = [iconst(0) if s == 1 else _output_range(ctx, s, overlap) for s in shape]
+    else:
+      # no overlapping tiles on a kernel's only axis: the thread split takes the outermost loop, whose iterations
+      # must store disjoint blocks (an overlapped outermost axis, a matmul's rows, runs on one thread)
+      several = sum(1 for s in shape if s != 1) > 1
+      out_ranges = [iconst(0) if s == 1 else _output_range(ctx, s, overlap and several) for s in shape]
     if out_buf.op is Ops.DEFINE_GLOBAL: flat = linearize_index(tuple(out_ranges), shape)
     else: out_buf, flat = _view_store_index(out_buf, out_ranges, ctx)
     stores.append(UOp(Ops.STORE, dtypes.void, (out_buf, flat, index_of(value, TRUE, out_ranges))))

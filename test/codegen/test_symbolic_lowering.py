@@ -52,3 +52,11 @@ def test_a_long_axis_in_no_steps_runs_in_overlapping_tiles():
     want = np.stack([sum(np.einsum("chw,oc->ohw", np.pad(x_np[0, :, :, :n], ((0, 0), (0, 0), (1, 1)))[:, :, j:j + n],
                                    w_np[:, :, 0, j]) for j in range(3))]) * 2
     np.testing.assert_allclose(y.numpy(), want, rtol=1e-4, atol=1e-4)
+
+def test_a_kernels_only_axis_gets_no_overlapping_tiles():
+  # the thread split takes the outermost loop and needs its iterations' stores disjoint
+  x_np = np.arange(40, dtype=np.float32)
+  x = Tensor(x_np).realize()
+  y = x[0:Variable("n", 17, 40).bind(23)] * 3
+  assert 16 not in constant_ranges(lowered(y))
+  np.testing.assert_allclose(y.numpy(), x_np[:23] * 3)
