@@ -303,7 +303,7 @@ def create_schedule(roots: list[UOp], use_cache: bool = True) -> Schedule:
 
 def _schedule_multi(roots: list[UOp], use_cache: bool) -> Schedule:
   """Schedule the per-device graphs of `roots`; a root over several devices gets a MULTI of its shards' results."""
-  lowered = [_multi.lower(r, resolve) for r in roots]
+  lowered = _multi.lower_all(roots, resolve)
   flat = list(dict.fromkeys(s for node in lowered for s in (node.src if node.op is Ops.MULTI else (node,))))
   inner = _schedule_per_device(flat, use_cache)
   results = {}

@@ -57,13 +57,20 @@ def note_several_devices() -> None:
 
 def is_multi_device(device) -> bool: return type(device) is tuple
 
-def devices_of(m: UOp) -> tuple[str, ...]: return tuple(s.device for s in m.src)
+def devices_of(m: UOp) -> tuple[str, ...]:
+  """The devices of MULTI `m`, in order (UOp.device: found once, then kept on the node)."""
+  return m.device
+
+_bounds_of: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # MULTI -> its slices' [start, end)
 
 def _bounds(m: UOp) -> list[tuple[int, int]]:
+  """The [start, end) of each slice of a sharded MULTI along its axis."""
+  if (known := _bounds_of.get(m)) is not None: return known
   start, out = 0, []
   for s in m.src:
     out.append((start, start + s.shape[m.arg]))
     start += s.shape[m.arg]
+  _bounds_of[m] = out
   return out
 
 def _sizes(m: UOp) -> tuple[int, ...] | None:
@@ -285,23 +292,40 @@ def _lower_node(node: UOp, srcs: list[UOp]) -> UOp:
   if op in GroupOp.Movement: return _lower_movement(node, srcs[0])
   raise MultiDeviceError(f"{_describe(op)}: not supported on tensors over several devices")
 
-def lower(root: UOp, resolve=None) -> UOp:
+_unchanged: weakref.WeakSet = weakref.WeakSet()   # nodes that lower to themselves (their graphs are on one device)
+
+def lower(root: UOp) -> UOp:
   """`root` as a MULTI of per-device graphs (or a single-device graph with its copies from several devices made
-  explicit). `resolve` maps a realized node to its value (kernelize.resolve); memoized by the sources' lowerings."""
-  stop = (lambda u: u.forward is not None) if resolve is not None else None
+  explicit), as a Tensor op builds it: what it runs as, and whether it can (MultiDeviceError). Nodes lowered before
+  are not walked again, so building a graph op by op costs one lowering per op."""
+  if (known := _lowered.get(root)) is not None: return known[1]
+  return _lower_walk([root], None, lambda u: u in _lowered or u in _unchanged)[0]
+
+def lower_all(roots: list[UOp], resolve) -> list[UOp]:
+  """`roots` lowered for scheduling: realized nodes become their values (`resolve`, kernelize.resolve), and every
+  node's lowering is checked against its sources' (one walk of the whole graph)."""
+  return _lower_walk(roots, resolve, lambda u: u.forward is not None)
+
+def _lower_walk(roots: list[UOp], resolve, stop) -> list[UOp]:
+  """Lower `roots` bottom-up, memoized by the sources' lowerings; at a `stop` node the walk ends: a realized node
+  (with `resolve`) is its value, another is its remembered lowering."""
   done: dict[UOp, UOp] = {}
-  for node in toposort([root], stop=stop) if stop is not None else toposort([root]):
+  for node in toposort(roots, stop=stop):
     if resolve is not None and node.forward is not None:
       done[node] = resolve(node)
       continue
-    srcs = [done[s] for s in node.src]
     known = _lowered.get(node)
+    if resolve is None and stop(node):
+      done[node] = known[1] if known is not None else node
+      continue
+    srcs = [done[s] for s in node.src]
     if known is not None and len(known[0]) == len(srcs) and all(a is b for a, b in zip(known[0], srcs)):
       done[node] = known[1]
       continue
     done[node] = lowered = _lower_node(node, srcs)
     if lowered is not node: _lowered[node] = (tuple(srcs), lowered)
-  return done[root]
+    elif all(a is b for a, b in zip(srcs, node.src)): _unchanged.add(node)
+  return [done[r] for r in roots]
 
 def involves_several_devices(node: UOp) -> bool:
   """Whether `node` (just built over lowered or realized sources) is on several devices or reads such a value: its
