@@ -110,6 +110,19 @@ def test_a_cpu_without_byte_dots_keeps_float_products(monkeypatch):
     np.testing.assert_allclose(matrix.linear(Tensor(x)).numpy(), x @ weight.T, rtol=1e-5, atol=1e-4)
   finally: realize._runner_cache.clear()
 
+def test_avx2_without_vnni_keeps_prefill_float(monkeypatch):
+  """A fake AVX2 CPU (pmaddubsw, no VNNI): decode's integer path, but products of many rows stay float (no tiles)."""
+  renderer = Device["CPU"].renderer
+  target = dataclasses.replace(renderer.describe_target(), features=frozenset({"avx2", "fma", "ssse3"}))
+  monkeypatch.setattr(renderer, "describe_target", lambda: target)
+  realize._runner_cache.clear()
+  try:
+    raw = random_blocks("Q4_1", 512, 2, np.random.default_rng(16))
+    matrix = QuantizedMatrix.from_blocks("Q4_1", raw, (512, 64))
+    assert matrix.int_dot and "tiles" not in matrix.parts
+    assert "tiles" in QuantizedMatrix.from_blocks("Q4_1", raw, (512, 64), tiled=True).parts
+  finally: realize._runner_cache.clear()
+
 def test_tiny_model_int_prefill_is_close_to_float_prefill(tmp_path, monkeypatch):
   """A prefill of 12 tokens (the feed-forward's gate and up products tiled, their 96 rows allowed here) against the
   float model's."""

@@ -465,7 +465,7 @@ def read_config(path: str | os.PathLike) -> LlamaConfig:
   return LlamaConfig.from_gguf(metadata, tensors, str(path))
 
 def load_model(path: str | os.PathLike, *, max_context: int | None = None, allow_long_context: bool = False,
-               progress: bool = False, int_dot: bool | None = None, int_prefill: bool = True,
+               progress: bool = False, int_dot: bool | None = None, int_prefill: bool | None = None,
                device: str | None = None) -> tuple[Transformer, dict]:
   """(model, gguf metadata) from a Llama-family GGUF file. Weight matrices stay quantized in memory.
 
@@ -474,9 +474,10 @@ def load_model(path: str | os.PathLike, *, max_context: int | None = None, allow
   matrix-vector products and prefill's products of many rows) quantize the activations to int8 and use integer dot
   products, as llama.cpp does (kiln/apps/llm/quantized.py, with the error that costs);
   None: where the CPU has the instructions (VNNI, AVX2); False: float products, exact to the dequantized weights;
-  True: wherever the type allows (even on a CPU without them, slowly). `int_prefill=False` keeps prefill's products
-  of many rows float (the weight dequantized once per product, about half the prefill speed) while decode's stay
-  integer: a prefill's logits then differ from the float path's by the head's int8 product alone. `device`: where the weights, the KV cache
+  True: wherever the type allows (even on a CPU without them, slowly). `int_prefill`: whether prefill's products of
+  many rows are integer ones too; None: where the CPU has VNNI (QuantizedMatrix.from_blocks `tiled`); False: float
+  (the weight dequantized once per product, about half the prefill speed) while decode's stay integer, so that a
+  prefill's logits differ from the float path's by the head's int8 product alone. `device`: where the weights, the KV cache
   and every kernel live (default Device.DEFAULT; `DEV=CUDA` puts the whole model on the GPU, where the type allows
   no integer dot products). A missing or non-GGUF file, an unsupported architecture or tensor type, or a KV cache
   larger than the machine's memory raises a one-line ValueError naming the file."""
@@ -501,7 +502,7 @@ def load_model(path: str | os.PathLike, *, max_context: int | None = None, allow
     if name not in tensors: raise ValueError(f"load_model: {label}: tensor {name!r} is missing")
     bar.update(1)
     return tensors[name]
-  def matrix(*names: str, tiled: bool = int_prefill) -> QuantizedMatrix:
+  def matrix(*names: str, tiled: bool | None = int_prefill) -> QuantizedMatrix:
     """The named matrices stacked by rows (they must share a type and a row length); `tiled`: keep the tiled layout
     for products of many rows (QuantizedMatrix.from_blocks)."""
     infos = [get(name) for name in names]

@@ -31,8 +31,8 @@ arithmetic, with x quantized the same way, as a register tile (`_tiled_int_dot_l
 the weight made at load (`tile_layout`: 16 rows' 4 bytes in one 64-byte run, so 4 bytes of x broadcast against them
 are one vpdpbusd; about 0.75 bytes more per weight, 80 MB for SmolLM2-135M). So prefill's activations are int8 too,
 as llama.cpp's are (its prefill quantizes them to q8 as well): SmolLM2-135M's first logits after a chat prompt move
-by up to ~1.3 from the float path's (their range ~36; the head's own int8 product alone ~0.3), and greedy decoding of
-"What is 2+2?" answers as the float model does. Measured in bench/RESULTS.md. Other matrices (rows not a multiple of
+by up to ~1-2 from the float path's (their range ~36; the head's own int8 product alone ~0.3), and greedy decoding of
+"What is 2+2?" answers as the float model does. Only where the CPU has VNNI (`from_blocks`'s `tiled`). Measured in bench/RESULTS.md. Other matrices (rows not a multiple of
 16, fewer than TILED_MIN_ROWS) and float products dequantize the weight once and run a float32 matmul.
 """
 from __future__ import annotations
@@ -256,13 +256,15 @@ class QuantizedMatrix:
 
   @classmethod
   def from_blocks(cls, type_name: str, blocks: np.ndarray, shape: tuple[int, int], device: str | None = None,
-                  name: str = "weight", int_dot: bool | None = None, tiled: bool = True) -> QuantizedMatrix:
+                  name: str = "weight", int_dot: bool | None = None, tiled: bool | None = None) -> QuantizedMatrix:
     """Repack `blocks` (rows, blocks per row, block bytes) of a GGUF tensor of `type_name` and `shape`. `int_dot`:
     whether products use integer dot products (module docstring); None: where the type allows it
     (`allows_int_dot`) and the device's CPU multiplies its values (`byte_dot_max`: Q8_0's need VNNI). `tiled`:
     with int_dot and rows a multiple of TILE_ROWS (at least TILED_MIN_ROWS), also keep the tiled layout, so that a
-    product of many rows of x (a prefill) is an integer product too (`tile_layout`); False: such products dequantize
-    the weight (an embedding, read by rows and by one row of x, needs no tiles)."""
+    product of many rows of x (a prefill) is an integer product too (`tile_layout`); None: where the CPU multiplies
+    any byte in one instruction (VNNI: `byte_dot_max` 255; AVX2's pmaddubsw made SmolLM2's prefill products only
+    3-25% faster than float ones, bench/RESULTS.md, not worth their error); False: such products dequantize the
+    weight (an embedding, read by rows and by one row of x, needs no tiles)."""
     if len(shape) != 2: raise ValueError(f"QuantizedMatrix: {name} must be 2-d, got shape {shape}")
     if type_name in PLAIN_FORMATS:
       values = np.ascontiguousarray(blocks).view(PLAIN_FORMATS[type_name]).reshape(shape)
@@ -278,6 +280,7 @@ class QuantizedMatrix:
     fmt = INT_DOT_FORMATS[type_name] if int_dot else QUANT_FORMATS[type_name]
     arrays = fmt.repack(blocks)
     # the tiled layout for products of many rows (a prefill), besides the decode layout (module docstring)
+    if tiled is None: tiled = byte_dot_max(device) >= 255
     if int_dot and tiled and shape[0] % TILE_ROWS == 0 and shape[0] >= TILED_MIN_ROWS:
       arrays.update(tile_layout(fmt, arrays))
     parts = {key: Tensor(np.ascontiguousarray(arr), device=device).realize() for key, arr in arrays.items()}
