@@ -477,8 +477,8 @@ def load_model(path: str | os.PathLike, *, max_context: int | None = None, allow
   True: wherever the type allows (even on a CPU without them, slowly). `int_prefill`: whether prefill's products of
   many rows are integer ones too; None: where the CPU has VNNI (QuantizedMatrix.from_blocks `tiled`); False: float
   (the weight dequantized once per product, about half the prefill speed) while decode's stay integer, so that a
-  prefill's logits differ from the float path's by the head's int8 product alone. `device`: where the weights, the KV cache
-  and every kernel live (default Device.DEFAULT; `DEV=CUDA` puts the whole model on the GPU, where the type allows
+  prefill's logits differ from the float path's by the head's int8 product alone. `device`: where the weights, the
+  KV cache and every kernel live (default Device.DEFAULT; `DEV=CUDA` puts the whole model on the GPU, where the type allows
   no integer dot products). A missing or non-GGUF file, an unsupported architecture or tensor type, or a KV cache
   larger than the machine's memory raises a one-line ValueError naming the file."""
   label = str(path)

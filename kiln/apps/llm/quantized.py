@@ -32,8 +32,9 @@ the weight made at load (`tile_layout`: 16 rows' 4 bytes in one 64-byte run, so 
 are one vpdpbusd; about 0.75 bytes more per weight, 80 MB for SmolLM2-135M). So prefill's activations are int8 too,
 as llama.cpp's are (its prefill quantizes them to q8 as well): SmolLM2-135M's first logits after a chat prompt move
 by up to ~1-2 from the float path's (their range ~36; the head's own int8 product alone ~0.3), and greedy decoding of
-"What is 2+2?" answers as the float model does. Only where the CPU has VNNI (`from_blocks`'s `tiled`). Measured in bench/RESULTS.md. Other matrices (rows not a multiple of
-16, fewer than TILED_MIN_ROWS) and float products dequantize the weight once and run a float32 matmul.
+"What is 2+2?" answers as the float model does. Only where the CPU has VNNI (`from_blocks`'s `tiled`). Measured in
+bench/RESULTS.md. Other matrices (rows not a multiple of 16, fewer than TILED_MIN_ROWS) and float products
+dequantize the weight once and run a float32 matmul.
 """
 from __future__ import annotations
 import math
