@@ -413,9 +413,7 @@ class CapturedJit:
         outs.append(_tensor_around(_rebind(where, var_vals) if var_vals else where))
         continue
       else: node = tensors[where].uop.base
-      if var_vals: chain = _rebind(chain, var_vals)
-      for op, arg in chain: node = UOp(op, node.dtype, (node,), arg)   # _apply_chain, inline
-      outs.append(_tensor_around(node))
+      outs.append(_tensor_around(_apply_chain(node, _rebind(chain, var_vals) if var_vals else chain)))
     template = self.template
     return outs[template.index] if type(template) is _Out else _fill(template, outs)
 
