@@ -633,16 +633,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
       from kiln.runtime.ops_disk import write_to_disk
       return write_to_disk(self, x)
     if type(x) in (int, float, bool) and self._assign_scalar_now(x): return self
-    if isinstance(x, Tensor): value = x
-    elif type(x) in (int, float, bool): value = Tensor.full(self.shape, x, device=self.device, dtype=self.dtype)
-    else: value = Tensor(x, device=self.device, dtype=self.dtype)
-    if not broadcasts_to(value.shape, self.shape):
-      raise TensorValueError(f"assign: shape {_fmt(value.shape)} does not match the target's {_fmt(self.shape)} "
-                             f"and does not broadcast to it{_where()}")
-    value = value._broadcast_to(self.shape)
-    if value.device != self.device:
-      raise RuntimeError(f"assign: value on {value.device} but the target is on {self.device}{_where()}")
-    if value.dtype != self.dtype: value = value.cast(self.dtype)
+    value = self._assign_value(x)
     target = self.uop
     if target.op is Ops.ASSIGN: target = target.src[0]   # a second pending update of the same buffer
     elif target.base.op is not Ops.BUFFER:
@@ -659,18 +650,24 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     self.uop = UOp(Ops.ASSIGN, self.dtype, (target, value.uop))
     return self
 
-  def _assign_multi(self, x: Tensor | Any) -> Tensor:
-    """assign for a tensor over several devices: each device's part is overwritten with its part of `x` (brought to
-    this tensor's layout)."""
-    value = x if isinstance(x, Tensor) else Tensor.full(self.shape, x, device=self.device, dtype=self.dtype) \
-      if type(x) in (int, float, bool) else Tensor(x, device=self.device, dtype=self.dtype)
+  def _assign_value(self, x: Tensor | Any) -> Tensor:
+    """`x` as assign writes it: a Tensor of this shape (broadcast), device and dtype; TensorValueError for a shape
+    that does not broadcast, RuntimeError for another device (as PyTorch)."""
+    if isinstance(x, Tensor): value = x
+    elif type(x) in (int, float, bool): value = Tensor.full(self.shape, x, device=self.device, dtype=self.dtype)
+    else: value = Tensor(x, device=self.device, dtype=self.dtype)
     if not broadcasts_to(value.shape, self.shape):
       raise TensorValueError(f"assign: shape {_fmt(value.shape)} does not match the target's {_fmt(self.shape)} "
                              f"and does not broadcast to it{_where()}")
     value = value._broadcast_to(self.shape)
     if value.device != self.device:
       raise RuntimeError(f"assign: value on {value.device} but the target is on {self.device}{_where()}")
-    if value.dtype != self.dtype: value = value.cast(self.dtype)
+    return value if value.dtype == self.dtype else value.cast(self.dtype)
+
+  def _assign_multi(self, x: Tensor | Any) -> Tensor:
+    """assign for a tensor over several devices: each device's part is overwritten with its part of `x` (brought to
+    this tensor's layout)."""
+    value = self._assign_value(x)
     target = self.uop.src[0] if self.uop.op is Ops.ASSIGN else self.uop
     if not (target.op is Ops.MULTI and all(is_contiguous_buffer(s) for s in target.src)):
       owners = [t for t in _live_tensors if t is not self and t.uop is target]
