@@ -325,3 +325,19 @@ def test_state_dicts_setitem_and_bitcast_over_several_devices(tmp_path):
   want = np.zeros((4, 4)); want[1:3, 1] = 5; want[0] = [1, 2, 3, 4]
   close(t.numpy(), want)
   np.testing.assert_equal(Tensor([1, 2], dtype="uint16").shard(D2).bitcast("uint8").numpy(), [1, 0, 2, 0])
+
+def test_a_replicated_kv_cache_at_a_symbolic_position_under_tinyjit():
+  from kiln import TinyJit, Variable
+  batch, context = 2, 8
+  class Attention:
+    @TinyJit
+    def __call__(self, xk: Tensor, start_pos, first: bool) -> None:
+      if not hasattr(self, "cache"): self.cache = Tensor.zeros(batch, context, 1, 1).shard(D2).contiguous().realize()
+      keys = xk if first else self.cache.shrink((None, (0, start_pos), None, None)).cat(xk, dim=1).contiguous()
+      self.cache.assign(keys.pad((None, (0, context - start_pos - xk.shape[1]), None, None)).contiguous()).realize()
+  attention = Attention()
+  attention(Tensor.ones(batch, 3, 1, 1).shard(D2).contiguous(), 0, True)   # lazy inputs over several devices
+  for i in range(3, 6):
+    attention(Tensor.ones(batch, 1, 1, 1).shard(D2).contiguous(), Variable("start_pos", 1, context - 1).bind(i), False)
+  assert attention.cache.device == D2
+  close(attention.cache.flatten().numpy(), [1, 1, 1, 1, 1, 1, 0, 0] * 2)

@@ -228,3 +228,10 @@ def test_gradient_through_a_symbolic_slice():
   a = Tensor(np.arange(16, dtype=np.float32).reshape(2, 8), requires_grad=True)
   (a[:, 0:Variable("n", 1, 7).bind(3)] * 2).sum().backward()
   np.testing.assert_array_equal(a.grad.numpy(), np.repeat([[2.0] * 3 + [0.0] * 5], 2, axis=0))
+
+def test_cat_with_a_symbolic_size():
+  from kiln import Variable
+  n = Variable("n", 1, 6).bind(3)
+  x = Tensor.arange(12).reshape(2, 6).float().realize()
+  out = x.shrink((None, (0, n))).cat(Tensor.ones(2, 1), dim=1)
+  np.testing.assert_equal(out.numpy(), [[0, 1, 2, 1], [6, 7, 8, 1]])

@@ -61,7 +61,7 @@ def _describe(x: Any, tensors: list[Tensor], objects: list[Any], binds: list[UOp
   and other objects into `objects` (in order)."""
   kind = type(x)
   if kind is Tensor:
-    if x.uop.op is _MULTI: return _describe_multi(x, tensors)
+    if type(x.uop.device) is tuple: return _describe_multi(x, tensors)
     tensors.append(x)
     return _TENSOR
   if kind in SCALARS:
@@ -73,7 +73,7 @@ def _describe(x: Any, tensors: list[Tensor], objects: list[Any], binds: list[UOp
     binds.append(x)
     return ("var", x.src[0])
   if isinstance(x, Tensor):
-    if x.uop.op is _MULTI: return _describe_multi(x, tensors)
+    if type(x.uop.device) is tuple: return _describe_multi(x, tensors)
     tensors.append(x)
     return _TENSOR
   if isinstance(x, DType): return x
@@ -85,7 +85,7 @@ def _describe(x: Any, tensors: list[Tensor], objects: list[Any], binds: list[UOp
 def _describe_multi(t: Tensor, tensors: list[Tensor]) -> Any:
   """A tensor over several devices: its slices join `tensors` (each a tensor of one device), its layout is in the
   description. A lazy one is realized first (a replay needs buffers)."""
-  if not all(s.base.op is _BUFFER for s in t.uop.src): t.realize()
+  if t.uop.op is not _MULTI or not all(s.base.op is _BUFFER for s in t.uop.src): t.realize()
   tensors.extend(_tensor_around(s) for s in t.uop.src)
   return ("multi", t.uop.arg, len(t.uop.src))
 
@@ -575,7 +575,7 @@ class TinyJit(Generic[ReturnType]):
     structure: Any = None
     if not kwargs:   # the common case, only tensors, without the general walk
       for a in args:
-        if type(a) is not Tensor or a.uop.op is _MULTI: break
+        if type(a) is not Tensor or type(a.uop.device) is tuple: break
       else:
         tensors.extend(args)
         structure = len(args)

@@ -267,7 +267,7 @@ class MovementMixin:
         raise TensorValueError(f"cat: shape {fmt(t.shape)} of tensor {i} does not match {fmt(first.shape)} of tensor 0 "
                                f"outside dim {axis}{where()}")
     tensors = [t if t.dtype == dtype else t.cast(dtype) for t in tensors]
-    pieces = [t for t in tensors if t.shape[axis] > 0] or tensors[:1]
+    pieces = [t for t in tensors if not (type(t.shape[axis]) is int and t.shape[axis] == 0)] or tensors[:1]
     if len(pieces) == 1: return pieces[0]
     total = sum(t.shape[axis] for t in pieces)
     padded, offset = [], 0
