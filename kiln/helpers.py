@@ -207,6 +207,10 @@ class ContextVar:
   RuntimeError, as in tinygrad.
   """
   registry: dict[str, ContextVar] = {}
+  changes = 0   # how many times any setting's value was set: a snapshot of all values is still current while it stays
+  def __setattr__(self, name: str, value: Any) -> None:
+    if name == "value": ContextVar.changes += 1
+    object.__setattr__(self, name, value)
   def __init__(self, key: str, default_value: Any, doc: str = "", effect: bool = True, alias: str | None = None):
     for name in (key, alias):
       if name in ContextVar.registry:

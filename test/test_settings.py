@@ -224,3 +224,18 @@ def test_validate_with_cpu_reruns_kernels_on_cpu(monkeypatch):
   with Context(VALIDATE_WITH_CPU=1):
     with pytest.raises(AssertionError, match="on PYTHON and CPU"): (Tensor(x, device="PYTHON") + 5).numpy()
   assert cpu_runs
+
+def test_a_setting_set_directly_or_by_context_reschedules_cached_graphs():
+  from kiln.schedule import kernelize
+  x = Tensor.rand(4, 8).realize()
+  def kernels() -> int: return len(x.softmax(-1).schedule())
+  fused = kernels()
+  with Context(ROW_FUSION=0): unfused = kernels()
+  assert unfused > fused
+  assert kernels() == fused   # the cache's snapshot of the settings is taken again after the context
+  old = kernelize.ROW_FUSION.value
+  try:
+    kernelize.ROW_FUSION.value = 0   # a plain assignment counts as a change too
+    assert kernels() == unfused
+  finally: kernelize.ROW_FUSION.value = old
+  assert kernels() == fused

@@ -261,12 +261,16 @@ def _unheld(spare: list[Buffer]) -> bool:
 _setting_vars: list[ContextVar] = []
 _registry_size = [-1]
 
+_snapshot: list = [-1, ()]   # (ContextVar.changes when taken, the values then)
+
 def _settings_now() -> tuple:
-  """The value of every setting."""
+  """The value of every setting (taken again only after a setting was set or declared)."""
+  if _snapshot[0] == ContextVar.changes: return _snapshot[1]
   if _registry_size[0] != len(ContextVar.registry):
     _setting_vars[:] = list({id(v): v for v in ContextVar.registry.values()}.values())
     _registry_size[0] = len(ContextVar.registry)
-  return tuple([v.value for v in _setting_vars])
+  _snapshot[:] = [ContextVar.changes, tuple([v.value for v in _setting_vars])]
+  return _snapshot[1]
 
 def _make_template(roots: list[UOp], buffers: list[Buffer], schedule) -> _Template | None:
   """The template of `schedule`, or None when it holds something a template cannot express."""
