@@ -23,7 +23,7 @@ def _row_by_row(matrix: QuantizedMatrix, x: Tensor) -> np.ndarray:
 def test_tiled_product_matches_the_row_by_row_int_path(type_name, rows, blocks, x_rows):
   rng = np.random.default_rng(rows + blocks + x_rows)
   raw = random_blocks(type_name, rows, blocks, rng)
-  matrix = QuantizedMatrix.from_blocks(type_name, raw, (rows, 32 * blocks), int_dot=True)
+  matrix = QuantizedMatrix.from_blocks(type_name, raw, (rows, 32 * blocks), int_dot=True, tiled=True)
   assert "tiles" in matrix.parts
   x = _activations(x_rows, 32 * blocks, rng)
   got = matrix.linear(Tensor(x)).numpy()
@@ -39,13 +39,14 @@ def test_tiled_product_on_llvm_matches_the_c_path():
   x = _activations(12, 128, rng)
   results = []
   for device in ("CPU", "LLVM"):
-    matrix = QuantizedMatrix.from_blocks("Q4_1", raw, (512, 128), device=device, int_dot=True)
+    matrix = QuantizedMatrix.from_blocks("Q4_1", raw, (512, 128), device=device, int_dot=True, tiled=True)
     results.append(matrix.linear(Tensor(x, device=device)).numpy())
   np.testing.assert_allclose(results[1], results[0], rtol=1e-6, atol=1e-6 * np.abs(results[0]).max())
 
 def test_tile_layout_holds_each_rows_bytes_and_scales():
   rng = np.random.default_rng(12)
-  matrix = QuantizedMatrix.from_blocks("Q4_1", random_blocks("Q4_1", 512, 4, rng), (512, 128), int_dot=True)
+  matrix = QuantizedMatrix.from_blocks("Q4_1", random_blocks("Q4_1", 512, 4, rng), (512, 128), int_dot=True,
+                                       tiled=True)
   pairs, scale, low = (matrix.parts[k].numpy() for k in ("pairs", "scale", "min"))
   tiles, tile_scale, tile_offset = (matrix.parts[k].numpy() for k in ("tiles", "tile_scale", "tile_offset"))
   assert tiles.shape == (512 // TILE_ROWS, 2, 8, TILE_ROWS, 4) and tile_scale.shape == (32, 2, 2, TILE_ROWS)
@@ -71,7 +72,8 @@ def test_the_tiled_kernel_broadcasts_x_into_byte_dots_and_matches_the_scalar_bit
   broadcast operand, `_b2`) gives the scalar code's bits."""
   if Device["CPU"].renderer.target.byte_dot_max == 0: pytest.skip("no byte dot products on this CPU")
   rng = np.random.default_rng(13)
-  matrix = QuantizedMatrix.from_blocks("Q4_1", random_blocks("Q4_1", 512, 6, rng), (512, 192), int_dot=True)
+  matrix = QuantizedMatrix.from_blocks("Q4_1", random_blocks("Q4_1", 512, 6, rng), (512, 192), int_dot=True,
+                                       tiled=True)
   x = Tensor(_activations(16, 192, rng)).realize()
   with Context(CACHELEVEL=0):
     GlobalCounters.reset()
@@ -132,7 +134,7 @@ def test_tiny_model_int_prefill_is_close_to_float_prefill(tmp_path, monkeypatch)
   path = tmp_path / "tiny.gguf"
   write_tiny_model(path)
   exact, _ = load_model(path, max_context=32, int_dot=False)
-  quantized, _ = load_model(path, max_context=32, int_dot=True)
+  quantized, _ = load_model(path, max_context=32, int_dot=True, int_prefill=True)
   assert all("tiles" in b.w_gate.parts for b in quantized.blocks)
   tokens = [3, 17, 42, 8, 79, 5, 12, 60, 33, 2, 71, 9]
   want, got = exact.logits(tokens, 0), quantized.logits(tokens, 0)
