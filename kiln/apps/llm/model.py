@@ -46,6 +46,7 @@ PREFILL_BUCKETS = (16, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512, 640, 7
                    4096)
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 MIN_WINDOW = 128   # GPU targets attend over windows of the cache of at least this many positions (Transformer.window)
+KV_BLOCK = 16   # a CPU prefill attends over whole blocks of this many cache positions (Transformer.logits)
 
 # ---------------- configuration ----------------
 
@@ -352,11 +353,13 @@ class Transformer:
     if self.gpu: x = x.realize()
     return rms_norm(x, self.output_norm, self.config.norm_eps)
 
-  def _plan(self, start_pos: Variable, T: int, mask: Tensor | None, window: int | None = None) -> StepPlan:
-    """Tokens at positions start_pos..start_pos+T-1, attending over [0, start_pos + T) (CPU: a symbolic length) or,
-    given a `window`, over the cache's first `window` positions with `mask` hiding the rest."""
+  def _plan(self, start_pos: Variable, T: int, mask: Tensor | None, window: int | None = None,
+            kv_blocks: Variable | None = None) -> StepPlan:
+    """Tokens at positions start_pos..start_pos+T-1, attending over [0, start_pos + T) (CPU: a symbolic length;
+    given `kv_blocks`, over its 16 * kv_blocks positions, the rest masked) or, given a `window`, over the cache's
+    first `window` positions with `mask` hiding the rest."""
     cos, sin = self.rope_cos[start_pos:start_pos + T], self.rope_sin[start_pos:start_pos + T]
-    length = start_pos + T if window is None else window
+    length = window if window is not None else kv_blocks * KV_BLOCK if kv_blocks is not None else start_pos + T
     if mask is not None: mask = mask[:, 0:length]
     return StepPlan(cos, sin, length, mask, start_pos=start_pos)
 
@@ -376,11 +379,11 @@ class Transformer:
     return self._logits.assign(self.output.linear(self.forward(token, plan)).reshape(-1)).realize()
 
   def _prefill_step(self, tokens: Tensor, start_pos: Variable, mask: Tensor, last: Tensor,
-                    window: int | None = None) -> Tensor:
+                    kv_blocks: Variable | None = None, window: int | None = None) -> Tensor:
     # the CPU's mask arrives as (max_context, T) (`logits`), the layout `attention` reads it in: contiguous along the
     # queries, as the scores are (read transposed, softmax's max over the positions was scalar code)
     if not self.gpu: mask = mask.T
-    hidden = self.forward(tokens, self._plan(start_pos, tokens.shape[0], mask, window))
+    hidden = self.forward(tokens, self._plan(start_pos, tokens.shape[0], mask, window, kv_blocks))
     return self.output.linear(hidden[last]).reshape(-1).realize()
 
   def window(self, needed: int) -> int:
@@ -426,10 +429,15 @@ class Transformer:
       run = self._prefill.setdefault((size, window), TinyJit(functools.partial(self._prefill_step, window=window),
                                                              optimize=True))
     else: run = self._prefill.setdefault(size, TinyJit(self._prefill_step, optimize=True))
+    args = [Tensor(padded, device=self.device), pos]
     if not self.gpu: mask = mask.T   # (max_context, T): see _prefill_step
-    return run(Tensor(padded, device=self.device), pos,
-               Tensor(np.ascontiguousarray(mask, dtype=np.float32), device=self.device),
-               Tensor([n - 1], dtype=dtypes.int32, device=self.device)).numpy()
+    args += [Tensor(np.ascontiguousarray(mask, dtype=np.float32), device=self.device),
+             Tensor([n - 1], dtype=dtypes.int32, device=self.device)]
+    # CPU: attention over whole blocks of KV_BLOCK positions (the mask hides those past each query), a length the
+    # kernels loop over in constant steps; `start_pos + T` came in overlapping tiles, whose kernels run on one thread
+    if not self.gpu and self.max_context % KV_BLOCK == 0:
+      args.append(Variable("kv_blocks", 1, self.max_context // KV_BLOCK).bind(-(-(start_pos + size) // KV_BLOCK)))
+    return run(*args).numpy()
 
   def _bucket(self, n: int, start_pos: int) -> int:
     """The padded prefill length: the smallest bucket holding n tokens that fits the cache, else exactly n."""

@@ -358,7 +358,7 @@ class QuantizedMatrix:
     once per block."""
     lead, rows = tuple(x.shape[:-1]), self.shape[0]
     n = math.prod(lead)
-    q, d, _ = quantize_activations(x) if activations is None else activations
+    q, d, lane_sums = quantize_activations(x) if activations is None else activations
     tiles, groups = self.parts["tiles"], self.parts["tiles"].shape[1]
     fields = self.parts["tile_scale"].shape[2]
     # the packed bytes broadcast over x's rows before they are unpacked: the scheduler gives a buffer to a costly
@@ -374,8 +374,8 @@ class QuantizedMatrix:
     while len(terms) > 1: terms = [terms[i] + terms[i + 1] for i in range(0, len(terms), 2)]
     dots = terms[0]                                                        # (n, rows/16, groups, fields, 16)
     block_d = d.reshape(n, 1, groups, fields, 1)
-    # each block's float sum straight from x (one kernel; the lane sums are decode's)
-    block_sums = x.reshape(n, groups * fields, 32).sum(-1).reshape(n, 1, groups, fields, 1)
+    # each block's float sum from its lane sums (two small kernels: one sum over 32 ran 3x slower than both)
+    block_sums = lane_sums.sum(-1).reshape(n, 1, groups, fields, 1)
     out = dots.cast(dtypes.float32) * (self.parts["tile_scale"] * block_d) + self.parts["tile_offset"] * block_sums
     return out.sum((2, 3)).reshape(*lead, rows)
 
