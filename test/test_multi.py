@@ -341,3 +341,19 @@ def test_a_replicated_kv_cache_at_a_symbolic_position_under_tinyjit():
     attention(Tensor.ones(batch, 1, 1, 1).shard(D2).contiguous(), Variable("start_pos", 1, context - 1).bind(i), False)
   assert attention.cache.device == D2
   close(attention.cache.flatten().numpy(), [1, 1, 1, 1, 1, 1, 0, 0] * 2)
+
+def test_a_contiguous_run_is_copied_from_its_place():
+  from kiln import TinyJit
+  n = RNG.random((8, 6), dtype=np.float32)
+  x = Tensor(n).realize()
+  items = x.shard(D2, 0).schedule()
+  assert [i.ast.op.name for i in items] == ["COPY"] * sum(d != Device.DEFAULT for d in D2)   # rows: no kernel first
+  close(x.shard(D2, 0).numpy(), n)
+  close(x[2:5].to(D2[1]).numpy(), n[2:5])
+  close(x.reshape(48)[7:30].to(D2[1]).numpy(), n.reshape(48)[7:30])
+  close(x[:, 1:3].to(D2[1]).numpy(), n[:, 1:3])   # not a run: a kernel gathers it first
+  @TinyJit
+  def split_sum(t: Tensor) -> Tensor: return (t.shard(D2, 0) * 2).sum(0)
+  for i in range(4):   # new contents every call: a replay copies each call's input from its offsets
+    m = RNG.random((8, 6), dtype=np.float32)
+    close(split_sum(Tensor(m).realize()).numpy(), (m * 2).sum(0), 1e-5)

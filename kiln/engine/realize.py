@@ -236,13 +236,25 @@ def _beam_opts(device: str, name: str, lowered: UOp, bufs: list[Buffer], var_val
                      prepare=prepare)
 
 class BufferCopy:
-  """A device copy as a runner: `bufs[0]` gets the contents of `bufs[1]`; returns the elapsed seconds."""
+  """A device copy as a runner: `bufs[0]` gets the contents of `bufs[1]` (from byte `offset` on: a contiguous run of
+  a larger buffer, read in place); returns the elapsed seconds."""
   name, ops, vars = "copy", 0, []
+  def __init__(self, offset: int = 0): self.offset = offset
   def __call__(self, bufs: list[Buffer], var_vals: dict | None = None, wait: bool = False):
     start = time.perf_counter()
-    bufs[0].copy_from(bufs[1])
+    src = bufs[1]
+    if self.offset or src.nbytes != bufs[0].nbytes: src = src.view(bufs[0].size, bufs[0].dtype, self.offset)
+    bufs[0].copy_from(src)
     return time.perf_counter() - start
 BUFFER_COPY = BufferCopy()
+_range_copies: dict[int, BufferCopy] = {}
+
+def copy_runner(ast: UOp) -> BufferCopy:
+  """The runner of a COPY item: arg is the target device, or (device, the source's byte offset)."""
+  if type(ast.arg) is not tuple: return BUFFER_COPY
+  offset = ast.arg[1]
+  if (runner := _range_copies.get(offset)) is None: runner = _range_copies[offset] = BufferCopy(offset)
+  return runner
 
 @dataclass
 class ExecItem:
@@ -281,8 +293,9 @@ def run_schedule(items: list[ScheduleItem], var_vals: dict | None = None) -> Non
     for b in bufs:
       if b._allocator is None: b.allocate()   # (allocated ones mostly: the call itself costs ~0.25 us)
     if item.ast.op is _COPY:
-      elapsed = BUFFER_COPY(bufs)
-      if capturing: capturing[0].add(ExecItem(BUFFER_COPY, list(bufs), {}))
+      copy = BUFFER_COPY if type(item.ast.arg) is not tuple else copy_runner(item.ast)
+      elapsed = copy(bufs)
+      if capturing: capturing[0].add(ExecItem(copy, list(bufs), {}))
       GlobalCounters.global_mem += bufs[0].nbytes
       if debug >= 2: print(f"*** {bufs[0].device:7s} copy {bufs[0].nbytes:10d} bytes from {bufs[1].device}"
                            f"  {fmt_time(elapsed)}")

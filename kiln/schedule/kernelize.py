@@ -78,6 +78,25 @@ def is_contiguous_buffer(u: UOp) -> bool:
   """A whole realized buffer in row-major order: its bytes can be copied as they are."""
   return u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER)
 
+def contiguous_range(u: UOp) -> tuple[UOp, int] | None:
+  """(base, element offset) when `u` reads one contiguous run of its base node's elements in order: reshapes around
+  one shrink that keeps a single index on the axes before some axis k and whole axes after it (a slice of rows, a
+  shard along axis 0, a chunk of a flattened buffer); None otherwise."""
+  while u.op is Ops.RESHAPE: u = u.src[0]
+  if u.op is not Ops.SHRINK: return None
+  shape, window = u.src[0].shape, u.arg
+  if not all(type(s) is int for s in shape) or not all(type(b) is int and type(e) is int for b, e in window): return None
+  k = next((i for i, ((b, e), s) in enumerate(zip(window, shape)) if (b, e) != (0, s)), len(shape))
+  if any(e - b != 1 for b, e in window[:k]) or any((b, e) != (0, s) for (b, e), s in zip(window[k + 1:], shape[k + 1:])):
+    return None
+  offset, stride = 0, 1
+  for (b, _), s in zip(reversed(window), reversed(shape)):
+    offset += b * stride
+    stride *= s
+  base = u.src[0]
+  while base.op is Ops.RESHAPE: base = base.src[0]
+  return base, offset
+
 def _consumers(nodes: list[UOp]) -> dict[UOp, list[UOp]]:
   users: dict[UOp, list[UOp]] = {n: [] for n in nodes}
   for n in nodes:
@@ -333,7 +352,7 @@ def _schedule_per_device(roots: list[UOp], use_cache: bool = True) -> Schedule:
     if not is_realized_view(r): outputs.add(r)
   for n in nodes:
     if n.op in _MATERIALIZED_OPS: outputs.add(n)
-    if n.op is Ops.COPY and not is_contiguous_buffer(n.src[0]): outputs.add(n.src[0])
+    if n.op is Ops.COPY and not is_contiguous_buffer(n.src[0]) and not _copies_a_range(n.src[0]): outputs.add(n.src[0])
     if n.op is Ops.BUFFER and n.buffer is None: raise RuntimeError(f"schedule: buffer {n.arg} has no storage")
   # an expensive elementwise value that is broadcast would be recomputed for every copy: compute it once (unless it
   # is a per-row value of a row chain, decided once the reductions are)
@@ -382,8 +401,15 @@ def _schedule_per_device(roots: list[UOp], use_cache: bool = True) -> Schedule:
     if n not in outputs: continue
     out_buf = buffer_of[n]
     if n.op is Ops.COPY:
-      src = views.get(n.src[0], n.src[0])
-      items.append((n, ScheduleItem(UOp(Ops.COPY, n.dtype, (), n.arg), [out_buf.buffer, src.base.buffer])))
+      if (src := views.get(n.src[0])) is not None or is_contiguous_buffer(n.src[0]):
+        src = src if src is not None else n.src[0]
+        items.append((n, ScheduleItem(UOp(Ops.COPY, n.dtype, (), n.arg), [out_buf.buffer, src.base.buffer])))
+        continue
+      # a contiguous run of a buffer (or of another output's): copied from its place, no kernel first
+      base, offset = contiguous_range(n.src[0])
+      src_buf = (views[base].base if base in views else base).buffer
+      items.append((n, ScheduleItem(UOp(Ops.COPY, n.dtype, (), (n.arg, offset * n.dtype.itemsize)),
+                                    [out_buf.buffer, src_buf])))
       continue
     value = n.src[1] if n.op is Ops.ASSIGN else (n.src[0] if n.op in _OWN_BUFFER_OPS else n)
     # every other output is read through its view; this one's own view is left out for the moment (popping it is
@@ -420,6 +446,14 @@ def _schedule_files_first(original_roots: list[UOp], roots: list[UOp], files: li
 def _writes_through_view(n: UOp) -> bool:
   """An ASSIGN whose target is a view of its buffer other than the whole buffer in row-major order."""
   return n.op is Ops.ASSIGN and not is_contiguous_buffer(n.src[0])
+
+def _copies_a_range(src: UOp) -> bool:
+  """A copy's source is a contiguous run of a realized buffer or of a node the schedule gives a buffer of its own
+  (kiln/engine/realize.py copies it from its offset)."""
+  found = contiguous_range(src)
+  if found is None: return False
+  base = found[0]
+  return (base.op is Ops.BUFFER and base.buffer is not None) or base.op in _OWN_BUFFER_OPS or base.op is Ops.COPY
 
 def _safe_in_place(value: UOp, target_view: UOp, outputs: set[UOp]) -> bool:
   """`value` can be stored straight into the target's buffer: within its kernel (down to other materialized
