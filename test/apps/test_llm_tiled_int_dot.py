@@ -10,9 +10,26 @@ import pytest
 from kiln import Tensor, Device, GlobalCounters
 from kiln.helpers import Context
 from kiln.engine import realize
+from kiln.apps.llm import quantized
 from kiln.apps.llm.quantized import QuantizedMatrix, TILE_ROWS
 from test_llm_model import random_blocks, write_tiny_model
 from test_llm_int_dot import _activations, _numpy_int_dot
+
+@pytest.fixture(autouse=True)
+def _short_products_tiled_too(monkeypatch):
+  """The tests' products are short: they take the tiled path as a long prefill's do."""
+  monkeypatch.setattr(quantized, "TILED_MIN_X_ROWS", quantized.DEQUANTIZE_MIN_ROWS)
+
+def test_a_short_prefill_dequantizes(monkeypatch):
+  """Fewer rows of x than TILED_MIN_X_ROWS (a chat turn) take the float product: its kernels compile fast."""
+  monkeypatch.setattr(quantized, "TILED_MIN_X_ROWS", 16)
+  rng = np.random.default_rng(3)
+  raw = random_blocks("Q4_0", 512, 2, rng)
+  matrix = QuantizedMatrix.from_blocks("Q4_0", raw, (512, 64), int_dot=True, tiled=True)
+  float_matrix = QuantizedMatrix.from_blocks("Q4_0", raw, (512, 64), int_dot=False)
+  short, long = Tensor(_activations(8, 64, rng)), Tensor(_activations(16, 64, rng))
+  np.testing.assert_array_equal(matrix.linear(short).numpy(), float_matrix.linear(short).numpy())
+  assert not np.array_equal(matrix.linear(long).numpy(), float_matrix.linear(long).numpy())   # int8 activations
 
 def _row_by_row(matrix: QuantizedMatrix, x: Tensor) -> np.ndarray:
   """The matrix-vector int path (`_int_dot_linear`, what decode runs) one row of x at a time."""

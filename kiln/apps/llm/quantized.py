@@ -219,6 +219,10 @@ TILE_ROWS = 16   # the weight rows of one group of the tiled layout (`tile_layou
 # across threads (kiln/codegen/parallel.py FEW_OUTER_ITERATIONS); a shorter one becomes a split reduction whose
 # vector code the C renderer refuses (its chunks would change), so a small matrix dequantizes instead
 TILED_MIN_ROWS = TILE_ROWS * FEW_OUTER_ITERATIONS
+# the fewest rows of x a tiled integer product takes: each prefill bucket compiles its own kernels, and the tiled
+# ones cost seconds of codegen the first time (bench/RESULTS.md, twelfth session), repaid only over long prompts; a
+# shorter prefill (a chat turn) dequantizes instead, whose kernels compile in a fraction of that
+TILED_MIN_X_ROWS = 128
 
 def tile_layout(fmt: IntDotFormat, parts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   """An integer-dot matrix's arrays (`fmt.repack`: rows first) in the layout of the tiled product of many rows
@@ -319,7 +323,8 @@ class QuantizedMatrix:
                        f"{self.shape}")
     lead = tuple(x.shape[:-1])
     many = math.prod(lead) >= DEQUANTIZE_MIN_ROWS and all(isinstance(n, int) for n in lead)
-    if many and "tiles" in self.parts: return self._tiled_int_dot_linear(x, activations)
+    if many and "tiles" in self.parts and math.prod(lead) >= TILED_MIN_X_ROWS:
+      return self._tiled_int_dot_linear(x, activations)
     if many:
       # many rows (a prefill): expand the weight once into a float32 scratch buffer rather than once per row of x,
       # row by row (written transposed, its stores were strided: SmolLM2's 147-token prefill spent 154 of 776 ms
