@@ -127,3 +127,14 @@ def use_gpu_style_python(monkeypatch) -> str:
   monkeypatch.setenv("CODEGEN_CACHE", "0")
   DropLaunch.launches.clear()
   return "PYTHON"
+
+def kernel_sources(fn) -> list[str]:
+  """The source of every kernel realizing `fn()` launches (compiled runners recorded as they run)."""
+  sources, original = [], realize.CompiledRunner.__call__
+  def record(self, bufs, var_vals=None, wait=False):
+    sources.append(self.source)
+    return original(self, bufs, var_vals, wait)
+  realize.CompiledRunner.__call__ = record
+  try: fn().realize()
+  finally: realize.CompiledRunner.__call__ = original
+  return sources

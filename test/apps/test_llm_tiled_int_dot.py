@@ -14,6 +14,7 @@ from kiln.apps.llm import quantized
 from kiln.apps.llm.quantized import QuantizedMatrix, TILE_ROWS
 from test_llm_model import random_blocks, write_tiny_model
 from test_llm_int_dot import _activations, _numpy_int_dot
+from helpers import kernel_sources
 
 @pytest.fixture(autouse=True)
 def _short_products_tiled_too(monkeypatch):
@@ -73,16 +74,6 @@ def test_tile_layout_holds_each_rows_bytes_and_scales():
     assert tile_scale[i, j, f, lane] == scale[TILE_ROWS * i + lane, 2 * j + f]
     assert tile_offset[i, j, f, lane] == low[TILE_ROWS * i + lane, 2 * j + f]
 
-def _sources(fn) -> list[str]:
-  """The source of every kernel realizing `fn()` launches."""
-  sources, original = [], realize.CompiledRunner.__call__
-  def record(self, bufs, var_vals=None, wait=False):
-    sources.append(self.source)
-    return original(self, bufs, var_vals, wait)
-  realize.CompiledRunner.__call__ = record
-  try: fn().realize()
-  finally: realize.CompiledRunner.__call__ = original
-  return sources
 
 def test_the_tiled_kernel_broadcasts_x_into_byte_dots_and_matches_the_scalar_bits():
   """One product kernel after x's quantization, no copy of the weight; its vector code (DP4A helpers with a
@@ -94,7 +85,7 @@ def test_the_tiled_kernel_broadcasts_x_into_byte_dots_and_matches_the_scalar_bit
   x = Tensor(_activations(16, 192, rng)).realize()
   with Context(CACHELEVEL=0):
     GlobalCounters.reset()
-    sources = _sources(lambda: matrix.linear(x))
+    sources = kernel_sources(lambda: matrix.linear(x))
     assert GlobalCounters.kernel_count == 5   # x: block maxima, int8 values, lane and block sums; the product
     vector = matrix.linear(x).numpy()
     with Context(VECTORIZE=0): scalar = matrix.linear(x).numpy()

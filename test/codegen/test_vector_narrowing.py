@@ -5,19 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from kiln import Tensor, dtypes
-from kiln.engine import realize
 from kiln.helpers import Context
+from helpers import kernel_sources
 
-def _sources(fn) -> list[str]:
-  """The source of every kernel realizing `fn()` launches."""
-  sources, original = [], realize.CompiledRunner.__call__
-  def record(self, bufs, var_vals=None, wait=False):
-    sources.append(self.source)
-    return original(self, bufs, var_vals, wait)
-  realize.CompiledRunner.__call__ = record
-  try: fn().realize()
-  finally: realize.CompiledRunner.__call__ = original
-  return sources
 
 @pytest.mark.parametrize("device", ["CPU", "LLVM"])
 @pytest.mark.parametrize("dtype,np_dtype,lane", [(dtypes.int8, np.int8, "char"), (dtypes.uint8, np.uint8, "uchar")])
@@ -28,7 +18,7 @@ def test_narrowing_vector_cast_keeps_the_low_byte(device, dtype, np_dtype, lane)
   def cast() -> Tensor: return (Tensor(x, device=device) * 0.5).cast(dtypes.int32).cast(dtype)
   want = np.trunc(x * np.float32(0.5)).astype(np.int32).astype(np_dtype)
   with Context(VECTORIZE=0): scalar = cast().numpy()
-  with Context(CACHELEVEL=0): sources = _sources(cast)
+  with Context(CACHELEVEL=0): sources = kernel_sources(cast)
   np.testing.assert_array_equal(scalar, want)
   np.testing.assert_array_equal(cast().numpy(), want)
   if device == "CPU": assert any(f"kiln_{lane}x" in src and "convertvector" in src for src in sources), "scalar code"

@@ -14,6 +14,7 @@ from kiln.engine import realize   # noqa: E402
 from kiln.helpers import Context   # noqa: E402
 from kiln.uop.ops import Ops   # noqa: E402
 from kiln.renderer.llvmir import byte_dot_method   # noqa: E402
+from helpers import kernel_sources
 
 X86 = platform.machine() in ("x86_64", "AMD64")
 
@@ -44,16 +45,6 @@ def llvm_features(monkeypatch):
   yield use
   realize._runner_cache.clear()
 
-def _sources(fn) -> list[str]:
-  """The LLVM IR of the kernels realizing `fn()` launches."""
-  sources, original = [], realize.CompiledRunner.__call__
-  def record(self, bufs, var_vals=None, wait=False):
-    sources.append(self.source)
-    return original(self, bufs, var_vals, wait)
-  realize.CompiledRunner.__call__ = record
-  try: fn().realize()
-  finally: realize.CompiledRunner.__call__ = original
-  return sources
 
 # (features, groups = int32 lanes, nibbles, the intrinsic the IR must call, or None for the widened sums)
 CASES = {
@@ -75,7 +66,7 @@ def test_every_byte_dot_method_gives_the_scalar_bits(llvm_features, name):
   llvm_features(features)
   with Context(CACHELEVEL=0):
     got = _byte_dot(*case, nibbles).numpy()
-    sources = _sources(lambda: _byte_dot(*case, nibbles))
+    sources = kernel_sources(lambda: _byte_dot(*case, nibbles))
   calls = [src for src in sources if "@llvm.x86." in src]
   if intrinsic is None:
     assert not calls, f"{name}: an x86 intrinsic without the features for it"
@@ -104,6 +95,6 @@ def test_streamed_matvec_rows_are_prefetched():
   """The thread-split loop of a matrix-vector product prefetches the weight rows an iteration ahead will read."""
   weights = Tensor(np.random.default_rng(1).standard_normal((256, 64), dtype=np.float32), device="LLVM")
   x = Tensor(np.ones(64, np.float32), device="LLVM")
-  sources = _sources(lambda: weights @ x)
+  sources = kernel_sources(lambda: weights @ x)
   assert any("call void @llvm.prefetch.p0(" in src for src in sources), "no prefetch in the matvec"
   np.testing.assert_allclose((weights @ x).numpy(), weights.numpy().astype(np.float64).sum(1), rtol=1e-5, atol=1e-5)
