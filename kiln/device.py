@@ -48,6 +48,11 @@ class Allocator:
   def offset_view(self, handle: Any, offset: int, nbytes: int) -> Any:
     """A handle to bytes [offset, offset+nbytes) of `handle`, sharing its memory (for `Buffer.view`)."""
     raise NotImplementedError(f"{type(self).__name__} does not support views of its buffers")
+  def transfer(self, dest: Any, src: Any, src_allocator: Allocator, nbytes: int) -> bool:
+    """Copy `nbytes` from `src` (a handle of `src_allocator`) into this allocator's `dest` without a host round
+    trip, where both memories allow it (the same GPU, or two GPUs peer to peer); False when they do not, and the
+    caller copies through host memory instead."""
+    return False
 
 class LRUAllocator(Allocator):
   """An allocator that keeps freed handles, per size, and hands them out again before allocating new memory.
@@ -229,10 +234,13 @@ class Buffer:
     return mv
 
   def copy_from(self, src: Buffer) -> Buffer:
-    """Copy the contents of `src` (same byte size, any device) into this buffer."""
+    """Copy the contents of `src` (same byte size, any device) into this buffer: device to device where the two
+    allocators can (`Allocator.transfer`), else through host memory."""
     if src.nbytes != self.nbytes: raise ValueError(f"Buffer.copy_from: {src!r} and {self!r} differ in byte size")
     if not src.is_allocated(): raise RuntimeError(f"Buffer.copy_from: source {src!r} has not been allocated")
     src.allocate()   # a view of an allocated base maps its part now
+    self.allocate()
+    if self._allocator.transfer(self._buf, src._buf, src._allocator, self.nbytes): return self
     host_view = src._allocator.as_memoryview(src._buf)
     return self.copyin(host_view if host_view is not None else src.copyout(memoryview(bytearray(src.nbytes))))
 

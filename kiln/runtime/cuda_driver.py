@@ -873,6 +873,7 @@ class Context:
     _check_sizes("copy", src.nbytes, dest.nbytes)
     self.activate()
     if dest.context.handle != src.context.handle:
+      src.context.synchronize()   # the source GPU's queued kernels that write `src` are not ordered with this copy
       driver().call("cuMemcpyPeerAsync", dest.ptr, dest.context.handle, src.ptr, src.context.handle, src.nbytes,
                     _stream_handle(stream))
       if stream is None: self.synchronize()
@@ -942,6 +943,12 @@ class CudaAllocator(LRUAllocator):
   def offset_view(self, handle: DeviceMemory, offset: int, nbytes: int) -> DeviceMemory:
     """Bytes [offset, offset+nbytes) of `handle`, sharing its memory."""
     return handle.view(offset, nbytes)
+  def transfer(self, dest: DeviceMemory, src, src_allocator, nbytes: int) -> bool:
+    """Device memory to device memory: on one GPU a device copy, across GPUs a peer copy (never through the host);
+    False for a source that is not GPU memory."""
+    if not isinstance(src_allocator, CudaAllocator): return False
+    self.context.copy(dest, src)
+    return True
   # a caller's host memory can be used in place: it is registered with the driver and mapped for the GPU
   host_memory = True
   def wrap(self, ptr: int, nbytes: int) -> HostMappedMemory:

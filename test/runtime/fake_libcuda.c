@@ -7,6 +7,8 @@
 #include <stdint.h>
 typedef int CUresult;
 static long launches = 0, graph_launches = 0, setparams = 0, edges = 0, registered = 0;
+static long copies[4];   // host to device, device to host, device to device, peer (fake_copies(kind))
+long fake_copies(int kind) { return copies[kind]; }
 long fake_launches(void) { return launches; }
 long fake_edges(void) { return edges; }
 long fake_registered(void) { return registered; }
@@ -16,14 +18,15 @@ CUresult cuInit(unsigned f) { return 0; }
 CUresult cuDriverGetVersion(int *v) { *v = 13000; return 0; }
 CUresult cuGetErrorName(int c, const char **s) { *s = "FAKE"; return 0; }
 CUresult cuGetErrorString(int c, const char **s) { *s = "fake"; return 0; }
-CUresult cuDeviceGetCount(int *n) { *n = 1; return 0; }
+// FAKE_CUDA_DEVICES=n pretends to have n GPUs (1 by default), each with a context of its own
+CUresult cuDeviceGetCount(int *n) { const char *e = getenv("FAKE_CUDA_DEVICES"); *n = e ? atoi(e) : 1; return 0; }
 CUresult cuDeviceGet(int *d, int i) { *d = i; return 0; }
 CUresult cuDeviceGetName(char *s, int n, int d) { strncpy(s, "Fake H200", n); return 0; }
 CUresult cuDeviceGetAttribute(int *v, int which, int d) {
   *v = which == 16 ? 132 : which == 75 ? 9 : which == 76 ? 0 : which == 97 ? 232448 : 1; return 0; }
 CUresult cuDeviceTotalMem_v2(size_t *m, int d) { *m = (size_t)1 << 37; return 0; }
 CUresult cuDeviceCanAccessPeer(int *a, int x, int y) { *a = 0; return 0; }
-CUresult cuDevicePrimaryCtxRetain(void **c, int d) { *c = (void*)0x1234; return 0; }
+CUresult cuDevicePrimaryCtxRetain(void **c, int d) { *c = (void*)(uintptr_t)(0x1234 + 16 * d); return 0; }
 CUresult cuDevicePrimaryCtxRelease_v2(int d) { return 0; }
 CUresult cuCtxSetCurrent(void *c) { return 0; }
 CUresult cuCtxSynchronize(void) { return 0; }
@@ -38,13 +41,13 @@ CUresult cuMemFreeHost(void *p) { free(p); return 0; }
 CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned f) { registered++; return 0; }
 CUresult cuMemHostUnregister(void *p) { registered--; return 0; }
 CUresult cuMemHostGetDevicePointer_v2(uint64_t *d, void *p, unsigned f) { *d = (uint64_t)p; return 0; }
-CUresult cuMemcpyHtoD_v2(uint64_t d, const void *s, size_t n) { memcpy((void*)d, s, n); return 0; }
-CUresult cuMemcpyDtoH_v2(void *d, uint64_t s, size_t n) { memcpy(d, (void*)s, n); return 0; }
-CUresult cuMemcpyDtoD_v2(uint64_t d, uint64_t s, size_t n) { memcpy((void*)d, (void*)s, n); return 0; }
-CUresult cuMemcpyHtoDAsync_v2(uint64_t d, const void *s, size_t n, void *st) { memcpy((void*)d, s, n); return 0; }
-CUresult cuMemcpyDtoHAsync_v2(void *d, uint64_t s, size_t n, void *st) { memcpy(d, (void*)s, n); return 0; }
-CUresult cuMemcpyDtoDAsync_v2(uint64_t d, uint64_t s, size_t n, void *st) { memcpy((void*)d, (void*)s, n); return 0; }
-CUresult cuMemcpyPeerAsync(uint64_t d, void *dc, uint64_t s, void *sc, size_t n, void *st) { memcpy((void*)d, (void*)s, n); return 0; }
+CUresult cuMemcpyHtoD_v2(uint64_t d, const void *s, size_t n) { copies[0]++; memcpy((void*)d, s, n); return 0; }
+CUresult cuMemcpyDtoH_v2(void *d, uint64_t s, size_t n) { copies[1]++; memcpy(d, (void*)s, n); return 0; }
+CUresult cuMemcpyDtoD_v2(uint64_t d, uint64_t s, size_t n) { copies[2]++; memcpy((void*)d, (void*)s, n); return 0; }
+CUresult cuMemcpyHtoDAsync_v2(uint64_t d, const void *s, size_t n, void *st) { copies[0]++; memcpy((void*)d, s, n); return 0; }
+CUresult cuMemcpyDtoHAsync_v2(void *d, uint64_t s, size_t n, void *st) { copies[1]++; memcpy(d, (void*)s, n); return 0; }
+CUresult cuMemcpyDtoDAsync_v2(uint64_t d, uint64_t s, size_t n, void *st) { copies[2]++; memcpy((void*)d, (void*)s, n); return 0; }
+CUresult cuMemcpyPeerAsync(uint64_t d, void *dc, uint64_t s, void *sc, size_t n, void *st) { copies[3]++; memcpy((void*)d, (void*)s, n); return 0; }
 CUresult cuStreamCreate(void **s, unsigned f) { *s = malloc(8); return 0; }
 CUresult cuStreamDestroy_v2(void *s) { free(s); return 0; }
 CUresult cuStreamSynchronize(void *s) { return 0; }
