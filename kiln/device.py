@@ -122,6 +122,7 @@ def _as_bytes_view(mv: memoryview | bytes | bytearray) -> memoryview:
 class Buffer:
   """`size` elements of `dtype` in the memory of `device`. Memory is allocated lazily by `allocate()`/`copyin()`
   (or at once when `initial_value` bytes are given) and returned to the allocator when the Buffer is collected."""
+  _computed = None   # the graph nodes realized from this buffer's contents (kiln/tensor.py _results_of), once any
   def __init__(self, device: str, size: int, dtype: DType, initial_value: bytes | None = None):
     if not isinstance(size, int) or size < 0: raise ValueError(f"Buffer: size must be a non-negative int, got {size!r}")
     if dtype == dtypes.void: raise ValueError("Buffer: dtype void has no storage")

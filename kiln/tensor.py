@@ -1,6 +1,6 @@
 """Tensor: the lazy, PyTorch-like front end. Every op builds UOps; work happens at realize()."""
 from __future__ import annotations
-import functools, math, os, pathlib, sys, weakref
+import functools, gc, math, os, pathlib, sys, weakref
 from contextlib import contextmanager
 from typing import Any, Sequence
 import numpy as np
@@ -36,6 +36,7 @@ from kiln.mixin.common import TensorIndexError, TensorValueError, UnsupportedErr
 _ADD, _MUL, _BUFFER, _ASSIGN, _UNIQUE, _MULTI = Ops.ADD, Ops.MUL, Ops.BUFFER, Ops.ASSIGN, Ops.UNIQUE, Ops.MULTI
 
 _requires_grad_tensors: weakref.WeakSet = weakref.WeakSet()
+_NO_NODES: frozenset = frozenset()
 class _LiveTensors:
   """Every live Tensor, so realizing an assign can first compute the pending tensors that read the old values.
 
@@ -202,17 +203,27 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
 
     `do_update_stats` is accepted for tinygrad scripts; kiln's counters are always updated.
     """
-    Tensor.realize_all([self, *lst])
+    _realize_all((self, *lst) if lst else (self,))
     return self
 
   @staticmethod
-  @gc_paused
   def realize_all(tensors: Sequence[Tensor]) -> None:
     """Realize all `tensors` together, scheduling their pending computations at once."""
-    todo = [(t, t.uop) for t in dict.fromkeys(tensors) if t.uop.base.op is not _BUFFER and not (
-      t.uop.op is _MULTI and all(s.base.op is _BUFFER for s in t.uop.src))]
-    if not todo: return
-    roots = list(dict.fromkeys(uop for _, uop in todo))
+    _realize_all(tensors)
+
+  @staticmethod
+  def _realize_all_paused(tensors: Sequence[Tensor]) -> None:
+    """realize_all's work, with the cyclic garbage collector paused (helpers.gc_paused's reason) by _realize_all."""
+    if len(tensors) == 1:   # (an eager realize(): no duplicates to drop)
+      t = tensors[0]
+      uop = t.uop
+      if uop.base.op is _BUFFER or (uop.op is _MULTI and all(s.base.op is _BUFFER for s in uop.src)): return
+      todo = [(t, uop)]
+    else:
+      todo = [(t, t.uop) for t in dict.fromkeys(tensors) if t.uop.base.op is not _BUFFER and not (
+        t.uop.op is _MULTI and all(s.base.op is _BUFFER for s in t.uop.src))]
+      if not todo: return
+    roots = [todo[0][1]] if len(todo) == 1 else list(dict.fromkeys(uop for _, uop in todo))
     schedule = None
     # PyTorch order: a tensor built before an assign holds the old values, so it is computed in the same run, ordered
     # before the overwrite (the scheduler runs reads of a buffer's old value before its assign). The buffers that
@@ -222,7 +233,10 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     overwritten = [target.buffer for target in targets if target.op is _BUFFER and target.buffer is not None]
     checked: set[int] = set()
     aliases: list[Tensor] = []   # realized tensors over an overwritten buffer: they get its new identity after the run
-    while True:
+    if not overwritten:   # (no assign root: the first schedule stands unless it overwrites buffers itself)
+      schedule = create_schedule(roots)
+      overwritten = schedule.overwritten
+    while overwritten:
       unchecked = [buf for buf in overwritten if id(buf) not in checked]
       if unchecked:
         checked.update([id(buf) for buf in unchecked])
@@ -238,7 +252,8 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     # run's results do (the scheduler read the old contents before overwriting them), so they are registered after:
     # a graph built before this run that reads one of them (t6 = t4 + t5, t5 read before t4's assign) needs its value
     for buf in overwritten: _forget_results_computed_from(buf)
-    differentiable = _graphs_needing_gradients(roots)
+    # (the WeakSet's own set: its len() is a Python call, and nothing requires a gradient in most eager code)
+    differentiable = _graphs_needing_gradients(roots) if _requires_grad_tensors.data else _NO_NODES
     inputs = {id(buf) for buf in schedule.inputs}
     realized_from_inputs: list[UOp] = []
     own_buffers: list[tuple[Buffer, UOp]] = []   # (result buffer, the node realized into it)
@@ -1536,6 +1551,11 @@ class _NodeGroup:
   def __init__(self, nodes: list[UOp]): self.refs = [weakref.ref(node) for node in nodes]
   def __iter__(self): return iter([node for ref in self.refs if (node := ref()) is not None])
   def __len__(self) -> int: return sum(ref() is not None for ref in self.refs)
+  def alive(self) -> bool:
+    """Whether a node of the group is still alive."""
+    for ref in self.refs:
+      if ref() is not None: return True
+    return False
 
 class _ComputedFrom:
   """The realized graph nodes computed from one buffer, iterated as nodes. Kept as groups that several buffers
@@ -1549,23 +1569,30 @@ class _ComputedFrom:
     """Record the nodes of `group` (shared, not copied)."""
     self.groups.append(group)
     if len(self.groups) >= self.prune_at:   # groups whose nodes all died are dropped; amortized by doubling
-      self.groups = [g for g in self.groups if len(g)]
+      self.groups = [g for g in self.groups if g.alive()]
       self.prune_at = max(16, 2 * len(self.groups))
   def __iter__(self):
     return iter([node for group in list(self.groups) for node in group])
 
-# realized graph nodes (whose `forward` points at their result) by the buffers they were computed from
-_computed_from: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# realized graph nodes (whose `forward` points at their result) by the buffers they were computed from: each
+# Buffer's `_computed` (None until a result is registered; a weak dictionary's Python-level get and set cost ~1 us an
+# eager realize)
 
 def _results_of(buf: Buffer) -> _ComputedFrom:
   """The record of nodes computed from `buf`, made on first use."""
-  if (found := _computed_from.get(buf)) is None: found = _computed_from[buf] = _ComputedFrom()
+  if (found := buf._computed) is None: found = buf._computed = _ComputedFrom()
   return found
+
+def _computed_from(buf: Buffer) -> _ComputedFrom | tuple:
+  """The nodes computed from `buf` (an empty tuple when there are none)."""
+  return buf._computed or ()
 
 def _forget_results_computed_from(buf: Buffer) -> None:
   """`buf` was overwritten: results computed from its old contents no longer stand for their graphs, so a graph
   built later that happens to be the same node (hash-consing) is computed again instead of reusing them."""
-  for node in list(_computed_from.pop(buf, ())): node.forward = None
+  if (found := buf._computed) is None: return
+  buf._computed = None
+  for node in list(found): node.forward = None
 
 # dtypes a Python scalar is written into by a host copy on assign (besides the ints): NumPy rounds them as kernels do
 _HOST_SCALAR_DTYPES = (dtypes.float32, dtypes.float64, dtypes.bool)
@@ -2034,6 +2061,14 @@ def _check_devices(uop: UOp, name: str) -> None:
   try: _multi.lower(uop)
   except _multi.MultiDeviceError as e: raise _multi.MultiDeviceError(f"{e}{_where()}") from None
 
+def _realize_all(tensors: Sequence[Tensor]) -> None:
+  """Tensor.realize_all with the cyclic garbage collector paused, inline (helpers.gc_paused's wrapper is one Python
+  call more on every eager realize)."""
+  if not gc.isenabled(): return Tensor._realize_all_paused(tensors)
+  gc.disable()
+  try: Tensor._realize_all_paused(tensors)
+  finally: gc.enable()
+
 def _tensor_around(uop: UOp) -> Tensor:
   """A Tensor holding `uop` as it is (no conversion, no metadata): the fast path for nodes built internally."""
   t = Tensor.__new__(Tensor)
@@ -2064,7 +2099,7 @@ def _with_user_location(fn, name: str):
   return located
 
 def _locate_tensor_errors() -> None:
-  skip = {"__repr__", "__hash__", "__weakref__", "__init_subclass__", "_wrap", "__getattribute__", "realize_all"}
+  skip = {"__repr__", "__hash__", "__weakref__", "__init_subclass__", "_wrap", "__getattribute__", "realize_all", "_realize_all_paused"}
   seen: set[str] = set()
   for cls in Tensor.__mro__[:-1]:   # Tensor first, then its mixins; the first definition of a name wins
     for attr, value in list(vars(cls).items()):

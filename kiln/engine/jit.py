@@ -8,7 +8,7 @@ arguments, and the Python state the capture read); a mismatch re-captures, a cha
 See docs/jit.md.
 """
 from __future__ import annotations
-import collections, dis, functools, sys, types, weakref
+import collections, dis, functools, sys, types
 from typing import Any, Callable, Generic, TypeVar
 import numpy as np
 from kiln.device import Buffer, Device
@@ -345,7 +345,6 @@ class CapturedJit:
     self.written_inputs = sorted({k for bid, k in input_index.items() if bid in written})
     self.written_state = [item.bufs[0] for item in items if id(item.bufs[0]) not in produced
                           and id(item.bufs[0]) not in input_index]
-    self.written_state_refs = [weakref.ref(buf) for buf in self.written_state]   # see `replay`
     # the per-launch variable values a replay rewrites with the call's values (a symbolic kernel serves every value)
     self.var_dicts = [item.var_vals for item in items if item.var_vals]
     self.kernel_count = sum(1 for item in items if item.runner.name != "copy")
@@ -397,12 +396,9 @@ class CapturedJit:
     if DEBUG.value >= 2: print(f"*** TinyJit {self.name}: replayed {len(self.items)} launches")
     # results computed earlier from buffers the replay overwrote are out of date, as after an eager assign
     for k in self.written_inputs: _forget_results_computed_from(input_bufs[k])
-    # (a membership test of the weak dictionary's own table, by a weak reference made once: most written state has
-    # no results to forget, and a pop for each of an LLM step's 31 caches and outputs cost ~7 us)
-    if self.written_state:
-      computed = _computed_from.data
-      for buf, ref in zip(self.written_state, self.written_state_refs):
-        if ref in computed: _forget_results_computed_from(buf)
+    # (most written state has no results to forget: the attribute read skips the call)
+    for buf in self.written_state:
+      if buf._computed is not None: _forget_results_computed_from(buf)
     outs = []
     for kind, where, chain in self.outputs:
       if kind is _FRESH:
@@ -701,7 +697,7 @@ def _reused_results(recorder: _Recorder, input_bufs: list[Buffer], before: dict)
     for buf in item.bufs:
       if id(buf) in skip or not recorder.existed.get(id(buf), False): continue
       skip.add(id(buf))
-      for node in list(_computed_from.get(buf, ())):
+      for node in list(_computed_from(buf)):
         result = node.forward
         if result is not None and result.base.op is Ops.BUFFER and result.base.buffer is buf:
           reused.append((node, result))

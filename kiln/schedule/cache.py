@@ -17,10 +17,10 @@ of a file or of another buffer), and an assign whose target was realized through
 `SCHEDULE_CACHE=0` turns the cache off.
 """
 from __future__ import annotations
-import collections, sys
+import sys
 from typing import Callable
 from kiln.device import Buffer
-from kiln.helpers import ContextVar, deep_recursion
+from kiln.helpers import ContextVar, DEEP_RECURSION_LIMIT
 from kiln.uop import ops as _ops
 from kiln.uop.ops import UOp, Ops, GroupOp, _cache_key_arg
 
@@ -44,16 +44,20 @@ class _Template:
   for a view of pool buffer k, (None, None) for a root that was a realized view already, and ("assign", None) for an
   assign; `inputs` and `overwritten` (the slots that assigns write) are slot numbers; `key` is the graph key the
   template is stored under."""
-  __slots__ = ("items", "new", "results", "inputs", "overwritten", "key", "recycles", "spare")
+  __slots__ = ("items", "new", "results", "inputs", "overwritten", "key", "recycles", "spare", "used")
   def __init__(self, items: list, new: list[tuple], results: list[tuple], inputs: list[int], overwritten: list[int]):
     self.items, self.new, self.results, self.inputs, self.overwritten = items, new, results, inputs, overwritten
     self.key: tuple = ()
+    self.used = 0   # _clock at the last use
     # a small schedule keeps the buffers of its last hit (`spare`) and hands them to the next hit when nothing else
     # holds them any more: its results were dropped, so no tensor, node or view can read them (see `_unheld`)
     self.recycles = sum(size * dtype.itemsize for _, size, dtype in new) <= RECYCLE_MAX_BYTES
     self.spare: list[Buffer] | None = None
 
-_templates: collections.OrderedDict = collections.OrderedDict()
+# key -> template; least recently used first out: each template remembers the tick of its last use (`used`), so a hit
+# reorders nothing (an OrderedDict's move_to_end hashed the key a second time: ~30 us for the transformer's)
+_templates: dict = {}
+_clock = [0]
 _settings: tuple = ()
 stats = {"hits": 0, "misses": 0, "uncached": 0}
 
@@ -68,17 +72,9 @@ class _Uncacheable(Exception):
 _BUFFER, _UNIQUE, _ASSIGN = Ops.BUFFER, Ops.UNIQUE, Ops.ASSIGN
 _SPECIAL_OPS = frozenset({_BUFFER, _UNIQUE, _ASSIGN}) | _UNCACHED_OPS   # entered by _KeyWalk.entry_of
 _FLOAT_OR_BOOL = (float, bool)
+# device names entry_of found to be no DISK ones: visit_recursive enters their BUFFER nodes itself
+_PLAIN_DEVICES: set[str] = set()
 
-class _Key(tuple):
-  """A graph key whose hash is computed once: the dict lookup and the LRU reordering after it would both hash it
-  (the anchors' transformer key, ~800 entries, takes ~30 us to hash)."""
-  def __new__(cls, value: tuple):
-    key = super().__new__(cls, value)
-    key.hash = tuple.__hash__(key)
-    return key
-  def __hash__(self) -> int: return self.hash
-
-@deep_recursion
 def graph_key(roots: list[UOp]) -> tuple[tuple, list[Buffer]] | None:
   """The structure of the graph under `roots` (realized nodes followed to their buffers) with each distinct Buffer
   as a slot number, and the Buffers in slot order; None when the graph must not be cached.
@@ -86,7 +82,11 @@ def graph_key(roots: list[UOp]) -> tuple[tuple, list[Buffer]] | None:
   The structure lists one entry per node, after its sources' entries and in source order: (op, dtype, arg, source
   entry numbers), a BUFFER as (op, dtype, (device, size), slot). A realized node shares its buffer's entry; a UNIQUE
   node inside the graph is its source (as scheduled). The walk recurses (cheapest in Python, to DEEP_RECURSION_LIMIT
-  levels: an eager training step's graph is thousands deep); a deeper graph is walked again with an explicit stack."""
+  levels: an eager training step's graph is thousands deep); a deeper graph is walked again with an explicit stack.
+  (The limit is raised here, not by a `deep_recursion` wrapper: one Python call less on every eager dispatch.) The
+  key is a plain tuple: the template lookup is the one place that hashes it."""
+  limit = sys.getrecursionlimit()
+  if limit < DEEP_RECURSION_LIMIT: sys.setrecursionlimit(DEEP_RECURSION_LIMIT)
   walk = _KeyWalk(roots)
   try:
     try: root_ids = walk.visit_recursive(roots)
@@ -94,7 +94,9 @@ def graph_key(roots: list[UOp]) -> tuple[tuple, list[Buffer]] | None:
       walk = _KeyWalk(roots)
       root_ids = tuple([walk.visit_iterative(r) for r in roots])
   except _Uncacheable: return None
-  return _Key((tuple(walk.entries), root_ids)), walk.buffers
+  finally:
+    if limit < DEEP_RECURSION_LIMIT: sys.setrecursionlimit(limit)
+  return (tuple(walk.entries), root_ids), walk.buffers
 
 class _KeyWalk:
   """The state of one graph_key walk: entry numbers by node, the entries, and the buffers by slot."""
@@ -104,13 +106,15 @@ class _KeyWalk:
     self.entries: list[tuple] = []
     self.slot_of: dict[int, int] = {}
     self.buffers: list[Buffer] = []
-    self.roots = set(roots)
+    self.roots = roots   # made a set when a UNIQUE node asks (rare)
     self.symbolic_possible = _ops.binds_made > 0   # no arg can hold a Variable before one was bound
 
   def visit_recursive(self, roots: list[UOp]) -> tuple[int, ...]:
     """The entry numbers of `roots`, each node's sources visited first by recursion (a closure: its locals are the
-    fastest reads in Python)."""
+    fastest reads in Python). A BUFFER over a plain buffer of a device entry_of has seen, the most common leaf, is entered here
+    (entry_of's rule)."""
     index, entries, symbolic_possible, entry_of = self.index, self.entries, self.symbolic_possible, self.entry_of
+    slot_of, buffers = self.slot_of, self.buffers
     get, append = index.get, entries.append
     def visit(node: UOp) -> int:   # a node not entered yet (callers look it up first)
       if node.forward is not None:   # realized earlier: read its buffer
@@ -118,6 +122,14 @@ class _KeyWalk:
         i = index[node] = visit(target) if (i := get(target)) is None else i
         return i
       op = node.op
+      if op is _BUFFER and (buf := node.buffer) is not None and buf._base is None and \
+         node.arg[1] in _PLAIN_DEVICES and (not symbolic_possible or not _holds_uop(node.arg)):
+        if (slot := slot_of.get(id(buf))) is None:
+          slot = slot_of[id(buf)] = len(buffers)
+          buffers.append(buf)
+        i = index[node] = len(entries)
+        append((op, node.dtype, node.arg[1:], slot))
+        return i
       if op in _SPECIAL_OPS or (symbolic_possible and _holds_uop(node.arg)):
         if op in _UNCACHED_OPS or (symbolic_possible and _holds_uop(node.arg)): raise _Uncacheable
         entry_of(node, tuple([visit(src) if (i := get(src)) is None else i for src in node.src]))
@@ -132,7 +144,8 @@ class _KeyWalk:
         srcs = (i, j)
       else: srcs = tuple([visit(s) if (i := get(s)) is None else i for s in src])
       arg = node.arg
-      if type(arg) is float or type(arg) is bool: arg = _cache_key_arg(arg)
+      if type(arg) is float: arg = (float, arg.hex()) if arg == arg else _cache_key_arg(arg)   # (_cache_key_arg)
+      elif type(arg) is bool: arg = (bool, arg)
       i = index[node] = len(entries)
       append((op, node.dtype, arg, srcs))
       return i
@@ -147,6 +160,7 @@ class _KeyWalk:
     if op is _BUFFER:
       buf = node.buffer
       if buf is None or buf._base is not None or arg[1][:4].upper() == "DISK": raise _Uncacheable
+      _PLAIN_DEVICES.add(arg[1])
       if (slot := self.slot_of.get(id(buf))) is None:
         slot = self.slot_of[id(buf)] = len(self.buffers)
         self.buffers.append(buf)
@@ -154,6 +168,7 @@ class _KeyWalk:
     else:
       if op is _ASSIGN and not _target_is_plain_view(node.src[0]): raise _Uncacheable
       if op is _UNIQUE:   # its id is identity, not structure: inside a graph it is its source (as scheduled)
+        if type(self.roots) is not set: self.roots = set(self.roots)
         if node not in self.roots:
           self.index[node] = srcs[0]
           return
@@ -224,16 +239,17 @@ def cached_schedule(roots: list[UOp], schedule_fn: Callable, item_cls: type, sch
   settings = _settings_now()   # a setting may change how graphs are cut
   if settings != _settings: _templates.clear(); _settings = settings   # noqa: E702
   template = _templates.get(structure)
+  _clock[0] += 1
   if template is None:
     stats["misses"] += 1
     schedule = schedule_fn(roots)
     if (made := _make_template(roots, buffers, schedule)) is not None:
-      made.key = structure
+      made.key, made.used = structure, _clock[0]
       _templates[structure] = made
-      while len(_templates) > MAX_ENTRIES: _templates.popitem(last=False)
+      if len(_templates) > MAX_ENTRIES: _evict()
     return schedule
   stats["hits"] += 1
-  _templates.move_to_end(template.key)   # the stored key itself: found by identity, not compared entry by entry
+  template.used = _clock[0]
   if (spare := template.spare) is None or recycling_paused or not _unheld(spare):
     spare = [Buffer(device, size, dtype) for device, size, dtype in template.new]
     if template.recycles and not recycling_paused: template.spare = spare
@@ -249,6 +265,11 @@ def cached_schedule(roots: list[UOp], schedule_fn: Callable, item_cls: type, sch
       node.buffer = buf
       results[root] = view_fn(node, shape)
   return schedule_cls(items, results, [buffers[k] for k in template.inputs], [buffers[k] for k in template.overwritten])
+
+def _evict() -> None:
+  """Drop the least recently used templates down to MAX_ENTRIES."""
+  for template in sorted(_templates.values(), key=lambda t: t.used)[:len(_templates) - MAX_ENTRIES]:
+    del _templates[template.key]
 
 def _unheld(spare: list[Buffer]) -> bool:
   """Whether nothing but the template's list holds each buffer of `spare` (references: the list, the loop's name and
