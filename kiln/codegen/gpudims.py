@@ -30,7 +30,7 @@ by `t < T` (they write nothing).
 ((4, 1, 1), (256, 1, 1))
 """
 from __future__ import annotations
-import math
+import itertools, math
 from dataclasses import dataclass
 from kiln.dtype import dtypes
 from kiln.helpers import NOLOCALS, prod
@@ -243,12 +243,21 @@ def sum_levels(n: int, blocked: bool) -> list[int]:
 
 MAX_UNROLLED_ROW = 32   # a row of at most this many elements a thread is unrolled, not looped (8192 at 256 threads)
 
-def _thread_elements(size: int, lidx: UOp, count: int, group: int = GROUP_SIZE) -> list[tuple[UOp, UOp | None]]:
-  """Elements `k*group + lidx` (k < count) of a range of `size`, each clamped to the last element where some
-  thread's would pass it, with that validity (None where every thread's is real). Built alike for every pass, so the
-  passes of a row kernel share their loads and the arithmetic on them (one read of the row, kept in registers)."""
+def _thread_elements(size: int, lidx: UOp, count: int, group: int = GROUP_SIZE,
+                     top: bool = False) -> list[tuple[UOp, UOp | None]]:
+  """Elements `k*group + lidx` (k < count) of a range of `size` (`top`, GROUPTOP: `lidx*count + k`, a contiguous
+  chunk a thread), each clamped to the last element where some thread's would pass it, with that validity (None
+  where every thread's is real). Built alike for every pass, so the passes of a row kernel share their loads and the
+  arithmetic on them (one read of the row, kept in registers)."""
   out = []
   for k in range(count):
+    if top:
+      element = lidx * count + k if k else lidx * count
+      if count * group == size: out.append((element, None))
+      else:
+        valid = element.lt(size)
+        out.append((valid.where(element, UOp.const(INT, size - 1)), valid))
+      continue
     element = lidx + k * group if k else lidx
     if (k + 1) * group <= size: out.append((element, None))
     else:
@@ -299,10 +308,11 @@ def groupable(sink: UOp) -> bool:
   """Whether `map_axes_to_gpu` runs the kernel as one block per row (`group_rows`)."""
   return row_plan(sink) is not None
 
-def _split_over_threads(size: int, lidx: UOp, outer: UOp, group: int = GROUP_SIZE) -> tuple[UOp, UOp | None]:
-  """The element `outer*group + lidx` of a range of `size` (clamped to the last one) and whether it is real
-  (None when `group` divides `size`)."""
-  element = outer * group + lidx
+def _split_over_threads(size: int, lidx: UOp, outer: UOp, group: int = GROUP_SIZE,
+                        top: bool = False) -> tuple[UOp, UOp | None]:
+  """The element `outer*group + lidx` of a range of `size` (`top`: `lidx*count + outer`, `count` the loop's length;
+  clamped to the last one) and whether it is real (None when `group` divides `size`)."""
+  element = lidx * outer.src[0].arg + outer if top else outer * group + lidx
   if size % group == 0: return element, None
   valid = element.lt(size)
   return valid.where(element, UOp.const(INT, size - 1)), valid
@@ -310,31 +320,36 @@ def _split_over_threads(size: int, lidx: UOp, outer: UOp, group: int = GROUP_SIZ
 GRID_BLOCKS = 1024   # blocks of a grid-wide reduction: about 8 a multiprocessor on an H200, one wave
 MIN_GRID_REDUCED = 1 << 20   # a full reduction of at least this many elements uses every block (else one block)
 
-def grid_reduction(sink: UOp, plan: RowPlan, new_range) -> UOp | None:
+def grid_reduction(sink: UOp, plan: RowPlan, new_range, group: int = GROUP_SIZE, blocks: int | None = None) -> UOp | None:
   """A full reduction (one reduce group, no row, no elementwise pass) of at least MIN_GRID_REDUCED elements over
   GRID_BLOCKS blocks: each block reduces its share (coalesced, as a row's) to one partial in a device array; thread 0
   then fences and takes a ticket (ATOMIC add on an arrival counter). The block that takes the last ticket sees
   every partial: its threads read them (through L2), combine them in a tree, store the result, and reset the
-  counter for the next launch. Fixed orders throughout: the same bits on every run. None where it does not apply."""
+  counter for the next launch. Fixed orders throughout: the same bits on every run. None where it does not apply.
+  `group` threads a block and `blocks` blocks (GPU actions GROUP, GROUP: kiln/codegen/opt/kernel.py); by default
+  GROUP_SIZE and GRID_BLOCKS, from MIN_GRID_REDUCED elements."""
   if plan.rows or plan.elementwise is not None or len(plan.groups) != 1: return None
   ranges, reds = plan.groups[0]
-  size, blocks = prod(r.src[0].arg for r in ranges), GRID_BLOCKS
-  if size < MIN_GRID_REDUCED: return None
-  lidx = UOp(Ops.SPECIAL, INT, (), ("lidx0", GROUP_SIZE))
+  size = prod(r.src[0].arg for r in ranges)
+  if blocks is None:
+    if size < MIN_GRID_REDUCED: return None
+    blocks = GRID_BLOCKS
+  lidx = UOp(Ops.SPECIAL, INT, (), ("lidx0", group))
   gidx = UOp(Ops.SPECIAL, INT, (), ("gidx0", blocks))
   blocked = any(red.arg is Ops.ADD and dtypes.is_float(red.dtype) for red in reds)
-  loops = [new_range(k) for k in sum_levels(-(-size // (GROUP_SIZE * blocks)), blocked)]
-  element = (_flat_index(loops) * blocks + gidx) * GROUP_SIZE + lidx
-  valid = element.lt(size) if prod(r.src[0].arg for r in loops) * blocks * GROUP_SIZE != size else None
+  loops = [new_range(k) for k in sum_levels(-(-size // (group * blocks)), blocked)]
+  element = (_flat_index(loops) * blocks + gidx) * group + lidx
+  valid = element.lt(size) if prod(r.src[0].arg for r in loops) * blocks * group != size else None
   if valid is not None: element = valid.where(element, UOp.const(INT, size - 1))
   first = lidx.eq(0)
   shared, scratch, partial_stores = [], [], []
   for k, red in enumerate(reds):
     body = _substitute(red.src[0], _unflatten(element, list(ranges)))
     if valid is not None: body = valid.where(body, UOp.const(red.dtype, identity_element(red.arg, red.dtype)))
-    shared.append(UOp(Ops.DEFINE_LOCAL, red.dtype, (), (f"temp0_{k}", GROUP_SIZE)))
+    shared.append(UOp(Ops.DEFINE_LOCAL, red.dtype, (), (f"temp0_{k}", group)))
     partial_stores.append(UOp(Ops.STORE, dtypes.void, (shared[k], lidx, _nested(red, body, loops))))
-  block_totals = _tree_combine(lidx, list(zip(reds, shared)), UOp(Ops.BARRIER, dtypes.void, tuple(partial_stores)))
+  block_totals = _tree_combine(lidx, list(zip(reds, shared)), UOp(Ops.BARRIER, dtypes.void, tuple(partial_stores)),
+                               group)
   for k, red in enumerate(reds):
     scratch.append(UOp(Ops.DEFINE_LOCAL, red.dtype, (), (f"kiln_partials{k}", blocks, "device")))
   to_device = tuple(UOp(Ops.STORE, dtypes.void, (scratch[k], gidx, block_totals[red], first))
@@ -345,21 +360,22 @@ def grid_reduction(sink: UOp, plan: RowPlan, new_range) -> UOp | None:
   flag = UOp(Ops.DEFINE_LOCAL, INT, (), ("kiln_last_block", 1))
   said = UOp(Ops.STORE, dtypes.void, (flag, UOp.const(INT, 0), ticket.eq(blocks - 1).cast(INT), first))
   last = UOp(Ops.LOAD, INT, (flag, UOp.const(INT, 0), UOp(Ops.BARRIER, dtypes.void, (said,)))).ne(0)
-  per_thread = new_range(blocks // GROUP_SIZE)
+  per_thread = [new_range(blocks // group)] if blocks > group else []
   gathered = []
   for k, red in enumerate(reds):
-    read = UOp(Ops.LOAD, red.dtype, (scratch[k], per_thread * GROUP_SIZE + lidx, last))
-    other = UOp(Ops.DEFINE_LOCAL, red.dtype, (), (f"temp1_{k}", GROUP_SIZE))
-    gathered.append((red, other, UOp(Ops.STORE, dtypes.void, (other, lidx, _nested(red, read, [per_thread])))))
+    read = UOp(Ops.LOAD, red.dtype, (scratch[k], per_thread[0] * group + lidx if per_thread else lidx, last))
+    other = UOp(Ops.DEFINE_LOCAL, red.dtype, (), (f"temp1_{k}", group))
+    gathered.append((red, other, UOp(Ops.STORE, dtypes.void, (other, lidx, _nested(red, read, per_thread)))))
   totals = _tree_combine(lidx, [(red, other) for red, other, _ in gathered],
-                         UOp(Ops.BARRIER, dtypes.void, tuple(store for _, _, store in gathered)))
+                         UOp(Ops.BARRIER, dtypes.void, tuple(store for _, _, store in gathered)), group)
   done = first & last
   stores = [_substitute(st.replace(src=(*st.src[:3], done if len(st.src) == 3 else st.src[3] & done)), totals)
             if st.op is Ops.STORE else st for st in sink.src]
   stores.append(UOp(Ops.STORE, dtypes.void, (counter, UOp.const(INT, 0), zero, done)))   # ready for the next launch
   return graph_rewrite(sink.replace(src=tuple(stores)), symbolic, name="gpudims grid reduction")
 
-def group_rows(sink: UOp) -> UOp | None:
+def group_rows(sink: UOp, group: int | None = None, per_block: int = 1, top: bool = False,
+               grid_blocks: int | None = None) -> UOp | None:
   """A row kernel (`row_plan`) as one block per row (gidx0, the row ranges unflattened) of `row_group_size` threads,
   or, for MULTI_ROW_MIN rows or more of at most MULTI_ROW_MAX elements, G = `row_lanes` threads a row and
   ROW_BLOCK_THREADS / G rows a block (thread `lidx0` is lane `lidx0 % G` of the block's row `lidx0 // G`; rows past
@@ -368,7 +384,11 @@ def group_rows(sink: UOp) -> UOp | None:
   array, combined by a tree of barrier-separated rounds (`_tree_combine`; groups that use none of each other's
   totals share one tree); the elementwise pass then runs element
   `j*G + lane` in a thread's loop j. Up to MAX_UNROLLED_ROW elements a thread, the loops are unrolled instead, and
-  every pass reads the same registers. A store that depends on no thread's element is made by the row's lane 0."""
+  every pass reads the same registers. A store that depends on no thread's element is made by the row's lane 0.
+
+  With `group` given (GPU actions GROUP/GROUPTOP, LOCAL: kiln/codegen/opt/kernel.py) the kernel runs `group`
+  threads a row (`top`: each a contiguous chunk of the row), `per_block` rows a block, and spreads a full reduction
+  over `grid_blocks` blocks only where that is given."""
   plan = row_plan(sink)
   if plan is None: return None
   next_id = 1 + max((u.arg for u in sink.toposort() if u.op is Ops.RANGE and isinstance(u.arg, int)), default=0)
@@ -376,13 +396,13 @@ def group_rows(sink: UOp) -> UOp | None:
     nonlocal next_id
     next_id += 1
     return UOp(Ops.RANGE, INT, (UOp.const(INT, size),), next_id - 1)
-  if (whole := grid_reduction(sink, plan, new_range)) is not None: return whole
-  longest = max([prod(r.src[0].arg for r in ranges) for ranges, _ in plan.groups] +
-                ([plan.elementwise.src[0].arg] if plan.elementwise is not None else []))
+  chosen = group is not None
+  if not chosen or grid_blocks is not None:
+    whole = grid_reduction(sink, plan, new_range) if not chosen else \
+      grid_reduction(sink, plan, new_range, group, grid_blocks)
+    if whole is not None: return whole
   n_rows = prod(r.src[0].arg for r in plan.rows) if plan.rows else 1
-  many = n_rows >= MULTI_ROW_MIN and longest <= MULTI_ROW_MAX
-  group = row_lanes(longest, n_rows) if many else row_group_size(longest)
-  per_block = max(1, ROW_BLOCK_THREADS // group) if many else 1
+  if group is None: group, per_block = default_row_split(plan)
   lidx = UOp(Ops.SPECIAL, INT, (), ("lidx0", group * per_block))
   # several rows a block: thread `lidx` is lane `lidx % group` of the block's row `lidx // group`
   lane = lidx % group if per_block > 1 else lidx
@@ -401,12 +421,19 @@ def group_rows(sink: UOp) -> UOp | None:
     size = prod(r.src[0].arg for r in ranges)
     count = -(-size // group)
     if count <= MAX_UNROLLED_ROW:   # a thread's elements, unrolled (shared with the other passes: read once)
-      elements, loops = _thread_elements(size, lane, count, group), None
+      elements, loops = _thread_elements(size, lane, count, group, top), None
     else:
       blocked = any(red.arg is Ops.ADD and dtypes.is_float(red.dtype) for red in reds)
       loops = [new_range(k) for k in sum_levels(count, blocked)]
-      element = _flat_index(loops) * group + lane
-      valid = element.lt(size) if prod(r.src[0].arg for r in loops) * group != size else None
+      if top:   # a contiguous chunk of `count` elements a thread
+        step = _flat_index(loops)
+        element = lane * count + step
+        valid = element.lt(size) if count * group != size else None
+        if prod(r.src[0].arg for r in loops) != count:
+          valid = step.lt(count) if valid is None else step.lt(count) & valid
+      else:
+        element = _flat_index(loops) * group + lane
+        valid = element.lt(size) if prod(r.src[0].arg for r in loops) * group != size else None
       elements = [(element if valid is None else valid.where(element, UOp.const(INT, size - 1)), valid)]
     for k, red in enumerate(reds):
       bodies = []
@@ -422,8 +449,8 @@ def group_rows(sink: UOp) -> UOp | None:
   if plan.elementwise is not None:
     size = plan.elementwise.src[0].arg
     count = -(-size // group)
-    elements = _thread_elements(size, lane, count, group) if count <= MAX_UNROLLED_ROW else \
-      [_split_over_threads(size, lane, new_range(count), group)]
+    elements = _thread_elements(size, lane, count, group, top) if count <= MAX_UNROLLED_ROW else \
+      [_split_over_threads(size, lane, new_range(count), group, top)]
   # the block's row (its rows, with several a block: the last block's rows past the end read the last row and
   # store nothing)
   blocks = -(-n_rows // per_block)
@@ -449,12 +476,32 @@ def group_rows(sink: UOp) -> UOp | None:
     grouped = _substitute(grouped, _unflatten(row, list(plan.rows)))
   return graph_rewrite(grouped, symbolic, name="gpudims group")
 
+def default_row_split(plan: RowPlan) -> tuple[int, int]:
+  """(threads a row, rows a block) that a row kernel gets without GPU actions: `row_lanes` threads a row and
+  ROW_BLOCK_THREADS of threads a block for MULTI_ROW_MIN rows or more of at most MULTI_ROW_MAX elements, else a
+  block of `row_group_size` threads a row."""
+  longest = max([prod(r.src[0].arg for r in ranges) for ranges, _ in plan.groups] +
+                ([plan.elementwise.src[0].arg] if plan.elementwise is not None else []))
+  n_rows = prod(r.src[0].arg for r in plan.rows) if plan.rows else 1
+  if n_rows >= MULTI_ROW_MIN and longest <= MULTI_ROW_MAX:
+    group = row_lanes(longest, n_rows)
+    return group, max(1, ROW_BLOCK_THREADS // group)
+  return row_group_size(longest), 1
+
+def default_grid(plan: RowPlan) -> tuple[int, int] | None:
+  """(threads a block, blocks) of the grid reduction a row kernel gets without GPU actions, or None (one block)."""
+  if plan.rows or plan.elementwise is not None or len(plan.groups) != 1: return None
+  return (GROUP_SIZE, GRID_BLOCKS) if prod(r.src[0].arg for r in plan.groups[0][0]) >= MIN_GRID_REDUCED else None
+
 def map_axes_to_gpu(sink: UOp) -> UOp:
   """A lowered (and optimized) kernel with its mappable output ranges replaced by the thread index (see the module
   docstring); a kernel with none is returned as it is (it runs as one thread). A kernel of one long reduction
   becomes one block per row instead (`group_rows`), and a matmul-shaped one shared-memory tiles
-  (kiln/codegen/gpu_tiles.py)."""
+  (kiln/codegen/gpu_tiles.py). A kernel with GPU actions recorded on its SINK (kiln/codegen/opt/kernel.py
+  GPUChoices) is mapped as they chose (`map_chosen`)."""
   from kiln.codegen.gpu_tiles import tile_matmul
+  from kiln.codegen.opt.kernel import gpu_choices
+  if (choices := gpu_choices(sink)) is not None: return map_chosen(sink.replace(arg=None), choices)
   if (tiled := tile_matmul(sink)) is not None: return tiled
   if (grouped := group_rows(sink)) is not None: return grouped
   mapped = mappable_ranges(sink)
@@ -480,6 +527,73 @@ def map_axes_to_gpu(sink: UOp) -> UOp:
         store = store.replace(src=(*store.src[:3], gate))
       copies.append(_substitute(store, values))
   return graph_rewrite(sink.replace(src=tuple(copies)), symbolic, name="gpudims")
+
+def map_chosen(sink: UOp, choices) -> UOp:
+  """A kernel mapped as its GPU actions chose (kiln/codegen/opt/kernel.py, which checked them): a GROUP makes it a
+  row kernel (`group_rows` with the chosen threads a row, rows a block and grid blocks); otherwise each mapped range
+  is split by its LOCALs and UPCASTs in order (`rest = rest' * k + part`), the LOCAL parts become `lidx0` (the
+  parts of later ranges, and of one range the finer ones, fastest), the rests `gidx0` (the last range fastest), and
+  the UPCAST parts copies of every store in each thread. Without a LOCAL the rests are flattened into threads as a
+  kernel without actions is (`block_size` threads a block, the last block guarded)."""
+  from kiln.codegen.opt.kernel import OptOps
+  ranges = {u.arg: u for u in toposort([sink]) if u.op is Ops.RANGE}
+  grouped = choices.of(OptOps.GROUP, OptOps.GROUPTOP)
+  if grouped:
+    rows_a_block = prod(k for _, _, k in choices.of(OptOps.LOCAL))
+    out = group_rows(sink, grouped[0][2], rows_a_block, grouped[0][0] is OptOps.GROUPTOP,
+                     grouped[1][2] if len(grouped) > 1 else None)
+    if out is None: raise RuntimeError(f"gpudims: the kernel's GPU actions {choices.actions} do not fit it")
+    return out
+  mapped = mappable_ranges(sink)
+  next_id = 1 + max((i for i in ranges if isinstance(i, int)), default=0)
+  def part(size: int) -> UOp:   # a placeholder for one part of a range, substituted below
+    nonlocal next_id
+    next_id += 1
+    return UOp(Ops.RANGE, INT, (UOp.const(INT, size),), next_id - 1)
+  splits: dict[UOp, list[tuple[OptOps, int]]] = {r: [] for r in mapped}
+  for op, rid, k in choices.of(OptOps.LOCAL, OptOps.UPCAST):
+    if ranges.get(rid) not in splits: raise RuntimeError(f"gpudims: GPU action {op.name} on loop {rid}, not mapped")
+    splits[ranges[rid]].append((op, k))
+  locals_, rests, upcasts, forms = [], [], [], {}
+  for position, rng in enumerate(mapped):
+    multiplier, rest, terms = 1, rng.src[0].arg, []
+    for op, k in splits[rng]:
+      piece = part(k)
+      (locals_ if op is OptOps.LOCAL else upcasts).append(((position, -multiplier), piece))
+      terms.append(piece * multiplier if multiplier != 1 else piece)
+      multiplier, rest = multiplier * k, rest // k
+    if rest > 1:
+      piece = part(rest)
+      rests.append(piece)
+      terms.append(piece * multiplier if multiplier != 1 else piece)
+    forms[rng] = sum(terms[1:], terms[0]) if terms else UOp.const(INT, 0)
+  threads: dict[UOp, UOp] = {}
+  guard = None
+  total = prod(p.src[0].arg for p in rests)
+  if locals_:
+    pieces = [p for _, p in sorted(locals_, key=lambda t: t[0])]
+    threads.update(_unflatten(UOp(Ops.SPECIAL, INT, (), ("lidx0", prod(p.src[0].arg for p in pieces))), pieces))
+    if rests: threads.update(_unflatten(UOp(Ops.SPECIAL, INT, (), ("gidx0", total)), rests) if total > 1 else
+                             {p: UOp.const(INT, 0) for p in rests})
+  elif rests:
+    local = block_size(total)
+    groups = -(-total // local)
+    lidx = UOp(Ops.SPECIAL, INT, (), ("lidx0", local))
+    thread = lidx if groups == 1 else UOp(Ops.SPECIAL, INT, (), ("gidx0", groups)) * local + lidx
+    if groups * local != total:
+      guard = thread.lt(total)
+      thread = guard.where(thread, UOp.const(INT, total - 1))
+    threads.update(_unflatten(thread, rests))
+  copies: list[UOp] = []
+  pieces = [p for _, p in upcasts]
+  for lanes in itertools.product(*(range(p.src[0].arg) for p in pieces)):
+    at = {**threads, **{p: UOp.const(INT, c) for p, c in zip(pieces, lanes)}}
+    values = {rng: _substitute(form, at) for rng, form in forms.items()}
+    for store in sink.src:
+      if guard is not None and store.op is Ops.STORE:
+        store = store.replace(src=(*store.src[:3], guard if len(store.src) == 3 else store.src[3] & guard))
+      copies.append(_substitute(store, values))
+  return graph_rewrite(sink.replace(src=tuple(dict.fromkeys(copies))), symbolic, name="gpudims chosen")
 
 def _unflatten(thread: UOp, mapped: list[UOp]) -> dict[UOp, UOp]:
   """Each mapped range's value at flat thread index `thread` (the last range fastest)."""

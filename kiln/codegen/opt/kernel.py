@@ -36,6 +36,23 @@ kernel without knowing about the optimizer:
   address (the same bits: refused for kernels that read a buffer they write); on a reduce axis each REDUCE adds the
   reduce op's identity instead (`where(r_padded < size, body, identity)`). Clamped, every load stays in bounds, and
   the extra work is at most k-1 iterations.
+GPU actions, for a Kernel made with a GPU target (`target.has_local`; kiln/codegen/opt/gpu_heuristic.py GPUTarget).
+They do not rewrite the graph: each is validated against the kernel and recorded, in order, on the SINK's arg (a
+GPUChoices), and the axis-mapping stage (kiln/codegen/gpudims.py `map_axes_to_gpu`) builds what they chose; a SINK
+without them is mapped by gpudims' own defaults. They come after every graph-rewriting action (which a kernel with
+GPU actions refuses), so the loop ids they name stay valid. Each splits the part of its axis that no earlier action
+took (the axis' *rest*) as `rest = rest' * k + part`, the new part innermost (GROUPTOP: outermost):
+- LOCAL an output axis by k: the part's k iterations are threads of one block (`lidx0`, the parts of later axes,
+  and of one axis the finer ones, fastest); the rests left of the thread-mapped axes make the grid (`gidx0`). Only
+  for axes the mapping may put on threads (`gpudims.mappable_ranges`: disjoint stores), k dividing the rest, at most
+  `target.local_max` threads a block. On a row kernel after a GROUP: k rows a block (a power of two).
+- UPCAST an output axis by k (on a GPU target): the part's k iterations are k copies of the body in each thread, a
+  register tile; after a LOCAL of the same axis the copies are a block apart (every warp access stays coalesced),
+  before it they are k adjacent elements (one 16-byte access per 4 floats where the renderer merges them).
+- GROUP a reduce axis of a row kernel (`gpudims.row_plan`: reductions over whole rows) by k (a power of two): k
+  threads share each row, thread `lane` reducing elements `j*k + lane` (GROUPTOP: `lane*n/k + j`, a contiguous
+  chunk each) into a shared array combined in a tree of barrier-separated rounds. A second GROUP of a full reduction
+  (no row) by b spreads it over b blocks, the last to finish combining the blocks' partials (a grid reduction).
 An action that does not fit the kernel raises KernelOptError and leaves the kernel as it was.
 """
 from __future__ import annotations
@@ -55,7 +72,25 @@ class OptOps(enum.Enum):
   accumulators), PADTO (an axis to a multiple of `arg`), BLOCKSUM (a reduce axis into blocks summed separately)."""
   UPCAST = "upcast"; UNROLL = "unroll"; SWAP = "swap"; KBLOCK = "kblock"; SPLIT = "split"; LANES = "lanes"
   PADTO = "padto"; BLOCKSUM = "blocksum"
+  # GPU actions (module docstring): block threads over an output axis, a row's reduction over a block's threads
+  LOCAL = "local"; GROUP = "group"; GROUPTOP = "grouptop"
   def __repr__(self) -> str: return f"OptOps.{self.name}"
+
+GPU_ONLY_OPS = frozenset({OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP})
+
+@dataclass(frozen=True)
+class GPUChoices:
+  """The GPU actions chosen for a kernel, recorded on its SINK's arg for the axis-mapping stage: (op, the loop id of
+  the range it splits, amount), in the order they were applied."""
+  actions: tuple[tuple[OptOps, int, int], ...]
+
+  def of(self, *ops: OptOps) -> list[tuple[OptOps, int, int]]:
+    """The actions of kinds `ops`, in order."""
+    return [a for a in self.actions if a[0] in ops]
+
+def gpu_choices(sink: UOp) -> GPUChoices | None:
+  """The GPU actions recorded on a kernel's SINK, or None."""
+  return sink.arg if isinstance(sink.arg, GPUChoices) else None
 
 @dataclass(frozen=True)
 class Opt:
@@ -67,6 +102,19 @@ class Opt:
   def __repr__(self) -> str: return f"Opt({self.op!r}, {self.axis}, {self.arg})"
 
 MAX_UNROLLED = 256   # the most copies of a kernel's body that UPCASTs and UNROLLs may make together
+MAX_GPU_UPCAST = 32   # a GPU thread's register tile: at most this many copies of the body (255 registers a thread)
+MAX_GRID_BLOCKS = 65535   # the blocks a grid reduction may spread over
+DEFAULT_LOCAL_MAX = 1024   # threads a block where the target does not say (every CUDA GPU since Fermi)
+# what `possible_opts` offers a GPU kernel (BEAM): threads a block over an output axis, threads a row, grid blocks
+GPU_LOCAL_SIZES = (16, 32, 64, 128, 256, 512)
+GPU_ROWS_A_BLOCK = (2, 4, 8, 16, 32)   # LOCAL after a GROUP: rows a block
+GPU_GROUP_SIZES = (8, 16, 32, 64, 128, 256, 512)
+GPU_GRID_BLOCKS = (512, 1024, 2048)
+
+def prod_of(values) -> int:
+  out = 1
+  for v in values: out *= v
+  return out
 KBLOCK_SIZES = (64, 128, 256, 512)   # the block lengths `possible_opts` offers (BEAM) for KBLOCK
 _KBLOCK_DTYPES = (dtypes.float32, dtypes.float64)   # float sums kept at full width in memory between blocks
 
@@ -95,6 +143,18 @@ def forget_graphs() -> None:
   """Drop the remembered kernel graphs (`graph_nodes`): called when codegen is done, so that the last kernels'
   graphs (thousands of nodes) are freed rather than kept for the garbage collector to scan again and again."""
   _recent_graphs.clear()
+  _gpu_facts.clear()
+
+_gpu_facts: dict[UOp, tuple] = {}   # a kernel graph (without GPU choices) -> (mappable ranges, row plan)
+
+def _mapping_facts(sink: UOp) -> tuple:
+  """(gpudims.mappable_ranges, gpudims.row_plan) of a kernel graph, remembered for the last few graphs (the GPU
+  actions' checks and `possible_opts` ask for them many times)."""
+  from kiln.codegen import gpudims
+  if (facts := _gpu_facts.get(sink)) is not None: return facts
+  if len(_gpu_facts) >= _RECENT_GRAPHS: del _gpu_facts[next(iter(_gpu_facts))]
+  facts = _gpu_facts[sink] = (gpudims.mappable_ranges(sink), gpudims.row_plan(sink))
+  return facts
 
 def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
   """`root` with every node in `mapping` replaced by its value (values are not searched again)."""
@@ -242,9 +302,12 @@ class Kernel:
   position in this list, as it is when the Opt is applied (splits keep positions; a split that leaves a loop of one
   iteration removes the axis).
   """
-  def __init__(self, sink: UOp):
+  def __init__(self, sink: UOp, target: object = None):
     if sink.op is not Ops.SINK: raise KernelOptError(f"Kernel: expected a lowered SINK, got {sink.op.name}")
     self.sink = self.lowered = sink   # (`lowered`: the graph before any action)
+    # the target the actions are for: a GPU one (`has_local`) takes the GPU actions (module docstring)
+    self.target = target
+    self.gpu = bool(getattr(target, "has_local", False))
     self.applied: list[Opt] = []
     self.unrolled = 1   # copies of the body made so far
     self.overlapped = False   # an UPCAST's last tile overlaps the one before it (its lanes store twice)
@@ -299,6 +362,14 @@ class Kernel:
     if not 0 <= opt.axis < len(axes):
       raise KernelOptError(f"{opt}: the kernel has {len(axes)} axes (sizes {[self.size(r) for r in axes]})")
     rng = axes[opt.axis]
+    if opt.op in GPU_ONLY_OPS or (self.gpu and opt.op is OptOps.UPCAST):
+      self.sink = self._gpu_action(opt, axes)
+      self.applied.append(opt)
+      if opt.op is OptOps.UPCAST: self.unrolled *= opt.arg
+      return self
+    if self.gpu_actions:
+      raise KernelOptError(f"{opt}: the kernel has GPU actions already ({self.gpu_actions}); actions that rewrite "
+                           f"its loops come before them")
     if opt.op is OptOps.SWAP: new_sink = self._swap(opt, axes)
     elif opt.op is OptOps.KBLOCK: new_sink = self._kblock(opt, axes)
     elif opt.op is OptOps.SPLIT: new_sink = self._split_loop(opt, axes)
@@ -336,6 +407,119 @@ class Kernel:
     self.sink = new_sink
     self.applied.append(opt)
     return self
+
+  # ---- GPU actions ----
+  @property
+  def gpu_actions(self) -> tuple[tuple[OptOps, int, int], ...]:
+    """The GPU actions recorded so far, as (op, loop id, amount)."""
+    choices = gpu_choices(self.sink)
+    return choices.actions if choices is not None else ()
+
+  def _gpu_action(self, opt: Opt, axes: list[UOp]) -> UOp:
+    """The kernel with GPU action `opt` recorded on its SINK (module docstring), after checking that the mapping
+    stage can build it; KernelOptError otherwise."""
+    if not self.gpu:
+      raise KernelOptError(f"{opt}: {opt.op.name} needs a GPU target (threads, blocks and shared memory)")
+    rng, size, k = axes[opt.axis], self.size(axes[opt.axis]), opt.arg
+    if size is None: raise KernelOptError(f"{opt}: axis {opt.axis} has a symbolic size")
+    if not isinstance(k, int) or isinstance(k, bool) or k < 2:
+      raise KernelOptError(f"{opt}: the amount must be an integer >= 2")
+    actions = self.gpu_actions
+    graph = self.sink.replace(arg=None)
+    mapped, plan = _mapping_facts(graph)
+    local_max = getattr(self.target, "local_max", DEFAULT_LOCAL_MAX)
+    by_id = {r.arg: r for r in axes}
+    grouped = [a for a in actions if a[0] in (OptOps.GROUP, OptOps.GROUPTOP)]
+    splits = [a for a in actions if a[0] in (OptOps.LOCAL, OptOps.UPCAST)]
+    locals_k = prod_of(a[2] for a in actions if a[0] is OptOps.LOCAL)
+    power_of_two = k & (k - 1) == 0
+    if opt.op in (OptOps.GROUP, OptOps.GROUPTOP):
+      if not self.is_reduce(opt.axis):
+        raise KernelOptError(f"{opt}: axis {opt.axis} is an output axis; {opt.op.name} splits a reduce axis")
+      if plan is None:
+        raise KernelOptError(f"{opt}: not a row kernel (reductions over whole rows, at most one elementwise pass "
+                             f"over the row: kiln/codegen/gpudims.py row_plan); its reductions stay in each thread")
+      group = next((ranges for ranges, _ in plan.groups if rng in ranges), None)
+      if group is None: raise KernelOptError(f"{opt}: no reduction of the row kernel is over axis {opt.axis}")
+      if splits: raise KernelOptError(f"{opt}: GROUP comes before LOCAL and UPCAST ({splits})")
+      if not power_of_two: raise KernelOptError(f"{opt}: the threads that share a row must be a power of two")
+      length = max([prod_of(self.size(r) for r in ranges) for ranges, _ in plan.groups] +
+                   ([self.size(plan.elementwise)] if plan.elementwise is not None else []))
+      if not grouped:
+        if k > local_max: raise KernelOptError(f"{opt}: more than {local_max} threads a block")
+        if k > length: raise KernelOptError(f"{opt}: {k} threads for a reduction of {length} elements")
+      elif len(grouped) == 1:   # the grid: b blocks share a full reduction
+        threads = grouped[0][2]
+        if opt.op is OptOps.GROUPTOP or grouped[0][0] is OptOps.GROUPTOP:
+          raise KernelOptError(f"{opt}: a grid reduction's blocks and threads split its axis with GROUP")
+        if plan.rows or plan.elementwise is not None or len(plan.groups) != 1:
+          raise KernelOptError(f"{opt}: only a full reduction (one reduction, no row, no elementwise pass) spreads "
+                               f"over several blocks")
+        if k % threads or k > MAX_GRID_BLOCKS or k * threads > length:
+          raise KernelOptError(f"{opt}: the blocks must be a multiple of the block's {threads} threads, at most "
+                               f"{MAX_GRID_BLOCKS}, with at least one element a thread ({length} elements)")
+      else: raise KernelOptError(f"{opt}: the kernel's reduction is split over threads and blocks already")
+    elif opt.op is OptOps.LOCAL:
+      if self.is_reduce(opt.axis):
+        raise KernelOptError(f"{opt}: axis {opt.axis} is a reduce axis; LOCAL splits output axes (use GROUP)")
+      if grouped:   # a row kernel: k rows a block
+        if len(grouped) > 1 or rng not in plan.rows:
+          raise KernelOptError(f"{opt}: after a GROUP, LOCAL gives a block several rows: axis {opt.axis} is no row")
+        rows = prod_of(self.size(r) for r in plan.rows)
+        if not power_of_two or grouped[0][2] * locals_k * k > local_max or locals_k * k > rows:
+          raise KernelOptError(f"{opt}: rows a block must be a power of two, at most {rows} rows and {local_max} "
+                               f"threads")
+      else:
+        self._check_mapped(opt, rng, mapped, size, by_id)
+        if locals_k * k > local_max: raise KernelOptError(f"{opt}: more than {local_max} threads a block")
+    else:   # UPCAST on a GPU: a register tile in each thread
+      if self.is_reduce(opt.axis):
+        raise KernelOptError(f"{opt}: axis {opt.axis} is a reduce axis; UPCAST splits output axes (use UNROLL)")
+      if grouped: raise KernelOptError(f"{opt}: a row kernel's threads keep their elements already (GROUP)")
+      self._check_mapped(opt, rng, mapped, size, by_id)
+      upcasts = prod_of(a[2] for a in actions if a[0] is OptOps.UPCAST)
+      if upcasts * k > MAX_GPU_UPCAST or self.unrolled * k > MAX_UNROLLED:
+        raise KernelOptError(f"{opt}: a thread would hold {upcasts * k} copies of the body (at most "
+                             f"{MAX_GPU_UPCAST})")
+    return graph.replace(arg=GPUChoices(actions + ((opt.op, rng.arg, k),)))
+
+  def _check_mapped(self, opt: Opt, rng: UOp, mapped: list[UOp], size: int, by_id: dict) -> None:
+    """KernelOptError unless output range `rng` goes on threads and the amount divides what earlier splits left."""
+    if rng not in mapped:
+      raise KernelOptError(f"{opt}: axis {opt.axis} stays a loop in each thread (its iterations may touch one "
+                           f"address, or a reduction does not depend on it: kiln/codegen/gpudims.py)")
+    rest = size // prod_of(a[2] for a in self.gpu_actions if a[1] == rng.arg and a[0] in (OptOps.LOCAL, OptOps.UPCAST))
+    if rest % opt.arg: raise KernelOptError(f"{opt}: {opt.arg} does not divide the {rest} iterations of axis "
+                                            f"{opt.axis} left by earlier actions")
+
+  def _gpu_possible_opts(self, amounts: tuple[int, ...]) -> list[Opt]:
+    """`possible_opts` on a GPU target: UNROLL and SWAP (before any GPU action), then LOCAL, UPCAST, GROUP and
+    GROUPTOP where they would be accepted."""
+    axes, n_out = self.axes, len(self.output_axes)
+    candidates: list[Opt] = []
+    if not self.gpu_actions:
+      for axis, rng in enumerate(axes):
+        size = self.size(rng)
+        if axis >= n_out and size is not None:
+          candidates += [Opt(OptOps.UNROLL, axis, k) for k in (2, 4) if size % k == 0 and size > k]
+        other_kind = range(n_out, len(axes)) if axis >= n_out else range(n_out)
+        candidates += [Opt(OptOps.SWAP, axis, other) for other in other_kind if other > axis]
+    grouped = any(a[0] in (OptOps.GROUP, OptOps.GROUPTOP) for a in self.gpu_actions)
+    for axis in range(len(axes)):
+      if axis < n_out:
+        candidates += [Opt(OptOps.LOCAL, axis, k) for k in (GPU_ROWS_A_BLOCK if grouped else GPU_LOCAL_SIZES)]
+        candidates += [Opt(OptOps.UPCAST, axis, k) for k in amounts if k <= 8]
+      else:
+        candidates += [Opt(op, axis, k) for op in (OptOps.GROUP, OptOps.GROUPTOP) for k in GPU_GROUP_SIZES]
+        candidates += [Opt(OptOps.GROUP, axis, k) for k in GPU_GRID_BLOCKS]
+    opts = []
+    for opt in dict.fromkeys(candidates):
+      try:
+        if opt.op in GPU_ONLY_OPS or opt.op is OptOps.UPCAST: self._gpu_action(opt, axes)
+        elif opt.op is OptOps.SWAP: self._swap(opt, axes)
+      except KernelOptError: continue
+      opts.append(opt)
+    return opts
 
   def _swap(self, opt: Opt, axes: list[UOp]) -> UOp:
     """Two axes of one kind trade loop positions (their loop ids)."""
@@ -520,7 +704,9 @@ class Kernel:
   def possible_opts(self, amounts: tuple[int, ...] = (2, 3, 4, 8, 16),
                     block_sizes: tuple[int, ...] = KBLOCK_SIZES) -> list[Opt]:
     """Every action that would apply to the kernel as it is now (what BEAM search and the tests enumerate); KBLOCK
-    is offered with `block_sizes` where it would be accepted."""
+    is offered with `block_sizes` where it would be accepted. A GPU kernel gets the GPU actions instead
+    (`_gpu_possible_opts`)."""
+    if self.gpu: return self._gpu_possible_opts(amounts)
     axes, n_out = self.axes, len(self.output_axes)
     opts = []
     for axis, rng in enumerate(axes):

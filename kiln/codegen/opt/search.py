@@ -6,6 +6,11 @@ kernel's real buffers, and keeps the n fastest of old and new. The search stops 
 when no action applies, or after `BEAM_TIMEOUT` seconds. The heuristics' choice is always a candidate, so a search
 never does worse than the default.
 
+On a GPU target (the device's renderer `has_local`) the kernel is a GPU Kernel: its actions are the GPU ones (LOCAL,
+GROUP/GROUPTOP, UPCAST as a thread's register tile; UNROLL and SWAP before them: `Kernel.possible_opts`), the
+heuristics' candidate is the GPU heuristics' (kiln/codegen/opt/gpu_heuristic.py), and the candidates' choices ride
+on their SINKs to the axis-mapping stage, which builds them.
+
 The winner is checked against the unoptimized kernel on the same inputs before it is used (a winner that computes
 something else is refused and reported), then written to an sqlite database in the cache directory, keyed by the
 kernel, the device's compiler and the search width, so later runs and other processes skip the search.
@@ -58,9 +63,24 @@ def cache_put(key: str, opts: Sequence[Opt]) -> None:
 # ---------------- the search ----------------
 
 def _clone(kernel: Kernel) -> Kernel:
-  copy = Kernel(kernel.sink)
-  copy.applied, copy.unrolled = list(kernel.applied), kernel.unrolled
+  copy = Kernel(kernel.sink, kernel.target)
+  copy.applied, copy.unrolled, copy.overlapped = list(kernel.applied), kernel.unrolled, kernel.overlapped
   return copy
+
+def _heuristic(kernel: Kernel) -> list[Opt]:
+  """The heuristics' actions for `kernel` (a GPU Kernel gets the GPU heuristics'), applied in place."""
+  if kernel.gpu:
+    from kiln.codegen.opt.gpu_heuristic import gpu_heuristic_opts
+    return gpu_heuristic_opts(kernel)
+  return heuristic_opts(kernel)
+
+def search_target(device) -> object:
+  """The target a search on `device` plans for: a GPU's description where its renderer has threads and blocks
+  (kiln/codegen/opt/gpu_heuristic.py gpu_target), else None (the CPU's actions)."""
+  renderer = getattr(device, "renderer", None)
+  if not getattr(renderer, "has_local", False): return None
+  from kiln.codegen.opt.gpu_heuristic import gpu_target
+  return gpu_target(getattr(renderer, "target", None))
 
 def _extensions(kernel: Kernel) -> list[Kernel]:
   """`kernel` with one more action, for every action that applies."""
@@ -74,13 +94,13 @@ def _extensions(kernel: Kernel) -> list[Kernel]:
 # after the deadline (a `time.perf_counter()` value)
 Timer = Callable[[Sequence[Kernel], float], list[float]]
 
-def beam_search(sink: UOp, time_kernels: Timer, width: int, timeout_s: float) -> Kernel:
-  """The fastest kernel found by a `width`-wide beam over actions on `sink`, timed by `time_kernels` (seconds per
-  kernel, `inf` for one that failed to compile or run)."""
+def beam_search(sink: UOp, time_kernels: Timer, width: int, timeout_s: float, target: object = None) -> Kernel:
+  """The fastest kernel found by a `width`-wide beam over actions on `sink` for `target` (a GPU one: the GPU
+  actions), timed by `time_kernels` (seconds per kernel, `inf` for one that failed to compile or run)."""
   start = time.perf_counter()
-  base = Kernel(sink)
+  base = Kernel(sink, target)
   heuristic = _clone(base)
-  heuristic_opts(heuristic)   # applies in place
+  _heuristic(heuristic)   # applies in place
   candidates = [base] + ([heuristic] if heuristic.sink is not base.sink else [])
   seen = {k.sink for k in candidates}
   # the unoptimized and the heuristics' kernels are always timed: the search never does worse than the default
@@ -166,16 +186,17 @@ def choose_opts(device, sink: UOp, bufs: list, run_sink: Callable[[UOp, list], f
   present. `run_sink(sink, bufs)` compiles `sink` (memoized by the caller) and runs it once on `bufs`, returning
   seconds. The winner must reproduce the unoptimized kernel's outputs, else the heuristics' choice is used."""
   key = search_key(device, sink, bufs, width, extra_key)
+  target = search_target(device)
   if (opts := cache_get(key)) is not None:
     try:
-      kernel = Kernel(sink)
+      kernel = Kernel(sink, target)
       for opt in opts: kernel.apply(opt)
       return opts
     except KernelOptError: pass   # the cache predates a change to the actions: search again
   start = time.perf_counter()
   scratch = _scratch_copies(bufs)
   timer = make_timer(prepare or (lambda sinks: None), lambda candidate: run_sink(candidate, scratch))
-  winner = beam_search(sink, timer, width, float(BEAM_TIMEOUT.value))
+  winner = beam_search(sink, timer, width, float(BEAM_TIMEOUT.value), target)
   # check the winner against the unoptimized kernel, both starting from the real buffers' contents
   results = []
   for candidate in (sink, winner.sink):
@@ -185,7 +206,7 @@ def choose_opts(device, sink: UOp, bufs: list, run_sink: Callable[[UOp, list], f
   if not outputs_match(*results):
     print(f"BEAM: the winning actions {winner.applied} changed the kernel's result; using the heuristics instead "
           f"(please report this kernel)")
-    return heuristic_opts(Kernel(sink))
+    return _heuristic(Kernel(sink, target))
   if DEBUG >= 1: print(f"BEAM={width}: {winner.applied} in {time.perf_counter() - start:.1f} s")
   cache_put(key, winner.applied)
   return winner.applied

@@ -1,0 +1,125 @@
+"""GPU heuristics: the GPU actions (LOCAL, GROUP/GROUPTOP, UPCAST; kiln/codegen/opt/kernel.py) a kernel gets without
+BEAM, chosen for a GPU target, and `gpu_optimize`, the optimize stage for targets with threads and blocks.
+
+The choices are the axis mapping's own defaults (kiln/codegen/gpudims.py), made explicit, so a kernel maps as it did
+before they were actions:
+- a row kernel (`gpudims.row_plan`) gets GROUP of its first reduce axis by the threads a row (`row_lanes` for many
+  short rows, else `row_group_size`), and LOCAL of its last row axis by the rows a block where several rows share
+  one; a full reduction of MIN_GRID_REDUCED elements or more a second GROUP by GRID_BLOCKS (the grid);
+- any other kernel with thread-mapped output axes gets LOCALs that make `gpudims.block_size` threads a block, taken
+  from the innermost mapped axes outward, and, for a large elementwise kernel (MIN_COARSE_BLOCKS blocks of work or
+  more), an UPCAST by COARSEN of the axis the block's rest comes from (elements a block apart);
+- a matmul-shaped kernel (kiln/codegen/gpu_tiles.py) gets none: the mapping tiles it itself (issue 21 adds the
+  tensor-core action here), and so does a kernel whose block size no LOCALs express exactly (the mapping's guarded
+  last block).
+
+>>> from kiln.uop.ops import UOp, Ops
+>>> from kiln.dtype import dtypes
+>>> r = UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 1 << 24),), 0)
+>>> out = UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0)
+>>> sink = UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (out, r, UOp.const(dtypes.float32, 1.0))),))
+>>> gpu_opts(Kernel(sink, GPUTarget()))
+[Opt(OptOps.LOCAL, 0, 256), Opt(OptOps.UPCAST, 0, 4)]
+"""
+from __future__ import annotations
+from dataclasses import dataclass
+from kiln.helpers import NOLOCALS, NOOPT, prod
+from kiln.uop.ops import UOp, Ops
+from kiln.codegen.opt.kernel import Kernel, Opt, OptOps, KernelOptError
+from kiln.codegen.opt.heuristic import block_long_sums
+
+@dataclass(frozen=True)
+class GPUTarget:
+  """What the GPU heuristics and actions read about a GPU: threads a block (`local_max`), shared memory a block
+  (`shared_max`, bytes, static), `warp_size`, multiprocessors, the widest access a thread makes (`vector_bytes`)
+  and the tensor-core shapes (empty until issue 21). The defaults are the H200's (sm_90)."""
+  arch: str = "sm_90a"
+  local_max: int = 1024
+  shared_max: int = 48 << 10
+  warp_size: int = 32
+  multiprocessors: int = 132
+  global_max: tuple[int, int, int] = (2 ** 31 - 1, 65535, 65535)
+  vector_bytes: int = 16
+  tensor_cores: tuple = ()
+  has_local: bool = True
+
+def gpu_target(target: object = None) -> GPUTarget:
+  """`target` where it describes a GPU (`has_local`), else the default GPUTarget (the renderer gives none yet)."""
+  return target if getattr(target, "has_local", False) else GPUTarget()   # type: ignore[return-value]
+
+def _row_opts(kernel: Kernel, plan) -> list[Opt]:
+  from kiln.codegen import gpudims
+  axes = kernel.axes
+  first_reduce = axes.index(plan.groups[0][0][0])
+  grid = gpudims.default_grid(plan)
+  if grid is not None: return [Opt(OptOps.GROUP, first_reduce, grid[0]), Opt(OptOps.GROUP, first_reduce, grid[1])]
+  group, per_block = gpudims.default_row_split(plan)
+  opts = [Opt(OptOps.GROUP, first_reduce, group)]
+  if per_block > 1 and plan.rows: opts.append(Opt(OptOps.LOCAL, axes.index(plan.rows[-1]), per_block))
+  return opts
+
+def _flat_opts(kernel: Kernel, mapped: list[UOp]) -> list[Opt]:
+  """LOCALs giving `gpudims.block_size` threads a block from the innermost mapped axes outward, and the coarsening
+  UPCAST of a large elementwise kernel; none where they cannot make the mapping's default exactly (a guarded last
+  block)."""
+  from kiln.codegen import gpudims
+  axes = kernel.axes
+  total = prod(r.src[0].arg for r in mapped)
+  local = gpudims.block_size(total)
+  if total % local: return []
+  opts, left, touched = [], local, set()
+  for rng in reversed(mapped):
+    if left == 1: break
+    size = rng.src[0].arg
+    take = size if left % size == 0 else left if size % left == 0 else 0
+    if take == 0: return []
+    opts.append(Opt(OptOps.LOCAL, axes.index(rng), take))
+    left //= take
+    if take == size: touched.add(rng)
+  elementwise = not any(u.op is Ops.REDUCE for u in kernel.sink.toposort())
+  coarsen = gpudims.COARSEN
+  if elementwise and total % (local * coarsen) == 0 and total // (local * coarsen) >= gpudims.MIN_COARSE_BLOCKS:
+    # the copies are a block apart: the lowest digit of the grid's flat index, the rest of the innermost axis that
+    # is not all threads
+    rest = next((r for r in reversed(mapped) if r not in touched), None)
+    taken = next((o.arg for o in opts if rest is not None and o.axis == axes.index(rest)), 1)
+    if rest is None or (rest.src[0].arg // taken) % coarsen: return []
+    opts.append(Opt(OptOps.UPCAST, axes.index(rest), coarsen))
+  return opts
+
+def gpu_opts(kernel: Kernel) -> list[Opt]:
+  """Apply (in place) and return the GPU actions of the module docstring for `kernel` (a Kernel with a GPU target);
+  an action the kernel refuses is left out (the mapping's defaults then hold for what it would have chosen)."""
+  from kiln.codegen.gpu_tiles import matmul_plan
+  from kiln.codegen.opt.kernel import _mapping_facts
+  graph = kernel.sink
+  mapped, plan = _mapping_facts(graph)
+  if not NOLOCALS and matmul_plan(graph) is not None: wanted = []   # shared-memory tiles (kiln/codegen/gpu_tiles.py)
+  elif plan is not None: wanted = _row_opts(kernel, plan)
+  elif mapped: wanted = _flat_opts(kernel, mapped)
+  else: wanted = []
+  chosen = []
+  for opt in wanted:
+    try: kernel.apply(opt)
+    except KernelOptError: break   # (the rest would split what a refused one left)
+    chosen.append(opt)
+  return chosen
+
+def gpu_heuristic_opts(kernel: Kernel) -> list[Opt]:
+  """Everything a GPU kernel gets without BEAM, applied in place: long float sums blocked where no block's threads
+  share them (a row kernel's are split over its threads instead), then the GPU actions (`gpu_opts`)."""
+  from kiln.codegen import gpudims
+  opts = [] if gpudims.groupable(kernel.sink) else block_long_sums(kernel)
+  return opts + gpu_opts(kernel)
+
+def gpu_optimize(lowered: UOp, target: object = None, opts: list[Opt] | None = None) -> UOp:
+  """The optimize stage for a GPU target (`target.has_local`, or None: the default GPUTarget): `opts` applied in
+  order (BEAM's winner), else `gpu_heuristic_opts`; with NOOPT=1 only long float sums are blocked (no GPU action:
+  the mapping's defaults). The kernel's GPU
+  actions ride on its SINK to the axis-mapping stage (kiln/codegen/gpudims.py `map_axes_to_gpu`)."""
+  kernel = Kernel(lowered, gpu_target(target))
+  if opts is not None:
+    for opt in opts: kernel.apply(opt)
+  elif NOOPT: block_long_sums(kernel)   # accuracy is no optimization (as kiln/codegen/opt optimize_kernel)
+  else: gpu_heuristic_opts(kernel)
+  return kernel.sink
