@@ -645,7 +645,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     """
     if _multi.is_multi_device(self.device): return self._assign_multi(x)
     if type(self.device) is str and self.device.startswith("DISK"):   # a file: the bytes are written through at once
-      from kiln.runtime.ops_disk import write_to_disk
+      from kiln.mixin.disk import write_to_disk
       return write_to_disk(self, x)
     if type(x) in (int, float, bool) and self._assign_scalar_now(x): return self
     value = self._assign_value(x)

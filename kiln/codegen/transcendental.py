@@ -42,6 +42,7 @@ from kiln.dtype import DType, dtypes
 from kiln.helpers import TRANSCENDENTAL
 from kiln.uop.ops import UOp, Ops, toposort
 from kiln.uop.pattern import UPat, PatternMatcher, graph_rewrite
+from kiln.uop.mathforms import COS_SHIFT, INV_LN2, cos_argument, exp_argument, tan_argument  # noqa: F401 (re-exported)
 
 # ---------------- small builders ----------------
 
@@ -174,20 +175,12 @@ def exp2_float(x: UOp, fmt: FloatFormat) -> UOp:
 # in 2**'s argument near overflow (60 ulp of the result), so software math recognizes the form (`exp_argument`) and
 # reduces x itself: x = k*ln2 + r with ln2 in two parts (k*ln2_hi exact for every k in range), |r| <= ln2/2, then
 # e**r by its Taylor polynomial (degree 7 / 13: the first dropped term is below 2**-27 / 2**-57).
-INV_LN2 = 1 / math.log(2)
 EXP_LN2_PARTS = {dtypes.float32: (split_const(LN2, 16), float(LN2 - Fraction(split_const(LN2, 16)))),
                  dtypes.float64: (split_const(LN2, 40), float(LN2 - Fraction(split_const(LN2, 40))))}
 EXP_TAYLOR = {dtypes.float32: [1 / math.factorial(n) for n in range(8)],
               dtypes.float64: [1 / math.factorial(n) for n in range(14)]}
 # k beyond these: the result is 0 (below) or inf (above) for every r, so x is clamped there and k always fits
 EXP_K_LIMITS = {dtypes.float32: (-151, 129), dtypes.float64: (-1076, 1025)}
-
-def exp_argument(x: UOp) -> UOp | None:
-  """a where x is the float32/float64 node a * (1/ln2) (the argument of EXP2 in exp(a) as kiln writes it), else None."""
-  if x.op is not Ops.MUL or x.dtype not in FORMATS: return None
-  a, scale = x.src
-  if a.op is Ops.CONST and scale.op is not Ops.CONST: a, scale = scale, a
-  return a if scale.op is Ops.CONST and scale.arg == INV_LN2 else None
 
 def exp_of_reduced(r: UOp, fmt: FloatFormat) -> UOp:
   """e**r for |r| <= ln2/2 (exp's reduced argument; NaN stays NaN)."""
@@ -297,8 +290,6 @@ PIO2_2 = split_const(PIO2 - Fraction(PIO2_1), 33)
 PIO2_3 = split_const(PIO2 - Fraction(PIO2_1) - Fraction(PIO2_2), 33)
 PIO2_4 = float(PIO2 - Fraction(PIO2_1) - Fraction(PIO2_2) - Fraction(PIO2_3))
 CODY_WAITE_LIMIT = 2.0 ** 19 * math.pi / 2
-# SIN(COS_SHIFT - y) is evaluated as cos(y): the quadrant of y's reduction moved by one, no rounded subtraction
-COS_SHIFT = float(PIO2)
 
 def reduce_cody_waite(ax: UOp) -> tuple[UOp, UOp, UOp]:
   """(q, r, r_lo) with ax = q*pi/2 + r + r_lo, |r| <~ pi/4, for 0 <= ax < CODY_WAITE_LIMIT (float64)."""
@@ -467,19 +458,6 @@ def sin_of_widened_float32(x: UOp, quarter_turns: int = 0) -> UOp:
   float64 polynomials, as accurate as the float64 version (kiln/mixin/elementwise.py `_cos_accurate` and
   `_tan_accurate` use it)."""
   return sin_float(x, F32, widened=True, quarter_turns=quarter_turns)
-
-def cos_argument(x: UOp) -> UOp | None:
-  """y where x is the float64 node pi/2 - y (cos(y) as kiln writes it for software math), else None."""
-  if x.op is Ops.SUB and x.dtype == dtypes.float64 and x.src[0].op is Ops.CONST and x.src[0].arg == COS_SHIFT:
-    return x.src[1]
-  return None
-
-def tan_argument(node: UOp) -> UOp | None:
-  """y where node is the float64 FDIV(SIN(y), SIN(pi/2 - y)) (tan(y) as kiln writes it for software math), else None."""
-  if node.op is not Ops.FDIV or node.dtype != dtypes.float64: return None
-  sine, cosine = node.src
-  if sine.op is Ops.SIN and cosine.op is Ops.SIN and cos_argument(cosine.src[0]) is sine.src[0]: return sine.src[0]
-  return None
 
 # ---------------- rules ----------------
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 import contextlib, functools, gc, os, sys, time
 from dataclasses import dataclass, field
 from typing import Callable
-from kiln.uop.spec import check_lowered, check_linear
 from kiln.helpers import (SPEC, NOOPT, DEBUG, VECTORIZE, DISABLE_FAST_IDIV, SPLIT_REDUCEOP, VALIDATE_WITH_CPU, CC,
                           CFLAGS, GlobalCounters, fmt_time, colored, prod)
 from kiln.device import CompilePipeline, Device, Buffer
@@ -12,12 +11,9 @@ from kiln.uop.ops import UOp, Ops, GroupOp
 from kiln.uop.sint import sint_str
 from kiln.schedule.kernelize import ScheduleItem
 from kiln.schedule import cache as schedule_cache
-from kiln.codegen.lowerer import lower_kernel
-from kiln.codegen.gather import rewrite_gathers
-from kiln.codegen.linearizer import linearize
-from kiln.codegen.gpudims import groupable, map_axes_to_gpu, launch_size
-from kiln.codegen.transcendental import TRANSCENDENTAL, apply_software_math
-from kiln.codegen.opt import Kernel, block_long_sums, optimize_kernel
+from kiln.codegen import pipeline
+from kiln.codegen.gpudims import launch_size
+from kiln.codegen.transcendental import TRANSCENDENTAL
 from kiln.codegen.opt.kernel import forget_graphs
 from kiln.codegen.opt.search import BEAM, choose_opts
 from kiln.engine import codegen_cache
@@ -83,18 +79,11 @@ def render_lowered(device: str, name: str, lowered: UOp) -> tuple[str, list[UOp]
   return render_with(Device[device].renderer, name, lowered)
 
 def render_with(renderer, name: str, lowered: UOp) -> tuple[str, list[UOp]]:
-  """`render_lowered` for a renderer rather than a device (a GPU's kernels render on a machine without one)."""
-  if renderer.has_local: lowered = map_axes_to_gpu(lowered)   # output axes -> grid/block indices
-  lowered = apply_software_math(lowered, renderer)   # software exp2/log2/sin, x//c
-  if SPEC: check_lowered(lowered)
-  uops = linearize(lowered)
-  if SPEC: check_linear(uops)
-  if VECTORIZE and hasattr(renderer, "vectorize"): uops = renderer.vectorize(uops)   # opt-in: CRenderer
-  if DEBUG >= 6:
-    for i, u in enumerate(uops): print(f"{i:4d} {u.op.name:14s} {str(u.dtype):16s} {u.arg!r}")
-  source = renderer.render(name, uops)
-  if DEBUG >= 4: print(source)
-  return source, uops
+  """`render_lowered` for a renderer rather than a device (a GPU's kernels render on a machine without one): the
+  pipeline's stages from map_axes on (kiln/codegen/pipeline.py)."""
+  job = pipeline.Job(renderer, name)
+  uops = pipeline.run(lowered, renderer, start="map_axes", stop="plan_threads", job=job)
+  return pipeline.render(uops, job), uops
 
 def _load(device: str, name: str, source: str, uops: list[UOp], lib: bytes) -> CompiledRunner:
   buffer_params, variables = kernel_signature(uops)   # the order the renderer gives the kernel its arguments
@@ -133,9 +122,8 @@ def compile_many(device: str, jobs: list[tuple[str, UOp]],
   return out
 
 def lower_for_codegen(ast: UOp) -> UOp:
-  """A kernel AST lowered to loops and index math, its gathers (one-hot sums over a table) turned into loads: what
-  the optimizer and BEAM start from."""
-  return rewrite_gathers(lower_kernel(ast))
+  """The pipeline's `lower` stage: what the optimizer and BEAM start from."""
+  return pipeline.lower(ast, None)
 
 def _cached_runner(device: str, ast: UOp) -> CompiledRunner | None:
   """The runner of `ast` from its stored codegen result (kiln/engine/codegen_cache.py) and its binary (the compile
@@ -199,7 +187,7 @@ def precompile(items: list[ScheduleItem]) -> None:
   for device, asts in wanted.items():
     if len(asts) < 2 or not Device[device].compiler.runs_in_subprocess: continue
     with _collector_paused():   # optimized and rendered one by one, compiled meanwhile (compile_many)
-      prepare = functools.partial(_prepare_kernel, target=Device[device].renderer.target)
+      prepare = functools.partial(_prepare_kernel, renderer=Device[device].renderer)
       runners = compile_many(device, [(kernel_name(ast), ast) for ast in asts.values()], prepare=prepare)
     for (key, ast), runner in zip(asts.items(), runners):
       if isinstance(runner, Exception): continue
@@ -207,20 +195,13 @@ def precompile(items: list[ScheduleItem]) -> None:
       _remember(device, ast, runner)
 
 def optimize_for(renderer, lowered: UOp, opts: list | None = None) -> UOp:
-  """`optimize_kernel` for `renderer`'s target. A GPU target (`has_local`) gets no CPU heuristics: their register
-  tiles and padded axes would keep output axes off the threads (kiln/codegen/gpudims.py); its kernels run one output
-  per thread, long float sums blocked, until GPU heuristics exist."""
-  if opts is None and renderer.has_local and not NOOPT:
-    if groupable(lowered): return lowered   # a block's threads split the sum (kiln/codegen/gpudims.py)
-    kernel = Kernel(lowered)
-    block_long_sums(kernel)
-    return kernel.sink
-  return optimize_kernel(lowered, opts, renderer.target)
+  """The pipeline's `optimize` stage for `renderer`: `opts`, or its target's heuristics."""
+  return pipeline.optimize(lowered, pipeline.Job(renderer, opts=opts))
 
-def _prepare_kernel(ast: UOp, target=None) -> UOp:
-  """A kernel AST lowered and optimized by the heuristics for `target` (the renderer's): what `render_lowered`
-  takes."""
-  return optimize_kernel(lower_for_codegen(ast), target=target)
+def _prepare_kernel(ast: UOp, renderer=None) -> UOp:
+  """A kernel AST through the pipeline's `lower` and `optimize` stages for `renderer` (default: the CPU's): what
+  `render_lowered` takes."""
+  return pipeline.run(ast, renderer if renderer is not None else Device["CPU"].renderer, stop="optimize")
 
 def _beam_opts(device: str, name: str, lowered: UOp, bufs: list[Buffer], var_vals: dict, width: int) -> list:
   """The actions BEAM search picks for `lowered`, timing candidates on scratch copies of `bufs`."""

@@ -106,7 +106,7 @@ class BytesMixin:
     """
     dtype = dtype_arg(dtype, "bitcast")
     if type(self.device) is str and self.device.startswith("DISK"):   # a file: a view of the same bytes, never a kernel
-      from kiln.runtime.ops_disk import disk_bitcast
+      from kiln.mixin.disk import disk_bitcast
       return self if dtype == self.dtype else disk_bitcast(self, dtype)
     if self.requires_grad: raise RuntimeError(f"bitcast: cannot backpropagate through bitcast; detach() first{where()}")
     if dtype == self.dtype: return self

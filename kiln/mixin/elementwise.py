@@ -148,7 +148,7 @@ class ElementwiseMixin:
     """(sin(x), cos(x)) in float64 for a float32/float64 tensor on a device with kiln's software sin, else None.
 
     cos(y) is written as SIN(pi/2 - y) in float64, which software math evaluates as cos(y) itself: y's reduction
-    with the quadrant moved by one, nothing rounded (kiln/codegen/transcendental.py `cos_argument`); a sin and a cos
+    with the quadrant moved by one, nothing rounded (kiln/uop/mathforms.py `cos_argument`); a sin and a cos
     of one input share their reduction. float32 is widened: those sines are reduced as float32 and returned in
     float64 unrounded. (Elsewhere that graph means sin of the rounded pi/2 - y, tinygrad's cos: good to about
     1e-16 * |y| absolute, so the native formula of _sin_cos is used there.)"""

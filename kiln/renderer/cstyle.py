@@ -16,8 +16,9 @@ Semantics (shared with the PythonRenderer, which is the reference):
 - MAX returns NaN when either float operand is NaN; comparisons give bool; CAST to bool is `!= 0`;
 - a gated LOAD `(buf, idx, gate)` reads `buf[idx]` only when `gate` holds, else gives 0.
 
-Threads: every kernel takes two trailing parameters `int kiln_tid, int kiln_nthreads`. When kiln/codegen/parallel.py
-proves the outermost loop safe to split, that loop runs only thread `kiln_tid`'s contiguous chunk of its iterations,
+Threads: every kernel takes two trailing parameters `int kiln_tid, int kiln_nthreads`. When the thread plan it is
+rendered with (`ThreadPlan`, made by the pipeline's plan_threads stage: kiln/codegen/pipeline.py) splits the
+outermost loop, that loop runs only thread `kiln_tid`'s contiguous chunk of its iterations,
 and the library also exports `<name>_task(void **bufs, const int *vals, int tid, int nthreads)` (a uniform entry point
 for the thread pool, kiln/runtime/threadpool.py) and `const long long <name>_work` (the estimated uops per launch).
 Other kernels ignore the two parameters; calling any kernel with `(0, 1)` runs all of it.
@@ -26,13 +27,11 @@ function and a combining function instead: the kernel runs every chunk itself, a
 a scratch buffer passed after the kernel's buffers (`<name>_chunks`, `<name>_scratch` say how many and how big).
 """
 from __future__ import annotations
-import math, operator
+import math
 from typing import Callable
 from kiln.dtype import DType, dtypes, truncate
-from kiln.renderer import Renderer, kernel_signature, kernel_function_name
-from kiln.codegen.parallel import (FEW_OUTER_ITERATIONS, ParallelLoop, SplitReduction, find_parallel_loop,
-                                   find_split_reduction, streamed_loads)
-from kiln.codegen.transcendental import exp_argument, cos_argument, tan_argument
+from kiln.renderer import ONE_THREAD, Renderer, ThreadPlan, kernel_signature, kernel_function_name
+from kiln.uop.mathforms import exp_argument, cos_argument, tan_argument
 from kiln.uop.ops import UOp, Ops, GroupOp
 
 # the C type a value of each dtype lives in while computing, and the type it is stored as in a buffer
@@ -529,62 +528,26 @@ class CRenderer(Renderer):
   renders_byte_dots = True
   packs_matmul_operands = True   # kiln/schedule/pack.py: matmul 2048 120-138 -> 195 GFLOP/s on a 2-core EPYC
 
-  def render(self, name: str, uops: list[UOp]) -> str:
-    """The C source of function `name` (see the module docstring for the semantics)."""
-    writer = _CKernelWriter(kernel_function_name(name), uops)
+  has_threads = True
+  vectorizes = True   # GNU C vector extensions
+
+  def render(self, name: str, uops: list[UOp], threads: ThreadPlan = ONE_THREAD) -> str:
+    """The C source of function `name` (see the module docstring for the semantics), split over threads as `threads`
+    says."""
+    writer = _CKernelWriter(kernel_function_name(name), uops, threads)
     try: return writer.write()
     finally: writer.statements.clear()   # its own bound methods: a reference cycle, broken so refcounting frees it
 
-  def vectorize(self, uops: list[UOp]) -> list[UOp]:
-    """`uops` with their upcast lanes as vector uops (kiln/codegen/vectorize.py), rendered with GNU C vector
-    extensions. A split reduction's accumulators become vectors too (one partial per lane, combined lane by lane:
-    the same bits). The thread plan must not change: the same split loop, or the same split reduction (loop, outer
-    loops, chunk count, accumulator lanes); otherwise the reduction's accumulators stay scalar, or else the kernel."""
-    from kiln.codegen.vectorize import vectorize
-    parallel, reduction = thread_plan(uops)
-    plan = _plan_shape(parallel, reduction)
-    keeps = [frozenset()]
-    if reduction is not None: keeps.append(frozenset(acc for acc, _ in reduction.accumulators))
-    # one register a vector: wider generic vectors are split by the compiler, and gcc does it badly
-    max_lanes = self.target.float_lanes if self.target is not None else 16
-    byte_dots = self.target.byte_dot_max if self.target is not None else 0
-    for keep in keeps:
-      vector_uops = vectorize(uops, keep, max_lanes, byte_dots)
-      if vector_uops is not uops and _plan_shape(*thread_plan(vector_uops)) == plan: return vector_uops
-    return uops
-
-def _plan_shape(parallel: ParallelLoop | None, reduction: SplitReduction | None) -> tuple:
-  """What of a thread plan must stay the same when a kernel is vectorized (its threads' results depend on it)."""
-  split = None
-  if reduction is not None:
-    split = (reduction.loop, reduction.outer, reduction.chunks, sum(a.dtype.count for a, _ in reduction.accumulators))
-  return (parallel.loop if parallel is not None else None, split)
-
-_last_plan: list = [None, ()]   # the uop list thread_plan saw last (its uops, for `is`) and its plan
-
-def thread_plan(uops: list[UOp]) -> tuple[ParallelLoop | None, SplitReduction | None]:
-  """How a kernel runs on threads: its outermost loop split (kiln/codegen/parallel.py), or, when that is refused or
-  too short, its reduction split into chunks; (None, None) for one thread."""
-  # vectorize plans the list it returns, and render plans the same list again: the plan is made once
-  if _last_plan[0] is not None and len(_last_plan[0]) == len(uops) and all(map(operator.is_, _last_plan[0], uops)):
-    return _last_plan[1]
-  parallel, reduction = find_parallel_loop(uops), None
-  if parallel is None or parallel.loop.src[0].vmax < FEW_OUTER_ITERATIONS:
-    reduction = find_split_reduction(uops)
-    if reduction is not None: parallel = None
-  _last_plan[:] = [tuple(uops), (parallel, reduction)]
-  return parallel, reduction
-
 class _CKernelWriter:
   """Walks one uop list, naming values and emitting lines."""
-  def __init__(self, name: str, uops: list[UOp]):
+  def __init__(self, name: str, uops: list[UOp], threads: ThreadPlan = ONE_THREAD):
     self.name, self.uops = name, uops
     self.names: dict[UOp, str] = {}
     self.lines: list[str] = []
     self.depth = 1
     self.open_ranges: list[str] = []
     self.counter = 0
-    self.parallel, self.reduction = thread_plan(uops)
+    self.parallel, self.reduction, self.streams = threads
     self.reduce_lines = (0, 0)   # where the split reduction's loop starts and ends in self.lines
     self.uses_bf16 = self.uses_half = False
     self.uses_fp8: set[DType] = set()
@@ -697,11 +660,11 @@ class _CKernelWriter:
   def _prefetch_streams(self, loop: UOp, name: str) -> None:
     """At the top of each iteration of the thread-split loop, prefetch the blocks that an iteration PREFETCH_BYTES
     ahead reads from each buffer the loop streams through in small blocks (a matrix-vector product's weight rows:
-    kiln/codegen/parallel.py `streamed_loads`). The hardware prefetcher follows such a stream only a little ahead of
+    the plan's `streams`, from kiln/codegen/parallel.py `streamed_loads`). The hardware prefetcher follows such a stream only a little ahead of
     the loads of a kernel that computes between them: a decode step's Q4_1 matvec 1536x576 streaming from memory
     took 100 us, prefetched 48-72 us (one thread; the same data in cache: 33 us)."""
     streams = [(st, st.stride * st.buffer.dtype.itemsize, (st.high - st.low + 1) * st.buffer.dtype.itemsize)
-               for st in streamed_loads(self.uops, loop)]
+               for st in self.streams]
     streams = [(st, stride, size) for st, stride, size in streams if stride >= 64 and size <= PREFETCH_MAX_BLOCK]
     if not streams: return
     ahead = max(1, -(-PREFETCH_BYTES // max(stride for _, stride, _ in streams)))

@@ -67,26 +67,23 @@ class CUDARenderer(CRenderer):
   device = "CUDA"
   has_local = True   # blocks and threads: kernels go through kiln/codegen/gpudims.py
   packs_matmul_operands = False   # the tile-major copies suit CPU caches (kiln/schedule/pack.py)
+  # a GPU's threads come from SPECIALs (kiln/codegen/gpudims.py), not a thread plan; GNU C vector types are CPU code
+  has_threads = vectorizes = False
 
   def __init__(self, arch: str = "sm_90a"):
     self.arch = arch
 
-  def render(self, name: str, uops: list[UOp]) -> str:
-    """The CUDA C++ source of kernel `name`."""
+  def render(self, name: str, uops: list[UOp], threads=None) -> str:
+    """The CUDA C++ source of kernel `name` (`threads`, a CPU thread plan, is ignored)."""
     writer = _CudaKernelWriter(kernel_function_name(name), uops)
     writer.dependent_launch = dependent_launch(self.arch)
     try: return writer.write()
     finally: writer.statements.clear()   # its own bound methods: a reference cycle, broken so refcounting frees it
 
-  def vectorize(self, uops: list[UOp]) -> list[UOp]:
-    """`uops` unchanged: GNU C vector types are CPU code (16-byte GPU accesses come with the next renderer step)."""
-    return uops
-
 class _CudaKernelWriter(_CKernelWriter):
   """The C kernel writer with SPECIAL thread indices and a `__global__` signature."""
   def __init__(self, name: str, uops: list[UOp]):
     super().__init__(name, uops)
-    self.parallel = self.reduction = None   # the CPU thread plan: a GPU's threads come from SPECIALs instead
     self.statements.update({Ops.SPECIAL: self._special, Ops.DEFINE_LOCAL: self._define_local,
                             Ops.BARRIER: self._barrier, Ops.ATOMIC: self._atomic})
     self.device_arrays: list[str] = []   # file-scope `__device__` arrays (DEFINE_LOCAL with a "device" scope)

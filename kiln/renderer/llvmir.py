@@ -17,7 +17,7 @@ Loops are `phi`-counted blocks; accumulators live in allocas that LLVM's mem2reg
 flags are used: results must match the C and PYTHON devices bit for bit.
 
 Speed comes from what the C path has too: the upcast lanes become vector uops (kiln/codegen/vectorize.py, the same
-pass and thread-plan check as CRenderer.vectorize), rendered as LLVM vectors (`<16 x float>`, bool lanes `<16 x i1>`);
+pass and thread-plan check as for the C renderer: kiln/codegen/pipeline.py), rendered as LLVM vectors (`<16 x float>`, bool lanes `<16 x i1>`);
 a row of gated loads of consecutive elements (a padded window) is one `llvm.masked.load`; buffers are `noalias`; a
 quantized dot product's DP4A is the target's byte dot-product instruction (`byte_dot_method`: VNNI's vpdpbusd, or
 pmaddubsw); a thread-split matrix-vector loop prefetches its streamed rows; and kernels run split across the thread
@@ -29,12 +29,10 @@ import math, struct
 from dataclasses import dataclass
 from typing import Callable
 from kiln.dtype import DType, dtypes, truncate, FP8_VALUES
-from kiln.renderer import Renderer, kernel_signature, kernel_function_name
-from kiln.codegen.parallel import streamed_loads
-from kiln.codegen.transcendental import cos_argument, exp_argument, tan_argument
+from kiln.renderer import ONE_THREAD, Renderer, ThreadPlan, kernel_signature, kernel_function_name
+from kiln.uop.mathforms import cos_argument, exp_argument, tan_argument
 from kiln.renderer.cstyle import (EXACT_FLOAT_OPS, PREFETCH_BYTES, PREFETCH_MAX_BLOCK, SCRATCH_HEADER_BYTES, CRenderer,
-                                  check_alu_dtypes, chunks_symbol, scratch_symbol, task_symbol, thread_plan,
-                                  work_symbol)
+                                  check_alu_dtypes, chunks_symbol, scratch_symbol, task_symbol, work_symbol)
 from kiln.uop.ops import UOp, Ops, GroupOp
 
 FULL_UNROLL_MAX_TRIPS = 16   # loops up to this many iterations may be unrolled whole by LLVM (_LLVMKernelWriter)
@@ -519,14 +517,15 @@ class LLVMRenderer(Renderer):
   renders_math_forms = True   # for TRANSCENDENTAL=0 (math_form; software math rewrites the forms first otherwise)
   packs_matmul_operands = True   # kiln/schedule/pack.py: matmul 1024 76 -> 91, 2048 60 -> 71 GFLOP/s (2-core EPYC)
   renders_byte_dots = True   # DP4A as vpdpbusd/pmaddubsw where the target has them (byte_dot_method)
-  # the same SLP vectorizer and thread plan as the C renderer, checked the same way (see CRenderer.vectorize)
-  vectorize = CRenderer.vectorize
+  # the same vector uops and thread plans as the C renderer (kiln/codegen/pipeline.py)
+  has_threads = vectorizes = True
 
-  def render(self, name: str, uops: list[UOp]) -> str:
-    """The LLVM IR module of function `name` (see the module docstring for the semantics)."""
+  def render(self, name: str, uops: list[UOp], threads: ThreadPlan = ONE_THREAD) -> str:
+    """The LLVM IR module of function `name` (see the module docstring for the semantics), split over threads as
+    `threads` says."""
     target = self.target
     features = target.features if target is not None and target.arch in ("x86_64", "AMD64") else frozenset()
-    writer = _LLVMKernelWriter(kernel_function_name(name), uops, features)
+    writer = _LLVMKernelWriter(kernel_function_name(name), uops, features, threads)
     try: return writer.write()
     finally: writer.statements.clear()   # its own bound methods: a reference cycle, broken so refcounting frees it
 
@@ -554,14 +553,15 @@ class _LLVMKernelWriter:
   combined in chunk order, then the epilogue); the kernel runs every chunk and then finishes, and `<name>_task` runs
   one chunk with the scratch after the buffers (`@<name>_chunks`, `@<name>_scratch`), the last chunk to end finishing.
   """
-  def __init__(self, name: str, uops: list[UOp], features: frozenset[str] = frozenset()):
+  def __init__(self, name: str, uops: list[UOp], features: frozenset[str] = frozenset(),
+               threads: ThreadPlan = ONE_THREAD):
     self.name, self.uops = name, uops
     self.features = features   # the x86 instruction-set flags the code may use (DP4A's instructions), else empty
     self.counter = 0
     self.declarations: dict[str, str] = {}
     self.helpers: dict[str, None] = {}
     self.metadata: list[str] = []   # the module's metadata nodes (loop unroll hints)
-    self.parallel, self.reduction = thread_plan(uops)
+    self.parallel, self.reduction, self.streams = threads
     self.mode = "kernel"   # which function of a split reduction is being written: "part", "finish" (else "kernel")
     self.begin_function()
     self.statements: dict[Ops, Callable[[UOp], None]] = {
@@ -724,7 +724,7 @@ class _LLVMKernelWriter:
     ahead reads from each buffer the loop streams through in small blocks (a matrix-vector product's weight rows),
     as the C renderer does (CRenderer's _prefetch_streams: why, and the figures)."""
     streams = [(st, st.stride * st.buffer.dtype.itemsize, (st.high - st.low + 1) * st.buffer.dtype.itemsize)
-               for st in streamed_loads(self.uops, loop)]
+               for st in self.streams]
     streams = [(st, stride, size) for st, stride, size in streams if stride >= 64 and size <= PREFETCH_MAX_BLOCK]
     if not streams: return
     ahead = max(1, -(-PREFETCH_BYTES // max(stride for _, stride, _ in streams)))

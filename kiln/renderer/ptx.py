@@ -72,8 +72,8 @@ def ptx_const(value, dtype: DType) -> str:
 class PTXRenderer(CUDARenderer):
   """Renders a linearized kernel as a PTX module: `.visible .entry name(.param .u64 data0, ..., .param .s32 var0)`,
   the CUDA C renderer's parameters in its order (kiln.renderer.kernel_signature)."""
-  def render(self, name: str, uops: list[UOp]) -> str:
-    """The PTX text of kernel `name`."""
+  def render(self, name: str, uops: list[UOp], threads=None) -> str:
+    """The PTX text of kernel `name` (`threads`, a CPU thread plan, is ignored)."""
     return _PTXKernelWriter(kernel_function_name(name), uops, self.arch).write()
 
 class _PTXKernelWriter:

@@ -16,7 +16,7 @@ from typing import Callable
 from kiln.dtype import DType, dtypes, truncate, fp8_bits, FP8_VALUES
 from kiln.renderer import Renderer, kernel_signature, kernel_function_name
 from kiln.renderer.cstyle import EXACT_FLOAT_OPS, check_alu_dtypes
-from kiln.codegen.transcendental import exp_argument, cos_argument, tan_argument
+from kiln.uop.mathforms import exp_argument, cos_argument, tan_argument
 from kiln.uop.ops import UOp, Ops, GroupOp
 
 # ---------------- runtime helpers used by the generated code ----------------
@@ -294,8 +294,9 @@ class PythonRenderer(Renderer):
   has_local = False
   renders_math_forms = True
 
-  def render(self, name: str, uops: list[UOp]) -> str:
-    """The Python source of function `name`; see the module docstring for its arguments."""
+  def render(self, name: str, uops: list[UOp], threads=None) -> str:
+    """The Python source of function `name`; see the module docstring for its arguments (`threads` is ignored: the
+    emulator runs a kernel whole)."""
     return _PyKernelWriter(kernel_function_name(name), uops).write()
 
 class _PyKernelWriter:

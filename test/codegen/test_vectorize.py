@@ -14,7 +14,7 @@ from kiln.codegen.opt import Kernel, Opt, OptOps, optimize_kernel
 from kiln.codegen.lowerer import lower_kernel
 from kiln.codegen import parallel
 from kiln.engine import codegen_cache
-from kiln.renderer.cstyle import thread_plan
+from kiln.codegen.pipeline import thread_plan
 from kiln.runtime import ops_cpu
 from kernel_runs import last_kernel_item, run_lowered
 
@@ -217,7 +217,7 @@ def test_split_reduction_vector_accumulators_give_the_same_bits(name, small_spli
   build, reference = SPLIT_CASES[name]
   item = last_kernel_item(build())
   with Context(VECTORIZE=1): _, uops = render_lowered("CPU", "split", optimize_kernel(lower_kernel(item.ast)))
-  _, reduction = thread_plan(uops)
+  reduction = thread_plan(uops).reduction
   assert reduction is not None and reduction.chunks > 1, "not a split reduction"
   assert any(acc.dtype.count > 1 for acc, _ in reduction.accumulators), "the split reduction's accumulators are scalar"
   results = {}

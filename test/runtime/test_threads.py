@@ -178,12 +178,13 @@ def test_forked_child_gets_its_own_pool():
 
 def test_pool_run_directly():
   from kiln.device import Device
+  from kiln.codegen.pipeline import thread_plan
   out, a, r = glob(0), glob(1), loop(1000)
   value = load(a, r)
   doubled = alu(Ops.MUL, value, const(2.0, F32))
   uops = [out, a, r, value, doubled, store(out, r, doubled), end(r)]
   dev = Device["CPU"]
-  program = dev.runtime("pool_direct", dev.compiler.compile_cached(dev.renderer.render("pool_direct", uops)))
+  program = dev.runtime("pool_direct", dev.compiler.compile_cached(dev.renderer.render("pool_direct", uops, thread_plan(uops))))
   assert program.task is not None and program.work == 3000
   src, dst = np.arange(1000, dtype=np.float32), np.zeros(1000, np.float32)
   pool = threadpool.ThreadPool(3)
