@@ -5,7 +5,8 @@ from contextlib import contextmanager
 from typing import Any, Sequence
 import numpy as np
 from kiln.dtype import DType, dtypes, least_upper_dtype, to_numpy_dtype, from_numpy_dtype
-from kiln.helpers import prod, user_frame_location, deep_recursion, gc_paused, TRACEBACK_SOURCE, _KILN_DIR
+from kiln.helpers import prod, user_frame_location, deep_recursion, gc_paused, TRACEBACK_SOURCE, _KILN_DIR, \
+  _user_file_names
 from kiln.uop.ops import UOp, Ops, GroupOp, toposort, const_value
 from kiln.uop.pattern import substitute
 from kiln.uop.sint import ssimplify, sint_eq, sint_min, sint_max, sint_str, ssub, is_symbolic_shape, sint_value, sprod
@@ -1996,13 +1997,25 @@ _LOCATED_ERRORS = (TypeError, ValueError, IndexError, RuntimeError)
 # the public method the user called (outermost), so nodes built inside it are labelled with it in DEBUG output, the
 # user's file:line for that call, found once per call (a frame walk) when the first node needs it, and the label
 # "name file:line" itself, formatted once per call (a graph's every node gets it)
-_user_op: list[str | None] = [None, None, None]
+# [3]: the frame that called the public method in progress (the user's, mostly): the walk for its location starts
+# there instead of at the node being built, a few kiln frames deeper
+_user_op: list = [None, None, None, None]
 
 def _user_location() -> str:
   """The user's 'file.py:LINE' for the public method in progress (looked up once per outermost call)."""
   if _user_op[0] is None: return user_frame_location()
-  if _user_op[1] is None: _user_op[1] = user_frame_location()
+  if _user_op[1] is None: _user_op[1] = _frame_location(_user_op[3])
   return _user_op[1]
+
+def _frame_location(frame) -> str:
+  """helpers.user_frame_location from `frame` outward: 'file.py:LINE' of the first frame outside the kiln package."""
+  names = _user_file_names
+  while frame is not None:
+    filename = frame.f_code.co_filename
+    if (name := names.get(filename, "")) == "": return user_frame_location()   # a file not classified yet
+    if name is not None: return f"{name}:{frame.f_lineno}"
+    frame = frame.f_back
+  return ""
 
 def _op_label(name: str) -> str:
   """'op file:LINE' for a node built now: the public method in progress (remembered for its later nodes), else
@@ -2079,10 +2092,11 @@ def _with_user_location(fn, name: str):
   @functools.wraps(fn)
   def located(*args, **kwargs):
     outermost, saved = _user_op[0] is None, _NOT_SAVED
-    if outermost: _user_op[0] = name
+    if outermost: _user_op[0], _user_op[3] = name, sys._getframe(1)
     elif not sys._getframe(1).f_code.co_filename.startswith(_KILN_DIR):
       # user code called back from inside a public method: its own line (and label)
-      saved, _user_op[1], _user_op[2] = (_user_op[1], _user_op[2]), None, None
+      saved, _user_op[1], _user_op[2], _user_op[3] = (_user_op[1], _user_op[2], _user_op[3]), None, None, \
+        sys._getframe(1)
     try: return fn(*args, **kwargs)
     except _LOCATED_ERRORS as e:
       message = str(e)
@@ -2094,8 +2108,8 @@ def _with_user_location(fn, name: str):
       except Exception: raise e from None   # an exception type with another constructor: leave it as it was
       raise located_error.with_traceback(None) from None
     finally:
-      if outermost: _user_op[0] = _user_op[1] = _user_op[2] = None
-      elif saved is not _NOT_SAVED: _user_op[1], _user_op[2] = saved
+      if outermost: _user_op[0] = _user_op[1] = _user_op[2] = _user_op[3] = None
+      elif saved is not _NOT_SAVED: _user_op[1], _user_op[2], _user_op[3] = saved
   return located
 
 def _locate_tensor_errors() -> None:

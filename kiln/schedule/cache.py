@@ -57,6 +57,7 @@ class _Template:
 # key -> template; least recently used first out: each template remembers the tick of its last use (`used`), so a hit
 # reorders nothing (an OrderedDict's move_to_end hashed the key a second time: ~30 us for the transformer's)
 _templates: dict = {}
+_EVERY_SLOT: list = []   # a template's `inputs` when they are all its slots in order
 _clock = [0]
 _settings: tuple = ()
 stats = {"hits": 0, "misses": 0, "uncached": 0}
@@ -237,7 +238,7 @@ def cached_schedule(roots: list[UOp], schedule_fn: Callable, item_cls: type, sch
     return schedule_fn(roots)
   structure, buffers = found
   settings = _settings_now()   # a setting may change how graphs are cut
-  if settings != _settings: _templates.clear(); _settings = settings   # noqa: E702
+  if settings is not _settings and settings != _settings: _templates.clear(); _settings = settings   # noqa: E702
   template = _templates.get(structure)
   _clock[0] += 1
   if template is None:
@@ -257,14 +258,15 @@ def cached_schedule(roots: list[UOp], schedule_fn: Callable, item_cls: type, sch
   items = [item_cls(ast, [pool[k] for k in refs], metadata) for ast, refs, metadata in template.items]
   results = {}
   for root, (k, shape) in zip(roots, template.results):
-    if k is None: results[root] = root   # a realized view: nothing to compute
-    elif k == "assign": results[root] = assign_result_fn(root)
-    else:
+    if type(k) is int:
       buf = pool[k]
       node = UOp.new_buffer(buf.device, buf.size, buf.dtype)
       node.buffer = buf
       results[root] = view_fn(node, shape)
-  return schedule_cls(items, results, [buffers[k] for k in template.inputs], [buffers[k] for k in template.overwritten])
+    elif k is None: results[root] = root   # a realized view: nothing to compute
+    else: results[root] = assign_result_fn(root)   # "assign"
+  inputs = buffers if template.inputs is _EVERY_SLOT else [buffers[k] for k in template.inputs]
+  return schedule_cls(items, results, inputs, [buffers[k] for k in template.overwritten] if template.overwritten else [])
 
 def _evict() -> None:
   """Drop the least recently used templates down to MAX_ENTRIES."""
@@ -327,4 +329,5 @@ def _make_template(roots: list[UOp], buffers: list[Buffer], schedule) -> _Templa
     for buf in buffers_of_schedule:
       if (k := slot_of.get(id(buf))) is None: return None
       slots.append(k)
+  if inputs == list(range(len(buffers))): inputs = _EVERY_SLOT   # (the common case: a hit passes its buffers on)
   return _Template(items, new, results, inputs, overwritten)

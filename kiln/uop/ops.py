@@ -166,7 +166,7 @@ class UOp:
   @staticmethod
   def new_buffer(device: str, size: int, dtype: DType) -> UOp:
     """A fresh BUFFER node of `size` elements; every call gives a new identity."""
-    return UOp(Ops.BUFFER, dtype, (), (next(_buffer_ids), device, size))
+    return UOp(_BUFFER, dtype, (), (next(_buffer_ids), device, size))
 
   def unique(self) -> UOp:
     """This node's value as a node of its own identity (UNIQUE): never equal to any other node, however built."""
@@ -252,7 +252,7 @@ class UOp:
   def base(self) -> UOp:
     """This node with movement ops peeled off."""
     node = self
-    while node.op in GroupOp.Movement: node = node.src[0]
+    while node.op in _MOVEMENT: node = node.src[0]
     return node
 
   @property
@@ -340,10 +340,10 @@ class UOp:
   # ---------------- tensor-level construction (shapes are checked by Tensor before these are called) ----------------
   def reshape(self, shape: tuple[int, ...]) -> UOp:
     """This node viewed with `shape` (itself if the shape is unchanged)."""
-    return self if self.shape == tuple(shape) else UOp(Ops.RESHAPE, self.dtype, (self,), tuple(shape))
+    return self if self.shape == tuple(shape) else UOp(_RESHAPE, self.dtype, (self,), tuple(shape))
   def expand(self, shape: tuple[int, ...]) -> UOp:
     """This node broadcast to `shape` (itself if the shape is unchanged)."""
-    return self if self.shape == tuple(shape) else UOp(Ops.EXPAND, self.dtype, (self,), tuple(shape))
+    return self if self.shape == tuple(shape) else UOp(_EXPAND, self.dtype, (self,), tuple(shape))
   def permute(self, order: tuple[int, ...]) -> UOp:
     """This node with its axes reordered by `order` (itself for the identity order)."""
     return self if tuple(order) == tuple(range(len(order))) else UOp(Ops.PERMUTE, self.dtype, (self,), tuple(order))
@@ -473,8 +473,8 @@ def _compute_shape(u: UOp):
       if s.shape is not None: return s.shape
     return None
   if op in _VIEW_OPS: return tuple(u.arg)
-  if op is Ops.BUFFER: return (u.arg[2],)
-  if op is Ops.CONST: return () if u.src else None
+  if op is _BUFFER: return (u.arg[2],)
+  if op is _CONST: return () if u.src else None
   if op is Ops.IOTA: return (u.arg,)
   if op is Ops.BIND: return ()
   if op is Ops.PERMUTE:
@@ -518,6 +518,7 @@ def _safe_div(a, b):
 _ADD, _SUB, _MUL, _NEG, _MAX, _IDIV, _MOD = Ops.ADD, Ops.SUB, Ops.MUL, Ops.NEG, Ops.MAX, Ops.IDIV, Ops.MOD
 _CMPLT, _CMPNE, _CMPEQ, _AND, _OR, _WHERE, _CAST = Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.WHERE, Ops.CAST
 _CONST, _DEFINE_VAR, _BIND, _RANGE, _SPECIAL = Ops.CONST, Ops.DEFINE_VAR, Ops.BIND, Ops.RANGE, Ops.SPECIAL
+_BUFFER, _RESHAPE, _EXPAND, _MOVEMENT = Ops.BUFFER, Ops.RESHAPE, Ops.EXPAND, GroupOp.Movement
 _NO_RANGE_OPS = frozenset({Ops.CONST, Ops.BIND, Ops.RANGE})
 _COMPARISONS, _ALU_OPS = GroupOp.Comparison, GroupOp.ALU
 _FLOAT_DTYPES, _INT_DTYPES = frozenset(dtypes.floats), frozenset(dtypes.ints)   # (dtypes.is_float/is_int, inline)
