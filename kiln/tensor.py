@@ -29,6 +29,7 @@ from kiln.mixin.linalg import LinalgMixin
 from kiln.mixin.bytes import BytesMixin
 from kiln.mixin.multi import MultiMixin
 from kiln.schedule import multi as _multi
+from kiln.schedule import cache as _schedule_cache
 from kiln.mixin.common import TensorIndexError, TensorValueError, UnsupportedError, AxisError, where as _where, \
   fmt as _fmt, dtype_arg as _dtype_arg, canonical_device as _canonical_device, \
   broadcasts_to, broadcast_shape as _broadcast_shape
@@ -38,6 +39,7 @@ _ADD, _MUL, _BUFFER, _ASSIGN, _UNIQUE, _MULTI = Ops.ADD, Ops.MUL, Ops.BUFFER, Op
 
 _requires_grad_tensors: weakref.WeakSet = weakref.WeakSet()
 _NO_NODES: frozenset = frozenset()
+_KEY_STABLE_OPS = _schedule_cache._STABLE_OPS
 class _LiveTensors:
   """Every live Tensor, so realizing an assign can first compute the pending tensors that read the old values.
 
@@ -279,6 +281,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
       # node of its tensor, so it can be.
       if old.op is not _ASSIGN and (inputs or old.op is _UNIQUE):
         old.forward = new
+        if old.op in _KEY_STABLE_OPS: _schedule_cache.forward_epoch[0] += 1   # (a constant's view: cache.py's memo)
         # its own buffer too: once an assign overwrites it, an equal graph built later must be computed again
         if new_base.op is _BUFFER: own_buffers.append((new_base.buffer, old))
         elif new_base.op is _MULTI: own_buffers += [(s.base.buffer, old) for s in new.src if s.base.op is _BUFFER]

@@ -56,3 +56,43 @@ def test_results_are_forgotten_when_their_input_is_overwritten():
   assert node.forward is None and a.uop.base.buffer._computed is None
   np.testing.assert_allclose((a + 1).numpy(), [11, 21])
   np.testing.assert_allclose(b.numpy(), [2, 3])
+
+def _walked_key(roots):
+  """graph_key's result by a walk of its own (no memo)."""
+  walk = cache._KeyWalk(roots)
+  ids = tuple([walk.visit_iterative(r) for r in roots])
+  return (tuple(walk.entries), ids), walk.buffers
+
+def test_a_memoized_key_is_the_walked_one():
+  a, b = Tensor(np.float32([1, 2])).realize(), Tensor(np.float32([3, 4])).realize()
+  for make in (lambda: a + 1, lambda: a * b, lambda: a.reshape(2, 1).expand(2, 3) * 2, lambda: a + a):
+    for _ in range(3):   # the first call walks and memoizes, the next ones find the memo
+      root = make().uop
+      assert cache.graph_key([root]) == _walked_key([root])
+  assert (a * b).tolist() == [3, 8]
+
+def test_a_constant_realized_beside_others_renews_the_memo():
+  a = Tensor(np.float32([1, 2, 3, 4])).realize()
+  c = Tensor((a + 1).uop.src[1])   # the scalar operand's view (EXPAND of a CONST): no buffer, never realized alone
+  same = Tensor(c.uop)   # another tensor over the same node: it keeps the node once c is realized
+  for _ in range(2): (a + same).realize()
+  before = cache.graph_key([(a + same).uop])
+  Tensor.realize_all([a * 2, c])   # beside a graph that reads a buffer, the constant's node is realized
+  assert same.uop.forward is not None
+  root = (a + same).uop
+  after = cache.graph_key([root])
+  assert after == _walked_key([root]) and after[0] != before[0] and len(after[1]) == 2
+  np.testing.assert_allclose((a + same).numpy(), [2, 3, 4, 5])
+
+def test_memoized_keys_keep_no_buffer_alive():
+  import gc, weakref
+  x = Tensor(np.float32([1, 2, 3])).realize()
+  for _ in range(3): (x + 5).realize()
+  ref = weakref.ref(x.uop.base.buffer)
+  del x
+  gc.collect()
+  assert ref() is None
+  y = Tensor(np.float32([7, 8, 9])).realize()   # a new tensor, perhaps at a dead one's address: its own key
+  root = (y + 5).uop
+  assert cache.graph_key([root]) == _walked_key([root])
+  assert (y + 5).tolist() == [12, 13, 14]

@@ -17,7 +17,7 @@ of a file or of another buffer), and an assign whose target was realized through
 `SCHEDULE_CACHE=0` turns the cache off.
 """
 from __future__ import annotations
-import sys
+import sys, weakref
 from typing import Callable
 from kiln.device import Buffer
 from kiln.helpers import ContextVar, DEEP_RECURSION_LIMIT
@@ -76,6 +76,17 @@ _FLOAT_OR_BOOL = (float, bool)
 # device names entry_of found to be no DISK ones: visit_recursive enters their BUFFER nodes itself
 _PLAIN_DEVICES: set[str] = set()
 
+# The key of a graph of one new node over leaves that stay as they are: an eager `a + 1` or `x * w` is built afresh
+# each call, but its sources (views of realized buffers, constants) are the same nodes, so its key is the one walked
+# last time. Memoized by the root's op, dtype, arg and the identity of its sources (weak references: a memo keeps no
+# node or buffer alive), for graphs whose every node below the root is a movement op, BUFFER, CONST or DEVICE that
+# was never realized: such a node's `forward` is set only when it is realized itself (a realized view never is; a
+# constant view only beside other roots), and kiln/tensor.py then bumps `forward_epoch`, which every memo checks.
+_STABLE_OPS = GroupOp.Movement | {Ops.BUFFER, Ops.CONST, Ops.DEVICE}
+forward_epoch = [0]
+_memo: dict[tuple, tuple] = {}
+_MEMO_MAX_NODES, _MEMO_MAX_ENTRIES = 32, 1024
+
 def graph_key(roots: list[UOp]) -> tuple[tuple, list[Buffer]] | None:
   """The structure of the graph under `roots` (realized nodes followed to their buffers) with each distinct Buffer
   as a slot number, and the Buffers in slot order; None when the graph must not be cached.
@@ -86,6 +97,14 @@ def graph_key(roots: list[UOp]) -> tuple[tuple, list[Buffer]] | None:
   levels: an eager training step's graph is thousands deep); a deeper graph is walked again with an explicit stack.
   (The limit is raised here, not by a `deep_recursion` wrapper: one Python call less on every eager dispatch.) The
   key is a plain tuple: the template lookup is the one place that hashes it."""
+  if len(roots) == 1 and (root := roots[0]).forward is None and root.op not in _SPECIAL_OPS:
+    arg = root.arg
+    memo_key = (root.op, root.dtype, _cache_key_arg(arg) if type(arg) in _FLOAT_OR_BOOL else arg, *map(id, root.src))
+    if (memo := _memo.get(memo_key)) is not None and memo[0] == forward_epoch[0] and memo[1] == (_ops.binds_made > 0):
+      for ref, src in zip(memo[2], root.src):
+        if ref() is not src: break
+      else: return memo[3], [ref() for ref in memo[4]]
+  else: memo_key = None
   limit = sys.getrecursionlimit()
   if limit < DEEP_RECURSION_LIMIT: sys.setrecursionlimit(DEEP_RECURSION_LIMIT)
   walk = _KeyWalk(roots)
@@ -97,7 +116,13 @@ def graph_key(roots: list[UOp]) -> tuple[tuple, list[Buffer]] | None:
   except _Uncacheable: return None
   finally:
     if limit < DEEP_RECURSION_LIMIT: sys.setrecursionlimit(limit)
-  return (tuple(walk.entries), root_ids), walk.buffers
+  key = (tuple(walk.entries), root_ids)
+  if memo_key is not None and len(walk.index) <= _MEMO_MAX_NODES and \
+     all(node.op in _STABLE_OPS and node.forward is None for node in walk.index if node is not root):
+    if len(_memo) >= _MEMO_MAX_ENTRIES: _memo.clear()
+    _memo[memo_key] = (forward_epoch[0], walk.symbolic_possible, [weakref.ref(src) for src in root.src], key,
+                       [weakref.ref(buf) for buf in walk.buffers])
+  return key, walk.buffers
 
 class _KeyWalk:
   """The state of one graph_key walk: entry numbers by node, the entries, and the buffers by slot."""
