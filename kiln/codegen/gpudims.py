@@ -285,16 +285,17 @@ def _nested(red: UOp, body: UOp, loops: list[UOp]) -> UOp:
   return body
 
 def _tree_combine(lidx: UOp, arrays: list[tuple[UOp, UOp]], barrier: UOp, group: int = GROUP_SIZE,
-                  lane: UOp | None = None, first: UOp | None = None) -> dict[UOp, UOp]:
+                  lane: UOp | None = None, first: UOp | None = None, stride: int = 1) -> dict[UOp, UOp]:
   """Each REDUCE's total from the `group` partials in its shared array (written before `barrier`): log2 rounds in
   which thread i < s combines elements i and i + s into element i (s = half the block, then half of that...), a
   barrier after each round; then every thread reads element 0. A fixed tree: the same bits on every run. With
-  several rows a block, each row's `group` partials sit at `first` (its row's first slot) + `lane`."""
+  several rows a block, each row's `group` partials sit at `first` (its row's first slot) + `lane` (times `stride`:
+  the rows a block, where the rows are the block's fastest threads)."""
   lane = lidx if lane is None else lane
   step = group // 2
   while step:
     low = lane.lt(step)
-    partner = low.where(lidx + step, lidx)   # (the upper threads read in bounds and store nothing)
+    partner = low.where(lidx + step * stride, lidx)   # (the upper threads read in bounds and store nothing)
     stores = []
     for red, shared in arrays:
       mine, theirs = (UOp(Ops.LOAD, red.dtype, (shared, index, barrier)) for index in (lidx, partner))
@@ -375,7 +376,7 @@ def grid_reduction(sink: UOp, plan: RowPlan, new_range, group: int = GROUP_SIZE,
   return graph_rewrite(sink.replace(src=tuple(stores)), symbolic, name="gpudims grid reduction")
 
 def group_rows(sink: UOp, group: int | None = None, per_block: int = 1, top: bool = False,
-               grid_blocks: int | None = None) -> UOp | None:
+               grid_blocks: int | None = None, rows_fastest: bool = False) -> UOp | None:
   """A row kernel (`row_plan`) as one block per row (gidx0, the row ranges unflattened) of `row_group_size` threads,
   or, for MULTI_ROW_MIN rows or more of at most MULTI_ROW_MAX elements, G = `row_lanes` threads a row and
   ROW_BLOCK_THREADS / G rows a block (thread `lidx0` is lane `lidx0 % G` of the block's row `lidx0 // G`; rows past
@@ -387,8 +388,9 @@ def group_rows(sink: UOp, group: int | None = None, per_block: int = 1, top: boo
   every pass reads the same registers. A store that depends on no thread's element is made by the row's lane 0.
 
   With `group` given (GPU actions GROUP/GROUPTOP, LOCAL: kiln/codegen/opt/kernel.py) the kernel runs `group`
-  threads a row (`top`: each a contiguous chunk of the row), `per_block` rows a block, and spreads a full reduction
-  over `grid_blocks` blocks only where that is given."""
+  threads a row (`top`: each a contiguous chunk of the row), `per_block` rows a block (`rows_fastest`: thread
+  `lidx0` is lane `lidx0 // per_block` of row `lidx0 % per_block`, so a warp's threads take neighbouring rows: a
+  column sum's loads are coalesced), and spreads a full reduction over `grid_blocks` blocks only where given."""
   plan = row_plan(sink)
   if plan is None: return None
   next_id = 1 + max((u.arg for u in sink.toposort() if u.op is Ops.RANGE and isinstance(u.arg, int)), default=0)
@@ -405,15 +407,17 @@ def group_rows(sink: UOp, group: int | None = None, per_block: int = 1, top: boo
   if group is None: group, per_block = default_row_split(plan)
   lidx = UOp(Ops.SPECIAL, INT, (), ("lidx0", group * per_block))
   # several rows a block: thread `lidx` is lane `lidx % group` of the block's row `lidx // group`
-  lane = lidx % group if per_block > 1 else lidx
-  slot = lidx // group if per_block > 1 else None
+  rows_fastest = rows_fastest and per_block > 1
+  lane = (lidx // per_block if rows_fastest else lidx % group) if per_block > 1 else lidx
+  slot = (lidx % per_block if rows_fastest else lidx // group) if per_block > 1 else None
   finals: dict[UOp, UOp] = {}
   # groups that use none of each other's totals (a normed product's sum and sum of squares) share one tree of rounds
   pending: list[tuple[UOp, UOp, UOp]] = []   # (REDUCE, its shared array, the store of its partial) not combined yet
   def combine() -> None:
     finals.update(_tree_combine(lidx, [(red, shared) for red, shared, _ in pending],
                                 UOp(Ops.BARRIER, dtypes.void, tuple(store for _, _, store in pending)), group,
-                                lane, slot * group if slot is not None else None))
+                                lane, None if slot is None else slot if rows_fastest else slot * group,
+                                per_block if rows_fastest else 1))
     pending.clear()
   for g, (ranges, reds) in enumerate(plan.groups):
     waiting = {red for red, _, _ in pending}
@@ -530,7 +534,8 @@ def map_axes_to_gpu(sink: UOp) -> UOp:
 
 def map_chosen(sink: UOp, choices) -> UOp:
   """A kernel mapped as its GPU actions chose (kiln/codegen/opt/kernel.py, which checked them): a GROUP makes it a
-  row kernel (`group_rows` with the chosen threads a row, rows a block and grid blocks); otherwise each mapped range
+  row kernel (`group_rows` with the chosen threads a row, rows a block and grid blocks; LOCALs before the GROUP put
+  the rows fastest among a block's threads, after it the row's lanes); otherwise each mapped range
   is split by its LOCALs and UPCASTs in order (`rest = rest' * k + part`), the LOCAL parts become `lidx0` (the
   parts of later ranges, and of one range the finer ones, fastest), the rests `gidx0` (the last range fastest), and
   the UPCAST parts copies of every store in each thread. Without a LOCAL the rests are flattened into threads as a
@@ -540,8 +545,9 @@ def map_chosen(sink: UOp, choices) -> UOp:
   grouped = choices.of(OptOps.GROUP, OptOps.GROUPTOP)
   if grouped:
     rows_a_block = prod(k for _, _, k in choices.of(OptOps.LOCAL))
+    rows_fastest = choices.actions[0][0] is OptOps.LOCAL   # a LOCAL before the GROUP: the rows fastest
     out = group_rows(sink, grouped[0][2], rows_a_block, grouped[0][0] is OptOps.GROUPTOP,
-                     grouped[1][2] if len(grouped) > 1 else None)
+                     grouped[1][2] if len(grouped) > 1 else None, rows_fastest)
     if out is None: raise RuntimeError(f"gpudims: the kernel's GPU actions {choices.actions} do not fit it")
     return out
   mapped = mappable_ranges(sink)

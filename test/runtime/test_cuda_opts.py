@@ -80,7 +80,8 @@ def test_gpu_actions_are_refused_where_they_do_not_fit():
   _refused(r, Opt(OptOps.GROUP, 1, 2048), "more than 1024 threads")
   _refused(r, Opt(OptOps.GROUP, 1, 512), "512 threads for a reduction of 300")
   _refused(r, Opt(OptOps.LOCAL, 1, 2), "reduce axis")
-  _refused(Kernel(rows, GPU).apply(Opt(OptOps.LOCAL, 0, 4)), Opt(OptOps.GROUP, 1, 32), "GROUP comes before")
+  _refused(Kernel(rows, GPU).apply(Opt(OptOps.UPCAST, 0, 2)), Opt(OptOps.GROUP, 1, 32), "only LOCALs of row axes")
+  _refused(Kernel(rows, GPU).apply(Opt(OptOps.LOCAL, 0, 2)), Opt(OptOps.GROUP, 1, 1024), "at most 1024 threads")
   r.apply(Opt(OptOps.GROUP, 1, 64))
   _refused(r, Opt(OptOps.UPCAST, 0, 2), "keep their elements")
   _refused(r, Opt(OptOps.GROUP, 1, 128), "only a full reduction")   # rows: no grid
@@ -153,6 +154,11 @@ ROW_CASES = {   # name: (tensor function, numpy function, shapes, actions)
                                         [Opt(OptOps.GROUP, 0, 32), Opt(OptOps.GROUP, 0, 64)]),
   "full sum, as many blocks as threads": (lambda a: a.sum(), lambda a: a.sum(), [(5003,)],
                                           [Opt(OptOps.GROUP, 0, 64), Opt(OptOps.GROUP, 0, 64)]),
+  "column sums, 16 columns a block fastest": (lambda a: a.sum(0), lambda a: a.sum(0), [(300, 64)],
+                                              [Opt(OptOps.LOCAL, 0, 16), Opt(OptOps.GROUP, 1, 16)]),
+  "column max, rows fastest and lanes as chunks, 2 LOCALs": (lambda a: a.max(0), lambda a: a.max(0), [(200, 96)],
+                                                             [Opt(OptOps.LOCAL, 0, 4), Opt(OptOps.GROUPTOP, 1, 8),
+                                                              Opt(OptOps.LOCAL, 0, 2)]),
   "full sum, one block, chunks": (lambda a: a.sum(), lambda a: a.sum(), [(3000,)], [Opt(OptOps.GROUPTOP, 0, 128)]),
 }
 
@@ -165,9 +171,14 @@ def test_group_kernels_match_numpy(case):
   got, uops, launch = _emulate(_with(sink, *opts).sink, item)
   want = ref(*arrays)
   np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4)
-  threads = opts[0].arg * int(np.prod([o.arg for o in opts if o.op is OptOps.LOCAL]))
+  group = next(o.arg for o in opts if o.op in (OptOps.GROUP, OptOps.GROUPTOP))
+  threads = group * int(np.prod([o.arg for o in opts if o.op is OptOps.LOCAL]))
   assert launch[1][0] == threads and any(u.op is Ops.BARRIER for u in uops), f"{case}: {launch}"
   if len([o for o in opts if o.op is OptOps.GROUP]) == 2: assert launch[0][0] == opts[1].arg
+  if opts[0].op is OptOps.LOCAL:   # the rows fastest: lane lidx0 // rows, row lidx0 % rows
+    src = render_with(CUDARenderer(), "k", _with(_lowered(fn(*(Tensor(x) for x in arrays)))[0], *opts).sink)[0]
+    rows = int(np.prod([o.arg for o in opts if o.op is OptOps.LOCAL]))
+    assert f"(lidx0%{rows})" in src and f"(lidx0/{rows})" in src, src
 
 def test_grouptop_gives_each_thread_a_contiguous_chunk():
   rng = np.random.default_rng(4)
@@ -216,7 +227,20 @@ HEURISTIC_CASES = {   # name: (tensor, the actions the heuristics choose)
   "many short rows": (lambda: (Tensor.empty(300, 64) * Tensor.empty(64)).sum(-1),
                       [Opt(OptOps.GROUP, 1, 8), Opt(OptOps.LOCAL, 0, 32)]),
   "matmul: shared-memory tiles": (lambda: Tensor.empty(512, 512) @ Tensor.empty(512, 512), []),
+  "column sums 300 columns: as the mapping": (lambda: Tensor.empty(512, 300).sum(0),
+                                              [Opt(OptOps.GROUP, 1, 32), Opt(OptOps.LOCAL, 0, 8)]),
 }
+CHANGED_CASES = {   # kernels the heuristics give another mapping than gpudims' defaults: (tensor, actions)
+  "column sums 4096^2: a warp of columns a block": (lambda: Tensor.empty(4096, 4096).sum(0),
+                                                    [Opt(OptOps.LOCAL, 0, 32), Opt(OptOps.GROUP, 1, 32)]),
+  "column max 512x64": (lambda: Tensor.empty(512, 64).max(0), [Opt(OptOps.LOCAL, 0, 32), Opt(OptOps.GROUP, 1, 32)]),
+}
+
+@pytest.mark.parametrize("case", list(CHANGED_CASES))
+def test_heuristics_give_column_kernels_a_warp_of_columns(case):
+  make, want = CHANGED_CASES[case]
+  sink, _ = _lowered(make())
+  assert gpu_heuristic_opts(Kernel(sink, GPU)) == want
 
 @pytest.mark.parametrize("case", list(HEURISTIC_CASES))
 def test_heuristics_choose_todays_mapping_as_actions(case):
@@ -236,7 +260,8 @@ def test_heuristics_choose_todays_mapping_as_actions(case):
 def test_heuristic_kernels_match_numpy():
   rng = np.random.default_rng(6)
   a, x = _data(rng, 300, 64), _data(rng, 64)
-  for fn in (lambda a, x: (a * x).sum(-1), lambda a, x: a * x + 1, lambda a, x: a.softmax(-1)):
+  for fn in (lambda a, x: (a * x).sum(-1), lambda a, x: a * x + 1, lambda a, x: a.softmax(-1),
+             lambda a, x: a.sum(0), lambda a, x: (a * x).max(0)):
     sink, item = _lowered(fn(Tensor(a), Tensor(x)))
     got, _, _ = _emulate(gpu_optimize(sink, GPU), item)
     want = fn(Tensor(a, device="CPU"), Tensor(x, device="CPU")).numpy()

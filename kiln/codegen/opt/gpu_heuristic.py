@@ -5,7 +5,9 @@ The choices are the axis mapping's own defaults (kiln/codegen/gpudims.py), made 
 before they were actions:
 - a row kernel (`gpudims.row_plan`) gets GROUP of its first reduce axis by the threads a row (`row_lanes` for many
   short rows, else `row_group_size`), and LOCAL of its last row axis by the rows a block where several rows share
-  one; a full reduction of MIN_GRID_REDUCED elements or more a second GROUP by GRID_BLOCKS (the grid);
+  one; a full reduction of MIN_GRID_REDUCED elements or more a second GROUP by GRID_BLOCKS (the grid). A column
+  kernel (loads along the rows, none along the reduction: `x.sum(0)`) gets a warp of neighbouring columns a block,
+  fastest, each reduced by several lanes (`_column_opts`), where the mapping alone gives a block a column;
 - any other kernel with thread-mapped output axes gets LOCALs that make `gpudims.block_size` threads a block, taken
   from the innermost mapped axes outward, and, for a large elementwise kernel (MIN_COARSE_BLOCKS blocks of work or
   more), an UPCAST by COARSEN of the axis the block's rest comes from (elements a block apart);
@@ -53,10 +55,33 @@ def _row_opts(kernel: Kernel, plan) -> list[Opt]:
   first_reduce = axes.index(plan.groups[0][0][0])
   grid = gpudims.default_grid(plan)
   if grid is not None: return [Opt(OptOps.GROUP, first_reduce, grid[0]), Opt(OptOps.GROUP, first_reduce, grid[1])]
+  if (columns := _column_opts(kernel, plan, first_reduce)) is not None: return columns
   group, per_block = gpudims.default_row_split(plan)
   opts = [Opt(OptOps.GROUP, first_reduce, group)]
   if per_block > 1 and plan.rows: opts.append(Opt(OptOps.LOCAL, axes.index(plan.rows[-1]), per_block))
   return opts
+
+COLUMN_ROWS = 32   # a column kernel's block: a warp of neighbouring columns (128 bytes of float32)...
+COLUMN_LANE_ELEMENTS = 16   # ...and lanes down each column of about this many elements each
+
+def _column_opts(kernel: Kernel, plan, first_reduce: int) -> list[Opt] | None:
+  """A row kernel whose loads run along its last row axis and along none of its reduce axes (a column sum: `x.sum(0)`
+  of a row-major x) reduces each of a warp's COLUMN_ROWS neighbouring columns with G lanes (a power of two, about
+  COLUMN_LANE_ELEMENTS elements a lane, at most `local_max` threads a block): LOCAL of the columns before the GROUP,
+  so a warp's loads are one run of memory. None for any other row kernel (its lanes read along the row)."""
+  from kiln.codegen import gpudims
+  nodes = kernel.sink.toposort()
+  reduce_ranges = [r for ranges, _ in plan.groups for r in ranges]
+  if not plan.rows or plan.elementwise is not None or any(gpudims._reads_along(nodes, r) for r in reduce_ranges):
+    return None
+  last = plan.rows[-1]
+  if not gpudims._reads_along(nodes, last) or last.src[0].arg % COLUMN_ROWS: return None
+  length = max(gpudims.prod(r.src[0].arg for r in ranges) for ranges, _ in plan.groups)
+  local_max = getattr(kernel.target, "local_max", 1024)
+  lanes = 1
+  while lanes * 2 * COLUMN_ROWS <= local_max and lanes * 2 * COLUMN_LANE_ELEMENTS <= length: lanes *= 2
+  if lanes < 2: return None
+  return [Opt(OptOps.LOCAL, kernel.axes.index(last), COLUMN_ROWS), Opt(OptOps.GROUP, first_reduce, lanes)]
 
 def _flat_opts(kernel: Kernel, mapped: list[UOp]) -> list[Opt]:
   """LOCALs giving `gpudims.block_size` threads a block from the innermost mapped axes outward, and the coarsening

@@ -45,7 +45,9 @@ took (the axis' *rest*) as `rest = rest' * k + part`, the new part innermost (GR
 - LOCAL an output axis by k: the part's k iterations are threads of one block (`lidx0`, the parts of later axes,
   and of one axis the finer ones, fastest); the rests left of the thread-mapped axes make the grid (`gidx0`). Only
   for axes the mapping may put on threads (`gpudims.mappable_ranges`: disjoint stores), k dividing the rest, at most
-  `target.local_max` threads a block. On a row kernel after a GROUP: k rows a block (a power of two).
+  `target.local_max` threads a block. On a row kernel: k rows a block (a power of two), the rows the block's fastest
+  threads where the LOCALs come before the GROUP (a column sum's warp reads neighbouring columns), else the row's
+  lanes.
 - UPCAST an output axis by k (on a GPU target): the part's k iterations are k copies of the body in each thread, a
   register tile; after a LOCAL of the same axis the copies are a block apart (every warp access stays coalesced),
   before it they are k adjacent elements (one 16-byte access per 4 floats where the renderer merges them).
@@ -441,7 +443,10 @@ class Kernel:
                              f"over the row: kiln/codegen/gpudims.py row_plan); its reductions stay in each thread")
       group = next((ranges for ranges, _ in plan.groups if rng in ranges), None)
       if group is None: raise KernelOptError(f"{opt}: no reduction of the row kernel is over axis {opt.axis}")
-      if splits: raise KernelOptError(f"{opt}: GROUP comes before LOCAL and UPCAST ({splits})")
+      if any(a[0] is OptOps.UPCAST for a in splits) or any(by_id.get(a[1]) not in plan.rows for a in splits):
+        raise KernelOptError(f"{opt}: before a GROUP only LOCALs of row axes may come (rows a block), not {splits}")
+      if splits and (locals_k & (locals_k - 1) or k * locals_k > local_max):
+        raise KernelOptError(f"{opt}: rows a block must be a power of two, with at most {local_max} threads")
       if not power_of_two: raise KernelOptError(f"{opt}: the threads that share a row must be a power of two")
       length = max([prod_of(self.size(r) for r in ranges) for ranges, _ in plan.groups] +
                    ([self.size(plan.elementwise)] if plan.elementwise is not None else []))
