@@ -56,6 +56,60 @@ class Renderer:
     says (renderers without `has_threads` ignore it)."""
     raise NotImplementedError(f"{type(self).__name__} does not implement render")
 
+class KernelWriter:
+  """What writing one kernel's source shares across renderers (C, CUDA C, LLVM IR, PTX, Python): the kernel's name
+  and uop list, the lines emitted so far, fresh names, and the dispatch of each uop to its handler.
+
+  A subclass sets `renderer_name` (for messages) and `expressions` (the ops it renders as computed values, by
+  `_value(u)`), fills `statements` (op -> handler) in its `__init__`, and implements `write()`; the renderer calls
+  `render()`, which also breaks the writer's cycle through its bound-method handlers, so refcounting frees it."""
+  renderer_name = "Renderer"
+  expressions: frozenset | dict = frozenset()
+
+  def __init__(self, name: str, uops: list[UOp]):
+    self.name, self.uops = name, uops
+    self.lines: list[str] = []
+    self.counter = 0
+    self.statements: dict[Ops, Callable[[UOp], None]] = {}
+
+  def fresh_name(self, prefix: str) -> str:
+    """A new name, unique in this kernel."""
+    self.counter += 1
+    return f"{prefix}{self.counter - 1}"
+
+  def emit(self, line: str) -> None:
+    """Add one line (subclasses indent it)."""
+    self.lines.append(line)
+
+  def fail(self, what: str) -> NotImplementedError:
+    """The error for something this renderer cannot render, naming the kernel."""
+    return NotImplementedError(f"{self.renderer_name}: {what} (kernel {self.name}); see docs/ir.md stage 4")
+
+  def walk(self, uops: list[UOp] | None = None) -> None:
+    """Emit the statements and values of `uops` (default: the whole kernel) in order."""
+    statements, expressions = self.statements, self.expressions
+    for u in self.uops if uops is None else uops:
+      handler = statements.get(u.op)
+      if handler is not None: handler(u)
+      elif u.op in expressions: self._value(u)
+      else: raise self.fail(f"cannot render {u.op}")
+
+  def _value(self, u: UOp) -> None:
+    raise self.fail(f"cannot render {u.op}")
+
+  def check_closed(self, open_loops: int) -> None:
+    """A ValueError when the kernel's uops leave loops open."""
+    if open_loops: raise ValueError(f"{self.renderer_name}: kernel {self.name} leaves {open_loops} RANGE(s) unclosed")
+
+  def write(self) -> str:
+    """The kernel's whole source."""
+    raise NotImplementedError(f"{type(self).__name__} does not implement write")
+
+  def render(self) -> str:
+    """`write()`, then the handlers dropped (they are bound methods: a reference cycle through the writer)."""
+    try: return self.write()
+    finally: self.statements.clear()
+
 # bound once: `Ops.X` is a metaclass attribute lookup (~140 ns under Python 3.11), and kernel_signature reads the op
 # of every uop and of each of its sources
 _DEFINE_GLOBAL, _DEFINE_VAR = Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR

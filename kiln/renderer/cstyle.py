@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 from kiln.dtype import DType, dtypes, truncate
-from kiln.renderer import ONE_THREAD, Renderer, ThreadPlan, kernel_signature, kernel_function_name
+from kiln.renderer import ONE_THREAD, KernelWriter, Renderer, ThreadPlan, kernel_signature, kernel_function_name
 from kiln.uop.mathforms import exp_argument, cos_argument, tan_argument
 from kiln.uop.ops import UOp, Ops, GroupOp
 
@@ -534,19 +534,18 @@ class CRenderer(Renderer):
   def render(self, name: str, uops: list[UOp], threads: ThreadPlan = ONE_THREAD) -> str:
     """The C source of function `name` (see the module docstring for the semantics), split over threads as `threads`
     says."""
-    writer = _CKernelWriter(kernel_function_name(name), uops, threads)
-    try: return writer.write()
-    finally: writer.statements.clear()   # its own bound methods: a reference cycle, broken so refcounting frees it
+    return _CKernelWriter(kernel_function_name(name), uops, threads).render()
 
-class _CKernelWriter:
-  """Walks one uop list, naming values and emitting lines."""
+class _CKernelWriter(KernelWriter):
+  """Walks one uop list, naming values and emitting lines of C."""
+  renderer_name = "CRenderer"   # in error messages
+  expressions = C_EXPRESSIONS
+
   def __init__(self, name: str, uops: list[UOp], threads: ThreadPlan = ONE_THREAD):
-    self.name, self.uops = name, uops
+    super().__init__(name, uops)
     self.names: dict[UOp, str] = {}
-    self.lines: list[str] = []
     self.depth = 1
     self.open_ranges: list[str] = []
-    self.counter = 0
     self.parallel, self.reduction, self.streams = threads
     self.reduce_lines = (0, 0)   # where the split reduction's loop starts and ends in self.lines
     self.uses_bf16 = self.uses_half = False
@@ -558,11 +557,11 @@ class _CKernelWriter:
     self.vector_widens: dict[DType, None] = {}  # the byte vector dtypes widened, for their helpers
     self.vector_dots: dict[str, str] = {}       # DP4A helper name -> its source
     self.positions: dict[UOp, int] | None = None   # uop -> its index, made when a short loop asks (_short_reduce_loop)
-    self.statements: dict[Ops, Callable[[UOp], None]] = {
+    self.statements.update({
       Ops.RANGE: self._range, Ops.ENDRANGE: self._endrange, Ops.LOAD: self._load, Ops.STORE: self._store,
       Ops.DEFINE_ACC: self._define_acc, Ops.ASSIGN: self._assign, Ops.DP4A: self._dp4a,
       **{op: self._nothing for op in (Ops.CONST, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.SINK, Ops.GEP,
-                                      Ops.VECTORIZE)}}
+                                      Ops.VECTORIZE)}})
 
   # ---- names of values ----
   def expr(self, u: UOp) -> str:
@@ -584,11 +583,6 @@ class _CKernelWriter:
     if u not in self.names:
       raise ValueError(f"CRenderer: {u.op.name} is used before it is computed in kernel {self.name}")
     return self.names[u]
-
-  def fresh_name(self, prefix: str) -> str:
-    """A new variable name, unique in this kernel."""
-    self.counter += 1
-    return f"{prefix}{self.counter - 1}"
 
   def emit(self, line: str) -> None:
     """Add one line at the current loop depth."""
@@ -789,27 +783,18 @@ class _CKernelWriter:
       elif u.dtype in dtypes.fp8s: text = f"kiln_{u.dtype.name}_round({text})"
     return text
 
-  renderer_name = "CRenderer"   # in error messages
-
-  def walk(self) -> tuple[list[UOp], list[UOp]]:
+  def walk_kernel(self) -> tuple[list[UOp], list[UOp]]:
     """Emit the body, a statement per uop in order; the kernel's buffer and variable parameters."""
     buffers, variables = kernel_signature(self.uops)
     self.var_names = {v: f"var{i}" for i, v in enumerate(variables)}
-    for u in self.uops:
-      handler = self.statements.get(u.op)
-      if handler is not None: handler(u)
-      elif u.op in C_EXPRESSIONS: self._value(u)
-      else:
-        raise NotImplementedError(f"{self.renderer_name}: cannot render {u.op} (kernel {self.name}); see docs/ir.md "
-                                  f"stage 4")
-    if self.depth != 1:
-      raise ValueError(f"{self.renderer_name}: kernel {self.name} leaves {self.depth - 1} RANGE(s) unclosed")
+    self.walk()
+    self.check_closed(self.depth - 1)
     for b in buffers: self.note_dtype(b.dtype)
     return buffers, variables
 
   def write(self) -> str:
     """The whole C source: helpers, signature and body."""
-    buffers, variables = self.walk()
+    buffers, variables = self.walk_kernel()
     params = [f"{STORAGE_TYPES[b.dtype]}* restrict data{b.arg}" for b in buffers]
     params += [f"int {self.var_names[v]}" for v in variables] + ["int kiln_tid", "int kiln_nthreads"]
     head = [GCC_AVX512_WORKAROUND] + ([HALF_HELPERS] if self.uses_half else [])

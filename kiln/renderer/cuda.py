@@ -77,8 +77,7 @@ class CUDARenderer(CRenderer):
     """The CUDA C++ source of kernel `name` (`threads`, a CPU thread plan, is ignored)."""
     writer = _CudaKernelWriter(kernel_function_name(name), uops)
     writer.dependent_launch = dependent_launch(self.arch)
-    try: return writer.write()
-    finally: writer.statements.clear()   # its own bound methods: a reference cycle, broken so refcounting frees it
+    return writer.render()
 
 class _CudaKernelWriter(_CKernelWriter):
   """The C kernel writer with SPECIAL thread indices and a `__global__` signature."""
@@ -153,7 +152,7 @@ class _CudaKernelWriter(_CKernelWriter):
 
   def write(self) -> str:
     """The whole CUDA source: prelude, device helpers, the kernel."""
-    buffers, variables = self.walk()
+    buffers, variables = self.walk_kernel()
     if self.vector_types: raise NotImplementedError(f"CUDARenderer: vector uops in kernel {self.name}")
     params = [f"{STORAGE_TYPES[b.dtype]}* __restrict__ data{b.arg}" for b in buffers]
     params += [f"int {self.var_names[v]}" for v in variables]

@@ -29,9 +29,9 @@ import math, struct
 from dataclasses import dataclass
 from typing import Callable
 from kiln.dtype import DType, dtypes, truncate, FP8_VALUES
-from kiln.renderer import ONE_THREAD, Renderer, ThreadPlan, kernel_signature, kernel_function_name
+from kiln.renderer import ONE_THREAD, KernelWriter, Renderer, ThreadPlan, kernel_signature, kernel_function_name
 from kiln.uop.mathforms import cos_argument, exp_argument, tan_argument
-from kiln.renderer.cstyle import (EXACT_FLOAT_OPS, PREFETCH_BYTES, PREFETCH_MAX_BLOCK, SCRATCH_HEADER_BYTES, CRenderer,
+from kiln.renderer.cstyle import (EXACT_FLOAT_OPS, PREFETCH_BYTES, PREFETCH_MAX_BLOCK, SCRATCH_HEADER_BYTES,
                                   check_alu_dtypes, chunks_symbol, scratch_symbol, task_symbol, work_symbol)
 from kiln.uop.ops import UOp, Ops, GroupOp
 
@@ -525,9 +525,7 @@ class LLVMRenderer(Renderer):
     `threads` says."""
     target = self.target
     features = target.features if target is not None and target.arch in ("x86_64", "AMD64") else frozenset()
-    writer = _LLVMKernelWriter(kernel_function_name(name), uops, features, threads)
-    try: return writer.write()
-    finally: writer.statements.clear()   # its own bound methods: a reference cycle, broken so refcounting frees it
+    return _LLVMKernelWriter(kernel_function_name(name), uops, features, threads).render()
 
 @dataclass
 class _Loop:
@@ -543,7 +541,7 @@ class _Loop:
   # loop), see unroll_hint
   inner_copies: int | None = 1
 
-class _LLVMKernelWriter:
+class _LLVMKernelWriter(KernelWriter):
   """Walks one uop list, naming SSA values, opening blocks for loops and gates, and emitting instructions.
 
   Thread plans (kiln/codegen/parallel.py, as the C renderer has them, kiln/renderer/cstyle.py "Threads"): a split
@@ -553,22 +551,24 @@ class _LLVMKernelWriter:
   combined in chunk order, then the epilogue); the kernel runs every chunk and then finishes, and `<name>_task` runs
   one chunk with the scratch after the buffers (`@<name>_chunks`, `@<name>_scratch`), the last chunk to end finishing.
   """
+  renderer_name = "LLVMRenderer"
+  expressions = LLVM_EXPRESSIONS
+
   def __init__(self, name: str, uops: list[UOp], features: frozenset[str] = frozenset(),
                threads: ThreadPlan = ONE_THREAD):
-    self.name, self.uops = name, uops
+    super().__init__(name, uops)
     self.features = features   # the x86 instruction-set flags the code may use (DP4A's instructions), else empty
-    self.counter = 0
     self.declarations: dict[str, str] = {}
     self.helpers: dict[str, None] = {}
     self.metadata: list[str] = []   # the module's metadata nodes (loop unroll hints)
     self.parallel, self.reduction, self.streams = threads
     self.mode = "kernel"   # which function of a split reduction is being written: "part", "finish" (else "kernel")
     self.begin_function()
-    self.statements: dict[Ops, Callable[[UOp], None]] = {
+    self.statements.update({
       Ops.RANGE: self._range, Ops.ENDRANGE: self._endrange, Ops.LOAD: self._load, Ops.STORE: self._store,
       Ops.DEFINE_ACC: self._define_acc, Ops.ASSIGN: self._assign,
       **{op: self._nothing for op in (Ops.CONST, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.SINK, Ops.GEP,
-                                      Ops.VECTORIZE)}}
+                                      Ops.VECTORIZE)}})
 
   def begin_function(self) -> None:
     """Forget the values of the previous function of the module (each function computes its own)."""
@@ -580,18 +580,13 @@ class _LLVMKernelWriter:
     self.block = "entry"
 
   # ---- values and instructions ----
-  def fresh(self, prefix: str) -> str:
-    """A new SSA name (or label), unique in this kernel."""
-    self.counter += 1
-    return f"{prefix}{self.counter - 1}"
-
   def emit(self, line: str) -> None:
     """Add one instruction to the current block."""
     self.lines.append(f"  {line}")
 
   def inst(self, text: str, prefix: str = "%t") -> str:
     """Emit `%name = text` and return `%name`."""
-    name = self.fresh(prefix)
+    name = self.fresh_name(prefix)
     self.emit(f"{name} = {text}")
     return name
 
@@ -670,7 +665,7 @@ class _LLVMKernelWriter:
   def gated(self, gate: UOp, body: Callable[[], str | None], dtype: DType | None = None) -> str | None:
     """Run `body` (which emits instructions) only when `gate` holds; its result, or 0 of `dtype` when it does not."""
     condition = self.value(gate)
-    label = self.fresh("gate")
+    label = self.fresh_name("gate")
     before = self.block
     self.emit(f"br i1 {condition}, label %{label}_then, label %{label}_join")
     self.start_block(f"{label}_then")
@@ -704,7 +699,7 @@ class _LLVMKernelWriter:
       start, end = self.chunk_bounds(ty, end, "%kiln_tid", "%kiln_nthreads")
     elif self.reduction is not None and u is self.reduction.loop and self.mode == "part":
       start, end = self.chunk_bounds(ty, end, "%kiln_chunk", str(self.reduction.chunks))
-    label = self.fresh(f"loop{u.arg}_" if isinstance(u.arg, int) and u.arg >= 0 else "loop_")
+    label = self.fresh_name(f"loop{u.arg}_" if isinstance(u.arg, int) and u.arg >= 0 else "loop_")
     counter = f"%{label}_i"
     entry_block = self.block
     self.emit(f"br label %{label}_head")
@@ -797,7 +792,7 @@ class _LLVMKernelWriter:
 
   def _define_acc(self, u: UOp) -> None:
     self.note_dtype(u.dtype)
-    pointer = self.fresh("%accp")
+    pointer = self.fresh_name("%accp")
     self.allocas.append(f"  {pointer} = alloca {ll_type(u.dtype)}")
     self.emit(f"store {ll_type(u.dtype)} {self.value(u.src[0])}, ptr {pointer}")
     self.accumulators[u] = pointer
@@ -809,7 +804,7 @@ class _LLVMKernelWriter:
     self.emit(f"store {ll_type(u.dtype)} {self.value(value)}, ptr {self.accumulators[target]}")
     self.accumulators[u] = self.accumulators[target]
 
-  def _alu(self, u: UOp) -> None:
+  def _value(self, u: UOp) -> None:
     """An ALU/CAST/BITCAST value; small-float ALU results are rounded to their type, as in C."""
     for dtype in (u.dtype, *(s.dtype for s in u.src)): self.note_dtype(dtype)
     if u.op in GroupOp.ALU and u.dtype.count == 1: check_alu_dtypes("LLVMRenderer", u)
@@ -848,21 +843,12 @@ class _LLVMKernelWriter:
       elif var.dtype.bitsize < 32: self.values[var] = self.inst(f"trunc i32 %arg{i} to {VALUE_TYPES[var.dtype]}")
       else: self.values[var] = self.inst(f"{'sext' if _is_signed(var.dtype) else 'zext'} i32 %arg{i} to i64")
 
-  def walk(self, uops: list[UOp]) -> None:
-    """Emit the statements and values of `uops` in order."""
-    for u in uops:
-      handler = self.statements.get(u.op)
-      if handler is not None: handler(u)
-      elif u.op in LLVM_EXPRESSIONS: self._alu(u)
-      else:
-        raise NotImplementedError(f"LLVMRenderer: cannot render {u.op} (kernel {self.name}); see docs/ir.md stage 4")
-
   def function(self, header: str, variables: list[UOp], uops: list[UOp]) -> list[str]:
     """One function of the module: `header` (`define ... {`) and the body that runs `uops`."""
     self.begin_function()
     self.bind_variables(variables)
     self.walk(uops)
-    if self.loops: raise ValueError(f"LLVMRenderer: kernel {self.name} leaves {len(self.loops)} RANGE(s) unclosed")
+    self.check_closed(len(self.loops))
     return [header, "entry:", *self.allocas, *self.lines, "  ret void", "}"]
 
   def write(self) -> str:

@@ -21,7 +21,7 @@ rewrites them first on this target).
 from __future__ import annotations
 import struct
 from kiln.dtype import DType, dtypes, truncate
-from kiln.renderer import kernel_function_name, kernel_signature
+from kiln.renderer import KernelWriter, kernel_function_name, kernel_signature
 from kiln.renderer import cuda
 from kiln.renderer.cuda import CUDARenderer, DEPENDENT_WAIT, dependent_launch
 from kiln.uop.ops import UOp, Ops, GroupOp
@@ -74,14 +74,17 @@ class PTXRenderer(CUDARenderer):
   the CUDA C renderer's parameters in its order (kiln.renderer.kernel_signature)."""
   def render(self, name: str, uops: list[UOp], threads=None) -> str:
     """The PTX text of kernel `name` (`threads`, a CPU thread plan, is ignored)."""
-    return _PTXKernelWriter(kernel_function_name(name), uops, self.arch).write()
+    return _PTXKernelWriter(kernel_function_name(name), uops, self.arch).render()
 
-class _PTXKernelWriter:
+class _PTXKernelWriter(KernelWriter):
   """Walks one uop list, giving each value a register and emitting instructions."""
+  renderer_name = "PTXRenderer"
+  expressions = GroupOp.ALU
+
   def __init__(self, name: str, uops: list[UOp], arch: str):
-    self.name, self.uops, self.arch = name, uops, arch
+    super().__init__(name, uops)
+    self.arch = arch
     self.names: dict[UOp, str] = {}
-    self.lines: list[str] = []
     self.counts: dict[str, int] = {}
     self.reg_types: dict[str, str] = {}
     self.module_arrays: list[str] = []
@@ -89,15 +92,17 @@ class _PTXKernelWriter:
     self.loops: list[tuple[UOp, str, str]] = []
     self.labels = 0
     self.block_threads = 1
-    self.statements = {
+    self.statements.update({
       Ops.RANGE: self._range, Ops.ENDRANGE: self._endrange, Ops.LOAD: self._load, Ops.STORE: self._store,
       Ops.DEFINE_ACC: self._define_acc, Ops.ASSIGN: self._assign, Ops.SPECIAL: self._special,
       Ops.DEFINE_LOCAL: self._define_local, Ops.BARRIER: self._barrier, Ops.ATOMIC: self._atomic,
       Ops.CAST: self._cast, Ops.BITCAST: self._bitcast,
-      **{op: self._nothing for op in (Ops.CONST, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.SINK)}}
+      **{op: self._nothing for op in (Ops.CONST, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.SINK)}})
 
   def fail(self, what: str) -> NotImplementedError:
-    return NotImplementedError(f"PTXRenderer: {what} (kernel {self.name}); use the CUDA C renderer (PTX=0)")
+    """The error for something PTX cannot render here, pointing at the CUDA C renderer."""
+    return NotImplementedError(f"PTXRenderer: {what} (kernel {self.name}); use the CUDA C renderer (PTX=0), or see "
+                               "docs/ir.md stage 4")
 
   # ---- registers and operands ----
   def reg(self, dtype: DType | str) -> str:
@@ -279,7 +284,7 @@ class _PTXKernelWriter:
               f"{self.operand(value)}")
 
   # ---- ALU ----
-  def _alu(self, u: UOp) -> None:
+  def _value(self, u: UOp) -> None:
     if u.dtype.count > 1: raise self.fail(f"vector uop {u.op.name}")
     for s in u.src: self.reg_class(s.dtype)
     self.reg_class(u.dtype)
@@ -858,12 +863,8 @@ class _PTXKernelWriter:
     self.lines = body
     self.quads = shared_quads(self.uops)   # earliest load of a quad -> the quad, in element order
     self.quad_members = {load for quad in self.quads.values() for load in quad}
-    for u in self.uops:
-      handler = self.statements.get(u.op)
-      if handler is not None: handler(u)
-      elif u.op in GroupOp.ALU: self._alu(u)
-      else: raise self.fail(f"cannot render {u.op}; see docs/ir.md stage 4")
-    if self.loops: raise ValueError(f"PTXRenderer: kernel {self.name} leaves {len(self.loops)} RANGE(s) unclosed")
+    self.walk()
+    self.check_closed(len(self.loops))
     if dependent and not cuda.TRIGGER_AT_START: self.emit("griddepcontrol.launch_dependents")
     registers = [f"  .reg {decl} {prefix}<{self.counts[prefix]}>;" for prefix, decl in self.reg_types.items()]
     head = [f"// kiln: kernel {self.name}", f".version {PTX_VERSION}", f".target {self.arch}", ".address_size 64", ""]

@@ -14,7 +14,7 @@ import math, struct
 from fractions import Fraction
 from typing import Callable
 from kiln.dtype import DType, dtypes, truncate, fp8_bits, FP8_VALUES
-from kiln.renderer import Renderer, kernel_signature, kernel_function_name
+from kiln.renderer import KernelWriter, Renderer, kernel_signature, kernel_function_name
 from kiln.renderer.cstyle import EXACT_FLOAT_OPS, check_alu_dtypes
 from kiln.uop.mathforms import exp_argument, cos_argument, tan_argument
 from kiln.uop.ops import UOp, Ops, GroupOp
@@ -297,21 +297,22 @@ class PythonRenderer(Renderer):
   def render(self, name: str, uops: list[UOp], threads=None) -> str:
     """The Python source of function `name`; see the module docstring for its arguments (`threads` is ignored: the
     emulator runs a kernel whole)."""
-    return _PyKernelWriter(kernel_function_name(name), uops).write()
+    return _PyKernelWriter(kernel_function_name(name), uops).render()
 
-class _PyKernelWriter:
+class _PyKernelWriter(KernelWriter):
   """Walks one uop list, naming values and emitting lines."""
+  renderer_name = "PythonRenderer"
+  expressions = PY_EXPRESSIONS
+
   def __init__(self, name: str, uops: list[UOp]):
-    self.name, self.uops = name, uops
+    super().__init__(name, uops)
     self.names: dict[UOp, str] = {}
-    self.lines: list[str] = []
     self.block_sizes: list[int] = [0]   # statements emitted in each open block (an empty loop body needs `pass`)
-    self.counter = 0
     self.open_ranges: list[str] = []
-    self.statements: dict[Ops, Callable[[UOp], None]] = {
+    self.statements.update({
       Ops.RANGE: self._range, Ops.ENDRANGE: self._endrange, Ops.LOAD: self._load, Ops.STORE: self._store,
       Ops.DEFINE_ACC: self._define_acc, Ops.ASSIGN: self._assign, Ops.SPECIAL: self._special,
-      **{op: self._nothing for op in (Ops.CONST, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.SINK)}}
+      **{op: self._nothing for op in (Ops.CONST, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.SINK)}})
     self.specials = 0   # GPU thread indices, each run as a loop around the rest of the kernel
 
   def expr(self, u: UOp) -> str:
@@ -328,11 +329,6 @@ class _PyKernelWriter:
     try: proven = index.vmin >= 0
     except Exception: proven = False
     return self.expr(index) if proven else f"_check_index({self.expr(index)})"
-
-  def fresh_name(self, prefix: str) -> str:
-    """A new variable name, unique in this kernel."""
-    self.counter += 1
-    return f"{prefix}{self.counter - 1}"
 
   def emit(self, line: str) -> None:
     """Add one line in the innermost open block."""
@@ -419,17 +415,11 @@ class _PyKernelWriter:
     for b in buffers:
       self.check_dtype(b.dtype)
       self.emit(f"data{b.arg} = buf{b.arg}.cast('{PY_FORMATS[b.dtype]}')")
-    for u in self.uops:
-      handler = self.statements.get(u.op)
-      if handler is not None: handler(u)
-      elif u.op in PY_EXPRESSIONS: self._value(u)
-      else:
-        raise NotImplementedError(f"PythonRenderer: cannot render {u.op} (kernel {self.name}); see docs/ir.md stage 4")
+    self.walk()
     for _ in range(self.specials):   # the thread-index loops close at the kernel's end
       if self.block_sizes[-1] == 0: self.emit("pass")
       self.block_sizes.pop()
-    if len(self.block_sizes) != 1:
-      raise ValueError(f"PythonRenderer: kernel {self.name} leaves {len(self.block_sizes) - 1} RANGE(s) unclosed")
+    self.check_closed(len(self.block_sizes) - 1)
     if self.block_sizes[0] == 0: self.emit("pass")
     params = [f"buf{b.arg}" for b in buffers] + [self.var_names[v] for v in variables]
     header = f"from kiln.renderer.python import {', '.join(EMULATOR_HELPERS)}"
