@@ -12,6 +12,7 @@ from kiln.engine.realize import get_runner, render_lowered, lower_for_codegen, o
 from kiln.renderer import ONE_THREAD
 from kiln.renderer.cuda import CUDARenderer
 from kiln.uop.ops import UOp, Ops
+from kiln.dtype import dtypes
 
 KILN = pathlib.Path(__file__).resolve().parents[2] / "kiln"
 
@@ -84,6 +85,20 @@ def test_arrows_point_one_way(package, forbidden):
   for path in sorted((KILN / package).glob("*.py")):
     bad = {m for m in _imports(path) if m.startswith(forbidden)}
     assert not bad, f"{path.name} imports {sorted(bad)}"
+
+def test_every_renderer_writes_through_the_shared_writer():
+  from kiln.renderer import KernelWriter
+  from kiln.renderer.cstyle import _CKernelWriter
+  from kiln.renderer.cuda import _CudaKernelWriter
+  from kiln.renderer.llvmir import _LLVMKernelWriter
+  from kiln.renderer.ptx import _PTXKernelWriter
+  from kiln.renderer.python import _PyKernelWriter
+  for writer in (_CKernelWriter, _CudaKernelWriter, _LLVMKernelWriter, _PTXKernelWriter, _PyKernelWriter):
+    assert issubclass(writer, KernelWriter) and writer.renderer_name != KernelWriter.renderer_name
+    assert "walk" not in vars(writer) and "fresh_name" not in vars(writer)   # one copy, in the base
+  bad = [UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0), UOp(Ops.REDUCE_AXIS, dtypes.float32, (), (Ops.ADD, (0,)))]
+  for renderer in (Device["CPU"].renderer, Device["PYTHON"].renderer, CUDARenderer("sm_90a")):
+    with pytest.raises(NotImplementedError, match="cannot render"): renderer.render("bad", bad)
 
 def test_runner_source_is_the_pipelines():
   ast = kernel_ast(Tensor.ones(32, 32).contiguous() * 5)
