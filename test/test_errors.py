@@ -186,7 +186,8 @@ def test_compile_error_names_kernel_and_keeps_earlier_tensors(monkeypatch):
   name = kernel_name(lazy.schedule()[0].ast)
   renderer = Device["CPU"].renderer
   render = renderer.render
-  monkeypatch.setattr(renderer, "render", lambda kname, uops: render(kname, uops) + "\nthis is not C;\n")
+  monkeypatch.setattr(renderer, "render",
+                      lambda kname, uops, threads: render(kname, uops, threads) + "\nthis is not C;\n")
   realize._runner_cache.clear()
   try:
     with pytest.raises(RuntimeError) as info: lazy.realize()
