@@ -259,6 +259,10 @@ class UOp:
   def device(self) -> str | None:
     """The device a tensor-level node lives on (cached; found by walking to the node's first source)."""
     if self._device is not None: return self._device
+    if self.op not in _DEVICE_OPS and self.src:   # a new node over a source that knows its device: one step
+      if (found := (self.src[1] if self.op is _WHERE else self.src[0])._device) is not None:
+        self._device = found
+        return found
     path, node = [], self
     while True:
       if node._device is not None: found = node._device; break
@@ -469,8 +473,8 @@ _VIEW_OPS = frozenset({Ops.RESHAPE, Ops.EXPAND})
 def _compute_shape(u: UOp):
   op = u.op
   if op in _SAME_SHAPE_OPS:   # the most common case first (the op sets tested here are disjoint)
-    for s in u.src:
-      if s.shape is not None: return s.shape
+    for s in u.src:   # (a source's known shape read directly: the property is a Python call)
+      if (shape := s._shape[0] if s._shape is not None else s.shape) is not None: return shape
     return None
   if op in _VIEW_OPS: return tuple(u.arg)
   if op is _BUFFER: return (u.arg[2],)
@@ -519,6 +523,7 @@ _ADD, _SUB, _MUL, _NEG, _MAX, _IDIV, _MOD = Ops.ADD, Ops.SUB, Ops.MUL, Ops.NEG, 
 _CMPLT, _CMPNE, _CMPEQ, _AND, _OR, _WHERE, _CAST = Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.WHERE, Ops.CAST
 _CONST, _DEFINE_VAR, _BIND, _RANGE, _SPECIAL = Ops.CONST, Ops.DEFINE_VAR, Ops.BIND, Ops.RANGE, Ops.SPECIAL
 _BUFFER, _RESHAPE, _EXPAND, _MOVEMENT = Ops.BUFFER, Ops.RESHAPE, Ops.EXPAND, GroupOp.Movement
+_DEVICE_OPS = frozenset({Ops.BUFFER, Ops.DEVICE, Ops.COPY, Ops.MULTI, Ops.MSELECT})   # ops that name a device themselves
 _NO_RANGE_OPS = frozenset({Ops.CONST, Ops.BIND, Ops.RANGE})
 _COMPARISONS, _ALU_OPS = GroupOp.Comparison, GroupOp.ALU
 _FLOAT_DTYPES, _INT_DTYPES = frozenset(dtypes.floats), frozenset(dtypes.ints)   # (dtypes.is_float/is_int, inline)
