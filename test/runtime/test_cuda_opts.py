@@ -290,6 +290,18 @@ def test_beam_searches_gpu_actions_and_its_winner_is_right():
   # the winner's actions replayed by the optimize stage (BEAM's cached winner) make the same kernel
   assert gpu_optimize(sink, GPU, winner.applied) is winner.sink
 
+def test_beam_check_accepts_a_reordered_column_sum_and_refuses_a_wrong_one():
+  from kiln.codegen.opt.search import outputs_match
+  x = ((np.arange(1 << 20) * 7 % 1000).astype(np.float32) * np.float32(0.004) - np.float32(2.0)).reshape(1024, 1024)
+  serial = np.zeros(1024, np.float32)
+  for row in x: serial += row   # one thread a column
+  lanes = x.reshape(4, 256, 1024).sum(0, dtype=np.float32)   # 256 lanes a column, then a tree
+  while lanes.shape[0] > 1: lanes = lanes[:lanes.shape[0] // 2] + lanes[lanes.shape[0] // 2:]
+  assert not np.array_equal(serial, lanes[0]) and outputs_match([serial], [lanes[0]])
+  wrong = lanes[0].copy()
+  wrong[7] += 0.05 * np.abs(serial).max()
+  assert not outputs_match([serial], [wrong]) and not outputs_match([serial], [np.full_like(serial, np.nan)])
+
 def test_cpu_beam_is_unchanged():
   sink, _ = _lowered(Tensor.empty(64, 48) * 2)
   assert not {o.op for o in Kernel(sink).possible_opts()} & {OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP}

@@ -155,10 +155,15 @@ def _time_each(kernels: Sequence[Kernel], run: Callable[[UOp], float]) -> list[f
   return times
 
 def outputs_match(expected: list[np.ndarray], got: list[np.ndarray]) -> bool:
-  """Whether an optimized kernel's outputs equal the unoptimized kernel's (floats: up to reassociation error)."""
+  """Whether an optimized kernel's outputs equal the unoptimized kernel's (floats: up to reassociation error, which
+  for a sum grows with its terms, not with its result: the absolute tolerance follows the output's largest value, so
+  a column sum near zero, summed in another order by a block's lanes, still matches)."""
   for a, b in zip(expected, got):
     if a.dtype.kind == "f":
-      if not np.allclose(a.astype(np.float64), b.astype(np.float64), rtol=1e-3, atol=1e-5, equal_nan=True): return False
+      wide, other = a.astype(np.float64), b.astype(np.float64)
+      finite = np.abs(wide[np.isfinite(wide)])
+      scale = float(finite.max()) if finite.size else 0.0
+      if not np.allclose(wide, other, rtol=1e-3, atol=1e-5 + 1e-4 * scale, equal_nan=True): return False
     elif not np.array_equal(a, b): return False
   return True
 
