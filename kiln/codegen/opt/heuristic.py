@@ -56,7 +56,9 @@ The choices follow from how each axis walks memory (its stride in every load and
 - a reduction over a strided axis (column reduction) upcasts the output axis that is contiguous, so each iteration
   reads a contiguous run of elements into separate accumulators;
 - an elementwise kernel upcasts its contiguous inner axis by 8 or 4, or whole when short and neither divides it, or
-  by its largest divisor up to 64 when long (`_elementwise_upcast`: scalar code branches on every select);
+  by its largest divisor up to 64 when long (`_elementwise_upcast`: scalar code branches on every select); a copy
+  that reads its source in column strips of rows a page apart (a packed matmul operand) reads blocks of 32 rows strip
+  by strip (`_block_row_reads`);
 - a fused row kernel (softmax, layernorm: several reductions per row, then the row's elementwise loop) upcasts the
   row's elementwise loop (its loads do not move in the reduce loops, so it counts as reused) and gives each
   reduction over a contiguous row accumulator lanes (`_unroll_row_reductions`);
@@ -194,6 +196,7 @@ def heuristic_opts(kernel: Kernel, target: CPUTarget | None = None) -> list[Opt]
     inner = out_axes[-1]
     if 1 in store_strides[inner] and (k := _index_period(kernel, inner) or _elementwise_upcast(kernel, Kernel.size(inner))):
       _try(kernel, Opt(OptOps.UPCAST, len(out_axes) - 1, k))
+      if all(s == 1 for s in load_strides[inner]): _block_row_reads(kernel, inner)
     else: _upcast_tiny_inner_axes(kernel)
     return kernel.applied
 
@@ -288,6 +291,35 @@ def heuristic_opts(kernel: Kernel, target: CPUTarget | None = None) -> list[Opt]
 LONG_SUM, LONG_SUM_LANES = 4096, 32   # a one-accumulator sum over at least LONG_SUM terms gets 32 lanes
 
 MAX_WHOLE_ROW_UPCAST = 64   # an elementwise row that 8 and 4 do not divide is upcast whole up to this length
+
+COPY_BLOCK_ROWS = 32   # source rows a column-strip copy reads together (`_block_row_reads`)
+COPY_MIN_ROW_BYTES = 4096   # source rows at least a page apart: each row a stream of its own
+
+def _block_row_reads(kernel: Kernel, inner: UOp) -> None:
+  """Block the rows of a copy that reads its source in column strips: every load contiguous along the (upcast)
+  inner axis, an outer `cols` loop that moves the loads by exactly that run (the next strip of the same rows) and the
+  innermost other loop `rows` moving them a page or more (a packed matmul operand, kiln/schedule/pack.py: `b` copied
+  to (N/16, K, 16) reads 64 bytes of every row, row after row). Strip after strip, each read starts a new page that no
+  prefetcher follows; SPLIT `rows` by COPY_BLOCK_ROWS and SWAP its blocks outside `cols` instead, so each block of
+  rows is read strip by strip while its lines stream in. Measured on the Xeon (one thread, CPU time, inside the
+  anchors' matmul): the 1024 pack 1.24-1.32 -> 0.66-0.78 ms, the 2048 pack 5.0 -> 2.9-3.0 ms (bench/RESULTS.md)."""
+  loads, _ = memory_accesses(kernel.sink)
+  loops = [rng for rng in kernel.output_axes if rng.arg != inner.arg]   # (the inner axis is upcast: its lanes or rest)
+  if len(loops) < 2 or (run := Kernel.size(inner)) is None or not loads: return
+  def stride(rng: UOp) -> int | None:
+    found = {axis_stride(ld.src[1], rng) for ld in loads}
+    return found.pop() if len(found) == 1 else None
+  rows, itemsize = loops[-1], loads[0].dtype.itemsize
+  size, step = Kernel.size(rows), stride(rows)
+  if size is None or step is None or size % COPY_BLOCK_ROWS or size < 2 * COPY_BLOCK_ROWS or \
+     abs(step) * itemsize < COPY_MIN_ROW_BYTES: return
+  cols = [rng for rng in loops[:-1] if stride(rng) == run and (Kernel.size(rng) or 1) > 1]
+  if len(cols) != 1: return
+  before = (kernel.sink, list(kernel.applied), kernel.unrolled)
+  axes = kernel.output_axes
+  if not (_try(kernel, Opt(OptOps.SPLIT, axes.index(rows), COPY_BLOCK_ROWS)) and
+          _try(kernel, Opt(OptOps.SWAP, axes.index(cols[0]), axes.index(rows)))):
+    kernel.sink, kernel.applied, kernel.unrolled = before
 
 def _elementwise_upcast(kernel: Kernel, size: int | None) -> int | None:
   """How far to upcast an elementwise kernel's contiguous inner axis: 8 or 4, else the whole axis when it is short
