@@ -4,7 +4,8 @@ a 1M-element elementwise op and a 4096x4096 row sum, kiln vs NumPy.
 Run: `python bench/bench_matmul.py` (heuristics on) and `NOOPT=1 python bench/bench_matmul.py` (unoptimized kernels);
 `THREADS=1 python bench/bench_matmul.py` runs every kernel on one core (default: one thread per core). The last rows
 are the thread pool's cost per launch: a 64-element kernel run on one thread and split across the pool.
-Times are the best of several runs of the kernel alone (scheduling and compiling happen before timing); GFLOP/s counts
+Times are the best of several runs of the kernel alone (scheduling and compiling happen before timing); the "whole
+call" row under each matmul times `(a @ b).realize()`, its operand packs and Python included; GFLOP/s counts
 2*n^3 for a matmul, GB/s counts the bytes read and written once.
 """
 from __future__ import annotations
@@ -26,6 +27,11 @@ def best_time(fn, repeats: int) -> float:
     fn()
     times.append(time.perf_counter() - start)
   return min(times)
+
+def kiln_call_time(fn, repeats: int) -> float:
+  """Best time of `fn().realize()`: the whole call, its operand packs (kiln/schedule/pack.py) and Python included,
+  each kernel reading what the previous one wrote as in a real program (kiln_kernel_time repeats one warm kernel)."""
+  return best_time(lambda: fn().realize(), repeats)
 
 def kiln_kernel_time(out: Tensor, repeats: int) -> float:
   """Best time of the single kernel that computes `out` (inputs already realized)."""
@@ -65,8 +71,13 @@ def main() -> None:
     out = a @ b
     np.testing.assert_allclose(out.numpy(), a_np @ b_np, atol=1e-3 * n ** 0.5, rtol=1e-3)
     repeats = 3 if n >= 2048 else 5 if n >= 1024 else 10
-    row(f"matmul {n}x{n}x{n}", kiln_kernel_time(a @ b, repeats), best_time(lambda: a_np @ b_np, repeats), 2 * n ** 3,
+    numpy_s = best_time(lambda: a_np @ b_np, repeats)
+    kernel = [it for it in create_schedule([(a @ b).uop]).items if it.ast.op.name == "SINK"][-1]
+    for buf in kernel.bufs: buf.allocate()
+    runner = get_runner(kernel.bufs[0].device, kernel.ast)
+    row(f"matmul {n}x{n}x{n}", best_time(lambda: runner(kernel.bufs, kernel.var_vals), repeats), numpy_s, 2 * n ** 3,
         "GFLOP/s")
+    row(f"  whole call (packs too)", kiln_call_time(lambda: a @ b, repeats), numpy_s, 2 * n ** 3, "GFLOP/s")
   x_np, y_np = rng.standard_normal(1 << 20, dtype=np.float32), rng.standard_normal(1 << 20, dtype=np.float32)
   x, y = Tensor(x_np).realize(), Tensor(y_np).realize()
   row("elementwise x*y+x (1M)", kiln_kernel_time(x * y + x, 50), best_time(lambda: x_np * y_np + x_np, 50),
