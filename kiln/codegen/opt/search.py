@@ -199,8 +199,9 @@ def choose_opts(device, sink: UOp, bufs: list, run_sink: Callable[[UOp, list], f
   """The actions a `width`-wide search picks for the lowered kernel `sink` on `device`, from the disk cache when
   present. `run_sink(sink, bufs)` compiles `sink` (memoized by the caller) and runs it once on `bufs`, returning
   seconds. The winner must reproduce the unoptimized kernel's outputs, else the heuristics' choice is used."""
-  key = search_key(device, sink, bufs, width, extra_key)
   target = search_target(device)
+  # a GPU search's winners are GPU actions (an UPCAST means another kernel there): kept apart from the CPU actions'
+  key = search_key(device, sink, bufs, width, extra_key + ("\0gpu actions" if target is not None else ""))
   if (opts := cache_get(key)) is not None:
     try:
       kernel = Kernel(sink, target)
