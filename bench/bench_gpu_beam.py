@@ -40,7 +40,8 @@ def main() -> None:
     base_ms, kernels, base_out = kiln_ms(make, args.reps)
     want = base_out.numpy()
     if args.no_beam:
-      print(f"{name:26s} heuristics {base_ms:8.3f} ms {moved / base_ms / 1e6:7.1f} GB/s ({kernels} kernels)", flush=True)
+      print(f"{name:26s} heuristics {base_ms:8.3f} ms {moved / base_ms / 1e6:7.1f} GB/s ({kernels} kernels)",
+            flush=True)
       continue
     realize._runner_cache.clear()
     log = io.StringIO()

@@ -321,7 +321,8 @@ def _split_over_threads(size: int, lidx: UOp, outer: UOp, group: int = GROUP_SIZ
 GRID_BLOCKS = 1024   # blocks of a grid-wide reduction: about 8 a multiprocessor on an H200, one wave
 MIN_GRID_REDUCED = 1 << 20   # a full reduction of at least this many elements uses every block (else one block)
 
-def grid_reduction(sink: UOp, plan: RowPlan, new_range, group: int = GROUP_SIZE, blocks: int | None = None) -> UOp | None:
+def grid_reduction(sink: UOp, plan: RowPlan, new_range, group: int = GROUP_SIZE,
+                   blocks: int | None = None) -> UOp | None:
   """A full reduction (one reduce group, no row, no elementwise pass) of at least MIN_GRID_REDUCED elements over
   GRID_BLOCKS blocks: each block reduces its share (coalesced, as a row's) to one partial in a device array; thread 0
   then fences and takes a ticket (ATOMIC add on an arrival counter). The block that takes the last ticket sees

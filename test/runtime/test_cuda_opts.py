@@ -5,13 +5,13 @@ kernel as it was; kernels built from the actions are rendered for CUDA and run i
 against NumPy; the heuristics' actions give the kernels the axis mapping made without them; rendered kernels build
 for sm_90a without spills where nvcc is installed. The GPU tests at the end run on the device (DEV=CUDA)."""
 from __future__ import annotations
-import concurrent.futures, itertools, re, shutil, tempfile
+import concurrent.futures, re, shutil, tempfile
 import numpy as np
 import pytest
 from kiln import Tensor
 from kiln.codegen import gpudims
 from kiln.codegen.gpudims import launch_size
-from kiln.codegen.opt.kernel import Kernel, Opt, OptOps, KernelOptError, GPUChoices, gpu_choices
+from kiln.codegen.opt.kernel import Kernel, Opt, OptOps, KernelOptError, gpu_choices
 from kiln.codegen.opt.gpu_heuristic import GPUTarget, gpu_heuristic_opts, gpu_optimize, gpu_opts
 from kiln.codegen.opt.search import beam_search
 from kiln.renderer.cuda import CUDARenderer
@@ -217,9 +217,11 @@ HEURISTIC_CASES = {   # name: (tensor, the actions the heuristics choose)
                              [Opt(OptOps.LOCAL, 0, 256), Opt(OptOps.UPCAST, 0, 4)]),
   "2-D elementwise": (lambda: Tensor.empty(4096, 4096) * Tensor.empty(4096, 1),
                       [Opt(OptOps.LOCAL, 1, 256), Opt(OptOps.UPCAST, 1, 4)]),
-  "small elementwise, one block": (lambda: Tensor.empty(33, 17) * 2, [Opt(OptOps.LOCAL, 1, 17), Opt(OptOps.LOCAL, 0, 33)]),
+  "small elementwise, one block": (lambda: Tensor.empty(33, 17) * 2,
+                                   [Opt(OptOps.LOCAL, 1, 17), Opt(OptOps.LOCAL, 0, 33)]),
   "prime size: the guarded default": (lambda: Tensor.empty(1031) * 2, []),
-  "full sum 16M: the grid": (lambda: Tensor.empty(1 << 24).sum(), [Opt(OptOps.GROUP, 0, 256), Opt(OptOps.GROUP, 0, 1024)]),
+  "full sum 16M: the grid": (lambda: Tensor.empty(1 << 24).sum(),
+                             [Opt(OptOps.GROUP, 0, 256), Opt(OptOps.GROUP, 0, 1024)]),
   "full sum 100k: a block": (lambda: Tensor.empty(100000).sum(), [Opt(OptOps.GROUP, 0, 256)]),
   "softmax 8192^2": (lambda: Tensor.empty(8192, 8192).softmax(1), [Opt(OptOps.GROUP, 2, 256)]),
   "matrix-vector rows": (lambda: (Tensor.empty(576, 1536) * Tensor.empty(1536)).sum(-1),
@@ -350,7 +352,6 @@ needs_gpu = pytest.mark.skipif(not cuda.available(), reason=f"no usable CUDA GPU
 @needs_gpu
 @pytest.mark.parametrize("case", list(FLAT_CASES) + list(ROW_CASES))
 def test_action_kernels_on_the_gpu(case):
-  from kiln import Device
   from kiln.engine.realize import compile_lowered
   fn, ref, shapes, opts = {**FLAT_CASES, **ROW_CASES}[case]
   rng = np.random.default_rng(8)
