@@ -210,6 +210,31 @@ def test_every_offered_gpu_action_is_accepted_and_right(case):
     got, _, _ = _emulate(kernel.sink, item)
     np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4, err_msg=str(kernel.applied))
 
+WALKS = 6
+WALK_CASES = {   # name: (tensor function, input shapes)
+  "broadcast product": (lambda a, b: a * b + 1, [(16, 12, 8), (12, 1)]),
+  "column max": (lambda a, b: (a - b).max(0), [(160, 64), (64,)]),
+  "softmax rows": (lambda a, b: (a * b).softmax(-1), [(12, 256), (256,)]),
+  "matrix-vector": (lambda a, b: (a * b).sum(-1), [(96, 300), (300,)]),
+  "small matmul": (lambda a, b: a @ b, [(32, 24), (24, 16)]),
+}
+
+@pytest.mark.parametrize("case", list(WALK_CASES))
+def test_random_walks_over_offered_actions_stay_right(case):
+  fn, shapes = WALK_CASES[case]
+  rng = np.random.default_rng(sum(map(ord, case)))   # (a fixed seed per case)
+  arrays = [_data(rng, *s) for s in shapes]
+  sink, item = _lowered(fn(*(Tensor(x) for x in arrays)))
+  want = fn(*(Tensor(x, device="CPU") for x in arrays)).numpy()
+  for _ in range(WALKS):   # walks of up to four actions, each step one of the actions offered then
+    kernel = Kernel(sink, GPU)
+    for _ in range(4):
+      offered = kernel.possible_opts()
+      if not offered: break
+      kernel.apply(offered[int(rng.integers(len(offered)))])
+    got, _, _ = _emulate(kernel.sink, item)
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4, err_msg=str(kernel.applied))
+
 # ---------------- the heuristics: today's mapping, as actions ----------------
 
 HEURISTIC_CASES = {   # name: (tensor, the actions the heuristics choose)
