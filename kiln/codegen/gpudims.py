@@ -539,8 +539,10 @@ def map_chosen(sink: UOp, choices) -> UOp:
   the rows fastest among a block's threads, after it the row's lanes); otherwise each mapped range
   is split by its LOCALs and UPCASTs in order (`rest = rest' * k + part`), the LOCAL parts become `lidx0` (the
   parts of later ranges, and of one range the finer ones, fastest), the rests `gidx0` (the last range fastest), and
-  the UPCAST parts copies of every store in each thread. Without a LOCAL the rests are flattened into threads as a
-  kernel without actions is (`block_size` threads a block, the last block guarded)."""
+  the UPCAST parts copies of every store in each thread. A split that does not divide pads its range (the rest
+  rounded up): the extra iterations compute the range's last element and store nothing. Without a LOCAL the rests
+  are flattened into threads as a kernel without actions is (`block_size` threads a block, the last block
+  guarded)."""
   from kiln.codegen.opt.kernel import OptOps
   ranges = {u.arg: u for u in toposort([sink]) if u.op is Ops.RANGE}
   grouped = choices.of(OptOps.GROUP, OptOps.GROUPTOP)
@@ -561,19 +563,20 @@ def map_chosen(sink: UOp, choices) -> UOp:
   for op, rid, k in choices.of(OptOps.LOCAL, OptOps.UPCAST):
     if ranges.get(rid) not in splits: raise RuntimeError(f"gpudims: GPU action {op.name} on loop {rid}, not mapped")
     splits[ranges[rid]].append((op, k))
-  locals_, rests, upcasts, forms = [], [], [], {}
+  locals_, rests, upcasts, forms, padded = [], [], [], {}, set()
   for position, rng in enumerate(mapped):
     multiplier, rest, terms = 1, rng.src[0].arg, []
     for op, k in splits[rng]:
       piece = part(k)
       (locals_ if op is OptOps.LOCAL else upcasts).append(((position, -multiplier), piece))
       terms.append(piece * multiplier if multiplier != 1 else piece)
-      multiplier, rest = multiplier * k, rest // k
+      multiplier, rest = multiplier * k, -(-rest // k)   # (a k that does not divide pads the range: guarded)
     if rest > 1:
       piece = part(rest)
       rests.append(piece)
       terms.append(piece * multiplier if multiplier != 1 else piece)
     forms[rng] = sum(terms[1:], terms[0]) if terms else UOp.const(INT, 0)
+    if multiplier * rest > rng.src[0].arg: padded.add(rng)
   threads: dict[UOp, UOp] = {}
   guard = None
   total = prod(p.src[0].arg for p in rests)
@@ -596,9 +599,14 @@ def map_chosen(sink: UOp, choices) -> UOp:
   for lanes in itertools.product(*(range(p.src[0].arg) for p in pieces)):
     at = {**threads, **{p: UOp.const(INT, c) for p, c in zip(pieces, lanes)}}
     values = {rng: _substitute(form, at) for rng, form in forms.items()}
+    gate = guard
+    for rng in padded:   # a padded range's extra iterations compute its last element again and store nothing
+      inside = values[rng].lt(rng.src[0].arg)
+      values[rng] = inside.where(values[rng], UOp.const(INT, rng.src[0].arg - 1))
+      gate = inside if gate is None else gate & inside
     for store in sink.src:
-      if guard is not None and store.op is Ops.STORE:
-        store = store.replace(src=(*store.src[:3], guard if len(store.src) == 3 else store.src[3] & guard))
+      if gate is not None and store.op is Ops.STORE:
+        store = store.replace(src=(*store.src[:3], gate if len(store.src) == 3 else store.src[3] & gate))
       copies.append(_substitute(store, values))
   return graph_rewrite(sink.replace(src=tuple(dict.fromkeys(copies))), symbolic, name="gpudims chosen")
 

@@ -65,16 +65,16 @@ def test_gpu_actions_are_refused_where_they_do_not_fit():
   _refused(Kernel(elementwise), Opt(OptOps.LOCAL, 0, 16), "needs a GPU target")
   _refused(Kernel(rows), Opt(OptOps.GROUP, 1, 32), "needs a GPU target")
   k = Kernel(elementwise, GPU)
-  _refused(k, Opt(OptOps.LOCAL, 1, 5), "does not divide")
+  _refused(k, Opt(OptOps.LOCAL, 1, 40), "more than a quarter")   # 48 -> 80 (a 5 would pad 48 to 50: accepted)
   _refused(k, Opt(OptOps.LOCAL, 1, 1), "integer >= 2")
   _refused(k, Opt(OptOps.LOCAL, 5, 2), "has 2 axes")
   _refused(k, Opt(OptOps.GROUP, 0, 4), "output axis")
-  _refused(k, Opt(OptOps.UPCAST, 1, 7), "does not divide")
+  _refused(k, Opt(OptOps.UPCAST, 1, 64), "more than the 48 iterations")
   k.apply(Opt(OptOps.LOCAL, 1, 16)).apply(Opt(OptOps.LOCAL, 0, 64))   # 1024 threads: the most a block has
   _refused(k, Opt(OptOps.LOCAL, 1, 3), "more than 1024 threads")
   _refused(k, Opt(OptOps.UNROLL, 1, 2), "come before them")   # graph rewrites come before GPU actions
   k.apply(Opt(OptOps.UPCAST, 1, 3))   # the 3 of axis 1's 48 = 16*3 left by the LOCAL
-  _refused(k, Opt(OptOps.UPCAST, 1, 2), "does not divide")
+  _refused(k, Opt(OptOps.UPCAST, 1, 2), "more than the 1 iterations")
   r = Kernel(rows, GPU)
   _refused(r, Opt(OptOps.GROUP, 1, 24), "power of two")
   _refused(r, Opt(OptOps.GROUP, 1, 2048), "more than 1024 threads")
@@ -119,6 +119,11 @@ FLAT_CASES = {   # name: (tensor function of inputs, numpy function, input shape
                                                             [Opt(OptOps.UPCAST, 1, 3)]),
   "column sums, 4 a thread": (lambda a: a.sum(0), lambda a: a.sum(0), [(40, 96)],
                               [Opt(OptOps.LOCAL, 0, 8), Opt(OptOps.UPCAST, 0, 4)]),
+  "padded: 32 threads over 90, copies a block apart": (lambda a: a * 3 - 1, lambda a: a * 3 - 1, [(5, 90)],
+                                                      [Opt(OptOps.LOCAL, 1, 32), Opt(OptOps.UPCAST, 1, 3),
+                                                       Opt(OptOps.LOCAL, 0, 2)]),
+  "padded adjacent copies in place of a guard": (lambda a: a.exp(), np.exp, [(1031,)],
+                                                 [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.LOCAL, 0, 64)]),
   "matmul as one output a thread, not tiles": (lambda a, b: a @ b, lambda a, b: a @ b, [(64, 48), (48, 40)],
                                                [Opt(OptOps.LOCAL, 1, 8), Opt(OptOps.LOCAL, 0, 8),
                                                 Opt(OptOps.UPCAST, 1, 5), Opt(OptOps.UPCAST, 0, 2)]),
@@ -159,6 +164,8 @@ ROW_CASES = {   # name: (tensor function, numpy function, shapes, actions)
   "column max, rows fastest and lanes as chunks, 2 LOCALs": (lambda a: a.max(0), lambda a: a.max(0), [(200, 96)],
                                                              [Opt(OptOps.LOCAL, 0, 4), Opt(OptOps.GROUPTOP, 1, 8),
                                                               Opt(OptOps.LOCAL, 0, 2)]),
+  "300 column sums, 32 columns a block (guarded last block)": (lambda a: a.sum(0), lambda a: a.sum(0), [(200, 300)],
+                                                               [Opt(OptOps.LOCAL, 0, 32), Opt(OptOps.GROUP, 1, 8)]),
   "full sum, one block, chunks": (lambda a: a.sum(), lambda a: a.sum(), [(3000,)], [Opt(OptOps.GROUPTOP, 0, 128)]),
 }
 

@@ -44,8 +44,9 @@ GPU actions refuses), so the loop ids they name stay valid. Each splits the part
 took (the axis' *rest*) as `rest = rest' * k + part`, the new part innermost (GROUPTOP: outermost):
 - LOCAL an output axis by k: the part's k iterations are threads of one block (`lidx0`, the parts of later axes,
   and of one axis the finer ones, fastest); the rests left of the thread-mapped axes make the grid (`gidx0`). Only
-  for axes the mapping may put on threads (`gpudims.mappable_ranges`: disjoint stores), k dividing the rest, at most
-  `target.local_max` threads a block. On a row kernel: k rows a block (a power of two), the rows the block's fastest
+  for axes the mapping may put on threads (`gpudims.mappable_ranges`: disjoint stores), k dividing the rest (or
+  padding the axis by at most a quarter: the extra iterations store nothing), at most `target.local_max` threads a
+  block. On a row kernel: k rows a block (a power of two), the rows the block's fastest
   threads where the LOCALs come before the GROUP (a column sum's warp reads neighbouring columns), else the row's
   lanes.
 - UPCAST an output axis by k (on a GPU target): the part's k iterations are k copies of the body in each thread, a
@@ -489,13 +490,20 @@ class Kernel:
     return graph.replace(arg=GPUChoices(actions + ((opt.op, rng.arg, k),)))
 
   def _check_mapped(self, opt: Opt, rng: UOp, mapped: list[UOp], size: int, by_id: dict) -> None:
-    """KernelOptError unless output range `rng` goes on threads and the amount divides what earlier splits left."""
+    """KernelOptError unless output range `rng` goes on threads and the amount fits what earlier splits left: it
+    divides it, or pads the range (the rest rounded up, the extra iterations guarded) by at most a quarter."""
     if rng not in mapped:
       raise KernelOptError(f"{opt}: axis {opt.axis} stays a loop in each thread (its iterations may touch one "
                            f"address, or a reduction does not depend on it: kiln/codegen/gpudims.py)")
-    rest = size // prod_of(a[2] for a in self.gpu_actions if a[1] == rng.arg and a[0] in (OptOps.LOCAL, OptOps.UPCAST))
-    if rest % opt.arg: raise KernelOptError(f"{opt}: {opt.arg} does not divide the {rest} iterations of axis "
-                                            f"{opt.axis} left by earlier actions")
+    parts = [a[2] for a in self.gpu_actions if a[1] == rng.arg and a[0] in (OptOps.LOCAL, OptOps.UPCAST)]
+    rest = size
+    for part in parts: rest = -(-rest // part)
+    if opt.arg > rest:
+      raise KernelOptError(f"{opt}: more than the {rest} iterations of axis {opt.axis} left by earlier actions")
+    padded = prod_of(parts) * opt.arg * -(-rest // opt.arg)
+    if padded - size > size // 4:
+      raise KernelOptError(f"{opt}: {opt.arg} does not divide the {rest} iterations of axis {opt.axis} left by "
+                           f"earlier actions, and padding them would add more than a quarter ({size} -> {padded})")
 
   def _gpu_possible_opts(self, amounts: tuple[int, ...]) -> list[Opt]:
     """`possible_opts` on a GPU target: UNROLL and SWAP (before any GPU action), then LOCAL, UPCAST, GROUP and
