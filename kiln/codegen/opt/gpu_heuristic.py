@@ -50,6 +50,8 @@ def gpu_target(target: object = None) -> GPUTarget:
   return target if getattr(target, "has_local", False) else GPUTarget()   # type: ignore[return-value]
 
 def _row_opts(kernel: Kernel, plan) -> list[Opt]:
+  """A row kernel's actions: the grid's two GROUPs, a column kernel's (`_column_opts`), or the row's GROUP and the
+  rows a block."""
   from kiln.codegen import gpudims
   axes = kernel.axes
   first_reduce = axes.index(plan.groups[0][0][0])
@@ -114,7 +116,7 @@ def _flat_opts(kernel: Kernel, mapped: list[UOp]) -> list[Opt]:
 
 def gpu_opts(kernel: Kernel) -> list[Opt]:
   """Apply (in place) and return the GPU actions of the module docstring for `kernel` (a Kernel with a GPU target);
-  an action the kernel refuses is left out (the mapping's defaults then hold for what it would have chosen)."""
+  where the kernel refuses one, none (the mapping's defaults, which they spell out, hold for all of them)."""
   from kiln.codegen.gpu_tiles import matmul_plan
   from kiln.codegen.opt.kernel import _mapping_facts
   graph = kernel.sink
@@ -123,12 +125,13 @@ def gpu_opts(kernel: Kernel) -> list[Opt]:
   elif plan is not None: wanted = _row_opts(kernel, plan)
   elif mapped: wanted = _flat_opts(kernel, mapped)
   else: wanted = []
-  chosen = []
-  for opt in wanted:
-    try: kernel.apply(opt)
-    except KernelOptError: break   # (the rest would split what a refused one left)
-    chosen.append(opt)
-  return chosen
+  saved = kernel.sink, list(kernel.applied), kernel.unrolled
+  try:
+    for opt in wanted: kernel.apply(opt)
+  except KernelOptError:   # a part of the defaults' choice would map otherwise than all of it
+    kernel.sink, kernel.applied, kernel.unrolled = saved
+    return []
+  return wanted
 
 def gpu_heuristic_opts(kernel: Kernel) -> list[Opt]:
   """Everything a GPU kernel gets without BEAM, applied in place: long float sums blocked where no block's threads
@@ -140,8 +143,8 @@ def gpu_heuristic_opts(kernel: Kernel) -> list[Opt]:
 def gpu_optimize(lowered: UOp, target: object = None, opts: list[Opt] | None = None) -> UOp:
   """The optimize stage for a GPU target (`target.has_local`, or None: the default GPUTarget): `opts` applied in
   order (BEAM's winner), else `gpu_heuristic_opts`; with NOOPT=1 only long float sums are blocked (no GPU action:
-  the mapping's defaults). The kernel's GPU
-  actions ride on its SINK to the axis-mapping stage (kiln/codegen/gpudims.py `map_axes_to_gpu`)."""
+  the mapping's defaults). The kernel's GPU actions ride on its SINK to the axis-mapping stage
+  (kiln/codegen/gpudims.py `map_axes_to_gpu`)."""
   kernel = Kernel(lowered, gpu_target(target))
   if opts is not None:
     for opt in opts: kernel.apply(opt)
