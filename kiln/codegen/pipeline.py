@@ -25,16 +25,17 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass
 from typing import Any, Callable
-from kiln.helpers import DEBUG, NOOPT, SPEC, VECTORIZE
+from kiln.helpers import DEBUG, SPEC, VECTORIZE
 from kiln.uop.ops import UOp
 from kiln.uop.spec import check_lowered, check_linear
 from kiln.renderer import ONE_THREAD, Renderer, ThreadPlan
 from kiln.codegen.lowerer import lower_kernel
 from kiln.codegen.gather import rewrite_gathers
 from kiln.codegen.linearizer import linearize as linearize_graph
-from kiln.codegen.gpudims import groupable, map_axes_to_gpu
+from kiln.codegen.gpudims import map_axes_to_gpu
 from kiln.codegen.transcendental import apply_software_math
-from kiln.codegen.opt import Kernel, block_long_sums, optimize_kernel
+from kiln.codegen.opt import optimize_kernel
+from kiln.codegen.opt.gpu_heuristic import gpu_optimize
 from kiln.codegen.parallel import FEW_OUTER_ITERATIONS, find_parallel_loop, find_split_reduction, streamed_loads
 from kiln.codegen.vectorize import vectorize as vectorize_uops
 
@@ -63,15 +64,10 @@ def lower(ast: UOp, job: Job) -> UOp:
 
 def optimize(lowered: UOp, job: Job) -> UOp:
   """`lowered` after the optimizer's actions: `job.opts` when given (BEAM's choice, a test's), else the heuristics
-  of the renderer's target. A GPU target (`has_local`) gets no CPU heuristics: their register tiles and padded axes
-  would keep output axes off the threads (kiln/codegen/gpudims.py); its kernels run one output per thread, long
-  float sums blocked, unless the mapping stage groups a row's threads."""
+  of the renderer's target. A GPU target (`has_local`) gets the GPU actions (LOCAL, GROUP/GROUPTOP, UPCAST as a
+  thread's register tile: kiln/codegen/opt/gpu_heuristic.py), which ride on the kernel to `map_axes`."""
   renderer, opts = job.renderer, job.opts
-  if opts is None and renderer.has_local and not NOOPT:
-    if groupable(lowered): return lowered   # a block's threads split the sum (kiln/codegen/gpudims.py)
-    kernel = Kernel(lowered)
-    block_long_sums(kernel)
-    return kernel.sink
+  if renderer.has_local: return gpu_optimize(lowered, renderer.target, opts)
   return optimize_kernel(lowered, opts, renderer.target)
 
 def map_axes(sink: UOp, job: Job) -> UOp:
