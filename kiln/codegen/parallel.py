@@ -126,8 +126,9 @@ def _accesses_are_disjoint(uops: list[UOp], loop: UOp) -> bool:
       low, high = min(low, known_low), max(high, known_high)
     blocks[u.src[0]] = (stride, low, high)
   if any(high - low >= abs(stride) for stride, low, high in blocks.values()):
-    return not any(u.op is _LOAD and u.src[0] in written for u in uops) and \
-      _periodic_blocks_are_disjoint(stores, loop, memo=contains)
+    # (the reads of a written buffer, a blocked sum's partial results, must stay in their iteration's blocks too)
+    return _periodic_blocks_are_disjoint(stores + [u for u in uops if u.op is _LOAD and u.src[0] in written], loop,
+                                         memo=contains)
   for u in [u for u in uops if u.op is _LOAD]:
     if u.src[0] not in written: continue
     split = _affine_in(u.src[1], loop, contains, affine)
@@ -215,11 +216,13 @@ def _affine_form(index: UOp, loop: UOp, memo: dict[UOp, bool], known: dict[UOp, 
   return None
 
 def _periodic_blocks_are_disjoint(stores: list[UOp], loop: UOp, memo: dict[UOp, bool]) -> bool:
-  """Whether the stores of a kernel that reads no buffer it writes touch disjoint addresses in different iterations
-  of `loop` when each iteration's block repeats with a period: an index `s*loop + small + big`, where the terms of
-  `small` span less than |s| and every term of `big` is a multiple of P = |s| * (the loop's trip count). Within one
-  period, iteration i owns [s*i + min(small), s*i + min(small) + |s|), and periods never overlap (a tile's columns
-  outside its rows: iteration i stores columns 32i..32i+31 of every row)."""
+  """Whether the stores of a kernel (and its loads of the buffers it writes, passed with them) touch disjoint
+  addresses in different iterations of `loop` when each iteration's block repeats with a period: an index
+  `s*loop + small + big`, where the terms of `small` (and a vector's further lanes) span less than |s| and every term
+  of `big` is a multiple of P = |s| * (the loop's trip count). Within one period, iteration i owns
+  [s*i + min(small), s*i + min(small) + |s|), and periods never overlap (a tile's columns outside its rows:
+  iteration i stores columns 32i..32i+31 of every row; a packed matmul's units of tile columns, whose blocked sum
+  reads back its own columns' partial results)."""
   if loop.src[0].op is not _CONST: return False
   spans: dict[UOp, tuple[int, int, int, int]] = {}   # buffer -> (stride, period, lowest small, highest small)
   for st in stores:
@@ -234,6 +237,7 @@ def _periodic_blocks_are_disjoint(stores: list[UOp], loop: UOp, memo: dict[UOp, 
       lo, hi = node.vmin, node.vmax
       if not isinstance(lo, int) or not isinstance(hi, int): return False
       low, high = low + min(coeff * lo, coeff * hi), high + max(coeff * lo, coeff * hi)
+    high += (st.dtype if st.op is _LOAD else st.src[2].dtype).count - 1   # a vector access's further lanes
     if st.src[0] in spans:
       known = spans[st.src[0]]
       if known[:2] != (stride, period): return False

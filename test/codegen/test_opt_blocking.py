@@ -157,9 +157,10 @@ def test_possible_opts_offer_blocking_and_never_a_refused_action():
 def test_heuristics_block_large_matmuls_only(packed, block, target, wide):
   with Context(PACK_MATMUL=packed):
     opts = heuristic_opts(_matmul_kernel((2048, 2048), (2048, 2048)), target)
-    # packed: then the tile columns go outside the unit's tile rows (SWAP)
-    assert [o.op for o in opts] == [U, U, S, K] + [SW] * packed and opts[0].arg == wide, opts
-    assert opts[3].arg == block, opts
+    # packed: units of tile columns outermost, the sum blocked, each unit's tile rows outside its columns
+    # (heuristic.py `_column_units`); unpacked: units of tile rows
+    assert [o.op for o in opts] == ([U, U, SW, S, K, SW] if packed else [U, U, S, K]) and opts[0].arg == wide, opts
+    assert next(o for o in opts if o.op is K).arg == block, opts
     # unpacked, a panel is blocked above 4 L2s (the 1024 matmul's 4 MiB is not); packed, above one L2 (it is)
     assert (K in [o.op for o in heuristic_opts(_matmul_kernel((1024, 1024), (1024, 1024)), target)]) == bool(packed)
     assert K not in [o.op for o in heuristic_opts(_matmul_kernel((512, 512), (512, 512)), target)]
@@ -172,7 +173,8 @@ def test_blocked_matmul_still_splits_across_threads(packed):
   with Context(PACK_MATMUL=packed): kernel = _matmul_kernel((2048, 2048), (2048, 2048))
   heuristic_opts(kernel)
   loop = find_parallel_loop(linearize(kernel.sink))
-  assert loop is not None and Kernel.size(loop.loop) == 16, "the thread split takes the outer row-block loop"
+  # unpacked: 16 units of 16 tile rows; packed: 4 units of 32 tile columns (2 a core: their `b` blocks fit half an L2)
+  assert loop is not None and Kernel.size(loop.loop) == (4 if packed else 16), "the thread split takes the unit loop"
 
 def test_conv_weight_gradient_gets_lanes_and_eight_channels():
   x, w = Tensor.empty(16, 64, 56, 56, requires_grad=True), Tensor.empty(64, 64, 3, 3, requires_grad=True)
