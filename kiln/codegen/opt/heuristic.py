@@ -33,9 +33,11 @@ The choices follow from how each axis walks memory (its stride in every load and
   each step of the sum reads one cache line of `b`), the panel counts all of `b` and the reduce axis is blocked by 512
   (`_panel`); matmul 2048, 2 threads, best of 5 interleaved: KBLOCK 512 with 16 or 32 tiles per unit 188-197
   GFLOP/s, 256 183, 1024 183, unblocked 121-125; NumPy 187-193. On a target, a packed panel is blocked once it
-  outgrows one L2 (an unpacked one above KBLOCK_L2_MULTIPLE L2s), and the unit's tile columns then run outside its
-  tile rows (SWAP): each column panel of `b` serves all of the unit's rows while it is in cache, and those rows of
-  `a` stay in L2 (bench/RESULTS.md, seventh session: the Xeon's 1024 and 2048 matmuls);
+  outgrows one L2 (an unpacked one above KBLOCK_L2_MULTIPLE L2s). A packed matmul of two axes is blocked by units of
+  tile columns instead (`_column_units`): each unit's block of `b` stays in L2 while every row tile of `a`, in L1,
+  sweeps the unit's columns (bench/RESULTS.md, thirteenth session: the Xeon's 1024 and 2048 matmuls 7-17% faster
+  than units of rows); with more axes (a batch), the units are of rows and the unit's tile columns run outside its
+  tile rows (SWAP), each column panel of `b` serving all of the unit's rows while it is in cache;
 - few rows against a large `b` (`b` over one L2 and `a` within half of one, or `b` over half an L2 and `a` within an
   eighth: a 1x1 conv's weights over a large image, a conv's output gradient over small images in its weight
   gradient) put the tile's columns outside its rows (SWAP), so each column panel of `b` serves every row from L1
