@@ -78,7 +78,7 @@ def search_target(device) -> object:
   """The target a search on `device` plans for: a GPU's description where its renderer has threads and blocks
   (kiln/codegen/opt/gpu_heuristic.py gpu_target), else None (the CPU's actions)."""
   renderer = getattr(device, "renderer", None)
-  if not getattr(renderer, "has_local", False) or not _pipeline_builds_gpu_actions(): return None
+  if not getattr(renderer, "has_local", False): return None
   from kiln.codegen.opt.gpu_heuristic import gpu_target
   return gpu_target(getattr(renderer, "target", None))
 
@@ -93,15 +93,6 @@ def _extensions(kernel: Kernel) -> list[Kernel]:
 # seconds per kernel (`inf` for one that failed or was not timed) of the kernels given, timing none that would start
 # after the deadline (a `time.perf_counter()` value)
 Timer = Callable[[Sequence[Kernel], float], list[float]]
-
-def _pipeline_builds_gpu_actions() -> bool:
-  """Whether the codegen pipeline's optimize stage hands GPU kernels to `gpu_optimize` (which replays a search's GPU
-  actions). Transitional, until that call is in place: without it a search on a GPU plans for no target (the CPU's
-  actions, as before), since its winner is replayed there."""
-  try: from kiln.codegen import pipeline
-  except ImportError: return False
-  code = getattr(getattr(pipeline, "optimize", None), "__code__", None)
-  return hasattr(pipeline, "gpu_optimize") or (code is not None and "gpu_optimize" in code.co_names)
 
 def beam_search(sink: UOp, time_kernels: Timer, width: int, timeout_s: float, target: object = None) -> Kernel:
   """The fastest kernel found by a `width`-wide beam over actions on `sink` for `target` (a GPU one: the GPU
