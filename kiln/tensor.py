@@ -1222,21 +1222,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     >>> round(Tensor([0.5]).tanh().item(), 5)
     0.46212
     """
-    def odd(x: Tensor) -> Tensor:
-      negative = x < 0
-      magnitude = negative.where(-x, x)
-      small = magnitude < _TANH_POLY_LIMIT
-      # the polynomial only where it is used: x**9 of a huge x would overflow, and 0 * inf poisons the gradient
-      near = small.where(x, 0.0)
-      square = near * near
-      # float64 needs the series itself (the float32 fit is good to 1e-8)
-      coefficients = _TANH_TAYLOR_F64 if x.dtype == dtypes.float64 else _TANH_POLY
-      correction = functools.reduce(lambda acc, c: acc * square + c, coefficients[1:], coefficients[0])
-      e = (-2 * magnitude).exp()   # in (0, 0.33]: 1 - 2e/(1 + e) loses no precision
-      far = 1 - 2 * e / (1 + e)
-      poly = (near == 0).where(near, near + near * square * correction)   # tanh(-0.0) is -0.0
-      return small.where(poly, negative.where(-far, far))
-    return self._in_float(odd)
+    return self._in_float(_tanh_odd)
   def gelu(self) -> Tensor:
     """GELU with the tanh approximation (PyTorch's gelu(approximate='tanh'))."""
     return 0.5 * self * (1 + (math.sqrt(2 / math.pi) * (self + 0.044715 * self * self * self)).tanh())
@@ -2076,6 +2062,50 @@ def _check_devices(uop: UOp, name: str) -> None:
   """Lower a node over several devices now, so that an op they cannot run raises here, naming the user's line."""
   try: _multi.lower(uop)
   except _multi.MultiDeviceError as e: raise _multi.MultiDeviceError(f"{e}{_where()}") from None
+
+def _tanh_odd_tensors(x: Tensor) -> Tensor:
+  """tanh of a float32/float64 tensor in Tensor ops (Tensor.tanh's docstring): _tanh_odd builds these same nodes."""
+  negative = x < 0
+  magnitude = negative.where(-x, x)
+  small = magnitude < _TANH_POLY_LIMIT
+  # the polynomial only where it is used: x**9 of a huge x would overflow, and 0 * inf poisons the gradient
+  near = small.where(x, 0.0)
+  square = near * near
+  # float64 needs the series itself (the float32 fit is good to 1e-8)
+  coefficients = _TANH_TAYLOR_F64 if x.dtype == dtypes.float64 else _TANH_POLY
+  correction = functools.reduce(lambda acc, c: acc * square + c, coefficients[1:], coefficients[0])
+  e = (-2 * magnitude).exp()   # in (0, 0.33]: 1 - 2e/(1 + e) loses no precision
+  far = 1 - 2 * e / (1 + e)
+  poly = (near == 0).where(near, near + near * square * correction)   # tanh(-0.0) is -0.0
+  return small.where(poly, negative.where(-far, far))
+
+def _tanh_odd(x: Tensor) -> Tensor:
+  """_tanh_odd_tensors' nodes built directly, each labelled as its Tensor op labels it: the same graph (the same
+  nodes, by hash-consing) without ~40 Tensors, their checks and wrappers (a GELU's tanh was ~12% of building the
+  anchors' transformer). Over several devices, the Tensor ops (they check each op's devices)."""
+  u = x.uop
+  device, shape, dtype = u.device, u.shape, u.dtype
+  if type(device) is not str: return _tanh_odd_tensors(x)
+  nd = len(shape)
+  def node(n: UOp, name: str) -> UOp:   # Tensor._wrap's labelling
+    if n.meta is None: _label(n, name)
+    return n
+  def c(value) -> UOp:   # a Python scalar operand, as Tensor._broadcasted builds it
+    if not nd: return UOp.const(dtype, value, device)
+    return node(_scalar_view(dtype, value, device, nd).expand(shape), "expand")
+  def alu(op: Ops, *src: UOp) -> UOp: return node(src[0].alu(op, *src[1:]), "tanh")
+  negative = alu(Ops.CMPLT, u, c(0))
+  magnitude = alu(Ops.WHERE, negative, alu(Ops.NEG, u), u)
+  small = alu(Ops.CMPLT, magnitude, c(_TANH_POLY_LIMIT))
+  near = alu(Ops.WHERE, small, u, c(0.0))
+  square = alu(_MUL, near, near)
+  coefficients = _TANH_TAYLOR_F64 if dtype == dtypes.float64 else _TANH_POLY
+  correction = alu(_ADD, alu(_MUL, c(coefficients[0]), square), c(coefficients[1]))
+  for k in coefficients[2:]: correction = alu(_ADD, alu(_MUL, correction, square), c(k))
+  e = alu(Ops.EXP2, alu(_MUL, alu(_MUL, c(-2), magnitude), c(1 / math.log(2))))   # Tensor.exp's form
+  far = alu(Ops.SUB, c(1), alu(Ops.FDIV, alu(_MUL, c(2), e), alu(_ADD, c(1), e)))
+  poly = alu(Ops.WHERE, alu(Ops.CMPEQ, near, c(0)), near, alu(_ADD, near, alu(_MUL, alu(_MUL, near, square), correction)))
+  return Tensor._wrap(alu(Ops.WHERE, small, poly, alu(Ops.WHERE, negative, alu(Ops.NEG, far), far)), "where")
 
 def _realize_all(tensors: Sequence[Tensor]) -> None:
   """Tensor.realize_all with the cyclic garbage collector paused, inline (helpers.gc_paused's wrapper is one Python

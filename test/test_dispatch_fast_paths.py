@@ -1,9 +1,11 @@
 """The eager dispatch path's shortcuts keep their rules: the schedule cache drops its least recently used template
 (a hit counts as a use), the key walk leaves the recursion limit as it found it, DISK buffers are never cached, and
-the results registered under a buffer are forgotten when it is overwritten."""
+the results registered under a buffer are forgotten when it is overwritten, and tanh's node-level build is the graph
+of its Tensor ops."""
 from __future__ import annotations
 import sys
 import numpy as np
+import pytest
 from kiln import Tensor
 from kiln.schedule import cache
 
@@ -96,3 +98,13 @@ def test_memoized_keys_keep_no_buffer_alive():
   root = (y + 5).uop
   assert cache.graph_key([root]) == _walked_key([root])
   assert (y + 5).tolist() == [12, 13, 14]
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int32"])
+@pytest.mark.parametrize("shape", [(4, 3), (5,), (), (1, 1)])
+def test_tanh_builds_the_nodes_of_its_tensor_ops(dtype, shape):
+  from kiln import tensor as tensor_module
+  x = Tensor(np.linspace(-3, 3, int(np.prod(shape))).reshape(shape).astype(dtype))
+  built = x.tanh()
+  assert built.uop is x._in_float(tensor_module._tanh_odd_tensors).uop   # hash-consing: the very same graph
+  want = np.tanh(np.linspace(-3, 3, int(np.prod(shape))).reshape(shape).astype(dtype).astype(np.float64))
+  np.testing.assert_allclose(built.numpy(), want, rtol=1e-3 if dtype == "float16" else 1e-6, atol=1e-3 if dtype == "float16" else 1e-7)
