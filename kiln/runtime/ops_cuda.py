@@ -17,7 +17,7 @@ from kiln.helpers import PTX
 from kiln.renderer import kernel_function_name
 from kiln.renderer.cuda import CUDARenderer, DEPENDENT_WAIT
 from kiln.renderer.ptx import PTXRenderer
-from kiln.runtime import cuda_driver as cuda
+from kiln.runtime import cuda_driver as cuda, gpu_target
 
 Launch = tuple[tuple[int, int, int], tuple[int, int, int]]
 ONE_THREAD: Launch = ((1, 1, 1), (1, 1, 1))   # a kernel without thread indices (a full reduction, for now)
@@ -223,6 +223,9 @@ class CUDADevice(Compiled):
     renderer, compiler = (PTXRenderer(arch), cuda.PTXCompiler(arch)) if PTX else \
       (CUDARenderer(arch), cuda.NVRTCCompiler(arch))
     super().__init__(device, cuda.CudaAllocator(self.context), renderer, compiler, functools.partial(CUDAProgram, self))
+    # what the GPU heuristics read (kiln/runtime/gpu_target.py): this GPU's arch and multiprocessors
+    target = gpu_target.for_device(arch, self.context.properties.sm_count)
+    renderer.describe_target = lambda: target
 
   def synchronize(self) -> None:
     """Wait until every kernel and copy queued on this GPU has finished."""

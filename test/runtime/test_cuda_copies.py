@@ -2,7 +2,8 @@
 subprocess, a copy between two buffers of one GPU is one device-to-device copy, a copy from one GPU to another one
 peer copy, and neither goes through host memory (no device-to-host or host-to-device copy). Sharding a CUDA tensor
 over both GPUs and gathering it back moves its slices the same way (the fake's copies are real memcpys, its kernels
-do nothing: only values that copies alone made are checked)."""
+do nothing: only values that copies alone made are checked). The device also describes its GPU to the heuristics
+(kiln/runtime/gpu_target.py) from what the driver reports (the fake's 132 multiprocessors, sm_90a)."""
 from __future__ import annotations
 import json, os, sys
 from test_cuda_launch_path import fake_driver, HERE   # noqa: F401  (the fixture; test/runtime is on sys.path)
@@ -21,6 +22,9 @@ def child() -> dict:
   counts = lambda: [fake.fake_copies(k) for k in range(4)]
   def delta(before: list[int]) -> list[int]: return [x - y for x, y in zip(counts(), before)]
   out: dict = {}
+  from kiln.device import Device
+  target = Device["CUDA:1"].renderer.target
+  out["target"] = [type(target).__name__, target.arch, target.multiprocessors, target.has_local]
   a = Buffer("CUDA:0", 8, dtypes.float32).copyin(memoryview(np.arange(8, dtype=np.float32)))
   b, c = Buffer("CUDA:0", 8, dtypes.float32), Buffer("CUDA:1", 8, dtypes.float32)
   before = counts()
@@ -61,6 +65,7 @@ def test_copies_between_gpus_stay_on_the_gpus(fake_driver):
   copies = out["shard_and_gather"]
   assert copies[HOST_TO_DEVICE] == copies[DEVICE_TO_HOST] == 0 and copies[PEER] >= 2
   assert out["moved"]
+  assert out["target"] == ["GPUTarget", "sm_90a", 132, True]
 
 if __name__ == "__main__":
   print(json.dumps(child()))

@@ -24,29 +24,15 @@ before they were actions:
 [Opt(OptOps.LOCAL, 0, 256), Opt(OptOps.UPCAST, 0, 4)]
 """
 from __future__ import annotations
-from dataclasses import dataclass
 from kiln.helpers import NOLOCALS, NOOPT, prod
 from kiln.uop.ops import UOp, Ops
+from kiln.runtime.gpu_target import GPUTarget   # (the description's type: a data class, no runtime code)
 from kiln.codegen.opt.kernel import Kernel, Opt, OptOps, KernelOptError
 from kiln.codegen.opt.heuristic import block_long_sums
 
-@dataclass(frozen=True)
-class GPUTarget:
-  """What the GPU heuristics and actions read about a GPU: threads a block (`local_max`), shared memory a block
-  (`shared_max`, bytes, static), `warp_size`, multiprocessors, the widest access a thread makes (`vector_bytes`)
-  and the tensor-core shapes (empty until issue 21). The defaults are the H200's (sm_90)."""
-  arch: str = "sm_90a"
-  local_max: int = 1024
-  shared_max: int = 48 << 10
-  warp_size: int = 32
-  multiprocessors: int = 132
-  global_max: tuple[int, int, int] = (2 ** 31 - 1, 65535, 65535)
-  vector_bytes: int = 16
-  tensor_cores: tuple = ()
-  has_local: bool = True
-
 def gpu_target(target: object = None) -> GPUTarget:
-  """`target` where it describes a GPU (`has_local`), else the default GPUTarget (the renderer gives none yet)."""
+  """`target` where it describes a GPU (`has_local`: the CUDA device's, kiln/runtime/gpu_target.py), else the
+  default GPUTarget (a renderer without a device: the H200's)."""
   return target if getattr(target, "has_local", False) else GPUTarget()   # type: ignore[return-value]
 
 def _row_opts(kernel: Kernel, plan) -> list[Opt]:
