@@ -38,7 +38,7 @@ THREADS = THREADS_ROWS * THREADS_COLS
 # (a thread holds (BM/16) x (BN/16) outputs; H200, 4096^3: 45.7, 40.1 and 31.7 TFLOP/s, bench/gpu_notes.md call 13)
 TILES = ((128, 128, 1.0), (128, 64, 0.88), (64, 128, 0.88), (64, 64, 0.69), (32, 32, 0.3))   # 64x128: as 128x64
 BLOCK_KS = (16, 8)   # the K step: the first that divides K
-MULTIPROCESSORS = 132   # the H200's: blocks run in waves of this many (a last partial wave leaves SMs idle)
+MULTIPROCESSORS = 132   # the H200's, the default: blocks run in waves of the target's multiprocessors
 SHARED_PAD = 4   # floats after each shared row written k-fastest (its writes would otherwise hit one bank)
 # what a factor may be made of: loads and elementwise math over them (no reduction, no shared memory)
 FACTOR_OPS = GroupOp.ALU | {Ops.LOAD, Ops.CONST, Ops.RANGE, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CAST, Ops.BITCAST}
@@ -78,10 +78,12 @@ def _ceil(a: int, b: int) -> int: return -(-a // b)
 
 MIN_USEFUL = 0.5   # a tile whose edge tiles would leave more of its work padding than this is not taken
 
-def choose_tile(m: int, n: int, k: int, batch: int) -> tuple[int, int, int] | None:
+def choose_tile(m: int, n: int, k: int, batch: int,
+                multiprocessors: int = MULTIPROCESSORS) -> tuple[int, int, int] | None:
   """(BM, BN, BK) for an m x n x k matmul (times `batch`): the tile of TILES whose rate, times the share of the
-  multiprocessors its waves of blocks keep busy, times the share of its work that is not padding (edge tiles where
-  it does not divide m, n or k: guarded), is highest; None when every tile would be mostly padding.
+  `multiprocessors` its waves of blocks keep busy (a last partial wave leaves some idle), times the share of its work
+  that is not padding (edge tiles where it does not divide m, n or k: guarded), is highest; None when every tile
+  would be mostly padding.
 
   >>> choose_tile(4096, 4096, 4096, 1), choose_tile(1024, 1024, 1024, 1), choose_tile(100, 64, 64, 1)
   ((128, 128, 16), (128, 64, 16), (32, 32, 16))
@@ -95,12 +97,13 @@ def choose_tile(m: int, n: int, k: int, batch: int) -> tuple[int, int, int] | No
     useful = m / (_ceil(m, bm) * bm) * n / (_ceil(n, bn) * bn) * k / (_ceil(k, bk) * bk)
     if useful < MIN_USEFUL: continue
     blocks = _ceil(m, bm) * _ceil(n, bn) * batch
-    busy = blocks / (_ceil(blocks, MULTIPROCESSORS) * MULTIPROCESSORS)
+    busy = blocks / (_ceil(blocks, multiprocessors) * multiprocessors)
     if rate * busy * useful > best_score: best, best_score = (bm, bn, bk), rate * busy * useful
   return best
 
-def matmul_plan(sink: UOp) -> MatmulPlan | None:
-  """The MatmulPlan of a lowered kernel of the matmul shape (see the module docstring), or None."""
+def matmul_plan(sink: UOp, multiprocessors: int = MULTIPROCESSORS) -> MatmulPlan | None:
+  """The MatmulPlan of a lowered kernel of the matmul shape (see the module docstring) for a GPU of
+  `multiprocessors` SMs, or None."""
   if len(sink.src) != 1 or sink.src[0].op is not Ops.STORE or len(sink.src[0].src) != 3: return None
   store = sink.src[0]
   if store.src[0].op is not Ops.DEFINE_GLOBAL: return None
@@ -137,7 +140,8 @@ def matmul_plan(sink: UOp) -> MatmulPlan | None:
   if form is not None and abs(form[0].get(cols[-1], 0)) > abs(form[0].get(rows[-1], 0)):
     a, b, rows, cols = b, a, cols, rows
   m, n = prod(Kernel.size(r) for r in rows), prod(Kernel.size(r) for r in cols)
-  tile = choose_tile(m, n, prod(Kernel.size(r) for r in k_ranges), prod(Kernel.size(r) for r in batch))
+  tile = choose_tile(m, n, prod(Kernel.size(r) for r in k_ranges), prod(Kernel.size(r) for r in batch),
+                     multiprocessors)
   if tile is None or prod(Kernel.size(r) for r in batch) > 65535 or _ceil(m, tile[0]) > 65535: return None
   return MatmulPlan(store, total, k_ranges, rows, cols, batch, a, b, _k_fastest(a, rows[-1], k_ranges),
                     _k_fastest(b, cols[-1], k_ranges), tile)
@@ -183,10 +187,10 @@ def _stage(factor: UOp, outer: tuple[UOp, ...], k_ranges: tuple[UOp, ...], k_fas
                                                 if value.dtype != dtypes.float32 else value)))
   return stores
 
-def tile_matmul(sink: UOp) -> UOp | None:
+def tile_matmul(sink: UOp, multiprocessors: int = MULTIPROCESSORS) -> UOp | None:
   """A matmul-shaped kernel (`matmul_plan`) as shared-memory tiles per block and register tiles per thread (the
-  module docstring), or None where no plan fits."""
-  plan = matmul_plan(sink) if not NOLOCALS else None
+  module docstring) for a GPU of `multiprocessors` SMs, or None where no plan fits."""
+  plan = matmul_plan(sink, multiprocessors) if not NOLOCALS else None
   if plan is None: return None
   bm, bn, bk = plan.tile
   tm, tn = bm // THREADS_ROWS, bn // THREADS_COLS

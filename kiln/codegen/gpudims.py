@@ -498,16 +498,17 @@ def default_grid(plan: RowPlan) -> tuple[int, int] | None:
   if plan.rows or plan.elementwise is not None or len(plan.groups) != 1: return None
   return (GROUP_SIZE, GRID_BLOCKS) if prod(r.src[0].arg for r in plan.groups[0][0]) >= MIN_GRID_REDUCED else None
 
-def map_axes_to_gpu(sink: UOp) -> UOp:
+def map_axes_to_gpu(sink: UOp, target: object = None) -> UOp:
   """A lowered (and optimized) kernel with its mappable output ranges replaced by the thread index (see the module
   docstring); a kernel with none is returned as it is (it runs as one thread). A kernel of one long reduction
   becomes one block per row instead (`group_rows`), and a matmul-shaped one shared-memory tiles
   (kiln/codegen/gpu_tiles.py). A kernel with GPU actions recorded on its SINK (kiln/codegen/opt/kernel.py
-  GPUChoices) is mapped as they chose (`map_chosen`)."""
-  from kiln.codegen.gpu_tiles import tile_matmul
+  GPUChoices) is mapped as they chose (`map_chosen`). `target` (the renderer's GPUTarget, None: the H200's)
+  gives the multiprocessors the matmul tiles' waves fill."""
+  from kiln.codegen.gpu_tiles import MULTIPROCESSORS, tile_matmul
   from kiln.codegen.opt.kernel import gpu_choices
   if (choices := gpu_choices(sink)) is not None: return map_chosen(sink.replace(arg=None), choices)
-  if (tiled := tile_matmul(sink)) is not None: return tiled
+  if (tiled := tile_matmul(sink, getattr(target, "multiprocessors", MULTIPROCESSORS))) is not None: return tiled
   if (grouped := group_rows(sink)) is not None: return grouped
   mapped = mappable_ranges(sink)
   if not mapped: return sink

@@ -73,7 +73,7 @@ def optimize(lowered: UOp, job: Job) -> UOp:
 def map_axes(sink: UOp, job: Job) -> UOp:
   """On a GPU target, output axes as grid and block indices (kiln/codegen/gpudims.py); elsewhere `sink` as it is
   (the CPU's thread split is planned on the linear uops: `plan_threads`)."""
-  return map_axes_to_gpu(sink) if job.renderer.has_local else sink
+  return map_axes_to_gpu(sink, job.renderer.target) if job.renderer.has_local else sink
 
 def software_math(sink: UOp, job: Job) -> UOp:
   """Software exp2/log2/sin and multiply-shift division where the renderer wants them; checked by kiln/uop/spec.py

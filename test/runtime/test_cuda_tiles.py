@@ -196,3 +196,10 @@ def test_convolution_as_tiles(channels_out, padding, size):
   assert _tiled(uops), "the convolution was not tiled"
   want = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), padding=padding).numpy()
   _check(got, want, f"conv2d padding {padding}")
+
+def test_the_tile_fills_the_targets_multiprocessors():
+  """The tile is chosen for the GPU's multiprocessor count (kiln/runtime/gpu_target.py): a 1024^3 matmul takes
+  128x64 tiles on the H200's 132 SMs (128 blocks: one wave) and 128x128 on 16 (64 blocks: four full waves)."""
+  from kiln.codegen.gpu_tiles import choose_tile
+  assert choose_tile(1024, 1024, 1024, 1) == choose_tile(1024, 1024, 1024, 1, multiprocessors=132) == (128, 64, 16)
+  assert choose_tile(1024, 1024, 1024, 1, multiprocessors=16) == (128, 128, 16)
