@@ -22,6 +22,7 @@ def small_packs(monkeypatch):
   monkeypatch.setattr(pack, "PACK_CHANNELS_MIN_WORK", 1)
   monkeypatch.setattr(pack, "PACK_A_L2_SHARE", 1 << 40)   # (every `a` "too large to stay in L2")
   monkeypatch.setattr(pack, "PACK_MIN_REUSE", 8)
+  monkeypatch.setattr(pack, "A_IN_PLACE", False)   # (both operands packed: `a` too)
   with Context(SCHEDULE_CACHE=0): yield
 
 # what the default device schedules: packs only where its renderer asks for them (host CPU devices)
@@ -125,13 +126,29 @@ def test_a_broadcast_constant_factor_is_not_copied(small_packs):
   (root,) = pack_matmuls([out], toposort([out]), lambda device: True)
   assert sum(u.op is Ops.CONTIGUOUS for u in toposort([root])) == 1   # only `a`
 
+def copies(t: Tensor) -> int:
+  """How many operand copies (packs) `pack_matmuls` puts into `t`'s graph."""
+  (root,) = pack_matmuls([t.uop], toposort([t.uop]), lambda device: True)
+  return sum(u.op is Ops.CONTIGUOUS and u.src[0].op is Ops.PERMUTE for u in toposort([root]))
+
 def test_thresholds_keep_small_matmuls_and_few_rows_unpacked():
-  assert packed_sums(Tensor.empty(256, 256) @ Tensor.empty(256, 1024)) == 0    # the transformer's FFN: 2^26
+  assert copies(Tensor.empty(256, 256) @ Tensor.empty(256, 1024)) == 0    # the transformer's FFN: 2^26
   # 512^3: the two copies and their launches cost what they save (one thread, run in turn: 1.73 -> 1.64 ms unpacked)
-  assert packed_sums(Tensor.empty(512, 512) @ Tensor.empty(512, 512)) == 0
-  assert packed_sums(Tensor.empty(640, 640) @ Tensor.empty(640, 640)) == 1   # 3.44 ms packed, 4.23 unpacked
-  assert packed_sums(Tensor.empty(16, 2048) @ Tensor.empty(2048, 8192)) == 0   # 16 rows: a pack used 16 times
-  with Context(PACK_MATMUL=0): assert packed_sums(Tensor.empty(640, 640) @ Tensor.empty(640, 640)) == 0
+  assert copies(Tensor.empty(512, 512) @ Tensor.empty(512, 512)) == 0
+  assert copies(Tensor.empty(640, 640) @ Tensor.empty(640, 640)) == 1   # `b` (a row-major `a` is read in place)
+  assert copies(Tensor.empty(16, 2048) @ Tensor.empty(2048, 8192)) == 0   # 16 rows: a pack used 16 times
+  with Context(PACK_MATMUL=0): assert copies(Tensor.empty(640, 640) @ Tensor.empty(640, 640)) == 0
+
+def test_a_plain_matmul_reads_a_row_major_a_in_place():
+  """Large plain matmuls pack `b` alone when `a` is contiguous along the sum (its kernel reads each row tile of `a`
+  from L1, heuristic.py `_column_units`); a transposed `a` or a batch packs both; the values are NumPy's."""
+  assert copies(Tensor.empty(1024, 1024) @ Tensor.empty(1024, 1024)) == 1
+  assert copies(Tensor.empty(1024, 1024).T @ Tensor.empty(1024, 1024)) == 2
+  assert copies(Tensor.empty(4, 512, 512) @ Tensor.empty(4, 512, 512)) == 2
+  with Context(SCHEDULE_CACHE=0):
+    rng = np.random.default_rng(8)
+    an, bn = rng.standard_normal((640, 640), dtype=np.float32), rng.standard_normal((640, 640), dtype=np.float32)
+    assert_close((Tensor(an) @ Tensor(bn)).numpy(), an.astype(np.float64) @ bn, "640^3 matmul, b packed", atol=2e-3)
 
 def test_packed_matmul_on_llvm(small_packs):
   pytest.importorskip("llvmlite")

@@ -27,6 +27,9 @@ the factor that varies along the channels alone, broadcast along the image (its 
 the input gradient), is copied to (channels/16, reduce axes..., 16), and the register tile's vectors run along the
 channels (`_packed_channels`).
 
+A plain matmul (two output axes, one summed) whose `a` is contiguous along the sum copies `b` alone (`A_IN_PLACE`,
+`_rows_stay_in_l1`): its kernel is blocked by units of tile columns, and each row tile of `a` is read from L1.
+
 A matmul whose `a` fits in a PACK_A_L2_SHARE share of one L2 (the device's target) and whose `b` is contiguous along
 the columns is not packed: its kernel keeps `a` in L2 and runs the tile columns outside the rows (a 1x1 conv's few
 output channels over a large image; codegen/opt/heuristic.py `_columns_outside`). The channel-major copy of a conv's
@@ -124,6 +127,7 @@ def _packed_matmul(reduce: UOp) -> UOp | None:
   if prod(shape) <= PACK_MIN_WORK:   # small: only a `b` that its tile would gather
     if axis_stride(factors[ib][1].src[0], c) in (1, None): return None
     packs = packs[:1]
+  elif _rows_stay_in_l1(shape, axes, factors[ia][1].src[0]): packs = packs[:1]
   new = list(product.src)
   for index, axis, lanes in packs:
     casts, expand = factors[index]
@@ -176,6 +180,18 @@ def _packed_channels(reduce: UOp) -> UOp | None:
   return None
 
 PACK_A_L2_SHARE = 4   # a matmul whose `a` fits in this share of one L2 is not packed (its rows stay in cache)
+
+A_IN_PLACE = True   # a plain matmul's row-major `a` is read in place, only `b` packed (`_rows_stay_in_l1`)
+
+def _rows_stay_in_l1(shape: tuple, axes: tuple[int, ...], a: UOp) -> bool:
+  """Whether a large matmul's `a` is read in place, only `b` packed: a plain matmul (two output axes, one summed)
+  whose `a` is contiguous along the sum. Its kernel is blocked by units of tile columns (kiln/codegen/opt/heuristic.py
+  `_column_units`): each row tile of `a` (8 rows of a block of the sum) is read from L1 by every tile of the unit,
+  so a tile-major copy of `a` costs a pass over it and saves nothing. Measured on the Xeon (one thread, CPU time,
+  the whole call): matmul 1024 16.0-16.8 -> 15.9-16.4 ms, 2048 127-139 -> 120-122 ms (the kernel itself 116-118
+  against 120-131 reading the copy)."""
+  outputs = [i for i in range(len(shape)) if i not in axes and shape[i] > 1]
+  return A_IN_PLACE and len(outputs) == 2 and len(axes) == 1 and axis_stride(a, axes[0]) == 1
 
 def _l2_bytes(device: str | tuple | None) -> int:
   """One core's L2 on `device`'s target (the renderer's CPU description), 1 MiB where it has none."""
