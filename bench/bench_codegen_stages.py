@@ -1,7 +1,7 @@
-"""CPU time of each Python codegen stage -- lowering, the optimizer's heuristics, software math, linearize, vectorize
-(with its thread plans) and render -- over the distinct kernels of a graph: the anchors' cold transformer graph (issue
-4's cold first call), or with `--graph resnet` the first eager SGD step of ResNet-50 at batch 4, 224x224 (issue 17's
-cold first step: bench/bench_resnet.py's model, ~450 kernels).
+"""CPU time of each Python codegen stage (kiln/codegen/pipeline.py STAGES: lower, optimize, map_axes, software_math,
+linearize, vectorize with its thread plans, plan_threads, render) over the distinct kernels of a graph: the anchors'
+cold transformer graph (issue 4's cold first call), or with `--graph resnet` the first eager SGD step of ResNet-50 at
+batch 4, 224x224 (issue 17's cold first step: bench/bench_resnet.py's model, ~450 kernels).
 
 Each run is a fresh process (the rewrite memories and node caches start empty, as in a cold first call); the minimum
 of the runs is printed per stage, in milliseconds of process CPU time (less sensitive to other load than wall time).
@@ -42,32 +42,22 @@ def resnet_items() -> list:
 GRAPHS = {"transformer": transformer_items, "resnet": resnet_items}
 
 def measure_once(graph: str = "transformer") -> dict[str, float]:
-  """One run in this process: CPU seconds per stage, summed over the graph's distinct kernels."""
+  """One run in this process: CPU seconds per stage of the pipeline (kiln/codegen/pipeline.py STAGES), summed over
+  the graph's distinct kernels."""
   from kiln.device import Device
   from kiln.uop.ops import Ops
-  from kiln.codegen.lowerer import lower_kernel
-  from kiln.codegen.gather import rewrite_gathers
-  from kiln.codegen.opt import optimize_kernel
-  from kiln.codegen.transcendental import apply_software_math
-  from kiln.codegen.linearizer import linearize
+  from kiln.codegen import pipeline
   items = GRAPHS[graph]()
   asts = list(dict.fromkeys(item.ast for item in items if item.ast.op is Ops.SINK))
   renderer = Device[items[0].bufs[0].device].renderer
   gc.disable()   # as in precompile (kiln/engine/realize.py: the collector is paused during codegen)
-  stages = {"lower": lambda ast, i: rewrite_gathers(lower_kernel(ast)),
-            # the renderer's target, as precompile optimizes (without it the heuristics plan for a default CPU)
-            "optimize": lambda lowered, i: optimize_kernel(lowered, target=renderer.target),
-            "software_math": lambda optimized, i: apply_software_math(optimized, renderer),
-            "linearize": lambda kernel, i: linearize(kernel),
-            "vectorize": lambda uops, i: renderer.vectorize(uops) if hasattr(renderer, "vectorize") else uops,
-            "render": lambda uops, i: renderer.render(f"k{i}", uops)}
-  totals = {"kernels": float(len(asts)), **{name: 0.0 for name in stages}}
+  totals = {"kernels": float(len(asts)), **{stage.name: 0.0 for stage in pipeline.STAGES}}
   for i, ast in enumerate(asts):
-    value = ast
-    for name, stage in stages.items():   # each stage takes the one before's result
+    job, value = pipeline.Job(renderer, f"k{i}"), ast
+    for stage in pipeline.STAGES:   # each stage takes the one before's result
       start = time.process_time()
-      value = stage(value, i)
-      totals[name] += time.process_time() - start
+      value = stage.run(value, job)
+      totals[stage.name] += time.process_time() - start
   return totals
 
 def main() -> None:

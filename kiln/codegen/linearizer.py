@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 from kiln.dtype import dtypes
 from kiln.uop.ops import UOp, Ops, toposort, identity_element
+from kiln.codegen.opt.kernel import graph_nodes
 # the Ops members these loops over every uop test, bound once: under Python 3.11 each `Ops.X` read costs ~130 ns
 # (EnumType defines __getattr__, which puts every attribute read on the class on a slow path), 10x a global's
 _RANGE, _REDUCE, _SINK, _STORE, _LOAD, _MUL = Ops.RANGE, Ops.REDUCE, Ops.SINK, Ops.STORE, Ops.LOAD, Ops.MUL
@@ -33,7 +34,8 @@ def _range_order(rng: UOp):
 class _KernelLayout:
   """Where each node of a lowered kernel goes: its loop scope, and the chain of reduce groups it sits in."""
   def __init__(self, sink: UOp):
-    self.nodes = toposort([sink])
+    # (the optimizer walked the kernel it returns already: its list, read only here)
+    self.nodes = graph_nodes(sink)
     self.groups: dict[GroupKey, list[UOp]] = {}
     self.group_of_range: dict[UOp, GroupKey] = {}
     for node in self.nodes:
@@ -148,9 +150,8 @@ def linearize(sink: UOp) -> list[UOp]:
     path = layout.path[node]
     if not path:   # the common case, a node of the kernel's top block: it needs its sources' top items
       if node.op is _RANGE or node.op is _REDUCE: continue   # opened by the kernel: needs nothing
+      # (its needs, its sources' top items, are found when something asks for it out of order: `needs_of`)
       top_items[node] = None
-      # (an item is never falsy: filter(None, ...) drops the Nones, in C)
-      if used := dict.fromkeys(filter(None, map(top_item.__getitem__, node.src))): needs[node] = used
       continue
     # the node's group in every block around it, and the node itself in its own (a loop range is opened by its group)
     for level, key in enumerate(path): block_items.setdefault(path[:level], {})[layout.group_item[key]] = None
@@ -210,6 +211,15 @@ def linearize(sink: UOp) -> list[UOp]:
       out.append(UOp(Ops.ASSIGN, red.dtype, (acc, update)))
     for rng in reversed(key): out.append(UOp(Ops.ENDRANGE, dtypes.void, (mapped.get(rng, rng),)))
 
+  def needs_of(item: Item) -> dict[Item, None] | None:
+    """The items of its block that `item` needs emitted first (None: none); a node of the top block's are its
+    sources' top items, found here when first asked (most top nodes are emitted in order and never asked)."""
+    if (deps := needs.get(item)) is None and type(item) is not _Group and not layout.path[item]:
+      # (an item is never falsy: filter(None, ...) drops the Nones, in C)
+      if deps := dict.fromkeys(filter(None, map(top_item.__getitem__, item.src))): needs[item] = deps
+      else: deps = None
+    return deps
+
   done: set = set()
   def emit_item(item: Item) -> None:
     done.add(item)
@@ -220,7 +230,7 @@ def linearize(sink: UOp) -> list[UOp]:
     """Emit `items` (and, first, the items of the same block they need), each once, without recursion on depth."""
     for first in items:
       if first in done: continue
-      if (deps := needs.get(first)) is None or done.issuperset(deps):   # most items find their needs emitted
+      if (deps := needs_of(first)) is None or done.issuperset(deps):   # most items find their needs emitted
         done.add(first)   # (emit_item, inline)
         if type(first) is _Group: emit_group(first.key)
         else: emit(first)
@@ -229,7 +239,7 @@ def linearize(sink: UOp) -> list[UOp]:
       while stack:
         item, ready = stack.pop()
         if item in done: continue
-        if not ready and (deps := needs.get(item)) is not None:
+        if not ready and (deps := needs_of(item)) is not None:
           pending = [(dep, False) for dep in reversed(deps) if dep not in done]
           if pending:   # its needs first
             stack.append((item, True))
@@ -243,7 +253,14 @@ def linearize(sink: UOp) -> list[UOp]:
   def emit_groups_first(items: list[Item]) -> None:
     # a value only the code after a reduce group needs (a matmul's residual add) is computed after the group's loops:
     # computed before, it would stay live, and spill, through every iteration
-    emit_items([item for item in items if isinstance(item, _Group)] + items)
+    emit_items([item for item in items if type(item) is _Group])
+    # then the block's nodes in graph order: each one's needs are emitted by then (its sources of the block come
+    # before it, those of an outer block came before the block's group, and the groups are done), so none is asked
+    for item in items:
+      if item not in done:
+        done.add(item)
+        if type(item) is _Group: emit_group(item.key)
+        else: emit(item)
 
   # loop-invariant nodes (buffers, constants, loop bounds) first, then the output loops, then the body
   top = list(block_items[()])
@@ -256,15 +273,15 @@ def linearize(sink: UOp) -> list[UOp]:
   emit_items(invariant)
   # a reduce group, and a value computed from reductions, opens as soon as the output loops it depends on are open:
   # a fused row reduction (softmax's max and sum) runs once per row, before that row's elementwise loop
-  hoisted = _hoist_depths(layout, [i for i in top if isinstance(i, _Group) or i in uses_reduce], output_ranges)
+  hoisted = _hoist_depths(layout, [i for i in top if type(i) is _Group or i in uses_reduce], output_ranges)
   for depth, rng in enumerate(output_ranges):
-    emit_items([item for item, d in hoisted.items() if d == depth])
+    emit_items(hoisted[depth])
     emit(rng)
   emit_groups_first(top)
   for rng in reversed(output_ranges): out.append(UOp(Ops.ENDRANGE, dtypes.void, (mapped.get(rng, rng),)))
   # the nested functions refer to each other (a reference cycle holding the layout and every dict above): unbound
   # here, all of it is freed now rather than by the cyclic collector (paused during codegen, ~60 ms per graph later)
-  del emit, emit_group, emit_item, emit_items, emit_block, emit_groups_first
+  del emit, emit_group, emit_item, emit_items, emit_block, emit_groups_first, needs_of
   return fuse_multiply_accumulate(out, sums_of_products) if sums_of_products else out
 
 FUSED_DTYPES = frozenset({dtypes.float32, dtypes.float64})   # accumulations whose `acc + a*b` becomes MULACC
@@ -368,9 +385,11 @@ def _use_counts(uops: list[UOp]) -> dict[UOp, int]:
     for s in u.src: uses[s] = uses.get(s, 0) + 1
   return uses
 
-def _hoist_depths(layout: _KernelLayout, items: list[Item], output_ranges: list[UOp]) -> dict[Item, int]:
-  """How many output loops must be open around each item: one past the innermost output loop it depends on, or
-  that a reduce group it reads depends on (the group runs whole: all its REDUCEs' loops at once)."""
+def _hoist_depths(layout: _KernelLayout, items: list[Item], output_ranges: list[UOp]) -> list[list[Item]]:
+  """`items` by how many output loops must be open around each: one past the innermost output loop it depends on,
+  or that a reduce group it reads depends on (the group runs whole: all its REDUCEs' loops at once). Entry d lists
+  the items of depth d in `items`' order, for d below len(output_ranges) (the items inside every output loop, most
+  of a kernel's, are left out: they are emitted with the body)."""
   position = {rng: i for i, rng in enumerate(output_ranges)}
   depth_of_scope: dict[frozenset[UOp], int] = {}   # items share few distinct scopes
   def scope_depth(scope: frozenset[UOp]) -> int:
@@ -383,8 +402,16 @@ def _hoist_depths(layout: _KernelLayout, items: list[Item], output_ranges: list[
   # the group (an upcast lane that reads only padding, say): then what reads it must wait for the whole group
   uneven = any(scope_depth(layout.scope[red]) < group_depth[key] for key, reds in layout.groups.items() for red in reds)
   read_depth = _group_read_depths(layout, group_depth) if uneven else {}
-  return {item: group_depth[item.key] if isinstance(item, _Group) else
-          max(scope_depth(layout.scope[item]), read_depth.get(item, 0)) for item in items}
+  n = len(output_ranges)
+  by_depth: list[list[Item]] = [[] for _ in range(n)]
+  scope_of, get_depth = layout.scope, depth_of_scope.get
+  for item in items:
+    if type(item) is _Group: depth = group_depth[item.key]
+    else:
+      if (depth := get_depth(scope := scope_of[item])) is None: depth = scope_depth(scope)
+      if read_depth and (read := read_depth.get(item, 0)) > depth: depth = read
+    if depth < n: by_depth[depth].append(item)
+  return by_depth
 
 def _group_read_depths(layout: _KernelLayout, group_depth: dict[GroupKey, int]) -> dict[UOp, int]:
   """For each node that reads a REDUCE (itself or through other nodes), the deepest `group_depth` among the groups
