@@ -981,6 +981,10 @@ class PTXCompiler(Compiler):
 class NVRTCCompiler(Compiler):
   """CUDA C -> CUBIN for `arch` (e.g. "sm_90a") with NVRTC; `compile_cached` keeps CUBINs in kiln's compile cache,
   keyed by the source, the arch, the options and NVRTC's version (`version` is asked of NVRTC when not given)."""
+  # NVRTC compiles different programs from several threads at once (its calls release the GIL: ctypes), so a
+  # schedule's new kernels and BEAM's candidates compile on every host core (kiln/device.py CompilePipeline)
+  runs_in_subprocess = True
+
   def __init__(self, arch: str, options: Sequence[str] = DEFAULT_NVRTC_OPTIONS, version: tuple[int, int] | None = None):
     if not re.fullmatch(r"sm_\d+[af]?", arch):
       raise ValueError(f"NVRTCCompiler: arch must look like sm_90a, got {arch!r}")
