@@ -175,11 +175,13 @@ def linearize(sink: UOp) -> list[UOp]:
   mapped: dict[UOp, UOp] = {}
   acc_ids = itertools.count()
   sums_of_products: list[UOp] = []   # accumulator updates `acc + a*b` (fuse_multiply_accumulate)
+  group_spans: list[tuple[int, int]] = []   # where each reduce group's uops lie in `out`
+  bodies_inside = [True]   # whether every product summed lies inside its group's loops (so do its readers)
   identities: dict[tuple, UOp] = {}   # (reduce op, dtype) -> the constant an accumulator starts at
 
   def emit(node: UOp) -> UOp:
     if (found := mapped.get(node)) is not None: return found
-    if node in seeded_adds:   # the accumulator already holds x + the sum
+    if seeded_adds and node in seeded_adds:   # the accumulator already holds x + the sum
       mapped[node] = mapped[seeded_adds[node]]
       return mapped[node]
     new_src = tuple(map(mapped.get, node.src, node.src))   # each source's emitted form, or itself
@@ -190,6 +192,7 @@ def linearize(sink: UOp) -> list[UOp]:
     return new
 
   def emit_group(key: GroupKey) -> None:
+    begin = len(out)
     reduces = layout.groups[key]
     for red in reduces:
       if red in seeds:
@@ -207,9 +210,12 @@ def linearize(sink: UOp) -> list[UOp]:
       update = UOp(red.arg, red.dtype, (acc, body := mapped.get(red.src[0], red.src[0])))
       if red.arg is Ops.ADD and body.op in (_MUL, Ops.MULACC) and red.dtype in FUSED_DTYPES:
         sums_of_products.append(update)
+        # a body that depends on the group's loops sits inside them, and so does everything that reads it
+        if layout.scope[red.src[0]].isdisjoint(key): bodies_inside[0] = False
       out.append(update)
       out.append(UOp(Ops.ASSIGN, red.dtype, (acc, update)))
     for rng in reversed(key): out.append(UOp(Ops.ENDRANGE, dtypes.void, (mapped.get(rng, rng),)))
+    group_spans.append((begin, len(out)))
 
   def needs_of(item: Item) -> dict[Item, None] | None:
     """The items of its block that `item` needs emitted first (None: none); a node of the top block's are its
@@ -256,11 +262,12 @@ def linearize(sink: UOp) -> list[UOp]:
     emit_items([item for item in items if type(item) is _Group])
     # then the block's nodes in graph order: each one's needs are emitted by then (its sources of the block come
     # before it, those of an outer block came before the block's group, and the groups are done), so none is asked
+    # (a node emitted twice is emitted once: emit looks it up first; only the groups need the `done` set)
     for item in items:
-      if item not in done:
+      if type(item) is not _Group: emit(item)
+      elif item not in done:
         done.add(item)
-        if type(item) is _Group: emit_group(item.key)
-        else: emit(item)
+        emit_group(item.key)
 
   # loop-invariant nodes (buffers, constants, loop bounds) first, then the output loops, then the body
   top = list(block_items[()])
@@ -282,20 +289,34 @@ def linearize(sink: UOp) -> list[UOp]:
   # the nested functions refer to each other (a reference cycle holding the layout and every dict above): unbound
   # here, all of it is freed now rather than by the cyclic collector (paused during codegen, ~60 ms per graph later)
   del emit, emit_group, emit_item, emit_items, emit_block, emit_groups_first, needs_of
-  return fuse_multiply_accumulate(out, sums_of_products) if sums_of_products else out
+  if not sums_of_products: return out
+  return fuse_multiply_accumulate(out, sums_of_products, _merged(group_spans) if bodies_inside[0] else None)
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+  """Ranges of positions (start, end) merged where they overlap or nest, in order."""
+  out: list[tuple[int, int]] = []
+  for start, end in sorted(spans):
+    if out and start <= out[-1][1]: out[-1] = (out[-1][0], max(out[-1][1], end))
+    else: out.append((start, end))
+  return out
 
 FUSED_DTYPES = frozenset({dtypes.float32, dtypes.float64})   # accumulations whose `acc + a*b` becomes MULACC
 
-def fuse_multiply_accumulate(uops: list[UOp], updates: list[UOp]) -> list[UOp]:
+def fuse_multiply_accumulate(uops: list[UOp], updates: list[UOp],
+                             spans: list[tuple[int, int]] | None = None) -> list[UOp]:
   """`uops` with each accumulator update `acc + a*b` of `updates` (float, the product read by nothing else) as one
   `MULACC(a, b, acc)`: a fused multiply-add, rounded once, as every renderer computes it (C's fma, LLVM's llvm.fma,
-  the PYTHON emulator's exact _fma). It is what a matmul's inner loop is made of: one instruction for two."""
+  the PYTHON emulator's exact _fma). It is what a matmul's inner loop is made of: one instruction for two.
+  `spans` (ordered, disjoint (start, end) ranges of positions) promises that the updates, their products and every
+  reader of those lie inside them: only they are searched (a kernel's reduce loops, not its epilogue)."""
+  if spans is None or any(u.src[1].op is Ops.MULACC for u in updates): spans = [(0, len(uops))]
   uses = dict.fromkeys((u.src[1] for u in updates), 0)
   products_read = uses.keys()   # a live view: made once, not per uop
-  for u in uops:
-    if not products_read.isdisjoint(u.src):
-      for s in u.src:
-        if s in uses: uses[s] += 1
+  for start, end in spans:
+    for u in uops[start:end]:
+      if not products_read.isdisjoint(u.src):
+        for s in u.src:
+          if s in uses: uses[s] += 1
   if any(u.src[1].op is Ops.MULACC for u in updates): uses = _use_counts(uops)
   fused = {u: UOp(Ops.MULACC, u.dtype, (*u.src[1].src, u.src[0])) for u in updates
            if u.src[1].op is _MUL and uses[u.src[1]] == 1}
@@ -324,14 +345,19 @@ def fuse_multiply_accumulate(uops: list[UOp], updates: list[UOp]) -> list[UOp]:
   products = {u.src[1] for u in fused if u.src[1].op is _MUL}
   updated = fused.keys()
   out: list[UOp] = []
-  for u in uops:
-    if u in products or u in replaced: continue
-    if u in moved: out.append(moved[u])
-    elif u in chains: out.extend(chains[u])
-    elif u in fused:
-      if u.src[1].op is _MUL: out.append(fused[u])   # (a moved chain's update: its last link is in place already)
-    elif updated.isdisjoint(u.src): out.append(u)
-    else: out.append(u.replace(src=tuple(fused.get(s, s) for s in u.src)))
+  done = 0
+  for start, end in spans:
+    out += uops[done:start]   # (outside the spans: nothing to change)
+    done = end
+    for u in uops[start:end]:
+      if u in products or u in replaced: continue
+      if u in moved: out.append(moved[u])
+      elif u in chains: out.extend(chains[u])
+      elif u in fused:
+        if u.src[1].op is _MUL: out.append(fused[u])   # (a moved chain's update: its last link is in place already)
+      elif updated.isdisjoint(u.src): out.append(u)
+      else: out.append(u.replace(src=tuple(fused.get(s, s) for s in u.src)))
+  out += uops[done:]
   return _advance_chains_together(out, _moved_chains(moved)) if moved else out
 
 def _moved_chains(moved: dict[UOp, UOp]) -> list[list[UOp]]:

@@ -154,6 +154,7 @@ class _Vectorizer:
       elif op is _LOAD: self.loads_at.setdefault(u.src[0], []).append(i)
       elif op is _DEFINE_ACC: self.accumulators.append(u)
     self._readers: dict[UOp, list[UOp]] | None = None   # accumulator -> the uops reading it, made when first asked
+    self._keys: dict[UOp, list[tuple]] = {}   # accumulator -> its update's operand keys (_operand_keys)
     self.memo: dict[tuple[UOp, ...], UOp] = {}
     self.constants: dict[tuple[UOp, ...], UOp] = {}
     self.lanes_of: dict[UOp, tuple[UOp, ...]] = {}   # a placed vector uop -> the scalar uops it replaces
@@ -389,6 +390,14 @@ class _Vectorizer:
         else: start += 1
     if transposed: seed_stores()
 
+  def _operand_keys(self, acc: UOp) -> list[tuple]:
+    """("load", buffer, base, offset) or ("value", uop) for each operand of accumulator `acc`'s update other than
+    the accumulator itself; made once per accumulator (seed_all orders its groups twice)."""
+    if (keys := self._keys.get(acc)) is None:
+      keys = self._keys[acc] = [("load", s.src[0], *_split_offset(s.src[1])) if s.op is _LOAD and len(s.src) == 2
+                                else ("value", s) for s in self.assigns[acc][0].src[1].src if s.op is not _DEFINE_ACC]
+    return keys
+
   def _in_address_order(self, accs: list[UOp], transpose: bool) -> tuple[list[UOp], bool]:
     """(accumulators ordered so that neighbours read neighbouring addresses, whether that moved them across the
     list's own runs). Where each update reads one load at its own offset from one buffer and base: sorted by that
@@ -396,8 +405,7 @@ class _Vectorizer:
     multiply-adds: grouped by their other operands, each group sorted by the address of the load whose groups are
     the longest consecutive runs, when those are at least MIN_TRANSPOSED_RUN long and longer than the list's own.
     Else as given. Any lane order gives the same bits: the code after the loop reads each accumulator's own lane."""
-    keys = [[("load", s.src[0], *_split_offset(s.src[1])) if s.op is _LOAD and len(s.src) == 2 else ("value", s)
-             for s in self.assigns[acc][0].src[1].src if s.op is not _DEFINE_ACC] for acc in accs]
+    keys = [self._operand_keys(acc) for acc in accs]
     if not keys or any(len(k) != len(keys[0]) for k in keys) or not keys[0]: return accs, False
     loads = [j for j in range(len(keys[0])) if all(k[j][0] == "load" and k[j][1:3] == keys[0][j][1:3] for k in keys)]
     if len(loads) == 1 and sum(kind == "load" for kind, *_ in keys[0]) == 1 and \

@@ -233,6 +233,29 @@ def substitute_copies(root: UOp, rng: UOp, values: list[UOp], simplified: bool =
       raise KernelOptError(f"the copies would make a graph of more than {max_nodes} nodes")
   return copies
 
+def substitute_simplified(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
+  """`graph_rewrite(substitute(root, mapping), symbolic)` for a `root` and values that are fixed points of
+  `symbolic`, built bottom-up as `substitute_copies` builds a copy: each node that depends on a replaced one is
+  simplified by its own rules once its sources are, an index sum flattened once from its top node. A SWAP renames
+  two loops of a whole tiled kernel: rewriting the renamed graph afterwards matched every node of it again."""
+  dependents: list[UOp] = []
+  depends = set(mapping)
+  for node in toposort([root]):
+    if node not in mapping and not depends.isdisjoint(node.src):
+      depends.add(node)
+      dependents.append(node)
+  inside = _inside_sums(dependents)
+  done = dict(mapping)
+  get = done.get
+  for node in dependents:
+    rebuilt = UOp(node.op, node.dtype, tuple(map(get, node.src, node.src)), node.arg)
+    if node in inside: done[node] = rebuilt
+    elif node.op in _LINEAR_OPS and dtypes.is_int(node.dtype):
+      flat = canonical_sum(rebuilt)
+      done[node] = graph_rewrite(rebuilt, symbolic) if flat is None else settle(flat, symbolic)
+    else: done[node] = settle(rebuilt, symbolic)
+  return done.get(root, root)
+
 def _count_nodes(roots: tuple[UOp, ...], counted: set[UOp]) -> int:
   """Add the nodes under `roots` (themselves included) to `counted`; its new size."""
   stack = list(roots)
@@ -541,7 +564,11 @@ class Kernel:
     if self.is_reduce(opt.axis) != self.is_reduce(opt.arg):
       raise KernelOptError(f"{opt}: cannot swap an output axis with a reduce axis (reductions stay inside)")
     a, b = axes[opt.axis], axes[opt.arg]
-    return substitute(self.sink, {a: a.replace(arg=b.arg), b: b.replace(arg=a.arg)})
+    mapping = {a: a.replace(arg=b.arg), b: b.replace(arg=a.arg)}
+    # a kernel graph is a fixed point of symbolic (each action's result is rewritten, and remembered: one lookup),
+    # unless it was built by hand
+    if graph_rewrite(self.sink, symbolic) is self.sink: return substitute_simplified(self.sink, mapping)
+    return substitute(self.sink, mapping)
 
   def _dividing_split(self, opt: Opt, axes: list[UOp], what: str) -> tuple[UOp, int, int]:
     """The axis `opt` splits, its size and the length `opt.arg`, which must divide it (KernelOptError otherwise)."""
