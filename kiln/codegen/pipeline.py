@@ -18,6 +18,10 @@ after any stage and look (`stage_outputs` gives every stage's output). The devic
 the renderer and its target description: nothing here names a device. BEAM (kiln/engine/realize.py) runs the
 stages itself around its search: lower, then `optimize` with the actions it tries.
 
+A GPU's threads are mapped on the graph (`map_axes`: SPECIAL index ops), a CPU's on the linear uops
+(`plan_threads`: a ThreadPlan the renderer reads), since the CPU's proofs (kiln/codegen/parallel.py: which loop may
+be split, which reduction chunked) read the loop nest as the linearizer lays it out and as the vectorizer leaves it.
+
 >>> [s.name for s in STAGES]
 ['lower', 'optimize', 'map_axes', 'software_math', 'linearize', 'vectorize', 'plan_threads', 'render']
 """
