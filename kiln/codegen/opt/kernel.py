@@ -705,17 +705,20 @@ class Kernel:
 
   def _upcast(self, rng: UOp, amount: int, max_nodes: int | None = None) -> UOp:
     size = rng.src[0].arg
-    if size % amount == 0: _, lanes = self._split(rng, amount)
+    if size % amount == 0:
+      outer, _ = self._split(rng, amount)
+      base = outer * amount if outer is not None else UOp.const(dtypes.int32, 0)
     else:   # the last tile shifts back to end at the axis' last element, overlapping the tile before it
       whole = size // amount
       outer = rng.replace(src=(UOp.const(dtypes.int32, whole + 1),))
       # min(outer*amount, size - amount) as -max(-a, -b): its bounds (vmin/vmax) stay exact, which the thread split's
       # proof that tiles of different rows do not overlap needs (kiln/codegen/parallel.py)
       base = -((-(outer * amount)).maximum(amount - size))
-      lanes = [base + lane for lane in range(amount)]
+    # the lanes `base + c`, simplified: the base once, then each lane from it (settle: its sources are fixed points)
+    base = graph_rewrite(base, symbolic)
+    lanes = [settle(base + lane, symbolic) for lane in range(amount)]
     # the body is simplified already: each copy is simplified as it is built (lanes differ by a constant, so few
     # rules fire), instead of a rewrite of the whole tile of copies afterwards
-    lanes = [graph_rewrite(lane, symbolic) for lane in lanes]
     # the copies of the whole sink at once: nodes several stores share (a matmul tile's loads of `a`) are copied once
     sinks = substitute_copies(self.sink, rng, lanes, simplified=True, max_nodes=max_nodes)
     stores = dict.fromkeys(copy.src[i] for i in range(len(self.sink.src)) for copy in sinks)
