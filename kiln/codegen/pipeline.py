@@ -5,12 +5,12 @@ Every device's kernels go through the same stages; a stage with nothing to do fo
 | stage | takes -> gives |
 | --- | --- |
 | `lower` | kernel AST (SINK of STOREs over buffer views) -> loops (RANGE) and index math, gathers as plain loads |
-| `optimize` | lowered kernel -> the same kernel after the target's optimizer actions (`Job.opts`, else its heuristics) |
-| `map_axes` | GPU targets: output ranges -> grid/block indices (SPECIAL), row and grid reductions through shared memory |
+| `optimize` | lowered kernel -> the same kernel after the target's actions (`Job.opts`, else its heuristics) |
+| `map_axes` | GPU targets: output ranges -> grid/block indices (SPECIAL), row and grid reductions in shared memory |
 | `software_math` | EXP2/LOG2/SIN and x//c -> plain ALU graphs where the target has no fast native version |
 | `linearize` | graph -> flat uop list: loops opened and closed, accumulators declared (docs/ir.md, stage 4) |
 | `vectorize` | renderers with `vectorizes`: upcast lanes -> vector uops, the thread plan unchanged |
-| `plan_threads` | renderers with `has_threads` (CPU): which loop the thread pool splits, or which reduction (`Job.threads`) |
+| `plan_threads` | renderers with `has_threads` (CPU): the loop or reduction the thread pool splits (`Job.threads`) |
 | `render` | uop list -> source code (`Renderer.render(name, uops, threads)`) |
 
 `run(value, renderer, name, start=..., stop=...)` runs a contiguous part of the list, so tests and tools can stop

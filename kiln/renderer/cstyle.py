@@ -654,8 +654,8 @@ class _CKernelWriter(KernelWriter):
   def _prefetch_streams(self, loop: UOp, name: str) -> None:
     """At the top of each iteration of the thread-split loop, prefetch the blocks that an iteration PREFETCH_BYTES
     ahead reads from each buffer the loop streams through in small blocks (a matrix-vector product's weight rows:
-    the plan's `streams`, from kiln/codegen/parallel.py `streamed_loads`). The hardware prefetcher follows such a stream only a little ahead of
-    the loads of a kernel that computes between them: a decode step's Q4_1 matvec 1536x576 streaming from memory
+    the plan's `streams`, from kiln/codegen/parallel.py `streamed_loads`). The hardware prefetcher follows such a
+    stream only a little ahead of the loads of a kernel that computes between them: a decode step's Q4_1 matvec 1536x576 streaming from memory
     took 100 us, prefetched 48-72 us (one thread; the same data in cache: 33 us)."""
     streams = [(st, st.stride * st.buffer.dtype.itemsize, (st.high - st.low + 1) * st.buffer.dtype.itemsize)
                for st in self.streams]

@@ -17,9 +17,9 @@ Loops are `phi`-counted blocks; accumulators live in allocas that LLVM's mem2reg
 flags are used: results must match the C and PYTHON devices bit for bit.
 
 Speed comes from what the C path has too: the upcast lanes become vector uops (kiln/codegen/vectorize.py, the same
-pass and thread-plan check as for the C renderer: kiln/codegen/pipeline.py), rendered as LLVM vectors (`<16 x float>`, bool lanes `<16 x i1>`);
-a row of gated loads of consecutive elements (a padded window) is one `llvm.masked.load`; buffers are `noalias`; a
-quantized dot product's DP4A is the target's byte dot-product instruction (`byte_dot_method`: VNNI's vpdpbusd, or
+pass and thread-plan check as for the C renderer: kiln/codegen/pipeline.py), rendered as LLVM vectors
+(`<16 x float>`, bool lanes `<16 x i1>`); a row of gated loads of consecutive elements (a padded window) is one
+`llvm.masked.load`; buffers are `noalias`; a quantized dot product's DP4A is the target's byte dot-product instruction (`byte_dot_method`: VNNI's vpdpbusd, or
 pmaddubsw); a thread-split matrix-vector loop prefetches its streamed rows; and kernels run split across the thread
 pool as the C kernels do (`_LLVMKernelWriter`'s docstring; kiln/runtime/ops_llvm.py compiles for the host CPU at O3).
 The CPU device uses this renderer too, with CPU_LLVM=1 or where no C compiler is found (kiln/runtime/ops_cpu.py).
