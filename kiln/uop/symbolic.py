@@ -489,9 +489,45 @@ def recombine_div_mod(dtype: DType, terms: dict[UOp, int]) -> None:
       changed = True
       break
 
+_ATOM_EXCLUDED = frozenset({Ops.ADD, Ops.SUB, Ops.NEG, Ops.CONST, Ops.MOD})
+
+def _canonical_plus_const(u: UOp) -> UOp | None:
+  """canonical_sum's result for `u = a + c`, a canonical sum (build_sum's node) and c a nonzero constant, found
+  without flattening and rebuilding the sum: `a + c`, or `p + (k + c)` when a is `p + k` (an index sum's lanes and
+  shifted offsets, most of the sums the optimizer's copies and the lowerer build). None where that shortcut does not
+  apply (the general path then runs): a term that linear_form would look into, a remainder (recombined with its
+  quotient there), another dtype, or a sum too big for linear_form."""
+  a, c = u.src
+  if c.op is not _CONST or c.src or type(c.arg) is not int or not c.arg or a not in _canonical_sums: return None
+  dtype = u.dtype
+  if dtype not in INT_DTYPES or a.dtype is not dtype or c.dtype is not dtype: return None
+  visited = 2   # the nodes linear_form would visit: u and c, then a's
+  partial, k = a, 0
+  if a.op is _ADD and (tail := a.src[1]).op is _CONST:
+    if tail.src or type(tail.arg) is not int or tail.dtype is not dtype: return None
+    partial, k, visited = a.src[0], tail.arg, visited + 2
+  node = partial
+  while True:   # a canonical sum is a chain ((t1 + t2) + t3) + ..., each term an atom or `atom * coefficient`
+    term = node.src[1] if node.op is _ADD else node
+    if node.op is _ADD: visited += 1
+    if term.op is _MUL and (coef := term.src[1]).op is _CONST and not coef.src:
+      if term.dtype is not dtype or coef.dtype is not dtype: return None
+      term, visited = term.src[0], visited + 1
+    if term.op in _ATOM_EXCLUDED or term.dtype is not dtype or \
+       (term.op is _MUL and any(s.op is _CONST and not s.src for s in term.src)): return None
+    visited += 1
+    if node.op is not _ADD: break
+    node = node.src[0]
+  if visited > MAX_LINEAR_NODES: return None
+  const = _wrap(dtype, k + c.arg)
+  out = partial if const == 0 else partial.alu(_ADD, UOp.const(dtype, const))
+  _canonical_sums.add(out)
+  return out
+
 def canonical_sum(u: UOp) -> UOp | None:
   """x*c1 + x*c2 -> x*(c1+c2), (x+c1)+c2 -> x+(c1+c2), (x*c1)*c2 -> x*(c1*c2), (a+b)*c -> a*c+b*c; sorted terms"""
   if u in _canonical_sums: return None
+  if u.op is _ADD and (shifted := _canonical_plus_const(u)) is not None: return shifted
   form = linear_form(u)
   if form is None: return None
   terms, const = form
