@@ -524,10 +524,24 @@ def _canonical_plus_const(u: UOp) -> UOp | None:
   _canonical_sums.add(out)
   return out
 
+def _canonical_scaled_atom(u: UOp) -> bool:
+  """Whether `u` is `atom * c` (c a constant other than 0 and 1, the atom a node linear_form does not look into),
+  which the general path rebuilds as itself."""
+  atom, c = u.src
+  dtype = u.dtype
+  return c.op is _CONST and not c.src and type(c.arg) is int and c.arg not in (0, 1) and dtype in INT_DTYPES and \
+    c.dtype is dtype and atom.dtype is dtype and atom.op not in _ATOM_EXCLUDED_SCALED and \
+    not (atom.op is _MUL and any(s.op is _CONST and not s.src for s in atom.src)) and _wrap(dtype, c.arg) == c.arg
+
+_ATOM_EXCLUDED_SCALED = frozenset({Ops.ADD, Ops.SUB, Ops.NEG, Ops.CONST})   # (one term: a remainder recombines with nothing)
+
 def canonical_sum(u: UOp) -> UOp | None:
   """x*c1 + x*c2 -> x*(c1+c2), (x+c1)+c2 -> x+(c1+c2), (x*c1)*c2 -> x*(c1*c2), (a+b)*c -> a*c+b*c; sorted terms"""
   if u in _canonical_sums: return None
   if u.op is _ADD and (shifted := _canonical_plus_const(u)) is not None: return shifted
+  if u.op is _MUL and _canonical_scaled_atom(u):   # `atom * c`: its own canonical form
+    _canonical_sums.add(u)
+    return None
   form = linear_form(u)
   if form is None: return None
   terms, const = form

@@ -67,3 +67,18 @@ def test_shifted_sum_has_the_sums_value():
   assert got.src[0] is base.src[0]
   cancel = base.alu(Ops.ADD, UOp.const(I32, -7))
   assert S.canonical_sum(cancel) is base.src[0]
+
+@pytest.mark.parametrize("seed", range(10))
+def test_scaled_atom_is_its_own_canonical_form(seed):
+  rand = random.Random(seed)
+  rs = _ranges()
+  atoms = _atoms(rs) + [rs[1] % 4, (rs[0] * 3 + rs[2]) % 5]   # one remainder alone recombines with nothing
+  for atom in atoms:
+    for k in (2, -1, 3, 16, 1, 0):
+      u = atom.alu(Ops.MUL, UOp.const(I32, k))
+      want = _general(u)
+      assert S._canonical_scaled_atom(u) == (want is u), f"{u}: general path gives {want}"
+  # a product of a sum distributes: not its own form
+  s = S.build_sum(I32, {rs[0]: 2, rs[1]: 1}, 3)
+  u = s.alu(Ops.MUL, UOp.const(I32, rand.choice((2, 3, -4))))
+  assert not S._canonical_scaled_atom(u) and _general(u) is not u
