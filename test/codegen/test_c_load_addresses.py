@@ -4,10 +4,15 @@ one pointer each and spilled them as `data[x+c]` under -fwrapv). The values must
 from __future__ import annotations
 import re
 import numpy as np
+import pytest
 import torch
-from kiln import Tensor, dtypes
+from kiln import Tensor, Device
 from kiln.helpers import Context
+from kiln.renderer.cstyle import CRenderer
 from helpers import kernel_sources
+
+pytestmark = pytest.mark.skipif(not isinstance(Device["CPU"].renderer, CRenderer),
+                                reason="the CPU device renders LLVM IR here (CPU_LLVM=1 or no C compiler)")
 
 def test_conv_weight_loads_share_a_base_and_match_torch():
   """A 3x3 conv's register tile broadcasts its weights from one base pointer plus constants; the result is torch's."""
@@ -22,7 +27,8 @@ def test_conv_weight_loads_share_a_base_and_match_torch():
   tile = [src for src in sources if "kiln_fma" in src]
   assert tile, "no register-tiled conv kernel"
   offsets = re.findall(r"= \*\(data\d+\+\(\w+\)\+(\d+)\);", tile[0])
-  assert len(set(offsets)) >= 4, f"scalar loads at constant offsets not written as pointer arithmetic: {offsets}"
+  # (the tile's other output channels, 16x3x3 weights apart: 3 offsets on AVX2's 4 channels, 7 on AVX-512's 8)
+  assert {"144", "288", "432"} <= set(offsets), f"scalar loads at constant offsets not pointer arithmetic: {offsets}"
 
 def test_half_and_bool_loads_at_constant_offsets():
   """Loads converted on the way in (half -> float, bool) at `x + c` read the same elements as the plain index."""
