@@ -101,7 +101,7 @@ def vectorize(uops: list[UOp], job: Job) -> list[UOp]:
   accumulators stay scalar, or else the kernel does."""
   if not VECTORIZE or not job.renderer.vectorizes: return uops
   target = job.renderer.target
-  plan = thread_plan(uops)
+  plan = thread_plan(uops, streams=False)
   shape = _plan_shape(plan)
   keeps = [frozenset()]
   if plan.reduction is not None: keeps.append(frozenset(acc for acc, _ in plan.reduction.accumulators))
@@ -109,7 +109,7 @@ def vectorize(uops: list[UOp], job: Job) -> list[UOp]:
   byte_dots = target.byte_dot_max if target is not None else 0
   for keep in keeps:
     vector_uops = vectorize_uops(uops, keep, max_lanes, byte_dots)
-    if vector_uops is not uops and _plan_shape(thread_plan(vector_uops)) == shape: return vector_uops
+    if vector_uops is not uops and _plan_shape(thread_plan(vector_uops, streams=False)) == shape: return vector_uops
   return uops
 
 def plan_threads(uops: list[UOp], job: Job) -> list[UOp]:
@@ -158,19 +158,23 @@ def stage_outputs(ast: UOp, renderer: Renderer, name: str = "kernel", opts: list
 
 _last_plan: list = [(), ONE_THREAD]   # the uop list thread_plan saw last (its uops, for `is`) and its plan
 
-def thread_plan(uops: list[UOp]) -> ThreadPlan:
+def thread_plan(uops: list[UOp], streams: bool = True) -> ThreadPlan:
   """How a kernel runs on the CPU's threads: its outermost loop split (kiln/codegen/parallel.py), or, when that is
   refused or too short, its reduction split into chunks; ONE_THREAD when neither applies. A split loop's streamed
-  loads come with it (prefetched by the renderer)."""
+  loads come with it (prefetched by the renderer), unless `streams` is False (a plan only compared, never rendered:
+  the scalar list's in `vectorize`)."""
   # vectorize plans the list it returns, and plan_threads plans the same list again: the plan is made once
   last = _last_plan[0]
-  if len(last) == len(uops) and all(map(operator.is_, last, uops)): return _last_plan[1]
-  parallel, reduction = find_parallel_loop(uops), None
-  if parallel is None or parallel.loop.src[0].vmax < FEW_OUTER_ITERATIONS:
-    reduction = find_split_reduction(uops)
-    if reduction is not None: parallel = None
-  plan = ThreadPlan(parallel, reduction, tuple(streamed_loads(uops, parallel.loop)) if parallel is not None else ())
-  _last_plan[:] = [tuple(uops), plan]
+  if len(last) == len(uops) and all(map(operator.is_, last, uops)): plan = _last_plan[1]
+  else:
+    parallel, reduction = find_parallel_loop(uops), None
+    if parallel is None or parallel.loop.src[0].vmax < FEW_OUTER_ITERATIONS:
+      reduction = find_split_reduction(uops)
+      if reduction is not None: parallel = None
+    plan = ThreadPlan(parallel, reduction)
+    _last_plan[:] = [tuple(uops), plan]
+  if streams and plan.parallel is not None and not plan.streams:
+    plan = _last_plan[1] = plan._replace(streams=tuple(streamed_loads(uops, plan.parallel.loop)))
   return plan
 
 def _plan_shape(plan: ThreadPlan) -> tuple:
