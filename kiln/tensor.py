@@ -9,6 +9,7 @@ from kiln.helpers import prod, user_frame_location, deep_recursion, gc_paused, T
   _user_file_names
 from kiln.uop.ops import UOp, Ops, GroupOp, toposort, const_value
 from kiln.uop.pattern import substitute
+from kiln.uop.mathforms import INV_LN2
 from kiln.uop.sint import ssimplify, sint_eq, sint_min, sint_max, sint_str, ssub, is_symbolic_shape, sint_value, sprod
 from kiln.device import Buffer, Device  # noqa: F401  (Device, _to_np_dtype, fetch, Variable: tinygrad.tensor has them)
 from kiln.dtype import _to_np_dtype, _from_np_dtype  # noqa: F401
@@ -1117,7 +1118,7 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
 
     Written as 2**(x * (1/ln2)), a small graph; software math (kiln/codegen/transcendental.py `exp_argument`) and
     the PYTHON device evaluate that form as e**x itself, within about 1 ulp."""
-    return self._in_float(lambda x: (x * (1 / math.log(2)))._float_unary(Ops.EXP2, "exp"))
+    return self._in_float(lambda x: (x * INV_LN2)._float_unary(Ops.EXP2, "exp"))
   def exp2(self) -> Tensor:
     """Elementwise 2**x (ints become floats)."""
     return self._float_unary(Ops.EXP2, "exp2")
@@ -2102,7 +2103,7 @@ def _tanh_odd(x: Tensor) -> Tensor:
   coefficients = _TANH_TAYLOR_F64 if dtype == dtypes.float64 else _TANH_POLY
   correction = alu(_ADD, alu(_MUL, c(coefficients[0]), square), c(coefficients[1]))
   for k in coefficients[2:]: correction = alu(_ADD, alu(_MUL, correction, square), c(k))
-  e = alu(Ops.EXP2, alu(_MUL, alu(_MUL, c(-2), magnitude), c(1 / math.log(2))))   # Tensor.exp's form
+  e = alu(Ops.EXP2, alu(_MUL, alu(_MUL, c(-2), magnitude), c(INV_LN2)))   # Tensor.exp's form
   far = alu(Ops.SUB, c(1), alu(Ops.FDIV, alu(_MUL, c(2), e), alu(_ADD, c(1), e)))
   poly = alu(Ops.WHERE, alu(Ops.CMPEQ, near, c(0)), near, alu(_ADD, near, alu(_MUL, alu(_MUL, near, square), correction)))
   return Tensor._wrap(alu(Ops.WHERE, small, poly, alu(Ops.WHERE, negative, alu(Ops.NEG, far), far)), "where")
