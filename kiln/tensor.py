@@ -1566,8 +1566,8 @@ class _ComputedFrom:
     return iter([node for group in list(self.groups) for node in group])
 
 # realized graph nodes (whose `forward` points at their result) by the buffers they were computed from: each
-# Buffer's `_computed` (None until a result is registered; a weak dictionary's Python-level get and set cost ~1 us an
-# eager realize)
+# Buffer's `_computed` (None until a result is registered: a plain attribute, cheaper on every eager realize than a
+# weak dictionary's Python-level get and set; bench/RESULTS.md)
 
 def _results_of(buf: Buffer) -> _ComputedFrom:
   """The record of nodes computed from `buf`, made on first use."""
@@ -2082,8 +2082,8 @@ def _tanh_odd_tensors(x: Tensor) -> Tensor:
 
 def _tanh_odd(x: Tensor) -> Tensor:
   """_tanh_odd_tensors' nodes built directly, each labelled as its Tensor op labels it: the same graph (the same
-  nodes, by hash-consing) without ~40 Tensors, their checks and wrappers (a GELU's tanh was ~12% of building the
-  anchors' transformer). Over several devices, the Tensor ops (they check each op's devices)."""
+  nodes, by hash-consing) without ~40 Tensors, their checks and wrappers (a GELU's tanh was a large share of building
+  the anchors' transformer: bench/RESULTS.md). Over several devices, the Tensor ops (they check each op's devices)."""
   u = x.uop
   device, shape, dtype = u.device, u.shape, u.dtype
   if type(device) is not str: return _tanh_odd_tensors(x)

@@ -55,7 +55,7 @@ class _Template:
     self.spare: list[Buffer] | None = None
 
 # key -> template; least recently used first out: each template remembers the tick of its last use (`used`), so a hit
-# reorders nothing (an OrderedDict's move_to_end hashed the key a second time: ~30 us for the transformer's)
+# reorders nothing (an OrderedDict's move_to_end hashed the key a second time)
 _templates: dict = {}
 _EVERY_SLOT: list = []   # a template's `inputs` when they are all its slots in order
 _clock = [0]

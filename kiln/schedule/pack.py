@@ -187,9 +187,8 @@ def _rows_stay_in_l1(shape: tuple, axes: tuple[int, ...], a: UOp) -> bool:
   """Whether a large matmul's `a` is read in place, only `b` packed: a plain matmul (two output axes, one summed)
   whose `a` is contiguous along the sum. Its kernel is blocked by units of tile columns (kiln/codegen/opt/heuristic.py
   `_column_units`): each row tile of `a` (8 rows of a block of the sum) is read from L1 by every tile of the unit,
-  so a tile-major copy of `a` costs a pass over it and saves nothing. Measured on the Xeon (one thread, CPU time,
-  the whole call): matmul 1024 16.0-16.8 -> 15.9-16.4 ms, 2048 127-139 -> 120-122 ms (the kernel itself 116-118
-  against 120-131 reading the copy)."""
+  so a tile-major copy of `a` costs a pass over it and saves nothing (the figures: bench/RESULTS.md, thirteenth
+  session)."""
   outputs = [i for i in range(len(shape)) if i not in axes and shape[i] > 1]
   return A_IN_PLACE and len(outputs) == 2 and len(axes) == 1 and axis_stride(a, axes[0]) == 1
 

@@ -304,8 +304,7 @@ def _block_row_reads(kernel: Kernel, inner: UOp) -> None:
   innermost other loop `rows` moving them a page or more (a packed matmul operand, kiln/schedule/pack.py: `b` copied
   to (N/16, K, 16) reads 64 bytes of every row, row after row). Strip after strip, each read starts a new page that no
   prefetcher follows; SPLIT `rows` by COPY_BLOCK_ROWS and SWAP its blocks outside `cols` instead, so each block of
-  rows is read strip by strip while its lines stream in. Measured on the Xeon (one thread, CPU time, inside the
-  anchors' matmul): the 1024 pack 1.24-1.32 -> 0.66-0.78 ms, the 2048 pack 5.0 -> 2.9-3.0 ms (bench/RESULTS.md)."""
+  rows is read strip by strip while its lines stream in (the figures: bench/RESULTS.md, thirteenth session)."""
   loads, _ = memory_accesses(kernel.sink)
   loops = [rng for rng in kernel.output_axes if rng.arg != inner.arg]   # (the inner axis is upcast: its lanes or rest)
   if len(loops) < 2 or (run := Kernel.size(inner)) is None or not loads: return
@@ -571,10 +570,8 @@ def _column_units(kernel: Kernel, plan: TilePlan, panel_bytes: int, length: int)
   columns. For each unit and block of the sum, the unit's block of `b` (its tiles x length x wide floats, at most
   1/COLUMN_BLOCK_L2_SHARE of one L2) stays in L2 while every row tile of `a` (8 rows x length, in L1) sweeps the
   unit's columns: `b` streams from L2 one cache line a step, `a` from L1, and only `a` comes from L3, once per unit.
-  Units are as wide as that allows while there are MIN_COLUMN_UNITS_PER_CORE of them for each of the plan's cores.
-  Measured on the Xeon (one thread, CPU time, interleaved against rows of 16 tiles, their column panels outside
-  them): matmul 2048 131-137 -> 109-121 ms (units of 16 tiles), 1024 14.8 -> 13.4-13.7 ms (8 tiles); units of 4
-  tiles at 2048 (a streamed 16 times) 136. Whether it applied."""
+  Units are as wide as that allows while there are MIN_COLUMN_UNITS_PER_CORE of them for each of the plan's cores
+  (narrower units stream `a` more often; the figures: bench/RESULTS.md, thirteenth session). Whether it applied."""
   out_axes = kernel.output_axes
   if len(out_axes) != 2 or (size := Kernel.size(kernel.reduce_axes[0])) is None: return False
   tiles = Kernel.size(out_axes[1])
