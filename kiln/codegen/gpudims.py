@@ -11,7 +11,7 @@ ticket) combines their partials. Every other kernel maps its output ranges as be
 Which ranges: output ranges (reduced by no REDUCE) of constant size for which a disjointness proof holds: every
 index into a written buffer is affine in them, `sum(c_k * r_k) + rest`, with coefficients that, sorted, each pass the
 span of everything finer (so two threads never write, or read what the other writes, at one address; the rule of
-kiln/codegen/parallel.py, for several ranges at once). A KBLOCK block loop (its iterations update the same outputs),
+kiln/codegen/disjoint.py, for several ranges at once). A KBLOCK block loop (its iterations update the same outputs),
 a PADTO-clamped axis or an in-place scan fails the proof and stays a loop in each thread. So does an output range a
 reduction does not depend on (softmax's elementwise axis, after the row's max and sum): mapped, every thread would
 compute the row's reductions again.
@@ -37,6 +37,7 @@ from kiln.helpers import NOLOCALS, prod
 from kiln.uop.ops import UOp, Ops, toposort, identity_element
 from kiln.uop.pattern import graph_rewrite
 from kiln.uop.symbolic import symbolic
+from kiln.codegen.disjoint import ALL as _ALL, Linear, linear_form as _linear, first_conflict as _first_conflict
 
 INT = dtypes.int32
 BLOCK_SIZES = (256, 128, 64, 32)   # threads per block, the first that divides the work (else 256 and a guard)
@@ -58,60 +59,6 @@ def mappable_ranges(sink: UOp) -> list[UOp]:
     mapped = [] if offender is _ALL else [r for r in mapped if r is not offender]
   while mapped and prod(r.src[0].arg for r in mapped) > MAX_THREADS: mapped.pop(0)
   return mapped
-
-_ALL = object()   # `_first_conflict`'s answer when no range may be mapped
-Linear = tuple[dict[UOp, int], int, int]   # an index as sum(coefficient * range) + rest, rest in [low, high]
-
-def _linear(index: UOp, ranges: frozenset[UOp], memo: dict[UOp, Linear | None]) -> Linear | None:
-  """`index` as an affine form over `ranges` plus a bounded rest, or None when it is not one."""
-  if index in memo: return memo[index]
-  if index in ranges: form: Linear | None = ({index: 1}, 0, 0)
-  elif not any(u in ranges for u in index.toposort()):
-    low, high = index.vmin, index.vmax
-    form = ({}, low, high) if isinstance(low, int) and isinstance(high, int) else None
-  elif index.op is Ops.ADD:
-    parts = [_linear(s, ranges, memo) for s in index.src]
-    if any(p is None for p in parts): form = None
-    else:
-      coefficients: dict[UOp, int] = {}
-      for part in parts:
-        for rng, c in part[0].items(): coefficients[rng] = coefficients.get(rng, 0) + c   # type: ignore[index]
-      form = (coefficients, sum(p[1] for p in parts), sum(p[2] for p in parts))   # type: ignore[index]
-  elif index.op is Ops.MUL and any(s.op is Ops.CONST and isinstance(s.arg, int) for s in index.src):
-    factor = next(s.arg for s in index.src if s.op is Ops.CONST)
-    part = _linear(next((s for s in index.src if s.op is not Ops.CONST), index.src[0]), ranges, memo)
-    form = None if part is None else ({r: c * factor for r, c in part[0].items()},
-                                      *sorted((part[1] * factor, part[2] * factor)))   # type: ignore[assignment]
-  else: form = None
-  memo[index] = form
-  return form
-
-def _first_conflict(nodes: list[UOp], mapped: list[UOp]):
-  """A range of `mapped` whose iterations may touch one address of a written buffer (or `_ALL`), else None: every
-  store's index must be `sum(c_k * r_k) + rest` with one coefficient per range and buffer, the coefficients sorted by
-  size each larger than the span of everything finer (mixed radix: distinct threads, disjoint addresses), and every
-  load of a written buffer must stay inside its own thread's addresses."""
-  ranges, memo = frozenset(mapped), {}
-  stores = [u for u in nodes if u.op is Ops.STORE]
-  spans: dict[UOp, Linear] = {}   # written buffer -> its stores' coefficients and the union of their rests
-  for store in stores:
-    form = _linear(store.src[1], ranges, memo)
-    if form is None: return next(r for r in reversed(mapped) if r in store.src[1].toposort())
-    if (zero := next((r for r in mapped if form[0].get(r, 0) == 0), None)) is not None: return zero
-    if (known := spans.get(store.src[0])) is not None:
-      if known[0] != form[0]: return next(r for r in mapped if known[0][r] != form[0][r])
-      form = (form[0], min(form[1], known[1]), max(form[2], known[2]))
-    spans[store.src[0]] = form
-  for coefficients, low, high in spans.values():
-    span = high - low
-    for rng in sorted(mapped, key=lambda r: abs(coefficients[r])):
-      if abs(coefficients[rng]) <= span: return rng
-      span += abs(coefficients[rng]) * (rng.src[0].arg - 1)
-  for load in nodes:
-    if load.op is not Ops.LOAD or load.src[0] not in spans: continue
-    form, (coefficients, low, high) = _linear(load.src[1], ranges, memo), spans[load.src[0]]
-    if form is None or form[0] != coefficients or form[1] < low or form[2] > high: return _ALL
-  return None
 
 def block_size(total: int) -> int:
   """Threads per block for `total` threads of work: a warp multiple that divides it, else all of it when small,

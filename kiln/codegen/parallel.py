@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from kiln.dtype import dtypes
 from kiln.helpers import SPLIT_REDUCEOP
 from kiln.uop.ops import UOp, Ops, GroupOp
+from kiln.codegen.disjoint import affine_in, loop_is_disjoint
 # the Ops members these loops over every uop test, bound once: under Python 3.11 each `Ops.X` read costs ~130 ns
 # (EnumType defines __getattr__, which puts every attribute read on the class on a slow path), 10x a global's
 _RANGE, _ENDRANGE, _SINK, _STORE, _LOAD = Ops.RANGE, Ops.ENDRANGE, Ops.SINK, Ops.STORE, Ops.LOAD
@@ -58,7 +59,7 @@ def find_parallel_loop(uops: list[UOp]) -> ParallelLoop | None:
   marks = _loop_marks(uops)
   end = _matching_end(uops, start, marks)
   if end is None or any(u.op is not _SINK for u in uops[end + 1:]): return None
-  if not _accesses_are_disjoint(uops, loop): return None
+  if not loop_is_disjoint(uops, loop): return None
   return ParallelLoop(loop, _work(uops[start:end + 1], marks=[m - start for m in marks if start <= m <= end]))
 
 def _loop_marks(uops: list[UOp]) -> list[int]:
@@ -109,33 +110,6 @@ def _index_math(uops: list[UOp]) -> set[UOp]:
       else: only_addressed[s] = False
   return addresses | {u for u in uops if u.op in (_CONST, _GEP, _VECTORIZE)}
 
-def _accesses_are_disjoint(uops: list[UOp], loop: UOp) -> bool:
-  """Every access to a written buffer stays inside its own iteration's block (see the module docstring)."""
-  stores = [u for u in uops if u.op is _STORE]
-  written = {u.src[0] for u in stores}
-  contains: dict[UOp, bool] = {}
-  affine: dict[UOp, _Affine] = {}
-  blocks: dict[UOp, tuple[int, int, int]] = {}   # buffer -> (stride, lowest rest, highest rest) over its stores
-  for u in stores:
-    split = _affine_in(u.src[1], loop, contains, affine)
-    if split is None or split[0] == 0: return False
-    stride, low, high = split
-    if u.src[0] in blocks:
-      known_stride, known_low, known_high = blocks[u.src[0]]
-      if known_stride != stride: return False
-      low, high = min(low, known_low), max(high, known_high)
-    blocks[u.src[0]] = (stride, low, high)
-  if any(high - low >= abs(stride) for stride, low, high in blocks.values()):
-    # (the reads of a written buffer, a blocked sum's partial results, must stay in their iteration's blocks too)
-    return _periodic_blocks_are_disjoint(stores + [u for u in uops if u.op is _LOAD and u.src[0] in written], loop,
-                                         memo=contains)
-  for u in [u for u in uops if u.op is _LOAD]:
-    if u.src[0] not in written: continue
-    split = _affine_in(u.src[1], loop, contains, affine)
-    stride, low, high = blocks[u.src[0]]
-    if split is None or split[0] != stride or split[1] < low or split[2] > high: return False
-  return True
-
 @dataclass(frozen=True)
 class Stream:
   """A read-only buffer that loop `r` walks through: iteration r reads elements [stride*r + low, stride*r + high]
@@ -153,15 +127,14 @@ def streamed_loads(uops: list[UOp], loop: UOp) -> list[Stream]:
   end = next((i for i in range(start + 1, len(uops)) if uops[i].op is _ENDRANGE and uops[i].src[0] is loop),
              len(uops))
   written = {u.src[0] for u in uops if u.op is _STORE}
-  memo: dict[UOp, bool] = {}
-  known: dict[UOp, _Affine] = {}
+  memo: dict = {}
   spans: dict[UOp, tuple[int, int, int] | None] = {}
   depth = 0
   for u in uops[start + 1:end]:
     if u.op is _RANGE: depth += 1
     elif u.op is _ENDRANGE: depth -= 1
     elif u.op is _LOAD and u.src[0].op is Ops.DEFINE_GLOBAL and u.src[0] not in written:
-      split = _affine_in(u.src[1], loop, memo, known) if depth > 0 else None
+      split = affine_in(u.src[1], loop, memo) if depth > 0 else None
       seen = spans.get(u.src[0], (0, 0, 0))
       if split is None or seen is None or (seen[0] and split[0] != seen[0]):
         spans[u.src[0]] = None
@@ -171,102 +144,6 @@ def streamed_loads(uops: list[UOp], loop: UOp) -> list[Stream]:
       spans[u.src[0]] = (stride, min(low, seen[1]) if seen[0] else low, max(high, seen[2]) if seen[0] else high)
   return [Stream(buf, *span) for buf, span in spans.items()
           if span is not None and span[0] > 0 and span[2] - span[1] < span[0]]
-
-def _depends_on(u: UOp, loop: UOp, memo: dict[UOp, bool]) -> bool:
-  if u not in memo: memo[u] = u is loop or any(_depends_on(s, loop, memo) for s in u.src)
-  return memo[u]
-
-_Affine = tuple[int, int, int] | None
-
-def _affine_in(index: UOp, loop: UOp, memo: dict[UOp, bool], known: dict[UOp, _Affine]) -> _Affine:
-  """`index` as `stride*loop + rest`: (stride, min(rest), max(rest)), or None when it is not of that form. `known`
-  keeps the answers of one kernel (the lanes of an upcast share their base index)."""
-  if index not in known: known[index] = _affine_form(index, loop, memo, known)
-  return known[index]
-
-def _affine_form(index: UOp, loop: UOp, memo: dict[UOp, bool], known: dict[UOp, _Affine]) -> _Affine:
-  if not _depends_on(index, loop, memo):
-    low, high = index.vmin, index.vmax
-    return (0, int(low), int(high)) if isinstance(low, int) and isinstance(high, int) else None
-  if index is loop: return (1, 0, 0)
-  if index.op is Ops.ADD:
-    parts = [_affine_in(s, loop, memo, known) for s in index.src]
-    if any(p is None for p in parts): return None
-    return tuple(sum(values) for values in zip(*parts))   # type: ignore[return-value]
-  if index.op is Ops.MUL:
-    factor = next((s for s in index.src if s.op is _CONST), None)
-    other = next((s for s in index.src if s is not factor), None)
-    if factor is None or other is None or not isinstance(factor.arg, int): return None
-    part = _affine_in(other, loop, memo, known)
-    if part is None: return None
-    c = factor.arg
-    return (part[0] * c, *sorted((part[1] * c, part[2] * c)))
-  if index.op is Ops.WHERE and _is_last_iteration_test(index.src[0], loop) and \
-     not _depends_on(index.src[2], loop, memo):
-    # a PADTO-clamped index (kiln/codegen/opt/kernel.py): `where(r < n-1, a(r), b)` is a(r) except on the last
-    # iteration, which gives b: the same stride, with b's offset from that iteration's start among the rests
-    part, other = _affine_in(index.src[1], loop, memo, known), _affine_in(index.src[2], loop, memo, known)
-    if part is None or other is None or other[1] != other[2]: return None
-    offset = other[1] - part[0] * (loop.src[0].arg - 1)
-    return (part[0], min(part[1], offset), max(part[2], offset))
-  if index.op is Ops.CAST and dtypes.is_int(index.dtype) and dtypes.is_int(index.src[0].dtype) \
-     and index.dtype.itemsize >= index.src[0].dtype.itemsize and dtypes.is_unsigned(index.dtype) == \
-     dtypes.is_unsigned(index.src[0].dtype):   # widening to a type of the same signedness keeps the value
-    return _affine_in(index.src[0], loop, memo, known)
-  return None
-
-def _periodic_blocks_are_disjoint(stores: list[UOp], loop: UOp, memo: dict[UOp, bool]) -> bool:
-  """Whether the stores of a kernel (and its loads of the buffers it writes, passed with them) touch disjoint
-  addresses in different iterations of `loop` when each iteration's block repeats with a period: an index
-  `s*loop + small + big`, where the terms of `small` (and a vector's further lanes) span less than |s| and every term
-  of `big` is a multiple of P = |s| * (the loop's trip count). Within one period, iteration i owns
-  [s*i + min(small), s*i + min(small) + |s|), and periods never overlap (a tile's columns outside its rows:
-  iteration i stores columns 32i..32i+31 of every row; a packed matmul's units of tile columns, whose blocked sum
-  reads back its own columns' partial results)."""
-  if loop.src[0].op is not _CONST: return False
-  spans: dict[UOp, tuple[int, int, int, int]] = {}   # buffer -> (stride, period, lowest small, highest small)
-  for st in stores:
-    terms = _linear_terms(st.src[1], loop, memo)
-    if terms is None or (stride := terms.pop(loop, 0)) == 0: return False
-    period = abs(stride) * loop.src[0].arg
-    low = high = terms.pop(None, 0) % period   # (whole periods of the constant belong to `big`)
-    for node, coeff in terms.items():
-      # whole periods of each coefficient belong to `big`; the rest, the nearest to 0, to `small`
-      if (coeff := coeff % period) > period // 2: coeff -= period
-      if coeff == 0: continue
-      lo, hi = node.vmin, node.vmax
-      if not isinstance(lo, int) or not isinstance(hi, int): return False
-      low, high = low + min(coeff * lo, coeff * hi), high + max(coeff * lo, coeff * hi)
-    high += (st.dtype if st.op is _LOAD else st.src[2].dtype).count - 1   # a vector access's further lanes
-    if st.src[0] in spans:
-      known = spans[st.src[0]]
-      if known[:2] != (stride, period): return False
-      low, high = min(low, known[2]), max(high, known[3])
-    spans[st.src[0]] = (stride, period, low, high)
-  return all(high - low < abs(stride) for stride, _, low, high in spans.values())
-
-def _linear_terms(index: UOp, loop: UOp, memo: dict[UOp, bool]) -> dict[UOp | None, int] | None:
-  """`index` as a sum of integer multiples of nodes (sums and multiplications by constants taken apart; `None` keys
-  the constant), or None where `loop` appears otherwise than as a term."""
-  if index.op is _CONST and isinstance(index.arg, int): return {None: index.arg}
-  if index.op is Ops.ADD:
-    out: dict[UOp | None, int] = {}
-    for src in index.src:
-      if (part := _linear_terms(src, loop, memo)) is None: return None
-      for node, coeff in part.items(): out[node] = out.get(node, 0) + coeff
-    return out
-  if index.op is Ops.MUL and (factor := next((s for s in index.src if s.op is _CONST), None)) is not None \
-     and isinstance(factor.arg, int):
-    other = index.src[1] if index.src[0] is factor else index.src[0]
-    if (part := _linear_terms(other, loop, memo)) is None: return None
-    return {node: coeff * factor.arg for node, coeff in part.items()}
-  if index is loop or not _depends_on(index, loop, memo): return {index: 1}
-  return None
-
-def _is_last_iteration_test(cond: UOp, loop: UOp) -> bool:
-  """Whether `cond` is `loop < n - 1` for a loop of n iterations (true on every iteration but the last)."""
-  return cond.op is Ops.CMPLT and cond.src[0] is loop and loop.src[0].op is _CONST and \
-    cond.src[1].op is _CONST and cond.src[1].arg == loop.src[0].arg - 1
 
 # ---- split reductions: a reduce loop whose accumulators live outside every loop that could be split ----
 
