@@ -186,6 +186,26 @@ def test_a_smaller_matmul_packs_only_a_strided_b():
     assert packed_sums(x @ w) == 0
     np.testing.assert_allclose((x @ w.T).numpy(), x.numpy() @ w.numpy().T, rtol=1e-5, atol=1e-4)
 
+def test_a_smaller_matmul_packs_a_contiguous_b_that_outgrows_l2(monkeypatch):
+  """Below PACK_MIN_WORK a contiguous `b` is packed (alone) once it is larger than a PACK_B_L2_SHARE share of the
+  device's L2: 1/2 of 2 MiB here (the MLP's 784x512 weights, 1.6 MB); `b`s within it stay as they are."""
+  monkeypatch.setattr(pack, "_l2_bytes", lambda device: 2 << 20)
+  with Context(SCHEDULE_CACHE=0):
+    assert copies(Tensor.empty(256, 784) @ Tensor.empty(784, 512)) == 1
+    assert copies(Tensor.empty(256, 1024) @ Tensor.empty(1024, 256)) == 0   # 1 MiB: half the L2, not more
+    assert copies(Tensor.empty(4, 64, 256) @ Tensor.empty(256, 1024)) == 0   # the transformer's FFN up: 1 MiB
+    # a batch of small `b`s: each batch element's is what the row tiles sweep (4 x 512 KiB)
+    assert copies(Tensor.empty(4, 256, 512) @ Tensor.empty(4, 512, 256)) == 0
+    monkeypatch.setattr(pack, "_l2_bytes", lambda device: 512 << 10)   # a smaller L2: the FFN's `b` outgrows it
+    assert copies(Tensor.empty(4, 64, 256) @ Tensor.empty(256, 1024)) == 1
+    rng = np.random.default_rng(3)
+    xn, wn = rng.standard_normal((256, 784), dtype=np.float32), rng.standard_normal((784, 512), dtype=np.float32)
+    bn = rng.standard_normal(512, dtype=np.float32)
+    monkeypatch.setattr(pack, "_l2_bytes", lambda device: 2 << 20)
+    out = (Tensor(xn) @ Tensor(wn) + Tensor(bn)).relu()
+    assert len(out.schedule()) == 2   # the pack of `b`, the matmul
+    assert_close(out.numpy(), np.maximum(xn.astype(np.float64) @ wn + bn, 0), "256x784x512, b packed", atol=2e-3)
+
 def test_axis_stride_of_views():
   w = Tensor.empty(512, 10)
   assert [pack.axis_stride(w.uop, 0), pack.axis_stride(w.uop, 1)] == [10, 1]

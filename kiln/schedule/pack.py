@@ -37,7 +37,10 @@ weight pays from PACK_CHANNELS_MIN_WORK multiply-adds (a batch-1 conv).
 
 A smaller matmul (from PACK_STRIDED_MIN_WORK) packs `b` alone where `b` is strided along the output's contiguous
 axis (`axis_stride`): `x @ w.T`, which every `x @ w` meets in its backward. Unpacked, each vector of the tile's `b`
-row is gathered from 16 rows; the copy is one small kernel (bench/RESULTS.md: the MLP step).
+row is gathered from 16 rows; the copy is one small kernel (bench/RESULTS.md: the MLP step). It also packs a
+contiguous `b` larger than a PACK_B_L2_SHARE share of one L2 (the device's target): unpacked, every row of tiles
+sweeps all of `b` from L3, rows of it a page apart (the MLP's first layer, 784x512 weights; bench/RESULTS.md,
+fourteenth session).
 """
 from __future__ import annotations
 from typing import Callable
@@ -124,8 +127,13 @@ def _packed_matmul(reduce: UOp) -> UOp | None:
     # a copy of `b` would cost more than its rows save (4x256x56x56 -> 64, one thread: 4.9 ms packed, 2.9 not)
     return None
   packs = ((ib, c, COLUMN_LANES), (ia, d, ROW_LANES))
-  if prod(shape) <= PACK_MIN_WORK:   # small: only a `b` that its tile would gather
-    if axis_stride(factors[ib][1].src[0], c) in (1, None): return None
+  if prod(shape) <= PACK_MIN_WORK:   # small: only a `b` that its tile would gather, or that outgrows a share of L2
+    stride = axis_stride(factors[ib][1].src[0], c)
+    if stride is None: return None
+    if stride == 1:
+      # `b` as the row tiles sweep it: one batch element's (the reduce axes and the axes `a` is broadcast along)
+      panel = prod(s for i, s in enumerate(shape) if i in axes or (i in broadcast[ia] and i not in broadcast[ib]))
+      if panel * factors[ib][1].dtype.itemsize * PACK_B_L2_SHARE <= _l2_bytes(reduce.device): return None
     packs = packs[:1]
   elif _rows_stay_in_l1(shape, axes, factors[ia][1].src[0]): packs = packs[:1]
   new = list(product.src)
@@ -180,6 +188,7 @@ def _packed_channels(reduce: UOp) -> UOp | None:
   return None
 
 PACK_A_L2_SHARE = 4   # a matmul whose `a` fits in this share of one L2 is not packed (its rows stay in cache)
+PACK_B_L2_SHARE = 2   # a smaller matmul packs a contiguous `b` larger than this share of one L2 (module docstring)
 
 A_IN_PLACE = True   # a plain matmul's row-major `a` is read in place, only `b` packed (`_rows_stay_in_l1`)
 
