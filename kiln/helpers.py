@@ -299,6 +299,9 @@ VALIDATE_WITH_CPU = ContextVar("VALIDATE_WITH_CPU", 0, "1: every kernel that run
                                "differs (beyond 1e-3) raises an AssertionError naming the kernel")
 PTX = ContextVar("PTX", 0, "1: the CUDA device renders kernels as PTX (kiln/renderer/ptx.py) that the driver compiles "
                           "when it loads them, instead of CUDA C compiled by NVRTC")
+WARP_SHUFFLE = ContextVar("WARP_SHUFFLE", 1, "1: a GPU row or grid reduction combines each warp's partials with warp "
+                          "shuffles (kiln/codegen/gpudims.py), shared memory and barriers only across warps; 0: "
+                          "through shared memory in every round")
 FUSE_OPTIM = ContextVar("FUSE_OPTIM", 0, "1: optimizers default to fused=True (all parameters updated as one flat "
                                          "vector: fewer kernels per step)")
 

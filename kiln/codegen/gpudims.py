@@ -4,8 +4,9 @@ whole grid, for one long reduction), and every other range stays a loop in each 
 
 Row kernels first (`group_rows`, `grid_reduction`): a kernel of reductions over whole rows, with at most one
 elementwise pass over the row that uses them (sums, max, softmax, layernorm), runs a block of GROUP_SIZE threads per
-row that reduce strided partials into a shared array (DEFINE_LOCAL) and combine them in a tree of BARRIER-separated
-rounds; a full reduction of a million elements or more spreads over GRID_BLOCKS blocks whose last one (an ATOMIC
+row that reduce strided partials and combine them: by warp shuffles (SHUFFLE) within each warp, then through a shared
+array (DEFINE_LOCAL) after one BARRIER across a row's warps (WARP_SHUFFLE=0, or a shape shuffles do not fit: in a
+tree of BARRIER-separated rounds through shared memory); a full reduction of a million elements or more spreads over GRID_BLOCKS blocks whose last one (an ATOMIC
 ticket) combines their partials. Every other kernel maps its output ranges as below.
 
 Which ranges: output ranges (reduced by no REDUCE) of constant size for which a disjointness proof holds: every
@@ -33,7 +34,7 @@ from __future__ import annotations
 import itertools, math
 from dataclasses import dataclass
 from kiln.dtype import dtypes
-from kiln.helpers import NOLOCALS, prod
+from kiln.helpers import NOLOCALS, WARP_SHUFFLE, prod
 from kiln.uop.ops import UOp, Ops, toposort, identity_element
 from kiln.uop.pattern import graph_rewrite
 from kiln.uop.symbolic import symbolic
@@ -252,6 +253,64 @@ def _tree_combine(lidx: UOp, arrays: list[tuple[UOp, UOp]], barrier: UOp, group:
   first = UOp.const(INT, 0) if first is None else first
   return {red: UOp(Ops.LOAD, red.dtype, (shared, first, barrier)) for red, shared in arrays}
 
+WARP_SIZE = 32   # lanes of a warp when the target gives none (every NVIDIA GPU's)
+
+def shuffle_warp(target: object = None) -> int:
+  """The warp size whose shuffles row and grid reductions use on `target` (its `warp_size`; WARP_SIZE when it gives
+  none), or 0 with WARP_SHUFFLE=0 (every round through shared memory)."""
+  return int(getattr(target, "warp_size", WARP_SIZE) or 0) if WARP_SHUFFLE else 0
+
+def _shuffle_rounds(value: UOp, op: Ops, lidx: UOp, offsets: list[int], warp: int) -> UOp:
+  """`value` combined by `op` with the value of lane `lidx ^ k` for each k of `offsets` in turn (a butterfly of warp
+  shuffles, SHUFFLE): every lane of each aligned run of 2*max(offsets) lanes ends with one total, the tree in which
+  lane i < k combines lanes i and i + k (the shared-memory tree's order). The upper lane of each pair takes the
+  operands in the lower lane's order where the op's bits could depend on it (MAX of floats: a NaN's payload or a
+  zero's sign), so every lane holds the same bits."""
+  ordered = op is Ops.MAX and dtypes.is_float(value.dtype)
+  for k in offsets:
+    theirs = UOp(Ops.SHUFFLE, value.dtype, (value,), (k, warp))
+    if ordered:
+      upper = (lidx & k).ne(0)
+      value = UOp(op, value.dtype, (upper.where(theirs, value), upper.where(value, theirs)))
+    else: value = UOp(op, value.dtype, (value, theirs))
+  return value
+
+def _combine_partials(lidx: UOp, partials: list[tuple[UOp, UOp, str]], group: int, threads: int, warp: int,
+                      lane: UOp | None = None, first: UOp | None = None, stride: int = 1) -> dict[UOp, UOp]:
+  """Each REDUCE's total over the `group` lanes of its row from each lane's partial (`partials`: REDUCE, its partial
+  value, a name for its shared array), read by every lane of the row. With warps of `warp` lanes (0: none) whose
+  lanes hold consecutive lanes of one row (`stride` 1), `group` a power of two and the block's `threads` whole warps:
+  the lanes of each warp combine by shuffles (`_shuffle_rounds`, no shared memory for a row of at most a warp);
+  a longer row's warps then leave their totals in a shared array (one a warp), and after one barrier each lane reads
+  them and combines them by shuffles again. Otherwise `_tree_combine`: partials through a shared array of `threads`
+  elements in log2(group) barrier-separated rounds. Both are fixed trees: the same bits on every run."""
+  if not warp or stride != 1 or group < 2 or group & (group - 1) or threads % warp or \
+     any(red.dtype.count != 1 for red, _, _ in partials):
+    arrays = [(red, UOp(Ops.DEFINE_LOCAL, red.dtype, (), (name, threads))) for red, _, name in partials]
+    stores = tuple(UOp(Ops.STORE, dtypes.void, (shared, lidx, value)) for (_, shared), (_, value, _) in
+                   zip(arrays, partials))
+    return _tree_combine(lidx, arrays, UOp(Ops.BARRIER, dtypes.void, stores), group, lane, first, stride)
+  inside = min(group, warp)
+  totals = {red: _shuffle_rounds(value, red.arg, lidx, _halvings(inside), warp) for red, value, _ in partials}
+  if group <= warp: return totals
+  warps = group // warp   # a row's warps (at most a warp of them: group <= 1024)
+  arrays = {red: UOp(Ops.DEFINE_LOCAL, red.dtype, (), (name, threads // warp)) for red, _, name in partials}
+  leader = (lidx % warp).eq(0)
+  stores = tuple(UOp(Ops.STORE, dtypes.void, (arrays[red], lidx // warp, totals[red], leader)) for red, _, _ in partials)
+  barrier = UOp(Ops.BARRIER, dtypes.void, stores)
+  row_first = (lidx // group) * warps if threads > group else None
+  index = lidx % warps if row_first is None else row_first + lidx % warps
+  return {red: _shuffle_rounds(UOp(Ops.LOAD, red.dtype, (arrays[red], index, barrier)), red.arg, lidx,
+                               _halvings(warps), warp) for red, _, _ in partials}
+
+def _halvings(n: int) -> list[int]:
+  """n/2, n/4, ..., 1 (none for n = 1)."""
+  out, k = [], n // 2
+  while k:
+    out.append(k)
+    k //= 2
+  return out
+
 def groupable(sink: UOp) -> bool:
   """Whether `map_axes_to_gpu` runs the kernel as one block per row (`group_rows`)."""
   return row_plan(sink) is not None
@@ -269,14 +328,15 @@ GRID_BLOCKS = 1024   # blocks of a grid-wide reduction: about 8 a multiprocessor
 MIN_GRID_REDUCED = 1 << 20   # a full reduction of at least this many elements uses every block (else one block)
 
 def grid_reduction(sink: UOp, plan: RowPlan, new_range, group: int = GROUP_SIZE,
-                   blocks: int | None = None) -> UOp | None:
+                   blocks: int | None = None, warp: int = WARP_SIZE) -> UOp | None:
   """A full reduction (one reduce group, no row, no elementwise pass) of at least MIN_GRID_REDUCED elements over
   GRID_BLOCKS blocks: each block reduces its share (coalesced, as a row's) to one partial in a device array; thread 0
   then fences and takes a ticket (ATOMIC add on an arrival counter). The block that takes the last ticket sees
   every partial: its threads read them (through L2), combine them in a tree, store the result, and reset the
   counter for the next launch. Fixed orders throughout: the same bits on every run. None where it does not apply.
   `group` threads a block and `blocks` blocks (GPU actions GROUP, GROUP: kiln/codegen/opt/kernel.py); by default
-  GROUP_SIZE and GRID_BLOCKS, from MIN_GRID_REDUCED elements."""
+  GROUP_SIZE and GRID_BLOCKS, from MIN_GRID_REDUCED elements. Both combines go through `_combine_partials` (warp
+  shuffles within each warp of `warp` lanes; 0: shared memory in every round)."""
   if plan.rows or plan.elementwise is not None or len(plan.groups) != 1: return None
   ranges, reds = plan.groups[0]
   size = prod(r.src[0].arg for r in ranges)
@@ -291,14 +351,12 @@ def grid_reduction(sink: UOp, plan: RowPlan, new_range, group: int = GROUP_SIZE,
   valid = element.lt(size) if prod(r.src[0].arg for r in loops) * blocks * group != size else None
   if valid is not None: element = valid.where(element, UOp.const(INT, size - 1))
   first = lidx.eq(0)
-  shared, scratch, partial_stores = [], [], []
+  scratch, partials = [], []
   for k, red in enumerate(reds):
     body = _substitute(red.src[0], _unflatten(element, list(ranges)))
     if valid is not None: body = valid.where(body, UOp.const(red.dtype, identity_element(red.arg, red.dtype)))
-    shared.append(UOp(Ops.DEFINE_LOCAL, red.dtype, (), (f"temp0_{k}", group)))
-    partial_stores.append(UOp(Ops.STORE, dtypes.void, (shared[k], lidx, _nested(red, body, loops))))
-  block_totals = _tree_combine(lidx, list(zip(reds, shared)), UOp(Ops.BARRIER, dtypes.void, tuple(partial_stores)),
-                               group)
+    partials.append((red, _nested(red, body, loops), f"temp0_{k}"))
+  block_totals = _combine_partials(lidx, partials, group, group, warp)
   for k, red in enumerate(reds):
     scratch.append(UOp(Ops.DEFINE_LOCAL, red.dtype, (), (f"kiln_partials{k}", blocks, "device")))
   to_device = tuple(UOp(Ops.STORE, dtypes.void, (scratch[k], gidx, block_totals[red], first))
@@ -313,10 +371,8 @@ def grid_reduction(sink: UOp, plan: RowPlan, new_range, group: int = GROUP_SIZE,
   gathered = []
   for k, red in enumerate(reds):
     read = UOp(Ops.LOAD, red.dtype, (scratch[k], per_thread[0] * group + lidx if per_thread else lidx, last))
-    other = UOp(Ops.DEFINE_LOCAL, red.dtype, (), (f"temp1_{k}", group))
-    gathered.append((red, other, UOp(Ops.STORE, dtypes.void, (other, lidx, _nested(red, read, per_thread)))))
-  totals = _tree_combine(lidx, [(red, other) for red, other, _ in gathered],
-                         UOp(Ops.BARRIER, dtypes.void, tuple(store for _, _, store in gathered)), group)
+    gathered.append((red, _nested(red, read, per_thread), f"temp1_{k}"))
+  totals = _combine_partials(lidx, gathered, group, group, warp)
   done = first & last
   stores = [_substitute(st.replace(src=(*st.src[:3], done if len(st.src) == 3 else st.src[3] & done)), totals)
             if st.op is Ops.STORE else st for st in sink.src]
@@ -324,14 +380,15 @@ def grid_reduction(sink: UOp, plan: RowPlan, new_range, group: int = GROUP_SIZE,
   return graph_rewrite(sink.replace(src=tuple(stores)), symbolic, name="gpudims grid reduction")
 
 def group_rows(sink: UOp, group: int | None = None, per_block: int = 1, top: bool = False,
-               grid_blocks: int | None = None, rows_fastest: bool = False) -> UOp | None:
+               grid_blocks: int | None = None, rows_fastest: bool = False, warp: int | None = None) -> UOp | None:
   """A row kernel (`row_plan`) as one block per row (gidx0, the row ranges unflattened) of `row_group_size` threads,
   or, for MULTI_ROW_MIN rows or more of at most MULTI_ROW_MAX elements, G = `row_lanes` threads a row and
   ROW_BLOCK_THREADS / G rows a block (thread `lidx0` is lane `lidx0 % G` of the block's row `lidx0 // G`; rows past
   the end store nothing). For each
-  reduce group in turn, a row's G threads reduce every G-th element (coalesced loads) into partials in a shared
-  array, combined by a tree of barrier-separated rounds (`_tree_combine`; groups that use none of each other's
-  totals share one tree); the elementwise pass then runs element
+  reduce group in turn, a row's G threads reduce every G-th element (coalesced loads) into partials, combined by
+  warp shuffles within each warp of `warp` lanes (None: `shuffle_warp()`; 0: none) and through a shared array
+  across warps, or in a tree of barrier-separated rounds through shared memory (`_combine_partials`; groups that use
+  none of each other's totals are combined together); the elementwise pass then runs element
   `j*G + lane` in a thread's loop j. Up to MAX_UNROLLED_ROW elements a thread, the loops are unrolled instead, and
   every pass reads the same registers. A store that depends on no thread's element is made by the row's lane 0.
 
@@ -347,9 +404,10 @@ def group_rows(sink: UOp, group: int | None = None, per_block: int = 1, top: boo
     next_id += 1
     return UOp(Ops.RANGE, INT, (UOp.const(INT, size),), next_id - 1)
   chosen = group is not None
+  if warp is None: warp = shuffle_warp()
   if not chosen or grid_blocks is not None:
-    whole = grid_reduction(sink, plan, new_range) if not chosen else \
-      grid_reduction(sink, plan, new_range, group, grid_blocks)
+    whole = grid_reduction(sink, plan, new_range, warp=warp) if not chosen else \
+      grid_reduction(sink, plan, new_range, group, grid_blocks, warp)
     if whole is not None: return whole
   n_rows = prod(r.src[0].arg for r in plan.rows) if plan.rows else 1
   if group is None: group, per_block = default_row_split(plan)
@@ -360,12 +418,11 @@ def group_rows(sink: UOp, group: int | None = None, per_block: int = 1, top: boo
   slot = (lidx % per_block if rows_fastest else lidx // group) if per_block > 1 else None
   finals: dict[UOp, UOp] = {}
   # groups that use none of each other's totals (a normed product's sum and sum of squares) share one tree of rounds
-  pending: list[tuple[UOp, UOp, UOp]] = []   # (REDUCE, its shared array, the store of its partial) not combined yet
+  pending: list[tuple[UOp, UOp, str]] = []   # (REDUCE, its partial, its shared array's name) not combined yet
   def combine() -> None:
-    finals.update(_tree_combine(lidx, [(red, shared) for red, shared, _ in pending],
-                                UOp(Ops.BARRIER, dtypes.void, tuple(store for _, _, store in pending)), group,
-                                lane, None if slot is None else slot if rows_fastest else slot * group,
-                                per_block if rows_fastest else 1))
+    finals.update(_combine_partials(lidx, pending, group, group * per_block, warp, lane,
+                                    None if slot is None else slot if rows_fastest else slot * group,
+                                    per_block if rows_fastest else 1))
     pending.clear()
   for g, (ranges, reds) in enumerate(plan.groups):
     waiting = {red for red, _, _ in pending}
@@ -394,8 +451,7 @@ def group_rows(sink: UOp, group: int | None = None, per_block: int = 1, top: boo
         bodies.append(body if valid is None else
                       valid.where(body, UOp.const(red.dtype, identity_element(red.arg, red.dtype))))
       partial = _nested(red, bodies[0], loops) if loops is not None else _chain(red, bodies)
-      shared = UOp(Ops.DEFINE_LOCAL, red.dtype, (), (f"temp{g}_{k}", group * per_block))
-      pending.append((red, shared, UOp(Ops.STORE, dtypes.void, (shared, lidx, partial))))
+      pending.append((red, partial, f"temp{g}_{k}"))
   combine()
   elements = [(None, None)]
   if plan.elementwise is not None:
@@ -451,12 +507,13 @@ def map_axes_to_gpu(sink: UOp, target: object = None) -> UOp:
   becomes one block per row instead (`group_rows`), and a matmul-shaped one shared-memory tiles
   (kiln/codegen/gpu_tiles.py). A kernel with GPU actions recorded on its SINK (kiln/codegen/opt/kernel.py
   GPUChoices) is mapped as they chose (`map_chosen`). `target` (the renderer's GPUTarget, None: the H200's)
-  gives the multiprocessors the matmul tiles' waves fill."""
+  gives the multiprocessors the matmul tiles' waves fill and the warp size of the reductions' shuffles."""
   from kiln.codegen.gpu_tiles import MULTIPROCESSORS, tile_matmul
   from kiln.codegen.opt.kernel import gpu_choices
-  if (choices := gpu_choices(sink)) is not None: return map_chosen(sink.replace(arg=None), choices)
+  warp = shuffle_warp(target)
+  if (choices := gpu_choices(sink)) is not None: return map_chosen(sink.replace(arg=None), choices, warp)
   if (tiled := tile_matmul(sink, getattr(target, "multiprocessors", MULTIPROCESSORS))) is not None: return tiled
-  if (grouped := group_rows(sink)) is not None: return grouped
+  if (grouped := group_rows(sink, warp=warp)) is not None: return grouped
   mapped = mappable_ranges(sink)
   if not mapped: return sink
   total = prod(r.src[0].arg for r in mapped)
@@ -481,7 +538,7 @@ def map_axes_to_gpu(sink: UOp, target: object = None) -> UOp:
       copies.append(_substitute(store, values))
   return graph_rewrite(sink.replace(src=tuple(copies)), symbolic, name="gpudims")
 
-def map_chosen(sink: UOp, choices) -> UOp:
+def map_chosen(sink: UOp, choices, warp: int | None = None) -> UOp:
   """A kernel mapped as its GPU actions chose (kiln/codegen/opt/kernel.py, which checked them): a GROUP makes it a
   row kernel (`group_rows` with the chosen threads a row, rows a block and grid blocks; LOCALs before the GROUP put
   the rows fastest among a block's threads, after it the row's lanes); otherwise each mapped range
@@ -498,7 +555,7 @@ def map_chosen(sink: UOp, choices) -> UOp:
     rows_a_block = prod(k for _, _, k in choices.of(OptOps.LOCAL))
     rows_fastest = choices.actions[0][0] is OptOps.LOCAL   # a LOCAL before the GROUP: the rows fastest
     out = group_rows(sink, grouped[0][2], rows_a_block, grouped[0][0] is OptOps.GROUPTOP,
-                     grouped[1][2] if len(grouped) > 1 else None, rows_fastest)
+                     grouped[1][2] if len(grouped) > 1 else None, rows_fastest, warp)
     if out is None: raise RuntimeError(f"gpudims: the kernel's GPU actions {choices.actions} do not fit it")
     return out
   mapped = mappable_ranges(sink)

@@ -8,13 +8,14 @@ bits and computed in float with the same rounding helpers). What differs:
   `gidx0` is `blockIdx.x`, `lidx0` is `threadIdx.x`; every other loop is a loop in each thread;
 - no CPU thread plan (no `kiln_tid`/`kiln_nthreads` parameters, no `_task` entry point) and no GNU vector types;
 - the helper functions are `__device__`, parameters `__restrict__`, and the kernel has `__launch_bounds__` of its
-  block size.
+  block size;
+- a warp SHUFFLE is `__shfl_xor_sync` over the whole warp (docs/ir.md stage 4).
 """
 from __future__ import annotations
 from kiln.dtype import dtypes
 from kiln.renderer import kernel_function_name
 from kiln.renderer.cstyle import (CRenderer, _CKernelWriter, BF16_HELPERS, FP8_HELPERS, HALF_HELPERS,
-                                  STORAGE_TYPES, fp8_helpers)
+                                  STORAGE_TYPES, VALUE_TYPES, fp8_helpers)
 from kiln.uop.ops import UOp, Ops
 
 # NVRTC has neither GCC's builtins nor statement expressions: the C renderer's builtins are spelled as CUDA's math
@@ -37,6 +38,13 @@ PRELUDE = "\n".join([
   "  union { From from; To to; } bits; bits.from = x; return bits.to;",
   "}"])
 SPECIAL_INDICES = {"gidx": "blockIdx", "lidx": "threadIdx"}
+CUDA_WARP = 32   # lanes of a warp on every NVIDIA GPU (the full mask, 0xffffffff, names them all)
+
+def shuffle_carrier(dtype) -> str:
+  """The C type of `__shfl_xor_sync`'s overload that carries a value of `dtype`: its own 32- or 64-bit type; float
+  for the 16-bit floats and fp8 (held as float); int for bool and narrower integers (widened, then narrowed back)."""
+  if dtype in (dtypes.float64, dtypes.int64, dtypes.uint64, dtypes.uint32): return VALUE_TYPES[dtype]
+  return "float" if dtypes.is_float(dtype) else "int"
 
 # a 16-bit float or fp8 value (computed in float) to its bits, and bits to the value, as the C renderer's BITCAST
 _TO_BITS = {dtypes.bfloat16: "kiln_f_to_bf16({})", dtypes.float16: "kiln_half_bits({})",
@@ -84,7 +92,7 @@ class _CudaKernelWriter(_CKernelWriter):
   def __init__(self, name: str, uops: list[UOp]):
     super().__init__(name, uops)
     self.statements.update({Ops.SPECIAL: self._special, Ops.DEFINE_LOCAL: self._define_local,
-                            Ops.BARRIER: self._barrier, Ops.ATOMIC: self._atomic})
+                            Ops.BARRIER: self._barrier, Ops.ATOMIC: self._atomic, Ops.SHUFFLE: self._shuffle})
     self.device_arrays: list[str] = []   # file-scope `__device__` arrays (DEFINE_LOCAL with a "device" scope)
     self.block_threads = 1
     self.dependent_launch = False   # the DEPENDENT_* instructions (CUDARenderer.render sets it from the arch)
@@ -112,6 +120,21 @@ class _CudaKernelWriter(_CKernelWriter):
     self.emit(f"{STORAGE_TYPES[u.dtype]} {name} = 0;")
     self.emit(f"if ({self.expr(gate)}) {{ __threadfence(); {name} = atomicAdd(&{self.expr(buf)}[{self.expr(index)}], "
               f"{self.expr(value)}); }}   /* this block's stores above are visible to every block first */")
+
+  def _shuffle(self, u: UOp) -> None:
+    """`const T name = __shfl_xor_sync(0xffffffff, x, k);`: a statement of its own, never inside another
+    expression (a ternary would run it in some lanes only)."""
+    k, warp = u.arg
+    if warp != CUDA_WARP or u.dtype.count != 1:
+      raise NotImplementedError(f"CUDARenderer: SHUFFLE {u.arg} of {u.dtype}: warps have {CUDA_WARP} lanes and "
+                                f"shuffles move scalars (kernel {self.name})")
+    self.note_dtype(u.dtype)
+    carrier, value_type = shuffle_carrier(u.dtype), VALUE_TYPES[u.dtype]
+    x = self.expr(u.src[0]) if carrier == value_type else f"({carrier})({self.expr(u.src[0])})"
+    text = f"__shfl_xor_sync(0xffffffffu, {x}, {k})"
+    if carrier != value_type: text = f"(({value_type}){text})"
+    name = self.names[u] = self.fresh_name("lane")
+    self.emit(f"const {value_type} {name} = {text};   /* from lane ^ {k} of the warp */")
 
   def _barrier(self, u: UOp) -> None:
     self.emit("__syncthreads();   /* the block's shared stores above, before any thread reads them */")

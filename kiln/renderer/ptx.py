@@ -15,6 +15,7 @@ NVRTC makes of the C renderer's semantics (kiln/renderer/cstyle.py), so both giv
 - bool values are predicates, stored as a byte.
 POW on float32 (and 16-bit floats) is 2**(y*log2|x|) on the hardware's approximate lg2/ex2 with C99's special cases:
 within a few ulp, not CUDA libdevice's bits. float32 MOD is exact (as fmodf is).
+A warp SHUFFLE is `shfl.sync.bfly.b32` over the whole warp, one per 32 bits of the value.
 Not rendered (NotImplementedError): vector uops, float64 POW and MOD, and native EXP2/LOG2/SIN (software math
 rewrites them first on this target).
 """
@@ -96,7 +97,7 @@ class _PTXKernelWriter(KernelWriter):
       Ops.RANGE: self._range, Ops.ENDRANGE: self._endrange, Ops.LOAD: self._load, Ops.STORE: self._store,
       Ops.DEFINE_ACC: self._define_acc, Ops.ASSIGN: self._assign, Ops.SPECIAL: self._special,
       Ops.DEFINE_LOCAL: self._define_local, Ops.BARRIER: self._barrier, Ops.ATOMIC: self._atomic,
-      Ops.CAST: self._cast, Ops.BITCAST: self._bitcast,
+      Ops.CAST: self._cast, Ops.BITCAST: self._bitcast, Ops.SHUFFLE: self._shuffle,
       **{op: self._nothing for op in (Ops.CONST, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.SINK)}})
 
   def fail(self, what: str) -> NotImplementedError:
@@ -271,6 +272,29 @@ class _PTXKernelWriter(KernelWriter):
 
   def _barrier(self, u: UOp) -> None:
     self.emit("bar.sync 0   // the block's shared stores above, before any thread reads them")
+
+  def _shuffle(self, u: UOp) -> None:
+    """A warp SHUFFLE (docs/ir.md stage 4) as `shfl.sync.bfly.b32` over the whole warp: a 32-bit register (f32,
+    and the narrow floats and ints it holds) in one, a 64-bit one as its two halves, a predicate as 0 or 1."""
+    k, warp = u.arg
+    if warp != cuda.CUDA_WARP or u.dtype.count != 1:
+      raise self.fail(f"SHUFFLE {u.arg} of {u.dtype}: warps have {cuda.CUDA_WARP} lanes and shuffles move scalars")
+    x, kind = self.value(u.src[0]), self.reg_class(u.dtype)[1]
+    out = self.names[u] = self.reg(u.dtype)
+    def shuffle(dst: str, src: str) -> None:
+      self.emit(f"shfl.sync.bfly.b32 {dst}, {src}, {k}, 0x1f, 0xffffffff   // from lane ^ {k} of the warp")
+    if kind == ".pred":
+      bits, moved = self.reg("b32"), self.reg("b32")
+      self.emit(f"selp.b32 {bits}, 1, 0, {x}")
+      shuffle(moved, bits)
+      self.emit(f"setp.ne.b32 {out}, {moved}, 0")
+    elif kind in (".f64", ".b64"):
+      low, high, new_low, new_high = (self.reg("b32") for _ in range(4))
+      self.emit(f"mov.b64 {{{low}, {high}}}, {x}")
+      shuffle(new_low, low)
+      shuffle(new_high, high)
+      self.emit(f"mov.b64 {out}, {{{new_low}, {new_high}}}")
+    else: shuffle(out, x)
 
   def _atomic(self, u: UOp) -> None:
     buf, index, value, gate = u.src[:4]

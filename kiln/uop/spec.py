@@ -34,7 +34,7 @@ def check_tensor_graph(roots: list[UOp]) -> None:
 _BUFFERS = (Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL)   # what loads and stores address: device memory, a block's shared array
 LOWERED_OPS = GroupOp.ALU | {Ops.SINK, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CONST, Ops.RANGE, Ops.LOAD, Ops.STORE,
                              Ops.REDUCE, Ops.CAST, Ops.BITCAST, Ops.SPECIAL,
-                             Ops.DEFINE_LOCAL, Ops.BARRIER, Ops.ATOMIC}
+                             Ops.DEFINE_LOCAL, Ops.BARRIER, Ops.ATOMIC, Ops.SHUFFLE}
 
 def check_lowered(sink: UOp) -> None:
   """Lowered kernels: no tensor-level op is left, loads and stores address buffers with integer indices,
@@ -48,10 +48,29 @@ def check_lowered(sink: UOp) -> None:
       if u.op is Ops.LOAD and len(u.src) == 3 and u.src[2].dtype != dtypes.bool and u.src[2].op is not Ops.BARRIER:
         _fail("lowered", u, "gate is not bool")
     if u.op is Ops.REDUCE and any(r.op is not Ops.RANGE for r in u.src[1:]): _fail("lowered", u, "reduces over a non-range")
+  _check_shuffles("lowered", toposort([sink]))
+
+def _check_shuffles(stage: str, nodes: list[UOp]) -> None:
+  """A SHUFFLE (docs/ir.md stage 4) needs a GPU-shaped kernel: one of scalar dtype, its arg `(k, W)` a lane offset k
+  that is a power of two below the warp size W, in a kernel whose `lidx0` block size is a multiple of W (full warps:
+  every lane's partner exists)."""
+  shuffles = [u for u in nodes if u.op is Ops.SHUFFLE]
+  if not shuffles: return
+  blocks = {u.arg[1] for u in nodes if u.op is Ops.SPECIAL and u.arg[0] == "lidx0"}
+  for u in shuffles:
+    if not (isinstance(u.arg, tuple) and len(u.arg) == 2 and all(isinstance(a, int) for a in u.arg)):
+      _fail(stage, u, "arg must be (lane offset, warp size)")
+    k, warp = u.arg
+    if warp < 1 or warp & (warp - 1) or k < 1 or k & (k - 1) or k >= warp:
+      _fail(stage, u, f"lane offset {k} must be a power of two below the warp size {warp} (a power of two)")
+    if len(u.src) != 1 or u.src[0].dtype != u.dtype: _fail(stage, u, "needs one source of its own dtype")
+    if u.dtype.count != 1 or u.dtype == dtypes.void: _fail(stage, u, "shuffles scalars only")
+    if not blocks: _fail(stage, u, "outside a GPU kernel (no lidx0 thread index)")
+    if any(size % warp for size in blocks): _fail(stage, u, f"block of {sorted(blocks)} threads is not whole warps of {warp}")
 
 LINEAR_OPS = GroupOp.ALU | {Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CONST, Ops.RANGE, Ops.ENDRANGE, Ops.LOAD, Ops.STORE,
                             Ops.DEFINE_ACC, Ops.ASSIGN, Ops.CAST, Ops.BITCAST, Ops.SPECIAL,
-                            Ops.DEFINE_LOCAL, Ops.BARRIER, Ops.ATOMIC}
+                            Ops.DEFINE_LOCAL, Ops.BARRIER, Ops.ATOMIC, Ops.SHUFFLE}
 
 def check_linear(uops: list[UOp]) -> None:
   """Linearized kernels: only stage-4 ops, each node after its sources, loops properly nested."""
@@ -69,3 +88,4 @@ def check_linear(uops: list[UOp]) -> None:
     if u.op is Ops.ASSIGN and u.src[0].op is not Ops.DEFINE_ACC: _fail("linear", u, "assigns to a non-accumulator")
     seen.add(u)
   if open_loops: _fail("linear", open_loops[-1], "loop never closed")
+  _check_shuffles("linear", uops)

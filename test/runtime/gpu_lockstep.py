@@ -1,5 +1,5 @@
 """A lockstep GPU emulator for tests: runs the linear uops of a GPU kernel (SPECIAL block and thread indices, shared
-arrays, BARRIERs) block by block, every thread of a block at once as one NumPy lane, so a barrier holds by
+arrays, BARRIERs, warp SHUFFLEs) block by block, every thread of a block at once as one NumPy lane, so a barrier holds by
 construction and shared memory means what it means on a GPU. Stricter than hardware where that finds bugs: a load or
 store out of bounds, or two threads storing different values at one address in one store, raises.
 
@@ -108,6 +108,13 @@ def _run_block(uops, ends, block_index, thread_index, threads, buffers, device_a
         old[t] = buf[index[t]]
         buf[index[t]] += add[t]
       values[u] = old
+    elif op is Ops.SHUFFLE:   # lane l of each warp reads lane l ^ k of its warp (docs/ir.md stage 4)
+      k, warp = u.arg
+      lanes = np.arange(threads)
+      partner = lanes ^ k
+      if threads % warp or (partner >= threads).any() or (partner // warp != lanes // warp).any():
+        raise LockstepError(f"SHUFFLE {u.arg} in a block of {threads} threads: a lane's partner is not in its warp")
+      values[u] = _lanes(values[u.src[0]], threads, u.dtype)[partner]
     elif op is Ops.DEFINE_ACC: values[u] = np.array(values[u.src[0]], copy=True)
     elif op is Ops.ASSIGN: values[u.src[0]] = values[u] = values[u.src[1]]
     else: values[u] = _alu(u, [values[s] for s in u.src])

@@ -45,6 +45,10 @@ def _cases() -> dict[str, Tensor]:
     "grid_sum": Tensor.empty(1 << 21).sum(),
     "grid_mean_odd": Tensor.empty(3, 1000003).mean(),
     "grouped_layernorm": Tensor.empty(8, 2048).layernorm(),
+    "grouped_softmax_one_warp": Tensor.empty(9, 256).softmax(axis=1),
+    "grouped_int64_sum": Tensor.empty(9, 700, dtype=dtypes.int64).sum(axis=1),
+    "grouped_double_max": Tensor.empty(70, 300, dtype=dtypes.float64).max(axis=1),
+    "grouped_bool_any": (Tensor.empty(9, 700) > 0).any(axis=1),
     "fp8": Tensor.empty(300).cast(dtypes.fp8e4m3).cast(dtypes.float32) * 2,
     "bitcast": Tensor.empty(256).bitcast(dtypes.int32) & 0xFF,
   }
@@ -83,6 +87,13 @@ def test_output_axes_become_thread_indices():
     name, src = rendered()[case][-1]
     assert "__shared__" in src and "__syncthreads();" in src, f"{case} is not grouped:\n{src}"
     if case in ("full_sum", "grouped_rows", "grouped_half_max"): assert "if (alu" in src, f"{case}: every thread stores"
+  # warp shuffles for the rounds inside a warp: a row of one warp needs no shared memory and no barrier
+  for case in ("grouped_rows", "grouped_softmax", "grid_sum", "grouped_softmax_one_warp", "grouped_int64_sum",
+               "grouped_double_max", "grouped_bool_any"):
+    name, src = rendered()[case][-1]
+    assert "__shfl_xor_sync(0xffffffffu, " in src, f"{case}: no warp shuffle:\n{src}"
+  name, src = rendered()["grouped_softmax_one_warp"][-1]
+  assert "__launch_bounds__(32)" in src and "__shared__" not in src and "__syncthreads" not in src, src
 
 NVCC = shutil.which("nvcc")
 

@@ -12,7 +12,7 @@ from kiln.device import CompileError
 from kiln.engine.realize import kernel_name, lower_for_codegen, optimize_for, render_with
 from kiln.renderer import kernel_function_name, kernel_signature
 from kiln.renderer.cuda import CUDARenderer
-from kiln.renderer.ptx import PTXRenderer, ptx_const
+from kiln.renderer.ptx import PTXRenderer, _bits, ptx_const
 from kiln.runtime import cuda_driver as cuda
 from kiln.uop.ops import UOp, Ops
 from test_cuda_render import _cases, check_ptxas_reports   # noqa: E402  (test/runtime is on sys.path: pytest's default import mode)
@@ -49,6 +49,10 @@ def test_renders_a_ptx_module_with_the_cuda_signature(case):
     assert ptx_params == c_params, f"{case} {name}: {ptx_params} != {c_params}"
     buffers, variables = kernel_signature(uops)
     assert len(ptx_params) == len(buffers) + len(variables)
+    if any(u.op is Ops.SHUFFLE for u in uops):   # a butterfly over the whole warp, one per 32 bits of the value
+      shuffles = re.findall(r"shfl\.sync\.bfly\.b32 %[rf]\d+, %[rf]\d+, \d+, 0x1f, 0xffffffff", src)
+      wide = sum(_bits(u.dtype) == 64 for u in uops if u.op is Ops.SHUFFLE)
+      assert len(shuffles) == sum(u.op is Ops.SHUFFLE for u in uops) + wide, f"{case} {name}:\n{src}"
 
 def test_fp8_casts_round_once_from_the_double_and_fp8_memory_is_bytes():
   (name, src, *_), = rendered()["fp8"]   # float32 -> fp8 -> float32: rounded by kiln_fp8_bits's steps on the double
