@@ -105,7 +105,7 @@ def first_conflict(nodes: list[UOp], mapped: list[UOp], single_loop: bool = Fals
           return None if _periodic_blocks_are_disjoint(stores + written, rng, memo.setdefault(_DEPENDS, {})) \
             else rng
         return rng
-      span += abs(coefficients[rng]) * (rng.src[0].arg - 1)
+      span += abs(coefficients[rng]) * (int(rng.src[0].vmax) - 1)   # (a CPU's one loop may have a symbolic size)
   for load in nodes:
     if load.op is not _LOAD or load.src[0] not in spans: continue
     form, (coefficients, low, high) = linear_form(load.src[1], ranges, memo, single_loop), spans[load.src[0]]
