@@ -260,20 +260,23 @@ def shuffle_warp(target: object = None) -> int:
   none), or 0 with WARP_SHUFFLE=0 (every round through shared memory)."""
   return int(getattr(target, "warp_size", WARP_SIZE) or 0) if WARP_SHUFFLE else 0
 
-def _shuffle_rounds(value: UOp, op: Ops, lidx: UOp, offsets: list[int], warp: int) -> UOp:
-  """`value` combined by `op` with the value of lane `lidx ^ k` for each k of `offsets` in turn (a butterfly of warp
-  shuffles, SHUFFLE): every lane of each aligned run of 2*max(offsets) lanes ends with one total, the tree in which
-  lane i < k combines lanes i and i + k (the shared-memory tree's order). The upper lane of each pair takes the
-  operands in the lower lane's order where the op's bits could depend on it (MAX of floats: a NaN's payload or a
-  zero's sign), so every lane holds the same bits."""
-  ordered = op is Ops.MAX and dtypes.is_float(value.dtype)
+def _shuffle_rounds(values: list[tuple[Ops, UOp]], lidx: UOp, offsets: list[int], warp: int) -> list[UOp]:
+  """Each (op, value) of `values` combined by op with the value of lane `lidx ^ k` for each k of `offsets` in turn (a
+  butterfly of warp shuffles, SHUFFLE): every lane of each aligned run of 2*max(offsets) lanes ends with one total,
+  the tree in which lane i < k combines lanes i and i + k (the shared-memory tree's order). The values go round by
+  round together: each round's shuffles come after every value of the round before (their `after` sources), so all
+  partials are computed, their loads issued, before the first shuffle, and a round's shuffles overlap. The upper
+  lane of each pair takes the operands in the lower lane's order where the op's bits could depend on it (MAX of
+  floats: a NaN's payload or a zero's sign), so every lane holds the same bits."""
+  current = [value for _, value in values]
   for k in offsets:
-    theirs = UOp(Ops.SHUFFLE, value.dtype, (value,), (k, warp))
-    if ordered:
-      upper = (lidx & k).ne(0)
-      value = UOp(op, value.dtype, (upper.where(theirs, value), upper.where(value, theirs)))
-    else: value = UOp(op, value.dtype, (value, theirs))
-  return value
+    shuffled = [UOp(Ops.SHUFFLE, value.dtype, (value, *(other for other in dict.fromkeys(current) if other is not value)),
+                    (k, warp)) for value in current]
+    upper = (lidx & k).ne(0)
+    current = [UOp(op, value.dtype, (upper.where(theirs, value), upper.where(value, theirs)))
+               if op is Ops.MAX and dtypes.is_float(value.dtype) else UOp(op, value.dtype, (value, theirs))
+               for (op, _), value, theirs in zip(values, current, shuffled)]
+  return current
 
 def _combine_partials(lidx: UOp, partials: list[tuple[UOp, UOp, str]], group: int, threads: int, warp: int,
                       lane: UOp | None = None, first: UOp | None = None, stride: int = 1) -> dict[UOp, UOp]:
@@ -290,8 +293,10 @@ def _combine_partials(lidx: UOp, partials: list[tuple[UOp, UOp, str]], group: in
     stores = tuple(UOp(Ops.STORE, dtypes.void, (shared, lidx, value)) for (_, shared), (_, value, _) in
                    zip(arrays, partials))
     return _tree_combine(lidx, arrays, UOp(Ops.BARRIER, dtypes.void, stores), group, lane, first, stride)
+  reds = [red for red, _, _ in partials]
   inside = min(group, warp)
-  totals = {red: _shuffle_rounds(value, red.arg, lidx, _halvings(inside), warp) for red, value, _ in partials}
+  totals = dict(zip(reds, _shuffle_rounds([(red.arg, value) for red, value, _ in partials], lidx, _halvings(inside),
+                                          warp)))
   if group <= warp: return totals
   warps = group // warp   # a row's warps (at most a warp of them: group <= 1024)
   arrays = {red: UOp(Ops.DEFINE_LOCAL, red.dtype, (), (name, threads // warp)) for red, _, name in partials}
@@ -300,8 +305,8 @@ def _combine_partials(lidx: UOp, partials: list[tuple[UOp, UOp, str]], group: in
   barrier = UOp(Ops.BARRIER, dtypes.void, stores)
   row_first = (lidx // group) * warps if threads > group else None
   index = lidx % warps if row_first is None else row_first + lidx % warps
-  return {red: _shuffle_rounds(UOp(Ops.LOAD, red.dtype, (arrays[red], index, barrier)), red.arg, lidx,
-                               _halvings(warps), warp) for red, _, _ in partials}
+  reads = [(red.arg, UOp(Ops.LOAD, red.dtype, (arrays[red], index, barrier))) for red in reds]
+  return dict(zip(reds, _shuffle_rounds(reads, lidx, _halvings(warps), warp)))
 
 def _halvings(n: int) -> list[int]:
   """n/2, n/4, ..., 1 (none for n = 1)."""

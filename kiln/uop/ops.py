@@ -56,10 +56,11 @@ class Ops(enum.Enum):
   # atomically (arg: the op, Ops.ADD); its value is buf[index] from before (0 where the gate is false). `after` are
   # the stores it must follow
   ATOMIC = enum.auto()
-  # SHUFFLE(x), arg (k, W): a warp shuffle (kiln/codegen/gpudims.py's row and grid reductions). The block's threads
-  # form warps of W consecutive `lidx0`; every thread of the block runs it at once (never under a gate), and lane l
-  # of each warp gets the value x has in lane l ^ k of its warp (k a power of two below W, so that lane exists).
-  # Any scalar dtype: the renderers move 32 bits or fewer as one 32-bit shuffle, 64 bits as two (docs/ir.md)
+  # SHUFFLE(x, *after), arg (k, W): a warp shuffle (kiln/codegen/gpudims.py's row and grid reductions). The block's
+  # threads form warps of W consecutive `lidx0`; every thread of the block runs it at once (never under a gate), and
+  # lane l of each warp gets the value x has in lane l ^ k of its warp (k a power of two below W, so that lane
+  # exists); `after` are values it must come after (orders only). Any scalar dtype: the renderers move 32 bits or
+  # fewer as one 32-bit shuffle, 64 bits as two (docs/ir.md)
   SHUFFLE = enum.auto()
   def __repr__(self) -> str: return f"Ops.{self.name}"
   # members are singletons: identity hashing in C instead of Enum's Python-level hash of the name (a hot path)

@@ -51,7 +51,8 @@ def check_lowered(sink: UOp) -> None:
   _check_shuffles("lowered", toposort([sink]))
 
 def _check_shuffles(stage: str, nodes: list[UOp]) -> None:
-  """A SHUFFLE (docs/ir.md stage 4) needs a GPU-shaped kernel: one of scalar dtype, its arg `(k, W)` a lane offset k
+  """A SHUFFLE (docs/ir.md stage 4) needs a GPU-shaped kernel: one of scalar dtype (its value first among its
+  sources, then any it must follow), its arg `(k, W)` a lane offset k
   that is a power of two below the warp size W, in a kernel whose `lidx0` block size is a multiple of W (full warps:
   every lane's partner exists)."""
   shuffles = [u for u in nodes if u.op is Ops.SHUFFLE]
@@ -63,7 +64,7 @@ def _check_shuffles(stage: str, nodes: list[UOp]) -> None:
     k, warp = u.arg
     if warp < 1 or warp & (warp - 1) or k < 1 or k & (k - 1) or k >= warp:
       _fail(stage, u, f"lane offset {k} must be a power of two below the warp size {warp} (a power of two)")
-    if len(u.src) != 1 or u.src[0].dtype != u.dtype: _fail(stage, u, "needs one source of its own dtype")
+    if not u.src or u.src[0].dtype != u.dtype: _fail(stage, u, "its first source (the value) must have its dtype")
     if u.dtype.count != 1 or u.dtype == dtypes.void: _fail(stage, u, "shuffles scalars only")
     if not blocks: _fail(stage, u, "outside a GPU kernel (no lidx0 thread index)")
     if any(size % warp for size in blocks): _fail(stage, u, f"block of {sorted(blocks)} threads is not whole warps of {warp}")

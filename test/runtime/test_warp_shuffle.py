@@ -177,3 +177,17 @@ def test_lockstep_emulator_refuses_a_partner_outside_the_block():
   arrays = {0: np.zeros(64, np.float32), 1: np.arange(64, dtype=np.float32)}
   run_lockstep(uops, ((1, 1, 1), (64, 1, 1)), arrays)
   np.testing.assert_array_equal(arrays[0], np.arange(64) ^ 16)
+
+def test_every_partial_comes_before_the_first_shuffle():
+  # two dot products of one row combined together (as a decode step's gate and up projections): the second's loads
+  # come before the first's shuffles (a shuffle between them held the loads back), and the rounds go together
+  rng = np.random.default_rng(7)
+  a, b, x = (rng.uniform(-1, 1, shape).astype(np.float32) for shape in ((70, 576), (70, 576), (576,)))
+  ta, tb, tx = Tensor(a), Tensor(b), Tensor(x)
+  got, uops, _ = _emulate((ta * tx).sum(-1) * (tb * tx).sum(-1))
+  np.testing.assert_allclose(got, (a @ x).astype(np.float64) * (b @ x), rtol=1e-4, atol=1e-5)
+  shuffles = [i for i, u in enumerate(uops) if u.op is Ops.SHUFFLE]
+  global_loads = [i for i, u in enumerate(uops) if u.op is Ops.LOAD and u.src[0].op is Ops.DEFINE_GLOBAL]
+  assert shuffles and max(global_loads) < shuffles[0], "a partial's load after a shuffle"
+  offsets = [uops[i].arg[0] for i in shuffles]
+  assert offsets[:2] == [offsets[0]] * 2 and offsets[2:4] == [offsets[2]] * 2, f"rounds not together: {offsets}"
