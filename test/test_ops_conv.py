@@ -41,6 +41,14 @@ CONV_CASES = [
 def test_conv2d(xs, ws, kw):
   check(lambda x, w: x.conv2d(w, **kw), lambda x, w: _torch_conv(x, w, **kw), [xs, ws])
 
+@pytest.mark.parametrize("xs, ws, kw", [
+  ((4, 128, 28, 28), (128, 128, 3, 3), {"padding": 1}),   # weight gradient: 16 output channels a tile on AVX-512
+  ((2, 64, 7, 7), (32, 64, 1, 1), {}),                    # 1x1 input gradient: 32 input channels a tile on AVX-512
+])
+def test_conv2d_gradients_with_wide_register_tiles(xs, ws, kw):
+  # shapes whose gradients take the tiles of kiln/codegen/opt/heuristic.py that follow the target's registers
+  check(lambda x, w: x.conv2d(w, **kw), lambda x, w: _torch_conv(x, w, **kw), [xs, ws], atol=1e-4, rtol=1e-4)
+
 def test_strided_1x1_conv_sums_only_the_real_taps():
   # subsampled, a 1x1 stride-2 conv sums C_in products per output (phases would pad its kernel to 2x2: 4x as many)
   x, w = Tensor.empty(2, 8, 14, 14), Tensor.empty(16, 8, 1, 1)

@@ -167,13 +167,29 @@ def _conv_input_gradient(channels: int, out_channels: int, size: int) -> Tensor:
 @pytest.mark.parametrize("target", [AVX2_EPYC, AVX512_XEON], ids=["avx2", "avx512"])
 def test_conv_input_gradient_tiles_the_weights_contiguous_channels(target):
   # a 1x1 conv runs over the flattened image: 49 positions (the output's contiguous axis) that 8 does not divide,
-  # so 16 input channels, contiguous in the weight, are the tile's wide axis, the positions 8 a tile; its 4 MiB
-  # weight panel, walked one strided line a step, is blocked from one L2, so the positions are padded to 56, not
-  # tiled with an overlapping last tile (whose outputs would add a block's sum twice)
+  # so the input channels, contiguous in the weight, are the tile's wide axis (as wide as a matmul's on the target:
+  # two registers, 16 lanes on AVX2, 32 on AVX-512), the positions 8 a tile; its 4 MiB weight panel, walked one
+  # strided line a step, is blocked from one L2, so the positions are padded to 56, not tiled with an overlapping
+  # last tile (whose outputs would add a block's sum twice)
+  wide = 32 if target is AVX512_XEON else 16
   assert _heuristic_choice(_conv_input_gradient(512, 2048, 7), target) == \
-    [Opt(U, 1, 16), Opt(OptOps.PADTO, 2, 8), Opt(U, 2, 8), Opt(OptOps.KBLOCK, 3, 256)]
+    [Opt(U, 1, wide), Opt(OptOps.PADTO, 2, 8), Opt(U, 2, 8), Opt(OptOps.KBLOCK, 3, 256)]
   # 196 positions of a 14x14 image: the same wide axis, and a 1 MiB panel that stays in L2 unblocked
-  assert _heuristic_choice(_conv_input_gradient(256, 1024, 14), target)[0] == Opt(U, 1, 16)
+  assert _heuristic_choice(_conv_input_gradient(256, 1024, 14), target)[0] == Opt(U, 1, wide)
+
+def _conv_weight_gradient(channels: int, out_channels: int, size: int) -> Tensor:
+  w = Tensor.empty(out_channels, channels, 3, 3).requires_grad_()
+  (Tensor.empty(4, channels, size, size).conv2d(w, padding=1) * Tensor.empty(4, out_channels, size, size)).sum() \
+    .backward()
+  return w.grad
+
+@pytest.mark.parametrize("target", [AVX2_EPYC, AVX512_XEON], ids=["avx2", "avx512"])
+def test_conv_weight_gradient_tile_rows_fit_the_registers(target):
+  # a 3x3 conv's weight gradient over a 28x28 image: 16 input channels (contiguous in the packed input window, stored
+  # apart) are the vectors, the output channels the rows: 16 rows where 16 one-vector accumulators fit (AVX-512's
+  # 32 registers), halving how often the 14 MiB input window streams; 8 on AVX2, where 16 lanes are two registers
+  choice = _heuristic_choice(_conv_weight_gradient(128, 128, 28), target)
+  assert choice[:2] == [Opt(U, 1, 16), Opt(U, 0, 16 if target is AVX512_XEON else 8)]
 
 def test_vector_axis_that_8_does_not_divide_gets_16_overlapping_lanes():
   # 100 and 28 columns: 16 lanes with the last tile overlapping (at most a quarter more computed), not vectors of 4

@@ -103,6 +103,7 @@ class TilePlan:
   rows: int = TILE_ROWS   # a matmul tile's rows: as many as the register file holds (16 only where `_tall_tile_pays`)
   conv_channels: int = 4   # a conv tile's output channels (`_conv_tile`): with its 2 image rows, half the registers
   cores: int = 2   # the threads a kernel's outermost loop is split across (`_column_units` keeps enough units)
+  registers: int = 16   # vector registers (`_tall_gradient_tile`: whether 16 rows of accumulators fit)
 
 # no target description (the PYTHON emulator, tests that pin choices): the 2-core AVX2 EPYC the constants here were
 # measured on; its 16x8 tile is 8 rows of two 8-lane vectors, 16 accumulators: all of AVX2's 16 ymm registers
@@ -126,7 +127,8 @@ def plan_for(target: CPUTarget | None) -> TilePlan:
   channels = 16
   while channels > 4 and 2 * channels + 3 > target.vector_registers: channels //= 2
   return TilePlan(lanes=lanes, wide=wide, kblock_min_bytes=KBLOCK_L2_MULTIPLE * target.l2_bytes,
-                  packed_kblock_min_bytes=target.l2_bytes, rows=rows, conv_channels=channels, cores=target.cores)
+                  packed_kblock_min_bytes=target.l2_bytes, rows=rows, conv_channels=channels, cores=target.cores,
+                  registers=target.vector_registers)
 
 def _registers_used(rows: int, wide: int, lanes: int) -> int:
   """Vector registers a rows x wide tile's inner step holds: its accumulators, one row of `b`, a broadcast value."""
@@ -225,7 +227,11 @@ def heuristic_opts(kernel: Kernel, target: CPUTarget | None = None) -> list[Opt]
     # a matmul's wide axis is its vector axis (contiguous in the output): as wide as the target's plan; a conv's
     # (its output channels, reusing the input window) stays 16, its columns being the vectors
     vector_axis = 1 in store_strides[wide]
-    wide_amounts = _halvings(plan.wide) if vector_axis else (16, 8, 4)
+    transposed = not vector_axis and 1 in load_strides[wide]
+    plain_product = transposed and len(red_axes) == 1 and (Kernel.size(partner) or 0) >= 16 \
+      and not pad_partner_first and not any(len(ld.src) > 2 for ld in loads) \
+      and not _windowed(loads, out_axes, load_strides)
+    wide_amounts = _halvings(plan.wide) if vector_axis or plain_product else (16, 8, 4)
     if not _first_dividing(Kernel.size(wide), wide_amounts) and (k := _short_axis(Kernel.size(wide))):
       _try(kernel, Opt(OptOps.UPCAST, kernel.output_axes.index(wide), k))
     elif not (vector_axis and (k := _overlapping_vector(Kernel.size(wide), _vector_widths(plan)))
@@ -240,7 +246,8 @@ def heuristic_opts(kernel: Kernel, target: CPUTarget | None = None) -> list[Opt]
       tall = (Kernel.size(partner) or 1) % 16 == 0 and not software_epilogue \
         and _tall_tile_pays(loads, wide, partner, red_axes, load_strides) \
         and (plan.rows == TILE_ROWS or not vector_axis)   # 16 rows only where 8 fit the registers
-      tall = tall or _vector_partner(partner, load_strides, store_strides)
+      tall = tall or _vector_partner(partner, load_strides, store_strides) or \
+        (transposed and _tall_gradient_tile(kernel, plan, wide, partner))
       if not (tall and _try(kernel, Opt(OptOps.UPCAST, kernel.axes.index(partner), 16))):
         lanes = _padded_vector(partner, load_strides, store_strides)
         if lanes is None or not _pad_and_upcast(kernel, partner, lanes):
@@ -248,7 +255,6 @@ def heuristic_opts(kernel: Kernel, target: CPUTarget | None = None) -> list[Opt]
     # a tile whose vectors follow a load's contiguous axis, stored apart (a 1x1 conv's input gradient: its weight's
     # input channels) walks two strided operands a step: blocked from one L2 (4x512x7x7 from 2048 channels, one
     # thread: 4.6 -> 2.2 ms)
-    transposed = 1 not in store_strides[wide] and 1 in load_strides[wide]
     if _columns_outside(kernel, plan, wide, partner): pass
     elif sum(o.op is OptOps.UPCAST for o in kernel.applied) == 2:
       _cache_block(kernel, plan, plan.packed_kblock_min_bytes if transposed else None)
@@ -597,20 +603,27 @@ def _columns_outside(kernel: Kernel, plan: TilePlan, wide: UOp, partner: UOp) ->
   streaming from L2 or memory once per row of tiles. One thread: a 1x1 conv over a large image (64x256 weights times
   256x3136) 1.34 -> 0.74 ms, its input gradient at batch 4 (128x256 weights, 1.6 MiB of `b` an image) 7.0 -> 5.0, a
   conv's weight gradient over small images (256x256x3x3 at 14x14 from 4 images) 8.5 -> 5.9 ms. Whether it applied."""
+  outs = kernel.output_axes
+  if (axes := _few_rows_against_large_b(kernel, plan, wide, partner)) is None: return False
+  rows, cols = axes
+  return _try(kernel, Opt(OptOps.SWAP, outs.index(rows), outs.index(cols)))
+
+def _few_rows_against_large_b(kernel: Kernel, plan: TilePlan, wide: UOp, partner: UOp) -> tuple[UOp, UOp] | None:
+  """The (rows, columns) output axes of a tile whose rows (`partner`) come before its columns (`wide`) and whose
+  `a` is small against a `b` of more than half an L2 (`_columns_outside`); None otherwise."""
   outs, red = kernel.output_axes, kernel.reduce_axes
   cols = next((r for r in outs if r.arg == wide.arg), None)
   rows = next((r for r in outs if r.arg == partner.arg), None)
   if cols is None or rows is None or outs.index(rows) > outs.index(cols) or not red or \
-     any(Kernel.size(r) is None for r in outs + red): return False
+     any(Kernel.size(r) is None for r in outs + red): return None
   loads, _ = memory_accesses(kernel.sink)
   b = _footprint(kernel, loads, (rows, cols), red, moving=cols)
   a = _footprint(kernel, loads, (rows, cols), red, fixed=cols)
   l2 = plan.packed_kblock_min_bytes
   # (a `b` between half an L2 and one: only where `a` is small, a few rows' worth: the MLP's 256x784 @ 784x512,
   # 800 KiB of `a`, ran 3.6 -> 4.4 ms a step on two threads with its columns outside)
-  if not (a and b and (b > l2 and a * ROWS_IN_L2_SHARE <= l2 or 2 * b > l2 and a * 8 <= l2)):
-    return False
-  return _try(kernel, Opt(OptOps.SWAP, outs.index(rows), outs.index(cols)))
+  if not (a and b and (b > l2 and a * ROWS_IN_L2_SHARE <= l2 or 2 * b > l2 and a * 8 <= l2)): return None
+  return rows, cols
 
 L2_BLOCK_LENGTHS = (128, 256, 64)   # reduce-axis blocks that keep a batched matmul's `a` and `b` blocks in L2
 
@@ -785,6 +798,20 @@ def _tall_tile_pays(loads: list[UOp], wide: UOp, partner: UOp, red_axes: list[UO
   if any(not step or abs(step) * loads[i].dtype.itemsize % L1_SET_PERIOD for i, step in zip(panel, panel_steps)):
     return False
   return all(_rows_spread(loads[i], load_strides[partner][i]) for i in rows)
+
+def _tall_gradient_tile(kernel: Kernel, plan: TilePlan, wide: UOp, partner: UOp) -> bool:
+  """Whether the partner of a tile whose vectors follow a load's contiguous axis, stored apart, gets 16 rows instead
+  of 8, in a sum over several axes (a conv's weight gradient: its input channels the vectors, its output channels
+  the rows): each step then reads twice the rows against one vector of the large operand (the packed input window,
+  several MiB, walked once per row tile), halving its traffic, where the 16 rows of one-vector accumulators, a vector
+  and a broadcast value fit the registers. Not where the columns go outside the rows (`_columns_outside`): each
+  column panel of `b` then serves every row from L1 already."""
+  if len(kernel.reduce_axes) < 2 or (Kernel.size(partner) or 1) % 16: return False
+  if _few_rows_against_large_b(kernel, plan, wide, partner) is not None: return False
+  # the wide axis' upcast is the one applied last (its lanes: the tile's vectors)
+  lanes = next((o.arg for o in reversed(kernel.applied) if o.op is OptOps.UPCAST), None)
+  if not isinstance(lanes, int): return False
+  return _registers_used(16, -(-lanes // plan.lanes) * plan.lanes, plan.lanes) <= plan.registers
 
 def _vector_partner(partner: UOp, load_strides: dict[UOp, list[int | None]],
                     store_strides: dict[UOp, list[int | None]]) -> bool:
