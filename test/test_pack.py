@@ -238,3 +238,39 @@ def test_a_matmul_feeding_a_packed_matmul_keeps_its_own_layout(small_packs):
   plain = [u for u in toposort([root]) if u.op is Ops.CONTIGUOUS and u.src[0].op is not Ops.PERMUTE]
   assert plain and all(any(s.op is Ops.REDUCE_AXIS for s in toposort([u])) for u in plain)
   np.testing.assert_allclose(out.numpy(), np.maximum(x.numpy() @ w1.numpy(), 0) @ w2.numpy(), rtol=1e-4, atol=1e-3)
+
+def _gelu(v): return 0.5 * v * (1 + (0.7978845608 * (v + 0.044715 * v * v * v)).tanh())
+
+@host_packs
+def test_a_tiled_matmul_is_stored_before_an_epilogue_of_software_math():
+  """On host CPUs a register-tiled matmul whose epilogue has software math (a GELU's tanh) is its own kernel and the
+  epilogue an elementwise one (pack.py `splits_epilogue`); a cheap epilogue (bias and ReLU), a matrix-vector product
+  (one row: no tile), a small matmul and a device that does not pack keep one kernel; the values are NumPy's."""
+  rng = np.random.default_rng(6)
+  xn, wn = rng.standard_normal((4, 64, 256), dtype=np.float32), rng.standard_normal((256, 1024), dtype=np.float32) * 0.06
+  bn = rng.standard_normal(1024, dtype=np.float32)
+  x, w, b = Tensor(xn), Tensor(wn), Tensor(bn)
+  kernels = lambda t: [si for si in t.schedule() if si.ast.op is Ops.SINK]
+  with Context(SCHEDULE_CACHE=0):
+    assert len(kernels(_gelu(x @ w + b))) == 2
+    assert len(kernels((x @ w + b).relu())) == 1
+    assert len(kernels((x[:, :1] @ w + b).sigmoid())) == 1   # 4 rows: a matrix-vector product per batch
+    assert len(kernels(_gelu(x[:, :16, :64] @ w[:64, :64]))) == 1   # 2^16 multiply-adds
+    assert len(kernels(_gelu(x.to("PYTHON") @ w.to("PYTHON")))) == 1
+    h = xn.astype(np.float64) @ wn + bn
+    want = 0.5 * h * (1 + np.tanh(0.7978845608 * (h + 0.044715 * h ** 3)))
+    assert_close(_gelu(x @ w + b).numpy(), want, "GELU(x @ w + b), split", atol=1e-4)
+
+@host_packs
+def test_both_matmuls_of_a_gated_product_are_stored_before_its_software_math():
+  """`silu(x @ wg) * (x @ wu)` (an LLM's feed-forward in prefill): the silu is in the up projection's epilogue too,
+  so both matmuls are stored and the product is an elementwise kernel; the values are NumPy's."""
+  rng = np.random.default_rng(7)
+  xn = rng.standard_normal((128, 256), dtype=np.float32)
+  gn, un = (rng.standard_normal((256, 512), dtype=np.float32) * 0.06 for _ in range(2))
+  x, wg, wu = Tensor(xn), Tensor(gn), Tensor(un)
+  out = (x @ wg).silu() * (x @ wu)
+  with Context(SCHEDULE_CACHE=0):
+    assert len([si for si in out.schedule() if si.ast.op is Ops.SINK]) == 3
+    g, u = xn.astype(np.float64) @ gn, xn.astype(np.float64) @ un
+    assert_close(out.numpy(), g / (1 + np.exp(-g)) * u, "silu(x @ wg) * (x @ wu)", atol=1e-4)

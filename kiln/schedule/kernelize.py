@@ -29,7 +29,7 @@ from kiln.uop.sint import sprod, sint_max
 from kiln.schedule.binds import strip_binds
 from kiln.runtime.ops_disk import lower_disk_views, unwritten_files, is_disk
 from kiln.schedule.cache import cached_schedule, SCHEDULE_CACHE
-from kiln.schedule.pack import pack_matmuls
+from kiln.schedule.pack import pack_matmuls, splits_epilogue
 from kiln.schedule import multi as _multi
 
 # movement ops that visit every element exactly once: a reduction seen through them can stay in registers
@@ -370,6 +370,10 @@ def _schedule_per_device(roots: list[UOp], use_cache: bool = True) -> Schedule:
        and not (ROW_FUSION and _reduce_fuses_by_row(n, users, outputs)):
       outputs.add(n)
       reduce_outputs.append(n)
+    # a tiled matmul on a host CPU is stored before an epilogue of software math (kiln/schedule/pack.py)
+    elif n.op is Ops.REDUCE_AXIS and n not in outputs and isinstance(device := n.device, str) and \
+         _packs_matmul_operands(device) and splits_epilogue(n, users, outputs):
+      outputs.add(n)
   # a per-row value whose reductions all got buffers after all is an ordinary broadcast value again
   for src in per_row:
     if src not in outputs and not _has_fused_reduce(src, outputs) and _costly(src, outputs): outputs.add(src)

@@ -41,9 +41,16 @@ row is gathered from 16 rows; the copy is one small kernel (bench/RESULTS.md: th
 contiguous `b` larger than a PACK_B_L2_SHARE share of one L2 (the device's target): unpacked, every row of tiles
 sweeps all of `b` from L3, rows of it a page apart (the MLP's first layer, 784x512 weights; bench/RESULTS.md,
 fourteenth session).
+
+A register-tiled float matmul whose epilogue (the elementwise ops its kernel would apply to each output) includes
+software math (EXP2, LOG2, SIN: a GELU's tanh, a sigmoid) gets a buffer of its own, and the epilogue runs as an
+elementwise kernel (`splits_epilogue`): fused, the epilogue is copied once per output of the register tile, so the
+kernel-size budget (codegen/opt/heuristic.py MAX_NODES) cut the tile to 4 rows and its code took twice the time to
+generate (the anchors' FFN up projection with its GELU; bench/RESULTS.md, fourteenth session).
 """
 from __future__ import annotations
 from typing import Callable
+from kiln.dtype import dtypes
 from kiln.helpers import ContextVar, prod
 from kiln.uop.ops import UOp, Ops, GroupOp
 
@@ -276,3 +283,42 @@ def _packed_view(expand: UOp, axis: int, lanes: int, reduce_axes: tuple[int, ...
   inverse = tuple(sorted(range(len(order)), key=order.__getitem__))
   view = _labelled(packed.permute(inverse), expand)
   return _labelled(view.reshape(shape), expand)
+
+SOFTWARE_MATH = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN})   # long polynomial code on host CPUs (codegen/transcendental.py)
+EPILOGUE_SPLIT_MIN_WORK = PACK_STRIDED_MIN_WORK   # multiply-adds from which a matmul's costly epilogue is split off
+
+def splits_epilogue(reduce: UOp, users: dict[UOp, list[UOp]], outputs: set[UOp]) -> bool:
+  """Whether `reduce`, a float matmul tiled along two output axes (a sum of a product of two broadcasts, each
+  varying along an output axis of at least PACK_MIN_REUSE where the other is broadcast) of at least
+  EPILOGUE_SPLIT_MIN_WORK multiply-adds, should be stored before its epilogue: the elementwise and movement ops
+  between it and the kernel output (one of `outputs`) it reaches, or the values they combine it with in that kernel,
+  include SOFTWARE_MATH (module docstring). `users` maps each node to the nodes that read it."""
+  op, axes = reduce.arg
+  product = reduce.src[0]
+  while product.op is Ops.CAST: product = product.src[0]
+  shape = product.shape
+  if op is not Ops.ADD or product.op is not Ops.MUL or not dtypes.is_float(product.dtype) or shape is None or \
+     not all(type(s) is int for s in shape) or prod(shape) < EPILOGUE_SPLIT_MIN_WORK: return False
+  factors = [_broadcast_source(f) for f in product.src]
+  if None in factors: return False
+  broadcast = [{i for i, (s, full) in enumerate(zip(ex.src[0].shape, shape)) if s == 1 and full > 1}
+               for _, ex in factors]
+  tiled = [i for i in range(len(shape)) if i not in axes and shape[i] >= PACK_MIN_REUSE]
+  if not all(any(i in broadcast[f] and i not in broadcast[1 - f] for i in tiled) for f in (0, 1)): return False
+  # the kernel's nodes after the sum, and the values they combine it with inside the kernel (a gate's silu beside
+  # the up projection it multiplies)
+  def in_kernel(node: UOp) -> bool:
+    return node not in outputs and (node.op in GroupOp.Elementwise or node.op in GroupOp.Movement)
+  after, beside, seen = [reduce], [], {reduce}
+  while after or beside:
+    node, downstream = (after.pop(), True) if after else (beside.pop(), False)
+    if node.op in SOFTWARE_MATH: return True
+    for src in node.src if node is not reduce else ():
+      if src not in seen and in_kernel(src):
+        seen.add(src)
+        beside.append(src)
+    for user in users[node] if downstream and (node is reduce or node not in outputs) else ():
+      if user not in seen and (user in outputs or in_kernel(user)):
+        seen.add(user)
+        after.append(user)
+  return False

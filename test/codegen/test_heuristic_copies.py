@@ -57,3 +57,18 @@ def test_row_order_copy_and_packed_matmul_unchanged():
   got = (Tensor(a_np) @ Tensor(b_np)).numpy()
   want = a_np @ b_np
   assert np.abs(got - want).max() <= 1e-3 * 32, f"1024^3 matmul: worst difference {np.abs(got - want).max()}"
+
+@pytest.mark.parametrize("target, lanes", [(AVX512_XEON, 16), (AVX2_EPYC, 8), (None, 8)], ids=["avx512", "avx2", "baseline"])
+def test_software_math_elementwise_gets_one_register_of_lanes(target, lanes):
+  """An elementwise kernel of software math (a GELU's tanh over a matmul's output) is upcast by the target's float
+  lanes (one AVX-512 register: 16), 8 elsewhere; a plain elementwise kernel keeps 8; the values are NumPy's."""
+  x_np = np.random.default_rng(4).standard_normal((64, 256), dtype=np.float32)
+  gelu = lambda v: 0.5 * v * (1 + (0.7978845608 * (v + 0.044715 * v * v * v)).tanh())
+  item = last_kernel_item(gelu(Tensor(x_np)))
+  kernel = Kernel(lower_kernel(item.ast))
+  applied = heuristic_opts(kernel, target)
+  assert [(o.op, o.arg) for o in applied] == [(OptOps.UPCAST, lanes)], applied
+  want = 0.5 * x_np * (1 + np.tanh(0.7978845608 * (x_np + 0.044715 * x_np ** 3)))
+  np.testing.assert_allclose(run_lowered(item, kernel.sink, "gelu_lanes_test").reshape(64, 256), want, atol=1e-5)
+  plain = Kernel(lower_kernel(last_kernel_item(Tensor(x_np) * 2 + 1).ast))
+  assert [(o.op, o.arg) for o in heuristic_opts(plain, target)] == [(OptOps.UPCAST, 8)]

@@ -8,6 +8,7 @@ import pytest
 from kiln import Tensor, dtypes, Context
 from kiln.helpers import Context
 from kiln.schedule.kernelize import create_schedule
+from kiln.schedule import pack
 from kiln.codegen.lowerer import lower_kernel
 from kiln.codegen.linearizer import linearize
 from kiln.codegen.opt import Kernel, Opt, OptOps, KernelOptError, optimize_kernel, heuristic_opts
@@ -135,11 +136,22 @@ U = OptOps.UPCAST
   (lambda: Tensor.empty(1024, 1024) @ Tensor.empty(1024, 1024).T, [Opt(U, 1, 8), Opt(U, 0, 8)]),
   # b's rows 4 KiB apart (its panel in one L1 set): 16 rows would share each line of b, but not in AVX2's registers
   (lambda: Tensor.empty(256, 256) @ Tensor.empty(256, 1024), [Opt(U, 1, 16), Opt(U, 0, 4)]),
-  # a software-math epilogue (exp, here in tanh) is copied per tile element, and still gets the whole tile
-  (lambda: (Tensor.empty(256, 256) @ Tensor.empty(256, 1024)).tanh(), [Opt(U, 1, 16), Opt(U, 0, 4)]),
 ])
 def test_heuristic_tile_choices(build, want):
   with Context(PACK_MATMUL=0): assert _heuristic_choice(build()) == want   # the operands' own layouts
+
+def test_a_software_math_epilogue_gets_a_kernel_of_its_own_or_the_whole_tile(monkeypatch):
+  """The scheduler stores a tiled matmul before an epilogue of software math (exp, here in tanh; kiln/schedule/pack.py
+  `splits_epilogue`): the matmul keeps the whole tile and the epilogue is an elementwise kernel of 8 lanes (AVX2).
+  Fused (the split turned off), the epilogue is copied per tile element and still gets the whole tile."""
+  t = (Tensor.empty(256, 256) @ Tensor.empty(256, 1024)).tanh()
+  with Context(PACK_MATMUL=0, SCHEDULE_CACHE=0):
+    items = [si for si in create_schedule([t.uop]).items if si.ast.op.name == "SINK"]
+    assert len(items) == 2
+    assert heuristic_opts(Kernel(lower_kernel(items[0].ast)), AVX2_EPYC) == [Opt(U, 1, 16), Opt(U, 0, 4)]
+    assert heuristic_opts(Kernel(lower_kernel(items[1].ast)), AVX2_EPYC) == [Opt(U, 1, 8)]
+    monkeypatch.setattr(pack, "EPILOGUE_SPLIT_MIN_WORK", 1 << 62)
+    assert _heuristic_choice(t) == [Opt(U, 1, 16), Opt(U, 0, 4)]
 
 @pytest.mark.parametrize("build, want", [
   # AVX-512: a matmul's vector axis is two zmm registers wide (32 columns x 8 rows, 16 accumulators of 32)

@@ -199,8 +199,11 @@ def heuristic_opts(kernel: Kernel, target: CPUTarget | None = None) -> list[Opt]
 
   if not red_axes:   # elementwise: the contiguous inner output axis
     inner = out_axes[-1]
-    if 1 in store_strides[inner] and (k := _index_period(kernel, inner) or _elementwise_upcast(kernel, Kernel.size(inner))):
-      _try(kernel, Opt(OptOps.UPCAST, len(out_axes) - 1, k))
+    if 1 in store_strides[inner] and (k := _index_period(kernel, inner) or
+                                      _elementwise_upcast(kernel, Kernel.size(inner), plan)):
+      # (a body too large for one register of lanes, copied: the node budget refuses it, 8 lanes then)
+      if not _try(kernel, Opt(OptOps.UPCAST, len(out_axes) - 1, k)) and k > 8 and Kernel.size(inner) % 8 == 0:
+        _try(kernel, Opt(OptOps.UPCAST, len(out_axes) - 1, 8))
       if all(s == 1 for s in load_strides[inner]): _block_row_reads(kernel, inner)
     else: _upcast_tiny_inner_axes(kernel)
     return kernel.applied
@@ -329,13 +332,17 @@ def _block_row_reads(kernel: Kernel, inner: UOp) -> None:
           _try(kernel, Opt(OptOps.SWAP, axes.index(cols[0]), axes.index(rows)))):
     kernel.sink, kernel.applied, kernel.unrolled = before
 
-def _elementwise_upcast(kernel: Kernel, size: int | None) -> int | None:
+def _elementwise_upcast(kernel: Kernel, size: int | None, plan: TilePlan = BASELINE_PLAN) -> int | None:
   """How far to upcast an elementwise kernel's contiguous inner axis: 8 or 4, else the whole axis when it is short
   (or its largest divisor from 8 to MAX_WHOLE_ROW_UPCAST when long) and the body has no software math (a padded
   image row of 58: the pad copy in front of the anchors' conv2d ran 1.5 -> 0.75 ms on one core, with or without
-  explicit vector types); None to leave it."""
+  explicit vector types); None to leave it. A body of software math (a GELU's tanh: tens of vector operations per
+  element, compute bound) gets one vector register of the plan's lanes where that is more than 8 (16 on AVX-512:
+  bench/RESULTS.md, fourteenth session)."""
+  software = any(u.op in SOFTWARE_MATH_OPS for u in graph_nodes(kernel.sink))
+  if software and plan.lanes > 8 and (k := _first_dividing(size, (plan.lanes,))) is not None: return k
   if (k := _first_dividing(size, (8, 4))) is not None: return k
-  if size is None or size <= 4 or any(u.op in SOFTWARE_MATH_OPS for u in graph_nodes(kernel.sink)): return None
+  if size is None or size <= 4 or software: return None
   if size <= MAX_WHOLE_ROW_UPCAST: return size
   # a long row that 8 and 4 do not divide (a max pool's padded input, 114 wide): its largest divisor that fits,
   # since scalar code branches on every select (a ReLU of mixed signs: 4.2 -> 0.34 ms for 64x114x114, one thread)
