@@ -6,7 +6,10 @@ zero (a zero divisor gives 0), float32/float16/bfloat16 results are rounded to t
 done on Python floats, i.e. doubles, which rounds +,-,*,/,sqrt correctly), MAX propagates NaN, casts are C casts.
 
 The generated function takes one byte memoryview per buffer (DEFINE_GLOBAL order), then the DEFINE_VAR values, and
-views each buffer with its element format. float16 and bfloat16 buffers are viewed as their 16-bit patterns, fp8
+views each buffer with its element format. GPU-style kernels (kiln/codegen/gpudims.py, for a renderer with
+`has_local`) run their thread indices (SPECIAL) as loops, one thread after another; one whose threads work together
+(shared arrays, BARRIER, warp SHUFFLE, ATOMIC) runs each block's threads as generators in lockstep instead
+(`_lockstep`: every thread reaches a barrier or shuffle before any goes on). float16 and bfloat16 buffers are viewed as their 16-bit patterns, fp8
 buffers as their 8-bit patterns (rounded as in kiln/dtype.py: nearest-even, saturating).
 """
 from __future__ import annotations
@@ -165,10 +168,36 @@ def _check_index(i: int) -> int:
 def _bitcast(bits, src_format: str, dst_format: str):
   return struct.unpack(dst_format, struct.pack(src_format, bits))[0]
 
+_FINISHED = object()   # what `_lockstep` records for a thread that returned
+
+def _lockstep(threads: list) -> None:
+  """Run one block of a cooperative GPU-style kernel: `threads` are its threads as generators (in `lidx0` order),
+  each run in turn up to its next BARRIER (it yields None) or warp SHUFFLE (it yields `(k, value)` and is sent the
+  value of thread `i ^ k`), so every thread of the block stands at the same one before any goes on. A thread that
+  reaches another one, or ends while others wait, raises RuntimeError (a GPU would hang or race)."""
+  inbox: list = [None] * len(threads)
+  while True:
+    events = []
+    for thread, message in zip(threads, inbox):
+      try: events.append(thread.send(message))
+      except StopIteration: events.append(_FINISHED)
+    first = events[0]
+    if first is _FINISHED or first is None:
+      if any(event is not first for event in events):
+        raise RuntimeError("PYTHON emulator: the threads of a block reached different barriers or shuffles, or some "
+                           "ended while others wait at one")
+      if first is _FINISHED: return
+      inbox = [None] * len(threads)
+      continue
+    if any(event is None or event is _FINISHED or event[0] != first[0] for event in events):
+      raise RuntimeError(f"PYTHON emulator: not every thread of the block reached the shuffle by lane ^ {first[0]}")
+    values = [event[1] for event in events]
+    inbox = [values[i ^ first[0]] for i in range(len(values))]
+
 EMULATOR_HELPERS = ("inf", "nan", "_r32", "_fma", "_fma32", "_r16", "_rbf16", "_f16_bits", "_bf16_bits", "_H2F", "_BF2F", "_i2f32",
                     "_f2i", "_fdiv0", "_fmod", "_idiv", "_imod", "_exp2", "_exp", "_log2", "_sin", "_cos", "_tan", "_sqrt", "_pow", "_trunc",
                     "_check_index", "_bitcast", "_E4M3_TO_F", "_E5M2_TO_F", "_fp8e4m3_bits", "_fp8e5m2_bits",
-                    "_rfp8e4m3", "_rfp8e5m2")
+                    "_rfp8e4m3", "_rfp8e5m2", "_lockstep")
 
 # ---------------- rendering ----------------
 
@@ -274,6 +303,8 @@ PY_EXPRESSIONS: dict[Ops, Callable[[UOp, list[str]], str]] = {
   Ops.WHERE: lambda u, a: f"({a[1]} if {a[0]} else {a[2]})", Ops.CAST: _py_cast, Ops.BITCAST: _py_bitcast,
   Ops.MULACC: lambda u, a: f"{'_fma' if u.dtype == dtypes.float64 else '_fma32'}({', '.join(a)})",
 }
+# ops whose threads work together: a kernel with any runs each block's threads in lockstep (`_lockstep`)
+_COOPERATIVE_OPS = frozenset({Ops.BARRIER, Ops.SHUFFLE, Ops.DEFINE_LOCAL, Ops.ATOMIC})
 _VALUE_PREFIX = {Ops.LOAD: "val", Ops.CAST: "cast", Ops.BITCAST: "cast", Ops.DEFINE_ACC: "acc"}
 
 def round_to_dtype(u: UOp, text: str) -> str:
@@ -415,7 +446,10 @@ class _PyKernelWriter(KernelWriter):
     for b in buffers:
       self.check_dtype(b.dtype)
       self.emit(f"data{b.arg} = buf{b.arg}.cast('{PY_FORMATS[b.dtype]}')")
+    cooperative = any(u.op in _COOPERATIVE_OPS for u in self.uops)
+    if cooperative: self._open_blocks()
     self.walk()
+    if cooperative: self._close_blocks()
     for _ in range(self.specials):   # the thread-index loops close at the kernel's end
       if self.block_sizes[-1] == 0: self.emit("pass")
       self.block_sizes.pop()
@@ -423,4 +457,71 @@ class _PyKernelWriter(KernelWriter):
     if self.block_sizes[0] == 0: self.emit("pass")
     params = [f"buf{b.arg}" for b in buffers] + [self.var_names[v] for v in variables]
     header = f"from kiln.renderer.python import {', '.join(EMULATOR_HELPERS)}"
+    if cooperative: header += "\n_device_arrays: dict = {}   # DEFINE_LOCALs in device memory: zero at load, kept"
     return "\n".join([header, "", f"def {self.name}({', '.join(params)}):", *self.lines, ""])
+
+  # ---- cooperative GPU-style kernels: threads of a block in lockstep (barriers, shared memory, shuffles) ----
+  def _open_blocks(self) -> None:
+    """A kernel whose threads work together (`_COOPERATIVE_OPS`) runs each block's threads as generators in
+    lockstep (`_lockstep`): a loop over each block index (`gidx`), the block's shared arrays, and the body as
+    `def _thread(lidx0, ...)`, a generator that yields at each BARRIER and SHUFFLE. Device-memory arrays live in the
+    module (`_device_arrays`) from one launch to the next, as a CUDA module's `__device__` arrays do."""
+    specials = {u.arg[0]: u.arg[1] for u in self.uops if u.op is Ops.SPECIAL}
+    arrays = list(dict.fromkeys(u for u in self.uops if u.op is Ops.DEFINE_LOCAL))
+    for u in arrays:
+      self.check_dtype(u.dtype)
+      zero = "0" if u.dtype in _FROM_BITS else render_py_const(0, u.dtype)
+      self.names[u] = u.arg[0]
+      if len(u.arg) > 2 and u.arg[2] == "device":
+        self.emit(f"{u.arg[0]} = _device_arrays.setdefault({u.arg[0]!r}, [{zero}] * {u.arg[1]})")
+    blocks = sorted((k for k in specials if k.startswith("gidx")), reverse=True)   # gidx0 innermost
+    for name in blocks:
+      self.emit(f"for {name} in range({specials[name]}):")
+      self.block_sizes.append(0)
+    for u in arrays:
+      if len(u.arg) <= 2:
+        zero = "0" if u.dtype in _FROM_BITS else render_py_const(0, u.dtype)
+        self.emit(f"{u.arg[0]} = [{zero}] * {u.arg[1]}   # the block's shared array")
+    self.thread_indices = sorted((k for k in specials if k.startswith("lidx")), reverse=True)   # lidx0 fastest
+    self.emit(f"def _thread({', '.join(reversed(self.thread_indices))}):")
+    self.block_sizes.append(0)
+    self.emit("if False: yield   # a generator even without a barrier")
+    self.specials = len(blocks) + 1   # open blocks around the kernel's own loops (closed by _close_blocks)
+    self.statements.update({Ops.SPECIAL: self._thread_index, Ops.DEFINE_LOCAL: self._nothing,
+                            Ops.BARRIER: self._barrier, Ops.SHUFFLE: self._shuffle, Ops.ATOMIC: self._atomic,
+                            Ops.LOAD: self._ordered_load})
+    self.thread_sizes = specials
+
+  def _close_blocks(self) -> None:
+    self.block_sizes.pop()   # the thread function's body (never empty: its first line)
+    loops = " ".join(f"for {name} in range({self.thread_sizes[name]})" for name in self.thread_indices)
+    self.emit(f"_lockstep([_thread({', '.join(reversed(self.thread_indices))}){' ' + loops if loops else ''}])")
+    for _ in range(self.specials - 1): self.block_sizes.pop()
+    self.specials = 0
+
+  def _thread_index(self, u: UOp) -> None:
+    self.names[u] = u.arg[0]   # a loop variable (gidx) or a parameter of `_thread` (lidx)
+
+  def _barrier(self, u: UOp) -> None:
+    self.emit("yield None   # BARRIER: every thread of the block gets here first")
+
+  def _shuffle(self, u: UOp) -> None:
+    self.check_dtype(u.dtype)
+    name = self.names[u] = self.fresh_name("lane")
+    self.emit(f"{name} = yield ({u.arg[0]}, {self.expr(u.src[0])})   # SHUFFLE: lane ^ {u.arg[0]}'s value")
+
+  def _ordered_load(self, u: UOp) -> None:
+    if len(u.src) == 3 and u.src[2].op is Ops.BARRIER:   # ordered after the barrier, not gated
+      plain = UOp(Ops.LOAD, u.dtype, u.src[:2])
+      self._load(plain)
+      self.names[u] = self.names[plain]
+    else: self._load(u)
+
+  def _atomic(self, u: UOp) -> None:
+    buf, index, value, gate = u.src[:4]
+    if u.arg is not Ops.ADD or not dtypes.is_int(u.dtype):
+      raise self.fail(f"ATOMIC {u.arg} on {u.dtype}")
+    name = self.names[u] = self.fresh_name("ticket")
+    at = f"{self.expr(buf)}[{self.index_expr(index)}]"
+    self.emit(f"{name} = 0")
+    self.emit(f"if {self.expr(gate)}: {name} = {at}; {at} = {wrap_int(u.dtype, f'{name}+{self.expr(value)}')}")

@@ -1,8 +1,9 @@
 """Warp shuffles (Ops.SHUFFLE, docs/ir.md stage 4) in the GPU row and grid reductions (kiln/codegen/gpudims.py)
-without a GPU: the spec admits them only in GPU-shaped kernels, the CPU and PYTHON renderers refuse them, and row
-sums, maxes, softmax and layernorm of several sizes (rows that are no multiple of 32; blocks of 32, 64 and 256
-threads; several rows a block) and a grid reduction, rendered for CUDA, run in the lockstep emulator
-(test/runtime/gpu_lockstep.py: every lane of a block at once) and match NumPy, with and without shuffles."""
+without a GPU: the spec admits them only in GPU-shaped kernels, the CPU renderers refuse them, and row sums, maxes,
+softmax and layernorm of several sizes (rows that are no multiple of 32; blocks of 32, 64 and 256 threads; several
+rows a block) and a grid reduction, rendered for CUDA, run in the lockstep emulator (test/runtime/gpu_lockstep.py:
+every lane of a block at once) and match NumPy, with and without shuffles; the PYTHON device as a GPU target runs
+them too, each block's threads in lockstep (kiln/renderer/python.py `_lockstep`), and matches NumPy and the CPU."""
 from __future__ import annotations
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from kiln.codegen.gpudims import launch_size
 from kiln.engine.realize import kernel_name, lower_for_codegen, optimize_for, render_with
 from kiln.helpers import Context
 from kiln.renderer.cstyle import CRenderer
+from kiln.renderer.llvmir import LLVMRenderer
 from kiln.renderer.cuda import CUDARenderer
 from kiln.renderer.ptx import PTXRenderer
 from kiln.renderer.python import PythonRenderer
@@ -159,10 +161,11 @@ def test_spec_admits_shuffles_only_in_gpu_shaped_kernels():
     with pytest.raises(SpecError, match="SHUFFLE"):
       check_linear([u for u in _linear(sink) if u.op is not Ops.SINK])
 
-def test_cpu_and_python_renderers_refuse_shuffles():
+def test_cpu_renderers_refuse_shuffles():
   cpu_uops = [u for u in _linear(_kernel(1, lidx=False)) if u.op is not Ops.SINK]
-  for renderer in (CRenderer(), PythonRenderer()):
+  for renderer in (CRenderer(), LLVMRenderer()):
     with pytest.raises(NotImplementedError, match="SHUFFLE"): renderer.render("k", cpu_uops)
+  assert "yield (16, " in PythonRenderer().render("k", [u for u in _linear(_kernel(64)) if u.op is not Ops.SINK])
   uops = [u for u in _linear(_kernel(64)) if u.op is not Ops.SINK]
   for renderer in (CUDARenderer(), PTXRenderer()):
     assert "shfl" in renderer.render("k", uops)
@@ -191,3 +194,62 @@ def test_every_partial_comes_before_the_first_shuffle():
   assert shuffles and max(global_loads) < shuffles[0], "a partial's load after a shuffle"
   offsets = [uops[i].arg[0] for i in shuffles]
   assert offsets[:2] == [offsets[0]] * 2 and offsets[2:4] == [offsets[2]] * 2, f"rounds not together: {offsets}"
+
+# ---------------- the PYTHON device as a GPU target: a block's threads in lockstep ----------------
+
+PYTHON_CASES = {   # name: (kiln function, NumPy function, input shape)
+  "sum, a warp a row": (lambda t: t.sum(-1), lambda a: a.sum(-1), (3, 200)),
+  "max, 8 lanes a row, many rows": (lambda t: t.max(-1), lambda a: a.max(-1), (70, 100)),
+  "softmax, block of 64": (lambda t: t.softmax(-1), _softmax, (2, 500)),
+  "layernorm, block of 256 (8 warps, one barrier)": (lambda t: t.layernorm(), _layernorm, (2, 2100)),
+}
+
+@pytest.mark.parametrize("name", list(PYTHON_CASES))
+@pytest.mark.parametrize("shuffles", [1, 0])
+def test_python_device_runs_gpu_style_row_kernels_in_lockstep(name, shuffles, monkeypatch):
+  from helpers import kernel_sources, use_gpu_style_python
+  device = use_gpu_style_python(monkeypatch)
+  fn, ref, shape = PYTHON_CASES[name]
+  a = np.random.default_rng(len(name)).uniform(-3, 3, shape).astype(np.float32)
+  with Context(WARP_SHUFFLE=shuffles):
+    sources = kernel_sources(lambda: fn(Tensor(a, device=device)))
+    got = fn(Tensor(a, device=device)).numpy()
+  assert any("_lockstep([_thread(lidx0) for lidx0 in range(" in src for src in sources), sources
+  assert any("= yield (" in src for src in sources) == bool(shuffles), sources
+  np.testing.assert_allclose(got, ref(a.astype(np.float64)), rtol=1e-4, atol=1e-5, err_msg=name)
+  np.testing.assert_allclose(got, fn(Tensor(a)).numpy(), rtol=1e-5, atol=1e-6, err_msg=f"{name}: against the CPU")
+
+def test_python_device_runs_a_grid_reduction_twice(monkeypatch):
+  # the last block's ticket (ATOMIC) and the partials live in device arrays kept between launches: the counter the
+  # first launch resets must serve the second
+  from helpers import use_gpu_style_python
+  device = use_gpu_style_python(monkeypatch)
+  monkeypatch.setattr(gpudims, "MIN_GRID_REDUCED", 1 << 12)
+  monkeypatch.setattr(gpudims, "GRID_BLOCKS", 256)
+  a = np.random.default_rng(8).uniform(-1, 1, 70001).astype(np.float32)
+  t = Tensor(a, device=device)
+  first, second = t.sum().item(), (t * 1).sum().item()
+  assert abs(first - a.astype(np.float64).sum()) < 1e-3 and first == second
+  from helpers import DropLaunch
+  assert ((256, 1, 1), (256, 1, 1)) in DropLaunch.launches
+
+def test_python_lockstep_raises_where_threads_part():
+  from kiln.renderer.python import _lockstep
+  def thread(i):
+    if i: yield None   # only thread 1 waits at a barrier
+  with pytest.raises(RuntimeError, match="different barriers"): _lockstep([thread(0), thread(1)])
+  def shuffler(i):
+    got = yield (1, i * 10)
+    assert got == (i ^ 1) * 10
+  _lockstep([shuffler(i) for i in range(4)])
+
+def test_python_device_runs_shared_memory_matmul_tiles(monkeypatch):
+  # kiln/codegen/gpu_tiles.py's tiles: shared arrays and a barrier in every step of the K loop, in lockstep
+  from helpers import kernel_sources, use_gpu_style_python
+  device = use_gpu_style_python(monkeypatch)
+  rng = np.random.default_rng(9)
+  a, b = rng.uniform(-1, 1, (64, 64)).astype(np.float32), rng.uniform(-1, 1, (64, 64)).astype(np.float32)
+  sources = kernel_sources(lambda: Tensor(a, device=device) @ Tensor(b, device=device))
+  assert any("_lockstep(" in src and "yield None" in src for src in sources), sources
+  got = (Tensor(a, device=device) @ Tensor(b, device=device)).numpy()
+  np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
