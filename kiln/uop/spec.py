@@ -38,8 +38,9 @@ LOWERED_OPS = GroupOp.ALU | {Ops.SINK, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CO
 
 def check_lowered(sink: UOp) -> None:
   """Lowered kernels: no tensor-level op is left, loads and stores address buffers with integer indices,
-  and every REDUCE reduces over loop ranges."""
-  for u in toposort([sink]):
+  and every REDUCE reduces over loop ranges (and a SHUFFLE sits in a GPU-shaped kernel: `_check_shuffles`)."""
+  nodes = toposort([sink])
+  for u in nodes:
     if u.op not in LOWERED_OPS: _fail("lowered", u, "tensor-level op left after lowering")
     if u.op is Ops.CONST and u.src: _fail("lowered", u, "constant still carries a device")
     if u.op in (Ops.LOAD, Ops.STORE):
@@ -48,7 +49,7 @@ def check_lowered(sink: UOp) -> None:
       if u.op is Ops.LOAD and len(u.src) == 3 and u.src[2].dtype != dtypes.bool and u.src[2].op is not Ops.BARRIER:
         _fail("lowered", u, "gate is not bool")
     if u.op is Ops.REDUCE and any(r.op is not Ops.RANGE for r in u.src[1:]): _fail("lowered", u, "reduces over a non-range")
-  _check_shuffles("lowered", toposort([sink]))
+  _check_shuffles("lowered", nodes)
 
 def _check_shuffles(stage: str, nodes: list[UOp]) -> None:
   """A SHUFFLE (docs/ir.md stage 4) needs a GPU-shaped kernel: one of scalar dtype (its value first among its
