@@ -62,6 +62,15 @@ def test_strided_3x3_conv_sums_each_real_tap_once():
   sums = [u for u in toposort([x.conv2d(w, stride=2, padding=1).uop]) if u.op is Ops.REDUCE_AXIS]
   assert sorted(prod(u.src[0].shape) // prod(u.shape) for u in sums) == [8, 16, 16, 32]
 
+def test_strided_3x3_conv_weight_gradient_sums_each_real_tap_once():
+  # its weight gradient is, per input phase, the stride-1 weight gradient of that phase's real taps (2x2, 2x1, 1x2
+  # and 1x1): 9 products per weight and output position in all, none padded (one of all phases would make 16)
+  x, w = Tensor.empty(2, 8, 14, 14), Tensor.empty(16, 8, 3, 3).requires_grad_()
+  x.conv2d(w, stride=2, padding=1).sum().backward()
+  sums = [u for u in toposort([w.grad.uop]) if u.op is Ops.REDUCE_AXIS]
+  assert sorted(prod(u.shape) for u in sums) == [16 * 8, 16 * 8 * 2, 16 * 8 * 2, 16 * 8 * 4]
+  assert all(prod(u.src[0].shape) // prod(u.shape) == 2 * 7 * 7 for u in sums)   # the real output positions only
+
 def test_strided_conv_of_inf_is_inf_only_where_a_real_tap_reads_it():
   x = np.random.default_rng(5).uniform(0.5, 1, (1, 2, 9, 9)).astype(np.float32)
   x[0, 1, 4, 3] = np.inf

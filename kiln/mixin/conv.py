@@ -67,14 +67,40 @@ def _conv_backward(grad: UOp, node: UOp) -> tuple[UOp, UOp]:
   dx = g._conv_transpose(w, None, groups, strides, dilations, list(pairs), out_pads, "conv2d backward")
   if not _phases_pay(x, strides, dilations, pairs, None):
     return dx.uop, _weight_gradient(x._conv_windows(kernel, strides, dilations, list(pairs), groups), g, w.shape).uop
-  # strided: the weight gradient of the stride-1 conv of the phases, over the real output positions only (the phased
-  # output's extra positions read inputs no output reads: an inf there times a zero gradient would give nan)
-  phases = _phase_input(x, strides, pairs)
+  return dx.uop, _phase_weight_gradient(_phase_input(x, strides, pairs), g, w.shape, strides, outs, groups).uop
+
+def _phase_weight_gradient(phases: Tensor, grad: Tensor, shape: tuple[int, ...], strides: tuple[int, ...],
+                           outs: list[int], groups: int) -> Tensor:
+  """A strided conv's weight gradient from `_phase_input`'s `phases`: for each phase r, the stride-1 weight gradient
+  of its real taps alone (kernel positions q*s + r), over the real output positions only (the phased output's extra
+  positions read inputs no output reads: an inf there times a zero gradient would give nan); the phases' taps
+  interleaved back into the kernel. One weight gradient of all phases over whole phases (3x3 at stride 2: 16 taps
+  for 9) spent 7/16 of its products on taps no weight has."""
+  from kiln.tensor import Tensor
+  n, kernel, (cout, cin), batch = len(strides), shape[2:], shape[:2], phases.shape[0]
   kq = [-(-k // s) for k, s in zip(kernel, strides)]
-  windows = phases._conv_windows(tuple(kq), (1,) * n, (1,) * n, [(0, 0)] * n, groups)
-  windows = windows.shrink((*[None] * 3, *[(0, o) for o in outs], *[None] * (1 + n)))
-  dw = _weight_gradient(windows, g, (w.shape[0], w.shape[1] * prod(strides), *kq))
-  return dx.uop, _unphase_weight(dw, strides, kernel).uop
+  by_phase = phases.reshape(batch, phases.shape[1] // prod(strides), *strides, *phases.shape[2:])
+  parts = []
+  for r in itertools.product(*[range(s) for s in strides]):
+    taps = [len(range(ri, k, s)) for ri, k, s in zip(r, kernel, strides)]
+    if 0 in taps:   # a kernel smaller than the stride has no tap in this phase: its slots are padding
+      parts.append(Tensor.zeros(cout, cin, *kq, dtype=grad.dtype, device=grad.device))
+      continue
+    phase = by_phase.shrink(((0, batch), (0, by_phase.shape[1]), *[(ri, ri + 1) for ri in r],
+                             *[(0, d) for d in by_phase.shape[2 + n:]])).reshape(batch, -1, *phases.shape[2:])
+    if all(t == 1 for t in taps):
+      # one tap: a 1x1 conv's weight gradient over the output positions, copied contiguous so that it sums them as
+      # one axis (kiln/codegen/lowerer.py), not as rows cut short of the phase's
+      phase = phase.shrink(((0, batch), (0, phase.shape[1]), *[(0, o) for o in outs])).contiguous()
+      windows = phase._conv_windows(tuple(taps), (1,) * n, (1,) * n, [(0, 0)] * n, groups)
+    else:
+      windows = phase._conv_windows(tuple(taps), (1,) * n, (1,) * n, [(0, 0)] * n, groups)
+      windows = windows.shrink((*[None] * 3, *[(0, o) for o in outs], *[None] * (1 + n)))
+    part = _weight_gradient(windows, grad, (cout, cin, *taps))
+    parts.append(part._pad_spatial([(0, q - t) for q, t in zip(kq, taps)]) if taps != kq else part)
+  # (C_out, C_in, phases, *kq) -> channel c*prod(strides) + r, as `_phase_weight` lays the taps out
+  dw = Tensor.stack(parts, dim=2).reshape(cout, cin * prod(strides), *kq)
+  return _unphase_weight(dw, strides, kernel)
 
 def _weight_gradient(windows: Tensor, grad: Tensor, shape: tuple[int, ...]) -> Tensor:
   """A conv weight's gradient: the output gradient times every window it met, summed over the batch and the
