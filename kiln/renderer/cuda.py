@@ -64,6 +64,11 @@ DEPENDENT_TRIGGER = '  asm volatile("griddepcontrol.launch_dependents;" ::: "mem
 # where a kernel lets the next one start launching: at its end (its blocks' last instruction), or, True, at its
 # start (bench --programmatic 1; H200, bench/gpu_notes.md calls 28-29: small kernels gained, matrix-vector ones lost)
 TRIGGER_AT_START = False
+# the blocks of a kernel that must fit on one SM at once (`__launch_bounds__(L, MIN_BLOCKS)`, PTX `.minnctapersm`):
+# 1 lets ptxas give a thread the registers its code needs. Given only the block size, ptxas caps the registers for
+# an occupancy it picks itself, and spilled 4-16 bytes to local memory in small kernels (blocks of 75-512 threads:
+# test/gpu_render_sweep.py found them). 0 leaves the minimum out.
+MIN_BLOCKS = 1
 
 def dependent_launch(arch: str) -> bool:
   """Whether kernels for `arch` ("sm_90a") start with the programmatic-dependent-launch instructions (sm_90 and up)."""
@@ -182,7 +187,7 @@ class _CudaKernelWriter(_CKernelWriter):
     head = ([HALF_HELPERS] if self.uses_half else []) + ([BF16_HELPERS] if self.uses_bf16 else [])
     if self.uses_fp8: head += [FP8_HELPERS] + [fp8_helpers(dt) for dt in dtypes.fp8s if dt in self.uses_fp8]
     head = [PRELUDE] + [device_helpers(block) for block in head] + self.device_arrays
-    bounds = f"__launch_bounds__({self.block_threads}) "
+    bounds = f"__launch_bounds__({self.block_threads}{f', {MIN_BLOCKS}' if MIN_BLOCKS else ''}) "
     start, end = [], []
     if self.dependent_launch:
       (start if TRIGGER_AT_START else end).append(DEPENDENT_TRIGGER)

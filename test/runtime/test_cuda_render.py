@@ -72,7 +72,7 @@ def test_renders_a_global_kernel_without_cpu_threads(case):
 
 def test_output_axes_become_thread_indices():
   name, src = rendered()["elementwise"][0]
-  assert "blockIdx.x" in src and "threadIdx.x" in src and "__launch_bounds__(256)" in src, src
+  assert "blockIdx.x" in src and "threadIdx.x" in src and "__launch_bounds__(256, 1)" in src, src
   name, src = rendered()["odd_size"][0]
   assert re.search(r"if \(.*\) data0\[", src), f"the last block's stores are not guarded:\n{src}"
   name, src = rendered()["coarsened"][0]
@@ -93,7 +93,7 @@ def test_output_axes_become_thread_indices():
     name, src = rendered()[case][-1]
     assert "__shfl_xor_sync(0xffffffffu, " in src, f"{case}: no warp shuffle:\n{src}"
   name, src = rendered()["grouped_softmax_one_warp"][-1]
-  assert "__launch_bounds__(32)" in src and "__shared__" not in src and "__syncthreads" not in src, src
+  assert "__launch_bounds__(32, 1)" in src and "__shared__" not in src and "__syncthreads" not in src, src
 
 NVCC = shutil.which("nvcc")
 

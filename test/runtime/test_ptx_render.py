@@ -89,7 +89,7 @@ def test_mulacc_is_exactly_one_fma():
   assert len(re.findall(r"\bfma\.rn\.f32\b", src)) == 1 and "mul.rn" not in src and "add.rn" not in src, src
   half = _elementwise(Ops.MULACC, dtypes.float16, dtypes.float16, dtypes.float16, dtypes.float16)
   assert len(re.findall(r"\bfma\.rn\.f32\b", half)) == 1, half   # in float, then rounded to float16 once
-  assert ".maxntid 256, 1, 1" in src
+  assert ".maxntid 256, 1, 1 .minnctapersm 1" in src
 
 def test_integer_division_is_guarded_as_in_c():
   src = _elementwise(Ops.IDIV, dtypes.int32, dtypes.int32, dtypes.int32)
