@@ -7,3 +7,6 @@ os.environ.setdefault("XDG_CACHE_HOME", os.path.join(tempfile.gettempdir(), "kil
 from hypothesis import settings  # noqa: E402
 settings.register_profile("ci", derandomize=True)
 if os.environ.get("CI"): settings.load_profile("ci")
+
+# the op tests' kernels rendered for CUDA C and PTX and compiled for sm_90a at the session's end (where nvcc/ptxas are)
+pytest_plugins = ["gpu_render_sweep"]
