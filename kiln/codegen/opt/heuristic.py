@@ -58,7 +58,8 @@ The choices follow from how each axis walks memory (its stride in every load and
 - a reduction over a strided axis (column reduction) upcasts the output axis that is contiguous, so each iteration
   reads a contiguous run of elements into separate accumulators;
 - an elementwise kernel upcasts its contiguous inner axis by 8 or 4, or whole when short and neither divides it, or
-  by its largest divisor up to 64 when long (`_elementwise_upcast`: scalar code branches on every select); a copy
+  by its largest divisor up to 64 when long (`_elementwise_upcast`: scalar code branches on every select), by one
+  register of the target's lanes where its body is software math (16 on AVX-512: compute bound); a copy
   that reads its source in column strips of rows a page apart (a packed matmul operand) reads blocks of 32 rows strip
   by strip (`_block_row_reads`);
 - a fused row kernel (softmax, layernorm: several reductions per row, then the row's elementwise loop) upcasts the
