@@ -251,7 +251,7 @@ def heuristic_opts(kernel: Kernel, target: CPUTarget | None = None) -> list[Opt]
         and _tall_tile_pays(loads, wide, partner, red_axes, load_strides) \
         and (plan.rows == TILE_ROWS or not vector_axis)   # 16 rows only where 8 fit the registers
       tall = tall or _vector_partner(partner, load_strides, store_strides) or \
-        (transposed and _tall_gradient_tile(kernel, plan, wide, partner))
+        (transposed and _tall_gradient_tile(kernel, plan, partner))
       if not (tall and _try(kernel, Opt(OptOps.UPCAST, kernel.axes.index(partner), 16))):
         lanes = _padded_vector(partner, load_strides, store_strides)
         if lanes is None or not _pad_and_upcast(kernel, partner, lanes):
@@ -611,27 +611,20 @@ def _columns_outside(kernel: Kernel, plan: TilePlan, wide: UOp, partner: UOp) ->
   streaming from L2 or memory once per row of tiles. One thread: a 1x1 conv over a large image (64x256 weights times
   256x3136) 1.34 -> 0.74 ms, its input gradient at batch 4 (128x256 weights, 1.6 MiB of `b` an image) 7.0 -> 5.0, a
   conv's weight gradient over small images (256x256x3x3 at 14x14 from 4 images) 8.5 -> 5.9 ms. Whether it applied."""
-  outs = kernel.output_axes
-  if (axes := _few_rows_against_large_b(kernel, plan, wide, partner)) is None: return False
-  rows, cols = axes
-  return _try(kernel, Opt(OptOps.SWAP, outs.index(rows), outs.index(cols)))
-
-def _few_rows_against_large_b(kernel: Kernel, plan: TilePlan, wide: UOp, partner: UOp) -> tuple[UOp, UOp] | None:
-  """The (rows, columns) output axes of a tile whose rows (`partner`) come before its columns (`wide`) and whose
-  `a` is small against a `b` of more than half an L2 (`_columns_outside`); None otherwise."""
   outs, red = kernel.output_axes, kernel.reduce_axes
   cols = next((r for r in outs if r.arg == wide.arg), None)
   rows = next((r for r in outs if r.arg == partner.arg), None)
   if cols is None or rows is None or outs.index(rows) > outs.index(cols) or not red or \
-     any(Kernel.size(r) is None for r in outs + red): return None
+     any(Kernel.size(r) is None for r in outs + red): return False
   loads, _ = memory_accesses(kernel.sink)
   b = _footprint(kernel, loads, (rows, cols), red, moving=cols)
   a = _footprint(kernel, loads, (rows, cols), red, fixed=cols)
   l2 = plan.packed_kblock_min_bytes
   # (a `b` between half an L2 and one: only where `a` is small, a few rows' worth: the MLP's 256x784 @ 784x512,
   # 800 KiB of `a`, ran 3.6 -> 4.4 ms a step on two threads with its columns outside)
-  if not (a and b and (b > l2 and a * ROWS_IN_L2_SHARE <= l2 or 2 * b > l2 and a * 8 <= l2)): return None
-  return rows, cols
+  if not (a and b and (b > l2 and a * ROWS_IN_L2_SHARE <= l2 or 2 * b > l2 and a * 8 <= l2)):
+    return False
+  return _try(kernel, Opt(OptOps.SWAP, outs.index(rows), outs.index(cols)))
 
 L2_BLOCK_LENGTHS = (128, 256, 64)   # reduce-axis blocks that keep a batched matmul's `a` and `b` blocks in L2
 
@@ -807,15 +800,14 @@ def _tall_tile_pays(loads: list[UOp], wide: UOp, partner: UOp, red_axes: list[UO
     return False
   return all(_rows_spread(loads[i], load_strides[partner][i]) for i in rows)
 
-def _tall_gradient_tile(kernel: Kernel, plan: TilePlan, wide: UOp, partner: UOp) -> bool:
+def _tall_gradient_tile(kernel: Kernel, plan: TilePlan, partner: UOp) -> bool:
   """Whether the partner of a tile whose vectors follow a load's contiguous axis, stored apart, gets 16 rows instead
   of 8, in a sum over several axes (a conv's weight gradient: its input channels the vectors, its output channels
   the rows): each step then reads twice the rows against one vector of the large operand (the packed input window,
   several MiB, walked once per row tile), halving its traffic, where the 16 rows of one-vector accumulators, a vector
-  and a broadcast value fit the registers. Not where the columns go outside the rows (`_columns_outside`): each
-  column panel of `b` then serves every row from L1 already."""
+  and a broadcast value fit the registers; with the columns outside the rows (`_columns_outside`: small images)
+  each step still feeds twice the products."""
   if len(kernel.reduce_axes) < 2 or (Kernel.size(partner) or 1) % 16: return False
-  if _few_rows_against_large_b(kernel, plan, wide, partner) is not None: return False
   # the wide axis' upcast is the one applied last (its lanes: the tile's vectors)
   lanes = next((o.arg for o in reversed(kernel.applied) if o.op is OptOps.UPCAST), None)
   if not isinstance(lanes, int): return False
