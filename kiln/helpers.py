@@ -274,7 +274,9 @@ CPU_LLVM = ContextVar("CPU_LLVM", 0, "1: the CPU device compiles kernels in proc
                      "compiler; 0: with the C compiler (CC, else clang, gcc or cc on PATH), and with LLVM where none is "
                      "found. Read when the CPU device opens (tinygrad's name)")
 VECTORIZE = ContextVar("VECTORIZE", 1, "1: the C renderer turns a kernel's upcast lanes into explicit vector code "
-                       "(kiln/codegen/vectorize.py); 0: scalar C, left to the C compiler's vectorizer")
+                       "(kiln/codegen/vectorize.py), and the CUDA and PTX renderers a thread's adjacent aligned global "
+                       "accesses into 16-byte ones (kiln/codegen/wide_memory.py); 0: scalar C, left to the C "
+                       "compiler's vectorizer, and scalar GPU accesses")
 TRANSCENDENTAL = ContextVar("TRANSCENDENTAL", 1, "software exp2/log2/sin and fast division by constants: 0: never; "
                             "1: where the device lacks native versions; 2: everywhere (for testing)")
 DISABLE_FAST_IDIV = ContextVar("DISABLE_FAST_IDIV", 0, "1: integer division by a constant stays a division (no "

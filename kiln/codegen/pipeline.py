@@ -9,7 +9,7 @@ Every device's kernels go through the same stages; a stage with nothing to do fo
 | `map_axes` | GPU targets: output ranges -> grid/block indices (SPECIAL), row and grid reductions in shared memory |
 | `software_math` | EXP2/LOG2/SIN and x//c -> plain ALU graphs where the target has no fast native version |
 | `linearize` | graph -> flat uop list: loops opened and closed, accumulators declared (docs/ir.md, stage 4) |
-| `vectorize` | renderers with `vectorizes`: upcast lanes -> vector uops, the thread plan unchanged |
+| `vectorize` | renderers with `vectorizes`: upcast lanes -> vector uops, the thread plan unchanged; renderers with `wide_memory` (GPUs): a thread's adjacent aligned global loads/stores -> one 8- or 16-byte access |
 | `plan_threads` | renderers with `has_threads` (CPU): the loop or reduction the thread pool splits (`Job.threads`) |
 | `render` | uop list -> source code (`Renderer.render(name, uops, threads)`) |
 
@@ -42,6 +42,7 @@ from kiln.codegen.opt import optimize_kernel
 from kiln.codegen.opt.gpu_heuristic import gpu_optimize
 from kiln.codegen.parallel import FEW_OUTER_ITERATIONS, find_parallel_loop, find_split_reduction, streamed_loads
 from kiln.codegen.vectorize import vectorize as vectorize_uops
+from kiln.codegen.wide_memory import widen_accesses
 
 @dataclass
 class Job:
@@ -98,8 +99,13 @@ def vectorize(uops: list[UOp], job: Job) -> list[UOp]:
   vectors are split by the compiler, and gcc does it badly). A split reduction's accumulators become vectors too (one
   partial per lane, combined lane by lane: the same bits). The thread plan must not change: the same split loop, or
   the same split reduction (loop, outer loops, chunk count, accumulator lanes); otherwise the reduction's
-  accumulators stay scalar, or else the kernel does."""
-  if not VECTORIZE or not job.renderer.vectorizes: return uops
+  accumulators stay scalar, or else the kernel does. For renderers with `wide_memory` (the GPUs', VECTORIZE on):
+  a thread's runs of adjacent global loads and stores as one access of up to the target's `vector_bytes`, where the
+  alignment rule of kiln/codegen/wide_memory.py proves them aligned."""
+  if not VECTORIZE: return uops
+  if job.renderer.wide_memory:
+    return widen_accesses(uops, getattr(job.renderer.target, "vector_bytes", 16) or 16)
+  if not job.renderer.vectorizes: return uops
   target = job.renderer.target
   plan = thread_plan(uops, streams=False)
   shape = _plan_shape(plan)
@@ -131,7 +137,8 @@ STAGES: tuple[Stage, ...] = (
   Stage("map_axes", "GPU: output ranges -> grid/block indices; CPU: unchanged", map_axes),
   Stage("software_math", "transcendentals and constant division -> ALU graphs where the target wants", software_math),
   Stage("linearize", "graph -> flat uop list", linearize),
-  Stage("vectorize", "upcast lanes -> vector uops (thread plan unchanged)", vectorize),
+  Stage("vectorize", "upcast lanes -> vector uops (thread plan unchanged); GPU: adjacent lanes' global accesses -> "
+        "one wide access", vectorize),
   Stage("plan_threads", "CPU: the loop or reduction the thread pool splits", plan_threads),
   Stage("render", "uop list -> source code", render),
 )

@@ -29,7 +29,9 @@ class Renderer:
   heuristics read (vector width and registers, caches, cores; kiln/runtime/cpu_target.py), None where the device
   gives none (the heuristics then plan for their baseline, an AVX2 machine). `has_threads`: its kernels run on a
   host thread pool, so the pipeline plans their threads (a ThreadPlan); `vectorizes`: the pipeline turns upcast lanes
-  into vector uops for it (kiln/codegen/vectorize.py; GNU C vectors, LLVM vectors).
+  into vector uops for it (kiln/codegen/vectorize.py; GNU C vectors, LLVM vectors); `wide_memory`: it renders a
+  thread's adjacent aligned global loads and stores as one 8- or 16-byte access (kiln/codegen/wide_memory.py: vector
+  LOAD/STORE, GEP and VECTORIZE over global buffers only), up to its target's `vector_bytes`.
   """
   device: str = ""
   has_local: bool = False
@@ -42,6 +44,7 @@ class Renderer:
   renders_byte_dots: bool = False   # True: its vector code has DP4A (kiln/codegen/vectorize.py), e.g. x86 vpdpbusd
   has_threads: bool = False
   vectorizes: bool = False
+  wide_memory: bool = False
   supported_dtypes: frozenset[DType] | None = None
   # set by the device (a function, since the description may follow settings: the C compiler's CFLAGS=-march=...)
   describe_target: Callable[[], CPUTarget] | None = None

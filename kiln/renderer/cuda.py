@@ -6,7 +6,10 @@ contraction; exp2/log2/sin are kiln's software math, as on the CPU; float16, bfl
 bits and computed in float with the same rounding helpers). What differs:
 - the output axes were mapped to block and thread indices before linearizing (kiln/codegen/gpudims.py): SPECIAL
   `gidx0` is `blockIdx.x`, `lidx0` is `threadIdx.x`; every other loop is a loop in each thread;
-- no CPU thread plan (no `kiln_tid`/`kiln_nthreads` parameters, no `_task` entry point) and no GNU vector types;
+- no CPU thread plan (no `kiln_tid`/`kiln_nthreads` parameters, no `_task` entry point) and no GNU vector types:
+  the only vectors are a thread's wide global accesses (kiln/codegen/wide_memory.py), a `kiln_vec<float, 4>` (a
+  struct aligned to its size, so one access is one `ld.global.v4`) read through a pointer cast where the kernel's
+  test of the buffer's base pointer found it aligned, else lane by lane (the module's alignment rule);
 - the helper functions are `__device__`, parameters `__restrict__`, and the kernel has `__launch_bounds__` of its
   block size;
 - a warp SHUFFLE is `__shfl_xor_sync` over the whole warp (docs/ir.md stage 4).
@@ -36,7 +39,8 @@ PRELUDE = "\n".join([
   "}",
   "template <typename To, typename From> static inline __device__ To kiln_bitcast(From x) {",
   "  union { From from; To to; } bits; bits.from = x; return bits.to;",
-  "}"])
+  "}",
+  "template <typename T, int N> struct alignas(sizeof(T) * N) kiln_vec { T v[N]; };"])
 SPECIAL_INDICES = {"gidx": "blockIdx", "lidx": "threadIdx"}
 CUDA_WARP = 32   # lanes of a warp on every NVIDIA GPU (the full mask, 0xffffffff, names them all)
 
@@ -51,6 +55,18 @@ _TO_BITS = {dtypes.bfloat16: "kiln_f_to_bf16({})", dtypes.float16: "kiln_half_bi
             **{fp8: f"kiln_{fp8.name}_bits({{}})" for fp8 in dtypes.fp8s}}
 _FROM_BITS = {dtypes.bfloat16: "kiln_bf16_to_f({})", dtypes.float16: "kiln_half_to_f({})",
               **{fp8: f"kiln_{fp8.name}_to_f({{}})" for fp8 in dtypes.fp8s}}
+
+def wide_accesses(uops: list[UOp]) -> dict[tuple[UOp, int], str]:
+  """(global buffer, bytes) of each wide access of a kernel (kiln/codegen/wide_memory.py) -> the name of the
+  kernel's test that the buffer's base pointer is aligned to that many bytes, in first-use order."""
+  out: dict[tuple[UOp, int], str] = {}
+  for u in uops:
+    if u.op is Ops.LOAD and u.dtype.count > 1: buf, nbytes = u.src[0], u.dtype.itemsize
+    elif u.op is Ops.STORE and u.src[2].dtype.count > 1: buf, nbytes = u.src[0], u.src[2].dtype.itemsize
+    else: continue
+    if buf.op is not Ops.DEFINE_GLOBAL: raise NotImplementedError(f"a vector access of {buf.op} (only global buffers)")
+    out.setdefault((buf, nbytes), f"kiln_aligned{buf.arg}_{nbytes}")
+  return out
 
 def device_helpers(block: str) -> str:
   """A C helper block made callable from kernels (`static inline` -> `static inline __device__`)."""
@@ -82,6 +98,7 @@ class CUDARenderer(CRenderer):
   packs_matmul_operands = False   # the tile-major copies suit CPU caches (kiln/schedule/pack.py)
   # a GPU's threads come from SPECIALs (kiln/codegen/gpudims.py), not a thread plan; GNU C vector types are CPU code
   has_threads = vectorizes = False
+  wide_memory = True   # a thread's adjacent aligned global accesses as one (kiln/codegen/wide_memory.py)
 
   def __init__(self, arch: str = "sm_90a"):
     self.arch = arch
@@ -97,7 +114,9 @@ class _CudaKernelWriter(_CKernelWriter):
   def __init__(self, name: str, uops: list[UOp]):
     super().__init__(name, uops)
     self.statements.update({Ops.SPECIAL: self._special, Ops.DEFINE_LOCAL: self._define_local,
-                            Ops.BARRIER: self._barrier, Ops.ATOMIC: self._atomic, Ops.SHUFFLE: self._shuffle})
+                            Ops.BARRIER: self._barrier, Ops.ATOMIC: self._atomic, Ops.SHUFFLE: self._shuffle,
+                            Ops.GEP: self._lane})
+    self.aligned = wide_accesses(uops)   # (buffer, bytes) of each wide access -> its base pointer test's name
     self.device_arrays: list[str] = []   # file-scope `__device__` arrays (DEFINE_LOCAL with a "device" scope)
     self.block_threads = 1
     self.dependent_launch = False   # the DEPENDENT_* instructions (CUDARenderer.render sets it from the arch)
@@ -144,8 +163,47 @@ class _CudaKernelWriter(_CKernelWriter):
   def _barrier(self, u: UOp) -> None:
     self.emit("__syncthreads();   /* the block's shared stores above, before any thread reads them */")
 
+  def _lane(self, u: UOp) -> None:
+    """A GEP of a wide load: the lane of its `kiln_vec`."""
+    if u.src[0].op is not Ops.LOAD: raise NotImplementedError(f"CUDARenderer: a GEP of {u.src[0].op} ({self.name})")
+    self.names[u] = f"{self.names[u.src[0]]}.v[{u.arg}]"
+
+  def _wide_load(self, u: UOp) -> None:
+    """A wide global load: one vector read where the buffer's base is aligned, else its lanes one by one."""
+    buf, index = u.src[0], u.src[1]
+    scalar, lanes = u.dtype.scalar, u.dtype.count
+    self.note_dtype(scalar)
+    vec, data, at = f"kiln_vec<{STORAGE_TYPES[scalar]}, {lanes}>", self.expr(buf), self.expr(index)
+    one_by_one = ", ".join(f"{data}[{at}]" if k == 0 else f"{data}[({at})+{k}]" for k in range(lanes))
+    name = self.names[u] = self.fresh_name("val")
+    self.emit(f"const {vec} {name} = {self.aligned[buf, u.dtype.itemsize]} ? "
+              f"*reinterpret_cast<const {vec}*>({data}+({at})) : {vec}{{{{{one_by_one}}}}};")
+
+  def _wide_store(self, u: UOp) -> None:
+    """A wide global store: one vector write where the buffer's base is aligned, else its lanes one by one."""
+    buf, index, value = u.src[:3]
+    scalar, lanes = value.dtype.scalar, value.dtype.count
+    self.note_dtype(scalar)
+    vec, data, at = f"kiln_vec<{STORAGE_TYPES[scalar]}, {lanes}>", self.expr(buf), self.expr(index)
+    parts = [self.expr(lane) for lane in value.src]
+    whole = value.src[0].src[0] if value.src[0].op is Ops.GEP else None
+    if whole is not None and whole.dtype == value.dtype and \
+       all(lane.op is Ops.GEP and lane.src[0] is whole and lane.arg == k for k, lane in enumerate(value.src)):
+      packed = self.names[whole]   # a wide load's lanes in order: the loaded vector itself (a copy)
+    else: packed = f"{vec}{{{{{', '.join(parts)}}}}}"
+    one_by_one = " ".join(f"{data}[{at}] = {part};" if k == 0 else f"{data}[({at})+{k}] = {part};"
+                          for k, part in enumerate(parts))
+    line = (f"if ({self.aligned[buf, value.dtype.itemsize]}) *reinterpret_cast<{vec}*>({data}+({at})) = {packed}; "
+            f"else {{ {one_by_one} }}")
+    self.emit(f"if ({self.expr(u.src[3])}) {{ {line} }}" if len(u.src) == 4 else line)
+
+  def _store(self, u: UOp) -> None:
+    if u.src[2].dtype.count > 1: return self._wide_store(u)
+    super()._store(u)
+
   def _load(self, u: UOp) -> None:
     buf = u.src[0]
+    if u.dtype.count > 1: return self._wide_load(u)
     if buf.op is Ops.DEFINE_LOCAL and len(buf.arg) > 2:   # written by other blocks in this launch: read through L2
       self.note_dtype(u.dtype)
       read = f"__ldcg(&{self.expr(buf)}[{self.expr(u.src[1])}])"
@@ -188,7 +246,10 @@ class _CudaKernelWriter(_CKernelWriter):
     if self.uses_fp8: head += [FP8_HELPERS] + [fp8_helpers(dt) for dt in dtypes.fp8s if dt in self.uses_fp8]
     head = [PRELUDE] + [device_helpers(block) for block in head] + self.device_arrays
     bounds = f"__launch_bounds__({self.block_threads}{f', {MIN_BLOCKS}' if MIN_BLOCKS else ''}) "
-    start, end = [], []
+    # each widened buffer's base pointer tested once (uniform over the launch): the alignment rule's run-time half
+    start = [f"  const bool {name} = (reinterpret_cast<unsigned long long>(data{buf.arg}) & {nbytes - 1}) == 0;"
+             for (buf, nbytes), name in self.aligned.items()]
+    end: list[str] = []
     if self.dependent_launch:
       (start if TRIGGER_AT_START else end).append(DEPENDENT_TRIGGER)
       start.append(f'  asm volatile("{DEPENDENT_WAIT};" ::: "memory");')

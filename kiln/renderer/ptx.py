@@ -16,7 +16,10 @@ NVRTC makes of the C renderer's semantics (kiln/renderer/cstyle.py), so both giv
 POW on float32 (and 16-bit floats) is 2**(y*log2|x|) on the hardware's approximate lg2/ex2 with C99's special cases:
 within a few ulp, not CUDA libdevice's bits. float32 MOD is exact (as fmodf is).
 A warp SHUFFLE is `shfl.sync.bfly.b32` over the whole warp, one per 32 bits of the value.
-Not rendered (NotImplementedError): vector uops, float64 POW and MOD, and native EXP2/LOG2/SIN (software math
+A thread's wide global accesses (kiln/codegen/wide_memory.py: a vector LOAD and its GEPs, a STORE of a VECTORIZE)
+are one `ld.global.v4.f32` / `st.global.v4.f32` (or .v2) where the kernel's test of the buffer's base pointer (once,
+in the prologue) found it aligned to the access, else the lanes one by one under the opposite predicate.
+Not rendered (NotImplementedError): other vector uops, float64 POW and MOD, and native EXP2/LOG2/SIN (software math
 rewrites them first on this target).
 """
 from __future__ import annotations
@@ -24,8 +27,9 @@ import struct
 from kiln.dtype import DType, dtypes, truncate
 from kiln.renderer import KernelWriter, kernel_function_name, kernel_signature
 from kiln.renderer import cuda
-from kiln.renderer.cuda import CUDARenderer, DEPENDENT_WAIT, dependent_launch
+from kiln.renderer.cuda import CUDARenderer, DEPENDENT_WAIT, dependent_launch, wide_accesses
 from kiln.uop.ops import UOp, Ops, GroupOp
+from kiln.uop.symbolic import is_multiple_of
 
 PTX_VERSION = "9.0"   # the PTX ISA of CUDA 13.0 (driver 580)
 
@@ -97,8 +101,10 @@ class _PTXKernelWriter(KernelWriter):
       Ops.RANGE: self._range, Ops.ENDRANGE: self._endrange, Ops.LOAD: self._load, Ops.STORE: self._store,
       Ops.DEFINE_ACC: self._define_acc, Ops.ASSIGN: self._assign, Ops.SPECIAL: self._special,
       Ops.DEFINE_LOCAL: self._define_local, Ops.BARRIER: self._barrier, Ops.ATOMIC: self._atomic,
-      Ops.CAST: self._cast, Ops.BITCAST: self._bitcast, Ops.SHUFFLE: self._shuffle,
-      **{op: self._nothing for op in (Ops.CONST, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.SINK)}})
+      Ops.CAST: self._cast, Ops.BITCAST: self._bitcast, Ops.SHUFFLE: self._shuffle, Ops.GEP: self._lane,
+      **{op: self._nothing for op in (Ops.CONST, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.SINK, Ops.VECTORIZE)}})
+    self.aligned: dict[tuple[UOp, int], str] = {}   # (buffer, bytes) of a wide access -> its aligned-base predicate
+    self.lanes: dict[UOp, list[str]] = {}   # a wide load -> its lanes' registers
 
   def fail(self, what: str) -> NotImplementedError:
     """The error for something PTX cannot render here, pointing at the CUDA C renderer."""
@@ -189,7 +195,53 @@ class _PTXKernelWriter(KernelWriter):
     self.emit(f"add.s64 {out}, {base}, {offset}")
     return f"[{out}]"
 
+  def _lane(self, u: UOp) -> None:
+    if u.src[0] not in self.lanes: raise self.fail(f"a GEP of {u.src[0].op.name}")
+    self.names[u] = self.lanes[u.src[0]][u.arg]
+
+  def _wide_parts(self, buf: UOp, index: UOp) -> tuple[str, int]:
+    """(address register, byte offset) of element `index` of global `buf`, so lane k is at `[reg+offset+k*size]`."""
+    addr = self.address(buf, index)[1:-1]
+    reg, _, offset = addr.partition("+")
+    return reg, int(offset) if offset else 0
+
+  def _alignment_guards(self, buf: UOp, nbytes: int, gate: UOp | None) -> tuple[str, str]:
+    """The predicates of a wide access's vector form (the base aligned, and the gate) and of its lanes' form."""
+    aligned = self.aligned[buf, nbytes]
+    unaligned = self.reg("pred")
+    self.emit(f"not.pred {unaligned}, {aligned}")
+    if gate is None: return aligned, unaligned
+    both, lanes = self.reg("pred"), self.reg("pred")
+    self.emit(f"and.pred {both}, {aligned}, {self.value(gate)}")
+    self.emit(f"and.pred {lanes}, {unaligned}, {self.value(gate)}")
+    return both, lanes
+
+  def _wide_load(self, u: UOp) -> None:
+    """`ld.global.vN` where the buffer's base is aligned, else N scalar loads (kiln/codegen/wide_memory.py)."""
+    buf, index = u.src[0], u.src[1]
+    scalar, count = u.dtype.scalar, u.dtype.count
+    if scalar not in _MEMORY_TYPES or scalar.itemsize != 4: raise self.fail(f"a wide load of {u.dtype}")
+    reg, offset = self._wide_parts(buf, index)
+    vector, lanes = self._alignment_guards(buf, u.dtype.itemsize, None)
+    outs = self.lanes[u] = [self.reg(scalar) for _ in range(count)]
+    mem = _MEMORY_TYPES[scalar]
+    self.emit(f"@{vector} ld.global.v{count}.{mem} {{{', '.join(outs)}}}, [{reg}+{offset}]")
+    for k, out in enumerate(outs): self.emit(f"@{lanes} ld.global.{mem} {out}, [{reg}+{offset + 4 * k}]")
+
+  def _wide_store(self, u: UOp) -> None:
+    """`st.global.vN` where the buffer's base is aligned, else N scalar stores (kiln/codegen/wide_memory.py)."""
+    buf, index, value = u.src[:3]
+    scalar, count = value.dtype.scalar, value.dtype.count
+    if scalar not in _MEMORY_TYPES or scalar.itemsize != 4: raise self.fail(f"a wide store of {value.dtype}")
+    data = [self.value(lane) for lane in value.src]
+    reg, offset = self._wide_parts(buf, index)
+    vector, lanes = self._alignment_guards(buf, value.dtype.itemsize, u.src[3] if len(u.src) == 4 else None)
+    mem = _MEMORY_TYPES[scalar]
+    self.emit(f"@{vector} st.global.v{count}.{mem} [{reg}+{offset}], {{{', '.join(data)}}}")
+    for k, lane in enumerate(data): self.emit(f"@{lanes} st.global.{mem} [{reg}+{offset + 4 * k}], {lane}")
+
   def _load(self, u: UOp) -> None:
+    if u.dtype.count > 1: return self._wide_load(u)
     if u in self.quads: return self._load_quad(self.quads[u])
     if u in self.quad_members: return   # read with its quad, earlier
     buf, index = u.src[0], u.src[1]
@@ -226,6 +278,7 @@ class _PTXKernelWriter(KernelWriter):
 
   def _store(self, u: UOp) -> None:
     buf, index, value = u.src[:3]
+    if value.dtype.count > 1: return self._wide_store(u)
     if value.dtype not in _MEMORY_TYPES: raise self.fail(f"a store of dtype {value.dtype}")
     if value.dtype == dtypes.bool:
       data = self.reg("b32")
@@ -881,6 +934,11 @@ class _PTXKernelWriter(KernelWriter):
       raw = self.reg(dtypes.int32)
       self.emit(f"ld.param.s32 {raw}, [var{i}]")
       self.names[v] = raw if v.dtype == dtypes.int32 else self.convert(raw, dtypes.int32, v.dtype)
+    for (buf, nbytes) in wide_accesses(self.uops):   # the alignment rule's run-time half, once per buffer and width
+      low, aligned = self.reg("b64"), self.reg("pred")
+      self.emit(f"and.b64 {low}, {self.names[buf]}, {nbytes - 1}")
+      self.emit(f"setp.eq.u64 {aligned}, {low}, 0   // data{buf.arg} is {nbytes}-byte aligned")
+      self.aligned[buf, nbytes] = aligned
     dependent = dependent_launch(self.arch)   # kiln/renderer/cuda.py DEPENDENT_*, the wait before any memory access
     if dependent and cuda.TRIGGER_AT_START: self.emit("griddepcontrol.launch_dependents")
     if dependent: self.emit(DEPENDENT_WAIT)
@@ -897,14 +955,6 @@ class _PTXKernelWriter(KernelWriter):
       f".visible .entry {self.name}(", ",\n".join(f"  {p}" for p in params), f") {bounds}",
       "{", *registers, *self.shared_arrays, *prologue, *body, "  ret;", "}", ""])
 
-def _multiple_of(u: UOp, n: int) -> bool:
-  """Whether the int value of `u` is a multiple of `n` whatever its ranges and thread indices (a sufficient test)."""
-  if u.op is Ops.CONST: return isinstance(u.arg, int) and u.arg % n == 0
-  if u.op is Ops.ADD: return all(_multiple_of(s, n) for s in u.src)
-  if u.op is Ops.MUL: return any(_multiple_of(s, n) for s in u.src)
-  if u.op is Ops.SHL and u.src[1].op is Ops.CONST: return (1 << u.src[1].arg) % n == 0 or _multiple_of(u.src[0], n)
-  return False
-
 _STRAIGHT_BREAKS = frozenset({Ops.RANGE, Ops.ENDRANGE, Ops.BARRIER, Ops.STORE, Ops.ATOMIC})
 
 def shared_quads(uops: list[UOp]) -> dict[UOp, list[UOp]]:
@@ -919,7 +969,7 @@ def shared_quads(uops: list[UOp]) -> dict[UOp, list[UOp]]:
     index = u.src[1]
     base, const = (index.src[0], index.src[1].arg) if index.op is Ops.ADD and index.src[1].op is Ops.CONST else \
       (index, 0)
-    if not isinstance(const, int) or const < 0 or not _multiple_of(base, 4): continue
+    if not isinstance(const, int) or const < 0 or not is_multiple_of(base, 4): continue
     groups.setdefault((u.src[0], base, const // 4), {}).setdefault(const % 4, (pos, u))
   breaks = [pos for pos, u in enumerate(uops) if u.op in _STRAIGHT_BREAKS]
   quads: dict[UOp, list[UOp]] = {}

@@ -220,6 +220,33 @@ def linear_form(u: UOp) -> tuple[dict[UOp, int], int] | None:
   wrapped = {t: _wrap(dtype, a) for t, a in terms.items()}
   return {t: a for t, a in wrapped.items() if a != 0}, _wrap(dtype, const)
 
+def is_multiple_of(u: UOp, n: int) -> bool:
+  """Whether int `u` is a multiple of `n` (a power of two) for every value of its ranges, thread indices and variables:
+  a sufficient test (False where unproven), through sums, products, shifts, selects and remainders.
+
+  >>> from kiln.uop.ops import UOp, Ops
+  >>> from kiln.dtype import dtypes
+  >>> r = UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 8),), arg=0)
+  >>> is_multiple_of(r * 8 + 12, 4), is_multiple_of(r * 8 + 2, 4), is_multiple_of(r, 2)
+  (True, False, False)
+  """
+  form = linear_form(u) if u.dtype in INT_DTYPES else None
+  if form is None: return _term_is_multiple_of(u, n)
+  terms, const = form
+  return const % n == 0 and all(c % n == 0 or _term_is_multiple_of(t, n) for t, c in terms.items())
+
+def _term_is_multiple_of(u: UOp, n: int) -> bool:
+  """`is_multiple_of` of one term of a sum: a constant, a product, a shift, a select or a remainder."""
+  op = u.op
+  if op is _CONST: return not u.src and isinstance(u.arg, int) and u.arg % n == 0
+  if op is _ADD or op is Ops.SUB: return all(is_multiple_of(s, n) for s in u.src)
+  if op is _MUL: return any(is_multiple_of(s, n) for s in u.src)
+  if op is Ops.SHL and u.src[1].op is _CONST and isinstance(u.src[1].arg, int) and 0 <= u.src[1].arg < 31:
+    return (1 << u.src[1].arg) % n == 0 or is_multiple_of(u.src[0], n)
+  if op is Ops.WHERE: return is_multiple_of(u.src[1], n) and is_multiple_of(u.src[2], n)
+  if op is Ops.MOD: return is_multiple_of(u.src[0], n) and is_multiple_of(u.src[1], n)   # x - (x/c)*c
+  return False
+
 # canonical sums made by build_sum: fixed points of canonical_sum, remembered instead of being rebuilt
 _canonical_sums: weakref.WeakSet = weakref.WeakSet()
 

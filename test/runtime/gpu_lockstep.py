@@ -1,7 +1,9 @@
 """A lockstep GPU emulator for tests: runs the linear uops of a GPU kernel (SPECIAL block and thread indices, shared
 arrays, BARRIERs, warp SHUFFLEs) block by block, every thread of a block at once as one NumPy lane, so a barrier holds by
 construction and shared memory means what it means on a GPU. Stricter than hardware where that finds bugs: a load or
-store out of bounds, or two threads storing different values at one address in one store, raises.
+store out of bounds, two threads storing different values at one address in one store, or a wide access (a vector
+LOAD or STORE of kiln/codegen/wide_memory.py, lanes `index + k`) at an index that is not a multiple of its lanes,
+raises.
 
   run_lockstep(uops, launch, buffers)   # buffers: {parameter number: 1-D NumPy array}, written in place
 """
@@ -85,6 +87,19 @@ def _run_block(uops, ends, block_index, thread_index, threads, buffers, device_a
       values[u] = (thread_index[axis] if kind.startswith("lidx") else _lanes(block_index[axis], threads, u.dtype)
                    ).astype(np.int32)
     elif op is Ops.BARRIER: pass   # lockstep: every thread finished what comes before
+    elif op is Ops.LOAD and u.dtype.count > 1:
+      buf, lanes = buffer_of(u.src[0]), u.dtype.count
+      index = _wide_index(_lanes(values[u.src[1]] if u.src[1] in values else u.src[1].arg, threads, u.src[1].dtype),
+                          lanes, u)
+      values[u] = np.stack([buf[checked(buf, index + k, np.ones(threads, bool), u)] for k in range(lanes)])
+    elif op is Ops.GEP: values[u] = values[u.src[0]][u.arg]
+    elif op is Ops.VECTORIZE: values[u] = np.stack([_lanes(values[s], threads, s.dtype) for s in u.src])
+    elif op is Ops.STORE and u.src[2].dtype.count > 1:
+      buf, lanes = buffer_of(u.src[0]), u.src[2].dtype.count
+      gate = values[u.src[3]] if len(u.src) == 4 else np.ones(threads, bool)
+      index = _wide_index(_lanes(values[u.src[1]] if u.src[1] in values else u.src[1].arg, threads, u.src[1].dtype),
+                          lanes, u)
+      for k in range(lanes): _store(buf, checked(buf, index + k, gate, u)[gate], values[u.src[2]][k][gate], u)
     elif op is Ops.LOAD:
       buf = buffer_of(u.src[0])
       gate = values[u.src[2]] if len(u.src) == 3 and u.src[2].op is not Ops.BARRIER else np.ones(threads, bool)
@@ -94,12 +109,7 @@ def _run_block(uops, ends, block_index, thread_index, threads, buffers, device_a
       buf = buffer_of(u.src[0])
       gate = values[u.src[3]] if len(u.src) == 4 else np.ones(threads, bool)
       index = checked(buf, values[u.src[1]], gate, u)[gate]
-      written = _lanes(values[u.src[2]], threads, u.src[2].dtype).astype(buf.dtype)[gate]
-      order = np.argsort(index, kind="stable")
-      same = index[order][1:] == index[order][:-1]
-      if (same & (written[order][1:] != written[order][:-1])).any():
-        raise LockstepError(f"two threads store different values at one address of {u.src[0].op.name}")
-      buf[index] = written
+      _store(buf, index, _lanes(values[u.src[2]], threads, u.src[2].dtype)[gate], u)
     elif op is Ops.ATOMIC:
       buf = buffer_of(u.src[0])
       index, add, gate = values[u.src[1]], _lanes(values[u.src[2]], threads, u.dtype), values[u.src[3]]
@@ -119,6 +129,22 @@ def _run_block(uops, ends, block_index, thread_index, threads, buffers, device_a
     elif op is Ops.ASSIGN: values[u.src[0]] = values[u] = values[u.src[1]]
     else: values[u] = _alu(u, [values[s] for s in u.src])
     pc += 1
+
+def _wide_index(index: np.ndarray, lanes: int, u: UOp) -> np.ndarray:
+  """The first element of each thread's wide access, which must be a multiple of its lanes (aligned)."""
+  index = np.asarray(index)
+  if (index % lanes).any():
+    raise LockstepError(f"a {lanes}-lane {u.op.name} at element {index[index % lanes != 0].flat[0]}: not aligned")
+  return index
+
+def _store(buf: np.ndarray, index: np.ndarray, written: np.ndarray, u: UOp) -> None:
+  """`buf[index] = written` for the storing threads, raising where two of them store different values at one place."""
+  written = written.astype(buf.dtype)
+  order = np.argsort(index, kind="stable")
+  same = index[order][1:] == index[order][:-1]
+  if (same & (written[order][1:] != written[order][:-1])).any():
+    raise LockstepError(f"two threads store different values at one address of {u.src[0].op.name}")
+  buf[index] = written
 
 def _alu(u: UOp, args: list[np.ndarray]) -> np.ndarray:
   """One ALU op on every thread's operands, rounded to the op's dtype."""

@@ -141,7 +141,7 @@ def test_local_and_upcast_kernels_match_numpy(case):
   np.testing.assert_allclose(got.reshape(ref(*arrays).shape), ref(*arrays), rtol=1e-5, atol=1e-5)
   locals_ = np.prod([o.arg for o in opts if o.op is OptOps.LOCAL])
   if locals_ > 1: assert launch[1][0] == locals_, f"{case}: {launch}"
-  stores = sum(1 for u in uops if u.op is Ops.STORE)
+  stores = sum(u.src[2].dtype.count for u in uops if u.op is Ops.STORE)   # (a wide store writes several lanes)
   assert stores == np.prod([o.arg for o in opts if o.op is OptOps.UPCAST]), f"{case}: {stores} stores a thread"
 
 ROW_CASES = {   # name: (tensor function, numpy function, shapes, actions)
@@ -246,10 +246,8 @@ def test_random_walks_over_offered_actions_stay_right(case):
 # ---------------- the heuristics: today's mapping, as actions ----------------
 
 HEURISTIC_CASES = {   # name: (tensor, the actions the heuristics choose)
-  "elementwise 16M floats": (lambda: Tensor.empty(1 << 24) * 2 + 1,
-                             [Opt(OptOps.LOCAL, 0, 256), Opt(OptOps.UPCAST, 0, 4)]),
-  "2-D elementwise": (lambda: Tensor.empty(4096, 4096) * Tensor.empty(4096, 1),
-                      [Opt(OptOps.LOCAL, 1, 256), Opt(OptOps.UPCAST, 1, 4)]),
+  "2-D elementwise, a strided input: copies a block apart": (lambda: Tensor.empty(4096, 4096).T * Tensor.empty(4096, 1),
+                                                              [Opt(OptOps.LOCAL, 1, 256), Opt(OptOps.UPCAST, 1, 4)]),
   "small elementwise, one block": (lambda: Tensor.empty(33, 17) * 2,
                                    [Opt(OptOps.LOCAL, 1, 17), Opt(OptOps.LOCAL, 0, 33)]),
   "prime size: the guarded default": (lambda: Tensor.empty(1031) * 2, []),
@@ -277,6 +275,26 @@ def test_heuristics_give_column_kernels_a_warp_of_columns(case):
   sink, _ = _lowered(make())
   assert gpu_heuristic_opts(Kernel(sink, GPU)) == want
 
+WIDE_CASES = {   # large elementwise kernels whose accesses all widen: adjacent copies first (kiln/codegen/wide_memory.py)
+  "elementwise 16M floats": (lambda: Tensor.empty(1 << 24) * 2 + 1,
+                             [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.LOCAL, 0, 256)]),
+  "2-D elementwise": (lambda: Tensor.empty(4096, 4096) * Tensor.empty(4096, 1),
+                      [Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.LOCAL, 1, 256)]),
+}
+
+@pytest.mark.parametrize("case", list(WIDE_CASES))
+def test_heuristics_give_widening_kernels_adjacent_copies(case):
+  make, want = WIDE_CASES[case]
+  sink, _ = _lowered(make())
+  kernel = Kernel(sink, GPU)
+  assert [o for o in gpu_heuristic_opts(kernel) if o.op is not OptOps.BLOCKSUM] == want
+  source, uops = render_with(CUDARenderer(), "k", kernel.sink)
+  # the default mapping's grid and block, each thread's four elements read and written as one 16-byte access
+  assert launch_size(uops) == launch_size(render_with(CUDARenderer(), "k", kernel.sink.replace(arg=None))[1])
+  # (the broadcast column of the 2-D case is one scalar load for all four elements)
+  assert [u.dtype.count for u in uops if u.op is Ops.LOAD and u.dtype.count > 1] == [4], source
+  assert [u.src[2].dtype.count for u in uops if u.op is Ops.STORE] == [4], source
+
 @pytest.mark.parametrize("case", list(HEURISTIC_CASES))
 def test_heuristics_choose_todays_mapping_as_actions(case):
   make, want = HEURISTIC_CASES[case]
@@ -288,7 +306,7 @@ def test_heuristics_choose_todays_mapping_as_actions(case):
   # the same kernel as the mapping's defaults make from the graph without the actions (nothing gets slower)
   chosen = render_with(CUDARenderer(), "k", kernel.sink)[0]
   default = render_with(CUDARenderer(), "k", kernel.sink.replace(arg=None))[0]
-  if case != "2-D elementwise": assert chosen == default, f"{case}:\n{chosen}\n{default}"
+  if not case.startswith("2-D elementwise"): assert chosen == default, f"{case}:\n{chosen}\n{default}"
   else: assert launch_size(render_with(CUDARenderer(), "k", kernel.sink)[1]) == \
       launch_size(render_with(CUDARenderer(), "k", kernel.sink.replace(arg=None))[1])
 

@@ -10,7 +10,10 @@ before they were actions:
   fastest, each reduced by several lanes (`_column_opts`), where the mapping alone gives a block a column;
 - any other kernel with thread-mapped output axes gets LOCALs that make `gpudims.block_size` threads a block, taken
   from the innermost mapped axes outward, and, for a large elementwise kernel (MIN_COARSE_BLOCKS blocks of work or
-  more), an UPCAST by COARSEN of the axis the block's rest comes from (elements a block apart);
+  more), an UPCAST by COARSEN: first, of the innermost axis (a thread's COARSEN adjacent elements, which the
+  pipeline's vectorize stage reads and writes as one 16-byte access: kiln/codegen/wide_memory.py) where every global
+  access along that axis can be one (`lanes_widen`), else last, of the axis the block's rest comes from (elements a
+  block apart, so each of a warp's scalar accesses stays one run of memory);
 - a matmul-shaped kernel (kiln/codegen/gpu_tiles.py) gets none: the mapping tiles it itself (issue 21 adds the
   tensor-core action here), and so does a kernel whose block size no LOCALs express exactly (the mapping's guarded
   last block).
@@ -21,11 +24,12 @@ before they were actions:
 >>> out = UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0)
 >>> sink = UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (out, r, UOp.const(dtypes.float32, 1.0))),))
 >>> gpu_opts(Kernel(sink, GPUTarget()))
-[Opt(OptOps.LOCAL, 0, 256), Opt(OptOps.UPCAST, 0, 4)]
+[Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.LOCAL, 0, 256)]
 """
 from __future__ import annotations
 from kiln.helpers import NOLOCALS, NOOPT, prod
 from kiln.uop.ops import UOp, Ops
+from kiln.uop.symbolic import is_multiple_of, linear_form
 from kiln.runtime.gpu_target import GPUTarget   # (the description's type: a data class, no runtime code)
 from kiln.codegen.opt.kernel import Kernel, Opt, OptOps, KernelOptError
 from kiln.codegen.opt.heuristic import block_long_sums
@@ -71,27 +75,52 @@ def _column_opts(kernel: Kernel, plan, first_reduce: int) -> list[Opt] | None:
   if lanes < 2: return None
   return [Opt(OptOps.LOCAL, kernel.axes.index(last), COLUMN_ROWS), Opt(OptOps.GROUP, first_reduce, lanes)]
 
+def lanes_widen(kernel: Kernel, inner: UOp, lanes: int) -> bool:
+  """Whether splitting output range `inner` into `lanes` adjacent elements a thread lets every global access that
+  moves along it become one wide access (kiln/codegen/wide_memory.py's rule, read on the lowered kernel): each index
+  has coefficient 0 or 1 on `inner`; with 1 the access is of 32-bit elements, ungated, and the rest of its index is
+  a proven multiple of `lanes`; every store has coefficient 1."""
+  from kiln.codegen.wide_memory import WIDE_DTYPES
+  for u in kernel.sink.toposort():
+    if u.op not in (Ops.LOAD, Ops.STORE) or u.src[0].op is not Ops.DEFINE_GLOBAL: continue
+    index = u.src[1]
+    form = linear_form(index)
+    if form is None: return False
+    terms, _ = form
+    coefficient = terms.get(inner, 0)
+    if any(inner in t.toposort() for t in terms if t is not inner): return False
+    if u.op is Ops.STORE and coefficient != 1: return False
+    if coefficient == 0: continue
+    dtype, gated = (u.dtype, len(u.src) > 2) if u.op is Ops.LOAD else (u.src[2].dtype, len(u.src) > 3)
+    if coefficient != 1 or dtype not in WIDE_DTYPES or gated or not is_multiple_of(index - inner, lanes): return False
+  return True
+
 def _flat_opts(kernel: Kernel, mapped: list[UOp]) -> list[Opt]:
   """LOCALs giving `gpudims.block_size` threads a block from the innermost mapped axes outward, and the coarsening
-  UPCAST of a large elementwise kernel; none where they cannot make the mapping's default exactly (a guarded last
-  block)."""
+  UPCAST of a large elementwise kernel (first, of adjacent elements, where they widen; else last, a block apart);
+  none where they cannot make the mapping's default exactly (a guarded last block)."""
   from kiln.codegen import gpudims
   axes = kernel.axes
   total = prod(r.src[0].arg for r in mapped)
   local = gpudims.block_size(total)
   if total % local: return []
-  opts, left, touched = [], local, set()
+  elementwise = not any(u.op is Ops.REDUCE for u in kernel.sink.toposort())
+  coarsen = gpudims.COARSEN
+  coarse = elementwise and total % (local * coarsen) == 0 and total // (local * coarsen) >= gpudims.MIN_COARSE_BLOCKS
+  inner = mapped[-1]
+  adjacent = coarse and inner.src[0].arg % coarsen == 0 and lanes_widen(kernel, inner, coarsen)
+  opts = [Opt(OptOps.UPCAST, axes.index(inner), coarsen)] if adjacent else []
+  sizes = {r: r.src[0].arg // (coarsen if adjacent and r is inner else 1) for r in mapped}
+  left, touched = local, set()
   for rng in reversed(mapped):
     if left == 1: break
-    size = rng.src[0].arg
+    size = sizes[rng]
     take = size if left % size == 0 else left if size % left == 0 else 0
     if take == 0: return []
     opts.append(Opt(OptOps.LOCAL, axes.index(rng), take))
     left //= take
     if take == size: touched.add(rng)
-  elementwise = not any(u.op is Ops.REDUCE for u in kernel.sink.toposort())
-  coarsen = gpudims.COARSEN
-  if elementwise and total % (local * coarsen) == 0 and total // (local * coarsen) >= gpudims.MIN_COARSE_BLOCKS:
+  if coarse and not adjacent:
     # the copies are a block apart: the lowest digit of the grid's flat index, the rest of the innermost axis that
     # is not all threads
     rest = next((r for r in reversed(mapped) if r not in touched), None)
