@@ -120,6 +120,10 @@ def memory_rows(a, b, c, ta, tb, tc, reps: int, row) -> None:
   row("((a*b+c).relu()*0.5).exp()", elementwise, 16 * n, torch_ms(lambda: ((ta * tb + tc).relu() * 0.5).exp(), reps))
   add = kiln_ms(lambda: a + 1.0, reps)
   row("a+1 (copy-like)", add, 8 * n, torch_ms(lambda: ta + 1.0, reps))
+  half = n // 2
+  copy = kiln_ms(lambda: a[half:].contiguous(), reps)   # a real copy kernel (a view at an aligned offset)
+  np.testing.assert_array_equal(copy[2].numpy()[:1 << 20], a[half:half + (1 << 20)].numpy())
+  row("copy a[n/2:] (a view, 128M floats)", copy, 8 * (n - half), torch_ms(lambda: ta[half:].clone(), reps))
   two_stage = kiln_ms(lambda: a.reshape(-1, 8192).sum(axis=1).sum(), reps)
   assert abs(two_stage[2].item() - float(ta.double().sum())) <= 1e-3 * abs(float(ta.double().sum())) + 1.0
   row("sum 256M as (-1, 8192).sum(1).sum()", two_stage, 4 * n, torch_ms(lambda: ta.sum(), reps))
