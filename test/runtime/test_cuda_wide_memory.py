@@ -7,7 +7,7 @@ from __future__ import annotations
 import concurrent.futures, os, re, shutil, subprocess, tempfile
 import numpy as np
 import pytest
-from kiln import Tensor, Variable, dtypes
+from kiln import Device, Tensor, Variable, dtypes
 from kiln.codegen.gpudims import launch_size
 from kiln.codegen.opt.kernel import Kernel, Opt, OptOps
 from kiln.codegen.opt.gpu_heuristic import GPUTarget
@@ -212,6 +212,7 @@ def test_misaligned_views_and_host_memory_take_the_scalar_twin():
   t = Tensor.from_blob(host.ctypes.data + 4 * start, (N,), device="CUDA")
   np.testing.assert_array_equal(((t * 2 + 1).relu()).numpy(), np.maximum(x[:N] * 2 + 1, 0))
   t.assign(t * 3).realize()   # a widened in-place kernel writing misaligned host memory
+  Device["CUDA"].synchronize()
   np.testing.assert_array_equal(host[start:start + N], x[:N] * 3)
   # the same compiled kernel on device buffers (aligned) and on views 4, 8 and 12 bytes into them
   a, b = Tensor(x[:N], device="CUDA"), Tensor(x[8:N + 8], device="CUDA")
