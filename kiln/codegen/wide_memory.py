@@ -144,19 +144,26 @@ def widen_accesses(uops: list[UOp], max_bytes: int = 16) -> list[UOp]:
     if pos in stores_at:
       members, gate = stores_at[pos]
       first = uops[members[0]]
-      lanes = tuple(replace.get(uops[p].src[2], uops[p].src[2]) for p in members)
+      lanes = tuple(_current(uops[p].src[2], replace) for p in members)
       vector = UOp(Ops.VECTORIZE, lanes[0].dtype.vec(len(lanes)), lanes)
-      out += [vector, UOp(Ops.STORE, dtypes.void, (first.src[0], replace.get(first.src[1], first.src[1]), vector,
-                                                  *((replace.get(gate, gate),) if gate is not None else ())))]
+      out += [vector, UOp(Ops.STORE, dtypes.void, (first.src[0], _current(first.src[1], replace), vector,
+                                                  *((_current(gate, replace),) if gate is not None else ())))]
       continue
     if pos in dropped: continue
     out.append(_rebuilt(u, replace))
   return _without_dead_values(out)
 
+def _current(u: UOp, replace: dict[UOp, UOp]) -> UOp:
+  """What stands for `u` now: its replacement's replacement ... (a lane whose vector load was itself rebuilt)."""
+  for _ in range(len(replace) + 1):
+    if (new := replace.get(u)) is None or new is u: return u
+    u = new
+  raise RuntimeError("widen_accesses: a cycle of replacements")
+
 def _rebuilt(u: UOp, replace: dict[UOp, UOp]) -> UOp:
   """`u` with its sources' replacements (rebuilt ones remembered in `replace`, so users of `u` follow)."""
-  if u in replace: return replace[u]
-  src = tuple(replace.get(s, s) for s in u.src)
+  if u in replace: return _current(u, replace)
+  src = tuple(_current(s, replace) for s in u.src)
   if src == u.src: return u
   new = replace[u] = u.replace(src=src)
   return new
