@@ -53,7 +53,8 @@ def main() -> None:
                       "kernel letting the next start at its start (1: kiln/renderer/cuda.py TRIGGER_AT_START; use "
                       "CODEGEN_CACHE=0), or at its end (2, the default)")
   parser.add_argument("--min-blocks", type=int, choices=(0, 1), help="kiln/renderer/cuda.py MIN_BLOCKS: 1 (the "
-                      "default) gives kernels `__launch_bounds__(L, 1)`, 0 only the block size (use CODEGEN_CACHE=0)")
+                      "default) gives kernels but register tiles `__launch_bounds__(L, 1)`, 0 only the block size "
+                      "(use CODEGEN_CACHE=0)")
   args = parser.parse_args()
   if args.min_blocks is not None:
     from kiln.renderer import cuda as cuda_renderer

@@ -80,11 +80,20 @@ DEPENDENT_TRIGGER = '  asm volatile("griddepcontrol.launch_dependents;" ::: "mem
 # where a kernel lets the next one start launching: at its end (its blocks' last instruction), or, True, at its
 # start (bench --programmatic 1; H200, bench/gpu_notes.md calls 28-29: small kernels gained, matrix-vector ones lost)
 TRIGGER_AT_START = False
-# the blocks of a kernel that must fit on one SM at once (`__launch_bounds__(L, MIN_BLOCKS)`, PTX `.minnctapersm`):
-# 1 lets ptxas give a thread the registers its code needs. Given only the block size, ptxas caps the registers for
-# an occupancy it picks itself, and spilled 4-16 bytes to local memory in small kernels (blocks of 75-512 threads:
-# test/gpu_render_sweep.py found them). 0 leaves the minimum out.
+# kernels declare `__launch_bounds__(L, MIN_BLOCKS)` (PTX `.maxntid L .minnctapersm MIN_BLOCKS`): one block an SM
+# is enough, so ptxas gives each thread the registers its code needs. Given L alone, ptxas capped registers for an
+# occupancy of its own choosing and spilled small kernels to local memory (test/gpu_render_sweep.py found them).
+# Kernels of a register tile (TILE_ACCUMULATORS accumulators a thread or more: the matmul and conv tiles, sized for
+# two blocks an SM) keep L alone: given one block, ptxas gave a guarded matmul tile more registers than two blocks
+# allow, and it ran slower (bench/gpu_notes.md, call main14-1). 0: L alone everywhere.
 MIN_BLOCKS = 1
+TILE_ACCUMULATORS = 16
+
+def min_blocks(uops: list[UOp]) -> int:
+  """The B of `__launch_bounds__(L, B)` for the kernel of `uops`, 0 to leave it out (a register tile)."""
+  if not MIN_BLOCKS: return 0
+  accumulators = sum(u.dtype.count for u in uops if u.op is Ops.DEFINE_ACC)
+  return 0 if accumulators >= TILE_ACCUMULATORS else MIN_BLOCKS
 
 def dependent_launch(arch: str) -> bool:
   """Whether kernels for `arch` ("sm_90a") start with the programmatic-dependent-launch instructions (sm_90 and up)."""
@@ -245,7 +254,8 @@ class _CudaKernelWriter(_CKernelWriter):
     head = ([HALF_HELPERS] if self.uses_half else []) + ([BF16_HELPERS] if self.uses_bf16 else [])
     if self.uses_fp8: head += [FP8_HELPERS] + [fp8_helpers(dt) for dt in dtypes.fp8s if dt in self.uses_fp8]
     head = [PRELUDE] + [device_helpers(block) for block in head] + self.device_arrays
-    bounds = f"__launch_bounds__({self.block_threads}{f', {MIN_BLOCKS}' if MIN_BLOCKS else ''}) "
+    blocks = min_blocks(self.uops)
+    bounds = f"__launch_bounds__({self.block_threads}{f', {blocks}' if blocks else ''}) "
     # each widened buffer's base pointer tested once (uniform over the launch): the alignment rule's run-time half
     start = [f"  const bool {name} = (reinterpret_cast<unsigned long long>(data{buf.arg}) & {nbytes - 1}) == 0;"
              for (buf, nbytes), name in self.aligned.items()]

@@ -950,7 +950,8 @@ class _PTXKernelWriter(KernelWriter):
     if dependent and not cuda.TRIGGER_AT_START: self.emit("griddepcontrol.launch_dependents")
     registers = [f"  .reg {decl} {prefix}<{self.counts[prefix]}>;" for prefix, decl in self.reg_types.items()]
     head = [f"// kiln: kernel {self.name}", f".version {PTX_VERSION}", f".target {self.arch}", ".address_size 64", ""]
-    bounds = f".maxntid {self.block_threads}, 1, 1" + (f" .minnctapersm {cuda.MIN_BLOCKS}" if cuda.MIN_BLOCKS else "")
+    blocks = cuda.min_blocks(self.uops)
+    bounds = f".maxntid {self.block_threads}, 1, 1" + (f" .minnctapersm {blocks}" if blocks else "")
     return "\n".join(head + self.module_arrays + [
       f".visible .entry {self.name}(", ",\n".join(f"  {p}" for p in params), f") {bounds}",
       "{", *registers, *self.shared_arrays, *prologue, *body, "  ret;", "}", ""])

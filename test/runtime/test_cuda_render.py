@@ -95,6 +95,13 @@ def test_output_axes_become_thread_indices():
   name, src = rendered()["grouped_softmax_one_warp"][-1]
   assert "__launch_bounds__(32, 1)" in src and "__shared__" not in src and "__syncthreads" not in src, src
 
+def test_register_tiles_keep_the_block_size_alone_other_kernels_ask_for_one_block_an_sm():
+  name, src = _kernels(Tensor.empty(4096, 4096) @ Tensor.empty(4096, 4096))[-1]   # 64 accumulators a thread
+  assert re.search(r"__launch_bounds__\(\d+\) ", src), f"a register tile asks for one block an SM:\n{src[-3000:]}"
+  for case in ("elementwise", "softmax", "grouped_rows"):
+    name, src = rendered()[case][-1]
+    assert re.search(r"__launch_bounds__\(\d+, 1\) ", src), f"{case} {name}:\n{src[-3000:]}"
+
 NVCC = shutil.which("nvcc")
 
 def _compile(name: str, src: str, folder: str) -> tuple[int, str]:
