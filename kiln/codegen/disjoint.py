@@ -21,7 +21,8 @@ from __future__ import annotations
 from kiln.dtype import dtypes
 from kiln.uop.ops import UOp, Ops
 
-_CONST, _STORE, _LOAD = Ops.CONST, Ops.STORE, Ops.LOAD
+# (bound once: under Python 3.11 each `Ops.X` read costs ~130 ns, and these are read for every index node)
+_CONST, _STORE, _LOAD, _ADD, _MUL, _WHERE, _CAST = Ops.CONST, Ops.STORE, Ops.LOAD, Ops.ADD, Ops.MUL, Ops.WHERE, Ops.CAST
 
 Linear = tuple[dict[UOp, int], int, int]   # an index as sum(coefficient * range) + rest, rest in [low, high]
 ALL = object()   # `first_conflict`'s answer when no range may be mapped
@@ -30,7 +31,13 @@ _DEPENDS = object()   # the key, in a memo of forms, of its table of which nodes
 def _depends(u: UOp, ranges: frozenset[UOp], depends: dict[UOp, bool]) -> bool:
   """Whether node `u` reads one of `ranges` (remembered in `depends`)."""
   if (known := depends.get(u)) is None:
-    known = depends[u] = u in ranges or any(_depends(s, ranges, depends) for s in u.src)
+    known = u in ranges
+    if not known:
+      for s in u.src:
+        if _depends(s, ranges, depends):
+          known = True
+          break
+    depends[u] = known
   return known
 
 def linear_form(index: UOp, ranges: frozenset[UOp], memo: dict, single_loop: bool = False) -> Linear | None:
@@ -42,20 +49,22 @@ def linear_form(index: UOp, ranges: frozenset[UOp], memo: dict, single_loop: boo
   elif not _depends(index, ranges, depends):
     low, high = index.vmin, index.vmax
     form = ({}, low, high) if isinstance(low, int) and isinstance(high, int) else None
-  elif index.op is Ops.ADD:
-    parts = [linear_form(s, ranges, memo, single_loop) for s in index.src]
-    if any(p is None for p in parts): form = None
-    else:
-      coefficients: dict[UOp, int] = {}
-      for part in parts:
-        for rng, c in part[0].items(): coefficients[rng] = coefficients.get(rng, 0) + c   # type: ignore[index]
-      form = (coefficients, sum(p[1] for p in parts), sum(p[2] for p in parts))   # type: ignore[index]
-  elif index.op is Ops.MUL and any(s.op is _CONST and isinstance(s.arg, int) for s in index.src):
+  elif (op := index.op) is _ADD:
+    coefficients: dict[UOp, int] = {}
+    low = high = 0
+    for s in index.src:
+      if (part := linear_form(s, ranges, memo, single_loop)) is None:
+        form = None
+        break
+      for rng, c in part[0].items(): coefficients[rng] = coefficients.get(rng, 0) + c
+      low, high = low + part[1], high + part[2]
+    else: form = (coefficients, low, high)
+  elif op is _MUL and any(s.op is _CONST and isinstance(s.arg, int) for s in index.src):
     factor = next(s.arg for s in index.src if s.op is _CONST)
     part = linear_form(next((s for s in index.src if s.op is not _CONST), index.src[0]), ranges, memo, single_loop)
     form = None if part is None else ({r: c * factor for r, c in part[0].items()},
                                       *sorted((part[1] * factor, part[2] * factor)))   # type: ignore[assignment]
-  elif single_loop and index.op is Ops.WHERE and len(ranges) == 1 and \
+  elif single_loop and op is _WHERE and len(ranges) == 1 and \
        _is_last_iteration_test(index.src[0], next(iter(ranges))) and not _depends(index.src[2], ranges, depends):
     # a PADTO-clamped index (kiln/codegen/opt/kernel.py): `where(r < n-1, a(r), b)` is a(r) except on the last
     # iteration, which gives b: the same stride, with b's offset from that iteration's start among the rests
@@ -67,7 +76,7 @@ def linear_form(index: UOp, ranges: frozenset[UOp], memo: dict, single_loop: boo
       stride = part[0].get(loop, 0)
       offset = other[1] - stride * (loop.src[0].arg - 1)
       form = ({loop: stride}, min(part[1], offset), max(part[2], offset))
-  elif single_loop and index.op is Ops.CAST and dtypes.is_int(index.dtype) and dtypes.is_int(index.src[0].dtype) \
+  elif single_loop and op is _CAST and dtypes.is_int(index.dtype) and dtypes.is_int(index.src[0].dtype) \
        and index.dtype.itemsize >= index.src[0].dtype.itemsize and \
        dtypes.is_unsigned(index.dtype) == dtypes.is_unsigned(index.src[0].dtype):
     form = linear_form(index.src[0], ranges, memo, single_loop)   # widening, same signedness: the same value
@@ -86,7 +95,11 @@ def first_conflict(nodes: list[UOp], mapped: list[UOp], single_loop: bool = Fals
   module docstring's rule). `nodes`: the kernel's nodes (a graph's toposort, or a linear uop list); `single_loop`
   (with one range): the one-loop forms too, periodic blocks among them."""
   ranges, memo = frozenset(mapped), {}
-  stores = [u for u in nodes if u.op is _STORE]
+  stores: list[UOp] = []
+  loads: list[UOp] = []
+  for u in nodes:
+    if (op := u.op) is _STORE: stores.append(u)
+    elif op is _LOAD: loads.append(u)
   spans: dict[UOp, Linear] = {}   # written buffer -> its stores' coefficients and the union of their rests
   for store in stores:
     form = linear_form(store.src[1], ranges, memo, single_loop)
@@ -101,13 +114,13 @@ def first_conflict(nodes: list[UOp], mapped: list[UOp], single_loop: bool = Fals
     for rng in sorted(mapped, key=lambda r: abs(coefficients[r])):
       if abs(coefficients[rng]) <= span:
         if single_loop and len(mapped) == 1:   # blocks wider than the stride may still repeat with a period
-          written = [u for u in nodes if u.op is _LOAD and u.src[0] in spans]
+          written = [u for u in loads if u.src[0] in spans]
           return None if _periodic_blocks_are_disjoint(stores + written, rng, memo.setdefault(_DEPENDS, {})) \
             else rng
         return rng
       span += abs(coefficients[rng]) * (int(rng.src[0].vmax) - 1)   # (a CPU's one loop may have a symbolic size)
-  for load in nodes:
-    if load.op is not _LOAD or load.src[0] not in spans: continue
+  for load in loads:
+    if load.src[0] not in spans: continue
     form, (coefficients, low, high) = linear_form(load.src[1], ranges, memo, single_loop), spans[load.src[0]]
     if form is None or form[0] != coefficients or form[1] < low or form[2] > high: return ALL
   return None

@@ -1,18 +1,11 @@
-"""Which loop of a linearized kernel may be split across threads, and how much work a launch does.
+"""The loop nest's checks of a CPU kernel's thread split, and how much work a launch does.
 
-A kernel's outermost loop is split into contiguous chunks, one per thread (docs/developer.md, "Threads"). That is
-only correct when no two iterations of that loop touch the same memory unless both only read it. `find_parallel_loop`
-proves this from the uop list and refuses (returns None) whenever it cannot:
-
-- the loop must hold the whole kernel: before it only loads and arithmetic, after it nothing (an accumulator declared
-  outside it, or a store outside it, is a loop-carried dependency);
-- every index into a buffer the kernel writes must be `stride*r + rest`, with one constant stride per buffer and
-  `rest` independent of the loop `r` and bounded so that `max(rest) - min(rest) < |stride|`. Then iteration `i`
-  touches only addresses in `[stride*i + min, stride*i + max]`, and these blocks of different iterations are
-  disjoint. A data-dependent index (scatter), a store at a fixed address (an output written by every iteration) or a
-  read of another iteration's output (an in-place scan) fails the test.
-
-Buffers only read may be indexed in any way. Distinct buffer parameters never alias (kernels declare them `restrict`).
+A kernel's outermost loop is split into contiguous chunks, one per thread (docs/developer.md, "Threads"). The
+axis-mapping stage chooses that loop on the graph (kiln/codegen/threads.py), where the disjointness proof holds
+(kiln/codegen/disjoint.py: no two iterations touch the same memory unless both only read it). `find_parallel_loop`
+checks the linearized loop nest against that choice and refuses (returns None) when it does not hold it: the loop
+must hold the whole kernel, before it only loads and arithmetic, after it nothing (an accumulator declared outside it,
+or a store outside it, is a loop-carried dependency). Given only a uop list (no choice), it runs the proof there.
 
 `find_split_reduction` covers what that refuses most often: a reduction whose accumulators live outside the loop
 that would be split (a full `sum`, a `max`, a mean over all but one small axis). Its reduce loop is cut into a fixed
@@ -40,8 +33,10 @@ class ParallelLoop:
 _SIDE_EFFECTS = (_STORE, _DEFINE_ACC, _ASSIGN, _RANGE)
 _lane_count = operator.attrgetter("dtype.count")
 
-def find_parallel_loop(uops: list[UOp]) -> ParallelLoop | None:
-  """The kernel's outermost loop if splitting its iterations across threads is provably safe, else None.
+def find_parallel_loop(uops: list[UOp], chosen: int | None = None) -> ParallelLoop | None:
+  """The kernel's outermost loop if splitting its iterations across threads is provably safe, else None. `chosen`:
+  the loop id the axis-mapping stage chose on the graph (kiln/codegen/threads.py, whose disjointness proof then
+  stands: the loop nest is only checked to hold that loop around the whole kernel); None proves it on `uops`.
 
   >>> from kiln.dtype import dtypes
   >>> r = UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 64),), arg=0)
@@ -56,10 +51,11 @@ def find_parallel_loop(uops: list[UOp]) -> ParallelLoop | None:
   start = next((i for i, u in enumerate(uops) if u.op in _SIDE_EFFECTS), None)
   if start is None or uops[start].op is not _RANGE: return None
   loop = uops[start]
+  if chosen is not None and loop.arg != chosen: return None
   marks = _loop_marks(uops)
   end = _matching_end(uops, start, marks)
   if end is None or any(u.op is not _SINK for u in uops[end + 1:]): return None
-  if not loop_is_disjoint(uops, loop): return None
+  if chosen is None and not loop_is_disjoint(uops, loop): return None
   return ParallelLoop(loop, _work(uops[start:end + 1], marks=[m - start for m in marks if start <= m <= end]))
 
 def _loop_marks(uops: list[UOp]) -> list[int]:
@@ -187,9 +183,11 @@ class SplitReduction:
   chunks: int
   work: int
 
-def find_split_reduction(uops: list[UOp]) -> SplitReduction | None:
+def find_split_reduction(uops: list[UOp], chosen: int | None = None) -> SplitReduction | None:
   """The kernel's reduce loop if its work can be split into independently reduced chunks, else None (always None
-  with SPLIT_REDUCEOP=0).
+  with SPLIT_REDUCEOP=0). `chosen`: the loop id the axis-mapping stage chose on the graph (kiln/codegen/threads.py,
+  which checked what the graph shows: constant output loops, no written buffer read); the loop nest must then split
+  that loop. None checks all of it on `uops`.
 
   The kernel must be: loops that enclose everything (constant extents), then accumulators initialized to their op's
   identity, one reduce loop holding every update of them (`acc = acc + x`, `max`, `*`) and no store, then stores and
@@ -220,6 +218,7 @@ def find_split_reduction(uops: list[UOp]) -> SplitReduction | None:
   else: return None
   if not accs: return None
   loop = uops[position]
+  if chosen is not None and loop.arg != chosen: return None
   outer_iterations = 1
   for o in outer: outer_iterations *= max(1, int(o.src[0].arg))
   lanes = sum(acc.dtype.count for acc in accs)   # a vector accumulator holds one partial result per lane
@@ -235,9 +234,10 @@ def find_split_reduction(uops: list[UOp]) -> SplitReduction | None:
   if any(u.op in (_RANGE, _DEFINE_ACC, _ASSIGN) for u in uops[end + 1:]): return None
   first_closer = next((i for i in range(end + 1, len(uops)) if uops[i].op is _ENDRANGE), len(uops))
   if any(u.op not in (_ENDRANGE, _SINK) for u in uops[first_closer:]): return None
-  written = {u.src[0] for u in uops if u.op is _STORE}
-  if outer and any(u.op is _LOAD and u.src[0] in written for u in uops):
-    return None   # an outer iteration might read what an earlier one stored, but every chunk runs before any store
+  if chosen is None and outer:
+    written = {u.src[0] for u in uops if u.op is _STORE}
+    if any(u.op is _LOAD and u.src[0] in written for u in uops):
+      return None   # an outer iteration might read what an earlier one stored, but every chunk runs before any store
   whole = [UOp(_RANGE, dtypes.int32, (UOp.const(dtypes.int32, 1),)), *uops, UOp(_ENDRANGE, dtypes.void)]
   work = _work(whole, marks=[0, *(m + 1 for m in marks), len(whole) - 1])
   # the work without index math is at most `work`: when even that makes fewer than two chunks, skip counting it

@@ -6,11 +6,12 @@ Every device's kernels go through the same stages; a stage with nothing to do fo
 | --- | --- |
 | `lower` | kernel AST (SINK of STOREs over buffer views) -> loops (RANGE) and index math, gathers as plain loads |
 | `optimize` | lowered kernel -> the same kernel after the target's actions (`Job.opts`, else its heuristics) |
-| `map_axes` | GPU targets: output ranges -> grid/block indices (SPECIAL), row and grid reductions in shared memory |
+| `map_axes` | GPU: output ranges -> grid/block indices (SPECIAL), row and grid reductions in shared memory |
+| | CPU: the loops the thread pool may split, proven on the graph, named on the SINK (ThreadAxes) |
 | `software_math` | EXP2/LOG2/SIN and x//c -> plain ALU graphs where the target has no fast native version |
 | `linearize` | graph -> flat uop list: loops opened and closed, accumulators declared (docs/ir.md, stage 4) |
 | `vectorize` | renderers with `vectorizes`: upcast lanes -> vector uops, the thread plan unchanged; renderers with `wide_memory` (GPUs): a thread's adjacent aligned global loads/stores -> one 8- or 16-byte access |
-| `plan_threads` | renderers with `has_threads` (CPU): the loop or reduction the thread pool splits (`Job.threads`) |
+| `plan_threads` | CPU (`has_threads`): which loop `map_axes` named the pool splits, by the work (`Job.threads`) |
 | `render` | uop list -> source code (`Renderer.render(name, uops, threads)`) |
 
 `run(value, renderer, name, start=..., stop=...)` runs a contiguous part of the list, so tests and tools can stop
@@ -18,9 +19,14 @@ after any stage and look (`stage_outputs` gives every stage's output). The devic
 the renderer and its target description: nothing here names a device. BEAM (kiln/engine/realize.py) runs the
 stages itself around its search: lower, then `optimize` with the actions it tries.
 
-A GPU's threads are mapped on the graph (`map_axes`: SPECIAL index ops), a CPU's on the linear uops
-(`plan_threads`: a ThreadPlan the renderer reads), since the CPU's proofs (kiln/codegen/parallel.py: which loop may
-be split, which reduction chunked) read the loop nest as the linearizer lays it out and as the vectorizer leaves it.
+Both targets' threads are mapped on the graph, by one disjointness proof (kiln/codegen/disjoint.py): a GPU's as
+SPECIAL index ops (kiln/codegen/gpudims.py), a CPU's as the loops its thread pool may split, named on the SINK
+(kiln/codegen/threads.py: the outermost output loop, the reduction's loop; KBLOCK's block loop, scatters, in-place
+scans and stores at a fixed address are never named). After linearizing, `plan_threads` picks among them by the
+work of the vectorized loop nest (a short outer loop gives way to a chunked reduction; the chunk count comes from the
+work) and checks that the nest holds the choice (kiln/codegen/parallel.py: the split loop around the whole kernel,
+the reduction's accumulators around its loop); `vectorize` keeps a vector form only if it keeps that plan. The
+renderer renders the ThreadPlan it is given and proves nothing.
 
 >>> [s.name for s in STAGES]
 ['lower', 'optimize', 'map_axes', 'software_math', 'linearize', 'vectorize', 'plan_threads', 'render']
@@ -41,16 +47,19 @@ from kiln.codegen.transcendental import apply_software_math
 from kiln.codegen.opt import optimize_kernel
 from kiln.codegen.opt.gpu_heuristic import gpu_optimize
 from kiln.codegen.parallel import FEW_OUTER_ITERATIONS, find_parallel_loop, find_split_reduction, streamed_loads
+from kiln.codegen.threads import NO_THREAD_AXES, ThreadAxes, map_axes_to_threads, thread_axes
 from kiln.codegen.vectorize import vectorize as vectorize_uops
 from kiln.codegen.wide_memory import widen_accesses
 
 @dataclass
 class Job:
   """What the stages of one kernel share: the renderer (its target description is `renderer.target`), the kernel's
-  name, the optimizer's actions (None: the target's heuristics) and the thread plan (set by `plan_threads`)."""
+  name, the optimizer's actions (None: the target's heuristics), the thread axes `map_axes` chose (set from the SINK by
+  `linearize`) and the thread plan (set by `plan_threads`)."""
   renderer: Renderer
   name: str = "kernel"
   opts: list | None = None
+  axes: ThreadAxes = NO_THREAD_AXES
   threads: ThreadPlan = ONE_THREAD
 
 @dataclass(frozen=True)
@@ -76,9 +85,11 @@ def optimize(lowered: UOp, job: Job) -> UOp:
   return optimize_kernel(lowered, opts, renderer.target)
 
 def map_axes(sink: UOp, job: Job) -> UOp:
-  """On a GPU target, output axes as grid and block indices (kiln/codegen/gpudims.py); elsewhere `sink` as it is
-  (the CPU's thread split is planned on the linear uops: `plan_threads`)."""
-  return map_axes_to_gpu(sink, job.renderer.target) if job.renderer.has_local else sink
+  """On a GPU target, output axes as grid and block indices (kiln/codegen/gpudims.py); on a CPU target (one with
+  `has_threads`), the loops its thread pool may split recorded on the SINK (kiln/codegen/threads.py ThreadAxes);
+  elsewhere `sink` as it is."""
+  if job.renderer.has_local: return map_axes_to_gpu(sink, job.renderer.target)
+  return map_axes_to_threads(sink) if job.renderer.has_threads else sink
 
 def software_math(sink: UOp, job: Job) -> UOp:
   """Software exp2/log2/sin and multiply-shift division where the renderer wants them; checked by kiln/uop/spec.py
@@ -88,8 +99,10 @@ def software_math(sink: UOp, job: Job) -> UOp:
   return sink
 
 def linearize(sink: UOp, job: Job) -> list[UOp]:
-  """The graph as a flat uop list (kiln/codegen/linearizer.py); checked under SPEC."""
+  """The graph as a flat uop list (kiln/codegen/linearizer.py); checked under SPEC. The SINK's thread axes go to
+  `job.axes`."""
   uops = linearize_graph(sink)
+  job.axes = thread_axes(sink)   # (the SINK is not among the uops: its thread axes ride on the job)
   if SPEC: check_linear(uops)
   return uops
 
@@ -107,7 +120,7 @@ def vectorize(uops: list[UOp], job: Job) -> list[UOp]:
     return widen_accesses(uops, getattr(job.renderer.target, "vector_bytes", 16) or 16)
   if not job.renderer.vectorizes: return uops
   target = job.renderer.target
-  plan = thread_plan(uops, streams=False)
+  plan = thread_plan(uops, job.axes, streams=False)
   shape = _plan_shape(plan)
   keeps = [frozenset()]
   if plan.reduction is not None: keeps.append(frozenset(acc for acc, _ in plan.reduction.accumulators))
@@ -115,12 +128,13 @@ def vectorize(uops: list[UOp], job: Job) -> list[UOp]:
   byte_dots = target.byte_dot_max if target is not None else 0
   for keep in keeps:
     vector_uops = vectorize_uops(uops, keep, max_lanes, byte_dots)
-    if vector_uops is not uops and _plan_shape(thread_plan(vector_uops, streams=False)) == shape: return vector_uops
+    if vector_uops is not uops and _plan_shape(thread_plan(vector_uops, job.axes, streams=False)) == shape:
+      return vector_uops
   return uops
 
 def plan_threads(uops: list[UOp], job: Job) -> list[UOp]:
   """For renderers with `has_threads`: `job.threads`, how the thread pool runs the kernel (`thread_plan`)."""
-  if job.renderer.has_threads: job.threads = thread_plan(uops)
+  if job.renderer.has_threads: job.threads = thread_plan(uops, job.axes)
   return uops
 
 def render(uops: list[UOp], job: Job) -> str:
@@ -134,12 +148,12 @@ def render(uops: list[UOp], job: Job) -> str:
 STAGES: tuple[Stage, ...] = (
   Stage("lower", "kernel AST -> loops and index math, gathers as loads", lower),
   Stage("optimize", "lowered kernel -> the same kernel after the target's optimizer actions", optimize),
-  Stage("map_axes", "GPU: output ranges -> grid/block indices; CPU: unchanged", map_axes),
+  Stage("map_axes", "GPU: output ranges -> grid/block indices; CPU: the loops threads may split", map_axes),
   Stage("software_math", "transcendentals and constant division -> ALU graphs where the target wants", software_math),
   Stage("linearize", "graph -> flat uop list", linearize),
   Stage("vectorize", "upcast lanes -> vector uops (thread plan unchanged); GPU: adjacent lanes' global accesses -> "
         "one wide access", vectorize),
-  Stage("plan_threads", "CPU: the loop or reduction the thread pool splits", plan_threads),
+  Stage("plan_threads", "CPU: which loop map_axes named the thread pool splits", plan_threads),
   Stage("render", "uop list -> source code", render),
 )
 _POSITION = {stage.name: i for i, stage in enumerate(STAGES)}
@@ -163,25 +177,29 @@ def stage_outputs(ast: UOp, renderer: Renderer, name: str = "kernel", opts: list
 
 # ---------------- the CPU's thread plan ----------------
 
-_last_plan: list = [(), ONE_THREAD]   # the uop list thread_plan saw last (its uops, for `is`) and its plan
+_last_plan: list = [(), None, ONE_THREAD]   # the uops and thread axes thread_plan saw last, and its plan
 
-def thread_plan(uops: list[UOp], streams: bool = True) -> ThreadPlan:
-  """How a kernel runs on the CPU's threads: its outermost loop split (kiln/codegen/parallel.py), or, when that is
-  refused or too short, its reduction split into chunks; ONE_THREAD when neither applies. A split loop's streamed
-  loads come with it (prefetched by the renderer), unless `streams` is False (a plan only compared, never rendered:
-  the scalar list's in `vectorize`)."""
+def thread_plan(uops: list[UOp], axes: ThreadAxes | None = None, streams: bool = True) -> ThreadPlan:
+  """How a kernel runs on the CPU's threads, from the loops `map_axes` chose on the graph (`axes`): its outermost
+  loop split, or, when that is not chosen or too short, its reduction split into chunks; ONE_THREAD when neither
+  applies. The loop nest must hold the choice (kiln/codegen/parallel.py checks it, and counts the work that sets a
+  reduction's chunks). A split loop's streamed loads come with it (prefetched by the renderer), unless `streams` is
+  False (a plan only compared, never rendered: the scalar list's in `vectorize`). `axes` None (a uop list without
+  its graph: tools, tests) proves the loops on `uops` instead."""
   # vectorize plans the list it returns, and plan_threads plans the same list again: the plan is made once
   last = _last_plan[0]
-  if len(last) == len(uops) and all(map(operator.is_, last, uops)): plan = _last_plan[1]
+  if _last_plan[1] == axes and len(last) == len(uops) and all(map(operator.is_, last, uops)): plan = _last_plan[2]
   else:
-    parallel, reduction = find_parallel_loop(uops), None
+    split, chunked = (axes.split, axes.chunked) if axes is not None else (None, None)
+    parallel, reduction = None, None
+    if axes is None or split is not None: parallel = find_parallel_loop(uops, split)
     if parallel is None or parallel.loop.src[0].vmax < FEW_OUTER_ITERATIONS:
-      reduction = find_split_reduction(uops)
+      if axes is None or chunked is not None: reduction = find_split_reduction(uops, chunked)
       if reduction is not None: parallel = None
     plan = ThreadPlan(parallel, reduction)
-    _last_plan[:] = [tuple(uops), plan]
+    _last_plan[:] = [tuple(uops), axes, plan]
   if streams and plan.parallel is not None and not plan.streams:
-    plan = _last_plan[1] = plan._replace(streams=tuple(streamed_loads(uops, plan.parallel.loop)))
+    plan = _last_plan[2] = plan._replace(streams=tuple(streamed_loads(uops, plan.parallel.loop)))
   return plan
 
 def _plan_shape(plan: ThreadPlan) -> tuple:

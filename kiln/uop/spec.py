@@ -38,8 +38,18 @@ LOWERED_OPS = GroupOp.ALU | {Ops.SINK, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CO
 
 def check_lowered(sink: UOp) -> None:
   """Lowered kernels: no tensor-level op is left, loads and stores address buffers with integer indices,
-  and every REDUCE reduces over loop ranges (and a SHUFFLE sits in a GPU-shaped kernel: `_check_shuffles`)."""
+  every REDUCE reduces over loop ranges (and a SHUFFLE sits in a GPU-shaped kernel: `_check_shuffles`), and a CPU
+  kernel's thread axes (its SINK's ThreadAxes) name its loops: the split one an output range, the chunked one a
+  reduced range."""
+  from kiln.codegen.threads import ThreadAxes
   nodes = toposort([sink])
+  if isinstance(sink.arg, ThreadAxes):
+    reduced = {r.arg for u in nodes if u.op is Ops.REDUCE for r in u.src[1:]}
+    outputs = {u.arg for u in nodes if u.op is Ops.RANGE} - reduced
+    if sink.arg.split is not None and sink.arg.split not in outputs:
+      _fail("lowered", sink, f"thread axes split loop {sink.arg.split}, not an output range")
+    if sink.arg.chunked is not None and sink.arg.chunked not in reduced:
+      _fail("lowered", sink, f"thread axes chunk loop {sink.arg.chunked}, not a reduced range")
   for u in nodes:
     if u.op not in LOWERED_OPS: _fail("lowered", u, "tensor-level op left after lowering")
     if u.op is Ops.CONST and u.src: _fail("lowered", u, "constant still carries a device")

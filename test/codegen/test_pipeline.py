@@ -8,6 +8,7 @@ import pytest
 from kiln import Tensor
 from kiln.device import Device
 from kiln.codegen import pipeline
+from kiln.codegen.threads import ThreadAxes
 from kiln.engine.realize import get_runner, render_lowered, lower_for_codegen, optimize_for
 from kiln.renderer import ONE_THREAD
 from kiln.renderer.cuda import CUDARenderer
@@ -29,7 +30,8 @@ def test_every_stage_output_on_the_cpu():
   ast = kernel_ast(Tensor.ones(256, 64).contiguous().exp() * 2)
   out = pipeline.stage_outputs(ast, Device["CPU"].renderer, "E_256_64")
   for name in ("lower", "optimize", "map_axes", "software_math"): assert isinstance(out[name], UOp), name
-  assert out["map_axes"] is out["optimize"]   # nothing to map on the CPU
+  # on the CPU the graph is the same, its SINK naming the loop the thread pool splits
+  assert out["map_axes"] is out["optimize"].replace(arg=ThreadAxes(split=0))
   assert not any(u.op is Ops.EXP2 for u in out["software_math"].toposort())   # software exp on the CPU
   for name in ("linearize", "vectorize", "plan_threads"): assert isinstance(out[name], list), name
   assert any(u.dtype.count > 1 for u in out["vectorize"])   # the upcast lanes became vectors
@@ -47,11 +49,18 @@ def test_a_run_stops_after_any_stage(stop):
 def test_the_cpu_thread_plan_is_a_stage():
   renderer = Device["CPU"].renderer
   job = pipeline.Job(renderer, "E")
-  uops = pipeline.run(kernel_ast(Tensor.ones(4096, 64).contiguous() + 1), renderer, stop="plan_threads", job=job)
-  assert job.threads.parallel is not None and job.threads.parallel.loop in uops   # the outer loop is split
+  ast = kernel_ast(Tensor.ones(4096, 64).contiguous() + 1)
+  # stopped after map_axes, the graph says which loop the thread pool splits (its SINK's ThreadAxes)
+  mapped = pipeline.run(ast, renderer, stop="map_axes")
+  outer = min(u.arg for u in mapped.toposort() if u.op is Ops.RANGE)
+  assert mapped.arg == ThreadAxes(split=outer)
+  uops = pipeline.run(ast, renderer, stop="plan_threads", job=job)
+  assert job.axes == mapped.arg and job.threads.parallel is not None and job.threads.parallel.loop in uops
+  assert job.threads.parallel.loop.arg == outer   # the outer loop is split, as the graph chose
   full = pipeline.Job(renderer, "r")
   pipeline.run(kernel_ast(Tensor.ones(1 << 20).contiguous().sum()), renderer, stop="plan_threads", job=full)
-  assert full.threads.reduction is not None   # a full sum: its reduction split into chunks
+  assert full.axes.chunked is not None and full.threads.reduction is not None   # a full sum: its reduction chunked
+  assert full.threads.reduction.loop.arg == full.axes.chunked
   # rendered without a plan, the same kernel runs whole on one thread (no thread pool entry point)
   assert "_task" not in renderer.render("E", uops) and "_task" in renderer.render("E", uops, job.threads)
 

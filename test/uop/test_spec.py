@@ -26,3 +26,16 @@ def test_linear_kernel_with_open_loop_or_late_source_is_rejected():
   with pytest.raises(SpecError, match="never closed"): check_linear([rng.src[0], buf, rng, one, store])
   with pytest.raises(SpecError, match="comes later"): check_linear([rng.src[0], rng, one, store, buf, end])
   check_linear([rng.src[0], buf, rng, UOp.const(dtypes.float32, 1.0), store, end])
+
+def test_thread_axes_must_name_the_kernels_loops():
+  from kiln.codegen.threads import ThreadAxes
+  out, a = UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 0), UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), 1)
+  rows = UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 4),), 0)
+  r = UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 8),), 1)
+  total = UOp(Ops.REDUCE, dtypes.float32, (UOp(Ops.LOAD, dtypes.float32, (a, rows * 8 + r)), r), Ops.ADD)
+  stores = (UOp(Ops.STORE, dtypes.void, (out, rows, total)),)
+  check_lowered(UOp(Ops.SINK, dtypes.void, stores, ThreadAxes(split=0, chunked=1)))
+  with pytest.raises(SpecError, match="not an output range"):
+    check_lowered(UOp(Ops.SINK, dtypes.void, stores, ThreadAxes(split=1)))
+  with pytest.raises(SpecError, match="not a reduced range"):
+    check_lowered(UOp(Ops.SINK, dtypes.void, stores, ThreadAxes(chunked=0)))

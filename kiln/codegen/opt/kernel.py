@@ -142,6 +142,14 @@ def graph_nodes(sink: UOp) -> list[UOp]:
   nodes = _recent_graphs[sink] = toposort([sink])
   return nodes
 
+def with_sink_arg(sink: UOp, arg) -> UOp:
+  """`sink` with its arg replaced, its remembered nodes (`graph_nodes`) moved over to the new SINK: the graph below
+  it is the same (and the stages after the caller's ask about the new SINK only)."""
+  new = sink.replace(arg=arg)
+  if (nodes := _recent_graphs.pop(sink, None)) is not None and nodes and nodes[-1] is sink:
+    _recent_graphs[new] = nodes[:-1] + [new]
+  return new
+
 def forget_graphs() -> None:
   """Drop the remembered kernel graphs (`graph_nodes`): called when codegen is done, so that the last kernels'
   graphs (thousands of nodes) are freed rather than kept for the garbage collector to scan again and again."""
