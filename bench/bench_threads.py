@@ -11,7 +11,7 @@ before split reductions existed) and as a split reduction on the pool, in GB/s o
 from __future__ import annotations
 import sys, time
 import numpy as np
-from kiln import Tensor
+from kiln import Context, Tensor
 from kiln.schedule.kernelize import create_schedule
 from kiln.engine.realize import get_runner
 from kiln.runtime import ops_cpu
@@ -52,17 +52,12 @@ def main() -> None:
 def reduction_seconds(out: Tensor, split: bool, launches: int = 10) -> float:
   """Best time of the one kernel computing `out`, rendered with or without the split reduction (a fresh runner)."""
   from kiln.engine import realize
-  from kiln.renderer import cstyle
   items = create_schedule([out.uop]).items
   if len(items) != 1: raise RuntimeError(f"expected one kernel, got {len(items)}")
   item = items[0]
   for b in item.bufs: b.allocate()
-  saved = cstyle.find_split_reduction
   realize._runner_cache.clear()
-  try:
-    if not split: cstyle.find_split_reduction = lambda uops: None
-    runner = get_runner(item.bufs[0].device, item.ast)
-  finally: cstyle.find_split_reduction = saved
+  with Context(SPLIT_REDUCEOP=int(split)): runner = get_runner(item.bufs[0].device, item.ast)
   realize._runner_cache.clear()
   if split and not runner.program.chunks: raise RuntimeError("the kernel did not become a split reduction")
   runner(item.bufs, item.var_vals)
