@@ -9,12 +9,13 @@ order, and after each kernel runs it is launched again `--repeats` times with TH
 On a shared machine the one-thread CPU time of a kernel moves far less than a two-thread step's wall clock, so the
 summed kernels are the figure to compare heuristic changes by. Kernels are grouped by the ops they fused (the
 schedule item's metadata) and their shape (`--groups`); `--top` lists the slowest kernels with their GFLOP/s; `--two-threads` adds each kernel's wall time at
-THREADS=2 (wall clock: meaningful on a quiet machine only).
+THREADS=2 (wall clock: meaningful on a quiet machine only); `--json FILE` writes every kernel's name, metadata, source
+digest and time, so two trees compare kernel by kernel (the unchanged sources show how much the machine's load moved).
 PyTorch's side: the same network and data, `torch.set_num_threads(1)`, one warm step under torch.profiler, its
 self CPU time per op.
 """
 from __future__ import annotations
-import argparse, collections, math, os, pathlib, sys, time
+import argparse, collections, hashlib, json, math, os, pathlib, sys, time
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -25,6 +26,8 @@ from kiln.nn.optim import SGD   # noqa: E402
 from kiln.nn.state import get_parameters   # noqa: E402
 import kiln.tensor as kiln_tensor   # noqa: E402
 from kiln.engine.realize import get_runner, run_schedule   # noqa: E402
+
+sources: list[str] = []   # each timed kernel's source digest, in the order of the rows (`--json`)
 
 def _cpu_time(fn) -> float:
   start = time.process_time()
@@ -58,6 +61,7 @@ def time_second_step(args: argparse.Namespace) -> list[tuple[str, str, str, floa
   opt = SGD(get_parameters(model), lr=bench_resnet.LR, momentum=bench_resnet.MOMENTUM)
   x, y = Tensor(images).realize(), Tensor(labels).realize()
   rows: list[tuple[str, str, str, float, int, int, float]] = []
+  sources.clear()
   def timed_run(items, var_vals=None) -> None:
     for item in items:
       run_schedule([item], var_vals)
@@ -73,6 +77,7 @@ def time_second_step(args: argparse.Namespace) -> list[tuple[str, str, str, floa
           wall = min(_wall_time(lambda: runner(item.bufs, item.var_vals, wait=True)) for _ in range(args.repeats))
       rows.append((kernel_kind(runner.name, runner.ops, args.batch), runner.name, " ".join(item.metadata[:3]), best, runner.ops,
                    threads, wall))
+      sources.append(hashlib.sha256(runner.source.encode()).hexdigest()[:16])
   with Tensor.train():
     for step in range(2):
       if step == 1: kiln_tensor.run_schedule = timed_run
@@ -119,12 +124,15 @@ def main() -> None:
                       help="also each kernel's threads and best wall time at THREADS=2 (wall clock: a quiet machine only)")
   parser.add_argument("--names", type=lambda text: set(text.split(",")), default=set(),
                       help="time only the kernels of these names (comma list)")
+  parser.add_argument("--json", help="write every kernel's name, metadata, source digest and time to this file")
   parser.add_argument("--groups", action="store_true", help="also sum kernels by name (same shape) and metadata")
   args = parser.parse_args()
   print(f"load average {os.getloadavg()[0]:.2f}; one thread, CPU time, best of {args.repeats}")
   rows = time_second_step(args)
   total = sum(r[3] for r in rows)
   print(f"kiln: {total * 1e3:.1f} ms in {len(rows)} kernels")
+  if args.json:   # every kernel: name, metadata, source digest, one-thread seconds (to compare two trees kernel by kernel)
+    with open(args.json, "w") as f: json.dump([[r[1], r[2], src, r[3]] for r, src in zip(rows, sources)], f)
   single = [r for r in rows if r[5] == 1] if args.two_threads else []
   if args.two_threads: print(f"  at THREADS=2: {sum(r[6] for r in rows) * 1e3:.1f} ms wall summed (best of each); "
         f"{len(single)} kernels on one thread, {sum(r[3] for r in single) * 1e3:.1f} ms of the one-thread sum")
