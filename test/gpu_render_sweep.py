@@ -129,7 +129,9 @@ def sweep(asts: dict) -> tuple[int, list[str]]:
   with tempfile.TemporaryDirectory(prefix="kiln_gpu_sweep_") as folder:
     for tool, index, compile_all in ((NVCC, 2, compile_cuda), (PTXAS, 3, compile_ptx)):
       if tool is None: continue
-      verdicts = compile_all([r[index] for r in rendered], folder)
+      unique = list(dict.fromkeys(r[index] for r in rendered))   # kernels that render alike build once
+      by_source = dict(zip(unique, compile_all(unique, folder)))
+      verdicts = [by_source[r[index]] for r in rendered]
       label = "CUDA C" if index == 2 else "PTX"
       for r, (kind, text, stack) in zip(rendered, verdicts):
         allowed = max((b for start, b in ALLOWED_STACK_BYTES.items() if r[0].startswith(start)), default=0)
