@@ -6,8 +6,8 @@ Row kernels first (`group_rows`, `grid_reduction`): a kernel of reductions over 
 elementwise pass over the row that uses them (sums, max, softmax, layernorm), runs a block of GROUP_SIZE threads per
 row that reduce strided partials and combine them: by warp shuffles (SHUFFLE) within each warp, then through a shared
 array (DEFINE_LOCAL) after one BARRIER across a row's warps (WARP_SHUFFLE=0, or a shape shuffles do not fit: in a
-tree of BARRIER-separated rounds through shared memory); a full reduction of a million elements or more spreads over GRID_BLOCKS blocks whose last one (an ATOMIC
-ticket) combines their partials. Every other kernel maps its output ranges as below.
+tree of BARRIER-separated rounds through shared memory); a full reduction of a million elements or more spreads
+over GRID_BLOCKS blocks whose last one (an ATOMIC ticket) combines their partials. Every other kernel maps its output ranges as below.
 
 Which ranges: output ranges (reduced by no REDUCE) of constant size for which a disjointness proof holds: every
 index into a written buffer is affine in them, `sum(c_k * r_k) + rest`, with coefficients that, sorted, each pass the

@@ -10,7 +10,8 @@ Every device's kernels go through the same stages; a stage with nothing to do fo
 | | CPU: the loops the thread pool may split, proven on the graph, named on the SINK (ThreadAxes) |
 | `software_math` | EXP2/LOG2/SIN and x//c -> plain ALU graphs where the target has no fast native version |
 | `linearize` | graph -> flat uop list: loops opened and closed, accumulators declared (docs/ir.md, stage 4) |
-| `vectorize` | renderers with `vectorizes`: upcast lanes -> vector uops, the thread plan unchanged; renderers with `wide_memory` (GPUs): a thread's adjacent aligned global loads/stores -> one 8- or 16-byte access |
+| `vectorize` | renderers with `vectorizes` (CPU): upcast lanes -> vector uops, the thread plan unchanged |
+| | renderers with `wide_memory` (GPUs): a thread's adjacent aligned global accesses -> one 8- or 16-byte access |
 | `plan_threads` | CPU (`has_threads`): which loop `map_axes` named the pool splits, by the work (`Job.threads`) |
 | `render` | uop list -> source code (`Renderer.render(name, uops, threads)`) |
 
