@@ -9,10 +9,9 @@ class ThreadPlan(NamedTuple):
   """How a CPU kernel's work is split over the thread pool. kiln/codegen/pipeline.py's `plan_threads` stage makes it
   from the loops the `map_axes` stage named on the graph (kiln/codegen/threads.py); renderers only read it.
   `parallel`: a ParallelLoop (the loop whose iterations run as one contiguous chunk a thread, and the work a launch
-  does); `reduction`: a SplitReduction (a
-  reduce loop cut into a fixed number of chunks reduced apart, their partials combined in chunk order); `streams`:
-  the split loop's streamed loads (parallel.py `Stream`), prefetched ahead. Nothing set: the kernel runs whole on
-  one thread."""
+  does); `reduction`: a SplitReduction (a reduce loop cut into a fixed number of chunks reduced apart, their
+  partials combined in chunk order); `streams`: the split loop's streamed loads (parallel.py `Stream`), prefetched
+  ahead. Nothing set: the kernel runs whole on one thread."""
   parallel: Any = None
   reduction: Any = None
   streams: tuple = ()
