@@ -77,7 +77,7 @@ _INDEXED_OPS = frozenset({_ASSIGN, _STORE, _LOAD, _DEFINE_ACC})   # what _Vector
 class _Refused(Exception):
   """An internal inconsistency: the kernel is left scalar rather than risk wrong code."""
 
-def _split_offset(index: UOp) -> tuple[UOp | None, int]:
+def split_offset(index: UOp) -> tuple[UOp | None, int]:
   """`base + c` -> (base, c); a constant index -> (None, c); anything else -> (index, 0)."""
   if index.op is _CONST and isinstance(index.arg, int): return None, index.arg
   if index.op is Ops.ADD and len(index.src) == 2:
@@ -104,7 +104,7 @@ def _value_range(u: UOp) -> tuple[int, int]:
 
 def _consecutive(indices: tuple[UOp, ...]) -> bool:
   """Whether the indices are `i, i+1, ..., i+n-1` for one base expression."""
-  parts = [_split_offset(i) for i in indices]
+  parts = [split_offset(i) for i in indices]
   return all(b is parts[0][0] and off == parts[0][1] + k for k, (b, off) in enumerate(parts))
 
 def _vector_const(dtype: DType, lanes: tuple[UOp, ...]) -> UOp:
@@ -129,7 +129,7 @@ def _address_key(u: UOp) -> int:
   while u.op is not _LOAD:
     if not u.src: return 0
     u = u.src[0]
-  return _split_offset(u.src[1])[1] if len(u.src) > 1 else 0
+  return split_offset(u.src[1])[1] if len(u.src) > 1 else 0
 
 class _Vectorizer:
   """Bundles the lanes of one kernel and writes the vector uop list."""
@@ -351,7 +351,7 @@ class _Vectorizer:
     runs: dict[tuple, list[tuple[int, UOp]]] = {}
     for u in self.stores:
       if len(u.src) != 3 or u.src[2].dtype not in MEMORY_DTYPES: continue
-      base, offset = _split_offset(u.src[1])
+      base, offset = split_offset(u.src[1])
       runs.setdefault((u.src[0], base, self.block[u], u.src[2].dtype), []).append((offset, u))
     runs_per_buffer: dict[UOp, int] = {}
     for buffer, *_ in runs: runs_per_buffer[buffer] = runs_per_buffer.get(buffer, 0) + 1
@@ -394,7 +394,7 @@ class _Vectorizer:
     """("load", buffer, base, offset) or ("value", uop) for each operand of accumulator `acc`'s update other than
     the accumulator itself; made once per accumulator (seed_all orders its groups twice)."""
     if (keys := self._keys.get(acc)) is None:
-      keys = self._keys[acc] = [("load", s.src[0], *_split_offset(s.src[1])) if s.op is _LOAD and len(s.src) == 2
+      keys = self._keys[acc] = [("load", s.src[0], *split_offset(s.src[1])) if s.op is _LOAD and len(s.src) == 2
                                 else ("value", s) for s in self.assigns[acc][0].src[1].src if s.op is not _DEFINE_ACC]
     return keys
 
@@ -482,11 +482,11 @@ class _Vectorizer:
       out.append(new)
       emitted.add(new)
     del add, scalar, operand   # `scalar` calls itself: a reference cycle holding the dicts above, broken here
-    return _without_dead_values(out)
+    return without_dead_values(out)
 
 _PURE = GroupOp.ALU | {_CAST, _BITCAST, _CONST, _GEP, _VECTORIZE, _LOAD}
 
-def _without_dead_values(uops: list[UOp]) -> list[UOp]:
+def without_dead_values(uops: list[UOp]) -> list[UOp]:
   """`uops` without the pure values nothing reads any more (the lanes' scalar index math, mostly)."""
   used: set[UOp] = set()
   keep = [False] * len(uops)

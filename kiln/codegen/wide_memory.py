@@ -33,7 +33,7 @@ from __future__ import annotations
 from kiln.dtype import dtypes
 from kiln.uop.ops import UOp, Ops
 from kiln.uop.symbolic import is_multiple_of
-from kiln.codegen.vectorize import _split_offset, _without_dead_values
+from kiln.codegen.vectorize import split_offset, without_dead_values
 
 WIDE_DTYPES = frozenset({dtypes.float32, dtypes.int32, dtypes.uint32})   # 32-bit lanes: loaded as they are stored
 # what a group of lanes may not span: the loop nest, the block's order, other blocks' memory
@@ -58,7 +58,7 @@ def _groups(uops: list[UOp], kind: Ops) -> dict[tuple, dict[int, int]]:
     else:
       dtype, gate = u.src[2].dtype, (u.src[3] if len(u.src) == 4 else None)
       if dtype not in WIDE_DTYPES: continue
-    base, offset = _split_offset(u.src[1])
+    base, offset = split_offset(u.src[1])
     groups.setdefault((u.src[0], dtype, base, gate), {}).setdefault(offset, pos)
   return groups
 
@@ -81,12 +81,12 @@ def _clear(uops: list[UOp], members: list[int], to: int, buf: UOp, conflicts: fr
   nothing between crosses a boundary, and no access of `buf` of an op in `conflicts` that a member moves past may
   touch the member's address (proven apart: one base index, another offset)."""
   lo, hi = min(members), max(members)
-  addresses = {pos: _split_offset(uops[pos].src[1]) for pos in members}
+  addresses = {pos: split_offset(uops[pos].src[1]) for pos in members}
   for pos in range(lo + 1, hi):
     u = uops[pos]
     if u.op in _BOUNDARIES: return False
     if u.op not in conflicts or u.src[0] is not buf or pos in addresses: continue
-    base, offset = _split_offset(u.src[1])
+    base, offset = split_offset(u.src[1])
     for member, (member_base, member_offset) in addresses.items():
       passed = member > pos if to == lo else member < pos
       if passed and (member_base is not base or member_offset == offset): return False
@@ -151,7 +151,7 @@ def widen_accesses(uops: list[UOp], max_bytes: int = 16) -> list[UOp]:
       continue
     if pos in dropped: continue
     out.append(_rebuilt(u, replace))
-  return _without_dead_values(out)
+  return without_dead_values(out)
 
 def _current(u: UOp, replace: dict[UOp, UOp]) -> UOp:
   """What stands for `u` now: its replacement's replacement ... (a lane whose vector load was itself rebuilt)."""
