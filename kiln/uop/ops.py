@@ -62,6 +62,11 @@ class Ops(enum.Enum):
   # exists); `after` are values it must come after (orders only). Any scalar dtype: the renderers move 32 bits or
   # fewer as one 32-bit shuffle, 64 bits as two (docs/ir.md)
   SHUFFLE = enum.auto()
+  # WMMA(a, b, c), arg a TensorCore (kiln/runtime/gpu_target.py): one warp's matrix multiply-add D = A @ B + C on
+  # tensor cores. Every lane of a warp runs it at once (never under a gate); lane l's a, b and c are vectors of the
+  # elements of A, B and C its `a_layout[l]`, `b_layout[l]` and `c_layout[l]` name, and its value is lane l's
+  # elements of D (a `dtype_out.vec(4)`), in `c_layout[l]`'s order
+  WMMA = enum.auto()
   def __repr__(self) -> str: return f"Ops.{self.name}"
   # members are singletons: identity hashing in C instead of Enum's Python-level hash of the name (a hot path)
   __hash__ = object.__hash__
