@@ -669,8 +669,7 @@ def _footprint(kernel: Kernel, loads: list[UOp], tile: tuple[UOp, UOp], red: lis
   """Bytes of the largest load of the sum (moving along a reduce axis) that moves along `moving`, or not along
   `fixed`, over the tile's two loops and the reduce axes, the others at 0 (matmul's `b` and `a`); None for none."""
   found = None
-  for ld in loads:
-    index = ld.src[1]
+  for index, itemsize in _distinct_spans(loads):
     if all(axis_stride(index, r) in (0, None) for r in red): continue
     if moving is not None and axis_stride(index, moving) in (0, None): continue
     if fixed is not None and axis_stride(index, fixed) != 0: continue
@@ -679,23 +678,33 @@ def _footprint(kernel: Kernel, loads: list[UOp], tile: tuple[UOp, UOp], red: lis
     high = evaluate_index(index, {rng: Kernel.size(rng) - 1 for rng in (*tile, *red)}, nodes)
     low = evaluate_index(index, {}, nodes)
     if high is None or low is None: return None
-    found = max(found or 0, (abs(high - low) + 1) * ld.dtype.itemsize)
+    found = max(found or 0, (abs(high - low) + 1) * itemsize)
   return found
+
+def _distinct_spans(loads: list[UOp]) -> list[tuple[UOp, int]]:
+  """(index, itemsize) of `loads` with a constant added last taken off each index (an upcast tile's copies, `base +
+  c`, span what `base` spans: the difference of two values of an index is the same without it), each pair once, in
+  the loads' order: a register tile's 8 + 32 loads are two spans to evaluate."""
+  seen: dict[tuple[UOp, int], None] = {}
+  for ld in loads:
+    index = ld.src[1]
+    while index.op is Ops.ADD and index.src[1].op is Ops.CONST and not index.src[1].src: index = index.src[0]
+    seen[(index, ld.dtype.itemsize)] = None
+  return list(seen)
 
 def _panel(kernel: Kernel, loads: list[UOp], outer: UOp, reduce_axis: UOp) -> tuple[int, bool] | None:
   """(bytes, packed) of the largest memory a row of tiles walks: a load that moves along the reduce axis and not
   along the outermost output axis (matmul's `b`), over every other axis; `packed` when each step of the sum reads one
   cache line of it (a tile-major copy). None without such a load."""
   found = None
-  for ld in loads:
-    index = ld.src[1]
+  for index, itemsize in _distinct_spans(loads):
     if axis_stride(index, outer) != 0 or (step := axis_stride(index, reduce_axis)) in (0, None): continue
     nodes = toposort([index])
     high = evaluate_index(index, {rng: Kernel.size(rng) - 1 for rng in kernel.axes if rng is not outer}, nodes)
     low = evaluate_index(index, {}, nodes)
     if high is None or low is None: continue
-    size = (abs(high - low) + 1) * ld.dtype.itemsize
-    if found is None or size > found[0]: found = (size, abs(step) * ld.dtype.itemsize <= 64)
+    size = (abs(high - low) + 1) * itemsize
+    if found is None or size > found[0]: found = (size, abs(step) * itemsize <= 64)
   return found
 
 def _wide_tile(loads: list[UOp], out_axes: list[UOp], red_axes: list[UOp], reused: list[int],
