@@ -212,10 +212,14 @@ def substitute_copies(root: UOp, rng: UOp, values: list[UOp], simplified: bool =
       dependents.append(node)
   inside = _inside_sums(dependents) if simplified else set()
   # how each dependent is rebuilt: 0 as is (unsimplified, or inside a sum), 1 simplified by its own rules, 2 the top
-  # of an index sum (made canonical in one step)
+  # of an index sum (made canonical in one step), 3 noted as simplified: of an op and dtype no symbolic rule takes (a
+  # STORE, LOAD, REDUCE: half of a matmul tile's copies), what `settle` finds without matching
+  rules_for = symbolic.rules_for
   plan = [(node, node.op, node.dtype, node.src, node.arg,
            0 if not simplified or node in inside else
-           2 if node.op in _LINEAR_OPS and dtypes.is_int(node.dtype) else 1) for node in dependents]
+           2 if node.op in _LINEAR_OPS and dtypes.is_int(node.dtype) else
+           1 if rules_for(node.op, node.dtype) else 3) for node in dependents]
+  known = symbolic.memo_keys[False]
   shifts = _SumShifts(rng, values, depends) if simplified else None
   copies = []
   counted: set[UOp] = set()   # the nodes under the copies' sources so far (with max_nodes)
@@ -232,6 +236,10 @@ def substitute_copies(root: UOp, rng: UOp, values: list[UOp], simplified: bool =
       rebuilt = UOp(op, dtype, tuple(map(get, src, src)), arg)   # done.get(s, s) for each source, in C
       if how == 0: done[node] = rebuilt
       elif how == 1: done[node] = settle(rebuilt, symbolic)
+      elif how == 3:   # (settle's memory, inline)
+        if (memory := rebuilt._rewrites) is None: rebuilt._rewrites = {known: None}
+        else: memory.setdefault(known, None)
+        done[node] = rebuilt
       else:
         flat = canonical_sum(rebuilt)
         done[node] = graph_rewrite(rebuilt, symbolic) if flat is None else settle(flat, symbolic)
