@@ -169,6 +169,87 @@ def _bitcast(bits, src_format: str, dst_format: str):
   return struct.unpack(dst_format, struct.pack(src_format, bits))[0]
 
 _FINISHED = object()   # what `_lockstep` records for a thread that returned
+_WARP = object()       # the tag of a warp-collective op's event: (_WARP, op, payload); op maps a warp's 32 payloads
+                       # to its 32 lanes' values
+
+def _sum_r32(terms: list[float]) -> float:
+  """The exact sum of `terms` (doubles) rounded once to float32. math.fsum rounds the exact sum to a double s; that
+  rounds to float32 as the exact sum does unless s lies exactly halfway between two float32 values, where the exact
+  remainder's sign decides (as in _fma32)."""
+  if not all(math.isfinite(t) for t in terms): return _r32(sum(terms))
+  s = math.fsum(terms)
+  r = _r32(s)
+  if r == s or not math.isfinite(s): return r
+  other = 2 * s - r   # the float32 on s's other side, if s is halfway
+  if _r32(other) != other or other - s != s - r: return r
+  e = sum(Fraction(t) for t in terms) - Fraction(s)
+  if e == 0: return r
+  return max(r, other) if e > 0 else min(r, other)
+
+def _tf32(x: float) -> float:
+  """A float32 value as the tensor cores read a tf32 operand: its top 19 bits (sign, exponent, 10 mantissa bits),
+  the low 13 mantissa bits dropped (truncation toward zero; docs/ir.md WMMA)."""
+  if not math.isfinite(x): return x
+  return _F32.unpack(_U32.pack(_U32.unpack(_F32.pack(x))[0] & 0xFFFFE000))[0]
+
+class _WarpMMA:
+  """One warp's `mma.sync` (Ops.WMMA) for the lockstep runner: the 32 lanes' (a, b, c) fragments are placed into A
+  (m x k), B (k x n) and C (m x n) by the layouts, D = A @ B + C is computed with every product exact and each
+  element's sum rounded once to float32 (tf32 inputs truncated to 10 mantissa bits first), and lane l gets its
+  c_layout elements of D."""
+  def __init__(self, dims: tuple, tf32: bool, a_layout, b_layout, c_layout):
+    self.dims, self.tf32, self.layouts = dims, tf32, (a_layout, b_layout, c_layout)
+
+  def __call__(self, payloads: list) -> list:
+    m, n, k = self.dims
+    a_layout, b_layout, c_layout = self.layouts
+    A, B, C = [[0.0] * k for _ in range(m)], [[0.0] * n for _ in range(k)], [[0.0] * n for _ in range(m)]
+    for lane, (a, b, c) in enumerate(payloads):
+      for (row, col), x in zip(a_layout[lane], a): A[row][col] = _tf32(x) if self.tf32 else x
+      for (row, col), x in zip(b_layout[lane], b): B[row][col] = _tf32(x) if self.tf32 else x
+      for (row, col), x in zip(c_layout[lane], c): C[row][col] = x
+    D = [[_sum_r32([C[i][j]] + [A[i][t] * B[t][j] for t in range(k)]) for j in range(n)] for i in range(m)]
+    return [tuple(D[row][col] for row, col in c_layout[lane]) for lane in range(32)]
+
+class _WarpLoadMatrix:
+  """One warp's `ldmatrix` (Ops.LDMATRIX) for the lockstep runner: each lane's payload is (shared array, element
+  index); lanes 8j..8j+7 name the 8 rows of matrix j (8 elements each, 16-byte aligned), and lane l gets elements
+  (l // 4, 2*(l % 4) + e) of each matrix, or with `trans` elements (2*(l % 4) + e, l // 4), decoded by `values`."""
+  def __init__(self, matrices: int, trans: bool, values=None):
+    self.matrices, self.trans, self.values = matrices, trans, values
+
+  def __call__(self, payloads: list) -> list:
+    grids = []
+    for j in range(self.matrices):
+      rows = []
+      for lane in range(8 * j, 8 * j + 8):
+        array, index = payloads[lane]
+        if index % 8 or index < 0 or index + 8 > len(array):
+          raise RuntimeError(f"PYTHON emulator: LDMATRIX row at element {index} of a shared array of {len(array)}: "
+                             "out of bounds or not 16-byte aligned")
+        rows.append(array[index:index + 8])
+      grids.append(rows)
+    out = []
+    for lane in range(32):
+      r, c = lane // 4, 2 * (lane % 4)
+      picked = [x for g in grids for x in ((g[c][r], g[c + 1][r]) if self.trans else (g[r][c], g[r][c + 1]))]
+      out.append(tuple(self.values[x] for x in picked) if self.values is not None else tuple(picked))
+    return out
+
+def _read_async(view, index: int, count: int) -> list:
+  """The `count` source elements of an asynchronous copy (CP_ASYNC) from `index` on, read when it is issued."""
+  if index < 0 or index + count > len(view) or index % count:
+    raise IndexError(f"PYTHON emulator: CP_ASYNC of {count} elements at {index} of a buffer of {len(view)}: out of "
+                     "bounds or not aligned to its size")
+  return list(view[index:index + count])
+
+def _land(group: list) -> None:
+  """Complete a group of asynchronous copies (CP_ASYNC): each (shared array, index, elements) written."""
+  for array, index, elements in group:
+    if index < 0 or index + len(elements) > len(array) or index % len(elements):
+      raise IndexError(f"PYTHON emulator: CP_ASYNC into element {index} of a shared array of {len(array)}: out of "
+                       "bounds or not aligned to its size")
+    array[index:index + len(elements)] = elements
 
 def _lockstep(threads: list) -> None:
   """Run one block of a cooperative GPU-style kernel: `threads` are its threads as generators (in `lidx0` order),
@@ -182,6 +263,13 @@ def _lockstep(threads: list) -> None:
       try: events.append(thread.send(message))
       except StopIteration: events.append(_FINISHED)
     first = events[0]
+    if isinstance(first, tuple) and first[0] is _WARP:   # a warp-collective op: each warp's 32 lanes together
+      if len(threads) % 32 or any(not isinstance(e, tuple) or e[0] is not _WARP or e[1] is not first[1]
+                                  for e in events):
+        raise RuntimeError("PYTHON emulator: not every thread of the block (whole warps of 32) reached the warp-wide "
+                           "matrix op")
+      inbox = [value for w in range(0, len(events), 32) for value in first[1]([e[2] for e in events[w:w + 32]])]
+      continue
     if first is _FINISHED or first is None:
       if any(event is not first for event in events):
         raise RuntimeError("PYTHON emulator: the threads of a block reached different barriers or shuffles, or some "
@@ -197,7 +285,8 @@ def _lockstep(threads: list) -> None:
 EMULATOR_HELPERS = ("inf", "nan", "_r32", "_fma", "_fma32", "_r16", "_rbf16", "_f16_bits", "_bf16_bits", "_H2F", "_BF2F", "_i2f32",
                     "_f2i", "_fdiv0", "_fmod", "_idiv", "_imod", "_exp2", "_exp", "_log2", "_sin", "_cos", "_tan", "_sqrt", "_pow", "_trunc",
                     "_check_index", "_bitcast", "_E4M3_TO_F", "_E5M2_TO_F", "_fp8e4m3_bits", "_fp8e5m2_bits",
-                    "_rfp8e4m3", "_rfp8e5m2", "_lockstep")
+                    "_rfp8e4m3", "_rfp8e5m2", "_lockstep", "_WARP", "_WarpMMA", "_WarpLoadMatrix", "_land",
+                    "_read_async")
 
 # ---------------- rendering ----------------
 
@@ -304,7 +393,8 @@ PY_EXPRESSIONS: dict[Ops, Callable[[UOp, list[str]], str]] = {
   Ops.MULACC: lambda u, a: f"{'_fma' if u.dtype == dtypes.float64 else '_fma32'}({', '.join(a)})",
 }
 # ops whose threads work together: a kernel with any runs each block's threads in lockstep (`_lockstep`)
-_COOPERATIVE_OPS = frozenset({Ops.BARRIER, Ops.SHUFFLE, Ops.DEFINE_LOCAL, Ops.ATOMIC})
+_COOPERATIVE_OPS = frozenset({Ops.BARRIER, Ops.SHUFFLE, Ops.DEFINE_LOCAL, Ops.ATOMIC, Ops.WMMA, Ops.LDMATRIX,
+                              Ops.CP_ASYNC, Ops.CP_ASYNC_COMMIT, Ops.CP_ASYNC_WAIT})
 _VALUE_PREFIX = {Ops.LOAD: "val", Ops.CAST: "cast", Ops.BITCAST: "cast", Ops.DEFINE_ACC: "acc"}
 
 def round_to_dtype(u: UOp, text: str) -> str:
@@ -345,10 +435,15 @@ class _PyKernelWriter(KernelWriter):
       Ops.DEFINE_ACC: self._define_acc, Ops.ASSIGN: self._assign, Ops.SPECIAL: self._special,
       **{op: self._nothing for op in (Ops.CONST, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.SINK)}})
     self.specials = 0   # GPU thread indices, each run as a loop around the rest of the kernel
+    self.module_lines: list[str] = []   # module-level objects: the warp-wide ops' emulators
+    self.statements.update({Ops.VECTORIZE: self._vectorize, Ops.GEP: self._gep})
 
   def expr(self, u: UOp) -> str:
     """The Python expression that reads the value of `u` at this point of the kernel."""
-    if u.op is Ops.CONST: return render_py_const(u.arg, u.dtype)
+    if u.op is Ops.CONST:
+      if u.dtype.count == 1: return render_py_const(u.arg, u.dtype)
+      lanes = u.arg if isinstance(u.arg, tuple) else (u.arg,) * u.dtype.count   # a vector constant: a tuple
+      return f"({', '.join(render_py_const(x, u.dtype.scalar) for x in lanes)},)"
     if u.op is Ops.DEFINE_GLOBAL: return f"data{u.arg}"
     if u.op is Ops.DEFINE_VAR: return self.var_names[u]
     if u not in self.names:
@@ -368,8 +463,17 @@ class _PyKernelWriter(KernelWriter):
 
   @staticmethod
   def check_dtype(dtype: DType) -> None:
-    """Raise TypeError for a dtype the emulator has no storage format for."""
-    if dtype not in PY_FORMATS: raise TypeError(f"PythonRenderer: dtype {dtype} is not supported")
+    """Raise TypeError for a dtype the emulator has no storage format for (a vector's lanes are a tuple)."""
+    if dtype.scalar not in PY_FORMATS: raise TypeError(f"PythonRenderer: dtype {dtype} is not supported")
+
+  def _vectorize(self, u: UOp) -> None:
+    """A vector (a WMMA fragment) as a tuple of its lanes."""
+    self.check_dtype(u.dtype)
+    name = self.names[u] = self.fresh_name("vec")
+    self.emit(f"{name} = ({', '.join(self.expr(s) for s in u.src)},)")
+
+  def _gep(self, u: UOp) -> None:
+    self.names[u] = f"{self.expr(u.src[0])}[{u.arg}]"   # read where it is used (an accumulator's current lanes)
 
   def _nothing(self, u: UOp) -> None: pass
 
@@ -458,6 +562,7 @@ class _PyKernelWriter(KernelWriter):
     params = [f"buf{b.arg}" for b in buffers] + [self.var_names[v] for v in variables]
     header = f"from kiln.renderer.python import {', '.join(EMULATOR_HELPERS)}"
     if cooperative: header += "\n_device_arrays: dict = {}   # DEFINE_LOCALs in device memory: zero at load, kept"
+    if self.module_lines: header += "\n" + "\n".join(self.module_lines)
     return "\n".join([header, "", f"def {self.name}({', '.join(params)}):", *self.lines, ""])
 
   # ---- cooperative GPU-style kernels: threads of a block in lockstep (barriers, shared memory, shuffles) ----
@@ -486,10 +591,14 @@ class _PyKernelWriter(KernelWriter):
     self.emit(f"def _thread({', '.join(reversed(self.thread_indices))}):")
     self.block_sizes.append(0)
     self.emit("if False: yield   # a generator even without a barrier")
+    if any(u.op is Ops.CP_ASYNC for u in self.uops):
+      self.emit("_copies, _groups = [], []   # CP_ASYNC: this thread's open group and its committed, pending ones")
     self.specials = len(blocks) + 1   # open blocks around the kernel's own loops (closed by _close_blocks)
     self.statements.update({Ops.SPECIAL: self._thread_index, Ops.DEFINE_LOCAL: self._nothing,
                             Ops.BARRIER: self._barrier, Ops.SHUFFLE: self._shuffle, Ops.ATOMIC: self._atomic,
-                            Ops.LOAD: self._ordered_load})
+                            Ops.LOAD: self._ordered_load, Ops.WMMA: self._wmma, Ops.LDMATRIX: self._ldmatrix,
+                            Ops.CP_ASYNC: self._cp_async, Ops.CP_ASYNC_COMMIT: self._cp_async_commit,
+                            Ops.CP_ASYNC_WAIT: self._cp_async_wait})
     self.thread_sizes = specials
 
   def _close_blocks(self) -> None:
@@ -525,3 +634,40 @@ class _PyKernelWriter(KernelWriter):
     at = f"{self.expr(buf)}[{self.index_expr(index)}]"
     self.emit(f"{name} = 0")
     self.emit(f"if {self.expr(gate)}: {name} = {at}; {at} = {wrap_int(u.dtype, f'{name}+{self.expr(value)}')}")
+
+  # ---- tensor-core building blocks (docs/ir.md stage 4) ----
+  def _warp_op(self, u: UOp, construct: str, payload: str, prefix: str) -> None:
+    """`name = yield (_WARP, op, payload)`: the lockstep runner gives each warp's 32 payloads to `op` at once."""
+    op = f"_{prefix}{len(self.module_lines)}"
+    self.module_lines.append(f"{op} = {construct}")
+    name = self.names[u] = self.fresh_name(prefix)
+    self.emit(f"{name} = yield (_WARP, {op}, {payload})   # {u.op.name}: the warp's lanes at once")
+
+  def _wmma(self, u: UOp) -> None:
+    tc = u.arg
+    for s in u.src: self.check_dtype(s.dtype)
+    tf32 = tc.dtype_in == dtypes.float32
+    self._warp_op(u, f"_WarpMMA({tc.dims!r}, {tf32}, {tc.a_layout!r}, {tc.b_layout!r}, {tc.c_layout!r})",
+                  f"({', '.join(self.expr(s) for s in u.src)})", "wmma")
+
+  def _ldmatrix(self, u: UOp) -> None:
+    buf, index = u.src[:2]
+    self.check_dtype(buf.dtype)
+    values = _FROM_BITS.get(buf.dtype)   # 16-bit floats live in shared arrays as their bits
+    self._warp_op(u, f"_WarpLoadMatrix({u.arg[0]}, {u.arg[1]}, {values})", f"({self.expr(buf)}, {self.expr(index)})",
+                  "ldm")
+
+  def _cp_async(self, u: UOp) -> None:
+    """The copy's source elements read now, written when a CP_ASYNC_WAIT lands its group (`_land`)."""
+    dst, dst_index, src, src_index = u.src[:4]
+    count = u.arg[0] // src.dtype.itemsize
+    read = f"_read_async({self.expr(src)}, {self.expr(src_index)}, {count})"
+    zero = "0" if src.dtype in _FROM_BITS else render_py_const(0, src.dtype)
+    if len(u.src) == 5: read = f"({read} if {self.expr(u.src[4])} else [{zero}] * {count})"
+    self.emit(f"_copies.append(({self.expr(dst)}, {self.index_expr(dst_index)}, {read}))   # CP_ASYNC")
+
+  def _cp_async_commit(self, u: UOp) -> None:
+    self.emit("_groups.append(_copies); _copies = []   # CP_ASYNC_COMMIT")
+
+  def _cp_async_wait(self, u: UOp) -> None:
+    self.emit(f"while len(_groups) > {u.arg}: _land(_groups.pop(0))   # CP_ASYNC_WAIT {u.arg}")

@@ -67,6 +67,26 @@ class Ops(enum.Enum):
   # elements of A, B and C its `a_layout[l]`, `b_layout[l]` and `c_layout[l]` name, and its value is lane l's
   # elements of D (a `dtype_out.vec(4)`), in `c_layout[l]`'s order
   WMMA = enum.auto()
+  # LDMATRIX(buf, index, *after), arg (x, trans): a warp-collective load of x (1, 2 or 4) 8x8 matrices of 16-bit
+  # elements from a shared array `buf` (a DEFINE_LOCAL of a 2-byte dtype), PTX `ldmatrix.sync.aligned.m8n8.x{x}
+  # [.trans].shared.b16`. Every lane of a warp runs it at once (never under a gate); lane l names, by its element
+  # `index`, the start of row l % 8 of matrix l // 8 (8 contiguous elements, 16-byte aligned; lanes 8x and up are
+  # ignored). Its value is a `buf.dtype.vec(2*x)`: elements 2j and 2j+1 are lane l's two elements of matrix j, at
+  # (row l // 4, columns 2*(l % 4) and 2*(l % 4)+1), or with `trans` at (rows 2*(l % 4) and 2*(l % 4)+1, column
+  # l // 4). So an m16n8k16 A fragment (a row-major tile) is one x4 load, its rows r+8*(j%2) and columns 8*(j//2)..
+  # for matrix j, and a B fragment one x2: non-trans from an n-major tile (B^T rows), `trans` from a k-major one
+  # (B's own rows). `after` orders it (a BARRIER after the stores it reads, as a LOAD's third source)
+  LDMATRIX = enum.auto()
+  # CP_ASYNC(dst, dst_index, src, src_index, *gate), arg (nbytes, cache): an asynchronous copy of nbytes (4, 8 or 16)
+  # from global buffer `src` at element `src_index` to shared array `dst` at element `dst_index` (both addresses
+  # aligned to nbytes), PTX `cp.async.{cache}.shared.global` with cache "ca" or "cg" (16 bytes only). With a gate
+  # (a bool), where it is false no byte is read and nbytes of zeros are written (the src-size operand 0: a guarded
+  # edge; the source index should still be in bounds). Its copies land only once a CP_ASYNC_WAIT covers their group.
+  # CP_ASYNC_COMMIT(*copies): closes the thread's group of copies issued since the last commit (its sources: those
+  # copies, for the order). CP_ASYNC_WAIT(*commits), arg n: waits until at most n of the thread's committed groups
+  # are pending, so every group before the last n has landed (sources: the commits it follows); other threads'
+  # copies are visible only after a BARRIER whose sources include the wait
+  CP_ASYNC = enum.auto(); CP_ASYNC_COMMIT = enum.auto(); CP_ASYNC_WAIT = enum.auto()
   def __repr__(self) -> str: return f"Ops.{self.name}"
   # members are singletons: identity hashing in C instead of Enum's Python-level hash of the name (a hot path)
   __hash__ = object.__hash__

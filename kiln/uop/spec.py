@@ -32,9 +32,12 @@ def check_tensor_graph(roots: list[UOp]) -> None:
     if node.op is Ops.REDUCE_AXIS and node.arg[0] not in (Ops.ADD, Ops.MUL, Ops.MAX): _fail("tensor", node, "bad reduce op")
 
 _BUFFERS = (Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL)   # what loads and stores address: device memory, a block's shared array
+# the tensor-core building blocks (docs/ir.md stage 4): fragments are vectors, built by VECTORIZE, read by GEP
+GPU_MATRIX_OPS = frozenset({Ops.WMMA, Ops.LDMATRIX, Ops.CP_ASYNC, Ops.CP_ASYNC_COMMIT, Ops.CP_ASYNC_WAIT,
+                            Ops.VECTORIZE, Ops.GEP})
 LOWERED_OPS = GroupOp.ALU | {Ops.SINK, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CONST, Ops.RANGE, Ops.LOAD, Ops.STORE,
                              Ops.REDUCE, Ops.CAST, Ops.BITCAST, Ops.SPECIAL,
-                             Ops.DEFINE_LOCAL, Ops.BARRIER, Ops.ATOMIC, Ops.SHUFFLE}
+                             Ops.DEFINE_LOCAL, Ops.BARRIER, Ops.ATOMIC, Ops.SHUFFLE, *GPU_MATRIX_OPS}
 
 def check_lowered(sink: UOp) -> None:
   """Lowered kernels: no tensor-level op is left, loads and stores address buffers with integer indices,
@@ -60,6 +63,7 @@ def check_lowered(sink: UOp) -> None:
         _fail("lowered", u, "gate is not bool")
     if u.op is Ops.REDUCE and any(r.op is not Ops.RANGE for r in u.src[1:]): _fail("lowered", u, "reduces over a non-range")
   _check_shuffles("lowered", nodes)
+  _check_matrix_ops("lowered", nodes)
 
 def _check_shuffles(stage: str, nodes: list[UOp]) -> None:
   """A SHUFFLE (docs/ir.md stage 4) needs a GPU-shaped kernel: one of scalar dtype (its value first among its
@@ -82,7 +86,7 @@ def _check_shuffles(stage: str, nodes: list[UOp]) -> None:
 
 LINEAR_OPS = GroupOp.ALU | {Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CONST, Ops.RANGE, Ops.ENDRANGE, Ops.LOAD, Ops.STORE,
                             Ops.DEFINE_ACC, Ops.ASSIGN, Ops.CAST, Ops.BITCAST, Ops.SPECIAL,
-                            Ops.DEFINE_LOCAL, Ops.BARRIER, Ops.ATOMIC, Ops.SHUFFLE}
+                            Ops.DEFINE_LOCAL, Ops.BARRIER, Ops.ATOMIC, Ops.SHUFFLE, *GPU_MATRIX_OPS}
 
 def check_linear(uops: list[UOp]) -> None:
   """Linearized kernels: only stage-4 ops, each node after its sources, loops properly nested."""
@@ -98,6 +102,64 @@ def check_linear(uops: list[UOp]) -> None:
       open_loops.pop()
     if u.op in (Ops.LOAD, Ops.STORE) and u.src[0].op not in _BUFFERS: _fail("linear", u, "not on a buffer")
     if u.op is Ops.ASSIGN and u.src[0].op is not Ops.DEFINE_ACC: _fail("linear", u, "assigns to a non-accumulator")
+    if u.op in _WARP_OPS:
+      for loop in open_loops:
+        if _thread_dependent(loop.src[0]): _fail("linear", u, "inside a loop whose trip count differs between threads")
     seen.add(u)
   if open_loops: _fail("linear", open_loops[-1], "loop never closed")
   _check_shuffles("linear", uops)
+  _check_matrix_ops("linear", uops)
+
+_WARP_OPS = (Ops.WMMA, Ops.LDMATRIX)   # warp-collective: every lane of a warp at once
+_LDMATRIX_COUNTS = (1, 2, 4)
+
+def _thread_dependent(u: UOp) -> bool:
+  """Whether `u`'s value may differ between the threads of a block (it reads a `lidx` SPECIAL or memory)."""
+  return any(n.op is Ops.LOAD or (n.op is Ops.SPECIAL and n.arg[0].startswith("lidx")) for n in u.toposort())
+
+def _check_matrix_ops(stage: str, nodes: list[UOp]) -> None:
+  """WMMA, LDMATRIX and CP_ASYNC* (docs/ir.md stage 4) need a GPU-shaped kernel whose `lidx0` blocks are whole
+  warps of 32; a WMMA's operands have the dtypes its TensorCore names; an LDMATRIX reads a shared array of a 16-bit
+  dtype, x 1, 2 or 4 matrices; a CP_ASYNC copies 4, 8 or 16 bytes ("cg" only 16) from a global buffer to a shared
+  one. The warp-collective ones (WMMA, LDMATRIX) are never gated: kiln's values are computed unconditionally (gates
+  apply to loads and stores only), so what remains is that every loop around one runs alike in every thread of
+  the block (no trip count read from memory or from `lidx`: check_linear)."""
+  ops = [u for u in nodes if u.op in (Ops.WMMA, Ops.LDMATRIX, Ops.CP_ASYNC, Ops.CP_ASYNC_COMMIT, Ops.CP_ASYNC_WAIT)]
+  if not ops: return
+  blocks = {u.arg[1] for u in nodes if u.op is Ops.SPECIAL and u.arg[0] == "lidx0"}
+  for u in ops:
+    if not blocks: _fail(stage, u, "outside a GPU kernel (no lidx0 thread index)")
+    if u.op in _WARP_OPS and any(size % 32 for size in blocks):
+      _fail(stage, u, f"block of {sorted(blocks)} threads is not whole warps of 32")
+    if u.op is Ops.WMMA: _check_wmma(stage, u)
+    elif u.op is Ops.LDMATRIX:
+      if not (isinstance(u.arg, tuple) and len(u.arg) == 2 and u.arg[0] in _LDMATRIX_COUNTS and
+              isinstance(u.arg[1], bool)):
+        _fail(stage, u, "arg must be (matrices: 1, 2 or 4, trans: bool)")
+      if len(u.src) < 2 or u.src[0].op is not Ops.DEFINE_LOCAL or len(u.src[0].arg) > 2:
+        _fail(stage, u, "reads a block's shared array (DEFINE_LOCAL)")
+      if u.src[0].dtype.itemsize != 2 or u.dtype != u.src[0].dtype.vec(2 * u.arg[0]):
+        _fail(stage, u, f"must be a {u.src[0].dtype}.vec({2 * u.arg[0]}) of a 16-bit element dtype")
+      if not dtypes.is_int(u.src[1].dtype): _fail(stage, u, f"index of dtype {u.src[1].dtype}")
+    elif u.op is Ops.CP_ASYNC:
+      if not (isinstance(u.arg, tuple) and len(u.arg) == 2 and u.arg[0] in (4, 8, 16) and u.arg[1] in ("ca", "cg")
+              and (u.arg[1] == "ca" or u.arg[0] == 16)):
+        _fail(stage, u, "arg must be (bytes: 4, 8 or 16, cache: 'ca', or 'cg' for 16 bytes)")
+      if len(u.src) not in (4, 5) or u.src[0].op is not Ops.DEFINE_LOCAL or len(u.src[0].arg) > 2 or \
+         u.src[2].op is not Ops.DEFINE_GLOBAL:
+        _fail(stage, u, "copies a global buffer to a block's shared array: (dst, dst_index, src, src_index[, gate])")
+      if u.src[0].dtype != u.src[2].dtype or u.arg[0] % u.src[0].dtype.itemsize:
+        _fail(stage, u, f"{u.arg[0]} bytes of {u.src[2].dtype} into {u.src[0].dtype} (one dtype, whole elements)")
+      if len(u.src) == 5 and u.src[4].dtype != dtypes.bool: _fail(stage, u, "gate is not bool")
+    elif u.op is Ops.CP_ASYNC_WAIT and not (isinstance(u.arg, int) and 0 <= u.arg <= 7):
+      _fail(stage, u, "arg must be the groups left pending, 0..7")
+
+def _check_wmma(stage: str, u: UOp) -> None:
+  tc = u.arg
+  if not all(hasattr(tc, name) for name in ("dims", "dtype_in", "dtype_out", "a_layout", "b_layout", "c_layout")):
+    _fail(stage, u, "arg must be a TensorCore (kiln/runtime/gpu_target.py)")
+  want = (tc.dtype_in.vec(len(tc.a_layout[0])), tc.dtype_in.vec(len(tc.b_layout[0])),
+          tc.dtype_out.vec(len(tc.c_layout[0])))
+  if len(u.src) != 3 or tuple(s.dtype for s in u.src) != want:
+    _fail(stage, u, f"operands must be (a, b, c) of {want}, got {tuple(s.dtype for s in u.src)}")
+  if u.dtype != want[2]: _fail(stage, u, f"its dtype must be {want[2]}")

@@ -9,7 +9,7 @@ raises.
 """
 from __future__ import annotations
 import numpy as np
-from kiln.dtype import to_numpy_dtype
+from kiln.dtype import FP8_VALUES, dtypes, to_numpy_dtype
 from kiln.uop.ops import UOp, Ops
 
 class LockstepError(AssertionError):
@@ -51,6 +51,8 @@ def _run_block(uops, ends, block_index, thread_index, threads, buffers, device_a
   counters: dict[UOp, int] = {}
   shared: dict[UOp, np.ndarray] = {}
   range_pc = {u: pc for pc, u in enumerate(uops) if u.op is Ops.RANGE}
+  async_copies: list = []   # CP_ASYNC: the block's open group (its threads issue in lockstep) and committed groups
+  async_groups: list = []
   def buffer_of(u: UOp) -> np.ndarray:
     if u.op is Ops.DEFINE_GLOBAL: return buffers[u.arg]
     if len(u.arg) > 2: return device_arrays.setdefault(u, np.zeros(u.arg[1], to_numpy_dtype(u.dtype)))
@@ -76,6 +78,9 @@ def _run_block(uops, ends, block_index, thread_index, threads, buffers, device_a
         values[rng] = _lanes(counters[rng], threads, rng.dtype)
         pc = range_pc[rng] + 1
         continue
+    elif op is Ops.CONST and u.dtype.count > 1:   # a vector constant: (lanes, threads)
+      lanes = u.arg if isinstance(u.arg, tuple) else (u.arg,) * u.dtype.count
+      values[u] = np.stack([_lanes(x, threads, u.dtype.scalar) for x in lanes])
     elif op is Ops.CONST: values[u] = _lanes(u.arg, threads, u.dtype)
     elif op is Ops.DEFINE_GLOBAL: pass
     elif op is Ops.DEFINE_VAR: values[u] = _lanes(var_vals[u], threads, u.dtype)
@@ -125,10 +130,76 @@ def _run_block(uops, ends, block_index, thread_index, threads, buffers, device_a
       if threads % warp or (partner >= threads).any() or (partner // warp != lanes // warp).any():
         raise LockstepError(f"SHUFFLE {u.arg} in a block of {threads} threads: a lane's partner is not in its warp")
       values[u] = _lanes(values[u.src[0]], threads, u.dtype)[partner]
+    elif op is Ops.WMMA: values[u] = _wmma(u, [values[s] for s in u.src], threads)
+    elif op is Ops.LDMATRIX: values[u] = _ldmatrix(u, buffer_of(u.src[0]), values[u.src[1]], threads)
+    elif op is Ops.CP_ASYNC:   # read now, written when a CP_ASYNC_WAIT lands its group
+      dst, src, count = buffer_of(u.src[0]), buffer_of(u.src[2]), u.arg[0] // u.src[2].dtype.itemsize
+      gate = values[u.src[4]] if len(u.src) == 5 else np.ones(threads, bool)
+      at, to = _wide_index(values[u.src[3]], count, u), _wide_index(values[u.src[1]], count, u)
+      data = np.stack([np.where(gate, src[checked(src, at + e, gate, u)], np.zeros((), src.dtype))
+                       for e in range(count)])
+      for e in range(count): checked(dst, to + e, np.ones(threads, bool), u)
+      async_copies.append((dst, to, data, u))
+    elif op is Ops.CP_ASYNC_COMMIT:
+      async_groups.append(list(async_copies))
+      async_copies.clear()
+    elif op is Ops.CP_ASYNC_WAIT:
+      while len(async_groups) > u.arg:
+        for dst, to, data, copy in async_groups.pop(0):
+          for e in range(data.shape[0]): _store(dst, to + e, data[e], copy)
     elif op is Ops.DEFINE_ACC: values[u] = np.array(values[u.src[0]], copy=True)
     elif op is Ops.ASSIGN: values[u.src[0]] = values[u] = values[u.src[1]]
     else: values[u] = _alu(u, [values[s] for s in u.src])
     pc += 1
+
+def _fragment_values(x: np.ndarray, dtype) -> np.ndarray:
+  """A fragment's lanes as float64 values: bfloat16 and fp8 travel as bits here; float32 is a tf32 operand, its low
+  13 mantissa bits dropped (as the tensor cores read it)."""
+  if dtype == dtypes.bfloat16: return (x.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+  if dtype in dtypes.fp8s: return np.array(FP8_VALUES[dtype], np.float64)[x]
+  if dtype == dtypes.float32: return (x.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)
+  return x.astype(np.float64)
+
+def _warps(threads: int, u: UOp) -> range:
+  if threads % 32: raise LockstepError(f"{u.op.name} in a block of {threads} threads: not whole warps of 32")
+  return range(0, threads, 32)
+
+def _wmma(u: UOp, args: list[np.ndarray], threads: int) -> np.ndarray:
+  """Each warp's D = A @ B + C (Ops.WMMA) from its lanes' fragments, in float64 then rounded to float32 (the
+  products are exact; the float64 sum of at most 33 terms rounds less than float32's last bit in tests' ranges)."""
+  tc = u.arg
+  m, n, k = tc.dims
+  a, b = _fragment_values(args[0], tc.dtype_in), _fragment_values(args[1], tc.dtype_in)
+  c = args[2].astype(np.float64)
+  out = np.zeros((len(tc.c_layout[0]), threads), np.float32)
+  for w in _warps(threads, u):
+    A, B, C = np.zeros((m, k)), np.zeros((k, n)), np.zeros((m, n))
+    for lane in range(32):
+      for i, (r, col) in enumerate(tc.a_layout[lane]): A[r, col] = a[i, w + lane]
+      for i, (r, col) in enumerate(tc.b_layout[lane]): B[r, col] = b[i, w + lane]
+      for i, (r, col) in enumerate(tc.c_layout[lane]): C[r, col] = c[i, w + lane]
+    D = (A @ B + C).astype(np.float32)
+    for lane in range(32):
+      for i, (r, col) in enumerate(tc.c_layout[lane]): out[i, w + lane] = D[r, col]
+  return out
+
+def _ldmatrix(u: UOp, buf: np.ndarray, index: np.ndarray, threads: int) -> np.ndarray:
+  """Each warp's LDMATRIX: lanes 8j..8j+7 name the rows of matrix j (8 aligned elements each); lane l gets elements
+  (l // 4, 2*(l % 4) + e) of each, or (2*(l % 4) + e, l // 4) transposed."""
+  matrices, trans = u.arg
+  out = np.zeros((2 * matrices, threads), buf.dtype)
+  index = np.asarray(index)
+  for w in _warps(threads, u):
+    for j in range(matrices):
+      rows = index[w + 8 * j:w + 8 * j + 8]
+      if (rows % 8).any() or (rows < 0).any() or (rows + 8 > buf.shape[0]).any():
+        raise LockstepError(f"LDMATRIX rows at {rows.tolist()} of {buf.shape[0]}: out of bounds or not 16-byte aligned")
+      grid = np.stack([buf[r:r + 8] for r in rows])
+      for lane in range(32):
+        r, col = lane // 4, 2 * (lane % 4)
+        pair = (grid[col, r], grid[col + 1, r]) if trans else (grid[r, col], grid[r, col + 1])
+        out[2 * j, w + lane], out[2 * j + 1, w + lane] = pair
+  return out
 
 def _wide_index(index: np.ndarray, lanes: int, u: UOp) -> np.ndarray:
   """The first element of each thread's wide access, which must be a multiple of its lanes (aligned)."""

@@ -1,0 +1,201 @@
+"""Tensor-core IR ops (docs/ir.md stage 4: WMMA, LDMATRIX, CP_ASYNC) end to end, on hand-built one-warp kernels.
+
+For every TensorCore of kiln/runtime/gpu_target.py: each lane loads its fragments from global buffers at the
+elements its layout names (a table of indices per lane), runs WMMA and stores D at its c_layout elements. The
+kernels run on the PYTHON device (kiln/renderer/python.py, the block's threads in lockstep) and in the tests' NumPy
+lockstep emulator (test/runtime/gpu_lockstep.py), against NumPy: small integers exactly, random values within one
+float32 rounding of the exact result. Two WMMAs chained and a K loop accumulate. The CUDA C and PTX renderings
+build for sm_90a with nvcc/ptxas where installed (mma.sync in the PTX, no spills), and with a GPU the same kernels
+run on the CUDA device against NumPy (the hardware's sums truncate: within `hardware_tolerance`).
+"""
+from __future__ import annotations
+import shutil, subprocess
+import numpy as np
+import pytest
+from kiln.dtype import dtypes, fp8_to_float32, FP8_VALUES
+from kiln.runtime.gpu_target import TENSOR_CORES, MMA_F16, MMA_BF16, MMA_TF32, TensorCore
+from kiln.renderer.cuda import CUDARenderer
+from kiln.renderer.ptx import PTXRenderer
+from kiln.renderer.python import PythonRenderer
+from kiln.runtime.ops_python import PythonProgram
+from kiln.uop.ops import UOp, Ops
+from kiln.uop.spec import SpecError, check_linear, check_lowered
+from gpu_lockstep import LockstepError, run_lockstep   # noqa: E402  (test/runtime is on sys.path)
+
+INT, F32 = dtypes.int32, dtypes.float32
+
+# ---------------- NumPy views of each input dtype ----------------
+
+def storage(values: np.ndarray, dtype) -> np.ndarray:
+  """float64 `values` (representable in `dtype`) as the storage a kernel buffer of `dtype` holds."""
+  if dtype == dtypes.float16: return values.astype(np.float16)
+  if dtype == dtypes.bfloat16: return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+  if dtype in dtypes.fp8s:
+    table = np.array(FP8_VALUES[dtype])
+    codes = np.array([int(np.flatnonzero(table == v)[0]) for v in values.ravel()], np.uint8)
+    return codes.reshape(values.shape)
+  return values.astype(np.float32)
+
+def as_values(data: np.ndarray, dtype) -> np.ndarray:
+  """What the tensor cores compute with for `data` of `dtype` (float64): tf32 keeps float32's top 19 bits."""
+  if dtype == dtypes.bfloat16: return (data.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+  if dtype in dtypes.fp8s: return fp8_to_float32(data, dtype).astype(np.float64)
+  if dtype == dtypes.float32: return (data.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)
+  return data.astype(np.float64)
+
+def small_integers(rng, shape, dtype) -> np.ndarray:
+  return rng.integers(-4, 5, shape).astype(np.float64)
+
+def random_values(rng, shape, dtype) -> np.ndarray:
+  """Random values of `dtype` (float32 ones with all their mantissa bits, so tf32's truncation shows)."""
+  x = rng.uniform(-2, 2, shape)
+  if dtype == dtypes.float16: return x.astype(np.float16).astype(np.float64)
+  if dtype == dtypes.bfloat16: return as_values(storage(x, dtype), dtype)
+  if dtype in dtypes.fp8s:
+    table = np.array(FP8_VALUES[dtype])
+    finite = table[np.isfinite(table) & (np.abs(table) <= 4)]
+    return rng.choice(finite, shape)
+  return x.astype(np.float32).astype(np.float64)
+
+# ---------------- the kernels ----------------
+
+class Kernel:
+  """A hand-built linear kernel of one block of `threads` lanes, uops appended in order."""
+  def __init__(self, threads: int = 32):
+    self.uops: list[UOp] = []
+    self.lane = self.add(UOp(Ops.SPECIAL, INT, (), ("lidx0", threads)))
+
+  def add(self, u: UOp) -> UOp:
+    for s in u.src:
+      if s not in self.uops and s.op in (Ops.CONST, Ops.DEFINE_GLOBAL): self.uops.append(s)
+    if u not in self.uops: self.uops.append(u)
+    return u
+
+  def const(self, value, dtype=INT) -> UOp: return self.add(UOp.const(dtype, value))
+
+  def alu(self, op: Ops, a: UOp, b: UOp) -> UOp: return self.add(UOp(op, a.dtype, (a, b)))
+
+  def load(self, buf: UOp, index: UOp) -> UOp: return self.add(UOp(Ops.LOAD, buf.dtype, (buf, index)))
+
+  def lane_index(self, table: UOp, count: int, i: int, offset: UOp | None = None) -> UOp:
+    """Element `i` of this lane's row of an index table (count a lane), plus `offset`."""
+    at = self.alu(Ops.ADD, self.alu(Ops.MUL, self.lane, self.const(count)), self.const(i))
+    index = self.load(table, at)
+    return index if offset is None else self.alu(Ops.ADD, index, offset)
+
+  def fragment(self, buf: UOp, table: UOp, count: int, offset: UOp | None = None) -> UOp:
+    """VECTORIZE of this lane's `count` elements of `buf` at its table row."""
+    lanes = [self.load(buf, self.lane_index(table, count, i, offset)) for i in range(count)]
+    return self.add(UOp(Ops.VECTORIZE, buf.dtype.vec(count), tuple(lanes)))
+
+  def store_lanes(self, out: UOp, table: UOp, value: UOp) -> None:
+    for i in range(value.dtype.count):
+      self.add(UOp(Ops.STORE, dtypes.void, (out, self.lane_index(table, value.dtype.count, i),
+                                           self.add(UOp(Ops.GEP, value.dtype.scalar, (value,), i)))))
+
+def index_tables(tc: TensorCore, k_total: int, chains: int = 1) -> dict[str, np.ndarray]:
+  """Per-lane element indices: A is m x k_total, B k_total x n (row-major; chain j's k block at j*k), C and D m x n."""
+  m, n, _ = tc.dims
+  return {"a": np.array([r * k_total + c for lane in tc.a_layout for r, c in lane], np.int32),
+          "b": np.array([r * n + c for lane in tc.b_layout for r, c in lane], np.int32),
+          "c": np.array([r * n + c for lane in tc.c_layout for r, c in lane], np.int32)}
+
+def wmma_kernel(tc: TensorCore, chains: int = 1, loop: int = 0) -> tuple[list[UOp], int]:
+  """D = sum_j A_j @ B_j + C for one warp: `chains` WMMAs in a row (each the next's C), or a K loop of `loop`
+  steps over one accumulator. Buffers: 0 D (m x n float32), 1 A, 2 B, 3 C, 4-6 the index tables of A, B, C/D.
+  Returns (uops, K)."""
+  m, n, k = tc.dims
+  steps = loop or chains
+  K = k * steps
+  kern = Kernel()
+  d, a_buf, b_buf, c_buf = (UOp(Ops.DEFINE_GLOBAL, dt, (), i) for i, dt in
+                            enumerate((F32, tc.dtype_in, tc.dtype_in, F32)))
+  ta, tb, tcd = (UOp(Ops.DEFINE_GLOBAL, INT, (), i) for i in (4, 5, 6))
+  na, nb, nc = len(tc.a_layout[0]), len(tc.b_layout[0]), len(tc.c_layout[0])
+  c = kern.fragment(c_buf, tcd, nc)
+  if loop:
+    acc = kern.add(UOp(Ops.DEFINE_ACC, c.dtype, (c,), (0,)))
+    step = kern.add(UOp(Ops.RANGE, INT, (kern.const(loop),), 0))
+    a = kern.fragment(a_buf, ta, na, kern.alu(Ops.MUL, step, kern.const(k)))
+    b = kern.fragment(b_buf, tb, nb, kern.alu(Ops.MUL, step, kern.const(k * n)))
+    kern.add(UOp(Ops.ASSIGN, acc.dtype, (acc, kern.add(UOp(Ops.WMMA, acc.dtype, (a, b, acc), tc)))))
+    kern.add(UOp(Ops.ENDRANGE, dtypes.void, (step,)))
+    kern.store_lanes(d, tcd, acc)
+  else:
+    for j in range(chains):
+      a = kern.fragment(a_buf, ta, na, kern.const(j * k) if j else None)
+      b = kern.fragment(b_buf, tb, nb, kern.const(j * k * n) if j else None)
+      c = kern.add(UOp(Ops.WMMA, tc.dtype_out.vec(nc), (a, b, c), tc))
+    kern.store_lanes(d, tcd, c)
+  return kern.uops, K
+
+def wmma_buffers(tc: TensorCore, K: int, make) -> tuple[dict[int, np.ndarray], np.ndarray]:
+  """(buffers, float64 reference D = A @ B + C) for `wmma_kernel` with inputs from `make(rng, shape, dtype)`."""
+  m, n, _ = tc.dims
+  rng = np.random.default_rng(K + tc.dims[2])
+  a, b = storage(make(rng, (m, K), tc.dtype_in), tc.dtype_in), storage(make(rng, (K, n), tc.dtype_in), tc.dtype_in)
+  c = make(rng, (m, n), F32).astype(np.float32)
+  tables = index_tables(tc, K)
+  bufs = {0: np.full(m * n, np.nan, np.float32), 1: a.ravel(), 2: b.ravel(), 3: c.ravel(),
+          4: tables["a"], 5: tables["b"], 6: tables["c"]}
+  reference = as_values(a, tc.dtype_in) @ as_values(b, tc.dtype_in) + c.astype(np.float64)
+  return bufs, reference
+
+def run_python(uops: list[UOp], bufs: dict[int, np.ndarray]) -> np.ndarray:
+  """The kernel on the PYTHON device's emulator (rendered by PythonRenderer, run as PythonProgram): output 0."""
+  src = PythonRenderer().render("tc_kernel", uops)
+  arrays = {k: v.copy() for k, v in bufs.items()}
+  PythonProgram("tc_kernel", src.encode())(*[arrays[k].view(np.uint8) for k in sorted(arrays)])
+  return arrays[0]
+
+def run_numpy_lockstep(uops: list[UOp], bufs: dict[int, np.ndarray], threads: int = 32) -> np.ndarray:
+  arrays = {k: v.copy() for k, v in bufs.items()}
+  run_lockstep(uops, ((1, 1, 1), (threads, 1, 1)), arrays)
+  return arrays[0]
+
+def rounding_bound(reference: np.ndarray) -> np.ndarray:
+  """One float32 rounding of the exact result (the emulators round each element's exact sum once)."""
+  return np.abs(reference) * 2.0 ** -24 + 1e-30
+
+NAMES = {tc.instruction.split(".")[3] + "." + tc.instruction.split(".")[7]: tc for tc in TENSOR_CORES}
+
+@pytest.mark.parametrize("name", list(NAMES))
+@pytest.mark.parametrize("shape", ["one", "chained", "loop"])
+def test_wmma_emulators_match_numpy(name, shape):
+  tc = NAMES[name]
+  uops, K = wmma_kernel(tc, chains=2 if shape == "chained" else 1, loop=3 if shape == "loop" else 0)
+  check_linear(uops)
+  for make, exact in ((small_integers, True), (random_values, False)):
+    bufs, reference = wmma_buffers(tc, K, make)
+    want = reference.ravel()
+    for run in (run_python, run_numpy_lockstep):
+      got = run(uops, bufs).astype(np.float64)
+      if exact: np.testing.assert_array_equal(got, want, err_msg=f"{name} {shape} {run.__name__}")
+      else:
+        # one WMMA rounds once; a chain or loop rounds once a WMMA (its D is the next one's C)
+        steps = K // tc.dims[2]
+        bound = steps * rounding_bound(np.abs(as_values(bufs[1].reshape(tc.dims[0], K), tc.dtype_in)) @
+                                       np.abs(as_values(bufs[2].reshape(K, tc.dims[1]), tc.dtype_in)) +
+                                       np.abs(bufs[3].reshape(tc.dims[0], tc.dims[1]))).ravel()
+        assert (np.abs(got - want) <= bound).all(), f"{name} {shape} {run.__name__}: {np.abs(got - want).max()}"
+
+def test_tf32_operands_drop_their_low_13_bits():
+  # A = 1 + 2^-12 (bits below tf32's 10), B = 1: D is 1 (truncated), not 1 + 2^-12
+  tc = MMA_TF32
+  uops, K = wmma_kernel(tc)
+  bufs, _ = wmma_buffers(tc, K, small_integers)
+  bufs[1][:] = 0; bufs[2][:] = 0; bufs[3][:] = 0
+  bufs[1][0], bufs[2][0] = np.float32(1 + 2.0 ** -12), np.float32(1)
+  bufs[1][1], bufs[2][tc.dims[1]] = np.float32(1 + 2.0 ** -9), np.float32(1)   # kept: tf32's last bit
+  for run in (run_python, run_numpy_lockstep):
+    assert run(uops, bufs)[0] == np.float32(2 + 2.0 ** -9), run.__name__
+
+def test_wmma_rounds_the_exact_sum_once():
+  # 2^24 + 1 + 1 in float32: adding one at a time gives 2^24 twice; the exact sum 2^24 + 2 is a float32
+  tc = MMA_F16
+  uops, K = wmma_kernel(tc)
+  bufs, _ = wmma_buffers(tc, K, small_integers)
+  bufs[1][:] = 0; bufs[2][:] = 0; bufs[3][:] = 0
+  bufs[3][0] = np.float32(2.0 ** 24)
+  bufs[1][0] = bufs[1][1] = np.float16(1); bufs[2][0] = bufs[2][tc.dims[1]] = np.float16(1)
+  assert run_python(uops, bufs)[0] == np.float32(2.0 ** 24 + 2)
