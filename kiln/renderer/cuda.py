@@ -12,13 +12,17 @@ bits and computed in float with the same rounding helpers). What differs:
   test of the buffer's base pointer found it aligned, else lane by lane (the module's alignment rule);
 - the helper functions are `__device__`, parameters `__restrict__`, and the kernel has `__launch_bounds__` of its
   block size;
-- a warp SHUFFLE is `__shfl_xor_sync` over the whole warp (docs/ir.md stage 4).
+- a warp SHUFFLE is `__shfl_xor_sync` over the whole warp (docs/ir.md stage 4);
+- the tensor-core ops (docs/ir.md stage 4) are inline PTX: WMMA one `mma.sync`, its A and B fragments packed into
+  32-bit registers (two 16-bit floats, four fp8 or one tf32 a register, taken from the loaded bits where the element
+  is a load), its C and D a `kiln_vec<float, 4>`; LDMATRIX one `ldmatrix` into packed registers; CP_ASYNC one
+  `cp.async` (src-size 0 where its gate is false), CP_ASYNC_COMMIT/WAIT `cp.async.commit_group`/`wait_group`.
 """
 from __future__ import annotations
 from kiln.dtype import dtypes
 from kiln.renderer import kernel_function_name
 from kiln.renderer.cstyle import (CRenderer, _CKernelWriter, BF16_HELPERS, FP8_HELPERS, HALF_HELPERS,
-                                  STORAGE_TYPES, VALUE_TYPES, fp8_helpers)
+                                  STORAGE_TYPES, VALUE_TYPES, fp8_helpers, render_c_const)
 from kiln.uop.ops import UOp, Ops
 
 # NVRTC has neither GCC's builtins nor statement expressions: the C renderer's builtins are spelled as CUDA's math
@@ -100,6 +104,25 @@ def dependent_launch(arch: str) -> bool:
   digits = "".join(ch for ch in arch.partition("_")[2] if ch.isdigit())
   return bool(digits) and int(digits) >= 90
 
+def fragment_loads(uops: list[UOp]) -> set[UOp]:
+  """The loads of 16- or 8-bit floats that are elements of a WMMA's A or B fragment (a VECTORIZE): renderers keep
+  their loaded bits, which the fragment's registers pack as they are."""
+  out: set[UOp] = set()
+  for u in uops:
+    if u.op is not Ops.WMMA: continue
+    for operand in u.src[:2]:
+      if operand.op is Ops.VECTORIZE:
+        out.update(s for s in operand.src if s.op is Ops.LOAD and s.dtype in _TO_BITS and s.dtype.count == 1)
+  return out
+
+def packed_registers(dtype) -> int:
+  """The 32-bit registers a fragment of `dtype` (a vector of 16-bit floats, fp8 or tf32 lanes) packs into."""
+  return dtype.count * dtype.scalar.itemsize // 4
+
+def shared_address(array: str, index: str) -> str:
+  """The 32-bit shared-memory address of element `index` of shared array `array` (an inline PTX operand)."""
+  return f"(unsigned)__cvta_generic_to_shared({array}+({index}))"
+
 class CUDARenderer(CRenderer):
   """Renders a linearized kernel as `extern "C" __global__ void name(T* __restrict__ data0, ..., int var0)`."""
   device = "CUDA"
@@ -124,7 +147,12 @@ class _CudaKernelWriter(_CKernelWriter):
     super().__init__(name, uops)
     self.statements.update({Ops.SPECIAL: self._special, Ops.DEFINE_LOCAL: self._define_local,
                             Ops.BARRIER: self._barrier, Ops.ATOMIC: self._atomic, Ops.SHUFFLE: self._shuffle,
-                            Ops.GEP: self._lane})
+                            Ops.GEP: self._lane, Ops.WMMA: self._wmma, Ops.LDMATRIX: self._ldmatrix,
+                            Ops.CP_ASYNC: self._cp_async, Ops.CP_ASYNC_COMMIT: self._cp_async_commit,
+                            Ops.CP_ASYNC_WAIT: self._cp_async_wait})
+    self.raw_bits: dict[UOp, str] = {}   # a fragment element's load -> the name of its loaded bits
+    self.fragment_loads = fragment_loads(uops)
+    self.packed: dict[UOp, int] = {}   # an LDMATRIX value -> its packed 32-bit registers (a kiln_vec<unsigned, R>)
     self.aligned = wide_accesses(uops)   # (buffer, bytes) of each wide access -> its base pointer test's name
     self.device_arrays: list[str] = []   # file-scope `__device__` arrays (DEFINE_LOCAL with a "device" scope)
     self.block_threads = 1
@@ -173,9 +201,111 @@ class _CudaKernelWriter(_CKernelWriter):
     self.emit("__syncthreads();   /* the block's shared stores above, before any thread reads them */")
 
   def _lane(self, u: UOp) -> None:
-    """A GEP of a wide load: the lane of its `kiln_vec`."""
-    if u.src[0].op is not Ops.LOAD: raise NotImplementedError(f"CUDARenderer: a GEP of {u.src[0].op} ({self.name})")
-    self.names[u] = f"{self.names[u.src[0]]}.v[{u.arg}]"
+    """A GEP: the lane of a wide load's, an accumulator's or a WMMA's `kiln_vec` (an accumulator's read where it is
+    used), a VECTORIZE's source, or an element unpacked from an LDMATRIX's registers."""
+    vec = u.src[0]
+    if vec.op is Ops.VECTORIZE: self.names[u] = self.expr(vec.src[u.arg])
+    elif vec in self.packed:
+      scalar = vec.dtype.scalar
+      bits = f"(unsigned short)({self.names[vec]}.v[{u.arg // 2}] >> {16 * (u.arg % 2)})"
+      self.note_dtype(scalar)
+      self.names[u] = _FROM_BITS[scalar].format(bits) if scalar in _FROM_BITS else f"(({VALUE_TYPES[scalar]}){bits})"
+    elif vec.op in (Ops.LOAD, Ops.DEFINE_ACC, Ops.WMMA, Ops.ASSIGN, Ops.CONST):
+      self.names[u] = self.float_lanes(vec)[u.arg]
+    else: raise NotImplementedError(f"CUDARenderer: a GEP of {vec.op} ({self.name})")
+
+  # ---- tensor-core ops (docs/ir.md stage 4) ----
+  def float_lanes(self, u: UOp) -> list[str]:
+    """The lanes of a vector value (a WMMA's C or D, an accumulator, a wide load) as C expressions."""
+    if u.op is Ops.VECTORIZE: return [self.expr(s) for s in u.src]
+    if u.op is Ops.CONST:
+      values = u.arg if isinstance(u.arg, tuple) else (u.arg,) * u.dtype.count
+      return [render_c_const(x, u.dtype.scalar) for x in values]
+    return [f"{self.names[u]}.v[{k}]" for k in range(u.dtype.count)]
+
+  def element_bits(self, x: UOp) -> str:
+    """A fragment element's bits as an unsigned int: the loaded bits of a load, else the value converted (exact:
+    it is a value of its dtype already); a float32 (tf32) element's own bits."""
+    if x in self.raw_bits: return f"(unsigned){self.raw_bits[x]}"
+    if x.dtype == dtypes.float32: return f"__float_as_uint({self.expr(x)})"
+    return f"(unsigned){_TO_BITS[x.dtype].format(self.expr(x))}"
+
+  def fragment_registers(self, u: UOp) -> list[str]:
+    """A WMMA's A or B fragment as 32-bit register expressions (element 0 in the low bits)."""
+    if u in self.packed: return [f"{self.names[u]}.v[{k}]" for k in range(self.packed[u])]
+    if u.op is not Ops.VECTORIZE: raise NotImplementedError(f"CUDARenderer: a WMMA fragment from {u.op} ({self.name})")
+    per = 4 // u.dtype.scalar.itemsize
+    bits = [self.element_bits(x) for x in u.src]
+    regs = []
+    for k in range(0, len(bits), per):
+      parts = [b if j == 0 else f"({b} << {8 * 4 // per * j})" for j, b in enumerate(bits[k:k + per])]
+      regs.append(parts[0] if per == 1 else f"({' | '.join(parts)})")
+    return regs
+
+  def _wmma(self, u: UOp) -> None:
+    """`asm volatile("mma.sync...")` on the packed A and B registers and C's floats, into a `kiln_vec<float, 4>`."""
+    tc = u.arg
+    self.note_dtype(tc.dtype_in)
+    a, b = self.fragment_registers(u.src[0]), self.fragment_registers(u.src[1])
+    c, lanes = self.float_lanes(u.src[2]), u.dtype.count
+    name = self.names[u] = self.fresh_name("wmma")
+    groups, at = [], 0
+    for count in (lanes, len(a), len(b), lanes):
+      groups.append("{" + ", ".join(f"%{at + k}" for k in range(count)) + "}")
+      at += count
+    outs = ", ".join(f'"=f"({name}.v[{k}])' for k in range(lanes))
+    ins = ", ".join([f'"r"({r})' for r in a + b] + [f'"f"({x})' for x in c])
+    self.emit(f"kiln_vec<float, {lanes}> {name};")
+    self.emit(f'asm volatile("{tc.instruction} {", ".join(groups)};" : {outs} : {ins});')
+
+  def _ldmatrix(self, u: UOp) -> None:
+    """`ldmatrix.sync.aligned.m8n8.x{n}[.trans].shared.b16` into a `kiln_vec<unsigned, n>` (packed elements)."""
+    buf, index = u.src[:2]
+    matrices, trans = u.arg
+    self.note_dtype(buf.dtype)
+    name = self.names[u] = self.fresh_name("ldm")
+    self.packed[u] = matrices
+    regs = ", ".join(f"%{k}" for k in range(matrices))
+    outs = ", ".join(f'"=r"({name}.v[{k}])' for k in range(matrices))
+    op = f"ldmatrix.sync.aligned.m8n8.x{matrices}{'.trans' if trans else ''}.shared.b16"
+    self.emit(f"kiln_vec<unsigned, {matrices}> {name};")
+    self.emit(f'asm volatile("{op} {{{regs}}}, [%{matrices}];" : {outs} : '
+              f'"r"({shared_address(self.expr(buf), self.expr(index))}) : "memory");')
+
+  def _cp_async(self, u: UOp) -> None:
+    """`cp.async.{ca|cg}.shared.global [dst], [src], n(, src-size)`: src-size 0 (zero fill) where the gate fails."""
+    dst, dst_index, src, src_index = u.src[:4]
+    nbytes, cache = u.arg
+    self.note_dtype(src.dtype)
+    operands = [f'"r"({shared_address(self.expr(dst), self.expr(dst_index))})',
+                f'"l"({self.expr(src)}+({self.expr(src_index)}))']
+    size = ""
+    if len(u.src) == 5:
+      size = ", %2"
+      operands.append(f'"r"({self.expr(u.src[4])} ? {nbytes} : 0)')
+    self.emit(f'asm volatile("cp.async.{cache}.shared.global [%0], [%1], {nbytes}{size};" :: {", ".join(operands)} : '
+              '"memory");')
+
+  def _cp_async_commit(self, u: UOp) -> None:
+    self.emit('asm volatile("cp.async.commit_group;" ::: "memory");')
+
+  def _cp_async_wait(self, u: UOp) -> None:
+    self.emit(f'asm volatile("cp.async.wait_group {u.arg};" ::: "memory");   /* this thread\'s copies but the last '
+              f'{u.arg} groups have landed */')
+
+  def _define_acc(self, u: UOp) -> None:
+    if u.dtype.count == 1: return super()._define_acc(u)
+    self.note_dtype(u.dtype.scalar)   # a WMMA's accumulator: a kiln_vec
+    name = self.names[u] = self.fresh_name("acc")
+    lanes = ", ".join(self.float_lanes(u.src[0]))
+    self.emit(f"kiln_vec<{VALUE_TYPES[u.dtype.scalar]}, {u.dtype.count}> {name} = {{{{{lanes}}}}};")
+
+  def _assign(self, u: UOp) -> None:
+    target, value = u.src
+    if target.dtype.count == 1: return super()._assign(u)
+    if value.op in (Ops.WMMA, Ops.DEFINE_ACC, Ops.ASSIGN): self.emit(f"{self.names[target]} = {self.names[value]};")
+    else: self.emit(" ".join(f"{self.names[target]}.v[{k}] = {x};" for k, x in enumerate(self.float_lanes(value))))
+    self.names[u] = self.names[target]
 
   def _wide_load(self, u: UOp) -> None:
     """A wide global load: one vector read where the buffer's base is aligned, else its lanes one by one."""
@@ -213,6 +343,15 @@ class _CudaKernelWriter(_CKernelWriter):
   def _load(self, u: UOp) -> None:
     buf = u.src[0]
     if u.dtype.count > 1: return self._wide_load(u)
+    if u in self.fragment_loads:   # a WMMA fragment's element: its bits kept for the packed register
+      self.note_dtype(u.dtype)
+      read = f"{self.expr(buf)}[{self.expr(u.src[1])}]"
+      if len(u.src) == 3 and u.src[2].op is not Ops.BARRIER:
+        read = f"({self.expr(u.src[2])}?{read}:({STORAGE_TYPES[u.dtype]})0)"
+      bits = self.raw_bits[u] = self.fresh_name("bits")
+      self.emit(f"const {STORAGE_TYPES[u.dtype]} {bits} = {read};")
+      self.names[u] = _FROM_BITS[u.dtype].format(bits)
+      return
     if buf.op is Ops.DEFINE_LOCAL and len(buf.arg) > 2:   # written by other blocks in this launch: read through L2
       self.note_dtype(u.dtype)
       read = f"__ldcg(&{self.expr(buf)}[{self.expr(u.src[1])}])"

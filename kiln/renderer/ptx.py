@@ -16,6 +16,10 @@ NVRTC makes of the C renderer's semantics (kiln/renderer/cstyle.py), so both giv
 POW on float32 (and 16-bit floats) is 2**(y*log2|x|) on the hardware's approximate lg2/ex2 with C99's special cases:
 within a few ulp, not CUDA libdevice's bits. float32 MOD is exact (as fmodf is).
 A warp SHUFFLE is `shfl.sync.bfly.b32` over the whole warp, one per 32 bits of the value.
+The tensor-core ops (docs/ir.md stage 4): WMMA is one `mma.sync` whose A and B registers pack the fragment's elements
+(`prmt.b32` of the loaded 16- or 8-bit patterns, or of the bits converted from the value; a tf32 element's own
+bits), its C and D four f32 registers each; LDMATRIX one `ldmatrix` into b32 registers, CP_ASYNC one `cp.async`
+(src-size 0 where its gate is false), CP_ASYNC_COMMIT/WAIT `cp.async.commit_group`/`cp.async.wait_group`.
 A thread's wide global accesses (kiln/codegen/wide_memory.py: a vector LOAD and its GEPs, a STORE of a VECTORIZE)
 are one `ld.global.v4.f32` / `st.global.v4.f32` (or .v2) where the kernel's test of the buffer's base pointer (once,
 in the prologue) found it aligned to the access, else the lanes one by one under the opposite predicate.
@@ -102,9 +106,13 @@ class _PTXKernelWriter(KernelWriter):
       Ops.DEFINE_ACC: self._define_acc, Ops.ASSIGN: self._assign, Ops.SPECIAL: self._special,
       Ops.DEFINE_LOCAL: self._define_local, Ops.BARRIER: self._barrier, Ops.ATOMIC: self._atomic,
       Ops.CAST: self._cast, Ops.BITCAST: self._bitcast, Ops.SHUFFLE: self._shuffle, Ops.GEP: self._lane,
+      Ops.WMMA: self._wmma, Ops.LDMATRIX: self._ldmatrix, Ops.CP_ASYNC: self._cp_async,
+      Ops.CP_ASYNC_COMMIT: self._cp_async_commit, Ops.CP_ASYNC_WAIT: self._cp_async_wait,
       **{op: self._nothing for op in (Ops.CONST, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.SINK, Ops.VECTORIZE)}})
     self.aligned: dict[tuple[UOp, int], str] = {}   # (buffer, bytes) of a wide access -> its aligned-base predicate
-    self.lanes: dict[UOp, list[str]] = {}   # a wide load -> its lanes' registers
+    self.lanes: dict[UOp, list[str]] = {}   # a wide load, a WMMA, a vector accumulator -> its lanes' registers
+    self.raw_bits: dict[UOp, str] = {}   # a load of a 16- or 8-bit float -> the b32 register of its loaded bits
+    self.packed: dict[UOp, list[str]] = {}   # an LDMATRIX -> its b32 registers (two 16-bit elements each)
 
   def fail(self, what: str) -> NotImplementedError:
     """The error for something PTX cannot render here, pointing at the CUDA C renderer."""
@@ -196,8 +204,93 @@ class _PTXKernelWriter(KernelWriter):
     return f"[{out}]"
 
   def _lane(self, u: UOp) -> None:
-    if u.src[0] not in self.lanes: raise self.fail(f"a GEP of {u.src[0].op.name}")
-    self.names[u] = self.lanes[u.src[0]][u.arg]
+    vec = u.src[0]
+    if vec in self.packed:   # an element of an LDMATRIX's registers: its 16 bits, then the value
+      bits = self.reg("b32")
+      self.emit(f"bfe.u32 {bits}, {self.packed[vec][u.arg // 2]}, {16 * (u.arg % 2)}, 16")
+      scalar = vec.dtype.scalar
+      if scalar == dtypes.float16: self.names[u] = self.half_to_f(bits)
+      elif scalar == dtypes.bfloat16: self.names[u] = self.bf16_to_f(bits)
+      elif scalar == dtypes.int16: self.names[u] = self.normalize(bits, scalar)
+      else: self.names[u] = bits
+      return
+    if vec.op in (Ops.VECTORIZE, Ops.CONST): self.names[u] = self.vector_lanes(vec)[u.arg]
+    elif vec not in self.lanes: raise self.fail(f"a GEP of {vec.op.name}")
+    else: self.names[u] = self.lanes[vec][u.arg]
+
+  # ---- tensor-core ops (docs/ir.md stage 4) ----
+  def vector_lanes(self, u: UOp) -> list[str]:
+    """The registers of a vector value's lanes (a VECTORIZE's sources, a vector constant moved into registers)."""
+    if u.op is Ops.VECTORIZE: return [self.value(s) for s in u.src]
+    if u.op is Ops.CONST:
+      values = u.arg if isinstance(u.arg, tuple) else (u.arg,) * u.dtype.count
+      return [self.value(UOp.const(u.dtype.scalar, x)) for x in values]
+    if u not in self.lanes: raise self.fail(f"vector lanes of {u.op.name}")
+    return self.lanes[u]
+
+  def element_bits(self, x: UOp) -> str:
+    """A b32 register holding a fragment element's bits in its low 8, 16 or 32 bits."""
+    if x in self.raw_bits: return self.raw_bits[x]
+    value = self.value(x)
+    if x.dtype == dtypes.float16: return self.half_bits(value)
+    if x.dtype == dtypes.bfloat16: return self.f_to_bf16(value)
+    if x.dtype in _FP8: return self.fp8_bits(self.widen(value), x.dtype)
+    if x.dtype == dtypes.float32:
+      out = self.reg("b32")
+      self.emit(f"mov.b32 {out}, {value}")
+      return out
+    raise self.fail(f"a WMMA fragment of {x.dtype}")
+
+  def fragment_registers(self, u: UOp) -> list[str]:
+    """A WMMA's A or B fragment as b32 registers, element 0 in the low bits (`prmt` packs 16- and 8-bit ones)."""
+    if u in self.packed: return self.packed[u]
+    if u.op is not Ops.VECTORIZE: raise self.fail(f"a WMMA fragment from {u.op.name}")
+    bits = [self.element_bits(x) for x in u.src]
+    per = 4 // u.dtype.scalar.itemsize
+    regs = []
+    for k in range(0, len(bits), per):
+      group = bits[k:k + per]
+      if per == 1: regs.append(group[0]); continue
+      if per == 4:   # bytes 0,1 then 2,3, then the two halves
+        low, high = self.reg("b32"), self.reg("b32")
+        self.emit(f"prmt.b32 {low}, {group[0]}, {group[1]}, 0x0040")
+        self.emit(f"prmt.b32 {high}, {group[2]}, {group[3]}, 0x0040")
+        group = [low, high]
+      out = self.reg("b32")
+      self.emit(f"prmt.b32 {out}, {group[0]}, {group[1]}, 0x5410")
+      regs.append(out)
+    return regs
+
+  def _wmma(self, u: UOp) -> None:
+    tc = u.arg
+    a, b = self.fragment_registers(u.src[0]), self.fragment_registers(u.src[1])
+    c = self.vector_lanes(u.src[2])
+    outs = self.lanes[u] = [self.reg(dtypes.float32) for _ in range(u.dtype.count)]
+    groups = ", ".join("{" + ", ".join(regs) + "}" for regs in (outs, a, b, c))
+    self.emit(f"{tc.instruction} {groups}")
+
+  def _ldmatrix(self, u: UOp) -> None:
+    buf, index = u.src[:2]
+    matrices, trans = u.arg
+    outs = self.packed[u] = [self.reg("b32") for _ in range(matrices)]
+    self.emit(f"ldmatrix.sync.aligned.m8n8.x{matrices}{'.trans' if trans else ''}.shared.b16 {{{', '.join(outs)}}}, "
+              f"{self.address(buf, index)}")
+
+  def _cp_async(self, u: UOp) -> None:
+    dst, dst_index, src, src_index = u.src[:4]
+    nbytes, cache = u.arg
+    size = ""
+    if len(u.src) == 5:   # src-size 0 where the gate fails: nothing read, zeros written
+      reg = self.reg("b32")
+      self.emit(f"selp.u32 {reg}, {nbytes}, 0, {self.value(u.src[4])}")
+      size = f", {reg}"
+    self.emit(f"cp.async.{cache}.shared.global {self.address(dst, dst_index)}, {self.address(src, src_index)}, "
+              f"{nbytes}{size}")
+
+  def _cp_async_commit(self, u: UOp) -> None: self.emit("cp.async.commit_group")
+
+  def _cp_async_wait(self, u: UOp) -> None:
+    self.emit(f"cp.async.wait_group {u.arg}   // this thread's copies but the last {u.arg} groups have landed")
 
   def _wide_parts(self, buf: UOp, index: UOp) -> tuple[str, int]:
     """(address register, byte offset) of element `index` of global `buf`, so lane k is at `[reg+offset+k*size]`."""
@@ -255,6 +348,7 @@ class _PTXKernelWriter(KernelWriter):
       else: self.emit(f"mov.{self.mov_type(u.dtype)} {raw}, {ptx_const(0, u.dtype)}")
       self.emit(f"@{self.value(gate)} ld.{space}.{mem} {raw}, {addr}")
     else: self.emit(f"ld.{space}.{mem} {raw}, {addr}")
+    if u.dtype in _IN_F32: self.raw_bits[u] = raw   # (a WMMA fragment packs these bits)
     if u.dtype == dtypes.bool:
       out = self.reg(dtypes.bool)
       self.emit(f"setp.ne.u32 {out}, {raw}, 0")
@@ -314,12 +408,21 @@ class _PTXKernelWriter(KernelWriter):
     self.lines.append(f"{end}:")
 
   def _define_acc(self, u: UOp) -> None:
+    if u.dtype.count > 1:   # a WMMA's accumulator: a register a lane
+      outs = self.lanes[u] = [self.reg(u.dtype.scalar) for _ in range(u.dtype.count)]
+      for out, x in zip(outs, self.vector_lanes(u.src[0])): self.emit(f"mov.{self.mov_type(u.dtype.scalar)} {out}, {x}")
+      return
     out = self.names[u] = self.reg(u.dtype)
     self.emit(f"mov.{self.mov_type(u.dtype)} {out}, {self.operand(u.src[0])}")
 
   def _assign(self, u: UOp) -> None:
     target, value = u.src
     if target.op is not Ops.DEFINE_ACC: raise ValueError(f"PTXRenderer: ASSIGN must target a DEFINE_ACC ({self.name})")
+    if target.dtype.count > 1:
+      for out, x in zip(self.lanes[target], self.vector_lanes(value)):
+        self.emit(f"mov.{self.mov_type(target.dtype.scalar)} {out}, {x}")
+      self.lanes[u] = self.lanes[target]
+      return
     self.emit(f"mov.{self.mov_type(target.dtype)} {self.names[target]}, {self.operand(value)}")
     self.names[u] = self.names[target]
 
@@ -956,7 +1059,9 @@ class _PTXKernelWriter(KernelWriter):
       f".visible .entry {self.name}(", ",\n".join(f"  {p}" for p in params), f") {bounds}",
       "{", *registers, *self.shared_arrays, *prologue, *body, "  ret;", "}", ""])
 
-_STRAIGHT_BREAKS = frozenset({Ops.RANGE, Ops.ENDRANGE, Ops.BARRIER, Ops.STORE, Ops.ATOMIC})
+# what may change a shared array between two loads (copies land at a CP_ASYNC_WAIT)
+_STRAIGHT_BREAKS = frozenset({Ops.RANGE, Ops.ENDRANGE, Ops.BARRIER, Ops.STORE, Ops.ATOMIC, Ops.CP_ASYNC,
+                              Ops.CP_ASYNC_WAIT})
 
 def shared_quads(uops: list[UOp]) -> dict[UOp, list[UOp]]:
   """Groups of four ungated float32 loads of one shared array at elements `base + 4q + j` (j = 0..3, `base` a

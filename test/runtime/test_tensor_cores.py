@@ -180,12 +180,12 @@ def test_wmma_emulators_match_numpy(name, shape):
         assert (np.abs(got - want) <= bound).all(), f"{name} {shape} {run.__name__}: {np.abs(got - want).max()}"
 
 def test_tf32_operands_drop_their_low_13_bits():
-  # A = 1 + 2^-12 (bits below tf32's 10), B = 1: D is 1 (truncated), not 1 + 2^-12
+  # A = 1 + 0.75 of tf32's last place (bits below its 10), B = 1: D is 1 (truncated), not 1 + 2^-10 (rounded)
   tc = MMA_TF32
   uops, K = wmma_kernel(tc)
   bufs, _ = wmma_buffers(tc, K, small_integers)
   bufs[1][:] = 0; bufs[2][:] = 0; bufs[3][:] = 0
-  bufs[1][0], bufs[2][0] = np.float32(1 + 2.0 ** -12), np.float32(1)
+  bufs[1][0], bufs[2][0] = np.float32(1 + 2.0 ** -11 + 2.0 ** -12), np.float32(1)
   bufs[1][1], bufs[2][tc.dims[1]] = np.float32(1 + 2.0 ** -9), np.float32(1)   # kept: tf32's last bit
   for run in (run_python, run_numpy_lockstep):
     assert run(uops, bufs)[0] == np.float32(2 + 2.0 ** -9), run.__name__
@@ -199,3 +199,105 @@ def test_wmma_rounds_the_exact_sum_once():
   bufs[3][0] = np.float32(2.0 ** 24)
   bufs[1][0] = bufs[1][1] = np.float16(1); bufs[2][0] = bufs[2][tc.dims[1]] = np.float16(1)
   assert run_python(uops, bufs)[0] == np.float32(2.0 ** 24 + 2)
+
+# ---------------- rendered for CUDA C and PTX, built for sm_90a ----------------
+
+NVCC, PTXAS = shutil.which("nvcc"), shutil.which("ptxas")
+
+def build(src: str, kind: str, folder) -> str:
+  """nvcc (CUDA C) or ptxas (PTX) for sm_90a on `src`; the -v report (asserting a build without spills)."""
+  path = folder / f"kernel.{kind}"
+  path.write_text(src)
+  tool = [NVCC, "-arch=sm_90a", "-cubin", "--fmad=false", "-Xptxas", "-v"] if kind == "cu" else \
+    [PTXAS, "-arch=sm_90a", "-v"]
+  result = subprocess.run([*tool, "-o", str(path) + ".cubin", str(path)], capture_output=True, text=True)
+  report = result.stdout + result.stderr
+  assert result.returncode == 0, f"{kind} does not build:\n{report}\n{src}"
+  assert "0 bytes spill stores, 0 bytes spill loads" in report and "0 bytes stack frame" in report, report
+  return report
+
+def nvcc_ptx(src: str, folder) -> str:
+  """The PTX NVVM makes of a CUDA C kernel (to find the inline instructions in it)."""
+  path = folder / "kernel.cu"
+  path.write_text(src)
+  subprocess.run([NVCC, "-arch=sm_90a", "-ptx", "--fmad=false", "-o", str(folder / "kernel.ptx"), str(path)],
+                 check=True, capture_output=True)
+  return (folder / "kernel.ptx").read_text()
+
+@pytest.mark.skipif(NVCC is None or PTXAS is None, reason="nvcc/ptxas (CUDA toolkit) not installed")
+@pytest.mark.parametrize("name", list(NAMES))
+@pytest.mark.parametrize("shape", ["one", "loop"])
+def test_wmma_kernels_build_for_sm_90a(name, shape, tmp_path):
+  tc = NAMES[name]
+  uops, _ = wmma_kernel(tc, loop=3 if shape == "loop" else 0)
+  cuda_src, ptx_src = CUDARenderer().render("tc_kernel", uops), PTXRenderer().render("tc_kernel", uops)
+  build(cuda_src, "cu", tmp_path)
+  assert tc.instruction in nvcc_ptx(cuda_src, tmp_path)
+  build(ptx_src, "ptx", tmp_path)
+  assert ptx_src.count(tc.instruction) == 1
+  if tc.dtype_in.itemsize < 4:   # the fragment's loaded bits packed by prmt, never converted to float and back
+    assert "prmt.b32" in ptx_src
+
+# ---------------- on the GPU ----------------
+
+def _gpu():
+  from kiln.runtime import cuda_driver as cuda
+  if not cuda.available() or cuda.device_count() == 0: pytest.skip("no CUDA GPU")
+  return cuda
+
+def run_cuda(uops: list[UOp], bufs: dict[int, np.ndarray], threads: int = 32) -> dict[str, np.ndarray]:
+  """The kernel compiled from CUDA C (NVRTC) and from PTX on GPU 0: output 0 of each, by renderer name."""
+  cuda = _gpu()
+  ctx = cuda.Context(0)
+  arch = ctx.properties.arch
+  images = {"cuda": cuda.NVRTCCompiler(arch).compile(CUDARenderer(arch).render("tc_kernel", uops)),
+            "ptx": cuda.PTXCompiler(arch).compile(PTXRenderer(arch).render("tc_kernel", uops))}
+  out = {}
+  for kind, image in images.items():
+    module = ctx.load(image)
+    memory = [ctx.alloc(max(1, bufs[k].nbytes)) for k in sorted(bufs)]
+    for mem, k in zip(memory, sorted(bufs)): ctx.copy_in(mem, bufs[k])
+    module.function("tc_kernel").launch(*memory, grid=(1, 1, 1), block=(threads, 1, 1))
+    ctx.synchronize()
+    out[kind] = np.empty_like(bufs[0])
+    ctx.copy_out(out[kind], memory[0])
+    for mem in memory: mem.free()
+    module.close()
+  return out
+
+def hardware_tolerance(tc: TensorCore, bufs: dict[int, np.ndarray], K: int, steps: int) -> np.ndarray:
+  """How far the tensor cores' D may be from the exact A @ B + C: their sums align the terms to the largest one
+  and truncate, so each WMMA may be off by about (k + 1) units of float32's last place of the largest magnitude
+  it adds; bounded here by 2^-21 of the sum of magnitudes a WMMA (k + 1 <= 33 terms), per chained WMMA."""
+  m, n, _ = tc.dims
+  a, b = as_values(bufs[1].reshape(m, K), tc.dtype_in), as_values(bufs[2].reshape(K, n), tc.dtype_in)
+  magnitude = np.abs(a) @ np.abs(b) + np.abs(bufs[3].reshape(m, n))
+  return (steps * 2.0 ** -21 * magnitude).ravel() + 1e-30
+
+@pytest.mark.parametrize("name", list(NAMES))
+@pytest.mark.parametrize("shape", ["one", "chained", "loop"])
+def test_wmma_on_the_gpu_matches_numpy(name, shape):
+  _gpu()
+  tc = NAMES[name]
+  uops, K = wmma_kernel(tc, chains=2 if shape == "chained" else 1, loop=3 if shape == "loop" else 0)
+  for make, exact in ((small_integers, True), (random_values, False)):
+    bufs, reference = wmma_buffers(tc, K, make)
+    emulated = run_python(uops, bufs)
+    for kind, got in run_cuda(uops, bufs).items():
+      if exact: np.testing.assert_array_equal(got, reference.ravel(), err_msg=f"{name} {shape} {kind}")
+      else:
+        bound = hardware_tolerance(tc, bufs, K, K // tc.dims[2])
+        assert (np.abs(got - reference.ravel()) <= bound).all(), f"{name} {shape} {kind}"
+        assert (np.abs(got - emulated) <= 2 * bound).all(), f"{name} {shape} {kind} against the PYTHON emulator"
+
+def test_tf32_truncation_on_the_gpu():
+  # the emulators drop a tf32 operand's low 13 bits (test_tf32_operands_drop_their_low_13_bits): so does the GPU
+  _gpu()
+  tc = MMA_TF32
+  uops, K = wmma_kernel(tc)
+  bufs, _ = wmma_buffers(tc, K, small_integers)
+  bufs[1][:] = 0; bufs[2][:] = 0; bufs[3][:] = 0
+  bufs[1][0], bufs[2][0] = np.float32(1 + 2.0 ** -11 + 2.0 ** -12), np.float32(1)   # 0.75 of tf32's last place
+  bufs[1][1], bufs[2][tc.dims[1]] = np.float32(1 + 2.0 ** -9), np.float32(1)
+  for kind, got in run_cuda(uops, bufs).items():
+    assert got[0] == run_python(uops, bufs)[0] == np.float32(2 + 2.0 ** -9), (kind, got[0])
