@@ -301,3 +301,242 @@ def test_tf32_truncation_on_the_gpu():
   bufs[1][1], bufs[2][tc.dims[1]] = np.float32(1 + 2.0 ** -9), np.float32(1)
   for kind, got in run_cuda(uops, bufs).items():
     assert got[0] == run_python(uops, bufs)[0] == np.float32(2 + 2.0 ** -9), (kind, got[0])
+
+# ---------------- LDMATRIX and CP_ASYNC ----------------
+
+def _int(kern: Kernel, expr) -> UOp:
+  """An int32 expression of the lane: `expr(lane, const)` with the kernel's ALU helpers."""
+  return expr(kern.lane, kern.const)
+
+def _ops(kern: Kernel):
+  add = lambda a, b: kern.alu(Ops.ADD, a, b)
+  mul = lambda a, b: kern.alu(Ops.MUL, a, b)
+  div = lambda a, b: kern.alu(Ops.IDIV, a, b)
+  mod = lambda a, b: kern.alu(Ops.MOD, a, b)
+  return add, mul, div, mod, kern.const
+
+def ldmatrix_kernel(dtype, matrices: int, trans: bool) -> list[UOp]:
+  """A warp copies a 32 x 8 matrix of `dtype` (data1) into a shared tile (8 stores a lane), then LDMATRIX x
+  `matrices` with lane l naming row l, and stores lane l's elements at data0[l*2x + e]."""
+  kern = Kernel()
+  add, mul, div, mod, c = _ops(kern)
+  out, src = UOp(Ops.DEFINE_GLOBAL, dtype, (), 0), UOp(Ops.DEFINE_GLOBAL, dtype, (), 1)
+  tile = kern.add(UOp(Ops.DEFINE_LOCAL, dtype, (), ("tile", 256)))
+  stores = []
+  for e in range(8):
+    at = add(mul(kern.lane, c(8)), c(e))
+    stores.append(kern.add(UOp(Ops.STORE, dtypes.void, (tile, at, kern.load(src, at)))))
+  barrier = kern.add(UOp(Ops.BARRIER, dtypes.void, tuple(stores)))
+  ldm = kern.add(UOp(Ops.LDMATRIX, dtype.vec(2 * matrices), (tile, mul(kern.lane, c(8)), barrier), (matrices, trans)))
+  for e in range(2 * matrices):
+    kern.add(UOp(Ops.STORE, dtypes.void, (out, add(mul(kern.lane, c(2 * matrices)), c(e)),
+                                          kern.add(UOp(Ops.GEP, dtype, (ldm,), e)))))
+  return kern.uops
+
+def ldmatrix_reference(data: np.ndarray, matrices: int, trans: bool) -> np.ndarray:
+  """The PTX ISA's ldmatrix: lane l gets (l // 4, 2(l % 4) + e) of each 8x8 matrix j (rows 8j.. of `data`), or
+  (2(l % 4) + e, l // 4) transposed."""
+  grid = data.reshape(32, 8)
+  out = np.zeros((32, 2 * matrices), data.dtype)
+  for lane in range(32):
+    for j in range(matrices):
+      m = grid[8 * j:8 * j + 8]
+      r, col = lane // 4, 2 * (lane % 4)
+      out[lane, 2 * j:2 * j + 2] = (m[col, r], m[col + 1, r]) if trans else (m[r, col], m[r, col + 1])
+  return out.ravel()
+
+LDMATRIX_CASES = [(dt, x, t) for dt in (dtypes.float16, dtypes.bfloat16) for x in (1, 2, 4) for t in (False, True)]
+
+@pytest.mark.parametrize("dtype,matrices,trans", LDMATRIX_CASES)
+def test_ldmatrix_emulators_match_the_ptx_isa(dtype, matrices, trans):
+  uops = ldmatrix_kernel(dtype, matrices, trans)
+  check_linear(uops)
+  data = storage(np.arange(256, dtype=np.float64) - 100, dtype)
+  bufs = {0: np.zeros(64 * matrices, data.dtype), 1: data}
+  want = ldmatrix_reference(data, matrices, trans)
+  for run in (run_python, run_numpy_lockstep):
+    np.testing.assert_array_equal(run(uops, bufs), want, err_msg=run.__name__)
+
+def pipeline_kernel(tc: TensorCore, rows_valid: int = 16) -> list[UOp]:
+  """The Ampere path for one warp and one m16n8k16 tile: A (16 x 16, row-major, data1) and B (16 x 8, k-major:
+  B's own rows, data2) copied to shared arrays by 16-byte CP_ASYNCs (A's rows from `rows_valid` on zero-filled by
+  the gate), one commit, wait 0 and a barrier; A's fragment one LDMATRIX x4, B's one x2 .trans; one WMMA from C = 0;
+  D stored at data0 by its layout (index table data3)."""
+  kern = Kernel()
+  add, mul, div, mod, c = _ops(kern)
+  dt = tc.dtype_in
+  d, a_buf, b_buf, table = (UOp(Ops.DEFINE_GLOBAL, t, (), i) for i, t in enumerate((F32, dt, dt, INT)))
+  tile_a = kern.add(UOp(Ops.DEFINE_LOCAL, dt, (), ("tile_a", 256)))
+  tile_b = kern.add(UOp(Ops.DEFINE_LOCAL, dt, (), ("tile_b", 128)))
+  a_at = mul(kern.lane, c(8))   # chunk l of A: row l // 2, columns 8*(l % 2)..
+  valid = kern.add(UOp(Ops.CMPLT, dtypes.bool, (div(kern.lane, c(2)), c(rows_valid))))
+  copy_a = kern.add(UOp(Ops.CP_ASYNC, dtypes.void, (tile_a, a_at, a_buf, a_at, valid), (16, "cg")))
+  b_at = mul(mod(kern.lane, c(16)), c(8))   # row l % 16 of B (lanes 16.. copy the same rows again)
+  copy_b = kern.add(UOp(Ops.CP_ASYNC, dtypes.void, (tile_b, b_at, b_buf, b_at), (16, "ca")))
+  commit = kern.add(UOp(Ops.CP_ASYNC_COMMIT, dtypes.void, (copy_a, copy_b)))
+  wait = kern.add(UOp(Ops.CP_ASYNC_WAIT, dtypes.void, (commit,), 0))
+  barrier = kern.add(UOp(Ops.BARRIER, dtypes.void, (wait,)))
+  # A: matrix j = l // 8 is rows 8*(j % 2).., columns 8*(j // 2)..; lane l names its row l % 8
+  row = add(mod(kern.lane, c(8)), mul(mod(div(kern.lane, c(8)), c(2)), c(8)))
+  a_row = add(mul(row, c(16)), mul(div(kern.lane, c(16)), c(8)))
+  a = kern.add(UOp(Ops.LDMATRIX, dt.vec(8), (tile_a, a_row, barrier), (4, False)))
+  b = kern.add(UOp(Ops.LDMATRIX, dt.vec(4), (tile_b, b_at, barrier), (2, True)))   # k rows 8j.. for matrix j
+  zero = kern.add(UOp.const(F32.vec(4), 0.0))
+  out = kern.add(UOp(Ops.WMMA, F32.vec(4), (a, b, zero), tc))
+  kern.store_lanes(d, table, out)
+  return kern.uops
+
+def pipeline_buffers(tc: TensorCore, rows_valid: int, make) -> tuple[dict[int, np.ndarray], np.ndarray]:
+  m, n, k = tc.dims
+  rng = np.random.default_rng(rows_valid)
+  a, b = storage(make(rng, (m, k), tc.dtype_in), tc.dtype_in), storage(make(rng, (k, n), tc.dtype_in), tc.dtype_in)
+  bufs = {0: np.full(m * n, np.nan, np.float32), 1: a.ravel(), 2: b.ravel(), 3: index_tables(tc, k)["c"]}
+  av = as_values(a, tc.dtype_in)
+  av[rows_valid:] = 0
+  return bufs, (av @ as_values(b, tc.dtype_in)).ravel()
+
+@pytest.mark.parametrize("tc", [MMA_F16, MMA_BF16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("rows_valid", [16, 11])
+def test_cp_async_ldmatrix_wmma_in_the_emulators(tc, rows_valid):
+  uops = pipeline_kernel(tc, rows_valid)
+  check_linear(uops)
+  bufs, want = pipeline_buffers(tc, rows_valid, small_integers)
+  for run in (run_python, run_numpy_lockstep):
+    np.testing.assert_array_equal(run(uops, bufs), want, err_msg=run.__name__)
+
+def staged_copy_kernel(nbytes: int, cache: str, read_early: bool = False) -> list[UOp]:
+  """Two stages of asynchronous copies of float32 (x: data1 into tile0, y: data2 into tile1), a group each; wait 1
+  and a barrier, then each lane reads its elements of tile0 into data0 (and, with `read_early`, of tile1 too, which
+  has not landed yet); wait 0 and a barrier, then tile1 into data0's second half."""
+  per = nbytes // 4
+  kern = Kernel()
+  add, mul, div, mod, c = _ops(kern)
+  out, x, y = (UOp(Ops.DEFINE_GLOBAL, F32, (), i) for i in range(3))
+  size = 32 * per
+  tiles = [kern.add(UOp(Ops.DEFINE_LOCAL, F32, (), (f"tile{i}", size))) for i in range(2)]
+  at = mul(kern.lane, c(per))
+  commits = []
+  for tile, src in zip(tiles, (x, y)):
+    copy = kern.add(UOp(Ops.CP_ASYNC, dtypes.void, (tile, at, src, at), (nbytes, cache)))
+    commits.append(kern.add(UOp(Ops.CP_ASYNC_COMMIT, dtypes.void, (copy,))))
+  for stage, pending in enumerate((1, 0)):
+    wait = kern.add(UOp(Ops.CP_ASYNC_WAIT, dtypes.void, tuple(commits), pending))
+    barrier = kern.add(UOp(Ops.BARRIER, dtypes.void, (wait,)))
+    for which in ((0, 1) if read_early and stage == 0 else (stage,)):
+      for e in range(per):
+        value = kern.add(UOp(Ops.LOAD, F32, (tiles[which], add(at, c(e)), barrier)))
+        kern.add(UOp(Ops.STORE, dtypes.void, (out, add(add(at, c(e)), c(size * (which + 2 * (stage != which)))),
+                                             value)))
+  return kern.uops
+
+@pytest.mark.parametrize("nbytes,cache", [(4, "ca"), (8, "ca"), (16, "ca"), (16, "cg")])
+def test_staged_copies_land_at_their_wait(nbytes, cache):
+  per = nbytes // 4
+  size = 32 * per
+  x, y = np.arange(size, dtype=np.float32) + 1, -np.arange(size, dtype=np.float32) - 1
+  uops = staged_copy_kernel(nbytes, cache)
+  check_linear(uops)
+  for run in (run_python, run_numpy_lockstep):
+    got = run(uops, {0: np.zeros(4 * size, np.float32), 1: x, 2: y})
+    np.testing.assert_array_equal(got[:2 * size], np.concatenate([x, y]), err_msg=run.__name__)
+  # the emulators land a group only at the wait that covers it: tile1, read after `wait 1`, is still zero there
+  early = staged_copy_kernel(nbytes, cache, read_early=True)
+  for run in (run_python, run_numpy_lockstep):
+    got = run(early, {0: np.full(4 * size, 7, np.float32), 1: x, 2: y})
+    np.testing.assert_array_equal(got[3 * size:], np.zeros(size), err_msg=run.__name__)
+
+@pytest.mark.skipif(NVCC is None or PTXAS is None, reason="nvcc/ptxas (CUDA toolkit) not installed")
+def test_ldmatrix_and_cp_async_kernels_build_for_sm_90a(tmp_path):
+  kernels = {"ldmatrix x4": ldmatrix_kernel(dtypes.float16, 4, False),
+             "ldmatrix x2 trans": ldmatrix_kernel(dtypes.bfloat16, 2, True),
+             "cp.async, ldmatrix, mma": pipeline_kernel(MMA_F16, 11), "staged cp.async": staged_copy_kernel(8, "ca")}
+  for name, uops in kernels.items():
+    cuda_src, ptx_src = CUDARenderer().render("tc_kernel", uops), PTXRenderer().render("tc_kernel", uops)
+    build(cuda_src, "cu", tmp_path)
+    nvvm = nvcc_ptx(cuda_src, tmp_path)
+    build(ptx_src, "ptx", tmp_path)
+    for text in (nvvm, ptx_src):
+      if "ldmatrix" in name: assert "ldmatrix.sync.aligned.m8n8.x" in text, name
+      if "cp.async" in name: assert "cp.async.wait_group" in text and "cp.async.commit_group" in text, name
+    if "mma" in name:
+      for text in (nvvm, ptx_src):
+        assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in text and "ldmatrix.sync.aligned.m8n8.x2.trans" in text
+        assert "cp.async.cg.shared.global" in text and "cp.async.ca.shared.global" in text
+        assert MMA_F16.instruction in text
+
+@pytest.mark.parametrize("dtype,matrices,trans", LDMATRIX_CASES)
+def test_ldmatrix_on_the_gpu(dtype, matrices, trans):
+  _gpu()
+  uops = ldmatrix_kernel(dtype, matrices, trans)
+  data = storage(np.arange(256, dtype=np.float64) - 100, dtype)
+  bufs = {0: np.zeros(64 * matrices, data.dtype), 1: data}
+  for kind, got in run_cuda(uops, bufs).items():
+    np.testing.assert_array_equal(got, ldmatrix_reference(data, matrices, trans), err_msg=kind)
+
+@pytest.mark.parametrize("tc", [MMA_F16, MMA_BF16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("rows_valid", [16, 11])
+def test_cp_async_ldmatrix_wmma_on_the_gpu(tc, rows_valid):
+  _gpu()
+  uops = pipeline_kernel(tc, rows_valid)
+  for make in (small_integers, random_values):
+    bufs, want = pipeline_buffers(tc, rows_valid, make)
+    emulated = run_python(uops, bufs)
+    for kind, got in run_cuda(uops, bufs).items():
+      if make is small_integers: np.testing.assert_array_equal(got, want, err_msg=kind)
+      else: np.testing.assert_allclose(got, emulated, rtol=2.0 ** -19, atol=1e-6, err_msg=kind)
+
+@pytest.mark.parametrize("nbytes,cache", [(4, "ca"), (8, "ca"), (16, "ca"), (16, "cg")])
+def test_staged_copies_on_the_gpu(nbytes, cache):
+  _gpu()
+  size = 32 * nbytes // 4
+  x, y = np.arange(size, dtype=np.float32) + 1, -np.arange(size, dtype=np.float32) - 1
+  for kind, got in run_cuda(staged_copy_kernel(nbytes, cache), {0: np.zeros(4 * size, np.float32), 1: x, 2: y}).items():
+    np.testing.assert_array_equal(got[:2 * size], np.concatenate([x, y]), err_msg=kind)
+
+# ---------------- the spec ----------------
+
+def _before(uops: list[UOp], op: Ops) -> tuple[list[UOp], UOp]:
+  """The uops before the first `op`, and that uop."""
+  at = next(i for i, u in enumerate(uops) if u.op is op)
+  return uops[:at], uops[at]
+
+def test_spec_checks_the_tensor_core_ops():
+  uops, _ = wmma_kernel(MMA_F16)
+  check_lowered(UOp(Ops.SINK, dtypes.void, tuple(u for u in uops if u.op is Ops.STORE)))
+  prefix, wmma = _before(uops, Ops.WMMA)
+  a, b, c = wmma.src
+  refused = {"operands must be": UOp(Ops.WMMA, wmma.dtype, (b, a, c), MMA_F16),
+             "its dtype must be": UOp(Ops.WMMA, dtypes.float32.vec(8), (a, b, c), MMA_F16),
+             "TensorCore": UOp(Ops.WMMA, wmma.dtype, (a, b, c), "mma.sync")}
+  for why, bad in refused.items():
+    with pytest.raises(SpecError, match=why): check_linear(prefix + [bad])
+  with pytest.raises(SpecError, match="whole warps"):   # a block of 48 threads
+    check_linear(prefix + [UOp(Ops.SPECIAL, INT, (), ("lidx0", 48)), wmma])
+  one = UOp.const(dtypes.float16, 1.0)
+  fragments = [one, UOp(Ops.VECTORIZE, a.dtype, (one,) * 8), UOp(Ops.VECTORIZE, b.dtype, (one,) * 4),
+               UOp.const(c.dtype, 0.0)]
+  with pytest.raises(SpecError, match="no lidx0"):   # a CPU-shaped kernel
+    check_linear(fragments + [UOp(Ops.WMMA, wmma.dtype, tuple(fragments[1:]), MMA_F16)])
+  # a loop whose trip count is the lane's: some lanes would run the WMMA without the others
+  loop = UOp(Ops.RANGE, INT, (prefix[0],), 5)
+  with pytest.raises(SpecError, match="trip count"):
+    check_linear(prefix + [loop, wmma, UOp(Ops.ENDRANGE, dtypes.void, (loop,))])
+  steady = UOp(Ops.RANGE, INT, (UOp.const(INT, 2),), 5)
+  check_linear(prefix + [steady.src[0], steady, wmma, UOp(Ops.ENDRANGE, dtypes.void, (steady,))])
+  # LDMATRIX: of a global buffer, of a 4-byte dtype, x3; CP_ASYNC: 12 bytes, 8 bytes through L2 only
+  ldm_prefix, ldm = _before(ldmatrix_kernel(dtypes.float16, 4, False), Ops.LDMATRIX)
+  glob = UOp(Ops.DEFINE_GLOBAL, dtypes.float16, (), 1)
+  for bad in (UOp(Ops.LDMATRIX, ldm.dtype, (glob, *ldm.src[1:]), ldm.arg),
+              UOp(Ops.LDMATRIX, ldm.dtype, ldm.src, (3, False)), UOp(Ops.LDMATRIX, ldm.dtype, ldm.src, (4, 1))):
+    with pytest.raises(SpecError, match="LDMATRIX"): check_linear(ldm_prefix + [bad])
+  copy_prefix, copy = _before(staged_copy_kernel(16, "cg"), Ops.CP_ASYNC)
+  for arg in ((12, "ca"), (8, "cg"), (16, "cs")):
+    with pytest.raises(SpecError, match="CP_ASYNC"):
+      check_linear(copy_prefix + [UOp(Ops.CP_ASYNC, dtypes.void, copy.src, arg)])
+  with pytest.raises(SpecError, match="CP_ASYNC"):   # into global memory
+    check_linear(copy_prefix + [UOp(Ops.CP_ASYNC, dtypes.void, (copy.src[2], *copy.src[1:]), copy.arg)])
+
+def test_cpu_renderers_refuse_the_tensor_core_ops():
+  from kiln.renderer.cstyle import CRenderer
+  uops, _ = wmma_kernel(MMA_F16)
+  with pytest.raises((NotImplementedError, TypeError)): CRenderer().render("k", uops)
