@@ -529,7 +529,9 @@ class _PyKernelWriter(KernelWriter):
     self.names[u] = self.expr(target)
 
   def _value(self, u: UOp) -> None:
-    for dtype in (u.dtype, *(s.dtype for s in u.src)): self.check_dtype(dtype)
+    for dtype in (u.dtype, *(s.dtype for s in u.src)):
+      self.check_dtype(dtype)
+      if dtype.count > 1: raise self.fail(f"vector {u.op.name} ({dtype}): vectors are only WMMA/LDMATRIX fragments")
     # EXP2(a * (1/ln2)) is kiln's exp(a): e**a itself, as software math computes it (rounding the product first
     # would cost up to 60 ulp near overflow)
     # likewise SIN(pi/2 - y) and SIN(y) / SIN(pi/2 - y) in float64 are kiln's cos(y) and tan(y) (renders_math_forms)

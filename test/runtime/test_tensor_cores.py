@@ -536,6 +536,26 @@ def test_spec_checks_the_tensor_core_ops():
   with pytest.raises(SpecError, match="CP_ASYNC"):   # into global memory
     check_linear(copy_prefix + [UOp(Ops.CP_ASYNC, dtypes.void, (copy.src[2], *copy.src[1:]), copy.arg)])
 
+def test_kernels_built_as_graphs_linearize_in_order():
+  # a SINK of the stores: the linearizer places the copies, their commit and wait, the barrier, the ldmatrix loads
+  # and the WMMA in their order, and the kernel still computes A @ B
+  from kiln.codegen.linearizer import linearize
+  uops = linearize(UOp(Ops.SINK, dtypes.void, tuple(u for u in pipeline_kernel(MMA_F16, 11) if u.op is Ops.STORE)))
+  check_linear(uops)
+  order = [u.op for u in uops if u.op in (Ops.CP_ASYNC, Ops.CP_ASYNC_COMMIT, Ops.CP_ASYNC_WAIT, Ops.BARRIER,
+                                          Ops.LDMATRIX, Ops.WMMA)]
+  assert order == [Ops.CP_ASYNC] * 2 + [Ops.CP_ASYNC_COMMIT, Ops.CP_ASYNC_WAIT, Ops.BARRIER] + [Ops.LDMATRIX] * 2 + \
+    [Ops.WMMA], order
+  bufs, want = pipeline_buffers(MMA_F16, 11, small_integers)
+  for run in (run_python, run_numpy_lockstep): np.testing.assert_array_equal(run(uops, bufs), want)
+
+def test_python_emulator_refuses_vector_arithmetic():
+  # vectors are fragments (tuples in the emulator): an ALU op on one is refused, never a tuple concatenation
+  uops, _ = wmma_kernel(MMA_F16)
+  prefix, wmma = _before(uops, Ops.WMMA)
+  with pytest.raises(NotImplementedError, match="vector ADD"):
+    PythonRenderer().render("k", prefix + [wmma, UOp(Ops.ADD, wmma.dtype, (wmma, wmma))])
+
 def test_cpu_renderers_refuse_the_tensor_core_ops():
   from kiln.renderer.cstyle import CRenderer
   uops, _ = wmma_kernel(MMA_F16)
