@@ -1378,7 +1378,11 @@ class Tensor(CreationMixin, MovementMixin, IndexingMixin, ElementwiseMixin, Redu
     return self._as_float()._in_float32_if_reduced(stable)
   def _squeeze_axes(self, axes) -> Tensor:
     """This tensor without the axes in `axes` (each must have size 1)."""
-    return self.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+    old = self.uop.shape
+    new = tuple([s for i, s in enumerate(old) if i not in axes])
+    # (int sizes, the common case: what reshape does for them, without its public wrapper and checks)
+    if all(type(s) is int for s in old): return self if new == old else Tensor._wrap(self.uop.reshape(new), "reshape")
+    return self.reshape(new)
   def softmax(self, axis: int = -1, dtype: DType | None = None) -> Tensor:
     """exp(x) / sum(exp(x)) along `axis` (computed in `dtype` if given; half floats in float32, rounded once)."""
     def stable(x: Tensor) -> Tensor:
@@ -1593,10 +1597,18 @@ def _forget_leaf_histories(realized: list[tuple[UOp, UOp]]) -> None:
   initializer) are autograd leaves: their identity becomes a node without sources, so backward() no longer walks the
   initializer's graph (nor keeps it alive). The old root points there too, for graphs built on it before."""
   wanted = _grad_identities()
-  for old, new in realized:
-    if old not in wanted or new.origin is not old or type(old.device) is not str or is_symbolic_shape(old.shape): continue
-    below = gradient_graph(old, whole=True)
-    if any(node in wanted for node in below if node is not old): continue
+  leaves = [(old, new) for old, new in realized if old in wanted and new.origin is old and type(old.device) is str and
+            not is_symbolic_shape(old.shape)]
+  if not leaves: return
+  # whether a node's graph (itself included) holds a tensor requiring a gradient, for every node under the roots: one
+  # walk for all of them, not one per root (a model's first step realizes every parameter's initializer, and each
+  # initializer's graph reaches the random generator's state through all the initializers before it: ResNet-50's 161
+  # parameters walked ~0.9M nodes). A root's own result, changed below, is in no graph of this run's roots
+  reaches: dict[UOp, bool] = {}
+  for node in gradient_graph(UOp(Ops.SINK, dtypes.void, tuple(old for old, _ in leaves)), whole=True):
+    reaches[node] = node in wanted or any(reaches[s] for s in ((node.origin,) if node.origin is not None else node.src))
+  for old, new in leaves:
+    if any(reaches[s] for s in ((old.origin,) if old.origin is not None else old.src)): continue
     identity = _leaf_identity(old)
     old.origin = new.origin = identity
 
