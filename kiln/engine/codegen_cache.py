@@ -54,10 +54,19 @@ def _arg_text(arg) -> str:
   if type(arg) is tuple: return "(" + ",".join(_arg_text(a) for a in arg) + ")"
   raise TypeError(f"no stable text for a {type(arg).__name__} argument")
 
+_settings_texts: dict[tuple, str] = {}   # what `_settings_text` depends on -> the text
+
 def _settings_text(device: str) -> str:
+  """The device, its renderer, its compiler's cache key, every setting but DEBUG and kiln's code, as text. The
+  settings' part (~45 us: every setting's value, sorted) is made again only after a setting was set or declared."""
   dev = Device[device]
+  state = (device, type(dev.renderer).__name__, dev.compiler.cache_key(), ContextVar.changes, len(ContextVar.registry))
+  if (text := _settings_texts.get(state)) is not None: return text
   settings = sorted((key, repr(var.value)) for key, var in ContextVar.registry.items() if key != "DEBUG")
-  return f"{device}\0{type(dev.renderer).__name__}\0{dev.compiler.cache_key()}\0{settings}\0{_code_digest()}"
+  text = f"{device}\0{state[1]}\0{state[2]}\0{settings}\0{_code_digest()}"
+  if len(_settings_texts) >= 64: _settings_texts.clear()
+  _settings_texts[state] = text
+  return text
 
 @functools.lru_cache(maxsize=4096)
 def _ast_digest(ast: UOp) -> str | None:
