@@ -209,7 +209,8 @@ class _CudaKernelWriter(_CKernelWriter):
       scalar = vec.dtype.scalar
       bits = f"(unsigned short)({self.names[vec]}.v[{u.arg // 2}] >> {16 * (u.arg % 2)})"
       self.note_dtype(scalar)
-      self.names[u] = _FROM_BITS[scalar].format(bits) if scalar in _FROM_BITS else f"(({VALUE_TYPES[scalar]}){bits})"
+      self.names[u] = _FROM_BITS[scalar].format(bits) if scalar in _FROM_BITS else \
+        f"(({VALUE_TYPES[scalar]})({STORAGE_TYPES[scalar]}){bits})"
     elif vec.op in (Ops.LOAD, Ops.DEFINE_ACC, Ops.WMMA, Ops.ASSIGN, Ops.CONST):
       self.names[u] = self.float_lanes(vec)[u.arg]
     else: raise NotImplementedError(f"CUDARenderer: a GEP of {vec.op} ({self.name})")
