@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from kiln.dtype import dtypes, fp8_to_float32, FP8_VALUES
 from kiln.runtime.gpu_target import TENSOR_CORES, MMA_F16, MMA_BF16, MMA_TF32, TensorCore
+from kiln.renderer import kernel_signature
 from kiln.renderer.cuda import CUDARenderer
 from kiln.renderer.ptx import PTXRenderer
 from kiln.renderer.python import PythonRenderer
@@ -83,9 +84,16 @@ class Kernel:
     index = self.load(table, at)
     return index if offset is None else self.alu(Ops.ADD, index, offset)
 
-  def fragment(self, buf: UOp, table: UOp, count: int, offset: UOp | None = None) -> UOp:
-    """VECTORIZE of this lane's `count` elements of `buf` at its table row."""
-    lanes = [self.load(buf, self.lane_index(table, count, i, offset)) for i in range(count)]
+  def fragment(self, buf: UOp, table: UOp, count: int, offset: UOp | None = None, limit: UOp | None = None) -> UOp:
+    """VECTORIZE of this lane's `count` elements of `buf` at its table row (with `limit`, each load gated by its
+    index being below it: zero past it)."""
+    lanes = []
+    for i in range(count):
+      at = self.lane_index(table, count, i, offset)
+      if limit is None: lanes.append(self.load(buf, at))
+      else:
+        below = self.add(UOp(Ops.CMPLT, dtypes.bool, (at, limit)))
+        lanes.append(self.add(UOp(Ops.LOAD, buf.dtype, (buf, at, below))))
     return self.add(UOp(Ops.VECTORIZE, buf.dtype.vec(count), tuple(lanes)))
 
   def store_lanes(self, out: UOp, table: UOp, value: UOp) -> None:
@@ -100,10 +108,12 @@ def index_tables(tc: TensorCore, k_total: int, chains: int = 1) -> dict[str, np.
           "b": np.array([r * n + c for lane in tc.b_layout for r, c in lane], np.int32),
           "c": np.array([r * n + c for lane in tc.c_layout for r, c in lane], np.int32)}
 
-def wmma_kernel(tc: TensorCore, chains: int = 1, loop: int = 0) -> tuple[list[UOp], int]:
+def wmma_kernel(tc: TensorCore, chains: int = 1, loop: int = 0, rows: int | None = None,
+                zero_c: bool = False) -> tuple[list[UOp], int]:
   """D = sum_j A_j @ B_j + C for one warp: `chains` WMMAs in a row (each the next's C), or a K loop of `loop`
   steps over one accumulator. Buffers: 0 D (m x n float32), 1 A, 2 B, 3 C, 4-6 the index tables of A, B, C/D.
-  Returns (uops, K)."""
+  With `rows`, A's loads are gated to its first `rows` rows (the rest read as zero: a ragged edge). Returns (uops,
+  K). With `zero_c`, C is a vector constant 0 (the accumulator starts at zero) and buffer 3 is not read."""
   m, n, k = tc.dims
   steps = loop or chains
   K = k * steps
@@ -112,18 +122,21 @@ def wmma_kernel(tc: TensorCore, chains: int = 1, loop: int = 0) -> tuple[list[UO
                             enumerate((F32, tc.dtype_in, tc.dtype_in, F32)))
   ta, tb, tcd = (UOp(Ops.DEFINE_GLOBAL, INT, (), i) for i in (4, 5, 6))
   na, nb, nc = len(tc.a_layout[0]), len(tc.b_layout[0]), len(tc.c_layout[0])
-  c = kern.fragment(c_buf, tcd, nc)
+  c = kern.add(UOp.const(F32.vec(nc), 0.0)) if zero_c else kern.fragment(c_buf, tcd, nc)
+  if zero_c:   # D's indices before any loop (a value the loop body makes is out of scope after it in C)
+    for i in range(nc): kern.lane_index(tcd, nc, i)
+  limit = None if rows is None else kern.const(rows * K)   # A's element i is in row i // K
   if loop:
     acc = kern.add(UOp(Ops.DEFINE_ACC, c.dtype, (c,), (0,)))
     step = kern.add(UOp(Ops.RANGE, INT, (kern.const(loop),), 0))
-    a = kern.fragment(a_buf, ta, na, kern.alu(Ops.MUL, step, kern.const(k)))
+    a = kern.fragment(a_buf, ta, na, kern.alu(Ops.MUL, step, kern.const(k)), limit)
     b = kern.fragment(b_buf, tb, nb, kern.alu(Ops.MUL, step, kern.const(k * n)))
     kern.add(UOp(Ops.ASSIGN, acc.dtype, (acc, kern.add(UOp(Ops.WMMA, acc.dtype, (a, b, acc), tc)))))
     kern.add(UOp(Ops.ENDRANGE, dtypes.void, (step,)))
     kern.store_lanes(d, tcd, acc)
   else:
     for j in range(chains):
-      a = kern.fragment(a_buf, ta, na, kern.const(j * k) if j else None)
+      a = kern.fragment(a_buf, ta, na, kern.const(j * k) if j else None, limit)
       b = kern.fragment(b_buf, tb, nb, kern.const(j * k * n) if j else None)
       c = kern.add(UOp(Ops.WMMA, tc.dtype_out.vec(nc), (a, b, c), tc))
     kern.store_lanes(d, tcd, c)
@@ -145,7 +158,8 @@ def run_python(uops: list[UOp], bufs: dict[int, np.ndarray]) -> np.ndarray:
   """The kernel on the PYTHON device's emulator (rendered by PythonRenderer, run as PythonProgram): output 0."""
   src = PythonRenderer().render("tc_kernel", uops)
   arrays = {k: v.copy() for k, v in bufs.items()}
-  PythonProgram("tc_kernel", src.encode())(*[arrays[k].view(np.uint8) for k in sorted(arrays)])
+  params = [b.arg for b in kernel_signature(uops)[0]]   # (a buffer the kernel never reads is no parameter)
+  PythonProgram("tc_kernel", src.encode())(*[arrays[k].view(np.uint8) for k in params])
   return arrays[0]
 
 def run_numpy_lockstep(uops: list[UOp], bufs: dict[int, np.ndarray], threads: int = 32) -> np.ndarray:
@@ -178,6 +192,24 @@ def test_wmma_emulators_match_numpy(name, shape):
                                        np.abs(as_values(bufs[2].reshape(K, tc.dims[1]), tc.dtype_in)) +
                                        np.abs(bufs[3].reshape(tc.dims[0], tc.dims[1]))).ravel()
         assert (np.abs(got - want) <= bound).all(), f"{name} {shape} {run.__name__}: {np.abs(got - want).max()}"
+
+@pytest.mark.parametrize("name", list(NAMES))
+def test_gated_fragment_loads_read_zero(name, tmp_path):
+  # a ragged edge: A's rows from 5 on are gated off (their loads give 0), in a K loop whose accumulator starts at 0
+  tc = NAMES[name]
+  uops, K = wmma_kernel(tc, loop=2, rows=5, zero_c=True)
+  check_linear(uops)
+  bufs, _ = wmma_buffers(tc, K, small_integers)
+  bufs[3][:] = 0   # (not read: C is the constant 0)
+  m, n, _ = tc.dims
+  a = as_values(bufs[1].reshape(m, K), tc.dtype_in)
+  a[5:] = 0
+  want = (a @ as_values(bufs[2].reshape(K, n), tc.dtype_in) + bufs[3].reshape(m, n)).ravel()
+  for run in (run_python, run_numpy_lockstep):
+    np.testing.assert_array_equal(run(uops, bufs), want, err_msg=run.__name__)
+  if NVCC and PTXAS:
+    build(CUDARenderer().render("tc_kernel", uops), "cu", tmp_path)
+    build(PTXRenderer().render("tc_kernel", uops), "ptx", tmp_path)
 
 def test_tf32_operands_drop_their_low_13_bits():
   # A = 1 + 0.75 of tf32's last place (bits below its 10), B = 1: D is 1 (truncated), not 1 + 2^-10 (rounded)
@@ -255,8 +287,9 @@ def run_cuda(uops: list[UOp], bufs: dict[int, np.ndarray], threads: int = 32) ->
   out = {}
   for kind, image in images.items():
     module = ctx.load(image)
-    memory = [ctx.alloc(max(1, bufs[k].nbytes)) for k in sorted(bufs)]
-    for mem, k in zip(memory, sorted(bufs)): ctx.copy_in(mem, bufs[k])
+    params = [b.arg for b in kernel_signature(uops)[0]]
+    memory = [ctx.alloc(max(1, bufs[k].nbytes)) for k in params]
+    for mem, k in zip(memory, params): ctx.copy_in(mem, bufs[k])
     module.function("tc_kernel").launch(*memory, grid=(1, 1, 1), block=(threads, 1, 1))
     ctx.synchronize()
     out[kind] = np.empty_like(bufs[0])
