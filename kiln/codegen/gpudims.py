@@ -509,14 +509,16 @@ def default_grid(plan: RowPlan) -> tuple[int, int] | None:
 def map_axes_to_gpu(sink: UOp, target: object = None) -> UOp:
   """A lowered (and optimized) kernel with its mappable output ranges replaced by the thread index (see the module
   docstring); a kernel with none is returned as it is (it runs as one thread). A kernel of one long reduction
-  becomes one block per row instead (`group_rows`), and a matmul-shaped one shared-memory tiles
-  (kiln/codegen/gpu_tiles.py). A kernel with GPU actions recorded on its SINK (kiln/codegen/opt/kernel.py
+  becomes one block per row instead (`group_rows`), a matmul-shaped one shared-memory tiles
+  (kiln/codegen/gpu_tiles.py), an attention-shaped one a flash-style kernel (kiln/codegen/gpu_attention.py). A kernel with GPU actions recorded on its SINK (kiln/codegen/opt/kernel.py
   GPUChoices) is mapped as they chose (`map_chosen`). `target` (the renderer's GPUTarget, None: the H200's)
   gives the multiprocessors the matmul tiles' waves fill and the warp size of the reductions' shuffles."""
   from kiln.codegen.gpu_tiles import MULTIPROCESSORS, tile_matmul
+  from kiln.codegen.gpu_attention import flash_attention
   from kiln.codegen.opt.kernel import gpu_choices
   warp = shuffle_warp(target)
   if (choices := gpu_choices(sink)) is not None: return map_chosen(sink.replace(arg=None), choices, warp)
+  if (flash := flash_attention(sink, target)) is not None: return flash
   if (tiled := tile_matmul(sink, getattr(target, "multiprocessors", MULTIPROCESSORS))) is not None: return tiled
   if (grouped := group_rows(sink, warp=warp)) is not None: return grouped
   mapped = mappable_ranges(sink)

@@ -31,6 +31,7 @@ from kiln.runtime.ops_disk import lower_disk_views, unwritten_files, is_disk
 from kiln.schedule.cache import cached_schedule, SCHEDULE_CACHE
 from kiln.schedule.pack import pack_matmuls, splits_epilogue
 from kiln.schedule import multi as _multi
+from kiln.schedule.attention import attention_buffers
 
 # movement ops that visit every element exactly once: a reduction seen through them can stay in registers
 BIJECTIVE = frozenset({Ops.RESHAPE, Ops.PERMUTE, Ops.FLIP})
@@ -313,6 +314,13 @@ def _prepare(roots: list[UOp]) -> tuple[list[UOp], bool]:
 
 def _packs_matmul_operands(device: str) -> bool: return Device[device].renderer.packs_matmul_operands
 
+ATTENTION_FUSION = ContextVar("ATTENTION_FUSION", 1, "1: on GPU targets, softmax(q @ k^T + mask) @ v runs as one "
+                              "flash-style kernel (kiln/schedule/attention.py); 0: three kernels, as on a CPU")
+
+def _has_local(device) -> bool:
+  """`device` is one GPU target (blocks of threads, shared memory)."""
+  return isinstance(device, str) and Device[device].renderer.has_local
+
 def create_schedule(roots: list[UOp], use_cache: bool = True) -> Schedule:
   """The kernels that realize `roots`, in run order, and what realizing them reads and overwrites. A graph of a
   structure scheduled before is served from the schedule cache (kiln/schedule/cache.py) unless `use_cache` is False.
@@ -381,6 +389,8 @@ def _schedule_per_device(roots: list[UOp], use_cache: bool = True) -> Schedule:
     # a reduction whose consumers now meet in one new buffer (a matmul plus the residual it is added to) joins it
     for n in reduce_outputs:
       if _reduce_fuses_upward(n, users, outputs): outputs.discard(n)
+  # on a GPU target an attention chain (scores, softmax, weighted values) is one kernel (kiln/schedule/attention.py)
+  if ATTENTION_FUSION: outputs -= attention_buffers(nodes, users, outputs, set(roots), _has_local)
   # an assign whose value reads its target at other indices is computed into a temporary, then copied over
   for n in nodes:
     if n.op is Ops.ASSIGN and n.src[1] not in outputs and not _safe_in_place(n.src[1], n.src[0], outputs):
@@ -504,8 +514,9 @@ def _assign_result(root: UOp) -> UOp:
     result = rebuilt
   return result
 
-# kernels index with 32-bit ints: every shape they see must stay below this many elements
-MAX_INDEXED_ELEMENTS = 2 ** 31 - 1
+# kernels index with 32-bit ints: every shape they see may have at most this many elements (indices 0 .. 2**31 - 1;
+# attention's fused scores at B=8, H=16, S=4096 have exactly 2**31)
+MAX_INDEXED_ELEMENTS = 2 ** 31
 # EXPAND is not among them: an expanded axis has stride 0 and adds nothing to an index (a RESHAPE that flattens
 # an expanded view is, and is checked)
 INDEXED_OPS = frozenset({Ops.BUFFER, Ops.RESHAPE, Ops.PAD, Ops.REDUCE_AXIS})

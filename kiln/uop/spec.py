@@ -37,7 +37,8 @@ GPU_MATRIX_OPS = frozenset({Ops.WMMA, Ops.LDMATRIX, Ops.CP_ASYNC, Ops.CP_ASYNC_C
                             Ops.VECTORIZE, Ops.GEP})
 LOWERED_OPS = GroupOp.ALU | {Ops.SINK, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CONST, Ops.RANGE, Ops.LOAD, Ops.STORE,
                              Ops.REDUCE, Ops.CAST, Ops.BITCAST, Ops.SPECIAL,
-                             Ops.DEFINE_LOCAL, Ops.BARRIER, Ops.ATOMIC, Ops.SHUFFLE, *GPU_MATRIX_OPS}
+                             Ops.DEFINE_LOCAL, Ops.BARRIER, Ops.ATOMIC, Ops.SHUFFLE, *GPU_MATRIX_OPS,
+                             Ops.DEFINE_ACC, Ops.ASSIGN}   # carried accumulators (kiln/codegen/gpu_attention.py)
 
 def check_lowered(sink: UOp) -> None:
   """Lowered kernels: no tensor-level op is left, loads and stores address buffers with integer indices,

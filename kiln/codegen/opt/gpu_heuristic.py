@@ -152,6 +152,8 @@ def gpu_heuristic_opts(kernel: Kernel) -> list[Opt]:
   """Everything a GPU kernel gets without BEAM, applied in place: long float sums blocked where no block's threads
   share them (a row kernel's are split over its threads instead), then the GPU actions (`gpu_opts`)."""
   from kiln.codegen import gpudims
+  from kiln.codegen.gpu_attention import attention_plan
+  if not NOLOCALS and attention_plan(kernel.sink) is not None: return []   # a flash kernel: its own loops
   opts = [] if gpudims.groupable(kernel.sink) else block_long_sums(kernel)
   return opts + gpu_opts(kernel)
 

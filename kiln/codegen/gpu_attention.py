@@ -1,0 +1,289 @@
+"""Flash-style attention for GPU targets: a lowered attention kernel -> one kernel over blocks of query rows.
+
+The scheduler keeps `softmax(q @ k^T * scale + mask) @ v` in one kernel on GPU targets (kiln/schedule/attention.py).
+Lowered, that kernel is `out[b, i, c] = epilogue(sum_j w(b, i, j) * V(b, j, c))` with the softmax weights
+`w = exp2((x_j - max_j' x_j') * c) / sum_j'' exp2((x_j'' - max) * c)` over a score expression
+`x_j = f(sum_d Q(b, i, d) * K(b, j, d), mask(b, i, j))` (a scale, an additive or boolean mask, a causal one built from
+indices): the same x under three key ranges, each with a sum over d of its own. `attention_plan` recognizes that
+shape (the three copies equal up to their ranges), and `flash_attention` builds instead:
+
+- one block of THREADS threads (16 x 16) per BM query rows of one batch index (`gidx0` the query block, `gidx1` the
+  batch: heads and batches flattened); thread (r, c) owns rows `4r .. 4r+3` of the block, of the scores the key
+  columns `4c .. 4c+3` of each key block, of the output TV = Dv/16 columns (groups of 4 adjacent ones);
+- a loop over key blocks of BN keys (`kb`). In each: the scores of the block, a sum over d stepped by BK, the block
+  staging Q's and K's step tiles in shared arrays (`attn_q`, `attn_k`, double-buffered, one barrier a step, as
+  kiln/codegen/gpu_tiles.py's matmul tiles); each thread's 4 x 4 scores through the score expression (keys past the
+  end are -inf); each row's block maximum over its 16 threads (warp shuffles); the running maximum `m` (a REDUCE MAX
+  over `kb`, read inside the loop as its value before the block: a sibling read, docs/ir.md); the weights
+  `p = exp2((x - m_new) * c)` written to a shared array (`attn_p`, keys x rows) and their row sums (shuffles);
+- the running sum `l` and the output accumulators `o` as carried accumulators (DEFINE_ACC, updated once a block by an
+  ASSIGN: `l = l * alpha + rowsum(p)`, `o = o * alpha + p @ V` with `alpha = exp2((m_old - m_new) * c)`, the rescale
+  of the partial output when the maximum grows); `p @ V` a sum over the block's keys stepped by BKV, V's step tiles
+  staged in `attn_v` (double-buffered);
+- the last key block stores `epilogue(o / l)` (a gated STORE); the scores and weights never reach global memory.
+
+A row whose keys are all masked has `m = -inf`: its weights are computed against 0 (exp2(-inf) = 0), so `l = 0` and
+the output is 0/0 = NaN, as the ordinary graph gives. The weights are float32 throughout (the graph rounds them to the
+inputs' half type before the product: a flash kernel keeps them exact). Refused (None: the kernel then maps as
+ordinary nested loops) where the shape does not fit: symbolic sizes, Dv not a multiple of 16 or above 128, more than
+65535 query blocks or batch indices, a target whose warps are narrower than 16 lanes, WARP_SHUFFLE=0, NOLOCALS=1.
+"""
+from __future__ import annotations
+from dataclasses import dataclass
+from kiln.dtype import dtypes
+from kiln.helpers import NOLOCALS, prod
+from kiln.uop.ops import UOp, Ops, toposort
+from kiln.uop.pattern import graph_rewrite
+from kiln.uop.symbolic import symbolic
+from kiln.codegen.gpudims import (_range_key, _first_conflict, _unflatten, _substitute, _shuffle_rounds, _halvings,
+                                  shuffle_warp)   # gpudims imports us lazily
+from kiln.codegen.gpu_tiles import FACTOR_OPS, SHARED_PAD, _spread, _k_fastest, _clamped, _ceil
+from kiln.codegen.opt.kernel import Kernel
+
+INT, F32 = dtypes.int32, dtypes.float32
+THREADS_ROWS, THREADS_COLS = 16, 16
+THREADS = THREADS_ROWS * THREADS_COLS
+BM, BN = 64, 64   # query rows a block, keys a key block
+TM, TN = BM // THREADS_ROWS, BN // THREADS_COLS   # a thread's rows and key columns
+MAX_DV = 128   # a thread's output columns are Dv/16: at most 8
+NEG_INF = float("-inf")
+
+@dataclass(frozen=True)
+class AttentionPlan:
+  """A lowered attention kernel's parts: its STORE, the weighted sum over keys (`total`, a REDUCE over `key`), the
+  score expression at `key` (`score`) and the sum of products inside it (`dot`, over `depth`), the factors Q (of rows
+  and depth), K (of keys and depth) and V (of keys and columns), the constant the softmax multiplies the shifted
+  scores by before its exp2 (`log2e`), and the row, column and batch output ranges (each in loop order)."""
+  store: UOp
+  total: UOp
+  key: UOp
+  score: UOp
+  dot: UOp
+  depth: UOp
+  q: UOp
+  k: UOp
+  v: UOp
+  log2e: UOp
+  rows: tuple[UOp, ...]
+  cols: tuple[UOp, ...]
+  batch: tuple[UOp, ...]
+
+def _ranges(node: UOp) -> set[UOp]:
+  return {u for u in node.toposort() if u.op is Ops.RANGE}
+
+def _same_upto_ranges(a: UOp, b: UOp, pairs: dict[UOp, UOp]) -> bool:
+  """Whether `b` is `a` with some of its ranges renamed one to one (`pairs`, a -> b, extended as the walk finds them;
+  a range may stand for itself), every other node alike in op, dtype, argument and sources."""
+  back = {y: x for x, y in pairs.items()}
+  stack, seen = [(a, b)], set()
+  while stack:
+    x, y = stack.pop()
+    if (x, y) in seen: continue
+    seen.add((x, y))
+    if x.op is Ops.RANGE or y.op is Ops.RANGE:
+      if x.op is not y.op or x.src[0] is not y.src[0]: return False
+      if pairs.setdefault(x, y) is not y or back.setdefault(y, x) is not x: return False
+      continue
+    if x.op is not y.op or x.dtype != y.dtype or x.arg != y.arg or len(x.src) != len(y.src): return False
+    stack.extend(zip(x.src, y.src))
+  return True
+
+def _strip_casts(u: UOp) -> UOp:
+  while u.op is Ops.CAST and dtypes.is_float(u.dtype): u = u.src[0]
+  return u
+
+def _shifted_exp(num: UOp) -> tuple[UOp, UOp, UOp] | None:
+  """(x, its REDUCE MAX, the constant c) when `num` is exp2((x - max(x)) * c)."""
+  if num.op is not Ops.EXP2 or num.src[0].op is not Ops.MUL: return None
+  diff, c = num.src[0].src
+  if c.op is not Ops.CONST: diff, c = c, diff
+  if c.op is not Ops.CONST or not c.arg > 0 or diff.op is not Ops.SUB: return None
+  x, top = diff.src
+  if top.op is not Ops.REDUCE or top.arg is not Ops.MAX or len(top.src) != 2: return None
+  return x, top, c
+
+def attention_plan(sink: UOp) -> AttentionPlan | None:
+  """The AttentionPlan of a lowered kernel of the attention shape (the module docstring), or None."""
+  if len(sink.src) != 1 or sink.src[0].op is not Ops.STORE or len(sink.src[0].src) != 3: return None
+  store = sink.src[0]
+  if store.src[0].op is not Ops.DEFINE_GLOBAL: return None
+  nodes = toposort([sink])
+  if not any(u.op is Ops.REDUCE and u.arg is Ops.MAX for u in nodes): return None
+  total = next((u for u in reversed(nodes) if u.op is Ops.REDUCE), None)   # the outermost: last in graph order
+  if total is None or total.arg is not Ops.ADD or total.dtype != F32 or len(total.src) != 2: return None
+  key, body = total.src[1], total.src[0]
+  if body.op is not Ops.MUL or Kernel.size(key) is None: return None
+  w, v = body.src
+  if _strip_casts(w).op is not Ops.FDIV: w, v = v, w
+  w = _strip_casts(w)
+  if w.op is not Ops.FDIV or any(u.op not in FACTOR_OPS for u in v.toposort()): return None
+  num, den = w.src
+  if (shifted := _shifted_exp(num)) is None: return None
+  x, top, log2e = shifted
+  if den.op is not Ops.REDUCE or den.arg is not Ops.ADD or len(den.src) != 2: return None
+  if not _same_upto_ranges(num, den.src[0], {key: den.src[1]}): return None
+  if not _same_upto_ranges(x, top.src[0], {key: top.src[1]}): return None
+  dots = [u for u in x.toposort() if u.op is Ops.REDUCE]
+  if len(dots) != 1 or dots[0].arg is not Ops.ADD or dots[0].dtype != F32 or len(dots[0].src) != 2: return None
+  dot, depth = dots[0], dots[0].src[1]
+  if dot.src[0].op is not Ops.MUL or Kernel.size(depth) is None: return None
+  q, k = dot.src[0].src
+  if key in _ranges(q): q, k = k, q
+  for factor in (q, k):
+    if any(u.op not in FACTOR_OPS for u in factor.toposort()): return None
+  if any(u.op is Ops.LOAD and u.src[0] is store.src[0] for u in nodes): return None
+  q_ranges, k_ranges, v_ranges = _ranges(q), _ranges(k), _ranges(v)
+  outputs = sorted(_ranges(store.src[1]), key=_range_key)
+  if not outputs or any(Kernel.size(r) is None for r in outputs): return None
+  if key in q_ranges or depth not in q_ranges or depth not in k_ranges or key not in v_ranges: return None
+  rows = tuple(r for r in outputs if r in q_ranges and r not in k_ranges and r not in v_ranges)
+  cols = tuple(r for r in outputs if r in v_ranges and r not in q_ranges and r not in k_ranges)
+  batch = tuple(r for r in outputs if r not in rows and r not in cols)
+  if not rows or not cols: return None
+  # what may depend on what: the score on batch, rows and the key (its mask), V on batch, keys and columns
+  inner = {key, depth}
+  if not q_ranges <= set(rows) | set(batch) | inner or not k_ranges <= set(batch) | inner: return None
+  if not v_ranges <= set(cols) | set(batch) | {key}: return None
+  score_ranges = {u for u in toposort([x], stop=lambda u: u is dot) if u.op is Ops.RANGE}
+  if not score_ranges <= set(rows) | set(batch) | {key}: return None
+  epilogue = {u for u in toposort([store], stop=lambda u: u is total) if u.op is Ops.RANGE}
+  if not epilogue <= set(outputs): return None
+  if _first_conflict(nodes, outputs) is not None: return None
+  dv = prod(Kernel.size(r) for r in cols)
+  if dv % THREADS_COLS or dv > MAX_DV: return None
+  if _ceil(prod(Kernel.size(r) for r in rows), BM) > 65535 or prod(Kernel.size(r) for r in batch) > 65535: return None
+  return AttentionPlan(store, total, key, x, dot, depth, q, k, v, log2e, rows, cols, batch)
+
+def _stage(factor: UOp, outer: tuple[UOp, ...], inner: UOp, inner_fastest: bool, shared: UOp, lidx: UOp,
+           origin: UOp, inner_base: UOp, half: UOp, tile: int, step: int, lead: int, guard_outer: bool,
+           guard_inner: bool) -> list[UOp]:
+  """The STOREs with which the block copies the factor's `tile` x `step` tile at (origin, inner_base) into its half
+  of `shared` (laid out [half][inner][tile + pad], row length `lead`): element e = lidx + THREADS*j of each thread,
+  the fast axis of the factor's memory taking neighbouring e. Elements past an edge the guards name are zeros, read
+  at a clamped index (every load in bounds)."""
+  extent, depth = prod(Kernel.size(r) for r in outer), Kernel.size(inner)
+  stores = []
+  for j in range(tile * step // THREADS):
+    element = lidx + THREADS * j if j else lidx
+    if inner_fastest: offset, kk = element // step, element % step
+    else: offset, kk = element % tile, element // tile
+    at, inside = _clamped(origin + offset, extent, guard_outer)
+    at_inner, inside_inner = _clamped(inner_base + kk, depth, guard_inner)
+    value = _substitute(factor, {**_unflatten(at, list(outer)), inner: at_inner})
+    valid = inside & inside_inner if inside is not None and inside_inner is not None else inside or inside_inner
+    if valid is not None: value = valid.where(value, UOp.const(value.dtype, 0))
+    stores.append(UOp(Ops.STORE, dtypes.void, (shared, half * (step * lead) + kk * lead + offset,
+                                               value.cast(F32) if value.dtype != F32 else value)))
+  return stores
+
+def _row_totals(op: Ops, values: list[UOp], lidx: UOp, warp: int) -> list[UOp]:
+  """Each thread row's total (by `op`) over its 16 threads, from each thread's partial: warp shuffles."""
+  return _shuffle_rounds([(op, v) for v in values], lidx, _halvings(THREADS_COLS), warp)
+
+def flash_attention(sink: UOp, target: object = None) -> UOp | None:
+  """An attention-shaped kernel (`attention_plan`) as one flash-style kernel (the module docstring), or None."""
+  warp = shuffle_warp(target)
+  plan = attention_plan(sink) if not NOLOCALS and warp >= THREADS_COLS and warp % THREADS_COLS == 0 else None
+  if plan is None: return None
+  length = prod(Kernel.size(r) for r in plan.rows)
+  keys, depth = Kernel.size(plan.key), Kernel.size(plan.depth)
+  dv = prod(Kernel.size(r) for r in plan.cols)
+  bk = 16 if depth >= 16 else 8   # the depth step of the scores
+  bkv = 16 if dv <= 64 else 8     # the key step of p @ V (its V tile: bkv x dv floats)
+  tv = dv // THREADS_COLS
+  key_blocks = _ceil(keys, BN)
+  next_id = 1 + max((u.arg for u in sink.toposort() if u.op is Ops.RANGE and isinstance(u.arg, int)), default=0)
+  kb = UOp(Ops.RANGE, INT, (UOp.const(INT, key_blocks),), next_id)
+  dstep = UOp(Ops.RANGE, INT, (UOp.const(INT, _ceil(depth, bk)),), next_id + 1)
+  vstep = UOp(Ops.RANGE, INT, (UOp.const(INT, BN // bkv),), next_id + 2)
+  lidx = UOp(Ops.SPECIAL, INT, (), ("lidx0", THREADS))
+  row_block = UOp(Ops.SPECIAL, INT, (), ("gidx0", _ceil(length, BM)))
+  batch = prod(Kernel.size(r) for r in plan.batch)
+  values = _unflatten(UOp(Ops.SPECIAL, INT, (), ("gidx1", batch)), list(plan.batch)) if batch > 1 else \
+    {r: UOp.const(INT, 0) for r in plan.batch}
+  q, k, v, score = (_substitute(f, values) for f in (plan.q, plan.k, plan.v, plan.score))
+  dot = _substitute(plan.dot, values)
+  q_fast, k_fast = _k_fastest(plan.q, plan.rows[-1], (plan.depth,)), _k_fastest(plan.k, plan.key, (plan.depth,))
+  v_fast = _k_fastest(plan.v, plan.cols[-1], (plan.key,))
+  lead_q, lead_k = BM + (SHARED_PAD if q_fast else 0), BN + (SHARED_PAD if k_fast else 0)
+  lead_v, lead_p = dv + (SHARED_PAD if v_fast else 0), BM + SHARED_PAD
+  tile_q = UOp(Ops.DEFINE_LOCAL, F32, (), ("attn_q", 2 * bk * lead_q))
+  tile_k = UOp(Ops.DEFINE_LOCAL, F32, (), ("attn_k", 2 * bk * lead_k))
+  tile_p = UOp(Ops.DEFINE_LOCAL, F32, (), ("attn_p", BN * lead_p))
+  tile_v = UOp(Ops.DEFINE_LOCAL, F32, (), ("attn_v", 2 * bkv * lead_v))
+  row_origin, key_origin = row_block * BM, kb * BN
+  ragged_rows, ragged_keys, ragged_depth = length % BM != 0, keys % BN != 0, depth % bk != 0
+  rows = _spread(lidx // THREADS_COLS, TM, BM)
+  key_cols = _spread(lidx % THREADS_COLS, TN, BN)
+  out_cols = _spread(lidx % THREADS_COLS, tv, dv)
+
+  # the key block's scores: a sum over depth steps of bk, both tiles staged in shared memory
+  half = dstep % 2
+  staged = UOp(Ops.BARRIER, dtypes.void, tuple(
+    _stage(q, plan.rows, plan.depth, q_fast, tile_q, lidx, row_origin, dstep * bk, half, BM, bk, lead_q,
+           ragged_rows, ragged_depth) +
+    _stage(k, (plan.key,), plan.depth, k_fast, tile_k, lidx, key_origin, dstep * bk, half, BN, bk, lead_k,
+           ragged_keys, ragged_depth)))
+  def read(shared: UOp, lead: int, kk: int, offset: UOp, half: UOp, step: int, after: UOp) -> UOp:
+    return UOp(Ops.LOAD, F32, (shared, half * (step * lead) + kk * lead + offset, after))
+  q_reads = [[read(tile_q, lead_q, kk, r, half, bk, staged) for r in rows] for kk in range(bk)]
+  k_reads = [[read(tile_k, lead_k, kk, c, half, bk, staged) for c in key_cols] for kk in range(bk)]
+  scores: list[list[UOp]] = []
+  for i, r in enumerate(rows):
+    row, _ = _clamped(row_origin + r, length, ragged_rows)
+    line = []
+    for j, c in enumerate(key_cols):
+      chain = q_reads[0][i] * k_reads[0][j]
+      for kk in range(1, bk): chain = UOp(Ops.MULACC, F32, (q_reads[kk][i], k_reads[kk][j], chain))
+      at, inside = _clamped(key_origin + c, keys, ragged_keys)
+      s = _substitute(score, {**_unflatten(row, list(plan.rows)), plan.key: at, dot: UOp(Ops.REDUCE, F32,
+                                                                                         (chain, dstep), Ops.ADD)})
+      line.append(inside.where(s, UOp.const(F32, NEG_INF)) if inside is not None else s)
+    scores.append(line)
+
+  # online softmax: the running maximum (a REDUCE MAX over key blocks, read inside as its value before the block)
+  def reduce_line(op: Ops, line: list[UOp]) -> UOp:
+    out = line[0]
+    for u in line[1:]: out = UOp(op, F32, (out, u))
+    return out
+  block_max = _row_totals(Ops.MAX, [reduce_line(Ops.MAX, line) for line in scores], lidx, warp)
+  log2e, zero = plan.log2e, UOp.const(F32, 0.0)
+  alphas, weights = [], []
+  for i in range(TM):
+    old = UOp(Ops.REDUCE, F32, (block_max[i], kb), Ops.MAX)
+    new = old.lt(block_max[i]).where(block_max[i], old)
+    base = new.ne(UOp.const(F32, NEG_INF)).where(new, zero)   # a row masked so far: exp2(-inf) = 0 against 0
+    alphas.append(UOp(Ops.EXP2, F32, ((old - base) * log2e,)))
+    weights.append([UOp(Ops.EXP2, F32, ((s - base) * log2e,)) for s in scores[i]])
+  row_sums = _row_totals(Ops.ADD, [reduce_line(Ops.ADD, line) for line in weights], lidx, warp)
+  acc_ids = iter(range(1 << 20, 1 << 21))
+  def carried(value_of) -> UOp:
+    acc = UOp(Ops.DEFINE_ACC, F32, (zero,), next(acc_ids))
+    return UOp(Ops.ASSIGN, F32, (acc, value_of(acc)))
+  sums = [carried(lambda acc, i=i: UOp(Ops.MULACC, F32, (acc, alphas[i], row_sums[i]))) for i in range(TM)]
+  weights_stored = UOp(Ops.BARRIER, dtypes.void, tuple(
+    UOp(Ops.STORE, dtypes.void, (tile_p, c * lead_p + r, weights[i][j]))
+    for i, r in enumerate(rows) for j, c in enumerate(key_cols)))
+
+  # p @ V over the block's keys in steps of bkv, V's tiles staged in shared memory
+  vhalf = vstep % 2
+  v_staged = UOp(Ops.BARRIER, dtypes.void, tuple(
+    _stage(v, plan.cols, plan.key, v_fast, tile_v, lidx, UOp.const(INT, 0), key_origin + vstep * bkv, vhalf, dv, bkv,
+           lead_v, False, ragged_keys)))
+  p_reads = [[UOp(Ops.LOAD, F32, (tile_p, (vstep * bkv + jj) * lead_p + r, weights_stored)) for r in rows]
+             for jj in range(bkv)]
+  v_reads = [[read(tile_v, lead_v, jj, c, vhalf, bkv, v_staged) for c in out_cols] for jj in range(bkv)]
+  last = UOp(Ops.CMPEQ, dtypes.bool, (kb, UOp.const(INT, key_blocks - 1))) if key_blocks > 1 else None
+  stores = []
+  for i, r in enumerate(rows):
+    row, row_inside = _clamped(row_origin + r, length, ragged_rows)
+    for j, c in enumerate(out_cols):
+      chain = p_reads[0][i] * v_reads[0][j]
+      for jj in range(1, bkv): chain = UOp(Ops.MULACC, F32, (p_reads[jj][i], v_reads[jj][j], chain))
+      block = UOp(Ops.REDUCE, F32, (chain, vstep), Ops.ADD)
+      out = carried(lambda acc: UOp(Ops.MULACC, F32, (acc, alphas[i], block)))
+      at = {**values, **_unflatten(row, list(plan.rows)), **_unflatten(c, list(plan.cols)), plan.total: out / sums[i]}
+      store = _substitute(plan.store, at)
+      gate = row_inside & last if row_inside is not None and last is not None else row_inside or last
+      stores.append(store if gate is None else store.replace(src=(*store.src, gate)))
+  return graph_rewrite(sink.replace(src=tuple(stores)), symbolic, name="flash attention")

@@ -1,0 +1,241 @@
+"""Attention as one flash-style kernel on GPU targets (kiln/schedule/attention.py, kiln/codegen/gpu_attention.py)
+without a GPU: scaled_dot_product_attention (no mask, causal, boolean and additive masks, grouped-query heads, half and
+float32, ragged lengths) and the same graph written by hand schedule as one kernel for a GPU-style target, render for
+CUDA as the flash kernel and run in the lockstep emulator (test/runtime/gpu_lockstep.py) against float64 NumPy; the
+PYTHON device as a GPU target runs it end to end (and the backward, unfused, stays right); CPU schedules do not change;
+a shape the builder refuses still runs right as ordinary loops; the B8 H16 S4096 D128 kernel compiles for sm_90a with
+no spills. With a GPU: the same graphs on the device against PyTorch."""
+from __future__ import annotations
+import math, os, re, shutil, subprocess, tempfile
+import numpy as np
+import pytest
+from kiln import Tensor, dtypes, Device
+from kiln.codegen.gpudims import launch_size
+from kiln.engine.realize import kernel_name, lower_for_codegen, optimize_for, render_with
+from kiln.helpers import Context
+from kiln.renderer.cuda import CUDARenderer
+from kiln.renderer.ptx import PTXRenderer
+from kiln.uop.ops import Ops
+from gpu_lockstep import run_lockstep   # noqa: E402  (test/runtime is on sys.path)
+
+def _kernels(out: Tensor) -> list:
+  """The kernels of `out`'s schedule (its copies of inputs to the device run first)."""
+  with Context(SCHEDULE_CACHE=0): items = out.schedule()
+  for item in items:
+    if item.ast.op is Ops.COPY: item.bufs[0].ensure_allocated().copy_from(item.bufs[1])
+  return [i for i in items if i.ast.op is not Ops.COPY]
+
+def _is_flash(uops) -> bool: return any(u.op is Ops.DEFINE_LOCAL and u.arg[0] == "attn_p" for u in uops)
+
+def _emulate(item, renderer=None) -> tuple[np.ndarray, list]:
+  """One scheduled kernel rendered for CUDA, run in the lockstep emulator over a NaN-poisoned output."""
+  renderer = renderer or CUDARenderer()
+  _, uops = render_with(renderer, kernel_name(item.ast), optimize_for(renderer, lower_for_codegen(item.ast)))
+  arrays = {k: b.ensure_allocated().numpy().copy() for k, b in enumerate(item.bufs)}
+  arrays[0][:] = np.nan
+  run_lockstep(uops, launch_size(uops), arrays, item.var_vals)
+  return arrays[0], uops
+
+@pytest.fixture
+def gpu_python(monkeypatch):
+  """Device PYTHON as a GPU target (its schedules take the attention rule); tensors are made on it."""
+  from helpers import use_gpu_style_python
+  return use_gpu_style_python(monkeypatch)
+
+def _reference(q, k, v, mask=None, causal=False) -> np.ndarray:
+  """softmax(q @ k^T / sqrt(D) + mask) @ v in float64 (heads of k and v repeated to q's)."""
+  q, k, v = (a.astype(np.float64) for a in (q, k, v))
+  rep = q.shape[-3] // k.shape[-3]
+  k, v = np.repeat(k, rep, axis=-3), np.repeat(v, rep, axis=-3)
+  s = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
+  if causal: mask = np.tril(np.ones(s.shape[-2:], bool))
+  if mask is not None: s = np.where(mask, s, -np.inf) if mask.dtype == bool else s + mask
+  p = np.exp(s - s.max(-1, keepdims=True))
+  return (p / p.sum(-1, keepdims=True)) @ v
+
+# name: (B, H, kv heads, L, S, D, Dv, mask: None/"causal"/"bool"/"add", dtype)
+CASES = {
+  "plain": (1, 2, 2, 16, 8, 16, 16, None, np.float32),
+  "ragged rows and keys": (1, 2, 2, 70, 130, 32, 32, None, np.float32),
+  "causal, two batches": (2, 1, 1, 130, 70, 64, 64, "causal", np.float32),
+  "causal, one block": (1, 1, 1, 64, 64, 16, 16, "causal", np.float32),
+  "grouped-query heads": (1, 4, 2, 33, 65, 16, 16, None, np.float32),
+  "boolean mask": (1, 2, 2, 40, 100, 32, 32, "bool", np.float32),
+  "additive mask, half": (2, 2, 2, 17, 90, 64, 64, "add", np.float16),
+  "causal, half": (1, 1, 1, 65, 129, 64, 64, "causal", np.float16),
+  "depth 24, value width 48": (1, 1, 1, 20, 70, 24, 48, None, np.float32),
+  "sixteen query rows": (1, 3, 3, 16, 77, 32, 32, None, np.float32),
+}
+
+def _inputs(case, rng):
+  b, h, hkv, length, keys, d, dv, mask, dtype = case
+  q = rng.standard_normal((b, h, length, d)).astype(dtype)
+  k = rng.standard_normal((b, hkv, keys, d)).astype(dtype)
+  v = rng.standard_normal((b, hkv, keys, dv)).astype(dtype)
+  m = None
+  if mask == "bool": m = rng.uniform(size=(length, keys)) < 0.7
+  if mask == "add": m = rng.uniform(-2, 0, size=(b, 1, length, keys)).astype(dtype)
+  return q, k, v, m
+
+def _attention(q, k, v, m, mask, gqa):
+  return q.scaled_dot_product_attention(k, v, attn_mask=m, is_causal=mask == "causal", enable_gqa=gqa)
+
+def _check(got, want, dtype, what):
+  tol = 2e-3 if dtype == np.float16 else 1e-4
+  worst = np.nanmax(np.abs(got.astype(np.float64) - want)) if got.size else 0.0
+  assert got.shape == want.shape and np.allclose(got, want, rtol=tol, atol=tol), \
+    f"{what}: shapes {got.shape} vs {want.shape}, worst difference {worst}"
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_attention_is_one_flash_kernel_matching_numpy(name, gpu_python):
+  case = CASES[name]
+  q, k, v, m = _inputs(case, np.random.default_rng(len(name)))
+  mask, dtype = case[7], case[8]
+  tq, tk, tv = (Tensor(a, device=gpu_python) for a in (q, k, v))
+  tm = Tensor(m, device=gpu_python) if m is not None else None
+  items = _kernels(_attention(tq, tk, tv, tm, mask, case[1] != case[2]))
+  assert len(items) == 1, f"{name}: {len(items)} kernels"
+  got, uops = _emulate(items[0])
+  assert _is_flash(uops), f"{name}: not the flash kernel"
+  want = _reference(q, k, v, m, mask == "causal")
+  _check(got.reshape(want.shape), want, dtype, name)
+
+def test_hand_written_attention_is_the_same_kernel(gpu_python):
+  rng = np.random.default_rng(7)
+  q, k, v = (rng.standard_normal((2, 3, 50, 32)).astype(np.float32) for _ in range(3))
+  bias = rng.uniform(-1, 0, (50, 50)).astype(np.float32)
+  tq, tk, tv, tb = (Tensor(a, device=gpu_python) for a in (q, k, v, bias))
+  out = (tq @ tk.transpose(-2, -1) * (1 / math.sqrt(32)) + tb).softmax(-1) @ tv
+  items = _kernels(out)
+  assert len(items) == 1
+  got, uops = _emulate(items[0])
+  assert _is_flash(uops)
+  _check(got.reshape(2, 3, 50, 32), _reference(q, k, v, bias), np.float32, "hand-written")
+
+def test_refused_shape_still_one_kernel_and_right(gpu_python):
+  # a value width of 8 is no multiple of 16: the builder refuses, the fused kernel maps as ordinary loops
+  rng = np.random.default_rng(8)
+  q, k = (rng.standard_normal((1, 2, 20, 16)).astype(np.float32) for _ in range(2))
+  v = rng.standard_normal((1, 2, 20, 8)).astype(np.float32)
+  items = _kernels(Tensor(q, device=gpu_python).scaled_dot_product_attention(Tensor(k, device=gpu_python),
+                                                                              Tensor(v, device=gpu_python)))
+  assert len(items) == 1
+  got, uops = _emulate(items[0])
+  assert not _is_flash(uops)
+  _check(got.reshape(1, 2, 20, 8), _reference(q, k, v), np.float32, "refused")
+
+def test_a_decode_step_keeps_its_three_kernels(gpu_python):
+  rng = np.random.default_rng(13)
+  q = Tensor(rng.standard_normal((1, 4, 1, 32)).astype(np.float32), device=gpu_python)
+  k, v = (Tensor(rng.standard_normal((1, 4, 50, 32)).astype(np.float32), device=gpu_python) for _ in range(2))
+  assert len(_kernels(q.scaled_dot_product_attention(k, v))) == 3
+
+def test_attention_weights_read_twice_keep_their_buffers(gpu_python):
+  # the softmax also returned: the chain is not fused (its weights are read by two kernels)
+  rng = np.random.default_rng(9)
+  q, k, v = (Tensor(rng.standard_normal((1, 1, 16, 16)).astype(np.float32), device=gpu_python) for _ in range(3))
+  weights = (q @ k.transpose(-2, -1)).softmax(-1)
+  with Context(SCHEDULE_CACHE=0): items = (weights @ v).schedule(weights)
+  assert len([i for i in items if i.ast.op is not Ops.COPY]) >= 3
+
+def test_python_device_runs_flash_attention_and_its_backward(gpu_python):
+  from helpers import kernel_sources
+  rng = np.random.default_rng(10)
+  q, k, v = (rng.standard_normal((1, 2, 17, 16)).astype(np.float32) for _ in range(3))
+  def forward():
+    return Tensor(q, device=gpu_python).scaled_dot_product_attention(Tensor(k, device=gpu_python),
+                                                                      Tensor(v, device=gpu_python), is_causal=True)
+  sources = kernel_sources(forward)
+  assert len(sources) == 1 and "yield None" in sources[0], f"{len(sources)} kernels"
+  _check(forward().numpy(), _reference(q, k, v, causal=True), np.float32, "PYTHON device")
+  import torch
+  tq, tk, tv = (Tensor(a, device=gpu_python, requires_grad=True) for a in (q, k, v))
+  (tq.scaled_dot_product_attention(tk, tv, is_causal=True) * 1.5).sum().backward()
+  rq, rk, rv = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (q, k, v))
+  (torch.nn.functional.scaled_dot_product_attention(rq, rk, rv, is_causal=True) * 1.5).sum().backward()
+  for mine, ref, what in ((tq, rq, "dq"), (tk, rk, "dk"), (tv, rv, "dv")):
+    _check(mine.grad.numpy(), ref.grad.numpy(), np.float32, what)
+
+def _cpu_sources(build) -> list[str]:
+  from kiln.engine.realize import get_runner
+  return [get_runner("CPU", item.ast).source for item in _kernels(build()) if item.ast.op is Ops.SINK]
+
+def test_cpu_schedules_are_unchanged():
+  # the rule never fires off a GPU target: the same kernels with it on and off (three of them: scores, softmax, p @ V)
+  rng = np.random.default_rng(11)
+  q, k, v = (Tensor(rng.standard_normal((1, 2, 16, 16)).astype(np.float32)) for _ in range(3))
+  for build in (lambda: q.scaled_dot_product_attention(k, v), lambda: q.scaled_dot_product_attention(k, v, is_causal=True),
+                lambda: (q @ k.transpose(-2, -1)).softmax(-1) @ v):
+    on = _cpu_sources(build)
+    with Context(ATTENTION_FUSION=0): off = _cpu_sources(build)
+    assert on == off and len(on) >= 3
+
+def _render_big(renderer, causal=False) -> str:
+  from helpers import GPUStylePython
+  device = Device["PYTHON"]
+  saved, device.renderer = device.renderer, GPUStylePython()
+  try:
+    q, k, v = (Tensor.empty(8, 16, 4096, 128, dtype=dtypes.half, device="PYTHON") for _ in range(3))
+    (item,) = _kernels(q.scaled_dot_product_attention(k, v, is_causal=causal))
+  finally: device.renderer = saved
+  src, uops = render_with(renderer, kernel_name(item.ast), optimize_for(renderer, lower_for_codegen(item.ast)))
+  assert _is_flash(uops) and launch_size(uops) == ((64, 128, 1), (256, 1, 1)), launch_size(uops)
+  return src
+
+NVCC, PTXAS = shutil.which("nvcc"), shutil.which("ptxas")
+
+def _ptxas_report(command: list[str]) -> str:
+  built = subprocess.run(command, capture_output=True, text=True)
+  report = built.stdout + built.stderr
+  assert built.returncode == 0, report
+  assert "0 bytes spill stores, 0 bytes spill loads" in report and "0 bytes stack frame" in report, report
+  shared = int(re.search(r"(\d+) bytes smem", report).group(1))
+  assert shared <= 48 * 1024, f"{shared} bytes of shared memory"
+  return report
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA toolkit) not installed")
+@pytest.mark.parametrize("causal", [False, True])
+def test_big_kernel_compiles_for_sm90a_without_spills(causal):
+  src = _render_big(CUDARenderer(), causal)
+  with tempfile.TemporaryDirectory(prefix="kiln_attn_") as folder:
+    path = os.path.join(folder, "attention.cu")
+    with open(path, "w") as f: f.write(src)
+    _ptxas_report([NVCC, "-arch=sm_90a", "-cubin", "--fmad=false", "-Xptxas", "-v", "-o",
+                   os.path.join(folder, "attention.cubin"), path])
+
+@pytest.mark.skipif(PTXAS is None, reason="ptxas (CUDA toolkit) not installed")
+def test_big_kernel_as_ptx_assembles_without_spills():
+  src = _render_big(PTXRenderer())
+  assert "bar.sync" in src and "shfl.sync.bfly.b32" in src
+  with tempfile.TemporaryDirectory(prefix="kiln_attn_") as folder:
+    path = os.path.join(folder, "attention.ptx")
+    with open(path, "w") as f: f.write(src)
+    _ptxas_report([PTXAS, "-arch=sm_90a", "-v", "-o", os.path.join(folder, "attention.cubin"), path])
+
+from kiln.runtime import cuda_driver as cuda   # noqa: E402
+needs_gpu = pytest.mark.skipif(not cuda.available(), reason=f"no usable CUDA GPU: {cuda.unavailable_reason()}")
+
+@needs_gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_flash_attention_on_the_gpu(name):
+  case = CASES[name]
+  q, k, v, m = _inputs(case, np.random.default_rng(len(name)))
+  mask, dtype = case[7], case[8]
+  tq, tk, tv = (Tensor(a, device="CUDA") for a in (q, k, v))
+  tm = Tensor(m, device="CUDA") if m is not None else None
+  out = _attention(tq, tk, tv, tm, mask, case[1] != case[2])
+  assert len(_kernels(out)) == 1
+  want = _reference(q, k, v, m, mask == "causal")
+  _check(out.numpy().reshape(want.shape), want, dtype, name)
+
+@needs_gpu
+def test_flash_attention_backward_on_the_gpu():
+  import torch
+  rng = np.random.default_rng(12)
+  q, k, v = (rng.standard_normal((2, 2, 70, 32)).astype(np.float32) for _ in range(3))
+  tq, tk, tv = (Tensor(a, device="CUDA", requires_grad=True) for a in (q, k, v))
+  tq.scaled_dot_product_attention(tk, tv, is_causal=True).square().sum().backward()
+  rq, rk, rv = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (q, k, v))
+  torch.nn.functional.scaled_dot_product_attention(rq, rk, rv, is_causal=True).square().sum().backward()
+  for mine, ref, what in ((tq, rq, "dq"), (tk, rk, "dk"), (tv, rv, "dv")):
+    _check(mine.grad.numpy(), ref.grad.numpy(), np.float32, what)
