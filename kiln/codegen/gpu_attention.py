@@ -7,9 +7,9 @@ Lowered, that kernel is `out[b, i, c] = epilogue(sum_j w(b, i, j) * V(b, j, c))`
 indices): the same x under three key ranges, each with a sum over d of its own. `attention_plan` recognizes that
 shape (the three copies equal up to their ranges), and `flash_attention` builds instead:
 
-- one block of THREADS threads (16 x 16) per BM query rows of one batch index (`gidx0` the query block, `gidx1` the
-  batch: heads and batches flattened); thread (r, c) owns rows `4r .. 4r+3` of the block, of the scores the key
-  columns `4c .. 4c+3` of each key block, of the output TV = Dv/16 columns (groups of 4 adjacent ones);
+- one block of THREADS threads (16 x 16) per BM (64) query rows of one batch index (`gidx0` the query block, `gidx1`
+  the batch: heads and batches flattened); thread (r, c) owns rows `4r .. 4r+3` of the block, of the scores the key
+  columns `4c .. 4c+3` of each key block of BN (64), of the output Dv/16 columns (groups of 4 adjacent ones);
 - a loop over key blocks of BN keys (`kb`). In each: the scores of the block, a sum over d stepped by BK, the block
   staging Q's and K's step tiles in shared arrays (`attn_q`, `attn_k`, double-buffered, one barrier a step, as
   kiln/codegen/gpu_tiles.py's matmul tiles); each thread's 4 x 4 scores through the score expression (keys past the
@@ -34,7 +34,7 @@ from kiln.dtype import dtypes
 from kiln.helpers import NOLOCALS, prod
 from kiln.uop.ops import UOp, Ops, toposort
 from kiln.uop.pattern import graph_rewrite
-from kiln.uop.symbolic import symbolic
+from kiln.uop.symbolic import symbolic, linear_form
 from kiln.codegen.gpudims import (_range_key, _first_conflict, _unflatten, _substitute, _shuffle_rounds, _halvings,
                                   shuffle_warp)   # gpudims imports us lazily
 from kiln.codegen.gpu_tiles import FACTOR_OPS, SHARED_PAD, _spread, _k_fastest, _clamped, _ceil
@@ -43,9 +43,9 @@ from kiln.codegen.opt.kernel import Kernel
 INT, F32 = dtypes.int32, dtypes.float32
 THREADS_ROWS, THREADS_COLS = 16, 16
 THREADS = THREADS_ROWS * THREADS_COLS
-BM, BN = 64, 64   # query rows a block, keys a key block
-TM, TN = BM // THREADS_ROWS, BN // THREADS_COLS   # a thread's rows and key columns
+BM, BN = 64, 64   # query rows a block, keys a key block (multiples of 16; a thread holds BM/16 rows, BN/16 keys)
 MAX_DV = 128   # a thread's output columns are Dv/16: at most 8
+CAUSAL_SKIP = True   # key blocks a causal mask hides from every row of a query block are not visited
 NEG_INF = float("-inf")
 
 @dataclass(frozen=True)
@@ -154,6 +154,36 @@ def attention_plan(sink: UOp) -> AttentionPlan | None:
   if _ceil(prod(Kernel.size(r) for r in rows), BM) > 65535 or prod(Kernel.size(r) for r in batch) > 65535: return None
   return AttentionPlan(store, total, key, x, dot, depth, q, k, v, log2e, rows, cols, batch)
 
+def _diagonal(term: UOp, row: UOp, key: UOp) -> int | None:
+  """t where `term` holds exactly when key <= row + t (`key - row < t + 1`, `key - row == t` counts as its bound:
+  a CMPLT or CMPEQ of two sums affine in the row and key ranges with opposite unit coefficients), else None."""
+  if term.op not in (Ops.CMPLT, Ops.CMPEQ): return None
+  left, right = (linear_form(u) for u in term.src)
+  if left is None or right is None: return None
+  terms = {u: left[0].get(u, 0) - right[0].get(u, 0) for u in {*left[0], *right[0]}}
+  constant = left[1] - right[1]   # term: sum(terms) + constant < 0 (or == 0)
+  if {u: c for u, c in terms.items() if c} not in ({key: 1, row: -1}, {key: -1, row: 1}): return None
+  if term.op is Ops.CMPEQ: return -constant if terms[key] == 1 else constant
+  return -constant - 1 if terms[key] == 1 else None   # row - key < c bounds the key from below: no skipping
+
+def causal_bound(score: UOp, row: UOp, key: UOp) -> int | None:
+  """t when the score expression is -inf wherever key > row + t (a causal mask, `where(key <= row + t, x, -inf)` or
+  `x + where(..., 0, -inf)`, its condition an OR of CMPLT/CMPEQ terms each bounding the key by the row), else None:
+  key blocks past `row + t` for every row of a query block are then skipped."""
+  node, found = score, None
+  while node.op in (Ops.ADD, Ops.MUL, Ops.CAST) and found is None:
+    for src in node.src:
+      if src.op is Ops.WHERE and src.src[2].op is Ops.CONST and src.src[2].arg == NEG_INF: found = src
+    if found is None: node = node.src[0]
+  if found is None: return None
+  terms, stack = [], [found.src[0]]
+  while stack:
+    u = stack.pop()
+    if u.op is Ops.OR: stack.extend(u.src)
+    else: terms.append(u)
+  bounds = [_diagonal(t, row, key) for t in terms]
+  return None if any(b is None for b in bounds) else max(bounds)
+
 def _stage(factor: UOp, outer: tuple[UOp, ...], inner: UOp, inner_fastest: bool, shared: UOp, lidx: UOp,
            origin: UOp, inner_base: UOp, half: UOp, tile: int, step: int, lead: int, guard_outer: bool,
            guard_inner: bool) -> list[UOp]:
@@ -190,14 +220,21 @@ def flash_attention(sink: UOp, target: object = None) -> UOp | None:
   dv = prod(Kernel.size(r) for r in plan.cols)
   bk = 16 if depth >= 16 else 8   # the depth step of the scores
   bkv = 16 if dv <= 64 else 8     # the key step of p @ V (its V tile: bkv x dv floats)
-  tv = dv // THREADS_COLS
+  tv, tm, tn = dv // THREADS_COLS, BM // THREADS_ROWS, BN // THREADS_COLS
   key_blocks = _ceil(keys, BN)
+  row_block = UOp(Ops.SPECIAL, INT, (), ("gidx0", _ceil(length, BM)))
+  # a causal mask: the query block's last row sees keys up to row + t, the key blocks past them are skipped
+  diagonal = causal_bound(plan.score, plan.rows[-1], plan.key) if len(plan.rows) == 1 and CAUSAL_SKIP else None
+  blocks = UOp.const(INT, key_blocks) if diagonal is None else \
+    (row_block * BM + (BM - 1 + diagonal)) // BN + 1
+  if diagonal is not None:   # at least one block (a row that sees no key stores NaN, as the graph does), at most all
+    blocks = blocks.maximum(1)
+    blocks = graph_rewrite(blocks.lt(key_blocks).where(blocks, UOp.const(INT, key_blocks)), symbolic)
   next_id = 1 + max((u.arg for u in sink.toposort() if u.op is Ops.RANGE and isinstance(u.arg, int)), default=0)
-  kb = UOp(Ops.RANGE, INT, (UOp.const(INT, key_blocks),), next_id)
+  kb = UOp(Ops.RANGE, INT, (blocks,), next_id)
   dstep = UOp(Ops.RANGE, INT, (UOp.const(INT, _ceil(depth, bk)),), next_id + 1)
   vstep = UOp(Ops.RANGE, INT, (UOp.const(INT, BN // bkv),), next_id + 2)
   lidx = UOp(Ops.SPECIAL, INT, (), ("lidx0", THREADS))
-  row_block = UOp(Ops.SPECIAL, INT, (), ("gidx0", _ceil(length, BM)))
   batch = prod(Kernel.size(r) for r in plan.batch)
   values = _unflatten(UOp(Ops.SPECIAL, INT, (), ("gidx1", batch)), list(plan.batch)) if batch > 1 else \
     {r: UOp.const(INT, 0) for r in plan.batch}
@@ -213,8 +250,8 @@ def flash_attention(sink: UOp, target: object = None) -> UOp | None:
   tile_v = UOp(Ops.DEFINE_LOCAL, F32, (), ("attn_v", 2 * bkv * lead_v))
   row_origin, key_origin = row_block * BM, kb * BN
   ragged_rows, ragged_keys, ragged_depth = length % BM != 0, keys % BN != 0, depth % bk != 0
-  rows = _spread(lidx // THREADS_COLS, TM, BM)
-  key_cols = _spread(lidx % THREADS_COLS, TN, BN)
+  rows = _spread(lidx // THREADS_COLS, tm, BM)
+  key_cols = _spread(lidx % THREADS_COLS, tn, BN)
   out_cols = _spread(lidx % THREADS_COLS, tv, dv)
 
   # the key block's scores: a sum over depth steps of bk, both tiles staged in shared memory
@@ -249,7 +286,7 @@ def flash_attention(sink: UOp, target: object = None) -> UOp | None:
   block_max = _row_totals(Ops.MAX, [reduce_line(Ops.MAX, line) for line in scores], lidx, warp)
   log2e, zero = plan.log2e, UOp.const(F32, 0.0)
   alphas, weights = [], []
-  for i in range(TM):
+  for i in range(tm):
     old = UOp(Ops.REDUCE, F32, (block_max[i], kb), Ops.MAX)
     new = old.lt(block_max[i]).where(block_max[i], old)
     base = new.ne(UOp.const(F32, NEG_INF)).where(new, zero)   # a row masked so far: exp2(-inf) = 0 against 0
@@ -260,7 +297,7 @@ def flash_attention(sink: UOp, target: object = None) -> UOp | None:
   def carried(value_of) -> UOp:
     acc = UOp(Ops.DEFINE_ACC, F32, (zero,), next(acc_ids))
     return UOp(Ops.ASSIGN, F32, (acc, value_of(acc)))
-  sums = [carried(lambda acc, i=i: UOp(Ops.MULACC, F32, (acc, alphas[i], row_sums[i]))) for i in range(TM)]
+  sums = [carried(lambda acc, i=i: UOp(Ops.MULACC, F32, (acc, alphas[i], row_sums[i]))) for i in range(tm)]
   weights_stored = UOp(Ops.BARRIER, dtypes.void, tuple(
     UOp(Ops.STORE, dtypes.void, (tile_p, c * lead_p + r, weights[i][j]))
     for i, r in enumerate(rows) for j, c in enumerate(key_cols)))
@@ -273,7 +310,7 @@ def flash_attention(sink: UOp, target: object = None) -> UOp | None:
   p_reads = [[UOp(Ops.LOAD, F32, (tile_p, (vstep * bkv + jj) * lead_p + r, weights_stored)) for r in rows]
              for jj in range(bkv)]
   v_reads = [[read(tile_v, lead_v, jj, c, vhalf, bkv, v_staged) for c in out_cols] for jj in range(bkv)]
-  last = UOp(Ops.CMPEQ, dtypes.bool, (kb, UOp.const(INT, key_blocks - 1))) if key_blocks > 1 else None
+  last = UOp(Ops.CMPEQ, dtypes.bool, (kb, graph_rewrite(blocks - 1, symbolic))) if key_blocks > 1 else None
   stores = []
   for i, r in enumerate(rows):
     row, row_inside = _clamped(row_origin + r, length, ragged_rows)

@@ -100,6 +100,33 @@ def test_attention_is_one_flash_kernel_matching_numpy(name, gpu_python):
   want = _reference(q, k, v, m, mask == "causal")
   _check(got.reshape(want.shape), want, dtype, name)
 
+@pytest.mark.parametrize("tile", [(32, 32), (32, 64), (64, 32)])
+@pytest.mark.parametrize("name", ["ragged rows and keys", "causal, half"])
+def test_other_block_tiles(tile, name, gpu_python, monkeypatch):
+  from kiln.codegen import gpu_attention
+  monkeypatch.setattr(gpu_attention, "BM", tile[0])
+  monkeypatch.setattr(gpu_attention, "BN", tile[1])
+  case = CASES[name]
+  q, k, v, m = _inputs(case, np.random.default_rng(3))
+  (item,) = _kernels(_attention(*(Tensor(a, device=gpu_python) for a in (q, k, v)), None, case[7], False))
+  got, uops = _emulate(item)
+  assert _is_flash(uops) and launch_size(uops)[0][0] == -(-case[3] // tile[0])
+  want = _reference(q, k, v, None, case[7] == "causal")
+  _check(got.reshape(want.shape), want, case[8], f"{name}, tile {tile}")
+
+@pytest.mark.parametrize("shape", [(130, 200), (200, 130), (64, 64), (100, 300)])
+def test_causal_key_blocks_past_the_diagonal_are_skipped(shape, gpu_python):
+  length, keys = shape
+  rng = np.random.default_rng(length + keys)
+  q = rng.standard_normal((1, 2, length, 32)).astype(np.float32)
+  k, v = (rng.standard_normal((1, 2, keys, 32)).astype(np.float32) for _ in range(2))
+  (item,) = _kernels(_attention(*(Tensor(a, device=gpu_python) for a in (q, k, v)), None, "causal", False))
+  got, uops = _emulate(item)
+  key_loop = next(u for u in uops if u.op is Ops.RANGE)
+  if length > 64 and keys > 64:   # several query and key blocks: the loop's end depends on the query block
+    assert any(u.op is Ops.SPECIAL and u.arg[0] == "gidx0" for u in key_loop.src[0].toposort()), key_loop.src[0]
+  _check(got.reshape(1, 2, length, 32), _reference(q, k, v, causal=True), np.float32, f"causal {shape}")
+
 def test_hand_written_attention_is_the_same_kernel(gpu_python):
   rng = np.random.default_rng(7)
   q, k, v = (rng.standard_normal((2, 3, 50, 32)).astype(np.float32) for _ in range(3))
