@@ -12,7 +12,8 @@ movement ops and casts, a materialized row chain `w` over that same axis (the so
 materialized sum of products `scores` (the first matmul). Both lose their buffers when nothing else reads them, and
 so do the elementwise values inside the chain that read no buffer at all (a causal mask made from `arange`s: index
 arithmetic, cheaper to recompute than to load). CPU targets never take this rule, nor chains of fewer than
-MIN_QUERY_ROWS query rows (a decode step's single row).
+MIN_QUERY_ROWS query rows (a decode step's single row), of symbolic sizes, or of value widths the flash kernel does
+not take.
 """
 from __future__ import annotations
 from typing import Callable
@@ -22,6 +23,11 @@ _THROUGH = GroupOp.Movement | {Ops.CAST}
 # fewer query rows than this (a decode step's one) keep the three kernels: a flash block would leave most of its
 # threads idle, and the row kernels spread each row's keys over a block instead
 MIN_QUERY_ROWS = 16
+
+def _flash_width(width: int) -> bool:
+  """The flash kernel takes value widths that are multiples of 16 up to 128 (kiln/codegen/gpu_attention.py MAX_DV):
+  other chains keep their buffers rather than run fused as plain nested loops."""
+  return width % 16 == 0 and 0 < width <= 128
 
 def _strip(u: UOp, outputs: set[UOp] | None = None) -> UOp:
   """`u` below its movement ops and casts (stopping at the first of them that is materialized, given `outputs`)."""
@@ -58,7 +64,8 @@ def attention_buffers(nodes: list[UOp], users: dict[UOp, list[UOp]], outputs: se
     if pv.op is not Ops.REDUCE_AXIS or pv.arg[0] is not Ops.ADD or pv in dropped: continue
     if not has_local(pv.device): continue
     body, last = pv.src[0], len(pv.src[0].shape) - 1
-    if tuple(pv.arg[1]) != (last,) or body.op is not Ops.MUL: continue
+    if tuple(pv.arg[1]) != (last,) or body.op is not Ops.MUL or last < 2: continue
+    if not all(isinstance(d, int) for d in body.shape) or not _flash_width(body.shape[-2]): continue
     for factor in body.src:
       weights = _strip(factor, outputs)
       if weights not in outputs or weights.op not in GroupOp.Elementwise: continue

@@ -139,17 +139,22 @@ def test_hand_written_attention_is_the_same_kernel(gpu_python):
   assert _is_flash(uops)
   _check(got.reshape(2, 3, 50, 32), _reference(q, k, v, bias), np.float32, "hand-written")
 
-def test_refused_shape_still_one_kernel_and_right(gpu_python):
-  # a value width of 8 is no multiple of 16: the builder refuses, the fused kernel maps as ordinary loops
+def test_refused_kernel_still_right(gpu_python):
+  # without warp shuffles the builder refuses: the fused kernel maps as ordinary loops, one thread an output
   rng = np.random.default_rng(8)
-  q, k = (rng.standard_normal((1, 2, 20, 16)).astype(np.float32) for _ in range(2))
-  v = rng.standard_normal((1, 2, 20, 8)).astype(np.float32)
+  q, k, v = (rng.standard_normal((1, 2, 20, 16)).astype(np.float32) for _ in range(3))
   items = _kernels(Tensor(q, device=gpu_python).scaled_dot_product_attention(Tensor(k, device=gpu_python),
                                                                               Tensor(v, device=gpu_python)))
   assert len(items) == 1
-  got, uops = _emulate(items[0])
+  with Context(WARP_SHUFFLE=0): got, uops = _emulate(items[0])
   assert not _is_flash(uops)
-  _check(got.reshape(1, 2, 20, 8), _reference(q, k, v), np.float32, "refused")
+  _check(got.reshape(1, 2, 20, 16), _reference(q, k, v), np.float32, "refused")
+
+def test_value_widths_the_kernel_does_not_take_keep_three_kernels(gpu_python):
+  rng = np.random.default_rng(14)
+  q, k = (Tensor(rng.standard_normal((1, 2, 20, 16)).astype(np.float32), device=gpu_python) for _ in range(2))
+  v = Tensor(rng.standard_normal((1, 2, 20, 8)).astype(np.float32), device=gpu_python)
+  assert len(_kernels(q.scaled_dot_product_attention(k, v))) == 3
 
 def test_a_decode_step_keeps_its_three_kernels(gpu_python):
   rng = np.random.default_rng(13)
@@ -190,7 +195,7 @@ def _cpu_sources(build) -> list[str]:
 def test_cpu_schedules_are_unchanged():
   # the rule never fires off a GPU target: the same kernels with it on and off (three of them: scores, softmax, p @ V)
   rng = np.random.default_rng(11)
-  q, k, v = (Tensor(rng.standard_normal((1, 2, 16, 16)).astype(np.float32)) for _ in range(3))
+  q, k, v = (Tensor(rng.standard_normal((1, 2, 16, 16)).astype(np.float32), device="CPU") for _ in range(3))
   for build in (lambda: q.scaled_dot_product_attention(k, v), lambda: q.scaled_dot_product_attention(k, v, is_causal=True),
                 lambda: (q @ k.transpose(-2, -1)).softmax(-1) @ v):
     on = _cpu_sources(build)
@@ -206,7 +211,8 @@ def _render_big(renderer, causal=False) -> str:
     (item,) = _kernels(q.scaled_dot_product_attention(k, v, is_causal=causal))
   finally: device.renderer = saved
   src, uops = render_with(renderer, kernel_name(item.ast), optimize_for(renderer, lower_for_codegen(item.ast)))
-  assert _is_flash(uops) and launch_size(uops) == ((64, 128, 1), (256, 1, 1)), launch_size(uops)
+  from kiln.codegen import gpu_attention
+  assert _is_flash(uops) and launch_size(uops) == ((4096 // gpu_attention.BM, 128, 1), (256, 1, 1)), launch_size(uops)
   return src
 
 NVCC, PTXAS = shutil.which("nvcc"), shutil.which("ptxas")
