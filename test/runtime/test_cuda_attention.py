@@ -127,6 +127,18 @@ def test_causal_key_blocks_past_the_diagonal_are_skipped(shape, gpu_python):
     assert any(u.op is Ops.SPECIAL and u.arg[0] == "gidx0" for u in key_loop.src[0].toposort()), key_loop.src[0]
   _check(got.reshape(1, 2, length, 32), _reference(q, k, v, causal=True), np.float32, f"causal {shape}")
 
+def test_bfloat16_inputs_on_the_python_device(gpu_python):
+  from helpers import kernel_sources
+  rng = np.random.default_rng(15)
+  arrays = [rng.standard_normal((1, 2, 20, 16)).astype(np.float32) for _ in range(3)]
+  rounded = [Tensor(a).cast(dtypes.bfloat16).float().numpy() for a in arrays]   # the inputs as bfloat16 holds them
+  tq, tk, tv = (Tensor(a, device=gpu_python).cast(dtypes.bfloat16).realize() for a in arrays)
+  sources = kernel_sources(lambda: tq.scaled_dot_product_attention(tk, tv, is_causal=True))
+  assert len(sources) == 1 and "attn_p" in sources[0]
+  got = tq.scaled_dot_product_attention(tk, tv, is_causal=True).float().numpy()
+  want = _reference(*rounded, causal=True)
+  assert np.allclose(got, want, rtol=1e-2, atol=1e-2), np.abs(got - want).max()
+
 def test_hand_written_attention_is_the_same_kernel(gpu_python):
   rng = np.random.default_rng(7)
   q, k, v = (rng.standard_normal((2, 3, 50, 32)).astype(np.float32) for _ in range(3))
@@ -272,3 +284,14 @@ def test_flash_attention_backward_on_the_gpu():
   torch.nn.functional.scaled_dot_product_attention(rq, rk, rv, is_causal=True).square().sum().backward()
   for mine, ref, what in ((tq, rq, "dq"), (tk, rk, "dk"), (tv, rv, "dv")):
     _check(mine.grad.numpy(), ref.grad.numpy(), np.float32, what)
+
+@needs_gpu
+def test_bfloat16_flash_attention_on_the_gpu():
+  rng = np.random.default_rng(16)
+  arrays = [rng.standard_normal((2, 4, 200, 64)).astype(np.float32) for _ in range(3)]
+  rounded = [Tensor(a).cast(dtypes.bfloat16).float().numpy() for a in arrays]
+  tq, tk, tv = (Tensor(a, device="CUDA").cast(dtypes.bfloat16).realize() for a in arrays)
+  out = tq.scaled_dot_product_attention(tk, tv, is_causal=True)
+  assert len(_kernels(out)) == 1
+  got, want = out.float().numpy(), _reference(*rounded, causal=True)
+  assert np.allclose(got, want, rtol=1e-2, atol=1e-2), np.abs(got - want).max()
