@@ -304,6 +304,11 @@ PTX = ContextVar("PTX", 0, "1: the CUDA device renders kernels as PTX (kiln/rend
 WARP_SHUFFLE = ContextVar("WARP_SHUFFLE", 1, "1: a GPU row or grid reduction combines each warp's partials with warp "
                           "shuffles (kiln/codegen/gpudims.py), shared memory and barriers only across warps; 0: "
                           "through shared memory in every round")
+TC = ContextVar("TC", 1, "1: half and bfloat16 matmul-shaped kernels on GPU targets with tensor cores run on them (the "
+               "TC action, kiln/codegen/gpu_mma.py); 0: never (SIMT tiles)")
+USE_TC = TC   # (tinygrad's module-level name)
+ALLOW_TF32 = ContextVar("ALLOW_TF32", 0, "1: float32 matmul-shaped kernels on GPU targets may run on tf32 tensor "
+                        "cores (inputs rounded to 10 mantissa bits, float32 sums); 0: exact float32 (SIMT tiles)")
 FUSE_OPTIM = ContextVar("FUSE_OPTIM", 0, "1: optimizers default to fused=True (all parameters updated as one flat "
                                          "vector: fewer kernels per step)")
 
@@ -316,7 +321,6 @@ _NO_EFFECT = {
   "IMAGE": (0, "1/2: Qualcomm image textures for convolutions (kiln has no image dtypes)"),
   "WINO": (0, "1: Winograd convolutions (kiln's conv2d is always direct)"),
   "CAPTURING": (1, "tinygrad-internal flag of TinyJit's capture"),
-  "TC": (1, "0: no tensor cores; kiln's devices have none yet"),
   "TC_SELECT": (-1, "which tensor core to use"),
   "TC_OPT": (0, "how much padding/reshaping a tensor-core kernel may use"),
   "TC_SEARCH_OVER_SHAPE": (1, "BEAM also searches tensor-core shapes"),
@@ -337,7 +341,7 @@ _NO_EFFECT = {
   "IGNORE_OOB": (1, "0: prove every load and store in bounds with z3 (kiln has no bounds prover)"),
 }
 for _key, (_default, _what) in _NO_EFFECT.items(): ContextVar(_key, _default, f"tinygrad: {_what}", effect=False)
-IMAGE, WINO, CAPTURING, USE_TC, TC_SELECT, TC_OPT, TC_SEARCH_OVER_SHAPE, AMX, NOLOCALS, FUSE_ARANGE, FUSE_CONV_BW, \
+IMAGE, WINO, CAPTURING, TC_SELECT, TC_OPT, TC_SEARCH_OVER_SHAPE, AMX, NOLOCALS, FUSE_ARANGE, FUSE_CONV_BW, \
   PICKLE_BUFFERS, PROFILE, VIZ, TRACK_MATCH_STATS, DEVECTORIZE, DONT_REALIZE_EXPAND, \
   DONT_GROUP_REDUCES, QUANTIZE, CORRECT_DIVMOD_FOLDING, AMD_LLVM, IGNORE_OOB = \
   (ContextVar.registry[k] for k in _NO_EFFECT)

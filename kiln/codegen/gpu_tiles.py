@@ -23,7 +23,8 @@ fit: a plan is checked before the kernel is built, never guessed.
 """
 from __future__ import annotations
 from dataclasses import dataclass
-from kiln.dtype import dtypes
+from typing import Callable
+from kiln.dtype import DType, dtypes
 from kiln.helpers import NOLOCALS, prod
 from kiln.uop.ops import UOp, Ops, GroupOp, toposort
 from kiln.uop.pattern import graph_rewrite
@@ -101,9 +102,17 @@ def choose_tile(m: int, n: int, k: int, batch: int,
     if rate * busy * useful > best_score: best, best_score = (bm, bn, bk), rate * busy * useful
   return best
 
-def matmul_plan(sink: UOp, multiprocessors: int = MULTIPROCESSORS) -> MatmulPlan | None:
+def factor_dtype(factor: UOp) -> DType:
+  """The dtype a factor of the float32 product is computed in before its last cast: a half for `float(half load)`,
+  float32 for a float32 expression."""
+  return factor.src[0].dtype if factor.op is Ops.CAST and factor.dtype == dtypes.float32 else factor.dtype
+
+def matmul_plan(sink: UOp, multiprocessors: int = MULTIPROCESSORS, factor_dtypes: tuple[DType, ...] | None = None,
+                chooser: Callable[..., tuple[int, int, int] | None] = choose_tile) -> MatmulPlan | None:
   """The MatmulPlan of a lowered kernel of the matmul shape (see the module docstring) for a GPU of
-  `multiprocessors` SMs, or None."""
+  `multiprocessors` SMs, or None. With `factor_dtypes` (the tensor-core tiles, kiln/codegen/gpu_mma.py) both
+  factors must be computed in one of those dtypes (`factor_dtype`: float32 casts of half loads, say); `chooser`
+  picks the tile, `chooser(m, n, k, batch, multiprocessors)`."""
   if len(sink.src) != 1 or sink.src[0].op is not Ops.STORE or len(sink.src[0].src) != 3: return None
   store = sink.src[0]
   if store.src[0].op is not Ops.DEFINE_GLOBAL: return None
@@ -119,6 +128,8 @@ def matmul_plan(sink: UOp, multiprocessors: int = MULTIPROCESSORS) -> MatmulPlan
                           else 1 << 30))
   if len(set(k_ranges)) != len(k_ranges) or any(Kernel.size(r) is None for r in k_ranges): return None
   a, b = body.src
+  if factor_dtypes is not None and (factor_dtype(a) != factor_dtype(b) or factor_dtype(a) not in factor_dtypes):
+    return None
   for factor in (a, b):
     if any(u.op not in FACTOR_OPS for u in factor.toposort()): return None
     if any(u.op is Ops.LOAD and u.src[0] is store.src[0] for u in factor.toposort()): return None
@@ -140,8 +151,7 @@ def matmul_plan(sink: UOp, multiprocessors: int = MULTIPROCESSORS) -> MatmulPlan
   if form is not None and abs(form[0].get(cols[-1], 0)) > abs(form[0].get(rows[-1], 0)):
     a, b, rows, cols = b, a, cols, rows
   m, n = prod(Kernel.size(r) for r in rows), prod(Kernel.size(r) for r in cols)
-  tile = choose_tile(m, n, prod(Kernel.size(r) for r in k_ranges), prod(Kernel.size(r) for r in batch),
-                     multiprocessors)
+  tile = chooser(m, n, prod(Kernel.size(r) for r in k_ranges), prod(Kernel.size(r) for r in batch), multiprocessors)
   if tile is None or prod(Kernel.size(r) for r in batch) > 65535 or _ceil(m, tile[0]) > 65535: return None
   return MatmulPlan(store, total, k_ranges, rows, cols, batch, a, b, _k_fastest(a, rows[-1], k_ranges),
                     _k_fastest(b, cols[-1], k_ranges), tile)

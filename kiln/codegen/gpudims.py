@@ -510,14 +510,22 @@ def map_axes_to_gpu(sink: UOp, target: object = None) -> UOp:
   """A lowered (and optimized) kernel with its mappable output ranges replaced by the thread index (see the module
   docstring); a kernel with none is returned as it is (it runs as one thread). A kernel of one long reduction
   becomes one block per row instead (`group_rows`), a matmul-shaped one shared-memory tiles
-  (kiln/codegen/gpu_tiles.py), an attention-shaped one a flash-style kernel (kiln/codegen/gpu_attention.py). A kernel with GPU actions recorded on its SINK (kiln/codegen/opt/kernel.py
-  GPUChoices) is mapped as they chose (`map_chosen`). `target` (the renderer's GPUTarget, None: the H200's)
-  gives the multiprocessors the matmul tiles' waves fill and the warp size of the reductions' shuffles."""
+  (kiln/codegen/gpu_tiles.py), an attention-shaped one a flash-style kernel (kiln/codegen/gpu_attention.py). A
+  kernel with GPU actions recorded on its SINK (kiln/codegen/opt/kernel.py GPUChoices) is mapped as they chose
+  (`map_chosen`; the TC action: tensor-core tiles, kiln/codegen/gpu_mma.py). `target` (the renderer's GPUTarget,
+  None: the H200's) gives the multiprocessors the matmul tiles' waves fill and the warp size of the reductions'
+  shuffles."""
   from kiln.codegen.gpu_tiles import MULTIPROCESSORS, tile_matmul
   from kiln.codegen.gpu_attention import flash_attention
-  from kiln.codegen.opt.kernel import gpu_choices
+  from kiln.codegen.opt.kernel import OptOps, gpu_choices
   warp = shuffle_warp(target)
-  if (choices := gpu_choices(sink)) is not None: return map_chosen(sink.replace(arg=None), choices, warp)
+  if (choices := gpu_choices(sink)) is not None:
+    if (tc := choices.of(OptOps.TC)):   # tensor-core tiles (kiln/codegen/gpu_mma.py), checked by the action
+      from kiln.codegen.gpu_mma import tile_mma
+      if (tiled := tile_mma(sink.replace(arg=None), target, tc[0][2])) is None:
+        raise RuntimeError(f"gpudims: the kernel's TC action {tc[0]} does not fit it")
+      return tiled
+    return map_chosen(sink.replace(arg=None), choices, warp)
   if (flash := flash_attention(sink, target)) is not None: return flash
   if (tiled := tile_matmul(sink, getattr(target, "multiprocessors", MULTIPROCESSORS))) is not None: return tiled
   if (grouped := group_rows(sink, warp=warp)) is not None: return grouped

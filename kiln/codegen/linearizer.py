@@ -175,6 +175,7 @@ def linearize(sink: UOp) -> list[UOp]:
   mapped: dict[UOp, UOp] = {}
   acc_ids = itertools.count()
   sums_of_products: list[UOp] = []   # accumulator updates `acc + a*b` (fuse_multiply_accumulate)
+  matrix_updates: list[UOp] = []   # accumulator updates `acc + GEP(WMMA(...), e)` (fuse_matrix_accumulate)
   group_spans: list[tuple[int, int]] = []   # where each reduce group's uops lie in `out`
   bodies_inside = [True]   # whether every product summed lies inside its group's loops (so do its readers)
   identities: dict[tuple, UOp] = {}   # (reduce op, dtype) -> the constant an accumulator starts at
@@ -212,6 +213,7 @@ def linearize(sink: UOp) -> list[UOp]:
         sums_of_products.append(update)
         # a body that depends on the group's loops sits inside them, and so does everything that reads it
         if layout.scope[red.src[0]].isdisjoint(key): bodies_inside[0] = False
+      elif red.arg is Ops.ADD and body.op is Ops.GEP and body.src[0].op is Ops.WMMA: matrix_updates.append(update)
       out.append(update)
       out.append(UOp(Ops.ASSIGN, red.dtype, (acc, update)))
     for rng in reversed(key): out.append(UOp(Ops.ENDRANGE, dtypes.void, (mapped.get(rng, rng),)))
@@ -289,8 +291,50 @@ def linearize(sink: UOp) -> list[UOp]:
   # the nested functions refer to each other (a reference cycle holding the layout and every dict above): unbound
   # here, all of it is freed now rather than by the cyclic collector (paused during codegen, ~60 ms per graph later)
   del emit, emit_group, emit_item, emit_items, emit_block, emit_groups_first, needs_of
+  if matrix_updates: out = fuse_matrix_accumulate(out, matrix_updates)
   if not sums_of_products: return out
   return fuse_multiply_accumulate(out, sums_of_products, _merged(group_spans) if bodies_inside[0] else None)
+
+def fuse_matrix_accumulate(uops: list[UOp], updates: list[UOp]) -> list[UOp]:
+  """`uops` with each tensor-core chain that starts from zero and whose every lane only updates an accumulator
+  (`acc_e + GEP(WMMA(a, b, ... WMMA(a0, b0, 0)), e)`, e = 0..3: the tiles of kiln/codegen/gpu_mma.py) started
+  from the accumulators instead, `WMMA(a0, b0, VECTORIZE(acc_0..acc_3))`, each accumulator then assigned its lane
+  of the chain: the accumulators are the instruction's own registers, with no add a step."""
+  uses: dict[UOp, int] = {}
+  for u in uops:
+    for s in u.src: uses[s] = uses.get(s, 0) + 1
+  lanes: dict[UOp, dict[int, UOp]] = {}   # a chain's last WMMA -> lane -> its update
+  for u in updates:
+    gep = u.src[1]
+    if uses.get(gep) == 1: lanes.setdefault(gep.src[0], {})[gep.arg] = u
+  starts: dict[UOp, UOp] = {}   # a chain's first WMMA -> it, started from the accumulators
+  dropped: set[UOp] = set()   # the updates' adds, replaced by their lanes
+  for last, by_lane in lanes.items():
+    first = last
+    while first.src[2].op is Ops.WMMA and uses.get(first.src[2]) == 1: first = first.src[2]
+    zero = first.src[2]
+    if sorted(by_lane) != [0, 1, 2, 3] or zero.op is not Ops.VECTORIZE or \
+       any(s.op is not Ops.CONST or s.arg != 0 for s in zero.src):
+      continue
+    accs = tuple(by_lane[e].src[0] for e in range(4))
+    starts[first] = first.replace(src=(*first.src[:2], UOp(Ops.VECTORIZE, zero.dtype, accs)))
+    dropped.update(by_lane.values())
+  if not starts: return uops
+  out: list[UOp] = []
+  mapped: dict[UOp, UOp] = {}
+  for u in uops:
+    if u in dropped:   # the ASSIGN after it takes the lane itself
+      mapped[u] = mapped.get(u.src[1], u.src[1])
+      continue
+    if u in starts:
+      out.append(starts[u].src[2])
+      new = starts[u]
+    else: new = u
+    src = tuple(mapped.get(s, s) for s in new.src)
+    if src != new.src: new = new.replace(src=src)
+    if new is not u: mapped[u] = new
+    out.append(new)
+  return out
 
 def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
   """Ranges of positions (start, end) merged where they overlap or nest, in order."""

@@ -4,7 +4,7 @@ import contextlib, functools, gc, os, sys, time
 from dataclasses import dataclass, field
 from typing import Callable
 from kiln.helpers import (SPEC, NOOPT, DEBUG, VECTORIZE, DISABLE_FAST_IDIV, SPLIT_REDUCEOP, VALIDATE_WITH_CPU, CC,
-                          CFLAGS, GlobalCounters, fmt_time, colored, prod)
+                          CFLAGS, TC, ALLOW_TF32, GlobalCounters, fmt_time, colored, prod)
 from kiln.device import CompilePipeline, Device, Buffer
 from kiln.renderer import kernel_signature
 from kiln.uop.ops import UOp, Ops, GroupOp
@@ -72,7 +72,7 @@ def runner_key(device: str, ast: UOp, beam: int = 0) -> tuple:
   """The key of `ast`'s runner in `_runner_cache`: the kernel and the settings that change its code (the C
   compiler and its flags too: a CFLAGS=-march=... changes the target the heuristics plan for)."""
   return (device, ast, TRANSCENDENTAL.value, VECTORIZE.value, NOOPT.value, beam, DISABLE_FAST_IDIV.value,
-          SPLIT_REDUCEOP.value, CC.value, CFLAGS.value)
+          SPLIT_REDUCEOP.value, CC.value, CFLAGS.value, TC.value, ALLOW_TF32.value)
 
 def render_lowered(device: str, name: str, lowered: UOp) -> tuple[str, list[UOp]]:
   """The source code and linear uops of a lowered (and optimized) kernel: software math, linearize, render."""

@@ -14,9 +14,10 @@ before they were actions:
   pipeline's vectorize stage reads and writes as one 16-byte access: kiln/codegen/wide_memory.py) where every global
   access along that axis can be one (`lanes_widen`), else last, of the axis the block's rest comes from (elements a
   block apart, so each of a warp's scalar accesses stays one run of memory);
-- a matmul-shaped kernel (kiln/codegen/gpu_tiles.py) gets none: the mapping tiles it itself (issue 21 adds the
-  tensor-core action here), and so does a kernel whose block size no LOCALs express exactly (the mapping's guarded
-  last block).
+- a matmul-shaped kernel whose factors the target's tensor cores take (half, bfloat16; float32 under ALLOW_TF32=1;
+  `gpu_mma.mma_plan`, TC=1) gets the TC action on its first reduce axis (tensor-core tiles, kiln/codegen/gpu_mma.py);
+  any other matmul-shaped kernel (kiln/codegen/gpu_tiles.py) gets none: the mapping tiles it itself (SIMT), and so
+  does a kernel whose block size no LOCALs express exactly (the mapping's guarded last block).
 
 >>> from kiln.uop.ops import UOp, Ops
 >>> from kiln.dtype import dtypes
@@ -133,10 +134,13 @@ def gpu_opts(kernel: Kernel) -> list[Opt]:
   """Apply (in place) and return the GPU actions of the module docstring for `kernel` (a Kernel with a GPU target);
   where the kernel refuses one, none (the mapping's defaults, which they spell out, hold for all of them)."""
   from kiln.codegen.gpu_tiles import matmul_plan
+  from kiln.codegen.gpu_mma import mma_plan
   from kiln.codegen.opt.kernel import _mapping_facts
   graph = kernel.sink
   mapped, plan = _mapping_facts(graph)
-  if not NOLOCALS and matmul_plan(graph) is not None: wanted = []   # shared-memory tiles (kiln/codegen/gpu_tiles.py)
+  if mma_plan(graph, kernel.target) is not None:   # tensor-core tiles (kiln/codegen/gpu_mma.py)
+    wanted = [Opt(OptOps.TC, len(kernel.output_axes), 0)]
+  elif not NOLOCALS and matmul_plan(graph) is not None: wanted = []   # shared-memory tiles (gpu_tiles.py)
   elif plan is not None: wanted = _row_opts(kernel, plan)
   elif mapped: wanted = _flat_opts(kernel, mapped)
   else: wanted = []

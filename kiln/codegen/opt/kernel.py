@@ -77,9 +77,11 @@ class OptOps(enum.Enum):
   PADTO = "padto"; BLOCKSUM = "blocksum"
   # GPU actions (module docstring): block threads over an output axis, a row's reduction over a block's threads
   LOCAL = "local"; GROUP = "group"; GROUPTOP = "grouptop"
+  # the tensor-core tiles of a matmul-shaped kernel (kiln/codegen/gpu_mma.py); arg 0: the scored tile, i > 0: TILES[i-1]
+  TC = "tc"
   def __repr__(self) -> str: return f"OptOps.{self.name}"
 
-GPU_ONLY_OPS = frozenset({OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP})
+GPU_ONLY_OPS = frozenset({OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP, OptOps.TC})
 
 @dataclass(frozen=True)
 class GPUChoices:
@@ -463,6 +465,7 @@ class Kernel:
     if not self.gpu:
       raise KernelOptError(f"{opt}: {opt.op.name} needs a GPU target (threads, blocks and shared memory)")
     rng, size, k = axes[opt.axis], self.size(axes[opt.axis]), opt.arg
+    if opt.op is OptOps.TC or any(a[0] is OptOps.TC for a in self.gpu_actions): return self._tensor_cores(opt, rng)
     if size is None: raise KernelOptError(f"{opt}: axis {opt.axis} has a symbolic size")
     if not isinstance(k, int) or isinstance(k, bool) or k < 2:
       raise KernelOptError(f"{opt}: the amount must be an integer >= 2")
@@ -528,6 +531,23 @@ class Kernel:
                              f"{MAX_GPU_UPCAST})")
     return graph.replace(arg=GPUChoices(actions + ((opt.op, rng.arg, k),)))
 
+  def _tensor_cores(self, opt: Opt, rng: UOp) -> UOp:
+    """The kernel with the TC action recorded (its tiles are built by kiln/codegen/gpu_mma.py): the kernel's first
+    and only GPU action, on one of its reduce axes, where `gpu_mma.mma_plan` fits the kernel and the target."""
+    from kiln.codegen import gpu_mma
+    if opt.op is not OptOps.TC or self.gpu_actions:
+      raise KernelOptError(f"{opt}: the TC action is a kernel's only GPU action (it has {self.gpu_actions})")
+    if not self.is_reduce(opt.axis):
+      raise KernelOptError(f"{opt}: axis {opt.axis} is an output axis; TC names a reduce axis of the matmul")
+    if not isinstance(opt.arg, int) or isinstance(opt.arg, bool) or not 0 <= opt.arg <= len(gpu_mma.TILES):
+      raise KernelOptError(f"{opt}: the amount is 0 (the scored tile) or a tile number 1..{len(gpu_mma.TILES)}")
+    graph = self.sink.replace(arg=None)
+    if gpu_mma.mma_plan(graph, self.target, opt.arg) is None:
+      raise KernelOptError(f"{opt}: no tensor-core tiling fits (a matmul of half/bfloat16 factors, float32 with "
+                           f"ALLOW_TF32=1, on a target whose tensor cores take them, TC=1, a tile within its shared "
+                           f"memory: kiln/codegen/gpu_mma.py)")
+    return graph.replace(arg=GPUChoices(((opt.op, rng.arg, opt.arg),)))
+
   def _check_mapped(self, opt: Opt, rng: UOp, mapped: list[UOp], size: int, by_id: dict) -> None:
     """KernelOptError unless output range `rng` goes on threads and the amount fits what earlier splits left: it
     divides it, or pads the range (the rest rounded up, the extra iterations guarded) by at most a quarter."""
@@ -557,6 +577,9 @@ class Kernel:
         other_kind = range(n_out, len(axes)) if axis >= n_out else range(n_out)
         candidates += [Opt(OptOps.SWAP, axis, other) for other in other_kind if other > axis]
     grouped = any(a[0] in (OptOps.GROUP, OptOps.GROUPTOP) for a in self.gpu_actions)
+    if not self.gpu_actions and n_out < len(axes):
+      from kiln.codegen.gpu_mma import TILES
+      candidates += [Opt(OptOps.TC, n_out, choice) for choice in range(len(TILES) + 1)]
     for axis in range(len(axes)):
       if axis < n_out:
         candidates += [Opt(OptOps.LOCAL, axis, k) for k in (GPU_ROWS_A_BLOCK if grouped else GPU_LOCAL_SIZES)]

@@ -1,0 +1,205 @@
+"""Tensor-core matmul tiles for GPU targets (issue 21, stage 1), lowered kernel -> kernel over block and thread indices
+whose products are warp-wide `Ops.WMMA`s (`mma.sync.aligned.m16n8k16`, kiln/runtime/gpu_target.py TensorCore).
+
+The kernels are gpu_tiles' (the matmul shape of `gpu_tiles.matmul_plan`: any batch, row, column and reduce ranges,
+factors that are elementwise expressions of loads, an epilogue in the STORE), where both factors are computed in a
+dtype the target's tensor cores take (`factor_dtype`: half or bfloat16 loads cast to float32; float32 itself for
+tf32, only under ALLOW_TF32=1). They run as:
+
+- one block of THREADS threads (8 warps, WARPS_M x WARPS_N) per BM x BN output tile (`choose_mma_tile`: 128x128,
+  64x128 or 64x64; 128x256 where the target's shared memory holds it); `gidx0` the tile column, `gidx1` the row,
+  `gidx2` the batch, as gpu_tiles';
+- each warp a (BM/WARPS_M) x (BN/WARPS_N) warp tile: a grid of 16 x 8 tensor-core tiles, each lane holding four
+  float32 accumulators of each (REDUCEs over the K loop, in the instruction's `c_layout`);
+- the K loop stepped by BK (64 bytes of the input dtype: 32 halves, 16 floats): each step the block copies the A
+  tile (BM x BK) and the B tile (BN x BK) into shared arrays in the input dtype (`tile_a`, `tile_b`, each row k
+  fastest and padded by 16 bytes, so the fragment reads of a warp's 8 row groups x 4 lanes hit 32 different banks),
+  neighbouring threads taking neighbouring elements of each factor's memory (coalesced), then one BARRIER; then each
+  warp reads its fragments (the elements `a_layout[lane]` and `b_layout[lane]` name) from shared memory and runs
+  BK/k WMMAs per tensor-core tile, each adding into the one before (the step's chain starts at zero and the
+  accumulator adds the chain's result);
+- the shared arrays are double-buffered (step s uses half s % 2): one barrier a step suffices (gpu_tiles' argument).
+
+Where a tile does not divide m, n or k the edge tiles are guarded: loads past an edge read a clamped element and stage
+a zero (a zero product adds nothing), stores past it are gated off; WMMAs are never gated (every lane of a warp runs
+them). The epilogue (bias, activation, residual, the cast to half) is the kernel's own STORE with the sum replaced by
+each accumulator, as gpu_tiles does. Chosen by the optimizer's TC action (kiln/codegen/opt/kernel.py), which the GPU
+heuristics give every kernel `mma_plan` accepts (TC=1, the default; TC=0 keeps the SIMT tiles).
+"""
+from __future__ import annotations
+from kiln.dtype import DType, dtypes
+from kiln.helpers import ALLOW_TF32, NOLOCALS, TC, prod
+from kiln.uop.ops import UOp, Ops
+from kiln.uop.pattern import graph_rewrite
+from kiln.uop.symbolic import symbolic
+from kiln.runtime.gpu_target import GPUTarget, TensorCore
+from kiln.codegen.gpu_tiles import MatmulPlan, MIN_USEFUL, _ceil, _clamped, matmul_plan
+from kiln.codegen.gpudims import _unflatten, _substitute   # (gpudims imports us lazily)
+from kiln.codegen.opt.kernel import Kernel
+
+INT = dtypes.int32
+WARP = 32
+WARPS_M, WARPS_N = 2, 4   # a block's warps, as a grid over its output tile
+THREADS = WARPS_M * WARPS_N * WARP
+# (BM, BN) output tiles, each with its expected rate relative to the first when the GPU is full of its blocks
+# (estimates for stage 1: larger warp tiles read fewer fragment bytes per product)
+TILES = ((128, 256, 1.0), (128, 128, 0.9), (64, 128, 0.7), (64, 64, 0.45))
+STEP_BYTES = 64   # the K step: 64 bytes of each staged row (32 halves, 16 floats)
+PAD_BYTES = 16   # after each staged row: a warp's fragment reads then hit 32 different banks
+MMA_DTYPES = (dtypes.float16, dtypes.bfloat16, dtypes.float32)   # stage 1: fp16, bf16 and tf32 (fp8: stage 2)
+
+def tensor_core(dtype: DType, target: object = None) -> TensorCore | None:
+  """The target's tensor-core instruction for factors of `dtype` with float32 sums (tf32 for float32 only under
+  ALLOW_TF32=1), or None."""
+  if dtype not in MMA_DTYPES or (dtype == dtypes.float32 and not ALLOW_TF32): return None
+  cores = getattr(target if getattr(target, "has_local", False) else GPUTarget(), "tensor_cores", ())
+  return next((tc for tc in cores if tc.dtype_in == dtype and tc.dtype_out == dtypes.float32), None)
+
+def shared_bytes(bm: int, bn: int) -> int:
+  """The shared memory of a BM x BN tile's double-buffered, padded A and B arrays."""
+  return 2 * (bm + bn) * (STEP_BYTES + PAD_BYTES)
+
+def choose_mma_tile(m: int, n: int, k: int, batch: int, multiprocessors: int = 132, itemsize: int = 2,
+                    shared_max: int = 48 << 10, choice: int = 0) -> tuple[int, int, int] | None:
+  """(BM, BN, BK) for an m x n x k tensor-core matmul (times `batch`) of `itemsize`-byte factors: the tile of TILES
+  (or only TILES[choice - 1] for a choice > 0) whose arrays fit `shared_max` bytes and whose rate, times the share of
+  the `multiprocessors` its waves of blocks keep busy, times the share of its work that is not padding, is highest;
+  None when every tile would be mostly padding.
+
+  >>> choose_mma_tile(4096, 4096, 4096, 1), choose_mma_tile(256, 256, 256, 1), choose_mma_tile(1, 4096, 4096, 1)
+  ((128, 128, 32), (64, 64, 32), None)
+  """
+  bk = STEP_BYTES // itemsize
+  best, best_score = None, 0.0
+  for bm, bn, rate in (TILES if choice == 0 else TILES[choice - 1:choice]):
+    if shared_bytes(bm, bn) > shared_max or bm * bk % THREADS or bn * bk % THREADS: continue
+    useful = m / (_ceil(m, bm) * bm) * n / (_ceil(n, bn) * bn) * k / (_ceil(k, bk) * bk)
+    if useful < MIN_USEFUL: continue
+    blocks = _ceil(m, bm) * _ceil(n, bn) * batch
+    busy = blocks / (_ceil(blocks, multiprocessors) * multiprocessors)
+    if rate * busy * useful > best_score: best, best_score = (bm, bn, bk), rate * busy * useful
+  return best
+
+def mma_plan(sink: UOp, target: object = None, choice: int = 0) -> tuple[MatmulPlan, TensorCore] | None:
+  """The MatmulPlan of a lowered matmul-shaped kernel whose factors the target's tensor cores take, and the
+  instruction; None where there is none, with TC=0 or NOLOCALS=1, or where no tile fits (`choose_mma_tile`)."""
+  if not TC or NOLOCALS: return None
+  gpu = target if getattr(target, "has_local", False) else GPUTarget()
+  for dtype in MMA_DTYPES:
+    if (tc := tensor_core(dtype, gpu)) is None: continue
+    def chooser(m: int, n: int, k: int, batch: int, multiprocessors: int) -> tuple[int, int, int] | None:
+      return choose_mma_tile(m, n, k, batch, multiprocessors, dtype.itemsize, gpu.shared_max, choice)
+    plan = matmul_plan(sink, gpu.multiprocessors, (dtype,), chooser)
+    if plan is not None: return plan, tc
+  return None
+
+def lane_form(values: list[int]) -> tuple[int, int, int]:
+  """(per group, per thread in group, constant) with `values[lane] == g * (lane // 4) + t * (lane % 4) + c` for
+  every lane (the fragment layouts of mma.sync are such forms); ValueError where a layout is not.
+
+  >>> from kiln.runtime.gpu_target import MMA_F16
+  >>> lane_form([MMA_F16.a_layout[lane][3][1] for lane in range(32)]), lane_form(list(range(32)))
+  ((0, 2, 1), (4, 1, 0))
+  """
+  c = values[0]
+  g, t = values[4] - c, values[1] - c
+  if any(values[lane] != g * (lane // 4) + t * (lane % 4) + c for lane in range(WARP)):
+    raise ValueError(f"gpu_mma: a fragment layout that is no affine form of the lane's group and thread: {values}")
+  return g, t, c
+
+def _lane_offsets(layout, axis: int, group: UOp, tig: UOp) -> list[UOp]:
+  """Each element's coordinate `axis` (0 or 1) in a fragment layout, as an expression of the lane's group and thread
+  in group."""
+  out = []
+  for e in range(len(layout[0])):
+    g, t, c = lane_form([layout[lane][e][axis] for lane in range(WARP)])
+    out.append(group * g + tig * t + c)
+  return out
+
+def _narrowed(factor: UOp) -> UOp:
+  """A factor in the dtype it is computed in (without its last cast to float32)."""
+  return factor.src[0] if factor.op is Ops.CAST and factor.dtype == dtypes.float32 else factor
+
+def _stage(factor: UOp, outer: tuple[UOp, ...], k_ranges: tuple[UOp, ...], k_fastest: bool, shared: UOp, lidx: UOp,
+           origin: UOp, k_base: UOp, half: UOp, tile: int, bk: int, lead: int) -> list[UOp]:
+  """The STOREs with which the block copies the factor's `tile` x `bk` tile at (origin, k_base), in its own dtype,
+  into its half of `shared` (laid out [half][tile][lead], k fastest): element e = lidx + THREADS*j of each thread,
+  the fast axis of the factor's memory taking neighbouring e. Elements past the factor's edge are zeros, read at a
+  clamped index (every load in bounds)."""
+  extent, k = prod(Kernel.size(r) for r in outer), prod(Kernel.size(r) for r in k_ranges)
+  stores = []
+  for j in range(tile * bk // THREADS):
+    element = lidx + THREADS * j if j else lidx
+    if k_fastest: offset, kk = element // bk, element % bk
+    else: offset, kk = element % tile, element // tile
+    at, inside = _clamped(origin + offset, extent, extent % tile != 0)
+    at_k, inside_k = _clamped(k_base + kk, k, k % bk != 0)
+    value = _substitute(factor, {**_unflatten(at, list(outer)), **_unflatten(at_k, list(k_ranges))})
+    valid = inside & inside_k if inside is not None and inside_k is not None else inside or inside_k
+    if valid is not None: value = valid.where(value, UOp.const(value.dtype, 0))
+    stores.append(UOp(Ops.STORE, dtypes.void, (shared, half * (tile * lead) + offset * lead + kk, value)))
+  return stores
+
+def tile_mma(sink: UOp, target: object = None, choice: int = 0) -> UOp | None:
+  """A matmul-shaped kernel (`mma_plan`) as shared-memory tiles per block and tensor-core tiles per warp (the
+  module docstring) for `target` (None: the H200's), or None where no plan fits."""
+  found = mma_plan(sink, target, choice)
+  if found is None: return None
+  plan, tc = found
+  bm, bn, bk = plan.tile
+  tile_m, tile_n, tile_k = tc.dims
+  dtype = tc.dtype_in
+  lead = bk + PAD_BYTES // dtype.itemsize
+  warp_m, warp_n = bm // WARPS_M, bn // WARPS_N   # a warp's output tile
+  m, n = prod(Kernel.size(r) for r in plan.rows), prod(Kernel.size(r) for r in plan.cols)
+  k = prod(Kernel.size(r) for r in plan.k_ranges)
+  next_id = 1 + max((u.arg for u in sink.toposort() if u.op is Ops.RANGE and isinstance(u.arg, int)), default=0)
+  step = UOp(Ops.RANGE, INT, (UOp.const(INT, _ceil(k, bk)),), next_id)
+  lidx = UOp(Ops.SPECIAL, INT, (), ("lidx0", THREADS))
+  col_block = UOp(Ops.SPECIAL, INT, (), ("gidx0", _ceil(n, bn)))
+  row_block = UOp(Ops.SPECIAL, INT, (), ("gidx1", _ceil(m, bm)))
+  batch = prod(Kernel.size(r) for r in plan.batch)
+  values = _unflatten(UOp(Ops.SPECIAL, INT, (), ("gidx2", batch)), list(plan.batch)) if batch > 1 else \
+    {r: UOp.const(INT, 0) for r in plan.batch}
+  factors = [_substitute(_narrowed(f), values) for f in (plan.a, plan.b)]
+  tile_a = UOp(Ops.DEFINE_LOCAL, dtype, (), ("tile_a", 2 * bm * lead))
+  tile_b = UOp(Ops.DEFINE_LOCAL, dtype, (), ("tile_b", 2 * bn * lead))
+  half, k_base = step % 2, step * bk
+  row_origin, col_origin = row_block * bm, col_block * bn
+  stores = _stage(factors[0], plan.rows, plan.k_ranges, plan.a_k_fastest, tile_a, lidx, row_origin, k_base, half,
+                  bm, bk, lead) + \
+           _stage(factors[1], plan.cols, plan.k_ranges, plan.b_k_fastest, tile_b, lidx, col_origin, k_base, half,
+                  bn, bk, lead)
+  staged = UOp(Ops.BARRIER, dtypes.void, tuple(stores))   # the step's tiles are in shared memory
+  warp, lane = lidx // WARP, lidx % WARP
+  group, tig = lane // 4, lane % 4
+  warp_row, warp_col = (warp // WARPS_N) * warp_m, (warp % WARPS_N) * warp_n
+  a_rows, a_ks = _lane_offsets(tc.a_layout, 0, group, tig), _lane_offsets(tc.a_layout, 1, group, tig)
+  b_ks, b_cols = _lane_offsets(tc.b_layout, 0, group, tig), _lane_offsets(tc.b_layout, 1, group, tig)
+  c_rows, c_cols = _lane_offsets(tc.c_layout, 0, group, tig), _lane_offsets(tc.c_layout, 1, group, tig)
+  def fragment(shared: UOp, tile: int, first: UOp, outer: list[UOp], inner: list[UOp], kk: int) -> UOp:
+    """A lane's fragment of the step's sub-step `kk` at tile row/column `first` of `shared`, in layout order."""
+    reads = [UOp(Ops.LOAD, dtype, (shared, half * (tile * lead) + (first + o) * lead + kk * tile_k + i, staged))
+             for o, i in zip(outer, inner)]
+    return UOp(Ops.VECTORIZE, dtype.vec(len(reads)), tuple(reads))
+  sub_steps = bk // tile_k
+  a_frags = [[fragment(tile_a, bm, warp_row + i * tile_m, a_rows, a_ks, kk) for kk in range(sub_steps)]
+             for i in range(warp_m // tile_m)]
+  b_frags = [[fragment(tile_b, bn, warp_col + j * tile_n, b_cols, b_ks, kk) for kk in range(sub_steps)]
+             for j in range(warp_n // tile_n)]
+  zero = UOp(Ops.VECTORIZE, tc.dtype_out.vec(4), tuple(UOp.const(tc.dtype_out, 0.0) for _ in range(4)))
+  out = []
+  for i, a_steps in enumerate(a_frags):
+    for j, b_steps in enumerate(b_frags):
+      chain = zero
+      for a, b in zip(a_steps, b_steps): chain = UOp(Ops.WMMA, tc.dtype_out.vec(4), (a, b, chain), tc)
+      for e in range(4):
+        acc = UOp(Ops.REDUCE, tc.dtype_out, (UOp(Ops.GEP, tc.dtype_out, (chain,), e), step), Ops.ADD)
+        row, row_inside = _clamped(row_origin + warp_row + i * tile_m + c_rows[e], m, m % bm != 0)
+        col, col_inside = _clamped(col_origin + warp_col + j * tile_n + c_cols[e], n, n % bn != 0)
+        at = {**values, **_unflatten(row, list(plan.rows)), **_unflatten(col, list(plan.cols)), plan.total: acc}
+        store = _substitute(plan.store, at)
+        gate = row_inside & col_inside if row_inside is not None and col_inside is not None else \
+          row_inside or col_inside
+        out.append(store if gate is None else store.replace(src=(*store.src, gate)))
+  return graph_rewrite(sink.replace(src=tuple(out)), symbolic, name="gpu mma")
