@@ -7,7 +7,7 @@ dtype the target's tensor cores take (`factor_dtype`: half or bfloat16 loads cas
 tf32, only under ALLOW_TF32=1). They run as:
 
 - one block of THREADS threads (8 warps, WARPS_M x WARPS_N) per BM x BN output tile (`choose_mma_tile`: 128x128,
-  64x128 or 64x64; 128x256 where the target's shared memory holds it); `gidx0` the tile column, `gidx1` the row,
+  64x128, 64x64 or 32x64; 128x256 where the target's shared memory holds it); `gidx0` the tile column, `gidx1` the row,
   `gidx2` the batch, as gpu_tiles';
 - each warp a (BM/WARPS_M) x (BN/WARPS_N) warp tile: a grid of 16 x 8 tensor-core tiles, each lane holding four
   float32 accumulators of each (REDUCEs over the K loop, in the instruction's `c_layout`);
@@ -33,7 +33,7 @@ from kiln.uop.ops import UOp, Ops
 from kiln.uop.pattern import graph_rewrite
 from kiln.uop.symbolic import symbolic
 from kiln.runtime.gpu_target import GPUTarget, TensorCore
-from kiln.codegen.gpu_tiles import MatmulPlan, MIN_USEFUL, _ceil, _clamped, matmul_plan
+from kiln.codegen.gpu_tiles import MatmulPlan, _ceil, _clamped, matmul_plan
 from kiln.codegen.gpudims import _unflatten, _substitute   # (gpudims imports us lazily)
 from kiln.codegen.opt.kernel import Kernel
 
@@ -43,10 +43,14 @@ WARPS_M, WARPS_N = 2, 4   # a block's warps, as a grid over its output tile
 THREADS = WARPS_M * WARPS_N * WARP
 # (BM, BN) output tiles, each with its expected rate relative to the first when the GPU is full of its blocks
 # (estimates for stage 1: larger warp tiles read fewer fragment bytes per product)
-TILES = ((128, 256, 1.0), (128, 128, 0.9), (64, 128, 0.7), (64, 64, 0.45))
+TILES = ((128, 256, 1.0), (128, 128, 0.9), (64, 128, 0.7), (64, 64, 0.45), (32, 64, 0.2))
+# a tile whose edge tiles leave more of its work padding than this is not taken (tensor cores do ~8x the SIMT tiles'
+# work a cycle, so a padded tensor-core tile still beats them where gpu_tiles' MIN_USEFUL would refuse it)
+MIN_USEFUL = 0.2
 STEP_BYTES = 64   # the K step: 64 bytes of each staged row (32 halves, 16 floats)
 PAD_BYTES = 16   # after each staged row: a warp's fragment reads then hit 32 different banks
 MMA_DTYPES = (dtypes.float16, dtypes.bfloat16, dtypes.float32)   # stage 1: fp16, bf16 and tf32 (fp8: stage 2)
+LDMATRIX = True   # 16-bit fragments read by ldmatrix (Ops.LDMATRIX), else by a lane's plain loads of its elements
 
 def tensor_core(dtype: DType, target: object = None) -> TensorCore | None:
   """The target's tensor-core instruction for factors of `dtype` with float32 sums (tf32 for float32 only under
@@ -182,11 +186,27 @@ def tile_mma(sink: UOp, target: object = None, choice: int = 0) -> UOp | None:
     reads = [UOp(Ops.LOAD, dtype, (shared, half * (tile * lead) + (first + o) * lead + kk * tile_k + i, staged))
              for o, i in zip(outer, inner)]
     return UOp(Ops.VECTORIZE, dtype.vec(len(reads)), tuple(reads))
-  sub_steps = bk // tile_k
-  a_frags = [[fragment(tile_a, bm, warp_row + i * tile_m, a_rows, a_ks, kk) for kk in range(sub_steps)]
-             for i in range(warp_m // tile_m)]
-  b_frags = [[fragment(tile_b, bn, warp_col + j * tile_n, b_cols, b_ks, kk) for kk in range(sub_steps)]
-             for j in range(warp_n // tile_n)]
+  sub_steps, tiles_m, tiles_n = bk // tile_k, warp_m // tile_m, warp_n // tile_n
+  if LDMATRIX and dtype.itemsize == 2 and tc.dims == (16, 8, 16) and tiles_n % 2 == 0:
+    # one ldmatrix.x4 a fragment of A: matrix j holds rows 8*(j%2).. and k 8*(j//2).. (the a_layout's register order);
+    # one for two fragments of B (an n-major tile): matrix j holds columns 8*(j//2).. and k 8*(j%2)..
+    def matrices(shared: UOp, tile: int, first: UOp, kk: int, row_of_lane: UOp, k_of_lane: UOp) -> UOp:
+      index = half * (tile * lead) + (first + row_of_lane) * lead + kk * tile_k + k_of_lane
+      return UOp(Ops.LDMATRIX, dtype.vec(8), (shared, index, staged), (4, False))
+    a_frags = [[matrices(tile_a, bm, warp_row + i * tile_m, kk, lane % 8 + (lane // 8) % 2 * 8, lane // 16 * 8)
+                for kk in range(sub_steps)] for i in range(tiles_m)]
+    b_frags = []
+    for j in range(0, tiles_n, 2):
+      pairs = [matrices(tile_b, bn, warp_col + j * tile_n, kk, lane % 8 + lane // 16 * 8, (lane // 8) % 2 * 8)
+               for kk in range(sub_steps)]
+      for first in (0, 4):
+        b_frags.append([UOp(Ops.VECTORIZE, dtype.vec(4), tuple(UOp(Ops.GEP, dtype, (p,), first + e) for e in range(4)))
+                        for p in pairs])
+  else:
+    a_frags = [[fragment(tile_a, bm, warp_row + i * tile_m, a_rows, a_ks, kk) for kk in range(sub_steps)]
+               for i in range(tiles_m)]
+    b_frags = [[fragment(tile_b, bn, warp_col + j * tile_n, b_cols, b_ks, kk) for kk in range(sub_steps)]
+               for j in range(tiles_n)]
   zero = UOp(Ops.VECTORIZE, tc.dtype_out.vec(4), tuple(UOp.const(tc.dtype_out, 0.0) for _ in range(4)))
   out = []
   for i, a_steps in enumerate(a_frags):

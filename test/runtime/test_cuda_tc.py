@@ -102,7 +102,7 @@ def test_tc_action_refusals_leave_the_kernel():
 
 def test_beam_is_offered_the_tiles():
   offered = Kernel(_lowered(_matmul(512, 256, 384)), GPU).possible_opts()
-  assert [o for o in offered if o.op is OptOps.TC] == [Opt(OptOps.TC, 2, c) for c in (0, 2, 3, 4)]   # (1: 128x256
+  assert [o for o in offered if o.op is OptOps.TC] == [Opt(OptOps.TC, 2, c) for c in (0, 2, 3, 4, 5)]   # (1: 128x256
   # needs more than 48 KB of shared memory)
 
 # ---------------- the kernel ----------------
@@ -157,6 +157,8 @@ def _run(monkeypatch, fn, *arrays, dtype=dtypes.half):
              Tensor(a, device=device) for a in arrays]
   sources = kernel_sources(lambda: fn(*tensors))
   got = fn(*tensors).float().numpy().astype(np.float64)
+  if gpu_mma.LDMATRIX and dtype in (dtypes.half, dtypes.bfloat16):
+    assert not any("_WarpMMA((" in src and "_WarpLoadMatrix(" not in src for src in sources), "no ldmatrix"
   return got, any("_WarpMMA((" in src for src in sources)
 
 def _close(got, want, what, tol=2e-2):
@@ -167,8 +169,10 @@ def _close(got, want, what, tol=2e-2):
 def _f64(x): return x.astype(np.float64)
 
 @needs_wmma
-@pytest.mark.parametrize("m,k,n", [(64, 64, 64), (100, 72, 40), (33, 50, 70)])
-def test_gemm_on_the_emulator(monkeypatch, m, k, n):
+@pytest.mark.parametrize("ldmatrix", [True, False], ids=["ldmatrix", "plain loads"])
+@pytest.mark.parametrize("m,k,n", [(64, 64, 64), (100, 72, 40), (33, 50, 70), (130, 96, 136)])
+def test_gemm_on_the_emulator(monkeypatch, m, k, n, ldmatrix):
+  monkeypatch.setattr(gpu_mma, "LDMATRIX", ldmatrix)
   rng = np.random.default_rng(m * k + n)
   a, b = _data(rng, m, k), _data(rng, k, n)
   got, used = _run(monkeypatch, lambda x, y: x @ y, a, b)
