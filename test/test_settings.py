@@ -42,7 +42,7 @@ def test_every_tinygrad_setting_is_importable_and_settable(name):
 def test_no_effect_settings_are_marked_and_documented():
   docs = (pathlib.Path(__file__).parent.parent / "docs" / "env_vars.md").read_text()
   effect_table, no_effect_table = docs.split("## tinygrad's settings that do nothing in kiln")
-  for key in ("WINO", "IMAGE", "FUSE_ARANGE", "IGNORE_OOB", "TC"):
+  for key in ("WINO", "IMAGE", "FUSE_ARANGE", "IGNORE_OOB", "TC_SELECT"):
     assert not ContextVar.registry[key].effect
     assert f"| `{key}` |" in no_effect_table and f"| `{key}` |" not in effect_table
   for key in ("NO_MEMORY_PLANNER", "LRU", "DISABLE_COMPILER_CACHE", "IGNORE_BEAM_CACHE", "MAX_BUFFER_SIZE",

@@ -31,7 +31,7 @@ from kiln.dtype import DType, dtypes
 from kiln.helpers import ALLOW_TF32, NOLOCALS, TC, prod
 from kiln.uop.ops import UOp, Ops
 from kiln.uop.pattern import graph_rewrite
-from kiln.uop.symbolic import symbolic
+from kiln.uop.symbolic import symbolic, is_multiple_of, linear_form
 from kiln.runtime.gpu_target import GPUTarget, TensorCore
 from kiln.codegen.gpu_tiles import MatmulPlan, _ceil, _clamped, matmul_plan
 from kiln.codegen.gpudims import _unflatten, _substitute   # (gpudims imports us lazily)
@@ -144,6 +144,83 @@ def _stage(factor: UOp, outer: tuple[UOp, ...], k_ranges: tuple[UOp, ...], k_fas
     stores.append(UOp(Ops.STORE, dtypes.void, (shared, half * (tile * lead) + offset * lead + kk, value)))
   return stores
 
+RING = 3   # the async path's shared-memory ring: step s computes from stage s % RING while step s+1 lands in the next
+CHUNK = 16   # bytes of one asynchronous copy (8 halves), the unit of the async path's staging and swizzle
+ASYNC = True   # stage plain 16-bit loads with cp.async (Ops.CP_ASYNC) where `_async_source` allows it
+
+def _async_source(factor: UOp, outer: tuple[UOp, ...], k_ranges: tuple[UOp, ...], k_fastest: bool,
+                  tc: TensorCore) -> UOp | None:
+  """The factor's global LOAD where cp.async can stage it: a plain 16-bit load of a global buffer whose index moves
+  by 1 along the factor's fast axis (k, or its innermost output range) in runs of CHUNK bytes: that range's size a
+  multiple of a chunk's elements, every other term and the constant multiples of it (each chunk one aligned copy;
+  the buffer's base pointer is a whole allocation's, cuMemAlloc'd: 256-byte aligned). None otherwise."""
+  load = _narrowed(factor)
+  if load.op is not Ops.LOAD or len(load.src) != 2 or load.src[0].op is not Ops.DEFINE_GLOBAL: return None
+  if load.dtype != tc.dtype_in or load.dtype.itemsize != 2: return None
+  elements = CHUNK // load.dtype.itemsize
+  fast = k_ranges[-1] if k_fastest else outer[-1]
+  form = linear_form(load.src[1])
+  if form is None or form[0].get(fast) != 1 or Kernel.size(fast) % elements: return None
+  if any(fast in term.toposort() for term in form[0] if term is not fast): return None
+  return load if is_multiple_of(load.src[1] - fast, elements) else None
+
+def _swizzled(row: UOp, chunk: UOp, cols: int) -> UOp:
+  """The element index of chunk `chunk` (CHUNK bytes) of row `row` of a [rows][cols] 16-bit shared array, its chunks
+  XOR-swizzled by the row so that 8 rows read at one logical chunk (an ldmatrix phase) hit 32 different banks: rows of
+  64 bytes pair up (row // 2), wider rows take row % 8."""
+  swizzle = (row // 2) % 4 if cols == 32 else row % 8
+  return row * cols + UOp(Ops.XOR, INT, (chunk, swizzle)) * 8
+
+def _async_copies(load: UOp, outer: tuple[UOp, ...], k_ranges: tuple[UOp, ...], k_fastest: bool, shared: UOp,
+                  lidx: UOp, origin: UOp, k_base: UOp, stage: UOp, tile: int, bk: int,
+                  gate: UOp | None) -> list[UOp]:
+  """The CP_ASYNCs with which the block copies the factor's `tile` x `bk` tile at (origin, k_base) into `stage` of
+  `shared` (a ring of [tile][bk] stages k fastest, or [bk][tile] where the factor's memory is fastest along its
+  output axis), one aligned chunk per copy, neighbouring threads taking neighbouring chunks of memory. A chunk past
+  an edge (or any, where `gate` fails: the ring's last step) is zeros: its copy reads nothing."""
+  extent, k = prod(Kernel.size(r) for r in outer), prod(Kernel.size(r) for r in k_ranges)
+  per_row = (bk if k_fastest else tile) // 8
+  copies = []
+  for j in range(tile * bk // 8 // THREADS):
+    chunk_id = lidx + THREADS * j if j else lidx
+    row, chunk = chunk_id // per_row, chunk_id % per_row
+    offset, kk = (row, chunk * 8) if k_fastest else (chunk * 8, row)
+    at, at_k = origin + offset, k_base + kk
+    valid = [v for v in (at.lt(extent) if extent % tile else None, at_k.lt(k) if k % bk else None, gate)
+             if v is not None]
+    inside = None
+    for v in valid: inside = v if inside is None else inside & v
+    if inside is not None:   # a chunk that copies nothing still names an address in bounds: the first
+      at, at_k = inside.where(at, UOp.const(INT, 0)), inside.where(at_k, UOp.const(INT, 0))
+    index = _substitute(load.src[1], {**_unflatten(at, list(outer)), **_unflatten(at_k, list(k_ranges))})
+    dst = stage * (tile * bk) + _swizzled(row, chunk, bk if k_fastest else tile)
+    copies.append(UOp(Ops.CP_ASYNC, dtypes.void, (shared, dst, load.src[0], index) +
+                      ((inside,) if inside is not None else ()), (CHUNK, "cg")))
+  return copies
+
+def _async_fragments(tc: TensorCore, shared: UOp, tile: int, bk: int, stage: UOp, k_fastest: bool, first: int,
+                     count: int, lane: UOp, staged: UOp, is_a: bool) -> list[list[UOp]]:
+  """Per tensor-core tile of A (`is_a`: `count` tiles of 16 rows from row `first`) or B (of 8 columns), its
+  fragments of each k16 sub-step, read from the swizzled ring stage by one ldmatrix (x4 for A, x2 for B; `.trans`
+  where the stage is k-major, the factor's memory fastest along its output axis). Matrix j of A is rows +8*(j%2)
+  and k +8*(j//2), of B k +8*j: the fragments' register order."""
+  out = []
+  for t in range(count):
+    base = first + t * (16 if is_a else 8)
+    steps = []
+    for kk in range(bk // 16):
+      if k_fastest:   # rows are the output axis, chunks k
+        row = base + lane % 8 + ((lane // 8) % 2 * 8 if is_a else 0)
+        chunk = kk * 2 + (lane // 16 if is_a else (lane // 8) % 2)
+      else:   # rows are k, chunks the output axis (transposed reads)
+        row = kk * 16 + lane % 8 + (lane // 16 if is_a else (lane // 8) % 2) * 8
+        chunk = base // 8 + ((lane // 8) % 2 if is_a else 0)
+      index = stage * (tile * bk) + _swizzled(row, chunk, bk if k_fastest else tile)
+      steps.append(UOp(Ops.LDMATRIX, tc.dtype_in.vec(8 if is_a else 4), (shared, index, staged),
+                       (4 if is_a else 2, not k_fastest)))
+    out.append(steps)
+  return out
+
 def tile_mma(sink: UOp, target: object = None, choice: int = 0) -> UOp | None:
   """A matmul-shaped kernel (`mma_plan`) as shared-memory tiles per block and tensor-core tiles per warp (the
   module docstring) for `target` (None: the H200's), or None where no plan fits."""
@@ -166,47 +243,80 @@ def tile_mma(sink: UOp, target: object = None, choice: int = 0) -> UOp | None:
   values = _unflatten(UOp(Ops.SPECIAL, INT, (), ("gidx2", batch)), list(plan.batch)) if batch > 1 else \
     {r: UOp.const(INT, 0) for r in plan.batch}
   factors = [_substitute(_narrowed(f), values) for f in (plan.a, plan.b)]
+  row_origin, col_origin = row_block * bm, col_block * bn
+  warp, lane = lidx // WARP, lidx % WARP
+  group, tig = lane // 4, lane % 4
+  warp_row, warp_col = (warp // WARPS_N) * warp_m, (warp % WARPS_N) * warp_n
+  sub_steps, tiles_m, tiles_n = bk // tile_k, warp_m // tile_m, warp_n // tile_n
+  sources = [_async_source(f, outer, plan.k_ranges, fastest, tc) for f, outer, fastest in
+             ((factors[0], plan.rows, plan.a_k_fastest), (factors[1], plan.cols, plan.b_k_fastest))]
+  whole = all(size * bk * dtype.itemsize % (CHUNK * THREADS) == 0 for size in (bm, bn))   # a chunk a thread, or more
+  if ASYNC and LDMATRIX and all(s is not None for s in sources) and tc.dims == (16, 8, 16) and tiles_n % 2 == 0 and \
+     whole:
+    # a ring of RING stages filled by cp.async: step s's copies were issued (and committed) in step s-1; step s
+    # issues step s+1's into stage (s+1) % RING, last read in step s-2, which every thread has finished: it passed
+    # step s-1's barrier. It then waits for all but that newest group (step s's copies have landed), and one
+    # barrier makes every thread's copies visible
+    tile_a = UOp(Ops.DEFINE_LOCAL, dtype, (), ("tile_a", RING * bm * bk))
+    tile_b = UOp(Ops.DEFINE_LOCAL, dtype, (), ("tile_b", RING * bn * bk))
+    def issue(at_step: UOp, gate: UOp | None) -> UOp:
+      stage = at_step % RING if at_step.op is not Ops.CONST else UOp.const(INT, at_step.arg % RING)
+      copies = _async_copies(sources[0], plan.rows, plan.k_ranges, plan.a_k_fastest, tile_a, lidx, row_origin,
+                             at_step * bk, stage, bm, bk, gate) + \
+               _async_copies(sources[1], plan.cols, plan.k_ranges, plan.b_k_fastest, tile_b, lidx, col_origin,
+                             at_step * bk, stage, bn, bk, gate)
+      return UOp(Ops.CP_ASYNC_COMMIT, dtypes.void, tuple(copies))
+    first = issue(UOp.const(INT, 0), None)   # the prologue: step 0's copies, before the loop
+    steps = _ceil(k, bk)
+    nxt = issue(step + 1, (step + 1).lt(steps) if steps > 1 else UOp.const(dtypes.bool, False))
+    landed = UOp(Ops.CP_ASYNC_WAIT, dtypes.void, (first, nxt), 1)
+    staged = UOp(Ops.BARRIER, dtypes.void, (landed,))   # every thread's copies of step s are visible
+    stage = step % RING
+    a_frags = _async_fragments(tc, tile_a, bm, bk, stage, plan.a_k_fastest, warp_row, tiles_m, lane, staged, True)
+    b_frags = _async_fragments(tc, tile_b, bn, bk, stage, plan.b_k_fastest, warp_col, tiles_n, lane, staged, False)
+    return _accumulate(sink, plan, tc, a_frags, b_frags, step, values, row_origin + warp_row, col_origin + warp_col,
+                       group, tig, m, n, bm, bn)
   tile_a = UOp(Ops.DEFINE_LOCAL, dtype, (), ("tile_a", 2 * bm * lead))
   tile_b = UOp(Ops.DEFINE_LOCAL, dtype, (), ("tile_b", 2 * bn * lead))
   half, k_base = step % 2, step * bk
-  row_origin, col_origin = row_block * bm, col_block * bn
   stores = _stage(factors[0], plan.rows, plan.k_ranges, plan.a_k_fastest, tile_a, lidx, row_origin, k_base, half,
                   bm, bk, lead) + \
            _stage(factors[1], plan.cols, plan.k_ranges, plan.b_k_fastest, tile_b, lidx, col_origin, k_base, half,
                   bn, bk, lead)
   staged = UOp(Ops.BARRIER, dtypes.void, tuple(stores))   # the step's tiles are in shared memory
-  warp, lane = lidx // WARP, lidx % WARP
-  group, tig = lane // 4, lane % 4
-  warp_row, warp_col = (warp // WARPS_N) * warp_m, (warp % WARPS_N) * warp_n
   a_rows, a_ks = _lane_offsets(tc.a_layout, 0, group, tig), _lane_offsets(tc.a_layout, 1, group, tig)
   b_ks, b_cols = _lane_offsets(tc.b_layout, 0, group, tig), _lane_offsets(tc.b_layout, 1, group, tig)
-  c_rows, c_cols = _lane_offsets(tc.c_layout, 0, group, tig), _lane_offsets(tc.c_layout, 1, group, tig)
   def fragment(shared: UOp, tile: int, first: UOp, outer: list[UOp], inner: list[UOp], kk: int) -> UOp:
     """A lane's fragment of the step's sub-step `kk` at tile row/column `first` of `shared`, in layout order."""
     reads = [UOp(Ops.LOAD, dtype, (shared, half * (tile * lead) + (first + o) * lead + kk * tile_k + i, staged))
              for o, i in zip(outer, inner)]
     return UOp(Ops.VECTORIZE, dtype.vec(len(reads)), tuple(reads))
-  sub_steps, tiles_m, tiles_n = bk // tile_k, warp_m // tile_m, warp_n // tile_n
-  if LDMATRIX and dtype.itemsize == 2 and tc.dims == (16, 8, 16) and tiles_n % 2 == 0:
-    # one ldmatrix.x4 a fragment of A: matrix j holds rows 8*(j%2).. and k 8*(j//2).. (the a_layout's register order);
-    # one for two fragments of B (an n-major tile): matrix j holds columns 8*(j//2).. and k 8*(j%2)..
-    def matrices(shared: UOp, tile: int, first: UOp, kk: int, row_of_lane: UOp, k_of_lane: UOp) -> UOp:
+  if LDMATRIX and dtype.itemsize == 2 and tc.dims == (16, 8, 16):
+    # one ldmatrix.x4 a fragment of A (matrix j: rows +8*(j%2), k +8*(j//2), the a_layout's register order), one x2
+    # a fragment of B (an n-major tile: matrix j holds k +8*j)
+    def matrices(shared: UOp, tile: int, first: UOp, kk: int, row_of_lane: UOp, k_of_lane: UOp, x: int) -> UOp:
       index = half * (tile * lead) + (first + row_of_lane) * lead + kk * tile_k + k_of_lane
-      return UOp(Ops.LDMATRIX, dtype.vec(8), (shared, index, staged), (4, False))
-    a_frags = [[matrices(tile_a, bm, warp_row + i * tile_m, kk, lane % 8 + (lane // 8) % 2 * 8, lane // 16 * 8)
+      return UOp(Ops.LDMATRIX, dtype.vec(2 * x), (shared, index, staged), (x, False))
+    a_frags = [[matrices(tile_a, bm, warp_row + i * tile_m, kk, lane % 8 + (lane // 8) % 2 * 8, lane // 16 * 8, 4)
                 for kk in range(sub_steps)] for i in range(tiles_m)]
-    b_frags = []
-    for j in range(0, tiles_n, 2):
-      pairs = [matrices(tile_b, bn, warp_col + j * tile_n, kk, lane % 8 + lane // 16 * 8, (lane // 8) % 2 * 8)
-               for kk in range(sub_steps)]
-      for first in (0, 4):
-        b_frags.append([UOp(Ops.VECTORIZE, dtype.vec(4), tuple(UOp(Ops.GEP, dtype, (p,), first + e) for e in range(4)))
-                        for p in pairs])
+    b_frags = [[matrices(tile_b, bn, warp_col + j * tile_n, kk, lane % 8, (lane // 8) % 2 * 8, 2)
+                for kk in range(sub_steps)] for j in range(tiles_n)]
   else:
     a_frags = [[fragment(tile_a, bm, warp_row + i * tile_m, a_rows, a_ks, kk) for kk in range(sub_steps)]
                for i in range(tiles_m)]
     b_frags = [[fragment(tile_b, bn, warp_col + j * tile_n, b_cols, b_ks, kk) for kk in range(sub_steps)]
                for j in range(tiles_n)]
+  return _accumulate(sink, plan, tc, a_frags, b_frags, step, values, row_origin + warp_row, col_origin + warp_col,
+                     group, tig, m, n, bm, bn)
+
+def _accumulate(sink: UOp, plan: MatmulPlan, tc: TensorCore, a_frags: list[list[UOp]], b_frags: list[list[UOp]],
+                step: UOp, values: dict[UOp, UOp], warp_row: UOp, warp_col: UOp, group: UOp, tig: UOp, m: int, n: int,
+                bm: int, bn: int) -> UOp:
+  """The kernel's stores: each tensor-core tile's chain of WMMAs over the step's fragments (from zero), its four
+  lanes summed over the K loop (REDUCEs: the accumulators), substituted for the sum in the kernel's STORE at the
+  lane's `c_layout` elements (gated where an edge tile passes m or n)."""
+  tile_m, tile_n, _ = tc.dims
+  c_rows, c_cols = _lane_offsets(tc.c_layout, 0, group, tig), _lane_offsets(tc.c_layout, 1, group, tig)
   zero = UOp(Ops.VECTORIZE, tc.dtype_out.vec(4), tuple(UOp.const(tc.dtype_out, 0.0) for _ in range(4)))
   out = []
   for i, a_steps in enumerate(a_frags):
@@ -215,8 +325,8 @@ def tile_mma(sink: UOp, target: object = None, choice: int = 0) -> UOp | None:
       for a, b in zip(a_steps, b_steps): chain = UOp(Ops.WMMA, tc.dtype_out.vec(4), (a, b, chain), tc)
       for e in range(4):
         acc = UOp(Ops.REDUCE, tc.dtype_out, (UOp(Ops.GEP, tc.dtype_out, (chain,), e), step), Ops.ADD)
-        row, row_inside = _clamped(row_origin + warp_row + i * tile_m + c_rows[e], m, m % bm != 0)
-        col, col_inside = _clamped(col_origin + warp_col + j * tile_n + c_cols[e], n, n % bn != 0)
+        row, row_inside = _clamped(warp_row + i * tile_m + c_rows[e], m, m % bm != 0)
+        col, col_inside = _clamped(warp_col + j * tile_n + c_cols[e], n, n % bn != 0)
         at = {**values, **_unflatten(row, list(plan.rows)), **_unflatten(col, list(plan.cols)), plan.total: acc}
         store = _substitute(plan.store, at)
         gate = row_inside & col_inside if row_inside is not None and col_inside is not None else \

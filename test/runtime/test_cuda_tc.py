@@ -112,16 +112,25 @@ def _tiled(out: Tensor, target=None):
   kernel = Kernel(lowered, target or GPU).apply(Opt(OptOps.TC, len(Kernel(lowered).output_axes), 0))
   return map_axes_to_gpu(kernel.sink, target)
 
-def test_4096_kernel_structure():
+@pytest.mark.parametrize("path", ["async", "plain staging"])
+def test_4096_kernel_structure(monkeypatch, path):
+  monkeypatch.setattr(gpu_mma, "ASYNC", path == "async")
   tiled = _tiled(_matmul(4096, 4096, 4096))
   nodes = tiled.toposort()
+  count = lambda op: sum(u.op is op for u in nodes)   # noqa: E731
   assert launch_size(toposort_specials(tiled)) == ((32, 32, 1), (256, 1, 1))
   # a 128 x 128 tile of 8 warps of 64 x 32: 4 x 4 tensor-core tiles, 2 WMMAs each a step of 32
-  assert sum(u.op is Ops.WMMA for u in nodes) == 32 and sum(u.op is Ops.REDUCE for u in nodes) == 64
+  assert count(Ops.WMMA) == 32 and count(Ops.REDUCE) == 64 and count(Ops.BARRIER) == 1
+  # fragments: an ldmatrix.x4 per A tile and an x2 per B tile, each k16
+  assert count(Ops.LDMATRIX) == (4 + 4) * 2
   shared = {u.arg[0]: u.arg[1] * u.dtype.itemsize for u in nodes if u.op is Ops.DEFINE_LOCAL}
-  assert shared == {"tile_a": 2 * 128 * 40 * 2, "tile_b": 2 * 128 * 40 * 2}, shared
   assert all(u.dtype == dtypes.half for u in nodes if u.op is Ops.DEFINE_LOCAL)
-  assert sum(u.op is Ops.BARRIER for u in nodes) == 1
+  if path == "async":   # a ring of 3 stages, 2 chunks of 16 bytes a thread a factor a step (and the prologue's)
+    assert shared == {"tile_a": 3 * 128 * 32 * 2, "tile_b": 3 * 128 * 32 * 2}, shared
+    assert count(Ops.CP_ASYNC) == 2 * 2 * 2 and count(Ops.CP_ASYNC_WAIT) == 1 and count(Ops.CP_ASYNC_COMMIT) == 2
+  else:   # two halves, rows padded by 16 bytes
+    assert shared == {"tile_a": 2 * 128 * 40 * 2, "tile_b": 2 * 128 * 40 * 2}, shared
+    assert count(Ops.CP_ASYNC) == 0
 
 def test_linearized_accumulators_are_the_instructions_registers():
   from kiln.codegen.linearizer import linearize
@@ -168,11 +177,14 @@ def _close(got, want, what, tol=2e-2):
 
 def _f64(x): return x.astype(np.float64)
 
+PATHS = {"cp.async ring": (True, True), "ldmatrix": (False, True), "plain loads": (False, False)}
+
 @needs_wmma
-@pytest.mark.parametrize("ldmatrix", [True, False], ids=["ldmatrix", "plain loads"])
+@pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("m,k,n", [(64, 64, 64), (100, 72, 40), (33, 50, 70), (130, 96, 136)])
-def test_gemm_on_the_emulator(monkeypatch, m, k, n, ldmatrix):
-  monkeypatch.setattr(gpu_mma, "LDMATRIX", ldmatrix)
+def test_gemm_on_the_emulator(monkeypatch, m, k, n, path):
+  monkeypatch.setattr(gpu_mma, "ASYNC", PATHS[path][0])
+  monkeypatch.setattr(gpu_mma, "LDMATRIX", PATHS[path][1])
   rng = np.random.default_rng(m * k + n)
   a, b = _data(rng, m, k), _data(rng, k, n)
   got, used = _run(monkeypatch, lambda x, y: x @ y, a, b)
@@ -182,7 +194,7 @@ def test_gemm_on_the_emulator(monkeypatch, m, k, n, ldmatrix):
 @needs_wmma
 def test_transposed_and_batched_on_the_emulator(monkeypatch):
   rng = np.random.default_rng(11)
-  a, b = _data(rng, 40, 64), _data(rng, 48, 40)
+  a, b = _data(rng, 40, 64), _data(rng, 48, 40)   # A fastest along m and B along k: the async path's other layouts
   got, used = _run(monkeypatch, lambda x, y: x.T @ y.T, a, b)
   assert used
   _close(got, _f64(a).T @ _f64(b).T, "a.T @ b.T")
