@@ -56,6 +56,9 @@ took (the axis' *rest*) as `rest = rest' * k + part`, the new part innermost (GR
   threads share each row, thread `lane` reducing elements `j*k + lane` (GROUPTOP: `lane*n/k + j`, a contiguous
   chunk each) into a shared array combined in a tree of barrier-separated rounds. A second GROUP of a full reduction
   (no row) by b spreads it over b blocks, the last to finish combining the blocks' partials (a grid reduction).
+- TC a reduce axis of a matmul-shaped kernel (arg 0: the scored tile; i > 0: kiln/codegen/gpu_mma.py TILES[i-1]):
+  tensor-core tiles (gpu_mma.tile_mma) where `gpu_mma.mma_plan` fits the kernel and the target (half or bfloat16
+  factors, float32 under ALLOW_TF32=1, TC=1); the kernel's only GPU action.
 An action that does not fit the kernel raises KernelOptError and leaves the kernel as it was.
 """
 from __future__ import annotations
