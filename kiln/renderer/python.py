@@ -502,6 +502,7 @@ class _PyKernelWriter(KernelWriter):
 
   def _load(self, u: UOp) -> None:
     self.check_dtype(u.dtype)
+    if u.dtype.count > 1: raise self.fail(f"a vector LOAD ({u.dtype})")
     read = f"{self.expr(u.src[0])}[{self.index_expr(u.src[1])}]"
     if u.dtype in _FROM_BITS: read = f"{_FROM_BITS[u.dtype]}[{read}]"
     if len(u.src) == 3: read = f"({read} if {self.expr(u.src[2])} else {render_py_const(0, u.dtype)})"
@@ -511,6 +512,7 @@ class _PyKernelWriter(KernelWriter):
   def _store(self, u: UOp) -> None:
     buf, index, value = u.src[:3]
     self.check_dtype(value.dtype)
+    if value.dtype.count > 1: raise self.fail(f"a vector STORE ({value.dtype})")
     written = self.expr(value)
     if value.dtype in _TO_BITS: written = f"{_TO_BITS[value.dtype]}({written})"
     line = f"{self.expr(buf)}[{self.index_expr(index)}] = {written}"

@@ -588,6 +588,11 @@ def test_python_emulator_refuses_vector_arithmetic():
   prefix, wmma = _before(uops, Ops.WMMA)
   with pytest.raises(NotImplementedError, match="vector ADD"):
     PythonRenderer().render("k", prefix + [wmma, UOp(Ops.ADD, wmma.dtype, (wmma, wmma))])
+  out = UOp(Ops.DEFINE_GLOBAL, F32, (), 0)
+  with pytest.raises(NotImplementedError, match="vector STORE"):
+    PythonRenderer().render("k", prefix + [wmma, UOp(Ops.STORE, dtypes.void, (out, prefix[0], wmma))])
+  with pytest.raises(NotImplementedError, match="vector LOAD"):
+    PythonRenderer().render("k", prefix + [UOp(Ops.LOAD, F32.vec(4), (out, prefix[0]))])
 
 def test_cpu_renderers_refuse_the_tensor_core_ops():
   from kiln.renderer.cstyle import CRenderer
