@@ -148,7 +148,7 @@ class UOp:
   True
   """
   __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "_shape", "_minmax", "meta", "buffer", "forward", "_device", "origin",
-               "_rewrites")
+               "_rewrites", "_order", "_canonical")
   op: Ops
   dtype: DType
   src: tuple[UOp, ...]
@@ -168,6 +168,9 @@ class UOp:
     self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
     self._shape = self._minmax = self.meta = self.buffer = self.forward = self._device = self.origin = None
     self._rewrites = None   # results of pure rewrites (kiln/uop/pattern.py): the node's own memory, gone with it
+    # its sort key in canonical sums (kiln/uop/symbolic.py term_order_key), made when first asked, and True once it
+    # is known to be a canonical sum there (its own rules leave it)
+    self._order = self._canonical = None
     ref = _uop_refs[key] = _NodeRef(self, _drop_node)
     ref.key = key
     return self

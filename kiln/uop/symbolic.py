@@ -21,7 +21,7 @@ ranges, that the sum cannot wrap, and then only apply where C's truncation towar
 'ridx0'
 """
 from __future__ import annotations
-import math, weakref, zlib
+import math, zlib
 from typing import Any
 import numpy as np
 from kiln.dtype import DType, dtypes, truncate, to_numpy_dtype, INTS, FLOATS
@@ -146,11 +146,14 @@ def cast_value(value, from_dtype: DType, to_dtype: DType) -> Any:
 # ---------------------------------------------------------------------------------------------------------------------
 # a deterministic order on terms, so that sums built in any order come out the same
 
-_order_keys: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# each node's key is kept on the node (`UOp._order`): a weak-keyed dictionary made a weak reference per lookup, and
+# sorting a sum's terms asks for every term's key (~20k sums in the ResNet-50 step's lowering)
 _NO_LEAF = (3, 0, "")
 
+def _has_order_key(u: UOp) -> bool: return u._order is not None
+
 def _compute_order_key(u: UOp) -> tuple:
-  child_keys = [_order_keys[s] for s in u.src]
+  child_keys = [s._order for s in u.src]
   if u.op is _RANGE and isinstance(u.arg, int): leaf = (0, u.arg, "")
   elif u.op is _DEFINE_VAR: leaf = (1, 0, str(u.arg[0]))
   else: leaf = min((k[0] for k in child_keys), default=_NO_LEAF)
@@ -165,11 +168,11 @@ def term_order_key(u: UOp) -> tuple:
   Equal nodes get equal keys, and keys do not depend on construction order or the process, so canonical sums are
   reproducible (e.g. `ridx0*4 + ridx1`, never `ridx1 + ridx0*4`).
   """
-  key = _order_keys.get(u)
+  key = u._order
   if key is None:
-    for node in toposort([u], stop=lambda n: n in _order_keys):
-      if node not in _order_keys: _order_keys[node] = _compute_order_key(node)
-    key = _order_keys[u]
+    for node in toposort([u], stop=_has_order_key):
+      if node._order is None: node._order = _compute_order_key(node)
+    key = u._order
   return key
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -247,12 +250,12 @@ def _term_is_multiple_of(u: UOp, n: int) -> bool:
   if op is Ops.MOD: return is_multiple_of(u.src[0], n) and is_multiple_of(u.src[1], n)   # x - (x/c)*c
   return False
 
-# canonical sums made by build_sum: fixed points of canonical_sum, remembered instead of being rebuilt
-_canonical_sums: weakref.WeakSet = weakref.WeakSet()
+# canonical sums made by build_sum (fixed points of canonical_sum) are marked on the node (`UOp._canonical`, which a
+# weak set's Python-level add and membership test cost ~10x) instead of being rebuilt
 
 def mark_canonical(u: UOp) -> UOp:
   """Note that `u` is a canonical sum (made as build_sum would make it), so canonical_sum leaves it; returns `u`."""
-  _canonical_sums.add(u)
+  u._canonical = True
   return u
 
 def build_sum(dtype: DType, terms: dict[UOp, int], const: int = 0) -> UOp:
@@ -265,11 +268,11 @@ def build_sum(dtype: DType, terms: dict[UOp, int], const: int = 0) -> UOp:
     out = part if out is None else out.alu(_ADD, part)
     # every partial sum (and `t*a`) is canonical too: canonical_sum need not flatten and rebuild it again (rewriting
     # a sum of n terms would otherwise build each of its n partial sums again)
-    if out.op is not _CONST and out is not term: _canonical_sums.add(out)
+    if out.op is not _CONST and out is not term: out._canonical = True
   const = _wrap(dtype, const)
   if out is None: return UOp.const(dtype, const)
   out = out if const == 0 else out.alu(_ADD, UOp.const(dtype, const))
-  _canonical_sums.add(out)
+  out._canonical = True
   return out
 
 def linear_bounds(terms: dict[UOp, int], const: int) -> tuple[int, int]:
@@ -525,7 +528,7 @@ def _canonical_plus_const(u: UOp) -> UOp | None:
   apply (the general path then runs): a term that linear_form would look into, a remainder (recombined with its
   quotient there), another dtype, or a sum too big for linear_form."""
   a, c = u.src
-  if c.op is not _CONST or c.src or type(c.arg) is not int or not c.arg or a not in _canonical_sums: return None
+  if c.op is not _CONST or c.src or type(c.arg) is not int or not c.arg or a._canonical is None: return None
   dtype = u.dtype
   if dtype not in INT_DTYPES or a.dtype is not dtype or c.dtype is not dtype: return None
   visited = 2   # the nodes linear_form would visit: u and c, then a's
@@ -548,7 +551,7 @@ def _canonical_plus_const(u: UOp) -> UOp | None:
   if visited > MAX_LINEAR_NODES: return None
   const = _wrap(dtype, k + c.arg)
   out = partial if const == 0 else partial.alu(_ADD, UOp.const(dtype, const))
-  _canonical_sums.add(out)
+  out._canonical = True
   return out
 
 def _canonical_scaled_atom(u: UOp) -> bool:
@@ -564,10 +567,10 @@ _ATOM_EXCLUDED_SCALED = frozenset({Ops.ADD, Ops.SUB, Ops.NEG, Ops.CONST})   # (o
 
 def canonical_sum(u: UOp) -> UOp | None:
   """x*c1 + x*c2 -> x*(c1+c2), (x+c1)+c2 -> x+(c1+c2), (x*c1)*c2 -> x*(c1*c2), (a+b)*c -> a*c+b*c; sorted terms"""
-  if u in _canonical_sums: return None
+  if u._canonical: return None
   if u.op is _ADD and (shifted := _canonical_plus_const(u)) is not None: return shifted
   if u.op is _MUL and _canonical_scaled_atom(u):   # `atom * c`: its own canonical form
-    _canonical_sums.add(u)
+    u._canonical = True
     return None
   form = linear_form(u)
   if form is None: return None
