@@ -11,14 +11,19 @@ tf32, only under ALLOW_TF32=1). They run as:
   `gidx2` the batch, as gpu_tiles';
 - each warp a (BM/WARPS_M) x (BN/WARPS_N) warp tile: a grid of 16 x 8 tensor-core tiles, each lane holding four
   float32 accumulators of each (REDUCEs over the K loop, in the instruction's `c_layout`);
-- the K loop stepped by BK (64 bytes of the input dtype: 32 halves, 16 floats): each step the block copies the A
-  tile (BM x BK) and the B tile (BN x BK) into shared arrays in the input dtype (`tile_a`, `tile_b`, each row k
-  fastest and padded by 16 bytes, so the fragment reads of a warp's 8 row groups x 4 lanes hit 32 different banks),
-  neighbouring threads taking neighbouring elements of each factor's memory (coalesced), then one BARRIER; then each
-  warp reads its fragments (the elements `a_layout[lane]` and `b_layout[lane]` name) from shared memory and runs
-  BK/k WMMAs per tensor-core tile, each adding into the one before (the step's chain starts at zero and the
-  accumulator adds the chain's result);
-- the shared arrays are double-buffered (step s uses half s % 2): one barrier a step suffices (gpu_tiles' argument).
+- the K loop stepped by BK (64 bytes of the input dtype: 32 halves, 16 floats), BK/k WMMAs per tensor-core tile a
+  step, the step's chain starting at zero (the linearizer starts it at the accumulators: fuse_matrix_accumulate);
+- where both factors are plain 16-bit global loads running in aligned 16-byte chunks along k or along their output
+  axis (`_async_source`), the block copies them with cp.async (Ops.CP_ASYNC, zero-filled past an edge) into a ring
+  of RING shared stages laid out as the factor's memory is ([m][k] or [k][m]), their chunks XOR-swizzled by the row
+  (`_swizzled`), and reads fragments with ldmatrix (`.trans` from a [k][m] stage). Step s issues step s+1's copies
+  into stage (s+1) % RING, which was last read in step s-2 (every thread finished that before it reached step s-1's
+  barrier, which this thread passed), waits until only that newest group is in flight, and one BARRIER makes every
+  thread's copies of step s visible: one barrier a step;
+- other factors (a fused cast, a convolution's padded window, tf32) are copied by the threads' own loads into two
+  shared halves (`_stage`, rows k fastest and padded by 16 bytes: a warp's fragment reads hit 32 different banks),
+  then one BARRIER; step s+2 writes a half only after every thread passed step s+1's barrier (gpu_tiles' argument).
+  Fragments come by ldmatrix (16-bit) or each lane's loads of the elements `a_layout[lane]`/`b_layout[lane]` name.
 
 Where a tile does not divide m, n or k the edge tiles are guarded: loads past an edge read a clamped element and stage
 a zero (a zero product adds nothing), stores past it are gated off; WMMAs are never gated (every lane of a warp runs
