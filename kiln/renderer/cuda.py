@@ -123,6 +123,107 @@ def shared_address(array: str, index: str) -> str:
   """The 32-bit shared-memory address of element `index` of shared array `array` (an inline PTX operand)."""
   return f"(unsigned)__cvta_generic_to_shared({array}+({index}))"
 
+# ---------------- Hopper (sm_90a): warpgroup MMA, mbarriers, TMA (docs/ir.md stage 4, "Hopper") ----------------
+
+# a CUtensorMap kernel parameter (cuda.h's CUtensorMap: 128 opaque bytes, 64-byte aligned), without cuda.h
+TENSORMAP_TYPE = "struct alignas(64) kiln_tensormap { unsigned long long opaque[16]; };"
+
+def _shared_bytes(array: str, offset: str) -> str:
+  """The 32-bit shared address of byte `offset` of shared array `array`."""
+  return f"((unsigned)__cvta_generic_to_shared({array}) + (unsigned)({offset}))"
+
+def _descriptor(address: str, layout) -> str:
+  """A wgmma matrix descriptor (SmemMatrix.descriptor) of a tile at 32-bit shared address `address`."""
+  from kiln.runtime.gpu_target import SWIZZLE_MODES
+  fixed = (((layout.lbo >> 4) & 0x3FFF) << 16) | (((layout.sbo >> 4) & 0x3FFF) << 32) | \
+    (SWIZZLE_MODES[layout.swizzle] << 62)
+  return f"((unsigned long long)((({address}) >> 4) & 0x3FFF) | {fixed:#x}ull)"
+
+def _hopper_statements(writer) -> dict:
+  return {Ops.WGMMA: writer._wgmma, Ops.WGMMA_FENCE: writer._wgmma_sync, Ops.WGMMA_COMMIT: writer._wgmma_sync,
+          Ops.WGMMA_WAIT: writer._wgmma_sync, Ops.MBARRIER_INIT: writer._mbarrier_init,
+          Ops.MBARRIER_ARRIVE: writer._mbarrier_arrive, Ops.MBARRIER_WAIT: writer._mbarrier_wait,
+          Ops.DEFINE_TENSORMAP: writer._define_tensormap, Ops.TMA_LOAD: writer._tma_load,
+          Ops.FENCE_PROXY_ASYNC: writer._fence_proxy_async, Ops.SETMAXNREG: writer._setmaxnreg}
+
+class _HopperWriter:
+  """The CUDA writer's Hopper statements: each one inline-PTX `asm volatile`, inside `if (gate)` unless the gate is
+  the constant true."""
+  def hopper_statements(self) -> dict: return _hopper_statements(self)
+
+  def gated(self, u: UOp, at: int, line: str) -> None:
+    """`line` under `if (gate)`; a run of ops of one gate in a row shares one branch (ptxas serializes wgmmas whose
+    accumulators cross divergent paths: each in a branch of its own)."""
+    gate = u.src[at]
+    if gate.op is Ops.CONST and gate.arg is True: return self.emit(line)
+    last = getattr(self, "last_gated", None)
+    if last is not None and last[0] == len(self.lines) and last[1] is gate:
+      self.lines[-1] = self.lines[-1][:-2] + "\n" + self.lines[-1][:len(self.lines[-1]) -
+                                                                   len(self.lines[-1].lstrip())] + f"  {line} }}"
+    else: self.emit(f"if ({self.expr(gate)}) {{ {line} }}")
+    self.last_gated = (len(self.lines), gate)
+
+  def _define_tensormap(self, u: UOp) -> None:
+    self.tensormaps.append(u)
+    self.names[u] = f"tmap{u.arg[0]}"
+
+  def _mbarrier_init(self, u: UOp) -> None:
+    at = shared_address(self.expr(u.src[0]), self.expr(u.src[1]))
+    self.gated(u, 2, f'asm volatile("mbarrier.init.shared::cta.b64 [%0], {u.arg};\\n\\t'
+                     f'fence.mbarrier_init.release.cluster;" :: "r"({at}) : "memory");')
+
+  def _mbarrier_arrive(self, u: UOp) -> None:
+    at = shared_address(self.expr(u.src[0]), self.expr(u.src[1]))
+    op = f"mbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], {u.arg}" if u.arg else \
+      "mbarrier.arrive.shared::cta.b64 state, [%0]"
+    self.gated(u, 2, f'asm volatile("{{ .reg .b64 state; {op}; }}" :: "r"({at}) : "memory");')
+
+  def _mbarrier_wait(self, u: UOp) -> None:
+    at = shared_address(self.expr(u.src[0]), self.expr(u.src[1]))
+    done = self.fresh_name("phase_done")
+    self.gated(u, 3, f'unsigned {done}; do {{ asm volatile("{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 '
+                     f'p, [%1], %2; selp.u32 %0, 1, 0, p; }}" : "=r"({done}) : "r"({at}), '
+                     f'"r"((unsigned)({self.expr(u.src[2])}) & 1u) : "memory"); }} while (!{done});')
+
+  def _tma_load(self, u: UOp) -> None:
+    dst, offset, tmap, bars, bar, row, col = u.src[:7]
+    self.gated(u, 7, 'asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes '
+                     '[%0], [%1, {%2, %3}], [%4];" :: '
+                     f'"r"({_shared_bytes(self.expr(dst), self.expr(offset))}), '
+                     f'"l"((unsigned long long)&{self.expr(tmap)}), "r"((int)({self.expr(col)})), '
+                     f'"r"((int)({self.expr(row)})), "r"({shared_address(self.expr(bars), self.expr(bar))}) : "memory");')
+
+  def _fence_proxy_async(self, u: UOp) -> None:
+    self.emit('asm volatile("fence.proxy.async.shared::cta;" ::: "memory");')
+
+  def _setmaxnreg(self, u: UOp) -> None:
+    count, how = u.arg
+    self.gated(u, 0, f'asm volatile("setmaxnreg.{how}.sync.aligned.u32 {count};");')
+
+  def _wgmma_sync(self, u: UOp) -> None:
+    text = {Ops.WGMMA_FENCE: "wgmma.fence.sync.aligned", Ops.WGMMA_COMMIT: "wgmma.commit_group.sync.aligned",
+            Ops.WGMMA_WAIT: f"wgmma.wait_group.sync.aligned {u.arg}"}[u.op]
+    self.gated(u, 0, f'asm volatile("{text};" ::: "memory");')
+
+  def _wgmma(self, u: UOp) -> None:
+    """One `wgmma.mma_async` on the accumulator's registers in place ("+f"; a copy first where the accumulator is
+    not a variable), the descriptors built from the operands' shared addresses and the arg's layouts."""
+    wg = u.arg
+    a_smem, a_off, b_smem, b_off, acc = u.src[:5]
+    lanes = u.dtype.count
+    if acc.op in (Ops.DEFINE_ACC, Ops.ASSIGN, Ops.WGMMA) and acc in self.names: name = self.names[acc]
+    else:
+      name = self.fresh_name("wgmma")
+      self.emit(f"kiln_vec<float, {lanes}> {name} = {{{{{', '.join(self.float_lanes(acc))}}}}};")
+    self.names[u] = name
+    desc_a = _descriptor(_shared_bytes(self.expr(a_smem), self.expr(a_off)), wg.a)
+    desc_b = _descriptor(_shared_bytes(self.expr(b_smem), self.expr(b_off)), wg.b)
+    regs = "{" + ", ".join(f"%{k}" for k in range(lanes)) + "}"
+    tail = ", p, 1, 1, 0, 0" if wg.dtype_in.itemsize == 2 else ", p, 1, 1"
+    outs = ", ".join(f'"+f"({name}.v[{k}])' for k in range(lanes))
+    self.gated(u, 5, f'asm volatile("{{ .reg .pred p; setp.ne.b32 p, %{lanes + 2}, 0; {wg.instruction} {regs}, '
+                     f'%{lanes}, %{lanes + 1}{tail}; }}" : {outs} : "l"({desc_a}), "l"({desc_b}), "r"(1) : "memory");')
+
 class CUDARenderer(CRenderer):
   """Renders a linearized kernel as `extern "C" __global__ void name(T* __restrict__ data0, ..., int var0)`."""
   device = "CUDA"
@@ -141,7 +242,7 @@ class CUDARenderer(CRenderer):
     writer.dependent_launch = dependent_launch(self.arch)
     return writer.render()
 
-class _CudaKernelWriter(_CKernelWriter):
+class _CudaKernelWriter(_HopperWriter, _CKernelWriter):
   """The C kernel writer with SPECIAL thread indices and a `__global__` signature."""
   def __init__(self, name: str, uops: list[UOp]):
     super().__init__(name, uops)
@@ -150,6 +251,8 @@ class _CudaKernelWriter(_CKernelWriter):
                             Ops.GEP: self._lane, Ops.WMMA: self._wmma, Ops.LDMATRIX: self._ldmatrix,
                             Ops.CP_ASYNC: self._cp_async, Ops.CP_ASYNC_COMMIT: self._cp_async_commit,
                             Ops.CP_ASYNC_WAIT: self._cp_async_wait})
+    self.statements.update(self.hopper_statements())
+    self.tensormaps: list[UOp] = []   # DEFINE_TENSORMAP parameters, in arg order (after the buffers)
     self.raw_bits: dict[UOp, str] = {}   # a fragment element's load -> the name of its loaded bits
     self.fragment_loads = fragment_loads(uops)
     self.packed: dict[UOp, int] = {}   # an LDMATRIX value -> its packed 32-bit registers (a kiln_vec<unsigned, R>)
@@ -171,6 +274,9 @@ class _CudaKernelWriter(_CKernelWriter):
     if len(u.arg) > 2 and u.arg[2] == "device":   # zero when the module loads, kept between launches
       self.device_arrays.append(f"__device__ {STORAGE_TYPES[u.dtype]} {name}[{u.arg[1]}];")
     # 16-byte aligned: NVVM then merges a thread's reads of 4 adjacent aligned elements into one ld.shared.v4
+    # an operand of a TMA copy or a WGMMA: aligned to the 128-byte swizzle's repeat (its address bits are the swizzle)
+    elif any((v.op is Ops.TMA_LOAD and v.src[0] is u) or (v.op is Ops.WGMMA and u in v.src[:3]) for v in self.uops):
+      self.emit(f"__shared__ __align__(1024) {STORAGE_TYPES[u.dtype]} {name}[{u.arg[1]}];")
     else: self.emit(f"__shared__ __align__(16) {STORAGE_TYPES[u.dtype]} {name}[{u.arg[1]}];")
 
   def _atomic(self, u: UOp) -> None:
@@ -304,7 +410,9 @@ class _CudaKernelWriter(_CKernelWriter):
   def _assign(self, u: UOp) -> None:
     target, value = u.src
     if target.dtype.count == 1: return super()._assign(u)
-    if value.op in (Ops.WMMA, Ops.DEFINE_ACC, Ops.ASSIGN): self.emit(f"{self.names[target]} = {self.names[value]};")
+    if value.op is Ops.WGMMA and self.names[value] == self.names[target]: pass   # updated in place
+    elif value.op in (Ops.WMMA, Ops.DEFINE_ACC, Ops.ASSIGN, Ops.WGMMA):
+      self.emit(f"{self.names[target]} = {self.names[value]};")
     else: self.emit(" ".join(f"{self.names[target]}.v[{k}] = {x};" for k, x in enumerate(self.float_lanes(value))))
     self.names[u] = self.names[target]
 
@@ -390,11 +498,15 @@ class _CudaKernelWriter(_CKernelWriter):
     buffers, variables = self.walk_kernel()
     if self.vector_types: raise NotImplementedError(f"CUDARenderer: vector uops in kernel {self.name}")
     params = [f"{STORAGE_TYPES[b.dtype]}* __restrict__ data{b.arg}" for b in buffers]
+    params += [f"const __grid_constant__ kiln_tensormap tmap{t.arg[0]}" for t in sorted(self.tensormaps,
+                                                                                       key=lambda t: t.arg[0])]
     params += [f"int {self.var_names[v]}" for v in variables]
     head = ([HALF_HELPERS] if self.uses_half else []) + ([BF16_HELPERS] if self.uses_bf16 else [])
     if self.uses_fp8: head += [FP8_HELPERS] + [fp8_helpers(dt) for dt in dtypes.fp8s if dt in self.uses_fp8]
     head = [PRELUDE] + [device_helpers(block) for block in head] + self.device_arrays
-    blocks = min_blocks(self.uops)
+    if self.tensormaps: head.append(TENSORMAP_TYPE)
+    # setmaxnreg needs the register count at entry: one block an SM (ptxas then gives each thread its share)
+    blocks = 1 if any(u.op is Ops.SETMAXNREG for u in self.uops) else min_blocks(self.uops)
     bounds = f"__launch_bounds__({self.block_threads}{f', {blocks}' if blocks else ''}) "
     # each widened buffer's base pointer tested once (uniform over the launch): the alignment rule's run-time half
     start = [f"  const bool {name} = (reinterpret_cast<unsigned long long>(data{buf.arg}) & {nbytes - 1}) == 0;"
@@ -405,3 +517,4 @@ class _CudaKernelWriter(_CKernelWriter):
       start.append(f'  asm volatile("{DEPENDENT_WAIT};" ::: "memory");')
     return "\n".join(head + [f'extern "C" __global__ void {bounds}{self.name}({", ".join(params)}) {{',
                              *start, *self.lines, *end, "}", ""])
+

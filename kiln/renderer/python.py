@@ -282,11 +282,198 @@ def _lockstep(threads: list) -> None:
     values = [event[1] for event in events]
     inbox = [values[i ^ first[0]] for i in range(len(values))]
 
+# ---- Hopper (sm_90a): mbarriers, TMA, warpgroup MMA (docs/ir.md stage 4, "Hopper"), run by `_scheduled` ----
+
+_GROUP = object()   # a warpgroup-collective op's event: (_GROUP, op, payload); op maps 128 payloads to 128 values
+_WAIT = object()    # an mbarrier wait's event: (_WAIT, barrier, parity)
+
+class _MBarrier:
+  """One mbarrier: `count` arrivals a phase, the phase's pending arrivals and transaction bytes (expected minus
+  completed), the number of completed phases, and the TMA writes of the phase in progress, which land when it
+  completes (stricter than a GPU, where they land before: a read without its wait sees the old contents)."""
+  def __init__(self, count: int):
+    self.count, self.pending, self.tx, self.phase, self.writes = count, count, 0, 0, []
+
+  def arrive(self, tx: int) -> None:
+    """An arrival, expecting `tx` more transaction bytes (arrive.expect_tx) first."""
+    self.tx += tx
+    self.pending -= 1
+    if self.pending < 0: raise RuntimeError(f"PYTHON emulator: mbarrier of count {self.count} got more arrivals in "
+                                            "one phase than its count")
+    self._complete()
+
+  def complete_tx(self, nbytes: int, writes: list) -> None:
+    """A TMA copy of `nbytes` done: its writes (array, index, value) land with the phase."""
+    self.tx -= nbytes
+    self.writes.extend(writes)
+    self._complete()
+
+  def _complete(self) -> None:
+    if self.pending: return
+    if self.tx < 0: raise RuntimeError(f"PYTHON emulator: mbarrier phase {self.phase} got {-self.tx} transaction "
+                                       "bytes more than its arrivals expected")
+    if self.tx: return
+    for array, index, value in self.writes: array[index] = value
+    self.phase, self.pending, self.writes = self.phase + 1, self.count, []
+
+  def __repr__(self) -> str:
+    return f"mbarrier(count {self.count}, phase {self.phase}, {self.pending} arrivals and {self.tx} tx bytes pending)"
+
+def _mbar(array: list, index: int) -> _MBarrier:
+  """Barrier `index` of a shared array of mbarriers (MBARRIER_INIT made it)."""
+  bar = array[index] if 0 <= index < len(array) else None
+  if not isinstance(bar, _MBarrier): raise RuntimeError(f"PYTHON emulator: mbarrier {index} used before its init")
+  return bar
+
+def _mbar_init(array: list, index: int, count: int) -> None:
+  if not 0 <= index < len(array): raise IndexError(f"PYTHON emulator: mbarrier {index} of {len(array)}")
+  array[index] = _MBarrier(count)
+
+def _swizzle(address: int, span: int) -> int:
+  bits = {0: 0, 32: 1, 64: 2, 128: 3}[span]
+  return address ^ (((address >> 7) & ((1 << bits) - 1)) << 4)
+
+def _tma_load(dst: list, offset: int, src, tmap: tuple, bars: list, bar: int, row: int, col: int) -> None:
+  """A TMA tile load (TMA_LOAD): the box at element (row, col) of the map's matrix (`tmap` = (rows, cols, row
+  stride, box rows, box cols, swizzle, element bytes)), zeros outside it, read now, written into `dst` from byte
+  `offset` on (row-major, swizzled by address) when barrier `bar`'s phase completes."""
+  rows, cols, stride, box_rows, box_cols, span, size = tmap
+  if offset % 128 or offset < 0 or offset + box_rows * box_cols * size > len(dst) * size:
+    raise IndexError(f"PYTHON emulator: TMA box of {box_rows}x{box_cols} at byte {offset} of a shared array of "
+                     f"{len(dst) * size} bytes: out of bounds or not 128-byte aligned")
+  writes = []
+  for i in range(box_rows):
+    r = row + i
+    for j in range(box_cols):
+      c = col + j
+      value = src[r * stride + c] if 0 <= r < rows and 0 <= c < cols else 0
+      writes.append((dst, _swizzle(offset + (i * box_cols + j) * size, span) // size, value))
+  _mbar(bars, bar).complete_tx(box_rows * box_cols * size, writes)
+
+class _WarpgroupMMA:
+  """One warpgroup's `wgmma.mma_async` (Ops.WGMMA) for `_scheduled`: every thread's payload is (A's shared array,
+  byte offset, B's, byte offset, acc); the operands are the same in all 128. A (64 x k) and B (n x k) are read
+  through their layouts (`SmemMatrix.address`: the swizzle the descriptor names), decoded by `values`; each element
+  of D is C + sum A*B^T exact, rounded once to float32 (tf32 inputs truncated), and thread t gets c_layout[t]."""
+  def __init__(self, n: int, k: int, size: int, a: tuple, b: tuple, tf32: bool, values=None):
+    from kiln.runtime.gpu_target import SmemMatrix, WarpgroupMMA
+    self.n, self.k, self.size, self.tf32, self.values = n, k, size, tf32, values
+    self.a, self.b = SmemMatrix(*a), SmemMatrix(*b)
+    self.c_layout = WarpgroupMMA(n, dtypes.float16).c_layout
+
+  def read(self, layout, array: list, start: int, rows: int) -> list:
+    out = []
+    for r in range(rows):
+      row = []
+      for t in range(self.k):
+        address = layout.address(start, r, t * self.size)
+        if address % self.size or not 0 <= address // self.size < len(array):
+          raise IndexError(f"PYTHON emulator: WGMMA operand byte {address} outside its shared array")
+        x = array[address // self.size]
+        x = self.values[x] if self.values is not None else x
+        row.append(_tf32(x) if self.tf32 else x)
+      out.append(row)
+    return out
+
+  def __call__(self, payloads: list) -> list:
+    first = payloads[0]
+    if any(p[0] is not first[0] or p[1] != first[1] or p[2] is not first[2] or p[3] != first[3] for p in payloads):
+      raise RuntimeError("PYTHON emulator: the threads of a warpgroup gave a WGMMA different operands")
+    A, B = self.read(self.a, first[0], first[1], 64), self.read(self.b, first[2], first[3], self.n)
+    C = [[0.0] * self.n for _ in range(64)]
+    for t, p in enumerate(payloads):
+      for (row, col), x in zip(self.c_layout[t], p[4]): C[row][col] = x
+    D = [[_sum_r32([C[i][j]] + [x * y for x, y in zip(A[i], B[j])]) for j in range(self.n)] for i in range(64)]
+    return [tuple(D[row][col] for row, col in self.c_layout[t]) for t in range(128)]
+
+def _scheduled(threads: list) -> None:
+  """Run one block of a kernel with Hopper ops: its threads (generators, `lidx0` order) each run until they stand
+  at a BARRIER (None), an mbarrier wait (`(_WAIT, barrier, parity)`: it goes on once the phase of that parity has
+  completed), a warp-collective op (`_WARP`: 32 lanes of a warp together), a warpgroup-collective one (`_GROUP`:
+  128 threads) or a SHUFFLE (a warp's 32 lanes). Threads in different roles (a producer warp, a consumer
+  warpgroup) so run apart: each warpgroup in turn runs as far as it can alone (the first, the consumer in kiln's
+  kernels, before the producer gets to run: a read that does not wait for its data sees the old contents), then
+  the block's barriers and waits are settled. When no thread can go on and not all have ended, RuntimeError names
+  where each waits (a deadlock or a wrong phase, which a GPU would hang on)."""
+  n = len(threads)
+  events: list = [None] * n
+  inbox: list = [None] * n
+  ready = set(range(n))
+
+  def advance(i: int) -> None:
+    message = inbox[i]
+    while True:
+      try: event = threads[i].send(message)
+      except StopIteration: event = _FINISHED
+      if not (isinstance(event, tuple) and event[0] is _WAIT and (event[1].phase & 1) != event[2]): break
+      message = None   # its phase completed already
+    events[i], inbox[i] = event, None
+
+  def settle(lo: int, hi: int) -> list[int]:
+    """Threads lo..hi-1 whose wait is over or whose warp or warpgroup op is complete (the op run)."""
+    out = [i for i in range(lo, hi) if isinstance(events[i], tuple) and events[i][0] is _WAIT and
+           (events[i][1].phase & 1) != events[i][2]]
+    for size, tag in ((128, _GROUP), (32, _WARP)):
+      for w in range(lo, hi - size + 1, size):
+        group = events[w:w + size]
+        first = group[0]
+        if isinstance(first, tuple) and first[0] is tag and all(
+            isinstance(e, tuple) and e[0] is tag and e[1] is first[1] for e in group):
+          for j, value in enumerate(first[1]([e[2] for e in group])):
+            inbox[w + j] = value
+            out.append(w + j)
+    for w in range(lo, hi - 31, 32):   # warp shuffles: (k, value)
+      group = events[w:w + 32]
+      if all(isinstance(e, tuple) and isinstance(e[0], int) and e[0] == group[0][0] for e in group):
+        for j in range(32):
+          inbox[w + j] = group[j ^ group[0][0]][1]
+          out.append(w + j)
+    return out
+
+  while True:
+    for lo in range(0, n, 128):   # each warpgroup as far as it goes alone
+      hi = min(n, lo + 128)
+      runnable = sorted(i for i in ready if lo <= i < hi)
+      while runnable:
+        for i in runnable: advance(i)
+        runnable = settle(lo, hi)
+    ready = set(settle(0, n))
+    live = [e for e in events if e is not _FINISHED]
+    if live and all(e is None for e in live):
+      if len(live) != n: raise RuntimeError("PYTHON emulator: some threads of a block ended while others wait at a "
+                                            "BARRIER")
+      ready = set(range(n))
+    if not ready:
+      if not live: return
+      raise RuntimeError("PYTHON emulator: deadlock (a GPU would hang): no thread of the block can go on; "
+                         + "; ".join(_describe_waits(events)))
+
+def _describe_waits(events: list) -> list[str]:
+  """Where the threads of a deadlocked block stand, grouped (for `_scheduled`'s error)."""
+  places: dict[str, list[int]] = {}
+  for i, e in enumerate(events):
+    if e is _FINISHED: where = "ended"
+    elif e is None: where = "at a BARRIER"
+    elif e[0] is _WAIT: where = f"waiting for parity {e[2]} of {e[1]!r}"
+    elif e[0] is _GROUP: where = "at a warpgroup op (WGMMA) the rest of its warpgroup did not reach"
+    elif e[0] is _WARP: where = "at a warp op the rest of its warp did not reach"
+    else: where = f"at a shuffle by lane ^ {e[0]}"
+    places.setdefault(where, []).append(i)
+  def spans(ids: list[int]) -> str:
+    runs, start = [], ids[0]
+    for a, b in zip(ids, ids[1:] + [None]):
+      if b != a + 1:
+        runs.append(f"{start}" if start == a else f"{start}..{a}")
+        start = b
+    return ", ".join(runs)
+  return [f"{len(ids)} threads ({spans(ids)}) {where}" for where, ids in places.items()]
+
 EMULATOR_HELPERS = ("inf", "nan", "_r32", "_fma", "_fma32", "_r16", "_rbf16", "_f16_bits", "_bf16_bits", "_H2F", "_BF2F", "_i2f32",
                     "_f2i", "_fdiv0", "_fmod", "_idiv", "_imod", "_exp2", "_exp", "_log2", "_sin", "_cos", "_tan", "_sqrt", "_pow", "_trunc",
                     "_check_index", "_bitcast", "_E4M3_TO_F", "_E5M2_TO_F", "_fp8e4m3_bits", "_fp8e5m2_bits",
                     "_rfp8e4m3", "_rfp8e5m2", "_lockstep", "_WARP", "_WarpMMA", "_WarpLoadMatrix", "_land",
-                    "_read_async")
+                    "_read_async", "_GROUP", "_WAIT", "_mbar", "_mbar_init", "_tma_load", "_WarpgroupMMA",
+                    "_scheduled")
 
 # ---------------- rendering ----------------
 
@@ -392,9 +579,13 @@ PY_EXPRESSIONS: dict[Ops, Callable[[UOp, list[str]], str]] = {
   Ops.WHERE: lambda u, a: f"({a[1]} if {a[0]} else {a[2]})", Ops.CAST: _py_cast, Ops.BITCAST: _py_bitcast,
   Ops.MULACC: lambda u, a: f"{'_fma' if u.dtype == dtypes.float64 else '_fma32'}({', '.join(a)})",
 }
+# the Hopper ops: a kernel with any runs each block under `_scheduled` (threads in different roles run apart)
+_HOPPER_OPS = frozenset({Ops.WGMMA, Ops.WGMMA_FENCE, Ops.WGMMA_COMMIT, Ops.WGMMA_WAIT, Ops.MBARRIER_INIT,
+                         Ops.MBARRIER_ARRIVE, Ops.MBARRIER_WAIT, Ops.DEFINE_TENSORMAP, Ops.TMA_LOAD,
+                         Ops.FENCE_PROXY_ASYNC, Ops.SETMAXNREG})
 # ops whose threads work together: a kernel with any runs each block's threads in lockstep (`_lockstep`)
 _COOPERATIVE_OPS = frozenset({Ops.BARRIER, Ops.SHUFFLE, Ops.DEFINE_LOCAL, Ops.ATOMIC, Ops.WMMA, Ops.LDMATRIX,
-                              Ops.CP_ASYNC, Ops.CP_ASYNC_COMMIT, Ops.CP_ASYNC_WAIT})
+                              Ops.CP_ASYNC, Ops.CP_ASYNC_COMMIT, Ops.CP_ASYNC_WAIT, *_HOPPER_OPS})
 _VALUE_PREFIX = {Ops.LOAD: "val", Ops.CAST: "cast", Ops.BITCAST: "cast", Ops.DEFINE_ACC: "acc"}
 
 def round_to_dtype(u: UOp, text: str) -> str:
@@ -602,13 +793,19 @@ class _PyKernelWriter(KernelWriter):
                             Ops.BARRIER: self._barrier, Ops.SHUFFLE: self._shuffle, Ops.ATOMIC: self._atomic,
                             Ops.LOAD: self._ordered_load, Ops.WMMA: self._wmma, Ops.LDMATRIX: self._ldmatrix,
                             Ops.CP_ASYNC: self._cp_async, Ops.CP_ASYNC_COMMIT: self._cp_async_commit,
-                            Ops.CP_ASYNC_WAIT: self._cp_async_wait})
+                            Ops.CP_ASYNC_WAIT: self._cp_async_wait, Ops.WGMMA: self._wgmma,
+                            Ops.DEFINE_TENSORMAP: self._define_tensormap, Ops.MBARRIER_INIT: self._mbarrier_init,
+                            Ops.MBARRIER_ARRIVE: self._mbarrier_arrive, Ops.MBARRIER_WAIT: self._mbarrier_wait,
+                            Ops.TMA_LOAD: self._tma_load,
+                            **{op: self._no_effect for op in (Ops.WGMMA_FENCE, Ops.WGMMA_COMMIT, Ops.WGMMA_WAIT,
+                                                              Ops.FENCE_PROXY_ASYNC, Ops.SETMAXNREG)}})
     self.thread_sizes = specials
+    self.scheduled = any(u.op in _HOPPER_OPS for u in self.uops)
 
   def _close_blocks(self) -> None:
     self.block_sizes.pop()   # the thread function's body (never empty: its first line)
     loops = " ".join(f"for {name} in range({self.thread_sizes[name]})" for name in self.thread_indices)
-    self.emit(f"_lockstep([_thread({', '.join(reversed(self.thread_indices))}){' ' + loops if loops else ''}])")
+    self.emit(f"{'_scheduled' if self.scheduled else '_lockstep'}([_thread({', '.join(reversed(self.thread_indices))}){' ' + loops if loops else ''}])")
     for _ in range(self.specials - 1): self.block_sizes.pop()
     self.specials = 0
 
@@ -675,3 +872,46 @@ class _PyKernelWriter(KernelWriter):
 
   def _cp_async_wait(self, u: UOp) -> None:
     self.emit(f"while len(_groups) > {u.arg}: _land(_groups.pop(0))   # CP_ASYNC_WAIT {u.arg}")
+
+  # ---- Hopper (docs/ir.md stage 4, "Hopper"): run by `_scheduled` ----
+  def _gated(self, u: UOp, at: int, line: str) -> None:
+    gate = u.src[at]
+    self.emit(line if gate.op is Ops.CONST and gate.arg is True else f"if {self.expr(gate)}: {line}")
+
+  def _no_effect(self, u: UOp) -> None:
+    self.emit(f"pass   # {u.op.name}: orders the GPU's asynchronous work; the emulator runs it in order")
+
+  def _define_tensormap(self, u: UOp) -> None:
+    self.names[u] = self.expr(u.src[0])   # the emulator reads the map's buffer itself
+
+  def _mbarrier_init(self, u: UOp) -> None:
+    self._gated(u, 2, f"_mbar_init({self.expr(u.src[0])}, {self.expr(u.src[1])}, {u.arg})   # MBARRIER_INIT")
+
+  def _mbarrier_arrive(self, u: UOp) -> None:
+    self._gated(u, 2, f"_mbar({self.expr(u.src[0])}, {self.expr(u.src[1])}).arrive({u.arg})   # MBARRIER_ARRIVE")
+
+  def _mbarrier_wait(self, u: UOp) -> None:
+    bars, index, parity = (self.expr(s) for s in u.src[:3])
+    self._gated(u, 3, f"yield (_WAIT, _mbar({bars}, {index}), ({parity}) & 1)   # MBARRIER_WAIT")
+
+  def _tma_load(self, u: UOp) -> None:
+    dst, offset, tmap, bars, bar, row, col = u.src[:7]
+    m = tmap.arg[1]
+    desc = (m.rows, m.cols, m.stride, m.box[0], m.box[1], m.swizzle, m.dtype.itemsize)
+    self._gated(u, 7, f"_tma_load({self.expr(dst)}, {self.expr(offset)}, {self.expr(tmap)}, {desc!r}, "
+                      f"{self.expr(bars)}, {self.expr(bar)}, {self.expr(row)}, {self.expr(col)})   # TMA_LOAD")
+
+  def _wgmma(self, u: UOp) -> None:
+    wg = u.arg
+    self.check_dtype(wg.dtype_in)
+    values = _FROM_BITS.get(wg.dtype_in)
+    a, b = ((m.swizzle, m.sbo, m.lbo) for m in (wg.a, wg.b))
+    op = f"_wgmma{len(self.module_lines)}"
+    self.module_lines.append(f"{op} = _WarpgroupMMA({wg.n}, {wg.dims[2]}, {wg.dtype_in.itemsize}, {a!r}, {b!r}, "
+                             f"{wg.dtype_in == dtypes.float32}, {values})")
+    acc = self.expr(u.src[4])
+    payload = f"({', '.join(self.expr(s) for s in u.src[:5])})"
+    name = self.names[u] = self.fresh_name("wgmma")
+    gate = u.src[5]
+    if gate.op is Ops.CONST and gate.arg is True: self.emit(f"{name} = yield (_GROUP, {op}, {payload})   # WGMMA")
+    else: self.emit(f"{name} = (yield (_GROUP, {op}, {payload})) if {self.expr(gate)} else {acc}   # WGMMA")

@@ -97,3 +97,106 @@ def for_device(arch: str, multiprocessors: int, local_max: int = 1024, warp_size
   cores = tuple(tc for tc in TENSOR_CORES if _arch_number(arch) >= tc.min_arch)
   return GPUTarget(arch=arch, local_max=local_max, warp_size=warp_size, multiprocessors=multiprocessors,
                    tensor_cores=cores)
+
+# ---------------- Hopper (sm_90a): warpgroup MMA, shared-memory matrix descriptors, TMA tensor maps ----------------
+
+SWIZZLE_MODES = {0: 0, 128: 1, 64: 2, 32: 3}   # a layout's swizzle span in bytes -> the descriptor's mode field
+
+def swizzle(address: int, span: int) -> int:
+  """The byte address a swizzled shared-memory layout (and a TMA box with the same swizzle) puts logical byte
+  `address` at: the 16-byte chunk bits 4-6 XORed with address bits 7-9, as many bits as the span has chunks beyond
+  one 128-byte row's 8 (128B: 3 bits, 64B: 2, 32B: 1, none: 0). The pattern repeats every 8 x 128 bytes, so arrays
+  and offsets must be aligned to `8 * span` bytes (1024 for 128B) for the emulator's address to be the GPU's."""
+  bits = {0: 0, 32: 1, 64: 2, 128: 3}[span]
+  return address ^ (((address >> 7) & ((1 << bits) - 1)) << 4)
+
+@dataclass(frozen=True)
+class SmemMatrix:
+  """How a K-major operand tile of a wgmma lies in shared memory, as its 64-bit matrix descriptor says (PTX ISA,
+  "Matrix Descriptor Format" and "Shared Memory Matrix Layout"): row r (of M for A, N for B), byte kb along K.
+  With a swizzle span S (128, 64 or 32 bytes) a group of 8 rows is 8 rows of S bytes (row r%8 at (r%8)*S), groups
+  `sbo` bytes apart; one instruction's K (32 bytes) lies inside a row, so `lbo` is unused. With none (0), the tile is
+  8x16-byte core matrices of 8 rows of 16 bytes (128 bytes each): along K `lbo` bytes apart, along rows `sbo`."""
+  swizzle: int = 128
+  sbo: int = 1024
+  lbo: int = 16
+
+  def address(self, start: int, row: int, kb: int) -> int:
+    """The byte address of row `row`, byte `kb` along K, of the tile the descriptor of address `start` names."""
+    if self.swizzle == 0:
+      return start + (row // 8) * self.sbo + (kb // 16) * self.lbo + (row % 8) * 16 + kb % 16
+    return swizzle(start + (row // 8) * self.sbo + (row % 8) * self.swizzle + kb, self.swizzle)
+
+  def descriptor(self, start: int) -> int:
+    """The 64-bit descriptor of a tile at shared address `start`: address, lbo and sbo in 16-byte units in bits
+    0-13, 16-29 and 32-45, base offset 0 (the tile aligned to its swizzle's repeat), the swizzle mode in bits 62-63."""
+    return ((start >> 4) & 0x3FFF) | (((self.lbo >> 4) & 0x3FFF) << 16) | (((self.sbo >> 4) & 0x3FFF) << 32) | \
+      (SWIZZLE_MODES[self.swizzle] << 62)
+
+_WGMMA_K = {1: 32, 2: 16, 4: 8}   # K of one wgmma by input element size (fp8, 16-bit, tf32)
+_PTX_TYPES = {dtypes.float16: "f16", dtypes.bfloat16: "bf16", dtypes.float32: "tf32", dtypes.fp8e4m3: "e4m3",
+              dtypes.fp8e5m2: "e5m2"}
+
+@dataclass(frozen=True)
+class WarpgroupMMA:
+  """`D = A @ B^T + D` for one warpgroup (4 warps, 128 consecutive threads starting at a multiple of 128):
+  `wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{t}.{t}` with A (64 x k) and B (n x k) both K-major in shared
+  memory as `a` and `b` say, D (64 x n float32) in registers: thread t holds `c_layout[t]` ((row, column) pairs,
+  n/2 of them). n is 8..256 in steps of 8; k is 32 bytes of the input dtype (16 for float16/bfloat16, 8 for tf32,
+  32 for fp8). `Ops.WGMMA` (kiln/uop/ops.py) carries one as its arg."""
+  n: int
+  dtype_in: DType
+  a: SmemMatrix = SmemMatrix()
+  b: SmemMatrix = SmemMatrix()
+  dtype_out: DType = dtypes.float32
+  min_arch: int = 90
+
+  @property
+  def dims(self) -> tuple[int, int, int]:
+    """(m, n, k) of one instruction."""
+    return (64, self.n, _WGMMA_K[self.dtype_in.itemsize])
+
+  @property
+  def instruction(self) -> str:
+    """The PTX opcode."""
+    t = _PTX_TYPES[self.dtype_in]
+    return f"wgmma.mma_async.sync.aligned.m64n{self.n}k{self.dims[2]}.f32.{t}.{t}"
+
+  @cached_property
+  def c_layout(self) -> Layout:
+    """Thread t's elements of D, in register order (PTX ISA, "WGMMA .m64nNk* register fragment layout for the
+    accumulator matrix D"): warp w = t // 32 owns rows 16w..16w+15; lane l's registers 4j..4j+3 are rows
+    16w + l//4 and 16w + l//4 + 8 of columns 8j + 2(l%4) + 0/1, for each 8-column block j."""
+    out = []
+    for t in range(128):
+      w, lane = t // 32, t % 32
+      row, col = 16 * w + lane // 4, 2 * (lane % 4)
+      out.append(tuple((row + 8 * h, 8 * j + col + e) for j in range(self.n // 8) for h in range(2) for e in range(2)))
+    return tuple(out)
+
+  def __repr__(self) -> str:
+    return f"WarpgroupMMA(n={self.n}, {self.dtype_in.name}, a={self.a!r}, b={self.b!r})"
+
+@dataclass(frozen=True)
+class TensorMap:
+  """A 2-D TMA tensor map (what `cuTensorMapEncodeTiled` encodes): a row-major global matrix of `rows` x `cols`
+  elements of `dtype` (rows `row_stride` elements apart; the buffer is the DEFINE_TENSORMAP's source), copied in
+  boxes of `box` = (box_rows, box_cols) elements into shared memory, row after row (box_cols * itemsize bytes
+  each), swizzled with `swizzle` (0, or 32, 64 or 128 bytes: then a box row is that many bytes). Elements of the box outside
+  the matrix land as zeros."""
+  dtype: DType
+  rows: int
+  cols: int
+  box: tuple[int, int]
+  swizzle: int = 128
+  row_stride: int = 0
+
+  @property
+  def stride(self) -> int:
+    """Elements between rows (the matrix's columns unless given)."""
+    return self.row_stride or self.cols
+
+  @property
+  def box_bytes(self) -> int:
+    """Bytes one copy writes (and completes on its mbarrier)."""
+    return self.box[0] * self.box[1] * self.dtype.itemsize

@@ -87,6 +87,35 @@ class Ops(enum.Enum):
   # are pending, so every group before the last n has landed (sources: the commits it follows); other threads'
   # copies are visible only after a BARRIER whose sources include the wait
   CP_ASYNC = enum.auto(); CP_ASYNC_COMMIT = enum.auto(); CP_ASYNC_WAIT = enum.auto()
+  # Hopper (sm_90a) building blocks (docs/ir.md stage 4, "Hopper"). Each takes a `gate` (a bool; a CONST True when
+  # every thread runs it) after its operands, then `*after` (orders only). The warpgroup-collective ones (WGMMA*,
+  # SETMAXNREG) need a gate that is the same in all 128 threads of each warpgroup (a warp-role test such as
+  # `lidx0 < 128`): a warpgroup runs them all together or skips them.
+  # WGMMA(a_smem, a_offset, b_smem, b_offset, acc, gate, *after), arg a WarpgroupMMA (kiln/runtime/gpu_target.py):
+  # `wgmma.mma_async` D = A @ B^T + acc for the warpgroup, A (64 x k) and B (n x k) K-major tiles of shared arrays at
+  # byte offsets a_offset and b_offset (the descriptors' start addresses; layouts and swizzles in the arg); acc and
+  # the value are thread t's `c_layout[t]` elements of D (a float32.vec(n/2)); where the gate is false, acc.
+  # WGMMA_FENCE(gate, *after): `wgmma.fence` (before the first WGMMA touching acc's registers or smem written by
+  # this thread). WGMMA_COMMIT(gate, *after): closes the group of WGMMAs issued. WGMMA_WAIT(gate, *after), arg n:
+  # waits until at most n groups are pending (D may be read and its smem overwritten only after the wait)
+  WGMMA = enum.auto(); WGMMA_FENCE = enum.auto(); WGMMA_COMMIT = enum.auto(); WGMMA_WAIT = enum.auto()
+  # MBARRIER_INIT(bars, index, gate, *after), arg the arrival count: `mbarrier.init` of barrier `index` of a
+  # DEFINE_LOCAL of uint64 (then `fence.mbarrier_init`; a BARRIER must follow before other threads use it).
+  # MBARRIER_ARRIVE(bars, index, gate, *after), arg tx bytes: `mbarrier.arrive` (0) or `mbarrier.arrive.expect_tx`
+  # (tx > 0: the phase also waits for tx more bytes of transactions). A phase completes when its arrivals reach the
+  # count and its transaction bytes reach zero. MBARRIER_WAIT(bars, index, parity, gate, *after): `mbarrier.
+  # try_wait.parity` in a loop: returns once the phase of parity `parity` (an int, 0 or 1) has completed (a barrier
+  # in phase p: waiting on parity p blocks until it completes, waiting on 1-p returns at once)
+  MBARRIER_INIT = enum.auto(); MBARRIER_ARRIVE = enum.auto(); MBARRIER_WAIT = enum.auto()
+  # DEFINE_TENSORMAP(buffer), arg (i, TensorMap): kernel parameter i of kind tensor map (a `const __grid_constant__
+  # CUtensorMap`, after the buffers) describing DEFINE_GLOBAL `buffer` (the runtime encodes it from the buffer).
+  # TMA_LOAD(dst, dst_offset, tensormap, bars, bar_index, row, col, gate, *after): `cp.async.bulk.tensor.2d.shared::
+  # cluster.global.mbarrier::complete_tx::bytes` of the map's box at element (row, col) into shared array dst at
+  # byte offset dst_offset (swizzled as the map says, zeros outside the matrix), completing box_bytes on barrier
+  # bar_index of bars. FENCE_PROXY_ASYNC(*after): `fence.proxy.async.shared::cta` (this thread's ordinary shared
+  # stores before, visible to later TMA/WGMMA reads). SETMAXNREG(gate, *after), arg (count, "inc"/"dec"):
+  # `setmaxnreg.{inc|dec}.sync.aligned.u32 count` for the warpgroup (producer/consumer register split)
+  DEFINE_TENSORMAP = enum.auto(); TMA_LOAD = enum.auto(); FENCE_PROXY_ASYNC = enum.auto(); SETMAXNREG = enum.auto()
   def __repr__(self) -> str: return f"Ops.{self.name}"
   # members are singletons: identity hashing in C instead of Enum's Python-level hash of the name (a hot path)
   __hash__ = object.__hash__

@@ -35,9 +35,13 @@ _BUFFERS = (Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL)   # what loads and stores addre
 # the tensor-core building blocks (docs/ir.md stage 4): fragments are vectors, built by VECTORIZE, read by GEP
 GPU_MATRIX_OPS = frozenset({Ops.WMMA, Ops.LDMATRIX, Ops.CP_ASYNC, Ops.CP_ASYNC_COMMIT, Ops.CP_ASYNC_WAIT,
                             Ops.VECTORIZE, Ops.GEP})
+# the Hopper (sm_90a) building blocks (docs/ir.md stage 4, "Hopper"): warpgroup MMA, mbarriers, TMA
+HOPPER_OPS = frozenset({Ops.WGMMA, Ops.WGMMA_FENCE, Ops.WGMMA_COMMIT, Ops.WGMMA_WAIT, Ops.MBARRIER_INIT,
+                        Ops.MBARRIER_ARRIVE, Ops.MBARRIER_WAIT, Ops.DEFINE_TENSORMAP, Ops.TMA_LOAD,
+                        Ops.FENCE_PROXY_ASYNC, Ops.SETMAXNREG})
 LOWERED_OPS = GroupOp.ALU | {Ops.SINK, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CONST, Ops.RANGE, Ops.LOAD, Ops.STORE,
                              Ops.REDUCE, Ops.CAST, Ops.BITCAST, Ops.SPECIAL,
-                             Ops.DEFINE_LOCAL, Ops.BARRIER, Ops.ATOMIC, Ops.SHUFFLE, *GPU_MATRIX_OPS,
+                             Ops.DEFINE_LOCAL, Ops.BARRIER, Ops.ATOMIC, Ops.SHUFFLE, *GPU_MATRIX_OPS, *HOPPER_OPS,
                              Ops.DEFINE_ACC, Ops.ASSIGN}   # carried accumulators (kiln/codegen/gpu_attention.py)
 
 def check_lowered(sink: UOp) -> None:
@@ -65,6 +69,7 @@ def check_lowered(sink: UOp) -> None:
     if u.op is Ops.REDUCE and any(r.op is not Ops.RANGE for r in u.src[1:]): _fail("lowered", u, "reduces over a non-range")
   _check_shuffles("lowered", nodes)
   _check_matrix_ops("lowered", nodes)
+  _check_hopper_ops("lowered", nodes)
 
 def _check_shuffles(stage: str, nodes: list[UOp]) -> None:
   """A SHUFFLE (docs/ir.md stage 4) needs a GPU-shaped kernel: one of scalar dtype (its value first among its
@@ -87,7 +92,7 @@ def _check_shuffles(stage: str, nodes: list[UOp]) -> None:
 
 LINEAR_OPS = GroupOp.ALU | {Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CONST, Ops.RANGE, Ops.ENDRANGE, Ops.LOAD, Ops.STORE,
                             Ops.DEFINE_ACC, Ops.ASSIGN, Ops.CAST, Ops.BITCAST, Ops.SPECIAL,
-                            Ops.DEFINE_LOCAL, Ops.BARRIER, Ops.ATOMIC, Ops.SHUFFLE, *GPU_MATRIX_OPS}
+                            Ops.DEFINE_LOCAL, Ops.BARRIER, Ops.ATOMIC, Ops.SHUFFLE, *GPU_MATRIX_OPS, *HOPPER_OPS}
 
 def check_linear(uops: list[UOp]) -> None:
   """Linearized kernels: only stage-4 ops, each node after its sources, loops properly nested."""
@@ -103,13 +108,14 @@ def check_linear(uops: list[UOp]) -> None:
       open_loops.pop()
     if u.op in (Ops.LOAD, Ops.STORE) and u.src[0].op not in _BUFFERS: _fail("linear", u, "not on a buffer")
     if u.op is Ops.ASSIGN and u.src[0].op is not Ops.DEFINE_ACC: _fail("linear", u, "assigns to a non-accumulator")
-    if u.op in _WARP_OPS:
+    if u.op in _WARP_OPS or u.op in _WARPGROUP_OPS:
       for loop in open_loops:
         if _thread_dependent(loop.src[0]): _fail("linear", u, "inside a loop whose trip count differs between threads")
     seen.add(u)
   if open_loops: _fail("linear", open_loops[-1], "loop never closed")
   _check_shuffles("linear", uops)
   _check_matrix_ops("linear", uops)
+  _check_hopper_ops("linear", uops)
 
 _WARP_OPS = (Ops.WMMA, Ops.LDMATRIX)   # warp-collective: every lane of a warp at once
 _LDMATRIX_COUNTS = (1, 2, 4)
@@ -164,3 +170,74 @@ def _check_wmma(stage: str, u: UOp) -> None:
   if len(u.src) != 3 or tuple(s.dtype for s in u.src) != want:
     _fail(stage, u, f"operands must be (a, b, c) of {want}, got {tuple(s.dtype for s in u.src)}")
   if u.dtype != want[2]: _fail(stage, u, f"its dtype must be {want[2]}")
+
+# ---------------- Hopper (sm_90a) ----------------
+
+_WARPGROUP_OPS = (Ops.WGMMA, Ops.WGMMA_FENCE, Ops.WGMMA_COMMIT, Ops.WGMMA_WAIT, Ops.SETMAXNREG)
+_GATE_AT = {Ops.WGMMA: 5, Ops.WGMMA_FENCE: 0, Ops.WGMMA_COMMIT: 0, Ops.WGMMA_WAIT: 0, Ops.MBARRIER_INIT: 2,
+            Ops.MBARRIER_ARRIVE: 2, Ops.MBARRIER_WAIT: 3, Ops.TMA_LOAD: 7, Ops.SETMAXNREG: 0}
+
+def _shared(u: UOp, at: int) -> bool:
+  return len(u.src) > at and u.src[at].op is Ops.DEFINE_LOCAL and len(u.src[at].arg) <= 2
+
+def _check_hopper_ops(stage: str, nodes: list[UOp]) -> None:
+  """The Hopper ops (docs/ir.md stage 4, "Hopper") need a GPU-shaped kernel; the warpgroup-collective ones
+  (WGMMA*, SETMAXNREG) one whose `lidx0` blocks are whole warpgroups of 128 threads. Each has its bool gate at its
+  fixed place; mbarriers are shared arrays of uint64 (indices int); a WGMMA's operands are shared arrays of its
+  input dtype at int byte offsets, its accumulator and value a float32.vec(n/2); a TMA_LOAD copies a
+  DEFINE_TENSORMAP's box into a shared array of the map's dtype, completing on an mbarrier."""
+  ops = [u for u in nodes if u.op in HOPPER_OPS]
+  if not ops: return
+  blocks = {u.arg[1] for u in nodes if u.op is Ops.SPECIAL and u.arg[0] == "lidx0"}
+  for u in ops:
+    if not blocks: _fail(stage, u, "outside a GPU kernel (no lidx0 thread index)")
+    if u.op in _WARPGROUP_OPS and any(size % 128 for size in blocks):
+      _fail(stage, u, f"block of {sorted(blocks)} threads is not whole warpgroups of 128")
+    if u.op in _GATE_AT:
+      at = _GATE_AT[u.op]
+      if len(u.src) <= at or u.src[at].dtype != dtypes.bool: _fail(stage, u, f"source {at} (the gate) is not bool")
+    if u.op in (Ops.MBARRIER_INIT, Ops.MBARRIER_ARRIVE, Ops.MBARRIER_WAIT):
+      if not _shared(u, 0) or u.src[0].dtype != dtypes.uint64 or not dtypes.is_int(u.src[1].dtype):
+        _fail(stage, u, "names barrier `index` (int) of a shared array of uint64")
+      if u.op is Ops.MBARRIER_INIT and not (isinstance(u.arg, int) and 1 <= u.arg < (1 << 20)):
+        _fail(stage, u, "arg must be the arrival count, 1..2^20-1")
+      if u.op is Ops.MBARRIER_ARRIVE and not (isinstance(u.arg, int) and 0 <= u.arg < (1 << 20)):
+        _fail(stage, u, "arg must be the expected transaction bytes, 0..2^20-1")
+      if u.op is Ops.MBARRIER_WAIT and not dtypes.is_int(u.src[2].dtype): _fail(stage, u, "parity is not an int")
+    elif u.op is Ops.WGMMA: _check_wgmma(stage, u)
+    elif u.op is Ops.WGMMA_WAIT and not (isinstance(u.arg, int) and 0 <= u.arg <= 7):
+      _fail(stage, u, "arg must be the groups left pending, 0..7")
+    elif u.op is Ops.DEFINE_TENSORMAP:
+      if len(u.src) != 1 or u.src[0].op is not Ops.DEFINE_GLOBAL or not (isinstance(u.arg, tuple) and len(u.arg) == 2):
+        _fail(stage, u, "describes a DEFINE_GLOBAL: src (buffer,), arg (index, TensorMap)")
+      tmap = u.arg[1]
+      if tmap.dtype != u.src[0].dtype: _fail(stage, u, f"a map of {tmap.dtype} over a buffer of {u.src[0].dtype}")
+      if tmap.swizzle not in (0, 32, 64, 128) or (tmap.swizzle and tmap.box[1] * tmap.dtype.itemsize != tmap.swizzle):
+        _fail(stage, u, f"box rows of {tmap.box[1] * tmap.dtype.itemsize} bytes are not swizzle {tmap.swizzle}")
+      if (tmap.box[1] * tmap.dtype.itemsize) % 16 or not (1 <= tmap.box[0] <= 256 and 1 <= tmap.box[1] <= 256):
+        _fail(stage, u, f"box {tmap.box}: rows of a multiple of 16 bytes, at most 256 elements a side")
+    elif u.op is Ops.TMA_LOAD:
+      if not _shared(u, 0) or len(u.src) < 8 or u.src[2].op is not Ops.DEFINE_TENSORMAP or not _shared(u, 3) or \
+         u.src[3].dtype != dtypes.uint64:
+        _fail(stage, u, "(dst shared array, byte offset, DEFINE_TENSORMAP, mbarriers, index, row, col, gate)")
+      if u.src[0].dtype != u.src[2].arg[1].dtype: _fail(stage, u, "dst's dtype is not the map's")
+      if not all(dtypes.is_int(u.src[i].dtype) for i in (1, 4, 5, 6)): _fail(stage, u, "offsets and coordinates are ints")
+    elif u.op is Ops.SETMAXNREG:
+      if not (isinstance(u.arg, tuple) and len(u.arg) == 2 and u.arg[1] in ("inc", "dec") and isinstance(u.arg[0], int)
+              and 24 <= u.arg[0] <= 256 and u.arg[0] % 8 == 0):
+        _fail(stage, u, "arg must be (registers: 24..256, a multiple of 8, 'inc' or 'dec')")
+
+def _check_wgmma(stage: str, u: UOp) -> None:
+  wg = u.arg
+  if not all(hasattr(wg, name) for name in ("n", "dtype_in", "a", "b", "c_layout")):
+    _fail(stage, u, "arg must be a WarpgroupMMA (kiln/runtime/gpu_target.py)")
+  if wg.n % 8 or not 8 <= wg.n <= 256: _fail(stage, u, f"n {wg.n} is not 8..256 in steps of 8")
+  want = dtypes.float32.vec(wg.n // 2)
+  if len(u.src) < 6 or not (_shared(u, 0) and _shared(u, 2)):
+    _fail(stage, u, "sources are (a_smem, a_offset, b_smem, b_offset, acc, gate, *after)")
+  if u.src[0].dtype != wg.dtype_in or u.src[2].dtype != wg.dtype_in:
+    _fail(stage, u, f"operands are shared arrays of {wg.dtype_in}")
+  if not (dtypes.is_int(u.src[1].dtype) and dtypes.is_int(u.src[3].dtype)): _fail(stage, u, "byte offsets are ints")
+  if u.dtype != want or u.src[4].dtype != want: _fail(stage, u, f"accumulator and value must be {want}")
+  for layout in (wg.a, wg.b):
+    if layout.swizzle not in (0, 32, 64, 128): _fail(stage, u, f"swizzle {layout.swizzle} is not 0, 32, 64 or 128")
