@@ -38,6 +38,7 @@ from kiln.helpers import NOLOCALS, WARP_SHUFFLE, prod
 from kiln.uop.ops import UOp, Ops, toposort, identity_element
 from kiln.uop.pattern import graph_rewrite
 from kiln.uop.symbolic import symbolic
+from kiln.codegen.shared_memory import dynamic_shared_bytes
 from kiln.codegen.disjoint import ALL as _ALL, Linear, linear_form as _linear, first_conflict as _first_conflict
 
 INT = dtypes.int32
@@ -648,10 +649,12 @@ def toposort_specials(sink: UOp) -> list[UOp]:
   """The SPECIAL nodes of a kernel graph (or the SPECIALs among linear uops, `launch_size` takes either)."""
   return [u for u in toposort([sink]) if u.op is Ops.SPECIAL]
 
-def launch_size(uops: list[UOp]) -> tuple[tuple[int, int, int], tuple[int, int, int]] | None:
-  """(grid, block) sizes of a kernel whose uops hold SPECIAL ops, or None when it has none."""
+def launch_size(uops: list[UOp]) -> tuple | None:
+  """(grid, block) sizes of a kernel whose uops hold SPECIAL ops, or None when it has none; (grid, block, bytes)
+  where its shared arrays need `bytes` of dynamic shared memory (over 48 KiB: kiln/codegen/shared_memory.py)."""
   specials = {u.arg[0]: u.arg[1] for u in uops if u.op is Ops.SPECIAL}
-  if not specials: return None
+  shared = dynamic_shared_bytes(uops)
+  if not specials and not shared: return None
   grid = tuple(specials.get(f"gidx{i}", 1) for i in range(3))
   block = tuple(specials.get(f"lidx{i}", 1) for i in range(3))
-  return grid, block   # type: ignore[return-value]
+  return (grid, block, shared) if shared else (grid, block)

@@ -26,7 +26,8 @@ _FORMAT = 2   # bump when the stored fields change
 @dataclass(frozen=True)
 class CodegenEntry:
   """What a CompiledRunner needs besides the binary: the kernel's name, source, ALU ops per launch and the schedule
-  item's buffer numbers it takes, in order, and on a GPU its (grid, block) launch sizes."""
+  item's buffer numbers it takes, in order, and on a GPU its (grid, block) launch sizes (and dynamic shared bytes,
+  a third element, where it has some)."""
   name: str
   source: str
   ops: int
@@ -92,7 +93,8 @@ def lookup(device: str, ast: UOp) -> CodegenEntry | None:
   try:
     launch = data.get("launch")
     return CodegenEntry(str(data["name"]), str(data["source"]), int(data["ops"]), tuple(int(p) for p in data["params"]),
-                        None if launch is None else tuple(tuple(int(d) for d in dims) for dims in launch))
+                        None if launch is None else
+                        tuple(int(d) if isinstance(d, int) else tuple(int(x) for x in d) for d in launch))
   except (KeyError, TypeError, ValueError): return None
 
 def store(device: str, ast: UOp, entry: CodegenEntry) -> None:

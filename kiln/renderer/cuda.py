@@ -24,6 +24,7 @@ from kiln.renderer import kernel_function_name
 from kiln.renderer.cstyle import (CRenderer, _CKernelWriter, BF16_HELPERS, FP8_HELPERS, HALF_HELPERS,
                                   STORAGE_TYPES, VALUE_TYPES, fp8_helpers, render_c_const)
 from kiln.uop.ops import UOp, Ops
+from kiln.codegen.shared_memory import DYNAMIC_SHARED_NAME, shared_layout
 
 # NVRTC has neither GCC's builtins nor statement expressions: the C renderer's builtins are spelled as CUDA's math
 # functions and intrinsics (NaN with the bits C's __builtin_nan gives), memcpy as a byte copy the compiler turns into
@@ -258,6 +259,8 @@ class _CudaKernelWriter(_HopperWriter, _CKernelWriter):
     self.packed: dict[UOp, int] = {}   # an LDMATRIX value -> its packed 32-bit registers (a kiln_vec<unsigned, R>)
     self.aligned = wide_accesses(uops)   # (buffer, bytes) of each wide access -> its base pointer test's name
     self.device_arrays: list[str] = []   # file-scope `__device__` arrays (DEFINE_LOCAL with a "device" scope)
+    self.shared = shared_layout(uops)   # the block's shared arrays: static, or one dynamic array over 48 KiB
+    self.declared_dynamic = False
     self.block_threads = 1
     self.dependent_launch = False   # the DEPENDENT_* instructions (CUDARenderer.render sets it from the arch)
 
@@ -273,6 +276,13 @@ class _CudaKernelWriter(_HopperWriter, _CKernelWriter):
     name = self.names[u] = u.arg[0]
     if len(u.arg) > 2 and u.arg[2] == "device":   # zero when the module loads, kept between launches
       self.device_arrays.append(f"__device__ {STORAGE_TYPES[u.dtype]} {name}[{u.arg[1]}];")
+    elif self.shared.dynamic:   # over 48 KiB: a pointer at the array's offset in the launch's dynamic shared memory
+      if not self.declared_dynamic:
+        self.emit(f"extern __shared__ __align__(16) unsigned char {DYNAMIC_SHARED_NAME}[];   /* "
+                  f"{self.shared.nbytes} bytes a launch */")
+        self.declared_dynamic = True
+      self.emit(f"{STORAGE_TYPES[u.dtype]}* const {name} = reinterpret_cast<{STORAGE_TYPES[u.dtype]}*>("
+                f"{DYNAMIC_SHARED_NAME} + {self.shared.offsets[u]});")
     # 16-byte aligned: NVVM then merges a thread's reads of 4 adjacent aligned elements into one ld.shared.v4
     # an operand of a TMA copy or a WGMMA: aligned to the 128-byte swizzle's repeat (its address bits are the swizzle)
     elif any((v.op is Ops.TMA_LOAD and v.src[0] is u) or (v.op is Ops.WGMMA and u in v.src[:3]) for v in self.uops):

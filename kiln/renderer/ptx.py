@@ -34,6 +34,7 @@ from kiln.renderer import cuda
 from kiln.renderer.cuda import CUDARenderer, DEPENDENT_WAIT, dependent_launch, wide_accesses
 from kiln.uop.ops import UOp, Ops, GroupOp
 from kiln.uop.symbolic import is_multiple_of
+from kiln.codegen.shared_memory import DYNAMIC_SHARED_NAME, shared_layout
 
 PTX_VERSION = "9.0"   # the PTX ISA of CUDA 13.0 (driver 580)
 
@@ -98,6 +99,8 @@ class _PTXKernelWriter(KernelWriter):
     self.reg_types: dict[str, str] = {}
     self.module_arrays: list[str] = []
     self.shared_arrays: list[str] = []
+    self.shared = shared_layout(uops)   # the block's shared arrays: static, or one dynamic array over 48 KiB
+    self.declared_dynamic = False
     self.loops: list[tuple[UOp, str, str]] = []
     self.labels = 0
     self.block_threads = 1
@@ -184,6 +187,16 @@ class _PTXKernelWriter(KernelWriter):
     nbytes = size * u.dtype.itemsize
     if len(u.arg) > 2 and u.arg[2] == "device":   # zero when the module loads, kept between launches
       self.module_arrays.append(f".global .align 16 .b8 {name}[{nbytes}];")
+    elif self.shared.dynamic:   # over 48 KiB: the array's offset in the launch's dynamic shared memory
+      if not self.declared_dynamic:
+        self.declared_dynamic = True
+        self.module_arrays.append(f".extern .shared .align 16 .b8 {DYNAMIC_SHARED_NAME}[];   // "
+                                  f"{self.shared.nbytes} bytes a launch")
+      base = self.reg("b64")
+      self.emit(f"mov.u64 {base}, {DYNAMIC_SHARED_NAME}")
+      out = self.names[u] = self.reg("b64")
+      self.emit(f"add.s64 {out}, {base}, {self.shared.offsets[u]}   // {name}")
+      return
     else: self.shared_arrays.append(f"  .shared .align 16 .b8 {name}[{nbytes}];")
     out = self.names[u] = self.reg("b64")
     self.emit(f"mov.u64 {out}, {name}")

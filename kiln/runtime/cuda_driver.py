@@ -32,11 +32,12 @@ bool -> C++ bool, a numpy scalar or ctypes value -> its own type (pass `ctypes.c
 'cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY (2): out of memory'
 """
 from __future__ import annotations
-import ctypes, ctypes.util, functools, glob, importlib.util, os, platform, re, sys, threading
+import ctypes, ctypes.util, functools, glob, importlib.util, math, os, platform, re, sys, threading, time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 from kiln.device import CompileError, Compiler, LRUAllocator
+from kiln.helpers import ContextVar
 
 # ---------------- finding the libraries ----------------
 
@@ -153,7 +154,15 @@ class CudaOutOfMemoryError(CudaError, MemoryError):
   """cuMemAlloc/cuMemHostAlloc ran out of memory (a MemoryError too, so LRUAllocator frees its cache and retries)."""
 
 CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_NO_DEVICE, CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 2, 100, 712
+CUDA_ERROR_NOT_READY = 600   # cuStreamQuery/cuEventQuery: the work is still running
 NVRTC_ERROR_COMPILATION = 6
+
+class CudaTimeoutError(RuntimeError):
+  """Work queued on a GPU did not finish within CUDA_TIMEOUT seconds (a hung kernel, most likely): `kernel` is the
+  kernel last launched in the context, `waited` the seconds waited. The kernel still runs; nothing was freed."""
+  def __init__(self, message: str, kernel: str, waited: float):
+    super().__init__(message)
+    self.kernel, self.waited = kernel, waited
 
 class NVRTCCompileError(CompileError):
   """NVRTC rejected a source; `log` holds NVRTC's program log (the compiler's messages)."""
@@ -201,11 +210,13 @@ DRIVER_PROTOTYPES: dict[str, tuple[tuple[str, ...], tuple[Any, ...]]] = {
   "cuStreamCreate": (("cuStreamCreate",), (P(c_void_p), c_uint)),
   "cuStreamDestroy": (("cuStreamDestroy_v2",), (c_void_p,)),
   "cuStreamSynchronize": (("cuStreamSynchronize",), (c_void_p,)),
+  "cuStreamQuery": (("cuStreamQuery",), (c_void_p,)),
   "cuStreamWaitEvent": (("cuStreamWaitEvent",), (c_void_p, c_void_p, c_uint)),
   "cuEventCreate": (("cuEventCreate",), (P(c_void_p), c_uint)),
   "cuEventDestroy": (("cuEventDestroy_v2",), (c_void_p,)),
   "cuEventRecord": (("cuEventRecord",), (c_void_p, c_void_p)),
   "cuEventSynchronize": (("cuEventSynchronize",), (c_void_p,)),
+  "cuEventQuery": (("cuEventQuery",), (c_void_p,)),
   "cuEventElapsedTime": (("cuEventElapsedTime_v2", "cuEventElapsedTime"), (P(ctypes.c_float), c_void_p, c_void_p)),
   "cuModuleLoadData": (("cuModuleLoadData",), (P(c_void_p), c_void_p)),
   "cuModuleUnload": (("cuModuleUnload",), (c_void_p,)),
@@ -214,6 +225,8 @@ DRIVER_PROTOTYPES: dict[str, tuple[tuple[str, ...], tuple[Any, ...]]] = {
   "cuFuncGetAttribute": (("cuFuncGetAttribute",), (P(c_int), c_int, c_void_p)),
   "cuLaunchKernel": (("cuLaunchKernel",), (c_void_p, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_void_p,
                                             P(c_void_p), P(c_void_p))),
+  "cuTensorMapEncodeTiled": (("cuTensorMapEncodeTiled",), (c_void_p, c_int, c_uint, c_void_p, P(c_u64), P(c_u64),
+                                                              P(c_uint), P(c_uint), c_int, c_int, c_int, c_int)),
   "cuGraphCreate": (("cuGraphCreate",), (P(c_void_p), c_uint)),
   "cuGraphAddKernelNode": (("cuGraphAddKernelNode_v2",), (P(c_void_p), c_void_p, P(c_void_p), c_size_t, c_void_p)),
   "cuGraphAddDependencies": (("cuGraphAddDependencies_v2",), (c_void_p, P(c_void_p), P(c_void_p), c_void_p,
@@ -338,6 +351,54 @@ def arch_for_capability(major: int, minor: int) -> str:
   """The NVRTC arch for a compute capability: the arch-specific `a` target from Hopper (9.0) on, for wgmma/TMA."""
   return f"sm_{major}{minor}{'a' if major >= 9 else ''}"
 
+# ---------------- the watchdog ----------------
+
+CUDA_TIMEOUT = ContextVar("CUDA_TIMEOUT", 60.0, "seconds kiln waits for work queued on a CUDA GPU (a synchronize, a "
+                          "copy to or from the host, an event) before it raises a RuntimeError naming the kernel last "
+                          "launched (a hung kernel: a wrong mbarrier phase, a spin on memory nothing writes); 0: wait "
+                          "forever")
+# a wait polls without pausing for its first SPIN_SECONDS (a short kernel's end is seen at once), then sleeps between
+# polls, each pause twice the one before up to MAX_PAUSE_SECONDS
+SPIN_SECONDS, FIRST_PAUSE_SECONDS, MAX_PAUSE_SECONDS = 2e-3, 20e-6, 1e-3
+
+def watchdog_message(kernel: str, waited: float, what: str) -> str:
+  """The CudaTimeoutError's text: what was waited for, for how long, the kernel in flight, and what to do.
+
+  >>> watchdog_message("r_64_4096", 2.0, "a synchronize")[:77]
+  'CUDA: the work queued on the GPU did not finish within 2 s (waiting for a syn'
+  """
+  return (f"CUDA: the work queued on the GPU did not finish within {waited:g} s (waiting for {what}); the kernel last "
+          f"launched is {kernel}. A kernel that never ends (a wrong mbarrier phase, a spin on memory nothing writes, "
+          "an endless loop) keeps the GPU until it ends or this process exits: fix the kernel, or, if it is only "
+          "slow, raise CUDA_TIMEOUT (seconds; 0 waits forever). Nothing was freed: data already copied to the host "
+          "is intact, and the context works again once the kernel ends")
+
+def wait_for_gpu(query: Callable[[], int], call: str, context: Context | None, what: str,
+                 timeout: float | None = None) -> None:
+  """Wait until `query` (a cuStreamQuery or cuEventQuery of the work waited for, returning its CUresult) reports the
+  work done, polling against a deadline of `timeout` seconds (None: CUDA_TIMEOUT; 0 or less: none). A CudaError
+  for a failed query (a kernel that faulted), a CudaTimeoutError naming `context`'s last launched kernel when the
+  deadline passes. The work itself is left alone: a hung kernel cannot be stopped without resetting the GPU."""
+  if (code := query()) == 0: return
+  limit = float(CUDA_TIMEOUT.value) if timeout is None else timeout
+  start = time.perf_counter()
+  deadline, pause = start + limit if limit > 0 else math.inf, FIRST_PAUSE_SECONDS
+  while code != 0:
+    if code != CUDA_ERROR_NOT_READY: raise _driver_error(call, code)
+    now = time.perf_counter()
+    if now >= deadline:
+      kernel = getattr(context, "last_launch", None) or "unknown (none launched through kiln)"
+      raise CudaTimeoutError(watchdog_message(kernel, limit, what), kernel, now - start)
+    if now - start > SPIN_SECONDS:
+      time.sleep(pause)
+      pause = min(2 * pause, MAX_PAUSE_SECONDS)
+    code = query()
+
+def _stream_query(stream: int) -> Callable[[], int]:
+  """cuStreamQuery of `stream` (0: the default stream) as a function returning its CUresult."""
+  function = driver().functions["cuStreamQuery"]
+  return lambda: function(stream)
+
 # ---------------- launches ----------------
 
 def launch_dims(value: int | Sequence[int], what: str = "grid") -> tuple[int, int, int]:
@@ -358,6 +419,8 @@ def _kernel_argument(index: int, value: Any) -> Any:
   """One kernel argument as the ctypes value whose bytes the kernel reads."""
   if isinstance(value, DeviceMemory): return ctypes.c_uint64(value.ptr)
   if isinstance(value, ctypes._SimpleCData): return value
+  if isinstance(value, TensorMap): return value.struct   # 128 bytes by value (`const __grid_constant__ CUtensorMap`)
+  if isinstance(value, ctypes.Structure): return value
   if isinstance(value, np.generic):
     if value.dtype not in NUMPY_TO_CTYPES: raise TypeError(f"launch: argument {index} has dtype {value.dtype}, which "
                                                           "has no C type here; pass a ctypes value")
@@ -369,7 +432,7 @@ def _kernel_argument(index: int, value: Any) -> Any:
     return ctypes.c_int32(value)
   if isinstance(value, float): return ctypes.c_float(value)
   raise TypeError(f"launch: argument {index} is a {type(value).__name__}; kernels take DeviceMemory, int, float, bool, "
-                  "numpy scalars or ctypes values")
+                  "numpy scalars, ctypes values or TensorMaps")
 
 def pack_args(args: Sequence[Any]) -> tuple[Any, tuple[Any, ...]]:
   """cuLaunchKernel's kernelParams for `args`: an array of pointers to each argument's value, and the values (keep
@@ -382,6 +445,91 @@ def pack_args(args: Sequence[Any]) -> tuple[Any, tuple[Any, ...]]:
   values = tuple(_kernel_argument(i, value) for i, value in enumerate(args))
   params = (c_void_p * max(1, len(values)))(*[ctypes.addressof(value) for value in values])
   return params, values
+
+# ---------------- tensor maps (TMA descriptors) ----------------
+
+# CUtensorMapDataType, CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill
+TENSOR_MAP_DTYPES = {"uint8": 0, "uint16": 1, "uint32": 2, "int32": 3, "uint64": 4, "int64": 5, "float16": 6,
+                     "float32": 7, "float64": 8, "bfloat16": 9, "float32_ftz": 10, "tfloat32": 11, "tfloat32_ftz": 12}
+TENSOR_MAP_ITEMSIZE = {0: 1, 1: 2, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 4, 8: 8, 9: 2, 10: 4, 11: 4, 12: 4}
+INTERLEAVE_NONE, INTERLEAVE_16B, INTERLEAVE_32B = 0, 1, 2
+SWIZZLE_NONE, SWIZZLE_32B, SWIZZLE_64B, SWIZZLE_128B = 0, 1, 2, 3
+SWIZZLE_BYTES = {SWIZZLE_NONE: 0, SWIZZLE_32B: 32, SWIZZLE_64B: 64, SWIZZLE_128B: 128}
+L2_PROMOTION_NONE, L2_PROMOTION_64B, L2_PROMOTION_128B, L2_PROMOTION_256B = 0, 1, 2, 3
+OOB_FILL_NONE, OOB_FILL_NAN_REQUEST_ZERO_FMA = 0, 1
+
+class TensorMapBytes(ctypes.Structure):
+  """CUtensorMap: 128 opaque bytes the driver fills (cuTensorMapEncodeTiled) and a kernel takes by value."""
+  _fields_ = [("opaque", c_u64 * 16)]
+
+def check_tensor_map(dtype: int, address: int, dims: Sequence[int], strides: Sequence[int], box: Sequence[int],
+                     element_strides: Sequence[int], interleave: int, swizzle: int) -> None:
+  """ValueError naming the rule a tiled tensor map's arguments break (the driver only says CUDA_ERROR_INVALID_VALUE):
+  rank 1 to 5 (3 or more with interleave), a 16-byte aligned address (32 with 32-byte interleave), dims of 1 to
+  2^32, byte strides multiples of 16 (32 with 32-byte interleave) below 2^40, box sizes of 1 to 256, element strides
+  of 1 to 8, without interleave a box row a multiple of 16 bytes, and with a swizzle a box row of at most the span.
+
+  >>> check_tensor_map(6, 0, (64, 64), (128,), (64, 64), (1, 1), INTERLEAVE_NONE, SWIZZLE_128B)
+  >>> check_tensor_map(6, 0, (128, 64), (256,), (128, 64), (1, 1), INTERLEAVE_NONE, SWIZZLE_128B)
+  Traceback (most recent call last):
+  ...
+  ValueError: TensorMap: a box row is 256 bytes; with a 128-byte swizzle it must be at most 128
+  """
+  rank, itemsize = len(dims), TENSOR_MAP_ITEMSIZE.get(dtype)
+  if itemsize is None: raise ValueError(f"TensorMap: unknown data type {dtype} (TENSOR_MAP_DTYPES)")
+  if not 1 <= rank <= 5 or (interleave != INTERLEAVE_NONE and rank < 3):
+    raise ValueError(f"TensorMap: rank {rank}; 1 to 5 dimensions (3 or more with interleave)")
+  if len(strides) != rank - 1 or len(box) != rank or len(element_strides) != rank:
+    raise ValueError(f"TensorMap: {rank} dims need {rank - 1} strides, {rank} box sizes and {rank} element strides")
+  align = 32 if interleave == INTERLEAVE_32B else 16
+  if address % align: raise ValueError(f"TensorMap: the global address 0x{address:x} is not {align}-byte aligned")
+  if any(not 1 <= d <= 1 << 32 for d in dims): raise ValueError(f"TensorMap: dims {tuple(dims)} must be 1 to 2^32")
+  if any(st % align or not 0 < st < 1 << 40 for st in strides):
+    raise ValueError(f"TensorMap: byte strides {tuple(strides)} must be multiples of {align} below 2^40")
+  if any(not 1 <= b <= 256 for b in box): raise ValueError(f"TensorMap: box {tuple(box)} sizes must be 1 to 256")
+  if any(not 1 <= e <= 8 for e in element_strides):
+    raise ValueError(f"TensorMap: element strides {tuple(element_strides)} must be 1 to 8")
+  row = box[0] * itemsize
+  if interleave == INTERLEAVE_NONE and row % 16:
+    raise ValueError(f"TensorMap: a box row is {row} bytes; without interleave it must be a multiple of 16")
+  span = SWIZZLE_BYTES.get(swizzle)
+  if span is None: raise ValueError(f"TensorMap: unknown swizzle {swizzle}")
+  if span and interleave == INTERLEAVE_NONE and row > span:
+    raise ValueError(f"TensorMap: a box row is {row} bytes; with a {span}-byte swizzle it must be at most {span}")
+
+class TensorMap:
+  """A tiled TMA descriptor (cuTensorMapEncodeTiled) of a tensor in GPU memory: a kernel takes it by value as
+  `const __grid_constant__ CUtensorMap` (pass the TensorMap as the launch argument: its 128 bytes are the
+  parameter) and copies boxes of it to shared memory with `cp.async.bulk.tensor`. Sizes are innermost first, as
+  the driver takes them: `dims[0]` the contiguous dimension, `strides[i]` the bytes between consecutive indices of
+  dimension i+1, `box` the tile one copy moves (in elements). The 128 bytes are 64-byte aligned, as the driver
+  requires. `dtype` is a CUtensorMapDataType (TENSOR_MAP_DTYPES names them)."""
+  NBYTES, ALIGN = 128, 64
+
+  def __init__(self, memory: DeviceMemory | int, dtype: int | str, dims: Sequence[int], strides: Sequence[int],
+               box: Sequence[int], element_strides: Sequence[int] | None = None, interleave: int = INTERLEAVE_NONE,
+               swizzle: int = SWIZZLE_128B, l2_promotion: int = L2_PROMOTION_128B, oob_fill: int = OOB_FILL_NONE):
+    code = TENSOR_MAP_DTYPES[dtype] if isinstance(dtype, str) else dtype
+    address = memory.ptr if isinstance(memory, DeviceMemory) else int(memory)
+    element_strides = tuple(element_strides) if element_strides is not None else (1,) * len(dims)
+    check_tensor_map(code, address, dims, strides, box, element_strides, interleave, swizzle)
+    self.dtype, self.dims, self.strides, self.box = code, tuple(dims), tuple(strides), tuple(box)
+    self.swizzle, self.memory = swizzle, memory   # (the memory is kept alive with the map)
+    self._storage = (ctypes.c_ubyte * (self.NBYTES + self.ALIGN))()
+    offset = -ctypes.addressof(self._storage) % self.ALIGN
+    self.struct = TensorMapBytes.from_buffer(self._storage, offset)
+    rank = len(dims)
+    driver().call("cuTensorMapEncodeTiled", ctypes.addressof(self.struct), code, rank, address,
+                  (c_u64 * rank)(*dims), (c_u64 * max(1, rank - 1))(*strides), (c_uint * rank)(*box),
+                  (c_uint * rank)(*element_strides), interleave, swizzle, l2_promotion, oob_fill)
+
+  @property
+  def address(self) -> int:
+    """Where the 128 bytes are (64-byte aligned)."""
+    return ctypes.addressof(self.struct)
+
+  def __bytes__(self) -> bytes: return ctypes.string_at(self.address, self.NBYTES)
+  def __repr__(self) -> str: return f"<TensorMap dims {self.dims} box {self.box} swizzle {self.swizzle}>"
 
 # ---------------- the object API ----------------
 
@@ -568,9 +716,9 @@ class Stream:
     driver().call("cuStreamCreate", ctypes.byref(handle), CU_STREAM_NON_BLOCKING)
     self.handle: int = handle.value or 0
 
-  def synchronize(self) -> None:
-    """Wait until everything queued on the stream has finished."""
-    driver().call("cuStreamSynchronize", self.handle)
+  def synchronize(self, timeout: float | None = None) -> None:
+    """Wait until everything queued on the stream has finished (polled against the watchdog's deadline)."""
+    wait_for_gpu(_stream_query(self.handle), "cuStreamQuery", self.context, "a stream's work", timeout)
 
   def wait(self, event: Event) -> None:
     """Make later work on this stream wait for `event` (recorded on another stream), without blocking the host."""
@@ -597,9 +745,10 @@ class Event:
     driver().call("cuEventRecord", self.handle, _stream_handle(stream))
     return self
 
-  def synchronize(self) -> None:
-    """Wait until the work before the recorded point has finished."""
-    driver().call("cuEventSynchronize", self.handle)
+  def synchronize(self, timeout: float | None = None) -> None:
+    """Wait until the work before the recorded point has finished (polled against the watchdog's deadline)."""
+    function, handle = driver().functions["cuEventQuery"], self.handle
+    wait_for_gpu(lambda: function(handle), "cuEventQuery", self.context, "an event", timeout)
 
   def elapsed_ms(self, end: Event) -> float:
     """Milliseconds of GPU time from this event to `end` (both recorded; waits for `end`)."""
@@ -629,13 +778,20 @@ class Function:
     them. Returns at once: synchronize the stream or an event to wait for it."""
     grid_xyz, block_xyz = launch_dims(grid, "grid"), launch_dims(block, "block")
     if shared < 0: raise ValueError(f"launch: shared memory must be >= 0 bytes, got {shared}")
-    self.module.context.activate()
+    context = self.module.context
+    context.activate()
     if shared > self.shared_limit: self.allow_shared(shared)
     params, _values = pack_args(args)
+    context.last_launch = self.name
     driver().call("cuLaunchKernel", self.handle, *grid_xyz, *block_xyz, shared, _stream_handle(stream), params, None)
 
   def allow_shared(self, shared: int) -> None:
-    """Let launches of the kernel use `shared` bytes of dynamic shared memory (over 48 KiB needs asking)."""
+    """Let launches of the kernel use `shared` bytes of dynamic shared memory (over 48 KiB needs asking); a
+    ValueError past the GPU's opt-in limit (227 KiB on the H200)."""
+    limit = self.module.context.properties.max_shared_per_block
+    if shared > max(limit, STATIC_SHARED_LIMIT):
+      raise ValueError(f"launch: {self.name} asks for {shared} bytes of shared memory a block; this GPU allows "
+                       f"{limit} (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)")
     driver().call("cuFuncSetAttribute", self.handle, FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED, shared)
     self.shared_limit = shared
 
@@ -666,8 +822,11 @@ class PackedLaunch:
 
   def launch(self) -> None:
     """Queue the kernel on the default stream with the arguments now in `values`; returns at once."""
-    self.function.module.context.activate()
-    if self.shared > self.function.shared_limit: self.function.allow_shared(self.shared)
+    function = self.function
+    context = function.module.context
+    context.activate()
+    if self.shared > function.shared_limit: function.allow_shared(self.shared)
+    context.last_launch = function.name
     if (code := self._raw(*self._launch_args)) != 0: raise _driver_error("cuLaunchKernel", code)
 
 @functools.cache
@@ -737,6 +896,9 @@ class Graph:
     self._set_params, self._graph_launch = _raw("cuGraphExecKernelNodeSetParams"), _raw("cuGraphLaunch")
     self._node_handles = [c_void_p(node) for node in self.nodes]
     self._node_params = [c_void_p(ctypes.addressof(packed.node)) for packed in self.packed]
+    names = [packed.function.name for packed in self.packed]
+    shown = names if len(names) <= 4 else [*names[:3], "...", names[-1]]
+    self.description = f"a CUDA graph of {len(names)} kernels ({', '.join(shown)})"
 
   def instantiate(self) -> int:
     """A new executable of the graph, its nodes with the arguments they were added with."""
@@ -753,6 +915,7 @@ class Graph:
 
   def launch_exec(self, exec_handle: int) -> None:
     """Queue the executable `exec_handle` on the default stream; returns at once (its context must be current)."""
+    self.context.last_launch = self.description
     if (code := self._graph_launch(c_void_p(exec_handle), None)) != 0: raise _driver_error("cuGraphLaunch", code)
 
   def set_args(self, index: int, function: Function, args: Sequence[Any], grid: Any, block: Any) -> None:
@@ -765,6 +928,7 @@ class Graph:
   def launch(self, stream: Stream | None = None) -> None:
     """Queue every node of the first executable on `stream` (None: the default stream); returns at once."""
     self.context.activate()
+    self.context.last_launch = self.description
     driver().call("cuGraphLaunch", self.exec, _stream_handle(stream))
 
   def close(self) -> None:
@@ -814,6 +978,7 @@ class Context:
     self.index, self.properties, handle = index, device_properties(index), c_void_p()
     lib.call("cuDevicePrimaryCtxRetain", ctypes.byref(handle), index)
     self.handle: int = handle.value or 0
+    self.last_launch = ""   # the name of the kernel (or graph) last launched here, for the watchdog's message
     self.activate()
 
   def activate(self) -> None:
@@ -822,10 +987,17 @@ class Context:
     driver().call("cuCtxSetCurrent", self.handle)
     _current.handle = self.handle
 
-  def synchronize(self) -> None:
-    """Wait until all work queued in this context has finished."""
+  def synchronize(self, timeout: float | None = None) -> None:
+    """Wait until all work queued in this context has finished: the default stream's by polling it against the
+    watchdog's deadline (`wait_for_gpu`: CUDA_TIMEOUT seconds, or `timeout`), then the other streams'."""
     self.activate()
+    self.wait_default_stream("a synchronize", timeout)
     driver().call("cuCtxSynchronize")
+
+  def wait_default_stream(self, what: str, timeout: float | None = None) -> None:
+    """Wait until the default stream's queued work has finished, against the watchdog's deadline (`wait_for_gpu`);
+    the context must be current."""
+    wait_for_gpu(_stream_query(0), "cuStreamQuery", self, what, timeout)
 
   def memory_info(self) -> tuple[int, int]:
     """(free, total) bytes of device memory."""
@@ -857,7 +1029,9 @@ class Context:
     address, nbytes, _keep = _host_address(src)
     _check_sizes("copy_in", nbytes, dest.nbytes)
     self.activate()
-    if stream is None: driver().call("cuMemcpyHtoD", dest.ptr, address, nbytes)
+    if stream is None:   # the copy waits for the kernels before it: they are waited for first, by the watchdog
+      self.wait_default_stream(f"the kernels before a copy of {nbytes} bytes to the GPU")
+      driver().call("cuMemcpyHtoD", dest.ptr, address, nbytes)
     else: driver().call("cuMemcpyHtoDAsync", dest.ptr, address, nbytes, stream.handle)
 
   def copy_out(self, dest: Any, src: DeviceMemory, stream: Stream | None = None) -> None:
@@ -865,7 +1039,9 @@ class Context:
     address, nbytes, _keep = _host_address(dest, writable=True)
     _check_sizes("copy_out", src.nbytes, nbytes)
     self.activate()
-    if stream is None: driver().call("cuMemcpyDtoH", address, src.ptr, nbytes)
+    if stream is None:   # the copy waits for the kernels before it: they are waited for first, by the watchdog
+      self.wait_default_stream(f"the kernels before a copy of {nbytes} bytes to the host")
+      driver().call("cuMemcpyDtoH", address, src.ptr, nbytes)
     else: driver().call("cuMemcpyDtoHAsync", address, src.ptr, nbytes, stream.handle)
 
   def copy(self, dest: DeviceMemory, src: DeviceMemory, stream: Stream | None = None) -> None:

@@ -79,11 +79,13 @@ def _arch_number(arch: str) -> int:
 @dataclass(frozen=True)
 class GPUTarget:
   """A GPU as the heuristics see it: threads a block (`local_max`), shared memory a block (`shared_max`, bytes,
-  static arrays), `warp_size`, multiprocessors, the grid's limits, the widest access a thread makes (`vector_bytes`)
+  static arrays; `shared_optin`, the most a kernel may use as dynamic shared memory once the driver is asked:
+  kiln/codegen/shared_memory.py), `warp_size`, multiprocessors, the grid's limits, the widest access a thread makes (`vector_bytes`)
   and the tensor-core instructions its arch has (`tensor_cores`)."""
   arch: str = "sm_90a"
   local_max: int = 1024
   shared_max: int = 48 << 10
+  shared_optin: int = 227 << 10   # CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN (the H200's)
   warp_size: int = 32
   multiprocessors: int = 132
   global_max: tuple[int, int, int] = (2 ** 31 - 1, 65535, 65535)
@@ -91,12 +93,14 @@ class GPUTarget:
   tensor_cores: tuple[TensorCore, ...] = TENSOR_CORES
   has_local: bool = True
 
-def for_device(arch: str, multiprocessors: int, local_max: int = 1024, warp_size: int = 32) -> GPUTarget:
-  """The description of a GPU of `arch` with `multiprocessors` SMs (the rest are every NVIDIA GPU's since sm_20:
-  1024 threads a block, warps of 32, 48 KiB of static shared memory a block; tensor cores by arch)."""
+def for_device(arch: str, multiprocessors: int, local_max: int = 1024, warp_size: int = 32,
+               shared_optin: int = 227 << 10) -> GPUTarget:
+  """The description of a GPU of `arch` with `multiprocessors` SMs and `shared_optin` bytes of opt-in shared memory
+  a block (the rest are every NVIDIA GPU's since sm_20: 1024 threads a block, warps of 32, 48 KiB of static shared
+  memory a block; tensor cores by arch)."""
   cores = tuple(tc for tc in TENSOR_CORES if _arch_number(arch) >= tc.min_arch)
   return GPUTarget(arch=arch, local_max=local_max, warp_size=warp_size, multiprocessors=multiprocessors,
-                   tensor_cores=cores)
+                   tensor_cores=cores, shared_optin=max(shared_optin, 48 << 10))
 
 # ---------------- Hopper (sm_90a): warpgroup MMA, shared-memory matrix descriptors, TMA tensor maps ----------------
 

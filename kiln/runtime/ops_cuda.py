@@ -19,7 +19,8 @@ from kiln.renderer.cuda import CUDARenderer, DEPENDENT_WAIT
 from kiln.renderer.ptx import PTXRenderer
 from kiln.runtime import cuda_driver as cuda, gpu_target
 
-Launch = tuple[tuple[int, int, int], tuple[int, int, int]]
+# (grid, block), or (grid, block, bytes) for a kernel over 48 KiB of shared memory (kiln/codegen/shared_memory.py)
+Launch = tuple
 ONE_THREAD: Launch = ((1, 1, 1), (1, 1, 1))   # a kernel without thread indices (a full reduction, for now)
 
 class CUDAProgram:
@@ -37,8 +38,8 @@ class CUDAProgram:
   def packed(self, bufs: tuple, vals: tuple[int, ...] = (), launch: Launch | None = None) -> cuda.PackedLaunch:
     """The launch of this kernel over `bufs` (DeviceMemory) and `vals` with `launch`'s sizes, its arguments packed:
     a new PackedLaunch (not the one `__call__` reuses), for a caller that keeps it."""
-    grid, block = launch if launch is not None else ONE_THREAD
-    return cuda.PackedLaunch(self.function, (*bufs, *vals), grid, block)
+    grid, block, *shared = launch if launch is not None else ONE_THREAD   # (grid, block[, dynamic shared bytes])
+    return cuda.PackedLaunch(self.function, (*bufs, *vals), grid, block, shared[0] if shared else 0)
 
   def launcher(self, params: tuple[int, ...], launch: Launch | None = None) -> Callable[[list], None]:
     """A function that queues this kernel over `bufs[i]._buf` for each buffer number i in `params` (a schedule
@@ -224,7 +225,8 @@ class CUDADevice(Compiled):
       (CUDARenderer(arch), cuda.NVRTCCompiler(arch))
     super().__init__(device, cuda.CudaAllocator(self.context), renderer, compiler, functools.partial(CUDAProgram, self))
     # what the GPU heuristics read (kiln/runtime/gpu_target.py): this GPU's arch and multiprocessors
-    target = gpu_target.for_device(arch, self.context.properties.sm_count)
+    target = gpu_target.for_device(arch, self.context.properties.sm_count,
+                                   shared_optin=self.context.properties.max_shared_per_block)
     renderer.describe_target = lambda: target
 
   def synchronize(self) -> None:
