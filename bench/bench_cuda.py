@@ -1,11 +1,18 @@
 """kiln on the CUDA device beside PyTorch in the same process: memory-bound rows of issue 20's targets.
 
-  python bench/bench_cuda.py [--floats N] [--reps R] [--json PATH]
+  python bench/bench_cuda.py [--floats N] [--reps R] [--json PATH] [--rows memory,matmul,conv,attention,...]
 
 kiln's kernel times are CUDA events around each launch (DEBUG=2 makes every launch wait on its end event and adds
 the time to GlobalCounters.time_sum_s); PyTorch's are events around the eager op. Median of R runs after 2 warm-ups.
 GB/s counts the bytes each kernel must read and write once (inputs + output). Each kiln result is checked against
 PyTorch on a slice (or whole, for the small rows).
+
+Issue 21's rows (`--rows conv,attention`): fp16 conv2d 64x256x56x56 by 256x256x3x3 (forward and both backward
+passes, beside cuDNN on channels-last tensors) and fp16 scaled_dot_product_attention B8 H16 S4096 D128 (plain and
+causal, forward and backward, beside PyTorch's SDPA), in TFLOP/s and % of PyTorch. Each kiln pass is checked
+against a float32 reference before it is timed (the max error relative to the reference's largest value, on a
+slice where the whole is too big), and each has a time cap (`--cap` seconds of wall clock, compile included): a
+pass whose first run already takes longer is timed once. `--rows conv32` is issue 20's fp32 conv2d row.
 """
 from __future__ import annotations
 import argparse, json, statistics, time
@@ -42,8 +49,11 @@ def main() -> None:
   parser.add_argument("--reps", type=int, default=10)
   parser.add_argument("--json", default="")
   parser.add_argument("--rows", default="memory,matmul,launch",
-                      help="which rows: memory, matmul, tiles, conv, qmatvec, launch (with the graph chains), host (the "
-                      "launch rows' host CPU time and where it goes) (commas)")
+                      help="which rows: memory, matmul, tiles, conv32 (fp32), conv (fp16, issue 21), attention, "
+                      "qmatvec, launch (with the graph chains), host (the launch rows' host CPU time and where it "
+                      "goes) (commas)")
+  parser.add_argument("--cap", type=float, default=40.0, help="conv and attention rows: seconds of wall clock a "
+                      "pass's runs may take (compile included) before it stops repeating")
   parser.add_argument("--row-elements", type=int, metavar="N", help="about N elements a thread in a row kernel's "
                       "block (kiln/codegen/gpudims.py ROW_ELEMENTS)")
   parser.add_argument("--row-lane-elements", type=int, metavar="N", help="GPU targets: threads a row in row kernels of "
@@ -103,7 +113,10 @@ def main() -> None:
       rows.append({**matmul_row(size, reps), "tiles": tiles, "block_k": block_ks})
     gpu_tiles.TILES, gpu_tiles.BLOCK_KS = saved
     realize._runner_cache.clear()
-  if "conv" in args.rows: rows.append(conv_row(reps))
+  selected = args.rows.split(",")
+  if "conv32" in selected: rows.append(conv_row(reps))
+  if "conv" in selected: rows.extend(conv16_rows(reps, args.cap))
+  if "attention" in selected: rows.extend(attention_rows(reps, args.cap))
   if "qmatvec" in args.rows: qmatvec_rows(rows)
   if "launch" in args.rows: launch_rows(rows)
   elif "chain" in args.rows: chain_rows(rows)
@@ -180,6 +193,145 @@ def conv_row(reps: int) -> dict:
         f"({conv[1]} kernels), torch {torch_conv:.3f} ms {flops / torch_conv / 1e9:.2f} TFLOP/s (no TF32)")
   return {"name": "conv2d 32x64x56x56 * 64x64x3x3 fp32", "kiln_ms": conv[0], "kiln_TFLOPs": flops / conv[0] / 1e9,
           "kernels": conv[1], "torch_ms": torch_conv, "torch_TFLOPs": flops / torch_conv / 1e9}
+
+def capped_kiln_ms(make, reps: int, cap_s: float) -> tuple[list[float], object, float]:
+  """GPU milliseconds of the kernels each realization of `make()` (a list of tensors) launches, after one warm-up
+  run (compiles included) and while the runs' wall clock stays under `cap_s`: (times, last outputs, warm-up wall
+  seconds). A pass whose warm-up alone takes over `cap_s` is timed by that run (its kernel time) only."""
+  from kiln import GlobalCounters, Tensor
+  from kiln.helpers import Context
+  times: list[float] = []
+  start = time.perf_counter()
+  first = 0.0
+  for i in range(reps + 1):
+    GlobalCounters.reset()
+    with Context(DEBUG=2):
+      outs = make()
+      Tensor.realize(*outs)
+    if i == 0: first = time.perf_counter() - start
+    if i >= 1 or first > cap_s: times.append(GlobalCounters.time_sum_s * 1e3)
+    if time.perf_counter() - start > cap_s: break
+  return times, outs, first
+
+def compare(got: np.ndarray, want: np.ndarray, tolerance: float) -> dict:
+  """The max error of `got` relative to the largest |want|, and whether it is within `tolerance`."""
+  got64, want64 = got.astype(np.float64), want.astype(np.float64)
+  scale = float(np.abs(want64).max()) or 1.0
+  error = float(np.abs(got64 - want64).max()) / scale
+  return {"max_error": error, "ok": bool(np.isfinite(error) and error <= tolerance)}
+
+def worst(checks: list[dict]) -> dict:
+  """Several checks as one: the largest error, ok only where every one is."""
+  return {"max_error": max(c["max_error"] for c in checks), "ok": all(c["ok"] for c in checks)}
+
+def flop_row(name: str, flops: float, kiln: tuple[list[float], object, float], check: dict, torch_time: float,
+             extra: dict | None = None) -> dict:
+  """A conv or attention pass's row: kiln's median ms and TFLOP/s beside PyTorch's, the check, the share."""
+  times, _, first = kiln
+  ms = statistics.median(times) if times else float("nan")
+  row = {"name": name, "kiln_ms": ms, "kiln_TFLOPs": flops / ms / 1e9, "kiln_runs": len(times),
+         "kiln_first_run_s": first, "torch_ms": torch_time, "torch_TFLOPs": flops / torch_time / 1e9,
+         "of_torch": torch_time / ms, "check": check, **(extra or {})}
+  print(f"{name:44s} kiln {ms:9.3f} ms {row['kiln_TFLOPs']:7.2f} TFLOP/s ({len(times)} runs, first {first:.1f} s)  "
+        f"torch {torch_time:8.3f} ms {row['torch_TFLOPs']:7.1f} TFLOP/s  {row['of_torch']:.1%} of torch  "
+        f"check {'ok' if check['ok'] else 'FAILED'} (max error {check['max_error']:.2e})", flush=True)
+  return row
+
+def conv16_rows(reps: int, cap_s: float, dims: tuple[int, int, int, int] = (64, 256, 56, 256), device: str = "CUDA",
+                torch_device: str = "cuda") -> list[dict]:
+  """Issue 21's conv2d: fp16 64x256x56x56 by 256 filters of 256x3x3, padding 1, forward and the two backward passes
+  (the input's gradient and the weight's), kiln vs PyTorch on channels-last tensors (cuDNN, fp32 accumulation).
+  Checked against PyTorch in float32 (the forward and the input's gradient on the first 4 images, the weight's
+  gradient whole) within 2e-2 of the reference's largest value. (`dims`, `device`: smaller runs elsewhere, to try
+  the row.)"""
+  import torch
+  from kiln import Tensor
+  n, c, size, f = dims
+  rng = np.random.default_rng(0)
+  xs = rng.standard_normal((n, c, size, size), dtype=np.float32).astype(np.float16)
+  ws = (rng.standard_normal((f, c, 3, 3), dtype=np.float32) * 0.05).astype(np.float16)
+  gs = rng.standard_normal((n, f, size, size), dtype=np.float32).astype(np.float16)
+  x, w, g = (Tensor(a, device=device).realize() for a in (xs, ws, gs))
+  tx, tw, tg = (torch.from_numpy(a).to(torch_device) for a in (xs, ws, gs))
+  cl = torch.channels_last
+  tx_cl, tw_cl, tg_cl = (t.contiguous(memory_format=cl) for t in (tx, tw, tg))
+  flops = 2 * n * f * c * size * size * 9
+  images = min(4, n)
+  with torch.no_grad():
+    ref_out = torch.nn.functional.conv2d(tx[:images].float(), tw.float(), padding=1).cpu().numpy()
+    ref_dx = torch.nn.grad.conv2d_input((images, c, size, size), tw.float(), tg[:images].float(),
+                                        padding=1).cpu().numpy()
+    ref_dw = torch.nn.grad.conv2d_weight(tx.float(), tw.shape, tg.float(), padding=1).cpu().numpy()
+  rows = []
+  with torch.backends.cudnn.flags(enabled=True, benchmark=True, allow_tf32=False):
+    passes = (
+      (f"conv2d fp16 {n}x{c}x{size}x{size} 3x3 forward", lambda: [x.conv2d(w, padding=1)],
+       lambda outs: compare(outs[0][:images].numpy(), ref_out, 2e-2),
+       lambda: torch.nn.functional.conv2d(tx_cl, tw_cl, padding=1)),
+      ("conv2d fp16 backward: input gradient", lambda: x.conv2d(w, padding=1).gradient(x, gradient=g),
+       lambda outs: compare(outs[0][:images].numpy(), ref_dx, 2e-2),
+       lambda: torch.nn.grad.conv2d_input(tx.shape, tw_cl, tg_cl, padding=1)),
+      ("conv2d fp16 backward: weight gradient", lambda: x.conv2d(w, padding=1).gradient(w, gradient=g),
+       lambda outs: compare(outs[0].numpy(), ref_dw, 2e-2),
+       lambda: torch.nn.grad.conv2d_weight(tx_cl, tw.shape, tg_cl, padding=1)),
+    )
+    for name, make, check, reference in passes:
+      try:
+        kiln = capped_kiln_ms(make, reps, cap_s)
+        result = check(kiln[1])
+      except Exception as error:   # noqa: BLE001  (a failing pass is reported, the others still run)
+        print(f"{name}: kiln failed: {type(error).__name__}: {str(error)[:300]}", flush=True)
+        rows.append({"name": name, "error": f"{type(error).__name__}: {str(error)[:300]}"})
+        continue
+      rows.append(flop_row(name, flops, kiln, result, torch_ms(reference, reps), {"dtype": "fp16"}))
+  del x, w, g
+  return rows
+
+def attention_rows(reps: int, cap_s: float, dims: tuple[int, int, int, int] = (8, 16, 4096, 128),
+                   device: str = "CUDA", torch_device: str = "cuda") -> list[dict]:
+  """Issue 21's attention: fp16 scaled_dot_product_attention B8 H16 S4096 D128, plain and causal, forward and
+  backward (the gradients of q, k and v), kiln vs PyTorch's SDPA (flash attention). FLOPs: 4*B*H*S^2*D forward,
+  2.5 times that backward, half of each when causal. Checked against PyTorch in float32 on batch 0, heads 0-1,
+  within 2e-2 of the reference's largest value. (`dims`, `device`: smaller runs elsewhere, to try the row.)"""
+  import torch
+  from kiln import Tensor
+  b, h, s, d = dims
+  rng = np.random.default_rng(1)
+  arrays = [rng.standard_normal((b, h, s, d), dtype=np.float32).astype(np.float16) for _ in range(4)]
+  q, k, v, do = (Tensor(a, device=device).realize() for a in arrays)
+  tq, tk, tv, tdo = (torch.from_numpy(a).to(torch_device) for a in arrays)
+  rows = []
+  for causal in (False, True):
+    share = 0.5 if causal else 1.0
+    label = "causal " if causal else ""
+    sq, sk, sv = (t[:1, :2].float().requires_grad_(True) for t in (tq, tk, tv))
+    ref = torch.nn.functional.scaled_dot_product_attention(sq, sk, sv, is_causal=causal)
+    ref_grads = [t.cpu().numpy() for t in torch.autograd.grad(ref, (sq, sk, sv), tdo[:1, :2].float())]
+    ref = ref.detach().cpu().numpy()
+    def forward(): return [q.scaled_dot_product_attention(k, v, is_causal=causal)]
+    def backward(): return q.scaled_dot_product_attention(k, v, is_causal=causal).gradient(q, k, v, gradient=do)
+    tq.requires_grad_(True); tk.requires_grad_(True); tv.requires_grad_(True)
+    tout = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+    passes = (
+      (f"attention fp16 B{b} H{h} S{s} D{d} {label}forward", forward, 4 * b * h * s * s * d * share,
+       lambda outs: compare(outs[0][:1, :2].numpy(), ref, 2e-2),
+       lambda: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)),
+      (f"attention fp16 B{b} H{h} S{s} D{d} {label}backward", backward, 10 * b * h * s * s * d * share,
+       lambda outs: worst([compare(o[:1, :2].numpy(), r, 2e-2) for o, r in zip(outs, ref_grads)]),
+       lambda: torch.autograd.grad(tout, (tq, tk, tv), tdo, retain_graph=True)),
+    )
+    for name, make, flops, check, reference in passes:
+      try:
+        kiln = capped_kiln_ms(make, reps, cap_s)
+        result = check(kiln[1])
+      except Exception as error:   # noqa: BLE001  (a failing pass is reported, the others still run)
+        print(f"{name}: kiln failed: {type(error).__name__}: {str(error)[:300]}", flush=True)
+        rows.append({"name": name, "error": f"{type(error).__name__}: {str(error)[:300]}"})
+        continue
+      rows.append(flop_row(name, flops, kiln, result, torch_ms(reference, reps), {"dtype": "fp16"}))
+    del tout
+    tq.requires_grad_(False); tk.requires_grad_(False); tv.requires_grad_(False)
+  return rows
 
 def launch_rows(rows: list) -> None:
   """Eager tiny-call time and TinyJit replay, launch by launch and as one CUDA graph."""

@@ -326,7 +326,8 @@ extern "C" __global__ void tma_tile(const __grid_constant__ CUtensorMap src, con
   __syncthreads();
   if (threadIdx.x == 0) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(ROWS * COLS * 2) : "memory");
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];"
                  :: "r"(smem), "l"(reinterpret_cast<unsigned long long>(&src)), "r"(x0), "r"(y0), "r"(bar) : "memory");
   }
   unsigned done = 0;
