@@ -52,6 +52,8 @@ def main() -> None:
                       help="which rows: memory, matmul, tiles, conv32 (fp32), conv (fp16, issue 21), attention, "
                       "qmatvec, launch (with the graph chains), host (the launch rows' host CPU time and where it "
                       "goes) (commas)")
+  parser.add_argument("--attention-batch", type=int, default=8, help="the attention rows' batch (8: issue 21's "
+                      "shape, whose 2^31 scores kiln's 32-bit kernel indices cannot address yet)")
   parser.add_argument("--cap", type=float, default=40.0, help="conv and attention rows: seconds of wall clock a "
                       "pass's runs may take (compile included) before it stops repeating")
   parser.add_argument("--row-elements", type=int, metavar="N", help="about N elements a thread in a row kernel's "
@@ -116,7 +118,7 @@ def main() -> None:
   selected = args.rows.split(",")
   if "conv32" in selected: rows.append(conv_row(reps))
   if "conv" in selected: rows.extend(conv16_rows(reps, args.cap))
-  if "attention" in selected: rows.extend(attention_rows(reps, args.cap))
+  if "attention" in selected: rows.extend(attention_rows(reps, args.cap, (args.attention_batch, 16, 4096, 128)))
   if "qmatvec" in args.rows: qmatvec_rows(rows)
   if "launch" in args.rows: launch_rows(rows)
   elif "chain" in args.rows: chain_rows(rows)
