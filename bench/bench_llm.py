@@ -12,6 +12,9 @@
                                                                # to a temporary file and benchmarked (the real file
                                                                # need not be there: for the GPU machine)
   python bench/bench_llm.py --random-gguf smollm2-135m --matrix-type Q4_0   # the same shapes, other types
+  DEV=CUDA python bench/bench_llm.py --random-bf16 llama3-8b   # a Llama-3-8B-shaped model, bf16 weights made at
+                                                               # random on the device (no file), prefill of 512
+                                                               # tokens and decode at batch 1
 
 Prefill: one pass over a ~100-token prompt (after a warm-up pass that compiles and captures). Decode: 128 greedy
 tokens through the jitted step. The bandwidth figure is the bytes of weights one decoded token reads (every packed
@@ -22,7 +25,8 @@ import argparse, collections, contextlib, dataclasses, io, re, sys, tempfile, ti
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import numpy as np
 from kiln import Context, Tensor, Variable, dtypes
-from kiln.apps.llm.model import Transformer, load_model, default_model_path, read_config
+from kiln.apps.llm.model import Block, LlamaConfig, Transformer, load_model, default_model_path, read_config
+from kiln.apps.llm.quantized import QuantizedMatrix
 from kiln.apps.llm.random_model import PRESETS, write_random_gguf
 
 PROMPT_TOKENS, DECODE_TOKENS, PART_STEPS = 100, 128, 32
@@ -73,9 +77,43 @@ def decode_step_parts(model: Transformer, token: int, start: int, steps: int = P
   for graph in graphs: del graph.graph.launch_exec
   return {f"step {name} us": seconds / steps * 1e6 for name, seconds in total.items()}
 
-def bench_kiln(path: pathlib.Path, prompt: list[int]) -> dict[str, float | str]:
+# --random-bf16: Llama-family shapes whose weights are made at random on the device, in bfloat16
+BF16_PRESETS = {
+  "llama3-8b": dict(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, hidden_dim=14336, vocab_size=128256,
+                    rope_theta=500000.0, context_length=8192),
+  "tiny": dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=128, vocab_size=512, rope_theta=500000.0,
+               context_length=2048),   # for trying the option on a CPU
+}
+
+class Bf16Matrix(QuantizedMatrix):
+  """A weight matrix held as its bfloat16 values (GGUF's BF16: no packing), widened to float32 where a kernel
+  reads it, as QuantizedMatrix does its F16 ones."""
+  def _expand(self, parts: dict[str, Tensor]) -> Tensor: return parts["w"].cast(dtypes.float32)
+
+def random_bf16_model(preset: str, max_context: int, seed: int = 0) -> Transformer:
+  """A Llama-family model of `preset`'s shapes (BF16_PRESETS) with random bfloat16 weights made on the default
+  device (uniform, scaled by 1/sqrt(columns) so that activations stay of order one; norms 1; an untied output
+  head): no file is written or read, so the GPU machine builds Llama-3-8B's 16 GB of weights in seconds."""
+  shape = BF16_PRESETS[preset]
+  dim, heads, kv, hidden = shape["dim"], shape["n_heads"], shape["n_kv_heads"], shape["hidden_dim"]
+  head_dim = dim // heads
+  config = LlamaConfig(arch="llama", dim=dim, n_layers=shape["n_layers"], n_heads=heads, n_kv_heads=kv,
+                       hidden_dim=hidden, vocab_size=shape["vocab_size"], norm_eps=1e-5,
+                       rope_theta=shape["rope_theta"], head_dim=head_dim, context_length=shape["context_length"])
+  Tensor.manual_seed(seed)
+  def matrix(rows: int, cols: int) -> Bf16Matrix:
+    values = ((Tensor.rand(rows, cols) - 0.5) * (3.4 / cols ** 0.5)).cast(dtypes.bfloat16).contiguous().realize()
+    return Bf16Matrix("BF16", (rows, cols), {"w": values}, (cols,))
+  def ones(n: int) -> Tensor: return Tensor.ones(n).contiguous().realize()
+  blocks = [Block(ones(dim), matrix((heads + 2 * kv) * head_dim, dim), matrix(dim, heads * head_dim), ones(dim),
+                  matrix(hidden, dim), matrix(hidden, dim), matrix(dim, hidden)) for _ in range(config.n_layers)]
+  return Transformer(config, blocks, matrix(config.vocab_size, dim), ones(dim), matrix(config.vocab_size, dim),
+                     max_context)
+
+def bench_kiln(path: pathlib.Path | None, prompt: list[int], random_bf16: str | None = None,
+               max_context: int = 512) -> dict[str, float | str]:
   t0 = time.perf_counter()
-  model, _ = load_model(path, max_context=512)
+  model = random_bf16_model(random_bf16, max_context) if random_bf16 else load_model(path, max_context=max_context)[0]
   load_s = time.perf_counter() - t0
   t0 = time.perf_counter()
   model.logits(prompt, 0); model.logits(prompt, 0)       # compile, then capture the prefill jit
@@ -108,8 +146,12 @@ def bench_kiln(path: pathlib.Path, prompt: list[int]) -> dict[str, float | str]:
   if PROFILE_GRAPH:
     for window in sorted(model._decode_windows): profile_graph(model, window)
   nbytes = weight_bytes_per_token(model)
+  # a prefill token multiplies every layer's matrices (2 FLOPs an element; attention's products not counted)
+  layer_elements = sum(m.shape[0] * m.shape[1] for b in model.blocks
+                       for m in (b.wqkv, b.wo, b.w_gate, b.w_up, b.w_down))
   return {"device": model.device, "decode jit": decode_launches(model), "load s": load_s,
           "first prefill (compile) s": warm_s, "prefill tok/s": len(prompt) / prefill_s,
+          "prefill TFLOP/s (layers' matrices)": 2 * layer_elements * len(prompt) / prefill_s / 1e12,
           "decode tok/s": DECODE_TOKENS / decode_s, "weights MB/token": nbytes / 1e6,
           "decode GB/s of weights": nbytes * DECODE_TOKENS / decode_s / 1e9, **parts}
 
@@ -207,6 +249,11 @@ def main() -> None:
   parser.add_argument("--random-gguf", choices=sorted(PRESETS), metavar="MODEL",
                       help="benchmark a GGUF with random weights in this model's shapes and types "
                            f"({', '.join(PRESETS)})")
+  parser.add_argument("--random-bf16", choices=sorted(BF16_PRESETS), metavar="MODEL",
+                      help="benchmark a model of these shapes with random bfloat16 weights made on the device, no "
+                           f"file ({', '.join(BF16_PRESETS)}): prefill of --prompt-tokens (512) and decode")
+  parser.add_argument("--prompt-tokens", type=int, metavar="N", help="the prefill's prompt length (default 100; "
+                      "512 with --random-bf16)")
   parser.add_argument("--matrix-type", metavar="TYPE", help="with --random-gguf: the weight matrices' type instead "
                       "of the model's (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, F16, F32)")
   parser.add_argument("--embedding-type", metavar="TYPE", help="with --random-gguf: the token embedding's type")
@@ -241,6 +288,16 @@ def main() -> None:
     gpudims.ROW_ELEMENTS = args.row_elements or gpudims.ROW_ELEMENTS
     if args.row_lane_elements == 0: gpudims.MULTI_ROW_MIN = 1 << 30
     elif args.row_lane_elements: gpudims.ROW_LANE_ELEMENTS = args.row_lane_elements
+  if args.random_bf16:
+    global DECODE_TOKENS
+    tokens = args.prompt_tokens or 512
+    if args.random_bf16 == "tiny": DECODE_TOKENS = 16
+    prompt = [int(t) for t in np.random.default_rng(0).integers(100, BF16_PRESETS[args.random_bf16]["vocab_size"],
+                                                                tokens)]
+    row = bench_kiln(None, prompt, args.random_bf16, max_context=max(512, tokens + DECODE_TOKENS + PART_STEPS + 8))
+    print(f"kiln, {args.random_bf16} bf16 (random weights), {len(prompt)}-token prompt: " +
+          ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
+    return
   path = args.model or (None if args.random_gguf else default_model_path())
   if args.random_gguf:
     spec = PRESETS[args.random_gguf]

@@ -359,7 +359,7 @@ CUDA_TIMEOUT = ContextVar("CUDA_TIMEOUT", 60.0, "seconds kiln waits for work que
                           "forever")
 # a wait polls without pausing for its first SPIN_SECONDS (a short kernel's end is seen at once), then sleeps between
 # polls, each pause twice the one before up to MAX_PAUSE_SECONDS
-SPIN_SECONDS, FIRST_PAUSE_SECONDS, MAX_PAUSE_SECONDS = 2e-3, 20e-6, 1e-3
+SPIN_SECONDS, FIRST_PAUSE_SECONDS, MAX_PAUSE_SECONDS = 2e-3, 20e-6, 2e-4
 
 def watchdog_message(kernel: str, waited: float, what: str) -> str:
   """The CudaTimeoutError's text: what was waited for, for how long, the kernel in flight, and what to do.
