@@ -38,7 +38,7 @@ from kiln.helpers import NOLOCALS, WARP_SHUFFLE, prod
 from kiln.uop.ops import UOp, Ops, toposort, identity_element
 from kiln.uop.pattern import graph_rewrite
 from kiln.uop.symbolic import symbolic
-from kiln.codegen.shared_memory import dynamic_shared_bytes
+from kiln.renderer.shared_memory import dynamic_shared_bytes
 from kiln.codegen.disjoint import ALL as _ALL, Linear, linear_form as _linear, first_conflict as _first_conflict
 
 INT = dtypes.int32
@@ -651,7 +651,7 @@ def toposort_specials(sink: UOp) -> list[UOp]:
 
 def launch_size(uops: list[UOp]) -> tuple | None:
   """(grid, block) sizes of a kernel whose uops hold SPECIAL ops, or None when it has none; (grid, block, bytes)
-  where its shared arrays need `bytes` of dynamic shared memory (over 48 KiB: kiln/codegen/shared_memory.py)."""
+  where its shared arrays need `bytes` of dynamic shared memory (over 48 KiB: kiln/renderer/shared_memory.py)."""
   specials = {u.arg[0]: u.arg[1] for u in uops if u.op is Ops.SPECIAL}
   shared = dynamic_shared_bytes(uops)
   if not specials and not shared: return None

@@ -24,7 +24,7 @@ from kiln.renderer import kernel_function_name
 from kiln.renderer.cstyle import (CRenderer, _CKernelWriter, BF16_HELPERS, FP8_HELPERS, HALF_HELPERS,
                                   STORAGE_TYPES, VALUE_TYPES, fp8_helpers, render_c_const)
 from kiln.uop.ops import UOp, Ops
-from kiln.codegen.shared_memory import DYNAMIC_SHARED_NAME, shared_layout
+from kiln.renderer.shared_memory import DYNAMIC_SHARED_NAME, shared_layout
 
 # NVRTC has neither GCC's builtins nor statement expressions: the C renderer's builtins are spelled as CUDA's math
 # functions and intrinsics (NaN with the bits C's __builtin_nan gives), memcpy as a byte copy the compiler turns into

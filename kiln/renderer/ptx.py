@@ -34,7 +34,7 @@ from kiln.renderer import cuda
 from kiln.renderer.cuda import CUDARenderer, DEPENDENT_WAIT, dependent_launch, wide_accesses
 from kiln.uop.ops import UOp, Ops, GroupOp
 from kiln.uop.symbolic import is_multiple_of
-from kiln.codegen.shared_memory import DYNAMIC_SHARED_NAME, shared_layout
+from kiln.renderer.shared_memory import DYNAMIC_SHARED_NAME, shared_layout
 
 PTX_VERSION = "9.0"   # the PTX ISA of CUDA 13.0 (driver 580)
 

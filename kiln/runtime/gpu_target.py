@@ -80,7 +80,7 @@ def _arch_number(arch: str) -> int:
 class GPUTarget:
   """A GPU as the heuristics see it: threads a block (`local_max`), shared memory a block (`shared_max`, bytes,
   static arrays; `shared_optin`, the most a kernel may use as dynamic shared memory once the driver is asked:
-  kiln/codegen/shared_memory.py), `warp_size`, multiprocessors, the grid's limits, the widest access a thread
+  kiln/renderer/shared_memory.py), `warp_size`, multiprocessors, the grid's limits, the widest access a thread
   makes (`vector_bytes`) and the tensor-core instructions its arch has (`tensor_cores`)."""
   arch: str = "sm_90a"
   local_max: int = 1024

@@ -19,7 +19,7 @@ from kiln.renderer.cuda import CUDARenderer, DEPENDENT_WAIT
 from kiln.renderer.ptx import PTXRenderer
 from kiln.runtime import cuda_driver as cuda, gpu_target
 
-# (grid, block), or (grid, block, bytes) for a kernel over 48 KiB of shared memory (kiln/codegen/shared_memory.py)
+# (grid, block), or (grid, block, bytes) for a kernel over 48 KiB of shared memory (kiln/renderer/shared_memory.py)
 Launch = tuple
 ONE_THREAD: Launch = ((1, 1, 1), (1, 1, 1))   # a kernel without thread indices (a full reduction, for now)
 

@@ -79,7 +79,7 @@ def test_kernels_under_48k_keep_static_arrays():
 
 def test_a_kernel_over_48k_declares_one_dynamic_array():
   from kiln.codegen.gpudims import launch_size
-  from kiln.codegen.shared_memory import shared_layout
+  from kiln.renderer.shared_memory import shared_layout
   cuda_src, uops = render(renderers()[0], big_shared_kernel())
   ptx_src, _ = render(renderers()[1], big_shared_kernel())
   layout = shared_layout(uops)
