@@ -451,6 +451,9 @@ def pack_args(args: Sequence[Any]) -> tuple[Any, tuple[Any, ...]]:
 # CUtensorMapDataType, CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill
 TENSOR_MAP_DTYPES = {"uint8": 0, "uint16": 1, "uint32": 2, "int32": 3, "uint64": 4, "int64": 5, "float16": 6,
                      "float32": 7, "float64": 8, "bfloat16": 9, "float32_ftz": 10, "tfloat32": 11, "tfloat32_ftz": 12}
+# kiln's dtype names -> the tensor map's data type (the copy engine moves bits: fp8 and ints as unsigned of their size)
+TENSOR_MAP_OF_DTYPE = {"half": "float16", "bfloat16": "bfloat16", "float": "float32", "double": "float64",
+                       "int": "int32", "long": "int64"}
 TENSOR_MAP_ITEMSIZE = {0: 1, 1: 2, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 4, 8: 8, 9: 2, 10: 4, 11: 4, 12: 4}
 INTERLEAVE_NONE, INTERLEAVE_16B, INTERLEAVE_32B = 0, 1, 2
 SWIZZLE_NONE, SWIZZLE_32B, SWIZZLE_64B, SWIZZLE_128B = 0, 1, 2, 3
@@ -522,6 +525,18 @@ class TensorMap:
     driver().call("cuTensorMapEncodeTiled", ctypes.addressof(self.struct), code, rank, address,
                   (c_u64 * rank)(*dims), (c_u64 * max(1, rank - 1))(*strides), (c_uint * rank)(*box),
                   (c_uint * rank)(*element_strides), interleave, swizzle, l2_promotion, oob_fill)
+
+  @classmethod
+  def for_description(cls, memory: DeviceMemory | int, description: Any) -> TensorMap:
+    """The descriptor of a `gpu_target.TensorMap` (the IR's description of a DEFINE_TENSORMAP parameter: a
+    row-major `rows` x `cols` matrix of `dtype`, rows `stride` elements apart, copied in `box` = (box_rows,
+    box_cols) boxes with a `swizzle` of 0, 32, 64 or 128 bytes, out-of-bounds elements as zeros) over `memory`."""
+    dtype = description.dtype
+    code = TENSOR_MAP_OF_DTYPE.get(dtype.name) or {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64"}[dtype.itemsize]
+    swizzle = {0: SWIZZLE_NONE, 32: SWIZZLE_32B, 64: SWIZZLE_64B, 128: SWIZZLE_128B}[description.swizzle]
+    box_rows, box_cols = description.box
+    return cls(memory, code, (description.cols, description.rows), (description.stride * dtype.itemsize,),
+               (box_cols, box_rows), swizzle=swizzle)
 
   @property
   def address(self) -> int:

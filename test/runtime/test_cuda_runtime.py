@@ -185,6 +185,10 @@ def child() -> dict:
                        words[4:6], words[9:11]]
   fake.fake_param_bytes(1, 4, got)
   out["after_map"] = int.from_bytes(bytes(got)[:4], "little")
+  from kiln.runtime.gpu_target import TensorMap as Description   # the IR's description of a DEFINE_TENSORMAP
+  described = cuda.TensorMap.for_description(memory, Description(dtypes.bfloat16, 256, 192, (64, 64), 128))
+  words = np.frombuffer(bytes(described), np.uint64).tolist()
+  out["described"] = [words[1:4], words[4:6], words[9:11]]
   return out
 
 @pytest.fixture(scope="module")
@@ -228,6 +232,8 @@ def test_tensor_map_is_passed_by_value(fake_run):
   assert same and misalignment == 0 and address
   assert head == [2, 6, 3] and dims == [192, 256] and box == [64, 64]   # rank, float16, 128-byte swizzle
   assert fake_run["after_map"] == 5
+  head, dims, box = fake_run["described"]   # gpu_target.TensorMap: rows x cols, (box_rows, box_cols), innermost last
+  assert head == [2, 9, 3] and dims == [192, 256] and box == [64, 64]   # bfloat16, 128-byte swizzle, cols first
 
 # ---------------- on a GPU ----------------
 
