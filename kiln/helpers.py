@@ -314,6 +314,9 @@ FUSE_OPTIM = ContextVar("FUSE_OPTIM", 0, "1: optimizers default to fused=True (a
 
 RING = ContextVar("RING", 1, "all-reduce across devices: 0 naive (every device sums copies of every partial), 1 a ring "
                   "for large values over 3+ devices, 2 always a ring")
+NCCL = ContextVar("NCCL", 1, "all-reduce across CUDA devices: 1 one NCCL all-reduce (ncclAllReduce per device in one "
+                  "group) when libnccl is found and every device is CUDA, 0 kiln's own (RING); NCCL_NVLS_ENABLE=0 is "
+                  "set before NCCL loads unless it is set (docs/multi.md)")
 
 # tinygrad's other settings: accepted, so a tinygrad script that sets them runs unchanged, but kiln has no such
 # behaviour (yet); each doc says what the setting does in tinygrad

@@ -301,7 +301,7 @@ class CapturedJit:
     state_ids = {id(g[1][1]) for g in guards if isinstance(g[1], tuple)}
     input_index = {}
     for k, b in enumerate(input_bufs): input_index.setdefault(id(b), k)
-    written = {id(item.bufs[0]) for item in items}
+    written = {id(b) for item in items for b in item.bufs[:item.n_out]}
     # produced here: written by a launch and not allocated before the call (intermediates and fresh outputs)
     produced = {bid for bid in written if bid not in input_index and not existed.get(bid, True)}
     if prune:
@@ -343,8 +343,8 @@ class CapturedJit:
     # inputs that are also state the kernels may reach another way: a replay needs that very buffer again
     self.pinned_inputs = {k: b for k, b in enumerate(input_bufs) if id(b) in state_ids}
     self.written_inputs = sorted({k for bid, k in input_index.items() if bid in written})
-    self.written_state = [item.bufs[0] for item in items if id(item.bufs[0]) not in produced
-                          and id(item.bufs[0]) not in input_index]
+    self.written_state = [b for item in items for b in item.bufs[:item.n_out] if id(b) not in produced
+                          and id(b) not in input_index]
     # the per-launch variable values a replay rewrites with the call's values (a symbolic kernel serves every value)
     self.var_dicts = [item.var_vals for item in items if item.var_vals]
     self.kernel_count = sum(1 for item in items if item.runner.name != "copy")
@@ -452,25 +452,26 @@ def _prune(items: list[ExecItem], input_ids: set[int], output_ids: set[int], sta
   dropped: set[int] = set()
   writers: dict[int, int] = {}
   for item in items:
-    out, reads = id(item.bufs[0]), [id(b) for b in item.bufs[1:]]
-    writers[out] = writers.get(out, 0) + 1
-    if getattr(item.runner, "vars", None) or any(r in depends for r in reads): depends.add(out)
-    if out not in depends and out not in output_ids: dropped.add(id(item))
-  if not any(id(item) in dropped and writers[id(item.bufs[0])] > 1 for item in items):
+    outs, reads = [id(b) for b in item.bufs[:item.n_out]], [id(b) for b in item.bufs[item.n_out:]]
+    for out in outs: writers[out] = writers.get(out, 0) + 1
+    if getattr(item.runner, "vars", None) or any(r in depends for r in reads): depends.update(outs)
+    if not any(out in depends or out in output_ids for out in outs): dropped.add(id(item))
+  def shared(item: ExecItem) -> bool: return any(writers[id(b)] > 1 for b in item.bufs[:item.n_out])
+  if not any(id(item) in dropped and shared(item) for item in items):
     return [item for item in items if id(item) not in dropped]
   own: dict[int, Buffer] = {}   # a shared buffer's id -> the buffer its current (dropped) writer got instead
   kept, once = [], []
   for item in items:
-    reads = [own.get(id(b), b) for b in item.bufs[1:]]
-    out = item.bufs[0]
-    if id(item) in dropped and writers[id(out)] > 1:
-      own[id(out)] = Buffer(out.device, out.size, out.dtype).allocate()
-      once.append(ExecItem(item.runner, [own[id(out)], *reads], item.var_vals))
+    reads = [own.get(id(b), b) for b in item.bufs[item.n_out:]]
+    outs = item.bufs[:item.n_out]
+    if id(item) in dropped and shared(item):
+      for out in outs: own[id(out)] = Buffer(out.device, out.size, out.dtype).allocate()
+      once.append(ExecItem(item.runner, [*(own[id(out)] for out in outs), *reads], item.var_vals, item.n_out))
       continue
-    own.pop(id(out), None)   # later readers read this launch's value
+    for out in outs: own.pop(id(out), None)   # later readers read this launch's value
     if id(item) in dropped: continue
-    changed = any(r is not b for r, b in zip(reads, item.bufs[1:]))
-    kept.append(ExecItem(item.runner, [out, *reads], item.var_vals) if changed else item)
+    changed = any(r is not b for r, b in zip(reads, item.bufs[item.n_out:]))
+    kept.append(ExecItem(item.runner, [*outs, *reads], item.var_vals, item.n_out) if changed else item)
   for item in once: item.runner(item.bufs, item.var_vals, wait=True)
   return kept
 

@@ -178,7 +178,7 @@ def precompile(items: list[ScheduleItem]) -> None:
   if BEAM.value >= 1: return   # a search times kernels on their real buffers, one kernel at a time
   wanted: dict[str, dict[tuple, UOp]] = {}
   for item in items:
-    if item.ast.op is Ops.COPY: continue
+    if item.ast.op in (Ops.COPY, Ops.ALLREDUCE): continue
     device = item.bufs[0].device
     key = runner_key(device, item.ast)
     if key in _runner_cache or key in wanted.get(device, ()): continue   # launched again: looked up once
@@ -239,12 +239,14 @@ def copy_runner(ast: UOp) -> BufferCopy:
 
 @dataclass
 class ExecItem:
-  """One launch as a TinyJit capture records it: the runner, the buffers it got (output first) and its variables."""
+  """One launch as a TinyJit capture records it: the runner, the buffers it got (its `n_out` outputs first) and its
+  variables."""
   runner: CompiledRunner | BufferCopy
   bufs: list[Buffer]
   var_vals: dict
+  n_out: int = 1
 
-_COPY = Ops.COPY   # bound once: `Ops.X` is a metaclass attribute lookup (~130 ns under Python 3.11)
+_COPY, _ALLREDUCE = Ops.COPY, Ops.ALLREDUCE   # bound once: `Ops.X` is a metaclass attribute lookup (~130 ns under Python 3.11)
 
 # the TinyJit call in progress (at most one). run_schedule reports each launch to it; Tensor.numpy() raises while set;
 # the schedule cache hands out no reused buffers while set (kiln/schedule/cache.py)
@@ -280,6 +282,14 @@ def run_schedule(items: list[ScheduleItem], var_vals: dict | None = None) -> Non
       GlobalCounters.global_mem += bufs[0].nbytes
       if debug >= 2: print(f"*** {bufs[0].device:7s} copy {bufs[0].nbytes:10d} bytes from {bufs[1].device}"
                            f"  {fmt_time(elapsed)}")
+      continue
+    if item.ast.op is _ALLREDUCE:   # one collective over the devices (kiln/runtime/nccl.py): an output per device
+      from kiln.runtime.nccl import all_reduce_runner
+      runner = all_reduce_runner(item.ast)
+      elapsed = runner(bufs, wait=debug >= 2)
+      if capturing: capturing[0].add(ExecItem(runner, list(bufs), {}, item.n_out))
+      GlobalCounters.global_mem += sum(b.nbytes for b in bufs)
+      if debug >= 2: print(f"*** {'/'.join(runner.devices)} all-reduce {bufs[0].nbytes:10d} bytes  {fmt_time(elapsed)}")
       continue
     device = bufs[0].device
     vals = var_vals or item.var_vals

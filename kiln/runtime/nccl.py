@@ -7,7 +7,7 @@ set before the library loads unless the environment says otherwise, since on a s
 service.
 """
 from __future__ import annotations
-import ctypes, ctypes.util, glob, os, sys
+import ctypes, ctypes.util, glob, os, sys, time
 from kiln.dtype import DType, dtypes
 from kiln.uop.ops import Ops
 
@@ -96,3 +96,42 @@ class Communicator:
     for i, comm in enumerate(self.comms):
       if comm: nccl().ncclCommDestroy(comm)
       self.comms[i] = None
+
+_communicators: dict[tuple[int, ...], Communicator] = {}
+
+def communicator(ordinals: tuple[int, ...]) -> Communicator:
+  """The communicator over CUDA devices `ordinals` (in that rank order), made once per tuple and kept."""
+  if (comm := _communicators.get(ordinals)) is None: comm = _communicators[ordinals] = Communicator(list(ordinals))
+  return comm
+
+def _address(buf) -> int:
+  """A Buffer's memory address: a CUDA allocation's device pointer, a host array's address (CPU devices, tests)."""
+  memory = buf._buf
+  return memory.ptr if hasattr(memory, "ptr") else memory.ctypes.data
+
+class AllReduceRunner:
+  """The runner of an ALLREDUCE schedule item (kiln/schedule/kernelize.py): `bufs` are one output per device, in device
+  order, then each device's partial; one ncclAllReduce per device in one group, queued on each device's default
+  stream (where kiln's kernels and copies run), so it runs after the kernels before it and before those after it."""
+  name, ops, vars = "allreduce", 0, []
+  def __init__(self, op: Ops, devices: tuple[str, ...]):
+    self.op, self.devices, self.n_out = op, devices, len(devices)
+    self.ordinals = tuple(int(d.partition(":")[2] or 0) for d in devices)
+
+  def __call__(self, bufs: list, var_vals: dict | None = None, wait: bool = False) -> float:
+    """Run the all-reduce over `bufs`; returns the seconds spent (the whole run only with wait=True)."""
+    start = time.perf_counter()
+    outs, ins = bufs[:self.n_out], bufs[self.n_out:]
+    communicator(self.ordinals).all_reduce([_address(b) for b in ins], [_address(b) for b in outs], outs[0].size,
+                                           outs[0].dtype, self.op)
+    if wait:
+      from kiln.device import Device
+      for d in self.devices: Device[d].synchronize()
+    return time.perf_counter() - start
+
+_runners: dict[tuple, AllReduceRunner] = {}
+
+def all_reduce_runner(ast) -> AllReduceRunner:
+  """The runner of an ALLREDUCE item's `ast` (arg (op, devices)), made once per op and device tuple."""
+  if (runner := _runners.get(ast.arg)) is None: runner = _runners[ast.arg] = AllReduceRunner(*ast.arg)
+  return runner

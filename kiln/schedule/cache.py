@@ -280,7 +280,8 @@ def cached_schedule(roots: list[UOp], schedule_fn: Callable, item_cls: type, sch
     spare = [Buffer(device, size, dtype) for device, size, dtype in template.new]
     if template.recycles and not recycling_paused: template.spare = spare
   pool = buffers + spare
-  items = [item_cls(ast, [pool[k] for k in refs], metadata) for ast, refs, metadata in template.items]
+  items = [item_cls(ast, [pool[k] for k in refs], metadata, n_out=n_out)
+           for ast, refs, metadata, n_out in template.items]
   results = {}
   for root, (k, shape) in zip(roots, template.results):
     if type(k) is int:
@@ -335,7 +336,7 @@ def _make_template(roots: list[UOp], buffers: list[Buffer], schedule) -> _Templa
   items = []
   for item in schedule.items:
     if item.var_vals: return None
-    items.append((item.ast, [ref(b) for b in item.bufs], item.metadata))
+    items.append((item.ast, [ref(b) for b in item.bufs], item.metadata, item.n_out))
   results = []
   for root in roots:
     result = schedule.results[root]

@@ -38,7 +38,7 @@ BIJECTIVE = frozenset({Ops.RESHAPE, Ops.PERMUTE, Ops.FLIP})
 PASS_THROUGH = frozenset({Ops.DETACH, Ops.CONTIGUOUS_BACKWARD, Ops.CUSTOM_BACKWARD})
 # nodes whose value is src[0] stored in a buffer of their own (a UNIQUE is one only as a root: see _prepare)
 _OWN_BUFFER_OPS = frozenset({Ops.CONTIGUOUS, Ops.UNIQUE})
-_MATERIALIZED_OPS = _OWN_BUFFER_OPS | {Ops.ASSIGN, Ops.COPY}
+_MATERIALIZED_OPS = _OWN_BUFFER_OPS | {Ops.ASSIGN, Ops.COPY, Ops.ALLREDUCE}
 
 @dataclass
 class Schedule:
@@ -51,11 +51,19 @@ class Schedule:
 
 @dataclass
 class ScheduleItem:
-  """One unit of work: a kernel (`ast` is a SINK of STOREs) or a copy (`ast` is a COPY), over `bufs` (output first)."""
+  """One unit of work: a kernel (`ast` is a SINK of STOREs), a copy (`ast` is a COPY) or an all-reduce (`ast` is an
+  ALLREDUCE, arg (op, devices): one buffer written per device), over `bufs`: its `n_out` outputs first, then what it
+  reads."""
   ast: UOp
   bufs: list[Buffer]
   metadata: tuple[str, ...] = ()
   var_vals: dict = field(default_factory=dict)
+  n_out: int = 1
+
+  @property
+  def outputs(self) -> list[Buffer]:
+    """The buffers the item writes."""
+    return self.bufs[:self.n_out]
 
 def resolve(u: UOp) -> UOp:
   """Follow a node that was realized earlier to the view of its buffer."""
@@ -361,6 +369,7 @@ def _schedule_per_device(roots: list[UOp], use_cache: bool = True) -> Schedule:
   for n in nodes:
     if n.op in _MATERIALIZED_OPS: outputs.add(n)
     if n.op is Ops.COPY and not is_contiguous_buffer(n.src[0]) and not _copies_a_range(n.src[0]): outputs.add(n.src[0])
+    if n.op is Ops.ALLREDUCE: outputs.update(s for s in n.src if not is_contiguous_buffer(s))
     if n.op is Ops.BUFFER and n.buffer is None: raise RuntimeError(f"schedule: buffer {n.arg} has no storage")
   # an expensive elementwise value that is broadcast would be recomputed for every copy: compute it once (unless it
   # is a per-row value of a row chain, decided once the reductions are)
@@ -411,9 +420,13 @@ def _schedule_per_device(roots: list[UOp], use_cache: bool = True) -> Schedule:
   # an assign through a view (a slice of a cache) is read back through that same view of its buffer
   views = {n: n.src[0] if _writes_through_view(n) else buffer_view(buffer_of[n], n.shape) for n in outputs}
   items: list[tuple[UOp, ScheduleItem]] = []
+  all_reduces: set[tuple] = set()
   for n in nodes:
     if n not in outputs: continue
     out_buf = buffer_of[n]
+    if n.op is Ops.ALLREDUCE:
+      if (item := _all_reduce_item(n, buffer_of, views, all_reduces)) is not None: items.append((n, item))
+      continue
     if n.op is Ops.COPY:
       if (src := views.get(n.src[0])) is not None or is_contiguous_buffer(n.src[0]):
         src = src if src is not None else n.src[0]
@@ -443,6 +456,21 @@ def _schedule_per_device(roots: list[UOp], use_cache: bool = True) -> Schedule:
   inputs = list({id(n.buffer): n.buffer for n in nodes if n.op is Ops.BUFFER}.values())
   overwritten = [buffer_of[n].buffer for n in outputs if n.op is Ops.ASSIGN]
   return Schedule(ordered, result_map, inputs, overwritten)
+
+def _all_reduce_item(n: UOp, buffer_of: dict[UOp, UOp], views: dict[UOp, UOp], done: set) -> ScheduleItem | None:
+  """The one item of the all-reduce that ALLREDUCE node `n` is a device's result of (None if made already): an
+  output per device, in device order (a scratch buffer for a device whose result nothing reads), then the partials."""
+  op, i = n.arg
+  partials = n.src[len(n.src) - i:] + n.src[:len(n.src) - i] if i else n.src
+  if (key := (op, partials)) in done: return None
+  done.add(key)
+  outs = []
+  for j, p in enumerate(partials):
+    node = UOp(Ops.ALLREDUCE, n.dtype, partials[j:] + partials[:j], (op, j))
+    outs.append(buffer_of[node].buffer if node in buffer_of else Buffer(p.device, p.size, p.dtype))
+  reads = [(views[p] if p in views else p).base.buffer for p in partials]
+  ast = UOp(Ops.ALLREDUCE, n.dtype, (), (op, tuple(p.device for p in partials)))
+  return ScheduleItem(ast, outs + reads, n_out=len(outs))
 
 def _schedule_uncached(roots: list[UOp]) -> Schedule: return _schedule_per_device(roots, use_cache=False)
 
@@ -568,10 +596,11 @@ def _order(items: list[tuple[UOp, ScheduleItem]]) -> list[ScheduleItem]:
       for src in n.src: mask |= after_assigns[src]
       after_assigns[n] = mask
   writer_of: dict[int, list[int]] = {}
-  for i, (node, item) in enumerate(items): writer_of.setdefault(id(item.bufs[0]), []).append(i)
+  for i, (node, item) in enumerate(items):
+    for b in item.bufs[:item.n_out]: writer_of.setdefault(id(b), []).append(i)
   deps: list[set[int]] = [set() for _ in items]
   for i, (node, item) in enumerate(items):
-    for b in item.bufs[1:]:
+    for b in item.bufs[item.n_out:]:
       for w in writer_of.get(id(b), []):
         if w == i: continue
         writer = items[w][0]

@@ -6,7 +6,8 @@ slices are allowed). Tensor ops on multi-device tensors build ordinary nodes ove
 and the schedule cache see one value. `lower` rewrites such a node into a MULTI of per-device graphs, adding the
 communication its ops need:
 - elementwise ops run per device; a replicated operand is sliced locally to match a sharded one;
-- a reduction over the sharded axis reduces each slice, then all-reduces (`all_reduce`: naive, or a ring: RING);
+- a reduction over the sharded axis reduces each slice, then all-reduces (`all_reduce`: naive, or a ring: RING; on
+  CUDA devices one NCCL all-reduce, ALLREDUCE nodes: NCCL);
 - movement ops keep the sharding where each device's slice stays whole (reshapes that split or merge the sharded axis
   with the axes after it, permutes, expands and pads of other axes, shrinks: a shrink of the sharded axis keeps each
   device's part of the window, possibly empty); the rest gather the slices onto every device first (the result is
@@ -18,10 +19,11 @@ realized values; both are memoized by the lowered sources.
 from __future__ import annotations
 import weakref
 from kiln.dtype import dtypes
-from kiln.helpers import RING
+from kiln.helpers import RING, NCCL
 from kiln.uop.ops import UOp, Ops, GroupOp, toposort
 
 RING_MIN_ELEMENTS = 1 << 18   # below this a ring's extra copies and kernels cost more than the naive sum saves
+COLLECTIVE_KINDS = ("CUDA",)   # device kinds whose all-reduce may be one NCCL collective (tests add "CPU": host memory)
 
 class MultiDeviceError(RuntimeError):
   """An op whose operands' devices or layouts cannot be combined."""
@@ -137,6 +139,9 @@ def all_reduce(op: Ops, partials: list[UOp]) -> list[UOp]:
   for s in shape: numel *= s
   use_ring = RING.value >= 2 or (RING.value >= 1 and n > 2 and numel >= RING_MIN_ELEMENTS)
   if n == 1: return partials
+  if _collective(op, partials):   # one NCCL all-reduce: a node per device, scheduled as one item
+    srcs = [UOp(Ops.CONTIGUOUS, p.dtype, (p,)) for p in partials]
+    return [UOp(Ops.ALLREDUCE, p.dtype, tuple(srcs[i:] + srcs[:i]), (op, i)) for i, p in enumerate(partials)]
   if not use_ring or numel < n:
     combined = []
     for d in (p.device for p in partials):
@@ -156,6 +161,16 @@ def all_reduce(op: Ops, partials: list[UOp]) -> list[UOp]:
       c, j = (i + 1 - step) % n, (i + 1) % n
       chunks[j][c] = chunks[i][c].copy_to(devices[j])
   return [_cat(chunks[i], 0).reshape(shape) for i in range(n)]
+
+def _collective(op: Ops, partials: list[UOp]) -> bool:
+  """Whether the all-reduce of `partials` runs as one NCCL collective: NCCL=1, every device one of
+  COLLECTIVE_KINDS (distinct ordinals), NCCL has the dtype and the op, and libnccl loads."""
+  if not NCCL.value: return False
+  devices = [p.device for p in partials]
+  if not all(type(d) is str and d.split(":")[0] in COLLECTIVE_KINDS for d in devices): return False
+  if len({d.partition(":")[2] or "0" for d in devices}) != len(devices): return False
+  from kiln.runtime import nccl
+  return partials[0].dtype in nccl.NCCL_DTYPES and op in nccl.NCCL_OPS and nccl.available()
 
 # ---------------- lowering ----------------
 

@@ -116,6 +116,11 @@ class Ops(enum.Enum):
   # stores before, visible to later TMA/WGMMA reads). SETMAXNREG(gate, *after), arg (count, "inc"/"dec"):
   # `setmaxnreg.{inc|dec}.sync.aligned.u32 count` for the warpgroup (producer/consumer register split)
   DEFINE_TENSORMAP = enum.auto(); TMA_LOAD = enum.auto(); FENCE_PROXY_ASYNC = enum.auto(); SETMAXNREG = enum.auto()
+  # (last, so that no other op's value moves: symbolic term order hashes op values)
+  # one device's result of an all-reduce run as one collective over the devices (NCCL: kiln/runtime/nccl.py), arg
+  # (op, i): src are the partials (materialized), rotated so that src[0] is this device's: the node of device i has
+  # src = partials[i:] + partials[:i]. The nodes of one all-reduce are scheduled as one item with an output each
+  ALLREDUCE = enum.auto()
   def __repr__(self) -> str: return f"Ops.{self.name}"
   # members are singletons: identity hashing in C instead of Enum's Python-level hash of the name (a hot path)
   __hash__ = object.__hash__
@@ -530,7 +535,7 @@ def _toposort_iterative(roots: list[UOp], stop=None, sources=None) -> list[UOp]:
 # every tensor-level node's shape comes through _compute_shape: its op tests bound once (`Ops.X` is a metaclass
 # attribute lookup, ~130 ns under Python 3.11; an elementwise node's ~18 of them were ~10% of building a graph)
 _SAME_SHAPE_OPS = GroupOp.Elementwise | {Ops.FLIP, Ops.COPY, Ops.CONTIGUOUS, Ops.CONTIGUOUS_BACKWARD, Ops.DETACH,
-                                         Ops.ASSIGN, Ops.CUSTOM_BACKWARD, Ops.UNIQUE}
+                                         Ops.ASSIGN, Ops.CUSTOM_BACKWARD, Ops.UNIQUE, Ops.ALLREDUCE}
 _VIEW_OPS = frozenset({Ops.RESHAPE, Ops.EXPAND})
 
 def _compute_shape(u: UOp):
