@@ -9,17 +9,17 @@ shape (the three copies equal up to their ranges), and `flash_attention` builds 
 
 - one block of THREADS threads (16 x 16) per BM (64) query rows of one batch index (`gidx0` the query block, `gidx1`
   the batch: heads and batches flattened); thread (r, c) owns rows `4r .. 4r+3` of the block, of the scores the key
-  columns `4c .. 4c+3` of each key block of BN (64), of the output Dv/16 columns (groups of 4 adjacent ones);
+  columns `2c, 2c+1` of each key block of BN (32), of the output Dv/16 columns (groups of 4 adjacent ones);
 - a loop over key blocks of BN keys (`kb`). In each: the scores of the block, a sum over d stepped by BK, the block
   staging Q's and K's step tiles in shared arrays (`attn_q`, `attn_k`, double-buffered, one barrier a step, as
-  kiln/codegen/gpu_tiles.py's matmul tiles); each thread's 4 x 4 scores through the score expression (keys past the
+  kiln/codegen/gpu_tiles.py's matmul tiles); each thread's 4 x 2 scores through the score expression (keys past the
   end are -inf); each row's block maximum over its 16 threads (warp shuffles); the running maximum `m` (a REDUCE MAX
   over `kb`, read inside the loop as its value before the block: a sibling read, docs/ir.md); the weights
   `p = exp2((x - m_new) * c)` written to a shared array (`attn_p`, keys x rows) and their row sums (shuffles);
 - the running sum `l` and the output accumulators `o` as carried accumulators (DEFINE_ACC, updated once a block by an
   ASSIGN: `l = l * alpha + rowsum(p)`, `o = o * alpha + p @ V` with `alpha = exp2((m_old - m_new) * c)`, the rescale
-  of the partial output when the maximum grows); `p @ V` a sum over the block's keys stepped by BKV, V's step tiles
-  staged in `attn_v` (double-buffered);
+  of the partial output when the maximum grows); `p @ V` a sum over the block's keys stepped by 16 (8 for Dv > 64
+  with 64-key blocks), V's step tiles staged in `attn_v` (double-buffered);
 - the last key block stores `epilogue(o / l)` (a gated STORE); the scores and weights never reach global memory.
 
 A row whose keys are all masked has `m = -inf`: its weights are computed against 0 (exp2(-inf) = 0), so `l = 0` and
@@ -43,7 +43,9 @@ from kiln.codegen.opt.kernel import Kernel
 INT, F32 = dtypes.int32, dtypes.float32
 THREADS_ROWS, THREADS_COLS = 16, 16
 THREADS = THREADS_ROWS * THREADS_COLS
-BM, BN = 64, 64   # query rows a block, keys a key block (multiples of 16; a thread holds BM/16 rows, BN/16 keys)
+# query rows a block, keys a key block (multiples of 16; a thread holds BM/16 rows, BN/16 keys). H200, B8 H16 S4096
+# D128 fp16 (bench/gpu_notes.md): 64 x 64 104 ms (149 registers, one block an SM), 32 x 64 95 ms, 64 x 32 74 ms
+BM, BN = 64, 32
 MAX_DV = 128   # a thread's output columns are Dv/16: at most 8
 CAUSAL_SKIP = True   # key blocks a causal mask hides from every row of a query block are not visited
 NEG_INF = float("-inf")
@@ -219,7 +221,7 @@ def flash_attention(sink: UOp, target: object = None) -> UOp | None:
   keys, depth = Kernel.size(plan.key), Kernel.size(plan.depth)
   dv = prod(Kernel.size(r) for r in plan.cols)
   bk = 16 if depth >= 16 else 8   # the depth step of the scores
-  bkv = 16 if dv <= 64 else 8     # the key step of p @ V (its V tile: bkv x dv floats)
+  bkv = 16 if dv <= 64 or BN < 64 else 8   # the key step of p @ V (its V tile: bkv x dv floats, double-buffered)
   tv, tm, tn = dv // THREADS_COLS, BM // THREADS_ROWS, BN // THREADS_COLS
   key_blocks = _ceil(keys, BN)
   row_block = UOp(Ops.SPECIAL, INT, (), ("gidx0", _ceil(length, BM)))
