@@ -50,7 +50,8 @@ def main() -> None:
     err64 = (got[0, :heads].double() - exact).abs().max().item()
     err_torch = (got.float() - want.float()).abs().max().item()
     torch_err64 = (want[0, :heads].double() - exact).abs().max().item()
-    assert err64 < 1e-2 and err_torch < 2e-2, f"causal={causal}: worst difference {err64} (float64), {err_torch} (torch)"
+    assert err64 < 1e-2 and err_torch < 2e-2, \
+      f"causal={causal}: worst difference {err64} (float64), {err_torch} (torch)"
     for _ in range(2): torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
     torch.cuda.synchronize()
     torch_times = []
@@ -66,7 +67,8 @@ def main() -> None:
            "torch_TFLOPs": flops / torch_ms / 1e9, "kiln_vs_torch": torch_ms / kiln_ms, "err_float64": err64,
            "torch_err_float64": torch_err64, "err_vs_torch": err_torch, "kiln_runs_ms": times}
     rows.append(row)
-    print(f"{row['name']}, tile {tile}: kiln {kiln_ms:.3f} ms {row['kiln_TFLOPs']:.2f} TFLOP/s ({kernels} kernels), torch "
+    print(f"{row['name']}, tile {tile}: kiln {kiln_ms:.3f} ms {row['kiln_TFLOPs']:.2f} TFLOP/s ({kernels} kernels), "
+          f"torch "
           f"{torch_ms:.3f} ms {row['torch_TFLOPs']:.1f} TFLOP/s, kiln/torch {row['kiln_vs_torch']:.3f}; worst "
           f"difference {err64:.2e} vs float64 (torch {torch_err64:.2e}), {err_torch:.2e} vs torch")
   if args.json:

@@ -208,7 +208,8 @@ def test_cpu_schedules_are_unchanged():
   # the rule never fires off a GPU target: the same kernels with it on and off (three of them: scores, softmax, p @ V)
   rng = np.random.default_rng(11)
   q, k, v = (Tensor(rng.standard_normal((1, 2, 16, 16)).astype(np.float32), device="CPU") for _ in range(3))
-  for build in (lambda: q.scaled_dot_product_attention(k, v), lambda: q.scaled_dot_product_attention(k, v, is_causal=True),
+  for build in (lambda: q.scaled_dot_product_attention(k, v),
+                lambda: q.scaled_dot_product_attention(k, v, is_causal=True),
                 lambda: (q @ k.transpose(-2, -1)).softmax(-1) @ v):
     on = _cpu_sources(build)
     with Context(ATTENTION_FUSION=0): off = _cpu_sources(build)
