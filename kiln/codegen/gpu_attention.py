@@ -212,6 +212,27 @@ def _row_totals(op: Ops, values: list[UOp], lidx: UOp, warp: int) -> list[UOp]:
   """Each thread row's total (by `op`) over its 16 threads, from each thread's partial: warp shuffles."""
   return _shuffle_rounds([(op, v) for v in values], lidx, _halvings(THREADS_COLS), warp)
 
+def _fold(op: Ops, values: list[UOp]) -> UOp:
+  """values[0] op values[1] op ... (left to right)."""
+  out = values[0]
+  for u in values[1:]: out = UOp(op, F32, (out, u))
+  return out
+
+def _step_sum(a_reads: list[UOp], b_reads: list[UOp], step: UOp) -> UOp:
+  """sum over `step` of the chain a[0]*b[0] + a[1]*b[1] + ... (one fused multiply-add a term after the first)."""
+  chain = a_reads[0] * b_reads[0]
+  for a, b in zip(a_reads[1:], b_reads[1:]): chain = UOp(Ops.MULACC, F32, (a, b, chain))
+  return UOp(Ops.REDUCE, F32, (chain, step), Ops.ADD)
+
+def _key_blocks(plan: AttentionPlan, row_block: UOp, length: int, keys: int) -> UOp:
+  """How many key blocks query block `row_block` visits: all of them, or, under a causal mask (`causal_bound`), those
+  up to its last row's last visible key (at least one: a row that sees no key stores NaN, as the graph does)."""
+  key_blocks = _ceil(keys, BN)
+  diagonal = causal_bound(plan.score, plan.rows[-1], plan.key) if len(plan.rows) == 1 and CAUSAL_SKIP else None
+  if diagonal is None: return UOp.const(INT, key_blocks)
+  blocks = ((row_block * BM + (BM - 1 + diagonal)) // BN + 1).maximum(1)
+  return graph_rewrite(blocks.lt(key_blocks).where(blocks, UOp.const(INT, key_blocks)), symbolic)
+
 def flash_attention(sink: UOp, target: object = None) -> UOp | None:
   """An attention-shaped kernel (`attention_plan`) as one flash-style kernel (the module docstring), or None."""
   warp = shuffle_warp(target)
@@ -223,15 +244,8 @@ def flash_attention(sink: UOp, target: object = None) -> UOp | None:
   bk = 16 if depth >= 16 else 8   # the depth step of the scores
   bkv = 16 if dv <= 64 or BN < 64 else 8   # the key step of p @ V (its V tile: bkv x dv floats, double-buffered)
   tv, tm, tn = dv // THREADS_COLS, BM // THREADS_ROWS, BN // THREADS_COLS
-  key_blocks = _ceil(keys, BN)
   row_block = UOp(Ops.SPECIAL, INT, (), ("gidx0", _ceil(length, BM)))
-  # a causal mask: the query block's last row sees keys up to row + t, the key blocks past them are skipped
-  diagonal = causal_bound(plan.score, plan.rows[-1], plan.key) if len(plan.rows) == 1 and CAUSAL_SKIP else None
-  blocks = UOp.const(INT, key_blocks) if diagonal is None else \
-    (row_block * BM + (BM - 1 + diagonal)) // BN + 1
-  if diagonal is not None:   # at least one block (a row that sees no key stores NaN, as the graph does), at most all
-    blocks = blocks.maximum(1)
-    blocks = graph_rewrite(blocks.lt(key_blocks).where(blocks, UOp.const(INT, key_blocks)), symbolic)
+  blocks = _key_blocks(plan, row_block, length, keys)
   next_id = 1 + max((u.arg for u in sink.toposort() if u.op is Ops.RANGE and isinstance(u.arg, int)), default=0)
   kb = UOp(Ops.RANGE, INT, (blocks,), next_id)
   dstep = UOp(Ops.RANGE, INT, (UOp.const(INT, _ceil(depth, bk)),), next_id + 1)
@@ -272,20 +286,14 @@ def flash_attention(sink: UOp, target: object = None) -> UOp | None:
     row, _ = _clamped(row_origin + r, length, ragged_rows)
     line = []
     for j, c in enumerate(key_cols):
-      chain = q_reads[0][i] * k_reads[0][j]
-      for kk in range(1, bk): chain = UOp(Ops.MULACC, F32, (q_reads[kk][i], k_reads[kk][j], chain))
       at, inside = _clamped(key_origin + c, keys, ragged_keys)
-      s = _substitute(score, {**_unflatten(row, list(plan.rows)), plan.key: at, dot: UOp(Ops.REDUCE, F32,
-                                                                                         (chain, dstep), Ops.ADD)})
+      total = _step_sum([q_reads[kk][i] for kk in range(bk)], [k_reads[kk][j] for kk in range(bk)], dstep)
+      s = _substitute(score, {**_unflatten(row, list(plan.rows)), plan.key: at, dot: total})
       line.append(inside.where(s, UOp.const(F32, NEG_INF)) if inside is not None else s)
     scores.append(line)
 
   # online softmax: the running maximum (a REDUCE MAX over key blocks, read inside as its value before the block)
-  def reduce_line(op: Ops, line: list[UOp]) -> UOp:
-    out = line[0]
-    for u in line[1:]: out = UOp(op, F32, (out, u))
-    return out
-  block_max = _row_totals(Ops.MAX, [reduce_line(Ops.MAX, line) for line in scores], lidx, warp)
+  block_max = _row_totals(Ops.MAX, [_fold(Ops.MAX, line) for line in scores], lidx, warp)
   log2e, zero = plan.log2e, UOp.const(F32, 0.0)
   alphas, weights = [], []
   for i in range(tm):
@@ -294,7 +302,7 @@ def flash_attention(sink: UOp, target: object = None) -> UOp | None:
     base = new.ne(UOp.const(F32, NEG_INF)).where(new, zero)   # a row masked so far: exp2(-inf) = 0 against 0
     alphas.append(UOp(Ops.EXP2, F32, ((old - base) * log2e,)))
     weights.append([UOp(Ops.EXP2, F32, ((s - base) * log2e,)) for s in scores[i]])
-  row_sums = _row_totals(Ops.ADD, [reduce_line(Ops.ADD, line) for line in weights], lidx, warp)
+  row_sums = _row_totals(Ops.ADD, [_fold(Ops.ADD, line) for line in weights], lidx, warp)
   acc_ids = iter(range(1 << 20, 1 << 21))
   def carried(value_of) -> UOp:
     acc = UOp(Ops.DEFINE_ACC, F32, (zero,), next(acc_ids))
@@ -312,14 +320,12 @@ def flash_attention(sink: UOp, target: object = None) -> UOp | None:
   p_reads = [[UOp(Ops.LOAD, F32, (tile_p, (vstep * bkv + jj) * lead_p + r, weights_stored)) for r in rows]
              for jj in range(bkv)]
   v_reads = [[read(tile_v, lead_v, jj, c, vhalf, bkv, v_staged) for c in out_cols] for jj in range(bkv)]
-  last = UOp(Ops.CMPEQ, dtypes.bool, (kb, graph_rewrite(blocks - 1, symbolic))) if key_blocks > 1 else None
+  last = UOp(Ops.CMPEQ, dtypes.bool, (kb, graph_rewrite(blocks - 1, symbolic))) if keys > BN else None
   stores = []
   for i, r in enumerate(rows):
     row, row_inside = _clamped(row_origin + r, length, ragged_rows)
     for j, c in enumerate(out_cols):
-      chain = p_reads[0][i] * v_reads[0][j]
-      for jj in range(1, bkv): chain = UOp(Ops.MULACC, F32, (p_reads[jj][i], v_reads[jj][j], chain))
-      block = UOp(Ops.REDUCE, F32, (chain, vstep), Ops.ADD)
+      block = _step_sum([p_reads[jj][i] for jj in range(bkv)], [v_reads[jj][j] for jj in range(bkv)], vstep)
       out = carried(lambda acc: UOp(Ops.MULACC, F32, (acc, alphas[i], block)))
       at = {**values, **_unflatten(row, list(plan.rows)), **_unflatten(c, list(plan.cols)), plan.total: out / sums[i]}
       store = _substitute(plan.store, at)
