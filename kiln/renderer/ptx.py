@@ -112,6 +112,9 @@ class _PTXKernelWriter(KernelWriter):
       Ops.WMMA: self._wmma, Ops.LDMATRIX: self._ldmatrix, Ops.CP_ASYNC: self._cp_async,
       Ops.CP_ASYNC_COMMIT: self._cp_async_commit, Ops.CP_ASYNC_WAIT: self._cp_async_wait,
       **{op: self._nothing for op in (Ops.CONST, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.SINK, Ops.VECTORIZE)}})
+    self.statements.update(_hopper_statements(self))
+    self.tensormaps: list[UOp] = []   # DEFINE_TENSORMAP parameters (after the buffers, in arg order)
+    self.skip: tuple[int, UOp, str] | None = None   # (line count, gate, label) of the last gated Hopper op's skip
     self.aligned: dict[tuple[UOp, int], str] = {}   # (buffer, bytes) of a wide access -> its aligned-base predicate
     self.lanes: dict[UOp, list[str]] = {}   # a wide load, a WMMA, a vector accumulator -> its lanes' registers
     self.raw_bits: dict[UOp, str] = {}   # a load of a 16- or 8-bit float -> the b32 register of its loaded bits
@@ -197,6 +200,9 @@ class _PTXKernelWriter(KernelWriter):
       out = self.names[u] = self.reg("b64")
       self.emit(f"add.s64 {out}, {base}, {self.shared.offsets[u]}   // {name}")
       return
+    # an operand of a TMA copy or a WGMMA: aligned to the 128-byte swizzle's repeat (its address bits are the swizzle)
+    elif any((v.op is Ops.TMA_LOAD and v.src[0] is u) or (v.op is Ops.WGMMA and u in v.src[:3]) for v in self.uops):
+      self.shared_arrays.append(f"  .shared .align 1024 .b8 {name}[{nbytes}];")
     else: self.shared_arrays.append(f"  .shared .align 16 .b8 {name}[{nbytes}];")
     out = self.names[u] = self.reg("b64")
     self.emit(f"mov.u64 {out}, {name}")
@@ -433,7 +439,7 @@ class _PTXKernelWriter(KernelWriter):
     if target.op is not Ops.DEFINE_ACC: raise ValueError(f"PTXRenderer: ASSIGN must target a DEFINE_ACC ({self.name})")
     if target.dtype.count > 1:
       for out, x in zip(self.lanes[target], self.vector_lanes(value)):
-        self.emit(f"mov.{self.mov_type(target.dtype.scalar)} {out}, {x}")
+        if out != x: self.emit(f"mov.{self.mov_type(target.dtype.scalar)} {out}, {x}")
       self.lanes[u] = self.lanes[target]
       return
     self.emit(f"mov.{self.mov_type(target.dtype)} {self.names[target]}, {self.operand(value)}")
@@ -1045,6 +1051,12 @@ class _PTXKernelWriter(KernelWriter):
       self.emit(f"ld.param.u64 {generic}, [data{b.arg}]")
       self.emit(f"cvta.to.global.u64 {out}, {generic}")
       self.names[b] = out
+    for t in sorted((u for u in self.uops if u.op is Ops.DEFINE_TENSORMAP), key=lambda u: u.arg[0]):
+      params.append(f".param .align 64 .b8 tmap{t.arg[0]}[128]")   # a __grid_constant__ CUtensorMap
+      raw, out = self.reg("b64"), self.reg("b64")
+      self.emit(f"mov.b64 {raw}, tmap{t.arg[0]}")
+      self.emit(f"cvta.param.u64 {out}, {raw}")
+      self.names[t] = out
     for i, v in enumerate(variables):
       params.append(f".param .s32 var{i}")
       raw = self.reg(dtypes.int32)
@@ -1066,15 +1078,116 @@ class _PTXKernelWriter(KernelWriter):
     if dependent and not cuda.TRIGGER_AT_START: self.emit("griddepcontrol.launch_dependents")
     registers = [f"  .reg {decl} {prefix}<{self.counts[prefix]}>;" for prefix, decl in self.reg_types.items()]
     head = [f"// kiln: kernel {self.name}", f".version {PTX_VERSION}", f".target {self.arch}", ".address_size 64", ""]
-    blocks = cuda.min_blocks(self.uops)
+    blocks = 1 if any(u.op is Ops.SETMAXNREG for u in self.uops) else cuda.min_blocks(self.uops)
     bounds = f".maxntid {self.block_threads}, 1, 1" + (f" .minnctapersm {blocks}" if blocks else "")
     return "\n".join(head + self.module_arrays + [
       f".visible .entry {self.name}(", ",\n".join(f"  {p}" for p in params), f") {bounds}",
       "{", *registers, *self.shared_arrays, *prologue, *body, "  ret;", "}", ""])
 
+# ---------------- Hopper (sm_90a): warpgroup MMA, mbarriers, TMA (docs/ir.md stage 4, "Hopper") ----------------
+
+def _hopper_statements(w: _PTXKernelWriter) -> dict:
+  return {Ops.WGMMA: lambda u: _wgmma(w, u), Ops.DEFINE_TENSORMAP: w._nothing,
+          **{op: (lambda u, op=op: _hopper_op(w, u)) for op in (
+            Ops.WGMMA_FENCE, Ops.WGMMA_COMMIT, Ops.WGMMA_WAIT, Ops.MBARRIER_INIT, Ops.MBARRIER_ARRIVE,
+            Ops.MBARRIER_WAIT, Ops.TMA_LOAD, Ops.FENCE_PROXY_ASYNC, Ops.SETMAXNREG)}}
+
+_GATES = {Ops.WGMMA: 5, Ops.WGMMA_FENCE: 0, Ops.WGMMA_COMMIT: 0, Ops.WGMMA_WAIT: 0, Ops.MBARRIER_INIT: 2,
+          Ops.MBARRIER_ARRIVE: 2, Ops.MBARRIER_WAIT: 3, Ops.TMA_LOAD: 7, Ops.SETMAXNREG: 0}
+
+def _gate_open(w: _PTXKernelWriter, u: UOp) -> None:
+  """Branch past the op where its gate is false; a run of ops of one gate in a row shares one branch (its skip
+  label moved to the end)."""
+  if u.op not in _GATES: return
+  gate = u.src[_GATES[u.op]]
+  if gate.op is Ops.CONST and gate.arg is True: return
+  if w.skip is not None and w.skip[0] == len(w.lines) and w.skip[1] is gate:
+    w.lines.pop()   # the previous op's skip label: this op joins its branch
+    w.skip = (-1, gate, w.skip[2])
+    return
+  label = f"$L{w.name}_{w.labels}_skip"
+  w.labels += 1
+  w.emit(f"@!{w.value(gate)} bra {label}")
+  w.skip = (-1, gate, label)
+
+def _gate_close(w: _PTXKernelWriter, u: UOp) -> None:
+  if u.op not in _GATES or w.skip is None or w.skip[0] != -1: return
+  w.lines.append(f"{w.skip[2]}:")
+  w.skip = (len(w.lines), w.skip[1], w.skip[2])
+
+def _shared32(w: _PTXKernelWriter, buf: UOp, offset: str | None = None, index: UOp | None = None) -> str:
+  """A b32 register: the shared address of `buf` plus a byte offset register, or of element `index`."""
+  base = w.reg("b32")
+  w.emit(f"cvt.u32.u64 {base}, {w.value(buf)}")
+  if index is not None:
+    offset = w.reg("b32")
+    w.emit(f"mul.lo.u32 {offset}, {w.operand(index)}, {buf.dtype.itemsize}")
+  if offset is None: return base
+  out = w.reg("b32")
+  w.emit(f"add.u32 {out}, {base}, {offset}")
+  return out
+
+def _hopper_op(w: _PTXKernelWriter, u: UOp) -> None:
+  _gate_open(w, u)
+  if u.op is Ops.WGMMA_FENCE: w.emit("wgmma.fence.sync.aligned")
+  elif u.op is Ops.WGMMA_COMMIT: w.emit("wgmma.commit_group.sync.aligned")
+  elif u.op is Ops.WGMMA_WAIT: w.emit(f"wgmma.wait_group.sync.aligned {u.arg}")
+  elif u.op is Ops.FENCE_PROXY_ASYNC: w.emit("fence.proxy.async.shared::cta")
+  elif u.op is Ops.SETMAXNREG: w.emit(f"setmaxnreg.{u.arg[1]}.sync.aligned.u32 {u.arg[0]}")
+  elif u.op is Ops.MBARRIER_INIT:
+    w.emit(f"mbarrier.init.shared::cta.b64 [{_shared32(w, u.src[0], index=u.src[1])}], {u.arg}")
+    w.emit("fence.mbarrier_init.release.cluster")
+  elif u.op is Ops.MBARRIER_ARRIVE:
+    at, state = _shared32(w, u.src[0], index=u.src[1]), w.reg("b64")
+    if u.arg: w.emit(f"mbarrier.arrive.expect_tx.shared::cta.b64 {state}, [{at}], {u.arg}")
+    else: w.emit(f"mbarrier.arrive.shared::cta.b64 {state}, [{at}]")
+  elif u.op is Ops.MBARRIER_WAIT:
+    at, parity, done = _shared32(w, u.src[0], index=u.src[1]), w.reg("b32"), w.reg("pred")
+    w.emit(f"and.b32 {parity}, {w.operand(u.src[2])}, 1")
+    top = f"$L{w.name}_{w.labels}_wait"
+    w.labels += 1
+    w.lines.append(f"{top}:")
+    w.emit(f"mbarrier.try_wait.parity.shared::cta.b64 {done}, [{at}], {parity}")
+    w.emit(f"@!{done} bra {top}   // until the phase of that parity has completed")
+  elif u.op is Ops.TMA_LOAD:
+    dst, offset, tmap, bars, bar, row, col = u.src[:7]
+    dst_at = _shared32(w, dst, w.operand(offset) if offset.op is not Ops.CONST else str(int(offset.arg)))
+    bar_at = _shared32(w, bars, index=bar)
+    coords = [w.value(c) if c.op is not Ops.CONST else w.value(UOp.const(dtypes.int32, c.arg)) for c in (col, row)]
+    w.emit(f"cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [{dst_at}], "
+           f"[{w.value(tmap)}, {{{coords[0]}, {coords[1]}}}], [{bar_at}]")
+  _gate_close(w, u)
+
+def _wgmma(w: _PTXKernelWriter, u: UOp) -> None:
+  """`wgmma.mma_async` on the accumulator's registers in place (moved into fresh ones first where the accumulator
+  is not a variable), the descriptors built from the operands' shared addresses and the arg's layouts."""
+  from kiln.runtime.gpu_target import SWIZZLE_MODES
+  wg = u.arg
+  a_smem, a_off, b_smem, b_off, acc = u.src[:5]
+  if acc.op in (Ops.DEFINE_ACC, Ops.ASSIGN, Ops.WGMMA) and acc in w.lanes: regs = w.lanes[acc]
+  else:
+    regs = [w.reg(dtypes.float32) for _ in range(u.dtype.count)]
+    for out, x in zip(regs, w.vector_lanes(acc)): w.emit(f"mov.f32 {out}, {x}")
+  w.lanes[u] = regs
+  _gate_open(w, u)
+  descs = []
+  for smem, off, layout in ((a_smem, a_off, wg.a), (b_smem, b_off, wg.b)):
+    at = _shared32(w, smem, w.operand(off) if off.op is not Ops.CONST else str(int(off.arg)))
+    low, wide, desc = w.reg("b32"), w.reg("b64"), w.reg("b64")
+    fixed = (((layout.lbo >> 4) & 0x3FFF) << 16) | (((layout.sbo >> 4) & 0x3FFF) << 32) | \
+      (SWIZZLE_MODES[layout.swizzle] << 62)
+    w.emit(f"bfe.u32 {low}, {at}, 4, 14")
+    w.emit(f"cvt.u64.u32 {wide}, {low}")
+    w.emit(f"or.b64 {desc}, {wide}, {fixed:#x}")
+    descs.append(desc)
+  scale = w.value(UOp.const(dtypes.bool, True))
+  tail = ", 1, 1, 0, 0" if wg.dtype_in.itemsize == 2 else ", 1, 1"
+  w.emit(f"{wg.instruction} {{{', '.join(regs)}}}, {descs[0]}, {descs[1]}, {scale}{tail}")
+  _gate_close(w, u)
+
 # what may change a shared array between two loads (copies land at a CP_ASYNC_WAIT)
 _STRAIGHT_BREAKS = frozenset({Ops.RANGE, Ops.ENDRANGE, Ops.BARRIER, Ops.STORE, Ops.ATOMIC, Ops.CP_ASYNC,
-                              Ops.CP_ASYNC_WAIT})
+                              Ops.CP_ASYNC_WAIT, Ops.MBARRIER_WAIT, Ops.WGMMA_WAIT, Ops.TMA_LOAD})
 
 def shared_quads(uops: list[UOp]) -> dict[UOp, list[UOp]]:
   """Groups of four ungated float32 loads of one shared array at elements `base + 4q + j` (j = 0..3, `base` a

@@ -16,6 +16,7 @@ from kiln.dtype import dtypes
 from kiln.runtime.gpu_target import SmemMatrix, TensorMap, WarpgroupMMA, swizzle
 from kiln.renderer import kernel_signature
 from kiln.renderer.cuda import CUDARenderer
+from kiln.renderer.ptx import PTXRenderer
 from kiln.renderer.python import PythonRenderer
 from kiln.runtime.ops_python import PythonProgram
 from kiln.uop.ops import UOp, Ops
@@ -107,9 +108,12 @@ def gemm_kernel(n: int, k: int, bk: int = 64, dtype=dtypes.float16, wrong_parity
 def gemm_buffers(n: int, k: int, dtype=dtypes.float16, seed: int = 0):
   """(buffers, float64 reference C = A @ B^T) with small integers (exact in every order) or random values."""
   rng = np.random.default_rng(seed)
-  a, b = rng.integers(-4, 5, (64, k)).astype(np.float16), rng.integers(-4, 5, (n, k)).astype(np.float16)
-  bufs = {0: np.full(64 * n, np.nan, np.float32), 1: a.ravel(), 2: b.ravel()}
-  return bufs, a.astype(np.float64) @ b.astype(np.float64).T
+  a, b = rng.integers(-4, 5, (64, k)).astype(np.float64), rng.integers(-4, 5, (n, k)).astype(np.float64)
+  def stored(x: np.ndarray) -> np.ndarray:
+    if dtype == dtypes.bfloat16: return (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).ravel()
+    return x.astype(np.float16).ravel()
+  bufs = {0: np.full(64 * n, np.nan, np.float32), 1: stored(a), 2: stored(b)}
+  return bufs, a @ b.T
 
 def run_python(uops: list[UOp], bufs: dict) -> np.ndarray:
   src = PythonRenderer().render("hopper_kernel", uops)
@@ -119,10 +123,11 @@ def run_python(uops: list[UOp], bufs: dict) -> np.ndarray:
   return arrays[0]
 
 @pytest.mark.parametrize("n,k,bk", [(64, 128, 64), (64, 256, 64), (16, 64, 32), (8, 32, 16)])
-def test_warp_specialized_gemm_in_the_emulator(n, k, bk):
-  uops = gemm_kernel(n, k, bk)
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=["f16", "bf16"])
+def test_warp_specialized_gemm_in_the_emulator(n, k, bk, dtype):
+  uops = gemm_kernel(n, k, bk, dtype)
   check_linear(uops)
-  bufs, want = gemm_buffers(n, k)
+  bufs, want = gemm_buffers(n, k, dtype)
   np.testing.assert_array_equal(run_python(uops, bufs).reshape(64, n), want)
 
 def test_a_wrong_phase_is_a_clear_deadlock_error():
@@ -176,7 +181,18 @@ def test_accumulator_layout_covers_d_once():
 
 # ---------------- rendered for CUDA C, built for sm_90a ----------------
 
-NVCC = shutil.which("nvcc")
+NVCC, PTXAS = shutil.which("nvcc"), shutil.which("ptxas")
+
+def assemble(src: str, folder) -> str:
+  """ptxas for sm_90a on PTX `src`: the -v report (asserting no spills and no performance warnings)."""
+  path = folder / "kernel.ptx"
+  path.write_text(src)
+  result = subprocess.run([PTXAS, "-arch=sm_90a", "-v", "-o", str(folder / "ptx.cubin"), str(path)],
+                          capture_output=True, text=True)
+  report = result.stdout + result.stderr
+  assert result.returncode == 0, f"does not assemble:\n{report}"
+  assert "0 bytes spill stores, 0 bytes spill loads" in report and "Performance Loss" not in report, report
+  return report
 
 def build(src: str, folder) -> tuple[str, str]:
   """nvcc for sm_90a on CUDA C `src`: (the ptxas -v report, asserting no spills and no performance warnings; the
@@ -203,6 +219,10 @@ def test_gemm_builds_for_sm_90a(n, k, bk, tmp_path):
                "mbarrier.init.shared::cta.b64", "setmaxnreg.inc.sync.aligned.u32 232"):
     assert text in ptx, text
   assert ".param .align 64 .b8 hopper_kernel_param_3[128]" in ptx   # the tensor maps: __grid_constant__ params
+  ptx_src = PTXRenderer().render("hopper_kernel", gemm_kernel(n, k, bk))
+  assemble(ptx_src, tmp_path)
+  assert ptx_src.count(f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16") == bk // 16
+  assert ptx_src.count("cp.async.bulk.tensor.2d") == 2 and ".param .align 64 .b8 tmap1[128]" in ptx_src
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA toolkit) not installed")
 def test_setmaxnreg_and_proxy_fence_build(tmp_path):
@@ -222,9 +242,11 @@ def test_setmaxnreg_and_proxy_fence_build(tmp_path):
   np.testing.assert_array_equal(got, np.arange(256) ^ 1)
   if NVCC:
     _, ptx = build(CUDARenderer().render("hopper_kernel", kern.uops), tmp_path)
+    ptx_src = PTXRenderer().render("hopper_kernel", kern.uops)
+    assemble(ptx_src, tmp_path)
     for text in ("setmaxnreg.dec.sync.aligned.u32 40", "setmaxnreg.inc.sync.aligned.u32 232",
                  "fence.proxy.async.shared::cta"):
-      assert text in ptx, text
+      assert text in ptx and text in ptx_src, text
 
 # ---------------- on the GPU ----------------
 
@@ -246,15 +268,17 @@ def encode_tensormap(cuda, address: int, tmap: TensorMap):
   assert code == 0, f"cuTensorMapEncodeTiled: {code}"
   return out
 
-def run_cuda(uops: list[UOp], bufs: dict) -> np.ndarray:
-  """The kernel from CUDA C (NVRTC) on GPU 0, its tensor maps encoded over their buffers: output 0."""
+def run_cuda(uops: list[UOp], bufs: dict, renderer: str = "cuda") -> np.ndarray:
+  """The kernel from CUDA C (NVRTC) or PTX on GPU 0, its tensor maps encoded over their buffers: output 0."""
   import ctypes
   from kiln.runtime import cuda_driver as cuda
   if not cuda.available() or cuda.device_count() == 0: pytest.skip("no CUDA GPU")
   ctx = cuda.Context(0)
   arch = ctx.properties.arch
   if not arch.startswith("sm_9"): pytest.skip(f"{arch} has no wgmma/TMA")
-  module = ctx.load(cuda.NVRTCCompiler(arch).compile(CUDARenderer(arch).render("hopper_kernel", uops)))
+  image = cuda.NVRTCCompiler(arch).compile(CUDARenderer(arch).render("hopper_kernel", uops)) if renderer == "cuda" \
+    else cuda.PTXCompiler(arch).compile(PTXRenderer(arch).render("hopper_kernel", uops))
+  module = ctx.load(image)
   params = [b.arg for b in kernel_signature(uops)[0]]
   memory = {key: ctx.alloc(max(1, bufs[key].nbytes)) for key in params}
   for key in params: ctx.copy_in(memory[key], bufs[key])
@@ -272,7 +296,9 @@ def run_cuda(uops: list[UOp], bufs: dict) -> np.ndarray:
   return out
 
 @pytest.mark.parametrize("n,k,bk", [(64, 128, 64), (64, 256, 64), (256, 192, 64), (16, 64, 32), (8, 32, 16)])
-def test_warp_specialized_gemm_on_the_gpu(n, k, bk):
-  uops = gemm_kernel(n, k, bk)
-  bufs, want = gemm_buffers(n, k, seed=n + k)
-  np.testing.assert_array_equal(run_cuda(uops, bufs).reshape(64, n), want)
+@pytest.mark.parametrize("renderer", ["cuda", "ptx"])
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=["f16", "bf16"])
+def test_warp_specialized_gemm_on_the_gpu(n, k, bk, renderer, dtype):
+  uops = gemm_kernel(n, k, bk, dtype)
+  bufs, want = gemm_buffers(n, k, dtype, seed=n + k)
+  np.testing.assert_array_equal(run_cuda(uops, bufs, renderer).reshape(64, n), want)
