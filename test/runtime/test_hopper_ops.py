@@ -12,7 +12,7 @@ from __future__ import annotations
 import shutil, subprocess
 import numpy as np
 import pytest
-from kiln.dtype import dtypes
+from kiln.dtype import dtypes, fp8_bits
 from kiln.runtime.gpu_target import SmemMatrix, TensorMap, WarpgroupMMA, swizzle
 from kiln.renderer import kernel_signature
 from kiln.renderer.cuda import CUDARenderer
@@ -111,6 +111,8 @@ def gemm_buffers(n: int, k: int, dtype=dtypes.float16, seed: int = 0):
   a, b = rng.integers(-4, 5, (64, k)).astype(np.float64), rng.integers(-4, 5, (n, k)).astype(np.float64)
   def stored(x: np.ndarray) -> np.ndarray:
     if dtype == dtypes.bfloat16: return (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).ravel()
+    if dtype == dtypes.float32: return x.astype(np.float32).ravel()
+    if dtype in dtypes.fp8s: return np.array([fp8_bits(float(v), dtype) for v in x.ravel()], np.uint8)
     return x.astype(np.float16).ravel()
   bufs = {0: np.full(64 * n, np.nan, np.float32), 1: stored(a), 2: stored(b)}
   return bufs, a @ b.T
@@ -125,6 +127,16 @@ def run_python(uops: list[UOp], bufs: dict) -> np.ndarray:
 @pytest.mark.parametrize("n,k,bk", [(64, 128, 64), (64, 256, 64), (16, 64, 32), (8, 32, 16)])
 @pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=["f16", "bf16"])
 def test_warp_specialized_gemm_in_the_emulator(n, k, bk, dtype):
+  _emulated_gemm(n, k, bk, dtype)
+
+# tf32 (k8: 32 floats a 128-byte row) and fp8 (k32: 128 bytes a row), 128B swizzle
+WIDE = [(dtypes.float32, 32), (dtypes.fp8e4m3, 128), (dtypes.fp8e5m2, 128)]
+
+@pytest.mark.parametrize("dtype,bk", WIDE, ids=["tf32", "e4m3", "e5m2"])
+def test_tf32_and_fp8_gemm_in_the_emulator(dtype, bk):
+  _emulated_gemm(32, 2 * bk, bk, dtype)
+
+def _emulated_gemm(n, k, bk, dtype):
   uops = gemm_kernel(n, k, bk, dtype)
   check_linear(uops)
   bufs, want = gemm_buffers(n, k, dtype)
@@ -211,17 +223,27 @@ def build(src: str, folder) -> tuple[str, str]:
 @pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA toolkit) not installed")
 @pytest.mark.parametrize("n,k,bk", [(64, 128, 64), (256, 128, 64), (16, 64, 32), (8, 32, 16)])
 def test_gemm_builds_for_sm_90a(n, k, bk, tmp_path):
-  report, ptx = build(CUDARenderer().render("hopper_kernel", gemm_kernel(n, k, bk)), tmp_path)
-  for text in (f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16", "wgmma.fence.sync.aligned",
+  _check_gemm_builds(n, k, bk, dtypes.float16, tmp_path)
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA toolkit) not installed")
+@pytest.mark.parametrize("dtype,bk", WIDE, ids=["tf32", "e4m3", "e5m2"])
+def test_tf32_and_fp8_gemm_build_for_sm_90a(dtype, bk, tmp_path):
+  _check_gemm_builds(32, 2 * bk, bk, dtype, tmp_path)
+
+def _check_gemm_builds(n, k, bk, dtype, tmp_path):
+  uops = gemm_kernel(n, k, bk, dtype)
+  instruction = next(u.arg.instruction for u in uops if u.op is Ops.WGMMA)
+  report, ptx = build(CUDARenderer().render("hopper_kernel", uops), tmp_path)
+  for text in (instruction, "wgmma.fence.sync.aligned",
                "wgmma.commit_group.sync.aligned", "wgmma.wait_group.sync.aligned 0",
                "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
                "mbarrier.try_wait.parity.shared::cta.b64", "mbarrier.arrive.expect_tx.shared::cta.b64",
                "mbarrier.init.shared::cta.b64", "setmaxnreg.inc.sync.aligned.u32 232"):
     assert text in ptx, text
   assert ".param .align 64 .b8 hopper_kernel_param_3[128]" in ptx   # the tensor maps: __grid_constant__ params
-  ptx_src = PTXRenderer().render("hopper_kernel", gemm_kernel(n, k, bk))
+  ptx_src = PTXRenderer().render("hopper_kernel", uops)
   assemble(ptx_src, tmp_path)
-  assert ptx_src.count(f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16") == bk // 16
+  assert ptx_src.count(instruction) == bk * dtype.itemsize // 32
   assert ptx_src.count("cp.async.bulk.tensor.2d") == 2 and ".param .align 64 .b8 tmap1[128]" in ptx_src
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA toolkit) not installed")
@@ -302,3 +324,9 @@ def test_warp_specialized_gemm_on_the_gpu(n, k, bk, renderer, dtype):
   uops = gemm_kernel(n, k, bk, dtype)
   bufs, want = gemm_buffers(n, k, dtype, seed=n + k)
   np.testing.assert_array_equal(run_cuda(uops, bufs, renderer).reshape(64, n), want)
+
+@pytest.mark.parametrize("dtype,bk", WIDE, ids=["tf32", "e4m3", "e5m2"])
+def test_tf32_and_fp8_gemm_on_the_gpu(dtype, bk):
+  uops = gemm_kernel(32, 2 * bk, bk, dtype)
+  bufs, want = gemm_buffers(32, 2 * bk, dtype)
+  np.testing.assert_array_equal(run_cuda(uops, bufs).reshape(64, 32), want)
