@@ -53,6 +53,7 @@ def _run_block(uops, ends, block_index, thread_index, threads, buffers, device_a
   range_pc = {u: pc for pc, u in enumerate(uops) if u.op is Ops.RANGE}
   async_copies: list = []   # CP_ASYNC: the block's open group (its threads issue in lockstep) and committed groups
   async_groups: list = []
+  barriers: dict = {}   # (mbarrier array, index) -> [count, pending arrivals, tx bytes, completed phases, writes]
   def buffer_of(u: UOp) -> np.ndarray:
     if u.op is Ops.DEFINE_GLOBAL: return buffers[u.arg]
     if len(u.arg) > 2: return device_arrays.setdefault(u, np.zeros(u.arg[1], to_numpy_dtype(u.dtype)))
@@ -147,6 +148,7 @@ def _run_block(uops, ends, block_index, thread_index, threads, buffers, device_a
       while len(async_groups) > u.arg:
         for dst, to, data, copy in async_groups.pop(0):
           for e in range(data.shape[0]): _store(dst, to + e, data[e], copy)
+    elif op in _HOPPER: _hopper(u, values, buffer_of, threads, barriers)
     elif op is Ops.DEFINE_ACC: values[u] = np.array(values[u.src[0]], copy=True)
     elif op is Ops.ASSIGN: values[u.src[0]] = values[u] = values[u.src[1]]
     else: values[u] = _alu(u, [values[s] for s in u.src])
@@ -233,3 +235,100 @@ def _alu(u: UOp, args: list[np.ndarray]) -> np.ndarray:
   if op in _BINARY: return _BINARY[op](args[0], args[1]).astype(out_dtype)
   if op in _UNARY: return _UNARY[op](args[0]).astype(out_dtype)
   raise NotImplementedError(f"lockstep emulator: no {op.name} ({u.dtype})")
+
+# ---------------- Hopper (docs/ir.md stage 4, "Hopper"), in program order ----------------
+
+_HOPPER = frozenset({Ops.WGMMA, Ops.WGMMA_FENCE, Ops.WGMMA_COMMIT, Ops.WGMMA_WAIT, Ops.MBARRIER_INIT,
+                     Ops.MBARRIER_ARRIVE, Ops.MBARRIER_WAIT, Ops.DEFINE_TENSORMAP, Ops.TMA_LOAD,
+                     Ops.FENCE_PROXY_ASYNC, Ops.SETMAXNREG})
+_GATE = {Ops.WGMMA: 5, Ops.MBARRIER_INIT: 2, Ops.MBARRIER_ARRIVE: 2, Ops.MBARRIER_WAIT: 3, Ops.TMA_LOAD: 7}
+
+def _swizzled(byte: int, span: int) -> int:
+  """Where a swizzled layout puts logical byte `byte` of a shared array, by rows of `span` bytes: 16-byte chunk c of
+  row R lands at chunk c ^ ((R % 8) // (128 // span)) (128B: c ^ R % 8; 64B: c ^ (R % 8) // 2; 32B: ... // 4)."""
+  if span == 0: return byte
+  row, chunk = byte // span, byte % span // 16
+  return row * span + (chunk ^ ((row % 8) // (128 // span))) * 16 + byte % 16
+
+def _phase_done(bar: list) -> None:
+  if bar[1] == 0 and bar[2] == 0:
+    for dst, index, value in bar[4]: dst[index] = value
+    bar[1], bar[3], bar[4] = bar[0], bar[3] + 1, []
+
+def _hopper(u: UOp, values, buffer_of, threads: int, barriers: dict) -> None:
+  """One Hopper op for every thread of the block at once. The block runs in program order, so an mbarrier wait
+  whose phase has not completed when all threads reach it would wait forever: LockstepError."""
+  op = u.op
+  gate = np.ones(threads, bool) if op not in _GATE else _lanes(values[u.src[_GATE[op]]], threads, dtypes.bool)
+  lanes = np.flatnonzero(gate)
+  def bar_of(t: int) -> list:
+    key = (u.src[0] if op is not Ops.TMA_LOAD else u.src[3],
+           int(_lanes(values[u.src[1] if op is not Ops.TMA_LOAD else u.src[4]], threads, dtypes.int32)[t]))
+    if key not in barriers: raise LockstepError(f"{op.name} on mbarrier {key[1]} before its init")
+    return barriers[key]
+  if op is Ops.MBARRIER_INIT:
+    for t in lanes: barriers[u.src[0], int(_lanes(values[u.src[1]], threads, dtypes.int32)[t])] = [u.arg, u.arg, 0, 0, []]
+  elif op is Ops.MBARRIER_ARRIVE:
+    for t in lanes:
+      bar = bar_of(t)
+      bar[1] -= 1
+      bar[2] += u.arg
+      if bar[1] < 0: raise LockstepError("more mbarrier arrivals in one phase than its count")
+      _phase_done(bar)
+  elif op is Ops.MBARRIER_WAIT:
+    parity = _lanes(values[u.src[2]], threads, dtypes.int32) & 1
+    for t in lanes:
+      if bar_of(t)[3] % 2 == parity[t]:
+        raise LockstepError(f"thread {t} waits on an mbarrier phase (parity {parity[t]}) that has not completed when "
+                            "every thread is there: in program order it never would")
+  elif op is Ops.TMA_LOAD:
+    dst, src, tmap = buffer_of(u.src[0]), buffer_of(u.src[2].src[0]), u.src[2].arg[1]
+    size = tmap.dtype.itemsize
+    offset, row, col = (_lanes(values[u.src[i]], threads, dtypes.int32) for i in (1, 5, 6))
+    for t in lanes:
+      writes = []
+      for i in range(tmap.box[0]):
+        for j in range(tmap.box[1]):
+          r, c = int(row[t]) + i, int(col[t]) + j
+          value = src[r * tmap.stride + c] if 0 <= r < tmap.rows and 0 <= c < tmap.cols else 0
+          writes.append((dst, _swizzled(int(offset[t]) + (i * tmap.box[1] + j) * size, tmap.swizzle) // size, value))
+      bar = bar_of(t)
+      bar[2] -= tmap.box_bytes
+      bar[4].extend(writes)
+      if bar[1] == 0 and bar[2] < 0: raise LockstepError("more TMA bytes on an mbarrier phase than expected")
+      _phase_done(bar)
+  elif op is Ops.WGMMA: values[u] = _wgmma(u, values, buffer_of, gate, threads)
+
+def _wgmma(u: UOp, values, buffer_of, gate: np.ndarray, threads: int) -> np.ndarray:
+  """Each warpgroup's (gated as a whole) D = A @ B^T + acc, A and B read from their shared tiles by the layouts'
+  row and chunk rule (`_swizzled`), in float64 then rounded to float32."""
+  wg = u.arg
+  m, n, k = wg.dims
+  size = wg.dtype_in.itemsize
+  acc = values[u.src[4]]
+  out = np.array(acc, np.float32, copy=True)
+  if threads % 128: raise LockstepError(f"WGMMA in a block of {threads} threads: not whole warpgroups")
+  def tile(smem: UOp, start: int, layout, rows: int) -> np.ndarray:
+    data = buffer_of(smem)
+    out = np.zeros((rows, k), data.dtype)
+    for r in range(rows):
+      for e in range(k):
+        kb = e * size
+        if layout.swizzle: byte = _swizzled(start + (r // 8) * layout.sbo + (r % 8) * layout.swizzle + kb, layout.swizzle)
+        else: byte = start + (r // 8) * layout.sbo + (kb // 16) * layout.lbo + (r % 8) * 16 + kb % 16
+        out[r, e] = data[byte // size]
+    return _fragment_values(out, wg.dtype_in)
+  for g in range(0, threads, 128):
+    if not gate[g:g + 128].any(): continue
+    if not gate[g:g + 128].all(): raise LockstepError("a WGMMA's gate differs within a warpgroup")
+    a_at = _lanes(values[u.src[1]], threads, dtypes.int32)[g:g + 128]
+    b_at = _lanes(values[u.src[3]], threads, dtypes.int32)[g:g + 128]
+    if (a_at != a_at[0]).any() or (b_at != b_at[0]).any(): raise LockstepError("a WGMMA's operands differ in a warpgroup")
+    A, B = tile(u.src[0], int(a_at[0]), wg.a, 64), tile(u.src[2], int(b_at[0]), wg.b, n)
+    C = np.zeros((m, n))
+    for t in range(128):
+      for i, (r, c) in enumerate(wg.c_layout[t]): C[r, c] = acc[i, g + t]
+    D = (A @ B.T + C).astype(np.float32)
+    for t in range(128):
+      for i, (r, c) in enumerate(wg.c_layout[t]): out[i, g + t] = D[r, c]
+  return out

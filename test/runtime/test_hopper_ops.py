@@ -21,6 +21,7 @@ from kiln.renderer.python import PythonRenderer
 from kiln.runtime.ops_python import PythonProgram
 from kiln.uop.ops import UOp, Ops
 from kiln.uop.spec import SpecError, check_linear
+from gpu_lockstep import LockstepError, run_lockstep   # noqa: E402  (test/runtime is on sys.path)
 
 INT, BOOL, F32, U64 = dtypes.int32, dtypes.bool, dtypes.float32, dtypes.uint64
 
@@ -141,11 +142,19 @@ def _emulated_gemm(n, k, bk, dtype):
   check_linear(uops)
   bufs, want = gemm_buffers(n, k, dtype)
   np.testing.assert_array_equal(run_python(uops, bufs).reshape(64, n), want)
+  np.testing.assert_array_equal(run_numpy_lockstep(uops, bufs).reshape(64, n), want)
+
+def run_numpy_lockstep(uops: list[UOp], bufs: dict) -> np.ndarray:
+  """The kernel in the tests' NumPy lockstep emulator (program order, every thread at once): output 0."""
+  arrays = {key: v.copy() for key, v in bufs.items()}
+  run_lockstep(uops, ((1, 1, 1), (256, 1, 1)), arrays)
+  return arrays[0]
 
 def test_a_wrong_phase_is_a_clear_deadlock_error():
   uops = gemm_kernel(16, 64, 32, wrong_parity=True)
   bufs, _ = gemm_buffers(16, 64)
   with pytest.raises(RuntimeError, match="deadlock"): run_python(uops, bufs)
+  with pytest.raises(LockstepError, match="never would"): run_numpy_lockstep(uops, bufs)
 
 @pytest.mark.parametrize("map_swizzle", [32, 64])
 def test_a_tma_swizzle_other_than_the_wgmma_layout_gives_wrong_values(map_swizzle):
