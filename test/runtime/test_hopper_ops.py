@@ -281,27 +281,9 @@ def test_setmaxnreg_and_proxy_fence_build(tmp_path):
 
 # ---------------- on the GPU ----------------
 
-_MAP_DTYPES = {dtypes.float16: 6, dtypes.bfloat16: 9, dtypes.float32: 7, dtypes.fp8e4m3: 0, dtypes.fp8e5m2: 0}
-_MAP_SWIZZLES = {0: 0, 32: 1, 64: 2, 128: 3}
-
-def encode_tensormap(cuda, address: int, tmap: TensorMap):
-  """cuTensorMapEncodeTiled for `tmap` over the device buffer at `address`: the 128 bytes the kernel's tensor-map
-  parameter takes (a test-local binding until the runtime's own lands)."""
-  import ctypes
-  out = (ctypes.c_uint64 * 16)()
-  dims, strides = (ctypes.c_uint64 * 2)(tmap.cols, tmap.rows), (ctypes.c_uint64 * 1)(tmap.stride * tmap.dtype.itemsize)
-  box, elements = (ctypes.c_uint32 * 2)(tmap.box[1], tmap.box[0]), (ctypes.c_uint32 * 2)(1, 1)
-  encode = cuda.driver().handle.cuTensorMapEncodeTiled
-  encode.restype = ctypes.c_int
-  code = encode(out, ctypes.c_int(_MAP_DTYPES[tmap.dtype]), ctypes.c_uint32(2), ctypes.c_void_p(address), dims, strides,
-                box, elements, ctypes.c_int(0), ctypes.c_int(_MAP_SWIZZLES[tmap.swizzle]), ctypes.c_int(2),
-                ctypes.c_int(0))
-  assert code == 0, f"cuTensorMapEncodeTiled: {code}"
-  return out
-
 def run_cuda(uops: list[UOp], bufs: dict, renderer: str = "cuda") -> np.ndarray:
-  """The kernel from CUDA C (NVRTC) or PTX on GPU 0, its tensor maps encoded over their buffers: output 0."""
-  import ctypes
+  """The kernel from CUDA C (NVRTC) or PTX on GPU 0, its tensor maps encoded over their buffers
+  (cuda_driver.TensorMap.for_description, passed after the buffers): output 0."""
   from kiln.runtime import cuda_driver as cuda
   if not cuda.available() or cuda.device_count() == 0: pytest.skip("no CUDA GPU")
   ctx = cuda.Context(0)
@@ -314,11 +296,9 @@ def run_cuda(uops: list[UOp], bufs: dict, renderer: str = "cuda") -> np.ndarray:
   memory = {key: ctx.alloc(max(1, bufs[key].nbytes)) for key in params}
   for key in params: ctx.copy_in(memory[key], bufs[key])
   maps = sorted((u for u in uops if u.op is Ops.DEFINE_TENSORMAP), key=lambda u: u.arg[0])
-  values = [ctypes.c_uint64(memory[key].ptr) for key in params] + \
-    [encode_tensormap(cuda, memory[m.src[0].arg].ptr, m.arg[1]) for m in maps]
-  args = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
-  function = module.function("hopper_kernel")
-  cuda.driver().call("cuLaunchKernel", function.handle, 1, 1, 1, 256, 1, 1, 0, None, args, None)
+  tensormaps = [cuda.TensorMap.for_description(memory[m.src[0].arg], m.arg[1]) for m in maps]
+  module.function("hopper_kernel").launch(*[memory[key] for key in params], *tensormaps, grid=(1, 1, 1),
+                                          block=(256, 1, 1))
   ctx.synchronize()
   out = np.empty_like(bufs[0])
   ctx.copy_out(out, memory[0])
