@@ -24,7 +24,7 @@ from kiln.renderer import kernel_function_name
 from kiln.renderer.cstyle import (CRenderer, _CKernelWriter, BF16_HELPERS, FP8_HELPERS, HALF_HELPERS,
                                   STORAGE_TYPES, VALUE_TYPES, fp8_helpers, render_c_const)
 from kiln.uop.ops import UOp, Ops
-from kiln.renderer.shared_memory import DYNAMIC_SHARED_NAME, shared_layout
+from kiln.renderer.shared_memory import DYNAMIC_SHARED_NAME, shared_layout, swizzled_arrays
 
 # NVRTC has neither GCC's builtins nor statement expressions: the C renderer's builtins are spelled as CUDA's math
 # functions and intrinsics (NaN with the bits C's __builtin_nan gives), memcpy as a byte copy the compiler turns into
@@ -278,7 +278,8 @@ class _CudaKernelWriter(_HopperWriter, _CKernelWriter):
       self.device_arrays.append(f"__device__ {STORAGE_TYPES[u.dtype]} {name}[{u.arg[1]}];")
     elif self.shared.dynamic:   # over 48 KiB: a pointer at the array's offset in the launch's dynamic shared memory
       if not self.declared_dynamic:
-        self.emit(f"extern __shared__ __align__(16) unsigned char {DYNAMIC_SHARED_NAME}[];   /* "
+        align = 1024 if swizzled_arrays(self.uops) else 16
+        self.emit(f"extern __shared__ __align__({align}) unsigned char {DYNAMIC_SHARED_NAME}[];   /* "
                   f"{self.shared.nbytes} bytes a launch */")
         self.declared_dynamic = True
       self.emit(f"{STORAGE_TYPES[u.dtype]}* const {name} = reinterpret_cast<{STORAGE_TYPES[u.dtype]}*>("

@@ -34,7 +34,7 @@ from kiln.renderer import cuda
 from kiln.renderer.cuda import CUDARenderer, DEPENDENT_WAIT, dependent_launch, wide_accesses
 from kiln.uop.ops import UOp, Ops, GroupOp
 from kiln.uop.symbolic import is_multiple_of
-from kiln.renderer.shared_memory import DYNAMIC_SHARED_NAME, shared_layout
+from kiln.renderer.shared_memory import DYNAMIC_SHARED_NAME, shared_layout, swizzled_arrays
 
 PTX_VERSION = "9.0"   # the PTX ISA of CUDA 13.0 (driver 580)
 
@@ -193,7 +193,8 @@ class _PTXKernelWriter(KernelWriter):
     elif self.shared.dynamic:   # over 48 KiB: the array's offset in the launch's dynamic shared memory
       if not self.declared_dynamic:
         self.declared_dynamic = True
-        self.module_arrays.append(f".extern .shared .align 16 .b8 {DYNAMIC_SHARED_NAME}[];   // "
+        align = 1024 if swizzled_arrays(self.uops) else 16
+        self.module_arrays.append(f".extern .shared .align {align} .b8 {DYNAMIC_SHARED_NAME}[];   // "
                                   f"{self.shared.nbytes} bytes a launch")
       base = self.reg("b64")
       self.emit(f"mov.u64 {base}, {DYNAMIC_SHARED_NAME}")

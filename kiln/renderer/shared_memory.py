@@ -41,13 +41,23 @@ def array_bytes(u: UOp) -> int:
   """The bytes of shared array `u` (its element count times its element size)."""
   return int(u.arg[1]) * u.dtype.itemsize
 
+SWIZZLE_ALIGN = 1024   # an array a TMA copy writes or a WGMMA reads: the 128-byte swizzle's repeat (docs/ir.md)
+
+def swizzled_arrays(uops: list[UOp]) -> set[UOp]:
+  """The shared arrays whose address bits a swizzle reads: TMA_LOAD destinations and WGMMA operands."""
+  return {s for u in uops if u.op in (Ops.TMA_LOAD, Ops.WGMMA)
+          for s in ((u.src[0],) if u.op is Ops.TMA_LOAD else (u.src[0], u.src[2]))}
+
 def shared_layout(uops: list[UOp]) -> SharedLayout:
-  """The layout of the block-shared arrays among `uops` (a linearized kernel)."""
+  """The layout of the block-shared arrays among `uops` (a linearized kernel); swizzled arrays (`swizzled_arrays`)
+  at multiples of 1024 bytes."""
   offsets: dict[UOp, int] = {}
+  swizzled = swizzled_arrays(uops)
   at = 0
   for u in uops:
     if not is_block_shared(u) or u in offsets: continue
-    at = -(-at // SHARED_ALIGN) * SHARED_ALIGN
+    align = SWIZZLE_ALIGN if u in swizzled else SHARED_ALIGN
+    at = -(-at // align) * align
     offsets[u] = at
     at += array_bytes(u)
   return SharedLayout(offsets, at, at > STATIC_SHARED_BYTES)

@@ -18,6 +18,7 @@ from kiln.renderer import kernel_signature
 from kiln.renderer.cuda import CUDARenderer
 from kiln.renderer.ptx import PTXRenderer
 from kiln.renderer.python import PythonRenderer
+from kiln.renderer.shared_memory import dynamic_shared_bytes, shared_layout
 from kiln.runtime.ops_python import PythonProgram
 from kiln.uop.ops import UOp, Ops
 from kiln.uop.spec import SpecError, check_linear
@@ -234,6 +235,13 @@ def build(src: str, folder) -> tuple[str, str]:
 def test_gemm_builds_for_sm_90a(n, k, bk, tmp_path):
   _check_gemm_builds(n, k, bk, dtypes.float16, tmp_path)
 
+def test_swizzled_tiles_over_48_kib_are_1024_byte_aligned_in_dynamic_shared_memory(tmp_path):
+  uops = gemm_kernel(256, 128, 64)   # 16 + 64 KiB of tiles: one dynamic array
+  layout = shared_layout(uops)
+  assert layout.dynamic and all(layout.offsets[u] % 1024 == 0 for u in layout.offsets if u.dtype == dtypes.float16)
+  assert "extern __shared__ __align__(1024)" in CUDARenderer().render("hopper_kernel", uops)
+  assert ".extern .shared .align 1024" in PTXRenderer().render("hopper_kernel", uops)
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA toolkit) not installed")
 @pytest.mark.parametrize("dtype,bk", WIDE, ids=["tf32", "e4m3", "e5m2"])
 def test_tf32_and_fp8_gemm_build_for_sm_90a(dtype, bk, tmp_path):
@@ -298,7 +306,7 @@ def run_cuda(uops: list[UOp], bufs: dict, renderer: str = "cuda") -> np.ndarray:
   maps = sorted((u for u in uops if u.op is Ops.DEFINE_TENSORMAP), key=lambda u: u.arg[0])
   tensormaps = [cuda.TensorMap.for_description(memory[m.src[0].arg], m.arg[1]) for m in maps]
   module.function("hopper_kernel").launch(*[memory[key] for key in params], *tensormaps, grid=(1, 1, 1),
-                                          block=(256, 1, 1))
+                                          block=(256, 1, 1), shared=dynamic_shared_bytes(uops))
   ctx.synchronize()
   out = np.empty_like(bufs[0])
   ctx.copy_out(out, memory[0])
@@ -319,3 +327,40 @@ def test_tf32_and_fp8_gemm_on_the_gpu(dtype, bk):
   uops = gemm_kernel(32, 2 * bk, bk, dtype)
   bufs, want = gemm_buffers(32, 2 * bk, dtype)
   np.testing.assert_array_equal(run_cuda(uops, bufs).reshape(64, 32), want)
+
+# ---------------- the spec ----------------
+
+def _replaced(uops: list[UOp], old: UOp, new: UOp) -> list[UOp]:
+  """`uops` with `old` replaced by `new` (nodes using it rebuilt)."""
+  mapping = {old: new}
+  out = []
+  for u in uops:
+    if u in mapping: out.append(mapping[u]); continue
+    if any(s in mapping for s in u.src):
+      mapping[u] = u.replace(src=tuple(mapping.get(s, s) for s in u.src)) if hasattr(u, "replace") else \
+        UOp(u.op, u.dtype, tuple(mapping.get(s, s) for s in u.src), u.arg)
+      out.append(mapping[u])
+    else: out.append(u)
+  return out
+
+def test_spec_checks_the_hopper_ops():
+  uops = gemm_kernel(16, 64, 32)
+  check_linear(uops)
+  first = lambda op: next(u for u in uops if u.op is op)
+  wgmma, wait, init = first(Ops.WGMMA), first(Ops.MBARRIER_WAIT), first(Ops.MBARRIER_INIT)
+  bad = {
+    "not bool": UOp(Ops.MBARRIER_WAIT, dtypes.void, wait.src[:3] + (wait.src[1],), None),
+    "arrival count": UOp(Ops.MBARRIER_INIT, dtypes.void, init.src, 0),
+    "accumulator": UOp(Ops.WGMMA, F32.vec(4), wgmma.src, wgmma.arg),
+    "8..256": UOp(Ops.WGMMA, wgmma.dtype, wgmma.src, WarpgroupMMA(12, dtypes.float16)),
+  }
+  for why, node in bad.items():
+    with pytest.raises(SpecError, match=why): check_linear(_replaced(uops, next(u for u in uops if u.op is node.op
+                                                                                 and u.src[:2] == node.src[:2]), node))
+  small = Kernel(64)   # a warpgroup op in a block of 64 threads
+  small.void(Ops.WGMMA_FENCE, small.add(UOp.const(BOOL, True)))
+  with pytest.raises(SpecError, match="warpgroups of 128"): check_linear(small.uops)
+
+def test_cpu_renderers_refuse_the_hopper_ops():
+  from kiln.renderer.cstyle import CRenderer
+  with pytest.raises(Exception): CRenderer().render("hopper_kernel", gemm_kernel(8, 32, 16))
