@@ -38,3 +38,21 @@ def test_one_rank_all_reduce_on_cuda():
     with pytest.raises(nccl.NCCLError, match="no dtypes.bool"):
       comm.all_reduce([src._buf.ptr], [dst._buf.ptr], 1, dtypes.bool, Ops.ADD)
   finally: comm.close()
+
+def test_one_rank_all_reduce_item_on_cuda():
+  """The NCCL path end to end with one rank: an ALLREDUCE node over a kernel's result scheduled as an all-reduce item,
+  run by its runner (ordered after the kernel and before the next on the default stream), eagerly and under TinyJit
+  (captured, then replayed)."""
+  device = _cuda_or_skip()
+  from kiln.engine.jit import TinyJit
+  from kiln.uop.ops import UOp
+  def doubled_sum(t: Tensor) -> Tensor:
+    partial = UOp(Ops.CONTIGUOUS, t.dtype, ((t * 2).sum(0).uop,))
+    return Tensor(UOp(Ops.ALLREDUCE, t.dtype, (partial,), (Ops.ADD, 0))) + 1
+  a = np.random.default_rng(0).random((64, 300), dtype=np.float32)
+  np.testing.assert_allclose(doubled_sum(Tensor(a, device=device)).numpy(), a.sum(0) * 2 + 1, rtol=1e-5)
+  jitted = TinyJit(lambda t: doubled_sum(t).realize())
+  for seed in range(4):
+    a = np.random.default_rng(seed).random((64, 300), dtype=np.float32)
+    np.testing.assert_allclose(jitted(Tensor(a, device=device)).numpy(), a.sum(0) * 2 + 1, rtol=1e-5)
+  assert jitted.captured is not None and any(item.runner.name == "allreduce" for item in jitted.captured.items)
