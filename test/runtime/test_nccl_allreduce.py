@@ -1,11 +1,11 @@
 """The all-reduce of multi-device tensors as one NCCL all-reduce (kiln/schedule/multi.py's ALLREDUCE nodes, one
 schedule item with an output per device, kiln/runtime/nccl.py's runner) over a fake libnccl (fake_libnccl.c, built
 here: its all-reduce combines host memory and counts its calls), in subprocesses so that this process keeps the real
-libraries. On the fake libcuda's two GPUs (kernels do nothing there, so only the calls are checked) a sharded sum, matmul and
-gradient each make one group of one ncclAllReduce per device over one communicator made once, and every TinyJit
-call (captured and replayed) one group; on virtual CPU devices (host memory too, with the NCCL path
-allowed for them) a sharded sum, matmuls and a gradient give NumPy's answer, eagerly and under TinyJit, and NCCL=0
-uses kiln's own all-reduce."""
+libraries. On the fake libcuda's two GPUs (kernels do nothing there, so only the calls are checked) a sharded sum,
+max, matmul and gradient each make one group of one ncclAllReduce per device over one communicator made once, and
+every TinyJit call (captured and replayed) one group; on virtual CPU devices (host memory too, with the NCCL path
+allowed for them) a sharded sum and max, matmuls and a gradient give NumPy's answer, eagerly and under TinyJit, and
+NCCL=0 uses kiln's own all-reduce."""
 from __future__ import annotations
 import json, os, subprocess, sys
 import pytest
@@ -36,6 +36,9 @@ def child(devices: tuple[str, ...]) -> dict:
   before = counts()
   out["sum"] = float(np.abs(xs.sum(0).numpy() - x.sum(0)).max())
   out["sum_calls"] = delta(before)
+  before = counts()
+  out["max"] = float(np.abs(xs.max(0).numpy() - x.max(0)).max())
+  out["max_calls"] = delta(before)
   before = counts()
   contracted = Tensor(x).shard(devices, axis=1) @ Tensor(w).shard(devices, axis=0)
   out["matmul"] = float(np.abs(contracted.numpy() - x @ w).max())
@@ -73,13 +76,13 @@ def _run(fake_driver, devices: str, **env_extra) -> dict:
 def test_nccl_all_reduce_on_two_fake_gpus(fake_driver):
   out = _run(fake_driver, "CUDA:0,CUDA:1")
   assert out["rows_calls"] == [2, 1, 1]   # one ncclAllReduce per device in one group; the communicator made once
-  for step in ("sum", "matmul", "grad"): assert out[f"{step}_calls"] == [2, 1, 0], step
+  for step in ("sum", "max", "matmul", "grad"): assert out[f"{step}_calls"] == [2, 1, 0], step
   assert out["jit_calls"] == [2, 2, 2, 2] and out["replayed"]
 
 def test_nccl_all_reduce_values_on_cpu_devices(fake_driver):
   out = _run(fake_driver, "CPU:1,CPU:2")
   assert out["rows"] and out["rows_calls"] == [2, 1, 1]
-  for step in ("sum", "matmul", "grad"):
+  for step in ("sum", "max", "matmul", "grad"):
     assert out[f"{step}_calls"] == [2, 1, 0], step
     assert out[step] < 1e-5, step
   assert out["jit_calls"] == [2, 2, 2, 2] and out["replayed"]
