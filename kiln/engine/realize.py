@@ -246,7 +246,8 @@ class ExecItem:
   var_vals: dict
   n_out: int = 1
 
-_COPY, _ALLREDUCE = Ops.COPY, Ops.ALLREDUCE   # bound once: `Ops.X` is a metaclass attribute lookup (~130 ns under Python 3.11)
+# bound once: `Ops.X` is a metaclass attribute lookup (~130 ns under Python 3.11)
+_COPY, _ALLREDUCE = Ops.COPY, Ops.ALLREDUCE
 
 # the TinyJit call in progress (at most one). run_schedule reports each launch to it; Tensor.numpy() raises while set;
 # the schedule cache hands out no reused buffers while set (kiln/schedule/cache.py)

@@ -92,7 +92,8 @@ def test_nccl_all_reduce_values_on_cpu_devices(fake_driver):
 def test_nccl_0_uses_kilns_own_all_reduce(fake_driver, devices):
   out = _run(fake_driver, devices, NCCL="0")
   assert out["rows_calls"] == [0, 0, 0] and out["jit_calls"] == [0, 0, 0, 0]
-  if devices.startswith("CPU"): assert out["rows"] and out["sum"] < 1e-5 and out["matmul"] < 1e-5 and max(out["jit"]) < 1e-5
+  if devices.startswith("CPU"):
+    assert out["rows"] and out["sum"] < 1e-5 and out["matmul"] < 1e-5 and max(out["jit"]) < 1e-5
 
 if __name__ == "__main__":
   print(json.dumps(child(tuple(sys.argv[1].split(",")))))
