@@ -23,6 +23,7 @@ from kiln.helpers import RING, NCCL
 from kiln.uop.ops import UOp, Ops, GroupOp, toposort
 
 RING_MIN_ELEMENTS = 1 << 18   # below this a ring's extra copies and kernels cost more than the naive sum saves
+_nccl_found: list[bool] = []   # whether libnccl loads, once asked
 COLLECTIVE_KINDS = ("CUDA",)   # device kinds whose all-reduce may be one NCCL collective (tests add "CPU": host memory)
 
 class MultiDeviceError(RuntimeError):
@@ -170,7 +171,8 @@ def _collective(op: Ops, partials: list[UOp]) -> bool:
   if not all(type(d) is str and d.split(":")[0] in COLLECTIVE_KINDS for d in devices): return False
   if len({d.partition(":")[2] or "0" for d in devices}) != len(devices): return False
   from kiln.runtime import nccl
-  return partials[0].dtype in nccl.NCCL_DTYPES and op in nccl.NCCL_OPS and nccl.available()
+  if not _nccl_found: _nccl_found.append(nccl.available())   # looked for once (a miss searches every path)
+  return partials[0].dtype in nccl.NCCL_DTYPES and op in nccl.NCCL_OPS and _nccl_found[0]
 
 # ---------------- lowering ----------------
 
