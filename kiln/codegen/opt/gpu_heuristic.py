@@ -154,11 +154,15 @@ def gpu_opts(kernel: Kernel) -> list[Opt]:
 
 def gpu_heuristic_opts(kernel: Kernel) -> list[Opt]:
   """Everything a GPU kernel gets without BEAM, applied in place: long float sums blocked where no block's threads
-  share them (a row kernel's are split over its threads instead), then the GPU actions (`gpu_opts`)."""
+  share them (a row kernel's are split over its threads instead) and no tensor-core tile sums them (its WMMAs sum
+  each K step apart, so its sums are blocked already; a blocked k would break its 16-byte copies into ragged runs),
+  then the GPU actions (`gpu_opts`)."""
   from kiln.codegen import gpudims
   from kiln.codegen.gpu_attention import attention_plan
+  from kiln.codegen.gpu_mma import mma_plan
   if not NOLOCALS and attention_plan(kernel.sink) is not None: return []   # a flash kernel: its own loops
-  opts = [] if gpudims.groupable(kernel.sink) else block_long_sums(kernel)
+  blocked = gpudims.groupable(kernel.sink) or mma_plan(kernel.sink, kernel.target) is not None
+  opts = [] if blocked else block_long_sums(kernel)
   return opts + gpu_opts(kernel)
 
 def gpu_optimize(lowered: UOp, target: object = None, opts: list[Opt] | None = None) -> UOp:
