@@ -307,6 +307,8 @@ WARP_SHUFFLE = ContextVar("WARP_SHUFFLE", 1, "1: a GPU row or grid reduction com
 TC = ContextVar("TC", 1, "1: half and bfloat16 matmul-shaped kernels on GPU targets with tensor cores run on them (the "
                "TC action, kiln/codegen/gpu_mma.py); 0: never (SIMT tiles)")
 USE_TC = TC   # (tinygrad's module-level name)
+WGMMA = ContextVar("WGMMA", 0, "1: fp16/bf16 matmuls of K-major factors on sm_90a may be built as the Hopper GEMM "
+                  "(TMA + mbarrier ring + wgmma, kiln/codegen/gpu_wgmma.py); 0 (default): never")
 ALLOW_TF32 = ContextVar("ALLOW_TF32", 0, "1: float32 matmul-shaped kernels on GPU targets may run on tf32 tensor "
                         "cores (inputs rounded to 10 mantissa bits, float32 sums); 0: exact float32 (SIMT tiles)")
 FUSE_OPTIM = ContextVar("FUSE_OPTIM", 0, "1: optimizers default to fused=True (all parameters updated as one flat "
