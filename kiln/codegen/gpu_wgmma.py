@@ -3,8 +3,10 @@ into an mbarrier ring and wgmma over it (the ops of docs/ir.md stage 4), built a
 
 Taken (`wgmma_plan`) only under WGMMA=1, on an sm_90a target, for a lowered matmul-shaped kernel (gpu_tiles'
 `matmul_plan`) with no batch, one row, one column and one reduce range, whose factors are plain half or bfloat16 global
-loads both K-major in memory (A m x k row-major, B given n x k: `x @ w.T`, nn.Linear's layout), with m and n multiples
-of BM = BN = 128 and k of BK = 64. Everything else is refused (None). The kernel (`wgmma_kernel`):
+loads both K-major in memory (A m x k row-major, B given n x k: `x @ w.T`, nn.Linear's layout), k a multiple of 8
+(a TMA row stride is a multiple of 16 bytes). Everything else is refused (None). Edge tiles (m or n not a multiple of
+BM = BN = 128, k not of BK = 64) read zeros past the matrix (the TMA's out-of-bounds fill: a zero product adds
+nothing) and gate their stores. The kernel (`wgmma_kernel`):
 
 - one block of THREADS = 384 threads (three warpgroups) per 128 x 128 output tile, `gidx0` the tile column, `gidx1` the
   row; warpgroups 0 and 1 the consumers (rows 0-63 and 64-127 of the tile), thread 256 the producer;
@@ -57,7 +59,8 @@ def wgmma_plan(sink: UOp, target: object = None) -> tuple[MatmulPlan, UOp, UOp] 
   gpu = target if getattr(target, "has_local", False) else GPUTarget()
   if getattr(gpu, "arch", "") != "sm_90a": return None
   def chooser(m: int, n: int, k: int, batch: int, multiprocessors: int) -> tuple[int, int, int] | None:
-    return (BM, BN, BK) if m % BM == 0 and n % BN == 0 and k % BK == 0 and batch == 1 else None
+    # a TMA row stride is a multiple of 16 bytes: k of 8 16-bit elements
+    return (BM, BN, BK) if k % 8 == 0 and batch == 1 else None
   plan = matmul_plan(sink, getattr(gpu, "multiprocessors", 132), DTYPES, chooser)
   if plan is None or plan.batch or len(plan.rows) != 1 or len(plan.cols) != 1 or len(plan.k_ranges) != 1: return None
   k = Kernel.size(plan.k_ranges[0])
@@ -103,8 +106,8 @@ def wgmma_kernel(sink: UOp, target: object = None) -> list[UOp] | None:
   m, n, k = (Kernel.size(r) for r in (plan.rows[0], plan.cols[0], plan.k_ranges[0]))
   kern = _Linear()
   lane = kern.add(UOp(Ops.SPECIAL, INT, (), ("lidx0", THREADS)))
-  col_block = kern.add(UOp(Ops.SPECIAL, INT, (), ("gidx0", n // BN)))
-  row_block = kern.add(UOp(Ops.SPECIAL, INT, (), ("gidx1", m // BM)))
+  col_block = kern.add(UOp(Ops.SPECIAL, INT, (), ("gidx0", -(-n // BN))))
+  row_block = kern.add(UOp(Ops.SPECIAL, INT, (), ("gidx1", -(-m // BM))))
   maps = [kern.add(UOp(Ops.DEFINE_TENSORMAP, dtypes.void, (load.src[0],),
                        (i, TensorMap(dtype, rows, k, (tile, BK), SPAN))))
           for i, (load, rows, tile) in enumerate(((a_load, m, BM), (b_load, n, BN)))]
@@ -125,7 +128,7 @@ def wgmma_kernel(sink: UOp, target: object = None) -> list[UOp] | None:
   # the consumer's 64-row half of the A tile: bytes into each stage
   half = kern.alu(Ops.MUL, kern.alu(Ops.IDIV, lane, 128), 64 * SPAN)
   origins = [kern.alu(Ops.MUL, row_block, BM), kern.alu(Ops.MUL, col_block, BN)]   # (before the loop: used after)
-  step = kern.add(UOp(Ops.RANGE, INT, (UOp.const(INT, k // BK),), 0))
+  step = kern.add(UOp(Ops.RANGE, INT, (UOp.const(INT, -(-k // BK)),), 0))
   stage = kern.alu(Ops.MOD, step, RING)
   phase = kern.alu(Ops.AND, kern.alu(Ops.IDIV, step, RING), 1)
   empty = kern.alu(Ops.ADD, stage, RING)
@@ -159,9 +162,15 @@ def wgmma_kernel(sink: UOp, target: object = None) -> list[UOp] | None:
     j, h, e = i // 4, (i // 2) % 2, i % 2
     row, col = kern.alu(Ops.ADD, row0, 8 * h), kern.alu(Ops.ADD, col0, 8 * j + e)
     value = kern.add(UOp(Ops.GEP, F32, (acc,), i))
+    gate = consumer
+    if m % BM:   # an edge tile: its rows past m compute at row m-1 (every load in bounds) and store nothing
+      inside = kern.alu(Ops.CMPLT, row, m, BOOL)
+      row, gate = kern.add(inside.where(row, UOp.const(INT, m - 1))), kern.add(gate & inside)
+    if n % BN:
+      inside = kern.alu(Ops.CMPLT, col, n, BOOL)
+      col, gate = kern.add(inside.where(col, UOp.const(INT, n - 1))), kern.add(gate & inside)
     store = _substitute(plan.store, {plan.rows[0]: row, plan.cols[0]: col, plan.total: value})
-    kern.add(store.replace(src=(*store.src, consumer)) if hasattr(store, "replace") else
-             UOp(store.op, store.dtype, (*store.src, consumer), store.arg))
+    kern.add(UOp(store.op, store.dtype, (*store.src, gate), store.arg))
   return kern.uops
 
 def shared_bytes() -> int:

@@ -24,11 +24,12 @@ def _lowered(out: Tensor):
   item = [i for i in out.schedule() if i.ast.op is not Ops.COPY][-1]
   return lower_for_codegen(item.ast)
 
-def _linear(m: int, n: int, k: int, dtype=dtypes.half, epilogue: bool = True, transposed: bool = True):
+def _linear(m: int, n: int, k: int, dtype=dtypes.half, epilogue: bool = True, transposed: bool = True,
+            batch: tuple = ()):
   """The lowered kernel of `(x @ w.T + bias).relu()` (x m x k, w n x k), or of `x @ w` (w k x n)."""
-  x = Tensor.empty(m, k, dtype=dtype, device="PYTHON")
-  w = Tensor.empty(*((n, k) if transposed else (k, n)), dtype=dtype, device="PYTHON")
-  out = x @ (w.T if transposed else w)
+  x = Tensor.empty(*batch, m, k, dtype=dtype, device="PYTHON")
+  w = Tensor.empty(*batch, *((n, k) if transposed else (k, n)), dtype=dtype, device="PYTHON")
+  out = x @ (w.transpose(-1, -2) if transposed else w)
   if epilogue: out = (out + Tensor.empty(n, dtype=dtype, device="PYTHON")).relu()
   return _lowered(out)
 
@@ -44,8 +45,8 @@ def test_off_by_default_and_refusals():
   with Context(WGMMA=1):
     assert gpu_wgmma.wgmma_plan(sink) is not None
     assert gpu_wgmma.wgmma_plan(_linear(128, 128, 128, transposed=False)) is None   # B not K-major
-    assert gpu_wgmma.wgmma_plan(_linear(128, 96, 128)) is None   # n not a multiple of 128
-    assert gpu_wgmma.wgmma_plan(_linear(128, 128, 96)) is None   # k not a multiple of 64
+    assert gpu_wgmma.wgmma_plan(_linear(128, 128, 100)) is None   # k not a multiple of 8 (the TMA's row stride)
+    assert gpu_wgmma.wgmma_plan(_linear(128, 128, 128, batch=(2,))) is None
     assert gpu_wgmma.wgmma_plan(_linear(128, 128, 128, dtypes.float32)) is None
     from kiln.runtime.gpu_target import GPUTarget
     assert gpu_wgmma.wgmma_plan(sink, GPUTarget(arch="sm_86")) is None
@@ -76,7 +77,7 @@ def _as_float(out: np.ndarray, dtype) -> np.ndarray:
   if dtype == dtypes.bfloat16: return (out.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
   return out.view(np.float16).astype(np.float64)
 
-SHAPES = [(128, 128, 128), (256, 128, 192)]
+SHAPES = [(128, 128, 128), (256, 128, 192), (200, 136, 120)]   # the last: edge tiles in m, n and k
 
 @pytest.mark.parametrize("m,n,k", SHAPES)
 @pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=["f16", "bf16"])
@@ -90,15 +91,16 @@ def test_gemm_in_the_emulators(m, n, k, dtype):
   np.testing.assert_array_equal(_as_float(python[0], dtype).reshape(m, n), want)
   if dtype != dtypes.float16: return   # (the lockstep emulator's plain loads and stores take NumPy's dtypes)
   lockstep = {key: v.view(np.float16).copy() for key, v in bufs.items()}
-  run_lockstep(uops, ((n // 128, m // 128, 1), (gpu_wgmma.THREADS, 1, 1)), lockstep)
+  run_lockstep(uops, ((-(-n // 128), -(-m // 128), 1), (gpu_wgmma.THREADS, 1, 1)), lockstep)
   np.testing.assert_array_equal(lockstep[0].astype(np.float64).reshape(m, n), want)
 
 NVCC, PTXAS = shutil.which("nvcc"), shutil.which("ptxas")
 
 @pytest.mark.skipif(NVCC is None or PTXAS is None, reason="nvcc/ptxas (CUDA toolkit) not installed")
+@pytest.mark.parametrize("size", [4096, 3000])   # 3000: edge tiles
 @pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=["f16", "bf16"])
-def test_4096_kernel_builds_for_sm_90a(dtype, tmp_path):
-  uops = _kernel(4096, 4096, 4096, dtype)
+def test_kernel_builds_for_sm_90a(size, dtype, tmp_path):
+  uops = _kernel(size, size, size, dtype)
   assert dynamic_shared_bytes(uops) >= gpu_wgmma.shared_bytes()
   src = CUDARenderer().render("wgmma_kernel", uops)
   (tmp_path / "k.cu").write_text(src)
@@ -118,9 +120,10 @@ def test_4096_kernel_builds_for_sm_90a(dtype, tmp_path):
 
 # ---------------- on the GPU ----------------
 
+@pytest.mark.parametrize("size", [4096, 3000])   # 3000: edge tiles
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
-def test_4096_gemm_on_the_gpu_matches_torch(dtype):
-  # relu(x @ w.T + bias) at 4096^3, all of it against relu(F.linear) in float32 (bench/bench_wgmma.py's check)
+def test_gemm_on_the_gpu_matches_torch(size, dtype):
+  # relu(x @ w.T + bias) at size^3, all of it against relu(F.linear) in float32 (bench/bench_wgmma.py's check)
   from kiln.runtime import cuda_driver as cuda
   if not cuda.available() or cuda.device_count() == 0: pytest.skip("no CUDA GPU")
   if cuda.device_properties(0).arch != "sm_90a": pytest.skip("not a Hopper GPU (sm_90a)")
@@ -128,8 +131,8 @@ def test_4096_gemm_on_the_gpu_matches_torch(dtype):
   import os, sys
   sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
   import bench_wgmma
-  bufs = bench_wgmma.tensors(4096, 4096, 4096, dtype, seed=1)
-  launch = bench_wgmma.Launcher(_kernel(4096, 4096, 4096, {"fp16": dtypes.half, "bf16": dtypes.bfloat16}[dtype]),
+  bufs = bench_wgmma.tensors(size, size, size, dtype, seed=1)
+  launch = bench_wgmma.Launcher(_kernel(size, size, size, {"fp16": dtypes.half, "bf16": dtypes.bfloat16}[dtype]),
                                 bufs)
   launch()
   launch.ctx.synchronize()
