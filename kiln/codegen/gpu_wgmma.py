@@ -20,7 +20,7 @@ nothing) and gate their stores. The kernel (`wgmma_kernel`):
 - the accumulators (64 float32 a thread, the instruction's `c_layout`) run through the kernel's own STORE (the
   plan's epilogue: bias, activation, cast), the sum replaced by each accumulator, gated to the consumers.
 The producer can run RING steps ahead of the consumers; the consumers do not yet overlap one step's wgmmas with the
-next (wait_group 0 a step), and the registers are not redistributed (no setmaxnreg: in straight-line gated code ptxas
+next (wait_group 0 a step; OVERLAP), and the registers are not redistributed (no setmaxnreg: in straight-line gated code ptxas
 ignores the producer's dec, so the consumers' inc could never be granted).
 """
 from __future__ import annotations
@@ -37,6 +37,10 @@ BM, BN, BK = 128, 128, 64   # the output tile and the K step (64 16-bit elements
 RING = 4   # stages of the shared-memory ring (4 x 32 KiB)
 THREADS = 384   # two consumer warpgroups and one producer warpgroup (its first thread issues the TMA loads)
 SPAN = 128   # the swizzle span in bytes (a tile row)
+# True: a consumer waits only for the step before's wgmmas (wait_group 1) and releases that step's stage. Off: ptxas
+# then serializes the wgmmas ("WG.DP in divergent path": in-flight accumulators cross the producer's gated branches
+# of the next step); it needs the roles in separate branches (an IF region, not yet in the IR)
+OVERLAP = False
 DTYPES = (dtypes.float16, dtypes.bfloat16)
 
 def _load(factor: UOp) -> UOp:
@@ -147,10 +151,17 @@ def wgmma_kernel(sink: UOp, target: object = None) -> list[UOp] | None:
   for a_start, b_start in starts:
     d = kern.add(UOp(Ops.WGMMA, acc_dtype, (tiles[0], a_start, tiles[1], b_start, d, consumer), wg))
   kern.void(Ops.WGMMA_COMMIT, consumer)
-  kern.void(Ops.WGMMA_WAIT, consumer, arg=0)
-  kern.void(Ops.MBARRIER_ARRIVE, bars, empty, warp_leader, arg=0)
+  if OVERLAP:   # step s-1's wgmmas are done (step s's may still run): release stage (s-1) % RING
+    kern.void(Ops.WGMMA_WAIT, consumer, arg=1)
+    previous = kern.alu(Ops.ADD, kern.alu(Ops.MOD, kern.alu(Ops.ADD, step, RING - 1), RING), RING)
+    kern.void(Ops.MBARRIER_ARRIVE, bars, previous, kern.add(warp_leader & kern.alu(Ops.CMPLT, UOp.const(INT, 0), step,
+                                                                                      BOOL)), arg=0)
+  else:
+    kern.void(Ops.WGMMA_WAIT, consumer, arg=0)
+    kern.void(Ops.MBARRIER_ARRIVE, bars, empty, warp_leader, arg=0)
   kern.add(UOp(Ops.ASSIGN, acc_dtype, (acc, d)))
   kern.void(Ops.ENDRANGE, step)
+  if OVERLAP: kern.void(Ops.WGMMA_WAIT, consumer, arg=0)   # the last step's wgmmas, before the epilogue reads them
   # the epilogue: thread t (of its warpgroup) holds element i at row 16*warp + t%32//4 + 8*((i//2)%2), column
   # 2*(t%4) + 8*(i//4) + i%2 of its 64 x 128 accumulator (WarpgroupMMA.c_layout)
   t = kern.alu(Ops.MOD, lane, 128)

@@ -77,7 +77,8 @@ def _as_float(out: np.ndarray, dtype) -> np.ndarray:
   if dtype == dtypes.bfloat16: return (out.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
   return out.view(np.float16).astype(np.float64)
 
-SHAPES = [(128, 128, 128), (256, 128, 192), (200, 136, 120)]   # the last: edge tiles in m, n and k
+SHAPES = [(128, 128, 128), (256, 128, 192), (128, 128, 576), (200, 136, 120)]   # 576: the ring wraps twice; the
+# last: edge tiles in m, n and k
 
 @pytest.mark.parametrize("m,n,k", SHAPES)
 @pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=["f16", "bf16"])
@@ -93,6 +94,11 @@ def test_gemm_in_the_emulators(m, n, k, dtype):
   lockstep = {key: v.view(np.float16).copy() for key, v in bufs.items()}
   run_lockstep(uops, ((-(-n // 128), -(-m // 128), 1), (gpu_wgmma.THREADS, 1, 1)), lockstep)
   np.testing.assert_array_equal(lockstep[0].astype(np.float64).reshape(m, n), want)
+
+def test_overlapped_steps_in_the_emulators(monkeypatch):
+  # OVERLAP: wait_group 1 and the previous step's stage released (off by default: ptxas serializes it)
+  monkeypatch.setattr(gpu_wgmma, "OVERLAP", True)
+  test_gemm_in_the_emulators(256, 128, 320, dtypes.float16)
 
 NVCC, PTXAS = shutil.which("nvcc"), shutil.which("ptxas")
 
