@@ -1,6 +1,6 @@
 """kiln's Hopper GEMM (kiln/codegen/gpu_wgmma.py, WGMMA=1) on the CUDA device beside PyTorch (cuBLAS) in one process.
 
-  python bench/bench_wgmma.py [--reps R] [--sizes 4096,8192] [--json PATH]
+  python bench/bench_wgmma.py [--reps R] [--sizes 4096,8192] [--dtypes fp16,bf16] [--ptx] [--json PATH]
 
 Each row: `relu(x @ w.T + bias)` (x m x k, w n x k, fp16 and bf16; one fused kernel) at m = n = k = size. The kernel
 is built from the lowered kernel of that expression and launched directly (the CUDA device does not yet pass tensor
@@ -28,16 +28,20 @@ def build(m: int, n: int, k: int, dtype):
   return uops
 
 class Launcher:
-  """The kernel compiled and loaded on GPU 0 over torch tensors' memory (out, x, w, bias by DEFINE_GLOBAL index)."""
-  def __init__(self, uops, tensors: dict):
+  """The kernel compiled (CUDA C by NVRTC, or with `ptx` kiln's PTX) and loaded on GPU 0 over torch tensors' memory
+  (out, x, w, bias by DEFINE_GLOBAL index)."""
+  def __init__(self, uops, tensors: dict, ptx: bool = False):
     from kiln.renderer import kernel_signature
     from kiln.renderer.cuda import CUDARenderer
+    from kiln.renderer.ptx import PTXRenderer
     from kiln.renderer.shared_memory import dynamic_shared_bytes
     from kiln.runtime import cuda_driver as cuda
     from kiln.uop.ops import Ops
     self.ctx = cuda.Context(0)
     arch = self.ctx.properties.arch
-    self.module = self.ctx.load(cuda.NVRTCCompiler(arch).compile(CUDARenderer(arch).render("wgmma_gemm", uops)))
+    image = cuda.PTXCompiler(arch).compile(PTXRenderer(arch).render("wgmma_gemm", uops)) if ptx else \
+      cuda.NVRTCCompiler(arch).compile(CUDARenderer(arch).render("wgmma_gemm", uops))
+    self.module = self.ctx.load(image)
     self.function = self.module.function("wgmma_gemm")
     params = [b.arg for b in kernel_signature(uops)[0]]
     maps = sorted((u for u in uops if u.op is Ops.DEFINE_TENSORMAP), key=lambda u: u.arg[0])
@@ -82,13 +86,13 @@ def check(out, x, w, bias, dtype: str) -> tuple[float, float]:
   if not worst <= tolerance: raise AssertionError(f"gpu_wgmma {dtype}: worst error {worst} of {scale}")
   return worst, scale
 
-def row(size: int, dtype: str, reps: int) -> dict:
-  """One row: kiln's Hopper GEMM and PyTorch's at size^3."""
+def row(size: int, dtype: str, reps: int, ptx: bool = False) -> dict:
+  """One row: kiln's Hopper GEMM (from CUDA C, or kiln's PTX) and PyTorch's at size^3."""
   import torch
   from kiln import dtypes
   m = n = k = size
   bufs = tensors(m, n, k, dtype, seed=size)
-  launch = Launcher(build(m, n, k, {"fp16": dtypes.half, "bf16": dtypes.bfloat16}[dtype]), bufs)
+  launch = Launcher(build(m, n, k, {"fp16": dtypes.half, "bf16": dtypes.bfloat16}[dtype]), bufs, ptx)
   launch()
   launch.ctx.synchronize()
   torch.cuda.synchronize()
@@ -104,12 +108,12 @@ def row(size: int, dtype: str, reps: int) -> dict:
     times.append(start.elapsed_time(end))
   torch_time = statistics.median(times)
   flops = 2 * m * n * k
-  out = {"size": size, "dtype": dtype, "kiln_ms": ms, "kiln_TFLOPs": flops / ms / 1e9, "torch_ms": torch_time,
-         "torch_TFLOPs": flops / torch_time / 1e9, "of_torch": torch_time / ms, "worst_abs_error": worst,
-         "scale": scale}
-  print(f"wgmma {dtype} {size}^3 relu(x@w.T+b)  kiln {ms:8.3f} ms {out['kiln_TFLOPs']:7.1f} TFLOP/s   torch "
-        f"{torch_time:8.3f} ms {out['torch_TFLOPs']:7.1f} TFLOP/s   {out['of_torch']:6.1%} of torch   (worst error "
-        f"{worst:.3g} of {scale:.3g})", flush=True)
+  out = {"size": size, "dtype": dtype, "ptx": ptx, "kiln_ms": ms, "kiln_TFLOPs": flops / ms / 1e9,
+         "torch_ms": torch_time, "torch_TFLOPs": flops / torch_time / 1e9, "of_torch": torch_time / ms,
+         "worst_abs_error": worst, "scale": scale}
+  print(f"wgmma{' ptx' if ptx else ''} {dtype} {size}^3 relu(x@w.T+b)  kiln {ms:8.3f} ms "
+        f"{out['kiln_TFLOPs']:7.1f} TFLOP/s   torch {torch_time:8.3f} ms {out['torch_TFLOPs']:7.1f} TFLOP/s   "
+        f"{out['of_torch']:6.1%} of torch   (worst error {worst:.3g} of {scale:.3g})", flush=True)
   return out
 
 def main() -> None:
@@ -117,9 +121,11 @@ def main() -> None:
   parser.add_argument("--reps", type=int, default=20)
   parser.add_argument("--sizes", default="4096,8192")
   parser.add_argument("--dtypes", default="fp16,bf16")
+  parser.add_argument("--ptx", action="store_true", help="kiln's PTX renderer instead of CUDA C")
   parser.add_argument("--json", default=None)
   args = parser.parse_args()
-  rows = [row(int(size), dtype, args.reps) for size in args.sizes.split(",") for dtype in args.dtypes.split(",")]
+  rows = [row(int(size), dtype, args.reps, args.ptx) for size in args.sizes.split(",")
+          for dtype in args.dtypes.split(",")]
   if args.json:
     with open(args.json, "w") as f: json.dump(rows, f, indent=1)
 

@@ -20,8 +20,8 @@ nothing) and gate their stores. The kernel (`wgmma_kernel`):
 - the accumulators (64 float32 a thread, the instruction's `c_layout`) run through the kernel's own STORE (the
   plan's epilogue: bias, activation, cast), the sum replaced by each accumulator, gated to the consumers.
 The producer can run RING steps ahead of the consumers; the consumers do not yet overlap one step's wgmmas with the
-next (wait_group 0 a step; OVERLAP), and the registers are not redistributed (no setmaxnreg: in straight-line gated code ptxas
-ignores the producer's dec, so the consumers' inc could never be granted).
+next (wait_group 0 a step; OVERLAP), and the registers are not redistributed (no setmaxnreg: in straight-line gated
+code ptxas ignores the producer's dec, so the consumers' inc could never be granted).
 """
 from __future__ import annotations
 from kiln.dtype import dtypes

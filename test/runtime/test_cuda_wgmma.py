@@ -126,9 +126,9 @@ def test_kernel_builds_for_sm_90a(size, dtype, tmp_path):
 
 # ---------------- on the GPU ----------------
 
-@pytest.mark.parametrize("size", [4096, 3000])   # 3000: edge tiles
-@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
-def test_gemm_on_the_gpu_matches_torch(size, dtype):
+@pytest.mark.parametrize("size,dtype,ptx", [(4096, "fp16", False), (4096, "bf16", False), (3000, "fp16", False),
+                                            (3000, "bf16", False), (4096, "fp16", True)], ids=str)   # 3000: edges
+def test_gemm_on_the_gpu_matches_torch(size, dtype, ptx):
   # relu(x @ w.T + bias) at size^3, all of it against relu(F.linear) in float32 (bench/bench_wgmma.py's check)
   from kiln.runtime import cuda_driver as cuda
   if not cuda.available() or cuda.device_count() == 0: pytest.skip("no CUDA GPU")
@@ -139,7 +139,7 @@ def test_gemm_on_the_gpu_matches_torch(size, dtype):
   import bench_wgmma
   bufs = bench_wgmma.tensors(size, size, size, dtype, seed=1)
   launch = bench_wgmma.Launcher(_kernel(size, size, size, {"fp16": dtypes.half, "bf16": dtypes.bfloat16}[dtype]),
-                                bufs)
+                                bufs, ptx)
   launch()
   launch.ctx.synchronize()
   torch.cuda.synchronize()
