@@ -2,7 +2,8 @@
 
   python bench/bench_attention_cuda.py [--shape B H S D] [--reps R] [--json PATH]
 
-fp16 q, k, v of shape (B, H, S, D), random normal; `scaled_dot_product_attention` plain and causal. Each kiln output is
+fp16 q, k, v of shape (B, H, S, D), random normal; `scaled_dot_product_attention` plain and causal, by the
+tensor-core kernel and the SIMT one (--tiles). Each kiln output is
 checked first: against float64 on the first heads, and against PyTorch's output everywhere. Times: the median of R
 runs after 2 warm-ups, CUDA events around each kiln launch (DEBUG=2) and around each eager PyTorch call. TFLOP/s
 count 4*B*H*S*S*D flops (half of that for causal, as PyTorch's benchmarks do).
@@ -15,8 +16,9 @@ def main() -> None:
   parser.add_argument("--shape", type=int, nargs=4, default=(8, 16, 4096, 128), metavar=("B", "H", "S", "D"))
   parser.add_argument("--reps", type=int, default=5)
   parser.add_argument("--json", default="")
-  parser.add_argument("--tiles", default="64x64", help="kiln/codegen/gpu_attention.py (BM, BN) tiles to time, as "
-                      "BMxBN (commas; each a kernel of its own, compiled anew)")
+  parser.add_argument("--tiles", default="tc,64x32", help="kernels to time (commas; each compiled anew): tc (the "
+                      "tensor-core kernel, kiln/codegen/gpu_attention.py flash_attention_tc), tcN (it with key blocks "
+                      "of N: TC_BN), or BMxBN (the SIMT kernel's BM, BN tiles)")
   args = parser.parse_args()
   from kiln.codegen import gpu_attention
   from kiln.engine import realize
@@ -31,7 +33,8 @@ def main() -> None:
   kq, kk, kv = (Tensor(t.cpu().numpy(), device="CUDA").realize() for t in (q, k, v))
   rows = []
   for tile, causal in [(t, c) for t in args.tiles.split(",") for c in (False, True)]:
-    gpu_attention.BM, gpu_attention.BN = (int(x) for x in tile.split("x"))
+    gpu_attention.TC, gpu_attention.TC_BN = tile.startswith("tc"), int(tile[2:] or 0) if tile.startswith("tc") else 0
+    if not gpu_attention.TC: gpu_attention.BM, gpu_attention.BN = (int(x) for x in tile.split("x"))
     realize._runner_cache.clear()   # the kernel's AST is the same: build it anew for this tile
     def make(): return kq.scaled_dot_product_attention(kk, kv, is_causal=causal)
     times, kernels, out = [], 0, None

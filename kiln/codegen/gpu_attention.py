@@ -224,13 +224,15 @@ def _step_sum(a_reads: list[UOp], b_reads: list[UOp], step: UOp) -> UOp:
   for a, b in zip(a_reads[1:], b_reads[1:]): chain = UOp(Ops.MULACC, F32, (a, b, chain))
   return UOp(Ops.REDUCE, F32, (chain, step), Ops.ADD)
 
-def _key_blocks(plan: AttentionPlan, row_block: UOp, length: int, keys: int) -> UOp:
-  """How many key blocks query block `row_block` visits: all of them, or, under a causal mask (`causal_bound`), those
-  up to its last row's last visible key (at least one: a row that sees no key stores NaN, as the graph does)."""
-  key_blocks = _ceil(keys, BN)
+def _key_blocks(plan: AttentionPlan, row_block: UOp, length: int, keys: int, bm: int = 0, bn: int = 0) -> UOp:
+  """How many key blocks of `bn` keys (0: BN) query block `row_block` of `bm` rows (0: BM) visits: all of them, or,
+  under a causal mask (`causal_bound`), those up to its last row's last visible key (at least one: a row that sees no
+  key stores NaN, as the graph does)."""
+  bm, bn = bm or BM, bn or BN
+  key_blocks = _ceil(keys, bn)
   diagonal = causal_bound(plan.score, plan.rows[-1], plan.key) if len(plan.rows) == 1 and CAUSAL_SKIP else None
   if diagonal is None: return UOp.const(INT, key_blocks)
-  blocks = ((row_block * BM + (BM - 1 + diagonal)) // BN + 1).maximum(1)
+  blocks = ((row_block * bm + (bm - 1 + diagonal)) // bn + 1).maximum(1)
   return graph_rewrite(blocks.lt(key_blocks).where(blocks, UOp.const(INT, key_blocks)), symbolic)
 
 def flash_attention(sink: UOp, target: object = None) -> UOp | None:
@@ -238,6 +240,7 @@ def flash_attention(sink: UOp, target: object = None) -> UOp | None:
   warp = shuffle_warp(target)
   plan = attention_plan(sink) if not NOLOCALS and warp >= THREADS_COLS and warp % THREADS_COLS == 0 else None
   if plan is None: return None
+  if (tc_kernel := flash_attention_tc(sink, plan, target, warp)) is not None: return tc_kernel
   length = prod(Kernel.size(r) for r in plan.rows)
   keys, depth = Kernel.size(plan.key), Kernel.size(plan.depth)
   dv = prod(Kernel.size(r) for r in plan.cols)
@@ -332,3 +335,199 @@ def flash_attention(sink: UOp, target: object = None) -> UOp | None:
       gate = row_inside & last if row_inside is not None and last is not None else row_inside or last
       stores.append(store if gate is None else store.replace(src=(*store.src, gate)))
   return graph_rewrite(sink.replace(src=tuple(stores)), symbolic, name="flash attention")
+
+# the tensor-core kernel (half and bfloat16 factors, `flash_attention_tc`): WARPS warps of 16 query rows each
+TC_WARPS = 8
+TC_BM = 16 * TC_WARPS
+TC_RING = 3   # K's and V's cp.async rings: block kb computes from stage kb % 3 while block kb+1 lands in the next
+TC_DIMS = (32, 64, 128)   # the depths and value widths whose rows the GEMM tiles' swizzle covers
+TC_SHARED = 48 << 10   # the rings' bytes at most (static shared memory)
+TC = True   # half and bfloat16 attention on tensor cores where the target has them (and TC=1), else the SIMT kernel
+TC_BN = 0   # the tensor-core kernel's key block: 0 chooses (`_tc_key_block`), else this one where its copies fit
+
+def _tc_key_block(depth: int, dv: int, itemsize: int) -> int | None:
+  """The key block of the tensor-core kernel: the largest of 64 and 32 whose K and V stages are whole chunks for
+  every thread (the GEMM tiles' copies) and whose rings fit TC_SHARED (or TC_BN where set and whole), or None."""
+  from kiln.codegen.gpu_mma import CHUNK, THREADS as MMA_THREADS
+  for bn in ((TC_BN,) if TC_BN else (64, 32)):
+    whole = all(bn * size * itemsize % (CHUNK * MMA_THREADS) == 0 for size in (depth, dv))
+    if whole and (TC_BN or TC_RING * bn * (depth + dv) * itemsize <= TC_SHARED): return bn
+  return None
+
+def _forms(layout, axis: int) -> list[tuple[int, int, int]]:
+  from kiln.codegen.gpu_mma import lane_form, WARP
+  return [lane_form([layout[lane][e][axis] for lane in range(WARP)]) for e in range(len(layout[0]))]
+
+def _a_from_c(tc) -> list[tuple[int, int]]:
+  """For each element of an m16k16 A fragment, the (n-tile 0 or 1, element) of the two adjacent m16n8 accumulators
+  of the same rows that hold it (FlashAttention-2's register reuse: a lane's accumulators of P are its A fragment)."""
+  c_rows, c_cols = _forms(tc.c_layout, 0), _forms(tc.c_layout, 1)
+  out = []
+  for row, k in zip(_forms(tc.a_layout, 0), _forms(tc.a_layout, 1)):
+    found = [(t, e) for t in (0, 1) for e in range(4)
+             if c_rows[e] == row and (c_cols[e][0], c_cols[e][1], c_cols[e][2] + tc.dims[1] * t) == k]
+    if len(found) != 1: raise ValueError("gpu_attention: an A layout not made of two accumulator tiles")
+    out.append(found[0])
+  return out
+
+def _b_fragments(tc, shared: UOp, tile: int, bk: int, stage: UOp, k_fastest: bool, lane: UOp,
+                 staged: UOp) -> list[list[UOp]]:
+  """gpu_mma._async_fragments' B fragments (per 8-column tile, per k16 step: one ldmatrix.x2, `.trans` from a k-major
+  stage) of a whole stage, at the same swizzled places (gpu_mma._swizzled), each index written as the chunk's constant
+  part above the swizzle's bits plus the XOR of the rest: the XORs a lane keeps across the loop are then at most 8."""
+  cols = bk if k_fastest else tile
+  width = 4 if cols == 32 else 8   # the swizzle's values: (row // 2) % 4 or row % 8
+  out = []
+  for t in range(tile // 8):
+    steps = []
+    for kk in range(bk // 16):
+      if k_fastest: row, high, low = t * 8 + lane % 8, kk * 2 // width * width, kk * 2 % width + (lane // 8) % 2
+      else: row, high, low = kk * 16 + lane % 8 + (lane // 8) % 2 * 8, t // width * width, UOp.const(INT, t % width)
+      swizzle = (row // 2) % 4 if cols == 32 else row % 8
+      index = stage * (tile * bk) + row * cols + (UOp(Ops.XOR, INT, (low, swizzle)) + high) * 8
+      steps.append(UOp(Ops.LDMATRIX, tc.dtype_in.vec(4), (shared, index, staged), (2, not k_fastest)))
+    out.append(steps)
+  return out
+
+def flash_attention_tc(sink: UOp, plan: AttentionPlan, target: object, warp: int) -> UOp | None:
+  """The flash kernel with both products on tensor cores (mma.sync m16n8k16), or None where it does not fit: factors
+  not all of one 16-bit dtype the target's tensor cores take, K or V not plain loads cp.async can stage, depth or value
+  width outside TC_DIMS, a warp other than 32 lanes, TC=0. One block of TC_WARPS warps per TC_BM query rows, each
+  warp 16 rows; per key block of bn keys: K and V copied by cp.async into rings of TC_RING stages (the GEMM tiles'
+  swizzled layout, kiln/codegen/gpu_mma.py), S = Q K^T from Q's fragments (loaded once) and K's by ldmatrix, the
+  online softmax on the accumulators (each lane holds two rows of each: their maxima and sums over the lane's quad
+  by shuffles), P rounded to the inputs' dtype as the A fragments of O += P V (V's fragments by ldmatrix.trans)."""
+  from kiln.helpers import TC as TC_SETTING
+  from kiln.codegen.gpu_mma import (tensor_core, _narrowed, _async_source, _async_copies, _async_fragments,
+                                    _lane_offsets, WARP, THREADS as MMA_THREADS)
+  if not (TC and TC_SETTING) or warp != WARP or MMA_THREADS != TC_WARPS * WARP: return None
+  factors = [_narrowed(f) for f in (plan.q, plan.k, plan.v)]
+  dtype = factors[0].dtype
+  if any(f.dtype != dtype for f in factors) or (tc := tensor_core(dtype, target)) is None or tc.dims != (16, 8, 16):
+    return None
+  length = prod(Kernel.size(r) for r in plan.rows)
+  keys, depth = Kernel.size(plan.key), Kernel.size(plan.depth)
+  dv = prod(Kernel.size(r) for r in plan.cols)
+  if depth not in TC_DIMS or dv not in TC_DIMS or (bn := _tc_key_block(depth, dv, dtype.itemsize)) is None: return None
+  batch = prod(Kernel.size(r) for r in plan.batch)
+  values = _unflatten(UOp(Ops.SPECIAL, INT, (), ("gidx1", batch)), list(plan.batch)) if batch > 1 else \
+    {r: UOp.const(INT, 0) for r in plan.batch}
+  q, k, v = (_substitute(f, values) for f in factors)
+  score, dot = _substitute(plan.score, values), _substitute(plan.dot, values)
+  k_fast, v_fast = _k_fastest(plan.k, plan.key, (plan.depth,)), _k_fastest(plan.v, plan.cols[-1], (plan.key,))
+  k_load = _async_source(k, (plan.key,), (plan.depth,), k_fast, tc)
+  v_load = _async_source(v, plan.cols, (plan.key,), v_fast, tc)
+  if k_load is None or v_load is None: return None
+
+  row_block = UOp(Ops.SPECIAL, INT, (), ("gidx0", _ceil(length, TC_BM)))
+  blocks = _key_blocks(plan, row_block, length, keys, TC_BM, bn)
+  next_id = 1 + max((u.arg for u in sink.toposort() if u.op is Ops.RANGE and isinstance(u.arg, int)), default=0)
+  kb = UOp(Ops.RANGE, INT, (blocks,), next_id)
+  lidx = UOp(Ops.SPECIAL, INT, (), ("lidx0", MMA_THREADS))
+  lane = lidx % WARP
+  group, tig = lane // 4, lane % 4
+  warp_row = row_block * TC_BM + (lidx // WARP) * 16
+  ragged_rows, ragged_keys = length % TC_BM != 0, keys % bn != 0
+
+  # Q's fragments of the warp's 16 rows, loaded once: from a shared tile Q's cp.async copies fill (one ldmatrix.x4 a
+  # k16 step), or, where Q is no plain load, each lane's own elements of it (a_layout)
+  q_fast = _k_fastest(plan.q, plan.rows[-1], (plan.depth,))
+  q_load = _async_source(q, plan.rows, (plan.depth,), q_fast, tc)
+  q_copies: list[UOp] = []
+  if q_load is not None:
+    tile_q = UOp(Ops.DEFINE_LOCAL, dtype, (), ("attn_q", TC_BM * depth))
+    q_copies = _async_copies(q_load, plan.rows, (plan.depth,), q_fast, tile_q, lidx, row_block * TC_BM,
+                             UOp.const(INT, 0), UOp.const(INT, 0), TC_BM, depth, None)
+    q_landed = UOp(Ops.CP_ASYNC_COMMIT, dtypes.void, tuple(q_copies))
+    q_staged = UOp(Ops.BARRIER, dtypes.void, (UOp(Ops.CP_ASYNC_WAIT, dtypes.void, (q_landed,), 0),))
+    q_frags = _async_fragments(tc, tile_q, TC_BM, depth, UOp.const(INT, 0), q_fast, (lidx // WARP) * 16, 1, lane,
+                               q_staged, True)[0]
+  else:
+    a_rows, a_ks = _lane_offsets(tc.a_layout, 0, group, tig), _lane_offsets(tc.a_layout, 1, group, tig)
+    q_frags = []
+    for kk in range(depth // 16):
+      elements = []
+      for r, c in zip(a_rows, a_ks):
+        row, _ = _clamped(warp_row + r, length, ragged_rows)
+        elements.append(_substitute(q, {**_unflatten(row, list(plan.rows)), plan.depth: c + kk * 16}))
+      q_frags.append(UOp(Ops.VECTORIZE, dtype.vec(8), tuple(elements)))
+
+  # K and V by cp.async into rings: block kb issues block kb+1's copies into the stage last read in block kb-2
+  tile_k = UOp(Ops.DEFINE_LOCAL, dtype, (), ("attn_k", TC_RING * bn * depth))
+  tile_v = UOp(Ops.DEFINE_LOCAL, dtype, (), ("attn_v", TC_RING * bn * dv))
+  def issue(at: UOp, gate: UOp | None) -> UOp:
+    stage = at % TC_RING if at.op is not Ops.CONST else UOp.const(INT, at.arg % TC_RING)
+    copies = _async_copies(k_load, (plan.key,), (plan.depth,), k_fast, tile_k, lidx, at * bn, UOp.const(INT, 0),
+                           stage, bn, depth, gate) + \
+             _async_copies(v_load, plan.cols, (plan.key,), v_fast, tile_v, lidx, UOp.const(INT, 0), at * bn, stage,
+                           dv, bn, gate)
+    return UOp(Ops.CP_ASYNC_COMMIT, dtypes.void, tuple(copies))
+  first = issue(UOp.const(INT, 0), None)
+  static_blocks = _ceil(keys, bn)
+  nxt = issue(kb + 1, (kb + 1).lt(blocks) if static_blocks > 1 else UOp.const(dtypes.bool, False))
+  staged = UOp(Ops.BARRIER, dtypes.void, (UOp(Ops.CP_ASYNC_WAIT, dtypes.void, (first, nxt), 1),))
+  stage = kb % TC_RING
+  k_frags = _b_fragments(tc, tile_k, bn, depth, stage, k_fast, lane, staged)
+  v_frags = _b_fragments(tc, tile_v, dv, bn, stage, v_fast, lane, staged)
+
+  # S = Q K^T: a chain of WMMAs over the depth for each 8-key tile
+  zero4 = UOp(Ops.VECTORIZE, F32.vec(4), tuple(UOp.const(F32, 0.0) for _ in range(4)))
+  c_rows, c_cols = _lane_offsets(tc.c_layout, 0, group, tig), _lane_offsets(tc.c_layout, 1, group, tig)
+  row_forms = _forms(tc.c_layout, 0)
+  row_of = [sorted(set(row_forms)).index(f) for f in row_forms]   # each accumulator element's row of the lane (0, 1)
+  scores: list[list[UOp]] = []   # [n-tile][element]
+  for t in range(bn // 8):
+    chain = zero4
+    for kk in range(depth // 16): chain = UOp(Ops.WMMA, F32.vec(4), (q_frags[kk], k_frags[t][kk], chain), tc)
+    line = []
+    for e in range(4):
+      row, _ = _clamped(warp_row + c_rows[e], length, ragged_rows)
+      at, inside = _clamped(kb * bn + t * 8 + c_cols[e], keys, ragged_keys)
+      s = _substitute(score, {**_unflatten(row, list(plan.rows)), plan.key: at, dot: UOp(Ops.GEP, F32, (chain,), e)})
+      line.append(inside.where(s, UOp.const(F32, NEG_INF)) if inside is not None else s)
+    scores.append(line)
+
+  # the online softmax on the accumulators: each lane's two rows, their totals over the lane's quad
+  quad = _halvings(4)
+  def per_row(op: Ops, values: list[list[UOp]]) -> list[UOp]:
+    partial = [_fold(op, [values[t][e] for t in range(len(values)) for e in range(4) if row_of[e] == i])
+               for i in range(2)]
+    return _shuffle_rounds([(op, u) for u in partial], lidx, quad, warp)
+  block_max = per_row(Ops.MAX, scores)
+  log2e, zero = plan.log2e, UOp.const(F32, 0.0)
+  alphas, bases = [], []
+  for i in range(2):
+    old = UOp(Ops.REDUCE, F32, (block_max[i], kb), Ops.MAX)
+    new = old.lt(block_max[i]).where(block_max[i], old)
+    bases.append(new.ne(UOp.const(F32, NEG_INF)).where(new, zero))
+    alphas.append(UOp(Ops.EXP2, F32, ((old - bases[i]) * log2e,)))
+  weights = [[UOp(Ops.EXP2, F32, ((scores[t][e] - bases[row_of[e]]) * log2e,)) for e in range(4)]
+             for t in range(bn // 8)]
+  row_sums = per_row(Ops.ADD, weights)
+  acc_ids = iter(range(1 << 20, 1 << 21))
+  def accumulator() -> UOp: return UOp(Ops.DEFINE_ACC, F32, (zero,), next(acc_ids))
+  sums = []
+  for i in range(2):
+    acc = accumulator()
+    sums.append(UOp(Ops.ASSIGN, F32, (acc, UOp(Ops.MULACC, F32, (acc, alphas[i], row_sums[i])))))
+
+  # O = O * alpha + P V: P's accumulators of n-tiles 2j, 2j+1 (rounded) are the A fragment of key step j
+  pairs = _a_from_c(tc)
+  p_frags = [UOp(Ops.VECTORIZE, dtype.vec(8), tuple(weights[2 * j + t][e].cast(dtype) for t, e in pairs))
+             for j in range(bn // 16)]
+  last = UOp(Ops.CMPEQ, dtypes.bool, (kb, graph_rewrite(blocks - 1, symbolic))) if keys > bn else None
+  stores = []
+  for t in range(dv // 8):
+    accs = [accumulator() for _ in range(4)]
+    chain = UOp(Ops.VECTORIZE, F32.vec(4), tuple(accs[e] * alphas[row_of[e]] for e in range(4)))
+    for j in range(bn // 16): chain = UOp(Ops.WMMA, F32.vec(4), (p_frags[j], v_frags[t][j], chain), tc)
+    for e in range(4):
+      out = UOp(Ops.ASSIGN, F32, (accs[e], UOp(Ops.GEP, F32, (chain,), e)))
+      row, row_inside = _clamped(warp_row + c_rows[e], length, ragged_rows)
+      col = t * 8 + c_cols[e]
+      at = {**values, **_unflatten(row, list(plan.rows)), **_unflatten(col, list(plan.cols)),
+            plan.total: out / sums[row_of[e]]}
+      store = _substitute(plan.store, at)
+      gate = row_inside & last if row_inside is not None and last is not None else row_inside or last
+      stores.append(store if gate is None else store.replace(src=(*store.src, gate)))
+  return graph_rewrite(sink.replace(src=tuple(stores)), symbolic, name="flash attention tc")

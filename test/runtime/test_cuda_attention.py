@@ -25,7 +25,9 @@ def _kernels(out: Tensor) -> list:
     if item.ast.op is Ops.COPY: item.bufs[0].ensure_allocated().copy_from(item.bufs[1])
   return [i for i in items if i.ast.op is not Ops.COPY]
 
-def _is_flash(uops) -> bool: return any(u.op is Ops.DEFINE_LOCAL and u.arg[0] == "attn_p" for u in uops)
+def _is_flash(uops) -> bool: return any(u.op is Ops.DEFINE_LOCAL and u.arg[0] == "attn_k" for u in uops)
+
+def _is_tc(uops) -> bool: return any(u.op is Ops.WMMA for u in uops)
 
 def _emulate(item, renderer=None) -> tuple[np.ndarray, list]:
   """One scheduled kernel rendered for CUDA, run in the lockstep emulator over a NaN-poisoned output."""
@@ -33,7 +35,7 @@ def _emulate(item, renderer=None) -> tuple[np.ndarray, list]:
   _, uops = render_with(renderer, kernel_name(item.ast), optimize_for(renderer, lower_for_codegen(item.ast)))
   arrays = {k: b.ensure_allocated().numpy().copy() for k, b in enumerate(item.bufs)}
   arrays[0][:] = np.nan
-  run_lockstep(uops, launch_size(uops), arrays, item.var_vals)
+  run_lockstep(uops, launch_size(uops)[:2], arrays, item.var_vals)
   return arrays[0], uops
 
 @pytest.fixture
@@ -106,6 +108,7 @@ def test_other_block_tiles(tile, name, gpu_python, monkeypatch):
   from kiln.codegen import gpu_attention
   monkeypatch.setattr(gpu_attention, "BM", tile[0])
   monkeypatch.setattr(gpu_attention, "BN", tile[1])
+  monkeypatch.setattr(gpu_attention, "TC", False)   # the SIMT kernel's tiles (half takes tensor cores)
   case = CASES[name]
   q, k, v, m = _inputs(case, np.random.default_rng(3))
   (item,) = _kernels(_attention(*(Tensor(a, device=gpu_python) for a in (q, k, v)), None, case[7], False))
@@ -215,6 +218,77 @@ def test_cpu_schedules_are_unchanged():
     with Context(ATTENTION_FUSION=0): off = _cpu_sources(build)
     assert on == off and len(on) >= 3
 
+# half and bfloat16 on tensor cores (gpu_attention.flash_attention_tc): the same shapes at depths it takes
+TC_CASES = {
+  "half, plain": (1, 2, 2, 16, 8, 32, 32, None, np.float16),
+  "half, ragged rows and keys": (1, 2, 2, 70, 130, 32, 32, None, np.float16),
+  "half, causal, two batches": (2, 1, 1, 130, 70, 64, 64, "causal", np.float16),
+  "half, causal, one block": (1, 1, 1, 128, 128, 32, 32, "causal", np.float16),
+  "half, grouped-query heads": (1, 4, 2, 33, 65, 32, 32, None, np.float16),
+  "half, boolean mask": (1, 2, 2, 40, 100, 32, 32, "bool", np.float16),
+  "half, additive mask": (2, 2, 2, 17, 90, 64, 64, "add", np.float16),
+  "half, causal": (1, 1, 1, 65, 129, 64, 64, "causal", np.float16),
+  "half, depth 128, causal": (1, 1, 1, 40, 100, 128, 128, "causal", np.float16),
+  "half, depth 64, value width 128": (1, 1, 1, 20, 70, 64, 128, None, np.float16),
+  "bf16, causal": (1, 2, 2, 65, 129, 64, 64, "causal", "bf16"),
+  "bf16, boolean mask, grouped-query heads": (1, 4, 2, 40, 100, 32, 32, "bool", "bf16"),
+  "bf16, depth 128": (1, 1, 1, 33, 80, 128, 128, None, "bf16"),
+}
+
+def _tc_inputs(case, rng, device):
+  """The case's tensors on `device` and the float64 NumPy arrays they hold (bfloat16: the rounded values)."""
+  if case[8] != "bf16":
+    arrays = _inputs(case, rng)
+    return [Tensor(a, device=device) if a is not None else None for a in arrays], arrays
+  arrays = list(_inputs(case[:8] + (np.float32,), rng))
+  tensors = [Tensor(a, device=device).cast(dtypes.bfloat16).realize() for a in arrays[:3]]
+  rounded = [Tensor(a).cast(dtypes.bfloat16).float().numpy() for a in arrays[:3]]
+  mask = Tensor(arrays[3], device=device) if arrays[3] is not None else None
+  return tensors + [mask], rounded + [arrays[3]]
+
+def _check_tc(got, want, dtype, what):
+  tol = 1e-2 if dtype == "bf16" else 2e-3   # P rounded to the inputs' dtype for its product with V
+  worst = np.nanmax(np.abs(got.astype(np.float64) - want)) if got.size else 0.0
+  assert got.shape == want.shape and np.allclose(got, want, rtol=tol, atol=tol), \
+    f"{what}: shapes {got.shape} vs {want.shape}, worst difference {worst}"
+
+@pytest.mark.parametrize("name", list(TC_CASES))
+def test_tensor_core_flash_kernel_matches_numpy(name, gpu_python):
+  # half in the lockstep emulator; bfloat16 (which it computes only as fragments) end to end on the PYTHON device
+  case = TC_CASES[name]
+  (tq, tk, tv, tm), (q, k, v, m) = _tc_inputs(case, np.random.default_rng(len(name)), gpu_python)
+  out = _attention(tq, tk, tv, tm, case[7], case[1] != case[2])
+  items = _kernels(out)
+  assert len(items) == 1, f"{name}: {len(items)} kernels"
+  _, uops = render_with(CUDARenderer(), "k", optimize_for(CUDARenderer(), lower_for_codegen(items[0].ast)))
+  assert _is_flash(uops) and _is_tc(uops), f"{name}: not the tensor-core flash kernel"
+  assert any(u.op is Ops.LDMATRIX and u.arg[1] for u in uops) and any(u.op is Ops.CP_ASYNC for u in uops)
+  got = out.float().numpy() if case[8] == "bf16" else _emulate(items[0])[0]
+  want = _reference(q, k, v, m, case[7] == "causal")
+  _check_tc(got.astype(np.float64).reshape(want.shape), want, case[8], name)
+
+def test_tensor_core_kernel_on_the_python_device(gpu_python):
+  # the PYTHON emulator (its warps' WMMAs and ldmatrix) runs the same kernel end to end
+  from helpers import kernel_sources
+  case = TC_CASES["half, causal"]
+  (tq, tk, tv, _), (q, k, v, _) = _tc_inputs(case, np.random.default_rng(4), gpu_python)
+  sources = kernel_sources(lambda: tq.scaled_dot_product_attention(tk, tv, is_causal=True))
+  assert len(sources) == 1 and "attn_k" in sources[0] and "attn_p" not in sources[0]
+  got = tq.scaled_dot_product_attention(tk, tv, is_causal=True).numpy()
+  _check_tc(got.astype(np.float64), _reference(q, k, v, causal=True), np.float16, "PYTHON device")
+
+@pytest.mark.parametrize("setting", ["TC=0", "depth 16", "float32"])
+def test_the_simt_kernel_where_tensor_cores_do_not_apply(setting, gpu_python):
+  case = TC_CASES["half, causal"]
+  if setting == "depth 16": case = case[:5] + (16, 16) + case[7:]
+  if setting == "float32": case = case[:8] + (np.float32,)
+  (tq, tk, tv, _), (q, k, v, _) = _tc_inputs(case, np.random.default_rng(5), gpu_python)
+  (item,) = _kernels(_attention(tq, tk, tv, None, "causal", False))
+  with Context(TC=0 if setting == "TC=0" else 1): got, uops = _emulate(item)
+  assert _is_flash(uops) and not _is_tc(uops)
+  want = _reference(q, k, v, causal=True)
+  _check(got.astype(np.float64).reshape(want.shape), want, case[8], setting)
+
 def _render_big(renderer, causal=False) -> str:
   from helpers import GPUStylePython
   device = Device["PYTHON"]
@@ -225,7 +299,8 @@ def _render_big(renderer, causal=False) -> str:
   finally: device.renderer = saved
   src, uops = render_with(renderer, kernel_name(item.ast), optimize_for(renderer, lower_for_codegen(item.ast)))
   from kiln.codegen import gpu_attention
-  assert _is_flash(uops) and launch_size(uops) == ((4096 // gpu_attention.BM, 128, 1), (256, 1, 1)), launch_size(uops)
+  assert _is_flash(uops) and _is_tc(uops), "not the tensor-core flash kernel"
+  assert launch_size(uops)[:2] == ((4096 // gpu_attention.TC_BM, 128, 1), (256, 1, 1)), launch_size(uops)
   return src
 
 NVCC, PTXAS = shutil.which("nvcc"), shutil.which("ptxas")
@@ -235,8 +310,9 @@ def _ptxas_report(command: list[str]) -> str:
   report = built.stdout + built.stderr
   assert built.returncode == 0, report
   assert "0 bytes spill stores, 0 bytes spill loads" in report and "0 bytes stack frame" in report, report
-  shared = int(re.search(r"(\d+) bytes smem", report).group(1))
-  assert shared <= 48 * 1024, f"{shared} bytes of shared memory"
+  static = re.search(r"(\d+) bytes smem", report)   # none where the arrays are one dynamic array (over 48 KiB)
+  assert static is None or int(static.group(1)) <= 48 * 1024, f"{static.group(1)} bytes of static shared memory"
+  print(re.findall(r"Used \d+ registers.*", report))
   return report
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA toolkit) not installed")
@@ -253,6 +329,8 @@ def test_big_kernel_compiles_for_sm90a_without_spills(causal):
 def test_big_kernel_as_ptx_assembles_without_spills():
   src = _render_big(PTXRenderer())
   assert "bar.sync" in src and "shfl.sync.bfly.b32" in src
+  for op in ("mma.sync.aligned.m16n8k16", "ldmatrix.sync.aligned.m8n8.x4", ".trans", "cp.async.cg"):
+    assert op in src, f"no {op} in the PTX"
   with tempfile.TemporaryDirectory(prefix="kiln_attn_") as folder:
     path = os.path.join(folder, "attention.ptx")
     with open(path, "w") as f: f.write(src)
@@ -273,6 +351,18 @@ def test_flash_attention_on_the_gpu(name):
   assert len(_kernels(out)) == 1
   want = _reference(q, k, v, m, mask == "causal")
   _check(out.numpy().reshape(want.shape), want, dtype, name)
+
+@needs_gpu
+@pytest.mark.parametrize("name", list(TC_CASES))
+def test_tensor_core_flash_attention_on_the_gpu(name):
+  case = TC_CASES[name]
+  (tq, tk, tv, tm), (q, k, v, m) = _tc_inputs(case, np.random.default_rng(len(name)), "CUDA")
+  out = _attention(tq, tk, tv, tm, case[7], case[1] != case[2])
+  (item,) = _kernels(out)
+  _, uops = render_with(CUDARenderer(), "k", optimize_for(CUDARenderer(), lower_for_codegen(item.ast)))
+  assert _is_tc(uops), f"{name}: not the tensor-core kernel"
+  want = _reference(q, k, v, m, case[7] == "causal")
+  _check_tc(out.float().numpy().astype(np.float64).reshape(want.shape), want, case[8], name)
 
 @needs_gpu
 def test_flash_attention_backward_on_the_gpu():
