@@ -27,6 +27,10 @@ the output is 0/0 = NaN, as the ordinary graph gives. The weights are float32 th
 inputs' half type before the product: a flash kernel keeps them exact). Refused (None: the kernel then maps as
 ordinary nested loops) where the shape does not fit: symbolic sizes, Dv not a multiple of 16 or above 128, more than
 65535 query blocks or batch indices, a target whose warps are narrower than 16 lanes, WARP_SHUFFLE=0, NOLOCALS=1.
+
+Half and bfloat16 factors on a target whose tensor cores take them run instead as `flash_attention_tc` (both
+products by mma.sync m16n8k16, the softmax on the accumulators, P's accumulators as the A fragments of P V; its
+docstring and docs/cuda.md "Attention as one kernel"); float32 keeps the kernel above.
 """
 from __future__ import annotations
 from dataclasses import dataclass
