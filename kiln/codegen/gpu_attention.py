@@ -346,7 +346,9 @@ TC_BM = 16 * TC_WARPS
 TC_RING = 3   # K's and V's cp.async rings: block kb computes from stage kb % 3 while block kb+1 lands in the next
 TC_DIMS = (32, 64, 128)   # the depths and value widths whose rows the GEMM tiles' swizzle covers
 TC_SHARED = 48 << 10   # the rings' bytes at most (static shared memory)
-TC = True   # half and bfloat16 attention on tensor cores where the target has them (and TC=1), else the SIMT kernel
+# half and bfloat16 attention on tensor cores where the target has them (and TC=1), else the SIMT kernel; off by
+# default: on the H200 the tensor-core kernel is right but slower than the SIMT one (bench/gpu_notes.md, call main15-1)
+TC = False
 TC_BN = 0   # the tensor-core kernel's key block: 0 chooses (`_tc_key_block`), else this one where its copies fit
 
 def _tc_key_block(depth: int, dv: int, itemsize: int) -> int | None:

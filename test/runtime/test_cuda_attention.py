@@ -218,7 +218,13 @@ def test_cpu_schedules_are_unchanged():
     with Context(ATTENTION_FUSION=0): off = _cpu_sources(build)
     assert on == off and len(on) >= 3
 
-# half and bfloat16 on tensor cores (gpu_attention.flash_attention_tc): the same shapes at depths it takes
+# half and bfloat16 on tensor cores (gpu_attention.flash_attention_tc): the same shapes at depths it takes (opt-in:
+# gpu_attention.TC, off by default)
+@pytest.fixture
+def tc_attention(monkeypatch):
+  from kiln.codegen import gpu_attention
+  monkeypatch.setattr(gpu_attention, "TC", True)
+
 TC_CASES = {
   "half, plain": (1, 2, 2, 16, 8, 32, 32, None, np.float16),
   "half, ragged rows and keys": (1, 2, 2, 70, 130, 32, 32, None, np.float16),
@@ -253,7 +259,7 @@ def _check_tc(got, want, dtype, what):
     f"{what}: shapes {got.shape} vs {want.shape}, worst difference {worst}"
 
 @pytest.mark.parametrize("name", list(TC_CASES))
-def test_tensor_core_flash_kernel_matches_numpy(name, gpu_python):
+def test_tensor_core_flash_kernel_matches_numpy(name, gpu_python, tc_attention):
   # half in the lockstep emulator; bfloat16 (which it computes only as fragments) end to end on the PYTHON device
   case = TC_CASES[name]
   (tq, tk, tv, tm), (q, k, v, m) = _tc_inputs(case, np.random.default_rng(len(name)), gpu_python)
@@ -267,7 +273,7 @@ def test_tensor_core_flash_kernel_matches_numpy(name, gpu_python):
   want = _reference(q, k, v, m, case[7] == "causal")
   _check_tc(got.astype(np.float64).reshape(want.shape), want, case[8], name)
 
-def test_tensor_core_kernel_on_the_python_device(gpu_python):
+def test_tensor_core_kernel_on_the_python_device(gpu_python, tc_attention):
   # the PYTHON emulator (its warps' WMMAs and ldmatrix) runs the same kernel end to end
   from helpers import kernel_sources
   case = TC_CASES["half, causal"]
@@ -278,7 +284,7 @@ def test_tensor_core_kernel_on_the_python_device(gpu_python):
   _check_tc(got.astype(np.float64), _reference(q, k, v, causal=True), np.float16, "PYTHON device")
 
 @pytest.mark.parametrize("setting", ["TC=0", "depth 16", "float32"])
-def test_the_simt_kernel_where_tensor_cores_do_not_apply(setting, gpu_python):
+def test_the_simt_kernel_where_tensor_cores_do_not_apply(setting, gpu_python, tc_attention):
   case = TC_CASES["half, causal"]
   if setting == "depth 16": case = case[:5] + (16, 16) + case[7:]
   if setting == "float32": case = case[:8] + (np.float32,)
@@ -289,18 +295,19 @@ def test_the_simt_kernel_where_tensor_cores_do_not_apply(setting, gpu_python):
   want = _reference(q, k, v, causal=True)
   _check(got.astype(np.float64).reshape(want.shape), want, case[8], setting)
 
-def _render_big(renderer, causal=False) -> str:
+def _render_big(renderer, causal=False, tc=False) -> str:
   from helpers import GPUStylePython
+  from kiln.codegen import gpu_attention
   device = Device["PYTHON"]
   saved, device.renderer = device.renderer, GPUStylePython()
+  saved_tc, gpu_attention.TC = gpu_attention.TC, tc
   try:
     q, k, v = (Tensor.empty(8, 16, 4096, 128, dtype=dtypes.half, device="PYTHON") for _ in range(3))
     (item,) = _kernels(q.scaled_dot_product_attention(k, v, is_causal=causal))
-  finally: device.renderer = saved
-  src, uops = render_with(renderer, kernel_name(item.ast), optimize_for(renderer, lower_for_codegen(item.ast)))
-  from kiln.codegen import gpu_attention
-  assert _is_flash(uops) and _is_tc(uops), "not the tensor-core flash kernel"
-  assert launch_size(uops)[:2] == ((4096 // gpu_attention.TC_BM, 128, 1), (256, 1, 1)), launch_size(uops)
+    src, uops = render_with(renderer, kernel_name(item.ast), optimize_for(renderer, lower_for_codegen(item.ast)))
+  finally: device.renderer, gpu_attention.TC = saved, saved_tc
+  assert _is_flash(uops) and _is_tc(uops) == tc, "not the tensor-core flash kernel" if tc else "not the SIMT kernel"
+  if tc: assert launch_size(uops)[:2] == ((4096 // gpu_attention.TC_BM, 128, 1), (256, 1, 1)), launch_size(uops)
   return src
 
 NVCC, PTXAS = shutil.which("nvcc"), shutil.which("ptxas")
@@ -316,9 +323,10 @@ def _ptxas_report(command: list[str]) -> str:
   return report
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA toolkit) not installed")
+@pytest.mark.parametrize("tc", [False, True], ids=["simt", "tensor cores"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_big_kernel_compiles_for_sm90a_without_spills(causal):
-  src = _render_big(CUDARenderer(), causal)
+def test_big_kernel_compiles_for_sm90a_without_spills(causal, tc):
+  src = _render_big(CUDARenderer(), causal, tc)
   with tempfile.TemporaryDirectory(prefix="kiln_attn_") as folder:
     path = os.path.join(folder, "attention.cu")
     with open(path, "w") as f: f.write(src)
@@ -326,10 +334,11 @@ def test_big_kernel_compiles_for_sm90a_without_spills(causal):
                    os.path.join(folder, "attention.cubin"), path])
 
 @pytest.mark.skipif(PTXAS is None, reason="ptxas (CUDA toolkit) not installed")
-def test_big_kernel_as_ptx_assembles_without_spills():
-  src = _render_big(PTXRenderer())
+@pytest.mark.parametrize("tc", [False, True], ids=["simt", "tensor cores"])
+def test_big_kernel_as_ptx_assembles_without_spills(tc):
+  src = _render_big(PTXRenderer(), tc=tc)
   assert "bar.sync" in src and "shfl.sync.bfly.b32" in src
-  for op in ("mma.sync.aligned.m16n8k16", "ldmatrix.sync.aligned.m8n8.x4", ".trans", "cp.async.cg"):
+  for op in ("mma.sync.aligned.m16n8k16", "ldmatrix.sync.aligned.m8n8.x4", ".trans", "cp.async.cg") if tc else ():
     assert op in src, f"no {op} in the PTX"
   with tempfile.TemporaryDirectory(prefix="kiln_attn_") as folder:
     path = os.path.join(folder, "attention.ptx")
@@ -354,7 +363,7 @@ def test_flash_attention_on_the_gpu(name):
 
 @needs_gpu
 @pytest.mark.parametrize("name", list(TC_CASES))
-def test_tensor_core_flash_attention_on_the_gpu(name):
+def test_tensor_core_flash_attention_on_the_gpu(name, tc_attention):
   case = TC_CASES[name]
   (tq, tk, tv, tm), (q, k, v, m) = _tc_inputs(case, np.random.default_rng(len(name)), "CUDA")
   out = _attention(tq, tk, tv, tm, case[7], case[1] != case[2])
