@@ -39,8 +39,8 @@ from kiln.helpers import NOLOCALS, prod
 from kiln.uop.ops import UOp, Ops, toposort
 from kiln.uop.pattern import graph_rewrite
 from kiln.uop.symbolic import symbolic, linear_form
-from kiln.codegen.gpudims import (_range_key, _first_conflict, _unflatten, _substitute, _shuffle_rounds, _halvings,
-                                  shuffle_warp)   # gpudims imports us lazily
+from kiln.codegen.gpudims import (fresh_range_id, _range_key, _first_conflict, _unflatten, _substitute,
+                                  _shuffle_rounds, _halvings, shuffle_warp)   # gpudims imports us lazily
 from kiln.codegen.gpu_tiles import FACTOR_OPS, SHARED_PAD, _spread, _k_fastest, _clamped, _ceil
 from kiln.codegen.opt.kernel import Kernel
 
@@ -253,7 +253,7 @@ def flash_attention(sink: UOp, target: object = None) -> UOp | None:
   tv, tm, tn = dv // THREADS_COLS, BM // THREADS_ROWS, BN // THREADS_COLS
   row_block = UOp(Ops.SPECIAL, INT, (), ("gidx0", _ceil(length, BM)))
   blocks = _key_blocks(plan, row_block, length, keys)
-  next_id = 1 + max((u.arg for u in sink.toposort() if u.op is Ops.RANGE and isinstance(u.arg, int)), default=0)
+  next_id = fresh_range_id(sink)
   kb = UOp(Ops.RANGE, INT, (blocks,), next_id)
   dstep = UOp(Ops.RANGE, INT, (UOp.const(INT, _ceil(depth, bk)),), next_id + 1)
   vstep = UOp(Ops.RANGE, INT, (UOp.const(INT, BN // bkv),), next_id + 2)
@@ -427,7 +427,7 @@ def flash_attention_tc(sink: UOp, plan: AttentionPlan, target: object, warp: int
 
   row_block = UOp(Ops.SPECIAL, INT, (), ("gidx0", _ceil(length, TC_BM)))
   blocks = _key_blocks(plan, row_block, length, keys, TC_BM, bn)
-  next_id = 1 + max((u.arg for u in sink.toposort() if u.op is Ops.RANGE and isinstance(u.arg, int)), default=0)
+  next_id = fresh_range_id(sink)
   kb = UOp(Ops.RANGE, INT, (blocks,), next_id)
   lidx = UOp(Ops.SPECIAL, INT, (), ("lidx0", MMA_THREADS))
   lane = lidx % WARP

@@ -38,7 +38,7 @@ from kiln.uop.ops import UOp, Ops
 from kiln.uop.pattern import graph_rewrite
 from kiln.uop.symbolic import symbolic, is_multiple_of, linear_form
 from kiln.runtime.gpu_target import GPUTarget, TensorCore
-from kiln.codegen.gpu_tiles import MatmulPlan, _ceil, _clamped, matmul_plan
+from kiln.codegen.gpu_tiles import MatmulPlan, _ceil, _clamped, matmul_plan, tile_frame
 from kiln.codegen.gpudims import _unflatten, _substitute   # (gpudims imports us lazily)
 from kiln.codegen.opt.kernel import Kernel
 
@@ -239,14 +239,7 @@ def tile_mma(sink: UOp, target: object = None, choice: int = 0) -> UOp | None:
   warp_m, warp_n = bm // WARPS_M, bn // WARPS_N   # a warp's output tile
   m, n = prod(Kernel.size(r) for r in plan.rows), prod(Kernel.size(r) for r in plan.cols)
   k = prod(Kernel.size(r) for r in plan.k_ranges)
-  next_id = 1 + max((u.arg for u in sink.toposort() if u.op is Ops.RANGE and isinstance(u.arg, int)), default=0)
-  step = UOp(Ops.RANGE, INT, (UOp.const(INT, _ceil(k, bk)),), next_id)
-  lidx = UOp(Ops.SPECIAL, INT, (), ("lidx0", THREADS))
-  col_block = UOp(Ops.SPECIAL, INT, (), ("gidx0", _ceil(n, bn)))
-  row_block = UOp(Ops.SPECIAL, INT, (), ("gidx1", _ceil(m, bm)))
-  batch = prod(Kernel.size(r) for r in plan.batch)
-  values = _unflatten(UOp(Ops.SPECIAL, INT, (), ("gidx2", batch)), list(plan.batch)) if batch > 1 else \
-    {r: UOp.const(INT, 0) for r in plan.batch}
+  step, lidx, col_block, row_block, values = tile_frame(sink, plan, THREADS)
   factors = [_substitute(_narrowed(f), values) for f in (plan.a, plan.b)]
   row_origin, col_origin = row_block * bm, col_block * bn
   warp, lane = lidx // WARP, lidx % WARP

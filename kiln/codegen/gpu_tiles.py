@@ -29,7 +29,7 @@ from kiln.helpers import NOLOCALS, prod
 from kiln.uop.ops import UOp, Ops, GroupOp, toposort
 from kiln.uop.pattern import graph_rewrite
 from kiln.uop.symbolic import symbolic
-from kiln.codegen.gpudims import _range_key, _linear, _first_conflict, _unflatten, _substitute   # imports us lazily
+from kiln.codegen.gpudims import _range_key, _linear, _first_conflict, _unflatten, _substitute, fresh_range_id   # imports us lazily
 from kiln.codegen.opt.kernel import Kernel
 
 INT = dtypes.int32
@@ -197,6 +197,22 @@ def _stage(factor: UOp, outer: tuple[UOp, ...], k_ranges: tuple[UOp, ...], k_fas
                                                 if value.dtype != dtypes.float32 else value)))
   return stores
 
+def tile_frame(sink: UOp, plan: MatmulPlan, threads: int) -> tuple[UOp, UOp, UOp, UOp, dict[UOp, UOp]]:
+  """What a block-tiled matmul kernel is built on: the K-step loop (a RANGE of ceil(k / BK) steps with a fresh id),
+  the thread index `lidx0` of `threads`, the block's tile column (`gidx0`) and row (`gidx1`), and the values of the
+  batch ranges (`gidx2` unflattened over them, or 0 where there is no batch)."""
+  bm, bn, bk = plan.tile
+  m, n = prod(Kernel.size(r) for r in plan.rows), prod(Kernel.size(r) for r in plan.cols)
+  k = prod(Kernel.size(r) for r in plan.k_ranges)
+  step = UOp(Ops.RANGE, INT, (UOp.const(INT, _ceil(k, bk)),), fresh_range_id(sink))
+  lidx = UOp(Ops.SPECIAL, INT, (), ("lidx0", threads))
+  col_block = UOp(Ops.SPECIAL, INT, (), ("gidx0", _ceil(n, bn)))
+  row_block = UOp(Ops.SPECIAL, INT, (), ("gidx1", _ceil(m, bm)))
+  batch = prod(Kernel.size(r) for r in plan.batch)
+  values = _unflatten(UOp(Ops.SPECIAL, INT, (), ("gidx2", batch)), list(plan.batch)) if batch > 1 else \
+    {r: UOp.const(INT, 0) for r in plan.batch}
+  return step, lidx, col_block, row_block, values
+
 def tile_matmul(sink: UOp, multiprocessors: int = MULTIPROCESSORS) -> UOp | None:
   """A matmul-shaped kernel (`matmul_plan`) as shared-memory tiles per block and register tiles per thread (the
   module docstring) for a GPU of `multiprocessors` SMs, or None where no plan fits."""
@@ -205,15 +221,7 @@ def tile_matmul(sink: UOp, multiprocessors: int = MULTIPROCESSORS) -> UOp | None
   bm, bn, bk = plan.tile
   tm, tn = bm // THREADS_ROWS, bn // THREADS_COLS
   m, n = prod(Kernel.size(r) for r in plan.rows), prod(Kernel.size(r) for r in plan.cols)
-  k = prod(Kernel.size(r) for r in plan.k_ranges)
-  next_id = 1 + max((u.arg for u in sink.toposort() if u.op is Ops.RANGE and isinstance(u.arg, int)), default=0)
-  step = UOp(Ops.RANGE, INT, (UOp.const(INT, _ceil(k, bk)),), next_id)
-  lidx = UOp(Ops.SPECIAL, INT, (), ("lidx0", THREADS))
-  col_block = UOp(Ops.SPECIAL, INT, (), ("gidx0", _ceil(n, bn)))
-  row_block = UOp(Ops.SPECIAL, INT, (), ("gidx1", _ceil(m, bm)))
-  batch = prod(Kernel.size(r) for r in plan.batch)
-  values = _unflatten(UOp(Ops.SPECIAL, INT, (), ("gidx2", batch)), list(plan.batch)) if batch > 1 else \
-    {r: UOp.const(INT, 0) for r in plan.batch}
+  step, lidx, col_block, row_block, values = tile_frame(sink, plan, THREADS)
   factors = [_substitute(f, values) for f in (plan.a, plan.b)]
   lead_a = bm + (SHARED_PAD if plan.a_k_fastest else 0)
   lead_b = bn + (SHARED_PAD if plan.b_k_fastest else 0)

@@ -404,7 +404,7 @@ def group_rows(sink: UOp, group: int | None = None, per_block: int = 1, top: boo
   column sum's loads are coalesced), and spreads a full reduction over `grid_blocks` blocks only where given."""
   plan = row_plan(sink)
   if plan is None: return None
-  next_id = 1 + max((u.arg for u in sink.toposort() if u.op is Ops.RANGE and isinstance(u.arg, int)), default=0)
+  next_id = fresh_range_id(sink)
   def new_range(size: int) -> UOp:
     nonlocal next_id
     next_id += 1
@@ -630,6 +630,10 @@ def map_chosen(sink: UOp, choices, warp: int | None = None) -> UOp:
         store = store.replace(src=(*store.src[:3], gate if len(store.src) == 3 else store.src[3] & gate))
       copies.append(_substitute(store, values))
   return graph_rewrite(sink.replace(src=tuple(dict.fromkeys(copies))), symbolic, name="gpudims chosen")
+
+def fresh_range_id(sink: UOp) -> int:
+  """A RANGE id no range of `sink` has: one past the largest integer id."""
+  return 1 + max((u.arg for u in sink.toposort() if u.op is Ops.RANGE and isinstance(u.arg, int)), default=0)
 
 def _unflatten(thread: UOp, mapped: list[UOp]) -> dict[UOp, UOp]:
   """Each mapped range's value at flat thread index `thread` (the last range fastest)."""
