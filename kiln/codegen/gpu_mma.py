@@ -38,7 +38,7 @@ from kiln.uop.ops import UOp, Ops
 from kiln.uop.pattern import graph_rewrite
 from kiln.uop.symbolic import symbolic, is_multiple_of, linear_form
 from kiln.runtime.gpu_target import GPUTarget, TensorCore
-from kiln.codegen.gpu_tiles import MatmulPlan, _ceil, _clamped, matmul_plan, tile_frame
+from kiln.codegen.gpu_tiles import MatmulPlan, _ceil, _clamped, matmul_plan, staged_elements, tile_frame
 from kiln.codegen.gpudims import _unflatten, _substitute   # (gpudims imports us lazily)
 from kiln.codegen.opt.kernel import Kernel
 
@@ -132,22 +132,10 @@ def _narrowed(factor: UOp) -> UOp:
 def _stage(factor: UOp, outer: tuple[UOp, ...], k_ranges: tuple[UOp, ...], k_fastest: bool, shared: UOp, lidx: UOp,
            origin: UOp, k_base: UOp, half: UOp, tile: int, bk: int, lead: int) -> list[UOp]:
   """The STOREs with which the block copies the factor's `tile` x `bk` tile at (origin, k_base), in its own dtype,
-  into its half of `shared` (laid out [half][tile][lead], k fastest): element e = lidx + THREADS*j of each thread,
-  the fast axis of the factor's memory taking neighbouring e. Elements past the factor's edge are zeros, read at a
-  clamped index (every load in bounds)."""
-  extent, k = prod(Kernel.size(r) for r in outer), prod(Kernel.size(r) for r in k_ranges)
-  stores = []
-  for j in range(tile * bk // THREADS):
-    element = lidx + THREADS * j if j else lidx
-    if k_fastest: offset, kk = element // bk, element % bk
-    else: offset, kk = element % tile, element // tile
-    at, inside = _clamped(origin + offset, extent, extent % tile != 0)
-    at_k, inside_k = _clamped(k_base + kk, k, k % bk != 0)
-    value = _substitute(factor, {**_unflatten(at, list(outer)), **_unflatten(at_k, list(k_ranges))})
-    valid = inside & inside_k if inside is not None and inside_k is not None else inside or inside_k
-    if valid is not None: value = valid.where(value, UOp.const(value.dtype, 0))
-    stores.append(UOp(Ops.STORE, dtypes.void, (shared, half * (tile * lead) + offset * lead + kk, value)))
-  return stores
+  into its half of `shared` (laid out [half][tile][lead], k fastest; `gpu_tiles.staged_elements`)."""
+  return [UOp(Ops.STORE, dtypes.void, (shared, half * (tile * lead) + offset * lead + kk, value))
+          for offset, kk, value in staged_elements(factor, outer, k_ranges, k_fastest, lidx, origin, k_base, tile, bk,
+                                                   THREADS)]
 
 RING = 3   # the async path's shared-memory ring: step s computes from stage s % RING while step s+1 lands in the next
 CHUNK = 16   # bytes of one asynchronous copy (8 halves), the unit of the async path's staging and swizzle

@@ -174,28 +174,34 @@ def _clamped(index: UOp, size: int, guarded: bool) -> tuple[UOp, UOp | None]:
   valid = index.lt(size)
   return valid.where(index, UOp.const(INT, size - 1)), valid
 
-def _stage(factor: UOp, outer: tuple[UOp, ...], k_ranges: tuple[UOp, ...], k_fastest: bool, shared: UOp, lidx: UOp,
-           origin: UOp, k_base: UOp, half: UOp, tile: int, bk: int, lead: int) -> list[UOp]:
-  """The STOREs with which the block copies the factor's `tile` x `bk` tile at (origin, k_base) into its half of
-  `shared` (laid out [half][k][tile + pad], row length `lead`): element e = lidx + THREADS*j of each thread, the
-  fast axis of the factor's memory taking neighbouring e. Elements past the factor's edge (an edge tile) are zeros,
-  read at a clamped index (every load in bounds)."""
+def staged_elements(factor: UOp, outer: tuple[UOp, ...], k_ranges: tuple[UOp, ...], k_fastest: bool, lidx: UOp,
+                    origin: UOp, k_base: UOp, tile: int, bk: int, threads: int) -> list[tuple[UOp, UOp, UOp]]:
+  """The elements a block of `threads` threads copies of the factor's `tile` x `bk` tile at (origin, k_base), as
+  (offset along the tile, k in the step, value): element e = lidx + threads*j of each thread, the fast axis of the
+  factor's memory taking neighbouring e. Elements past the factor's edge (an edge tile) are zeros, read at a clamped
+  index (every load in bounds)."""
   extent, k = prod(Kernel.size(r) for r in outer), prod(Kernel.size(r) for r in k_ranges)
-  stores = []
-  for j in range(tile * bk // THREADS):
-    element = lidx + THREADS * j if j else lidx
+  out = []
+  for j in range(tile * bk // threads):
+    element = lidx + threads * j if j else lidx
     if k_fastest: offset, kk = element // bk, element % bk
     else: offset, kk = element % tile, element // tile
     at, inside = _clamped(origin + offset, extent, extent % tile != 0)
     at_k, inside_k = _clamped(k_base + kk, k, k % bk != 0)
-    values = {**_unflatten(at, list(outer)), **_unflatten(at_k, list(k_ranges))}
-    value = _substitute(factor, values)
+    value = _substitute(factor, {**_unflatten(at, list(outer)), **_unflatten(at_k, list(k_ranges))})
     valid = inside & inside_k if inside is not None and inside_k is not None else inside or inside_k
     if valid is not None: value = valid.where(value, UOp.const(value.dtype, 0))
-    index = half * (bk * lead) + kk * lead + offset
-    stores.append(UOp(Ops.STORE, dtypes.void, (shared, index, value.cast(dtypes.float32)
-                                                if value.dtype != dtypes.float32 else value)))
-  return stores
+    out.append((offset, kk, value))
+  return out
+
+def _stage(factor: UOp, outer: tuple[UOp, ...], k_ranges: tuple[UOp, ...], k_fastest: bool, shared: UOp, lidx: UOp,
+           origin: UOp, k_base: UOp, half: UOp, tile: int, bk: int, lead: int) -> list[UOp]:
+  """The STOREs with which the block copies the factor's `tile` x `bk` tile at (origin, k_base) into its half of
+  `shared` (laid out [half][k][tile + pad], row length `lead`), as float32 (`staged_elements`)."""
+  return [UOp(Ops.STORE, dtypes.void, (shared, half * (bk * lead) + kk * lead + offset,
+                                       value.cast(dtypes.float32) if value.dtype != dtypes.float32 else value))
+          for offset, kk, value in staged_elements(factor, outer, k_ranges, k_fastest, lidx, origin, k_base, tile, bk,
+                                                   THREADS)]
 
 def tile_frame(sink: UOp, plan: MatmulPlan, threads: int) -> tuple[UOp, UOp, UOp, UOp, dict[UOp, UOp]]:
   """What a block-tiled matmul kernel is built on: the K-step loop (a RANGE of ceil(k / BK) steps with a fresh id),
